@@ -1,0 +1,185 @@
+//! `ClientBuilder`: the settings of a `Client`, with their defaults.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::client::{Client, Config};
+use crate::Error;
+
+/// Builds a [`Client`] with non-default settings.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// let client = redmutex::Client::builder()
+///     .url("redis://127.0.0.1:6379/")
+///     .key_prefix("billing:locks:")
+///     .watchdog_timeout(Duration::from_secs(10))
+///     .build()?;
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+#[must_use = "a builder does nothing until .build() is called"]
+pub struct ClientBuilder {
+    url: String,
+    key_prefix: String,
+    watchdog_timeout: Duration,
+    pool_size: u32,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        ClientBuilder {
+            url: "redis://127.0.0.1:6379/".to_owned(),
+            key_prefix: "redmutex:".to_owned(),
+            watchdog_timeout: Duration::from_secs(30),
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// The Redis server, as a `redis://` URL (`redis://[user:password@]host[:port][/db]`).
+    ///
+    /// Defaults to `redis://127.0.0.1:6379/`.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = url.into();
+        self
+    }
+
+    /// Prepended to every key and channel this client uses, so that locks of different
+    /// applications sharing a Redis do not meet. It must not contain `{` or `}` (those
+    /// would break the hash tag that keeps a lock's keys in one cluster slot).
+    ///
+    /// Defaults to `"redmutex:"`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The lease of locks taken without an explicit lease (`Lock::lock`, `try_lock*`). The
+    /// watchdog renews them every third of it for as long as they are held, so it is also
+    /// how long such a lock outlives a crashed holder.
+    ///
+    /// Defaults to 30 seconds.
+    pub fn watchdog_timeout(mut self, timeout: Duration) -> Self {
+        self.watchdog_timeout = timeout;
+        self
+    }
+
+    /// The most command connections the client keeps open. A connection is only borrowed
+    /// for the duration of one command, never while a lock is held or awaited.
+    ///
+    /// Defaults to 16.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// How long to wait for a connection to Redis before an operation fails with
+    /// [`Error::Pool`].
+    ///
+    /// Defaults to 5 seconds.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for Redis to answer one command before the operation fails with
+    /// [`Error::Timeout`].
+    ///
+    /// Defaults to 3 seconds.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and creates the client. No connection is made yet: building
+    /// succeeds while Redis is down, and the first operation then reports it.
+    ///
+    /// Fails with [`Error::InvalidArgument`] for an unparsable URL, a prefix with `{`/`}`,
+    /// zero durations or a zero pool size.
+    pub fn build(self) -> Result<Client, Error> {
+        let invalid = |what: &str| Err(Error::InvalidArgument(what.to_owned()));
+        if self.key_prefix.contains(['{', '}']) {
+            return invalid("key_prefix must not contain '{' or '}'");
+        }
+        if self.watchdog_timeout < Duration::from_millis(3) {
+            return invalid("watchdog_timeout must be at least 3 ms");
+        }
+        if self.watchdog_timeout > crate::lock::MAX_LEASE {
+            return invalid("watchdog_timeout is too long");
+        }
+        if self.pool_size == 0 {
+            return invalid("pool_size must be at least 1");
+        }
+        if self.connect_timeout.is_zero() || self.command_timeout.is_zero() {
+            return invalid("connect_timeout and command_timeout must be non-zero");
+        }
+        let redis = redis::Client::open(self.url.as_str()).map_err(|e| {
+            Error::InvalidArgument(format!("bad redis url {}: {e}", redact_url(&self.url)))
+        })?;
+        Client::from_config(
+            redis,
+            Config {
+                key_prefix: self.key_prefix.into_bytes(),
+                watchdog_timeout: self.watchdog_timeout,
+                pool_size: self.pool_size,
+                connect_timeout: self.connect_timeout,
+                command_timeout: self.command_timeout,
+                redacted_url: redact_url(&self.url),
+            },
+        )
+    }
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("watchdog_timeout", &self.watchdog_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages and `Debug`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    let hidden = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        // `redis://secret@host` puts the password where a user would be.
+        "***".to_owned()
+    };
+    format!("{}{hidden}{}", &url[..scheme_end], &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("redis://:pw@h"), "redis://:***@h");
+        assert_eq!(redact_url("redis://pw@h/"), "redis://***@h/");
+        assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
+        assert_eq!(redact_url("rediss://a:b:c@h"), "rediss://a:***@h");
+    }
+}

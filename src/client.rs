@@ -1,0 +1,153 @@
+//! `Client`: one connection pool, one subscriber and one watchdog shared by all locks.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::keys::LockKeys;
+use crate::pool::{Conn, Manager};
+use crate::subscriber::Subscriber;
+use crate::watchdog::Watchdog;
+use crate::{ClientBuilder, Error, Lock};
+
+/// A handle to one Redis deployment, from which named [`Lock`]s are made.
+///
+/// Cheap to clone (clones share everything) and safe to share between threads. Each client
+/// has a random id, so holder ids of different clients, even in one process, never meet.
+/// It owns a pool of command connections, at most one pub/sub connection (opened when a
+/// thread first has to wait) and at most one watchdog thread (started when the first
+/// watchdog lease is taken); both threads end once the last clone and guard are dropped.
+///
+/// ```no_run
+/// let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let guard = client.lock("nightly-report").lock()?;
+/// // ... only one thread in all processes runs this at a time ...
+/// guard.unlock()?;
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Config {
+    pub(crate) key_prefix: Vec<u8>,
+    pub(crate) watchdog_timeout: Duration,
+    pub(crate) pool_size: u32,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) redacted_url: String,
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: String,
+    pub(crate) config: Config,
+    pool: r2d2::Pool<Manager>,
+    pub(crate) subscriber: Subscriber,
+    pub(crate) watchdog: Watchdog,
+}
+
+impl Client {
+    /// A client for the Redis at `url` (`redis://[user:password@]host[:port][/db]`) with
+    /// default settings; see [`ClientBuilder`] for the others.
+    ///
+    /// Does not connect: it succeeds while Redis is down, and the first operation then
+    /// fails with a clear error.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::open("redis://127.0.0.1:6379/")?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn open(url: impl Into<String>) -> Result<Client, Error> {
+        Client::builder().url(url).build()
+    }
+
+    /// A builder with every setting at its default.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// The lock called `name`. Any byte string except the empty one is a valid name; with
+    /// an empty name every operation of the returned lock fails with
+    /// [`Error::InvalidName`]. Making a `Lock` touches no network.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock(format!("invoice:{}", 42));
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn lock(&self, name: impl Into<Vec<u8>>) -> Lock {
+        Lock::new(
+            self.clone(),
+            LockKeys::new(&self.inner.config.key_prefix, name.into()),
+        )
+    }
+
+    /// This client's random id: the first half of the holder ids it writes into lock hashes.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    pub(crate) fn from_config(redis: redis::Client, config: Config) -> Result<Client, Error> {
+        let manager = Manager {
+            client: redis.clone(),
+            connect_timeout: config.connect_timeout,
+            command_timeout: config.command_timeout,
+        };
+        // Connections are made on demand (min_idle 0, build_unchecked), so a Redis that is
+        // down does not fail the build. No PING on checkout: it would double the cost of
+        // every lock operation; a broken connection shows itself on use and is dropped.
+        let pool = r2d2::Pool::builder()
+            .max_size(config.pool_size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(config.connect_timeout)
+            .build_unchecked(manager);
+        let id = uuid::Uuid::new_v4().to_string();
+        let subscriber = Subscriber::new(
+            Manager {
+                client: redis,
+                connect_timeout: config.connect_timeout,
+                command_timeout: config.command_timeout,
+            },
+            &config.key_prefix,
+            &id,
+        );
+        Ok(Client {
+            inner: Arc::new(Inner {
+                id,
+                watchdog: Watchdog::new(),
+                subscriber,
+                config,
+                pool,
+            }),
+        })
+    }
+}
+
+impl Inner {
+    /// Runs `f` on a pooled connection, retiring the connection if `f` failed on I/O.
+    pub(crate) fn run<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        let mut conn: r2d2::PooledConnection<Manager> = self.pool.get()?;
+        let conn: &mut Conn = &mut conn;
+        Ok(conn.run(f)?)
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.inner.config;
+        f.debug_struct("Client")
+            .field("id", &self.inner.id)
+            .field("url", &c.redacted_url)
+            .field("key_prefix", &String::from_utf8_lossy(&c.key_prefix))
+            .field("watchdog_timeout", &c.watchdog_timeout)
+            .field("pool_size", &c.pool_size)
+            .field("connect_timeout", &c.connect_timeout)
+            .field("command_timeout", &c.command_timeout)
+            .finish()
+    }
+}

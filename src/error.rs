@@ -1,0 +1,61 @@
+//! The one error type every fallible redmutex operation returns.
+
+/// Everything that can go wrong talking to a lock.
+///
+/// "Not acquired" is not an error: `try_lock*` return `Ok(None)` for it.
+///
+/// ```no_run
+/// # fn main() {
+/// let client = redmutex::Client::open("redis://127.0.0.1/").unwrap();
+/// match client.lock("jobs").lock() {
+///     Ok(guard) => drop(guard),
+///     Err(redmutex::Error::Timeout(e)) => eprintln!("Redis is slow: {e}"),
+///     Err(e) => eprintln!("lock failed: {e}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Redis answered with an error, or the connection failed.
+    #[error("redis error: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// No pooled connection could be had within the connect timeout (Redis down or unreachable).
+    #[error("no redis connection available: {0}")]
+    Pool(#[source] r2d2::Error),
+    /// Redis did not answer within the command timeout. The operation may or may not have
+    /// taken effect on the server; a lock taken that way expires with its lease.
+    #[error("redis did not answer in time: {0}")]
+    Timeout(#[source] redis::RedisError),
+    /// The calling thread does not hold the lock it tried to release: it never held it, its
+    /// lease expired, or someone called `force_unlock`.
+    #[error("the lock is not held by this thread")]
+    NotHeld,
+    /// The watchdog found this lock's lease gone before it was released: another client may
+    /// have held the lock since.
+    #[error("the lock's lease was lost before it was released")]
+    LeaseLost,
+    /// The lock name is not usable (it is empty).
+    #[error("invalid lock name: {0}")]
+    InvalidName(&'static str),
+    /// A duration or a configuration value is out of range (zero or overflowing durations,
+    /// unparsable URLs, bad prefixes).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        if e.is_timeout() {
+            Error::Timeout(e)
+        } else {
+            Error::Redis(e)
+        }
+    }
+}
+
+impl From<r2d2::Error> for Error {
+    fn from(e: r2d2::Error) -> Self {
+        Error::Pool(e)
+    }
+}

@@ -1,0 +1,154 @@
+//! `LockGuard`: one level of a held lock, released when dropped.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::keys::RELEASE_MESSAGE;
+use crate::lock::millis;
+use crate::scripts;
+use crate::watchdog::{Lease, Registration};
+use crate::{Error, Lock};
+
+/// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
+///
+/// Dropping the guard releases that level, best effort: an error is only logged. Call
+/// [`unlock`](LockGuard::unlock) to learn whether the release worked. The guard is not
+/// `Send`: a lock belongs to the thread that took it, and only that thread may release it.
+///
+/// ```no_run
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let guard = client.lock("ledger").lock()?;
+/// // ... critical section ...
+/// if guard.is_lease_lost() {
+///     // Redis lost or expired the lock meanwhile: another holder may have run too.
+/// }
+/// guard.unlock()?;
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    lock: Lock,
+    token: u64,
+    holder: String,
+    lease: Lease,
+    acquired: Instant,
+    level: u64,
+    lost: Arc<AtomicBool>,
+    released: bool,
+    // Holder ids are per thread: releasing from another thread would be refused by Redis.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        lock: Lock,
+        token: u64,
+        holder: String,
+        lease: Lease,
+        acquired: Instant,
+        registration: Registration,
+    ) -> LockGuard {
+        LockGuard {
+            lock,
+            token,
+            holder,
+            lease,
+            acquired,
+            level: registration.level,
+            lost: registration.lost,
+            released: false,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Releases this level of the lock and reports the outcome.
+    ///
+    /// Fails with [`Error::NotHeld`] when the lock was no longer held by this thread (a
+    /// fixed lease ran out, or `force_unlock`), with [`Error::LeaseLost`] when the watchdog
+    /// had already found the lease gone, or with a Redis error; the lock then frees itself
+    /// when its lease ends.
+    pub fn unlock(mut self) -> Result<(), Error> {
+        self.release()
+    }
+
+    /// True once this guard's lease is known to be gone: the watchdog found the lock no
+    /// longer held by this thread, or this guard's fixed lease has run out. Another holder
+    /// may then have entered the critical section.
+    pub fn is_lease_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+            || match self.lease {
+                Lease::Fixed(ms) => self.acquired.elapsed() >= Duration::from_millis(ms),
+                Lease::Watchdog => false,
+            }
+    }
+
+    /// The lock this guard holds.
+    pub fn lock(&self) -> &Lock {
+        &self.lock
+    }
+
+    fn release(&mut self) -> Result<(), Error> {
+        self.released = true;
+        let inner = &self.lock.client.inner;
+        let keys = &self.lock.keys;
+        let watchdog_ms = millis(inner.config.watchdog_timeout);
+        // Unregister first, so that from here on the watchdog never renews for this guard.
+        let Some(restore) = inner
+            .watchdog
+            .releasing(&keys.key, self.token, self.level, watchdog_ms)
+        else {
+            // The hold this guard belonged to is over (lost, or replaced by a newer
+            // acquisition of this thread): releasing in Redis would take a level from
+            // the newer one.
+            return Err(self.not_held());
+        };
+        let left: i64 = inner.run(|con| {
+            scripts::RELEASE
+                .key(keys.key.as_slice())
+                .key(keys.channel.as_slice())
+                .arg(self.holder.as_str())
+                .arg(restore)
+                .arg(RELEASE_MESSAGE)
+                .invoke(con)
+        })?;
+        if left < 0 {
+            return Err(self.not_held());
+        }
+        Ok(())
+    }
+
+    fn not_held(&self) -> Error {
+        if self.lost.load(Ordering::SeqCst) {
+            Error::LeaseLost
+        } else {
+            Error::NotHeld
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Err(e) = self.release() {
+                log::warn!(
+                    "redmutex: releasing lock {:?} on drop failed: {e}",
+                    String::from_utf8_lossy(self.lock.name())
+                );
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("lock", &self.lock)
+            .field("holder", &self.holder)
+            .field("lease", &self.lease)
+            .field("lease_lost", &self.is_lease_lost())
+            .finish()
+    }
+}

@@ -1,0 +1,120 @@
+//! Redis key and channel names of a lock, and the per-thread part of holder ids.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Suffix of a lock's release channel. Suffixing the key keeps the channel in the key's
+/// hash slot, which sharded pub/sub on a cluster needs.
+const CHANNEL_SUFFIX: &[u8] = b":released";
+
+/// Message the release and force-unlock scripts publish; waiters only count messages.
+pub(crate) const RELEASE_MESSAGE: &str = "0";
+
+/// The Redis names of one lock.
+#[derive(Debug)]
+pub(crate) struct LockKeys {
+    pub(crate) name: Vec<u8>,
+    pub(crate) key: Vec<u8>,
+    pub(crate) channel: Vec<u8>,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &[u8], name: Vec<u8>) -> LockKeys {
+        let mut key = Vec::with_capacity(prefix.len() + name.len() + 20);
+        key.extend_from_slice(prefix);
+        if has_hash_tag(&name) {
+            key.extend_from_slice(&name);
+        } else if !name.contains(&b'}') {
+            key.push(b'{');
+            key.extend_from_slice(&name);
+            key.push(b'}');
+        } else {
+            // "{" + name + "}" would not be a valid tag here (a '}' in the name closes it
+            // early, possibly empty), so tag a digest instead: the name itself still
+            // follows, so distinct names never share a key.
+            key.extend_from_slice(format!("{{{:016x}}}", fnv1a(&name)).as_bytes());
+            key.extend_from_slice(&name);
+        }
+        let mut channel = key.clone();
+        channel.extend_from_slice(CHANNEL_SUFFIX);
+        LockKeys { name, key, channel }
+    }
+}
+
+/// Whether Redis Cluster would hash `s` by a `{tag}` inside it (first '{', then the first
+/// '}' after it, with at least one byte between).
+pub(crate) fn has_hash_tag(s: &[u8]) -> bool {
+    match s.iter().position(|&b| b == b'{') {
+        Some(open) => match s[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) => len > 0,
+            None => false,
+        },
+        None => false,
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+static NEXT_THREAD_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    // Drawn once per thread from a process-wide counter, so no two threads of a process
+    // (even one started after another ended) ever share a holder id.
+    static THREAD_TOKEN: u64 = NEXT_THREAD_TOKEN.fetch_add(1, Ordering::Relaxed);
+}
+
+/// This thread's token, the second half of its holder ids.
+pub(crate) fn thread_token() -> u64 {
+    THREAD_TOKEN.with(|t| *t)
+}
+
+/// The holder id of `token` in the client `client_id`.
+pub(crate) fn holder_id(client_id: &str, token: u64) -> String {
+    format!("{client_id}:{token}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag_of(key: &[u8]) -> &[u8] {
+        let open = key.iter().position(|&b| b == b'{').unwrap();
+        let len = key[open + 1..].iter().position(|&b| b == b'}').unwrap();
+        &key[open + 1..open + 1 + len]
+    }
+
+    #[test]
+    fn plain_names_are_wrapped_in_a_tag() {
+        let k = LockKeys::new(b"redmutex:", b"orders".to_vec());
+        assert_eq!(k.key, b"redmutex:{orders}");
+        assert_eq!(k.channel, b"redmutex:{orders}:released");
+    }
+
+    #[test]
+    fn names_with_a_tag_keep_it() {
+        let k = LockKeys::new(b"p:", b"user:{42}:cart".to_vec());
+        assert_eq!(k.key, b"p:user:{42}:cart");
+        assert_eq!(tag_of(&k.channel), b"42");
+    }
+
+    #[test]
+    fn awkward_names_still_share_one_nonempty_tag() {
+        for name in [&b"}x"[..], b"a{}b", b"{}", b"}{", b"x}{y}"] {
+            let k = LockKeys::new(b"redmutex:", name.to_vec());
+            assert!(has_hash_tag(&k.key), "{:?}", String::from_utf8_lossy(&k.key));
+            assert_eq!(tag_of(&k.key), tag_of(&k.channel));
+            assert!(k.key.ends_with(name));
+        }
+    }
+
+    #[test]
+    fn thread_tokens_differ_between_threads() {
+        let here = thread_token();
+        let there = std::thread::spawn(thread_token).join().unwrap();
+        assert_ne!(here, there);
+        assert_eq!(here, thread_token());
+    }
+}

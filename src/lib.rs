@@ -1,0 +1,45 @@
+//! Redisson-style distributed locks on Redis, with a blocking API.
+//!
+//! A [`Lock`] is a named mutex shared by every thread and process that talks to the same
+//! Redis. It is reentrant per thread (nested critical sections may take it again), its
+//! lease is kept alive by a watchdog while held and runs out if the holder crashes, and
+//! waiting threads sleep until Redis pub/sub tells them the lock was released: no polling.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! let client = redmutex::Client::open("redis://127.0.0.1:6379/")?;
+//! let lock = client.lock("accounts:42");
+//!
+//! {
+//!     let _guard = lock.lock()?;                   // blocks until held
+//!     let _nested = lock.lock()?;                  // same thread: re-enters
+//! }                                                // both levels released here
+//!
+//! match lock.try_lock_for(Duration::from_millis(500))? {
+//!     Some(guard) => guard.unlock()?,              // unlock() reports release errors
+//!     None => println!("busy, try later"),
+//! }
+//! # Ok::<(), redmutex::Error>(())
+//! ```
+//!
+//! Every check-and-write runs inside one Lua script on the server, so a lock can never be
+//! granted to two holders. See the README for the Redis layout and the guarantees.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod builder;
+mod client;
+mod error;
+mod guard;
+mod keys;
+mod lock;
+mod pool;
+mod scripts;
+mod subscriber;
+mod watchdog;
+
+pub use crate::{
+    builder::ClientBuilder, client::Client, error::Error, guard::LockGuard, lock::Lock,
+};

@@ -1,0 +1,65 @@
+//! Pooled command connections: r2d2 over redis, with timeouts and no PING per checkout.
+
+use std::time::Duration;
+
+use redis::ConnectionLike;
+
+/// A command connection that remembers when a failure left it unusable.
+pub(crate) struct Conn {
+    pub(crate) con: redis::Connection,
+    // A timed-out or failed reply may still be in flight; such a connection must never be
+    // handed to another caller, whose reply would then be someone else's.
+    broken: bool,
+}
+
+pub(crate) struct Manager {
+    pub(crate) client: redis::Client,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+}
+
+impl Manager {
+    /// A new connection with the configured timeouts, for the pool and the subscriber.
+    pub(crate) fn connect(&self) -> redis::RedisResult<redis::Connection> {
+        let con = self.client.get_connection_with_timeout(self.connect_timeout)?;
+        con.set_read_timeout(Some(self.command_timeout))?;
+        con.set_write_timeout(Some(self.command_timeout))?;
+        Ok(con)
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = redis::RedisError;
+
+    fn connect(&self) -> Result<Conn, redis::RedisError> {
+        Ok(Conn {
+            con: Manager::connect(self)?,
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> Result<(), redis::RedisError> {
+        redis::cmd("PING").query::<()>(&mut conn.con)
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken || !conn.con.is_open()
+    }
+}
+
+impl Conn {
+    /// Runs `f` on the connection; any I/O failure or timeout retires the connection.
+    pub(crate) fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        let result = f(&mut self.con);
+        if let Err(e) = &result {
+            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+                self.broken = true;
+            }
+        }
+        result
+    }
+}
