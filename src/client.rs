@@ -102,6 +102,13 @@ impl Client {
             .min_idle(Some(0))
             .test_on_check_out(false)
             .connection_timeout(config.connect_timeout)
+            // Connection setup and idle reaping need little: one thread, not r2d2's three.
+            .thread_pool(Arc::new(
+                scheduled_thread_pool::ScheduledThreadPool::builder()
+                    .num_threads(1)
+                    .thread_name_pattern("redmutex-pool")
+                    .build(),
+            ))
             .build_unchecked(manager);
         let id = uuid::Uuid::new_v4().to_string();
         let subscriber = Subscriber::new(

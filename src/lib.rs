@@ -43,3 +43,8 @@ mod watchdog;
 pub use crate::{
     builder::ClientBuilder, client::Client, error::Error, guard::LockGuard, lock::Lock,
 };
+
+// Compiles the README's examples with the doctests, so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

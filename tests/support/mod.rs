@@ -1,0 +1,497 @@
+//! Test harness that runs real `redis-server` processes.
+//!
+//! Every server gets its own loopback port and temporary directory, so tests
+//! can run in parallel and kill, restart or freeze "their" Redis without
+//! disturbing anyone else. Shared by the integration tests (`mod support;`),
+//! the benches and the examples (`#[path = "../tests/support/mod.rs"]`).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redis::IntoConnectionInfo;
+
+/// How long one start attempt may take before the server counts as hung.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between readiness probes; only process startup is being waited on.
+const PROBE_INTERVAL: Duration = Duration::from_millis(5);
+/// Start attempts before giving up; a port lost to a parallel test costs one.
+const START_ATTEMPTS: usize = 5;
+/// Read/write timeout of admin connections, so a frozen server fails a test
+/// instead of hanging it.
+const ADMIN_IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A `redis-server` child process owned by one test.
+///
+/// Dropping it SIGKILLs and reaps the process (also when the test panicked
+/// or froze it) and then removes its temporary directory.
+#[derive(Debug)]
+pub struct RedisServer {
+    /// `None` once killed, so a reaped pid (maybe reused by now) is never signalled.
+    child: Option<Child>,
+    /// Pid of the most recent process, kept after `kill` for diagnostics.
+    pid: u32,
+    /// Plain-text port; 0 when the server only listens on its TLS port.
+    port: u16,
+    /// TLS port given through `--tls-port`, probed when there is no plain port.
+    tls_port: Option<u16>,
+    /// Password from `--requirepass`, so admin connections can authenticate.
+    password: Option<String>,
+    /// The caller's extra arguments, replayed by `restart`.
+    extra: Vec<String>,
+    /// Holds the log; declared last so it is removed after the process is dead.
+    dir: tempfile::TempDir,
+}
+
+/// Why one start attempt failed.
+struct StartFailure {
+    /// Another attempt (possibly on another port) may succeed.
+    retryable: bool,
+    reason: String,
+}
+
+/// What a readiness probe learned about the port.
+enum Probe {
+    /// Our process answered.
+    Up,
+    /// Nothing (or someone else's server) answers yet.
+    NotYet,
+}
+
+impl RedisServer {
+    /// Spawns a server with the harness defaults (no persistence, loopback only).
+    pub fn new() -> RedisServer {
+        RedisServer::with_args(&[])
+    }
+
+    /// Spawns a server with `extra` appended to the default arguments, e.g.
+    /// `["--requirepass", "x"]`.
+    ///
+    /// Later arguments win in Redis, so `extra` can override defaults. Passing
+    /// `--port` pins the port (`--port 0` with `--tls-port P` gives a TLS-only
+    /// server, probed by a bare TCP connect since the harness speaks no TLS).
+    pub fn with_args(extra: &[&str]) -> RedisServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let fixed_port = arg_value(&extra, "--port").map(|v| parse_port("--port", v));
+        let tls_port = arg_value(&extra, "--tls-port")
+            .map(|v| parse_port("--tls-port", v))
+            .filter(|&p| p != 0);
+        let password = arg_value(&extra, "--requirepass").map(str::to_string);
+        let dir = tempfile::Builder::new()
+            .prefix("redmutex-redis-")
+            .tempdir()
+            .expect("create temp dir for redis-server");
+
+        let mut server = RedisServer {
+            child: None,
+            pid: 0,
+            port: fixed_port.unwrap_or(0),
+            tls_port,
+            password,
+            extra,
+            dir,
+        };
+        // A caller-chosen port is part of the test's setup, so never swap it.
+        server.start(fixed_port.is_some());
+        server
+    }
+
+    /// Plain-text port the server listens on (0 for a TLS-only server).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// TLS port, if one was configured with `--tls-port`.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// URL without credentials, so auth tests can see the server refuse it.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A fresh admin connection with 5 s I/O timeouts; authenticated when the
+    /// server was started with `--requirepass`. Panics on failure because no
+    /// test can go on without it. Without a password, connecting needs no
+    /// reply, so it also works while the server is frozen.
+    pub fn connection(&self) -> redis::Connection {
+        let con = self
+            .admin_client()
+            .get_connection_with_timeout(ADMIN_IO_TIMEOUT)
+            .unwrap_or_else(|e| self.fail(&format!("admin connection to {}: {e}", self.url())));
+        con.set_read_timeout(Some(ADMIN_IO_TIMEOUT))
+            .expect("set read timeout");
+        con.set_write_timeout(Some(ADMIN_IO_TIMEOUT))
+            .expect("set write timeout");
+        con
+    }
+
+    /// Pid of the current (or, after `kill`, the last) server process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the process has not been killed through this handle.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// SIGKILLs the server and reaps it; a no-op when already killed. SIGKILL
+    /// (not SHUTDOWN) so tests see an abrupt crash, and it works on a frozen
+    /// process too.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Fails only if the child was already reaped, which `take` rules out,
+            // or already exited, which is fine: wait() still reaps it.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server and starts a fresh one on the same port with the same
+    /// arguments (all data is lost); returns once it answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start(true);
+    }
+
+    /// SIGSTOPs the server: connections stay open but nothing is answered,
+    /// like a long GC pause or a partitioned node.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP, "SIGSTOP");
+    }
+
+    /// SIGCONTs a frozen server; it then serves the requests queued meanwhile.
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT, "SIGCONT");
+    }
+
+    /// Per-command call counts from `INFO commandstats`, keyed by lowercase
+    /// command name without the `cmdstat_` prefix (`"evalsha"`, `"ping"`,
+    /// subcommands as `"client|setinfo"`). Tests compare snapshots, since the
+    /// harness itself issues a few commands.
+    pub fn command_calls(&self) -> HashMap<String, u64> {
+        let mut con = self.connection();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut con)
+            .unwrap_or_else(|e| self.fail(&format!("INFO commandstats: {e}")));
+        parse_commandstats(&info)
+    }
+
+    /// Sum of all command calls, for "no traffic happened" assertions.
+    pub fn total_calls(&self) -> u64 {
+        self.command_calls().values().sum()
+    }
+
+    /// The server log (all starts of this handle), for failure messages.
+    /// Includes stderr when non-empty: Redis reports bad arguments there,
+    /// before it opens the log file.
+    pub fn log_contents(&self) -> String {
+        let path = self.log_path();
+        let mut text = fs::read_to_string(&path)
+            .unwrap_or_else(|e| format!("<cannot read {}: {e}>", path.display()));
+        let stderr = fs::read_to_string(self.stderr_path()).unwrap_or_default();
+        if !stderr.trim().is_empty() {
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("--- stderr ---\n");
+            text.push_str(&stderr);
+        }
+        text
+    }
+
+    /// Client for harness-internal connections: skips `CLIENT SETINFO` so
+    /// connecting costs no round trip and adds nothing to `command_calls`.
+    fn admin_client(&self) -> redis::Client {
+        let info = self.url().into_connection_info().expect("valid redis url");
+        let mut settings = info.redis_settings().clone().set_skip_set_lib_name();
+        if let Some(password) = &self.password {
+            settings = settings.set_password(password);
+        }
+        redis::Client::open(info.set_redis_settings(settings)).expect("valid connection info")
+    }
+
+    /// Kept across restarts, so one file tells the whole story of a test.
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// Where Redis's early (pre-log-file) complaints end up.
+    fn stderr_path(&self) -> PathBuf {
+        self.dir.path().join("stderr.log")
+    }
+
+    /// Signals the live child only: a killed one's pid may belong to anyone now.
+    fn signal(&self, sig: libc::c_int, name: &str) {
+        let child = self
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: redis-server {} was already killed", self.pid));
+        let pid = libc::pid_t::try_from(child.id()).expect("pid fits in pid_t");
+        // SAFETY: plain kill(2) on our own, not yet reaped, child.
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            panic!(
+                "{name} to redis-server {pid}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
+    /// Panics with the server log attached, the first thing needed to debug.
+    fn fail(&self, what: &str) -> ! {
+        panic!(
+            "redis-server on port {}: {what}\n--- {} ---\n{}",
+            self.port,
+            self.log_path().display(),
+            self.log_contents()
+        )
+    }
+
+    /// Starts the process, retrying when a parallel test grabbed the port
+    /// between probing it free and redis binding it: on a fresh port unless
+    /// `keep_port` (caller-chosen port, or a restart that must keep its URL).
+    fn start(&mut self, keep_port: bool) {
+        let mut failures = Vec::new();
+        for attempt in 0..START_ATTEMPTS {
+            if !keep_port && (attempt > 0 || self.port == 0) {
+                self.port = free_port();
+            }
+            match self.launch() {
+                Ok(child) => {
+                    self.pid = child.id();
+                    self.child = Some(child);
+                    return;
+                }
+                Err(f) => {
+                    failures.push(format!(
+                        "attempt {} (port {}): {}",
+                        attempt + 1,
+                        self.port,
+                        f.reason
+                    ));
+                    if !f.retryable {
+                        break;
+                    }
+                    if keep_port {
+                        // Same port again: give its current holder a moment.
+                        thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+        }
+        self.fail(&format!("could not start:\n  {}", failures.join("\n  ")));
+    }
+
+    /// One start attempt on `self.port`; returns the child once it answers.
+    fn launch(&self) -> Result<Child, StartFailure> {
+        let log = self.log_path();
+        let log_start = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        let bin = server_binary();
+        // A file rather than null keeps test output quiet without losing
+        // argument errors, which Redis prints before the log file exists.
+        let stderr = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.stderr_path())
+            .expect("open redis-server stderr file");
+        let mut child = Command::new(&bin)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .args(["--daemonize", "no"])
+            .args(["--protected-mode", "no"])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run {bin:?} (set REDIS_SERVER_BIN to override): {e}")
+            });
+
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    let tail = read_from(&log, log_start);
+                    return Err(StartFailure {
+                        retryable: tail.contains("Address already in use"),
+                        reason: format!("exited early with {status}"),
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => panic!("try_wait on redis-server: {e}"),
+            }
+            if let Probe::Up = self.probe(child.id()) {
+                return Ok(child);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(StartFailure {
+                    retryable: true,
+                    reason: format!("no answer within {STARTUP_TIMEOUT:?}"),
+                });
+            }
+            thread::sleep(PROBE_INTERVAL);
+        }
+    }
+
+    /// Checks that the process `pid` itself answers: after a lost port race,
+    /// another test's server answers PING on "our" port.
+    fn probe(&self, pid: u32) -> Probe {
+        if self.port == 0 {
+            return match self.tls_port {
+                Some(tls) => {
+                    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, tls));
+                    match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                        Ok(_) => Probe::Up,
+                        Err(_) => Probe::NotYet,
+                    }
+                }
+                // Redis refuses to run without listeners; the exit is caught by try_wait.
+                None => Probe::NotYet,
+            };
+        }
+        // With a password set, a foreign server fails the AUTH handshake here.
+        let Ok(mut con) = self
+            .admin_client()
+            .get_connection_with_timeout(Duration::from_millis(200))
+        else {
+            return Probe::NotYet;
+        };
+        let _ = con.set_read_timeout(Some(Duration::from_millis(500)));
+        let _ = con.set_write_timeout(Some(Duration::from_millis(500)));
+        match redis::cmd("INFO").arg("server").query::<String>(&mut con) {
+            Ok(info) => {
+                let answered_pid = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|v| v.trim().parse::<u32>().ok());
+                if answered_pid == Some(pid) {
+                    Probe::Up
+                } else {
+                    Probe::NotYet
+                }
+            }
+            // Auth configured in a way we cannot see (e.g. ACL args): the
+            // server answered, which is all readiness needs.
+            Err(e) if e.code() == Some("NOAUTH") => Probe::Up,
+            Err(_) => Probe::NotYet,
+        }
+    }
+}
+
+impl Default for RedisServer {
+    fn default() -> Self {
+        RedisServer::new()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback port that was free a moment ago. Another process may take it
+/// before it is used; `RedisServer` retries for exactly that reason.
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral loopback port")
+        .port()
+}
+
+/// `REDIS_URL` from the environment (with no server), else a throwaway server
+/// and its URL; the server must be kept alive as long as the URL is used.
+pub fn redis_url_or_spawn() -> (String, Option<RedisServer>) {
+    match std::env::var("REDIS_URL") {
+        Ok(url) if !url.trim().is_empty() => (url, None),
+        _ => {
+            let server = RedisServer::new();
+            (server.url(), Some(server))
+        }
+    }
+}
+
+/// Re-checks `cond` every 2 ms until it holds or `timeout` passes; returns
+/// whether it held. Only for state in another process that sends no signal
+/// (e.g. a key expiring inside Redis): prefer waiting on a real signal
+/// (channel, join handle) whenever the code under test offers one.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The binary to run: `REDIS_SERVER_BIN` lets CI point at a non-PATH build.
+fn server_binary() -> String {
+    std::env::var("REDIS_SERVER_BIN")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// Value of the last `flag value` pair, matching Redis's "last one wins".
+fn arg_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.windows(2)
+        .rev()
+        .find(|w| w[0].eq_ignore_ascii_case(flag))
+        .map(|w| w[1].as_str())
+}
+
+/// Fails fast on a typo in test setup instead of a confusing startup timeout.
+fn parse_port(flag: &str, value: &str) -> u16 {
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{flag} {value:?} is not a port number"))
+}
+
+/// Log text written since `offset`, so a restart is judged on its own output.
+fn read_from(path: &Path, offset: u64) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = fs::File::open(path) {
+        if file.seek(SeekFrom::Start(offset)).is_ok() {
+            let _ = file.read_to_string(&mut text);
+        }
+    }
+    text
+}
+
+/// Parses `cmdstat_<name>:calls=N,usec=...` lines of `INFO commandstats`.
+fn parse_commandstats(info: &str) -> HashMap<String, u64> {
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_ascii_lowercase(), calls))
+        })
+        .collect()
+}
