@@ -1,1 +1,874 @@
-fn main(){}
+//! `cargo bench --bench lock`: redmutex's latency and footprint targets, measured in one run
+//! against a real redis-server (spawned here, or the one at `REDIS_URL`).
+//!
+//! Latencies are medians over thousands of operations after a warm-up, and are judged as
+//! ratios to a plain PING round trip on a pooled connection, so the targets hold on any
+//! machine. Measured: uncontended and nested `lock()` + drop, the handoff of a contended
+//! lock to a blocked waiter in another process (against a naive `SET NX` + 10 ms polling
+//! lock under the same protocol), the Redis commands a thread blocked for 2 s issues, and
+//! what holding 1,000 watchdog locks costs (threads, pub/sub connections, renewal round
+//! trips, memory).
+//!
+//! A plain harness rather than criterion because the handoff needs a second process: the
+//! binary re-executes itself as that child, its role chosen by an environment variable.
+//! It prints a table with PASS/FAIL per target and exits 0 either way: it measures, it
+//! does not gate. Command-line arguments (cargo's `--bench`, filters) are ignored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redmutex::{Client, LockGuard};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+/// Set in the re-executed child: which lock it contends with ("redmutex" or "naive").
+const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
+const URL_ENV: &str = "REDMUTEX_BENCH_URL";
+const PREFIX_ENV: &str = "REDMUTEX_BENCH_PREFIX";
+
+/// Operations per kind before any sample is kept: connections, scripts and caches warm up.
+const WARMUP_OPS: usize = 500;
+/// The cheap latencies are sampled in interleaved rounds, so that a slow phase of a noisy
+/// machine hits PING and the lock operations alike instead of skewing one ratio.
+const ROUNDS: usize = 8;
+const OPS_PER_ROUND: usize = 750;
+
+const HANDOFF_WARMUP: usize = 20;
+const HANDOFFS: usize = 300;
+/// The waiter is released at a random moment in this window after it is known blocked,
+/// so the naive lock's 10 ms polling is met at a random phase, as in real use.
+const RELEASE_DELAY_MIN_US: u64 = 2_000;
+const RELEASE_DELAY_SPAN_US: u64 = 10_000;
+const NAIVE_POLL: Duration = Duration::from_millis(10);
+const NAIVE_LEASE_MS: u64 = 30_000;
+
+const BLOCKED_FOR: Duration = Duration::from_secs(2);
+const FIXED_LEASE: Duration = Duration::from_secs(60);
+
+const MANY_LOCKS: usize = 1_000;
+const MANY_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(3);
+const MANY_PERIODS: u32 = 3;
+
+/// Linux truncates thread names to 15 bytes: "redmutex-watchdog" reads back like this.
+const WATCHDOG_COMM: &str = "redmutex-watchd";
+
+/// Waits on another process's progress never last this long unless something is broken.
+const STUCK: Duration = Duration::from_secs(15);
+
+fn main() {
+    match std::env::var(ROLE_ENV) {
+        Ok(role) => child_main(&role),
+        Err(_) => parent_main(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parent: runs every measurement and prints the table.
+
+fn parent_main() {
+    let (url, _server) = support::redis_url_or_spawn();
+    let mut admin = Admin::new(&url);
+    let version = admin.redis_version();
+    let started = Instant::now();
+
+    eprintln!("[1-3/6] PING, uncontended and nested lock()+drop ...");
+    let cheap = cheap_latencies(&url);
+    eprintln!("[4/6] blocked waiter: commands in {BLOCKED_FOR:?} ...");
+    let blocked = blocked_waiter_commands(&url, &mut admin);
+    eprintln!("[5/6] contended handoff across processes: redmutex, then naive ...");
+    let redmutex_handoff = handoff(&url, Mode::Redmutex, &mut admin);
+    let naive = handoff(&url, Mode::Naive, &mut admin);
+    eprintln!("[6/6] {MANY_LOCKS} watchdog locks held by one client ...");
+    let many = many_locks(&url, &mut admin);
+
+    let ping = median(&cheap.ping);
+    let mut details = String::new();
+    let _ = writeln!(details, "details (µs unless noted):");
+    for (what, samples) in [
+        ("PING (pooled)", &cheap.ping),
+        ("lock()+drop, uncontended", &cheap.lock),
+        ("nested lock()+drop", &cheap.nested),
+        ("handoff, redmutex", &redmutex_handoff),
+        ("handoff, naive SET NX + 10 ms poll", &naive),
+    ] {
+        let _ = writeln!(
+            details,
+            "  {what:<36} n={:<6} p10 {:>9.1}  median {:>9.1}  p90 {:>9.1}  max {:>9.1}",
+            samples.len(),
+            percentile(samples, 0.10),
+            median(samples),
+            percentile(samples, 0.90),
+            percentile(samples, 1.0),
+        );
+    }
+    let by_command: Vec<String> = blocked
+        .by_command
+        .iter()
+        .map(|(c, n)| format!("{c}={n}"))
+        .collect();
+    let _ = writeln!(
+        details,
+        "  blocked waiter, commands in {BLOCKED_FOR:?}: {} ({})",
+        blocked.total,
+        by_command.join(", ")
+    );
+    let _ = writeln!(
+        details,
+        "  {MANY_LOCKS} locks: acquired in {:.1} ms; evalsha over {MANY_PERIODS} periods of {:?}: \
+         {}; RSS {} -> {} KiB ({:+} KiB, {:.0} B/lock); leases lost: {}",
+        many.acquire_time.as_secs_f64() * 1e3,
+        MANY_WATCHDOG_TIMEOUT / 3,
+        many.renew_calls,
+        many.rss_before_kib,
+        many.rss_after_kib,
+        many.rss_growth_kib(),
+        many.rss_growth_kib() as f64 * 1024.0 / MANY_LOCKS as f64,
+        many.lost,
+    );
+    let _ = writeln!(
+        details,
+        "  whole bench took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    println!("\n{details}");
+
+    let mut table = Table::new(format!("redmutex bench (redis {version}, one run)"));
+    table.row("PING (pooled)", us(ping), "1.00x".into(), "", None);
+    let mut ratio_row = |name: &str, samples: &[f64], max: f64| {
+        let r = median(samples) / ping;
+        table.row(
+            name,
+            us(median(samples)),
+            format!("{r:.2}x"),
+            &format!("<={max}x"),
+            Some(r <= max),
+        );
+    };
+    ratio_row("lock()+drop, uncontended", &cheap.lock, 2.5);
+    ratio_row("nested lock()+drop (outer held)", &cheap.nested, 2.5);
+    ratio_row("handoff across processes, redmutex", &redmutex_handoff, 6.0);
+    let naive_ratio = median(&naive) / ping;
+    table.row(
+        "handoff across processes, naive (10 ms poll)",
+        us(median(&naive)),
+        format!("{naive_ratio:.1}x"),
+        "",
+        None,
+    );
+    let speedup = median(&naive) / median(&redmutex_handoff);
+    table.row(
+        "  naive / redmutex handoff",
+        String::new(),
+        format!("{speedup:.1}x"),
+        ">=20x",
+        Some(speedup >= 20.0),
+    );
+    table.row(
+        &format!("commands by a thread blocked {}s", BLOCKED_FOR.as_secs()),
+        format!("{} cmds", blocked.total),
+        String::new(),
+        "<=4",
+        Some(blocked.total <= 4),
+    );
+    table.row(
+        &format!("{MANY_LOCKS} watchdog locks: watchdog threads"),
+        many.watchdog_threads.to_string(),
+        String::new(),
+        "<=1",
+        Some(many.watchdog_threads <= 1),
+    );
+    table.row(
+        &format!("{MANY_LOCKS} watchdog locks: pub/sub connections"),
+        many.pubsub_connections.to_string(),
+        String::new(),
+        "<=1",
+        Some(many.pubsub_connections <= 1),
+    );
+    let per_period = many.renew_calls as f64 / f64::from(MANY_PERIODS);
+    table.row(
+        &format!("{MANY_LOCKS} watchdog locks: renewal RTTs/period"),
+        format!("{per_period:.2}"),
+        String::new(),
+        "<=10",
+        Some(per_period <= 10.0),
+    );
+    table.row(
+        &format!("{MANY_LOCKS} watchdog locks: RSS growth"),
+        format!("{} KiB", many.rss_growth_kib()),
+        String::new(),
+        "",
+        None,
+    );
+    println!("{}", table.render());
+}
+
+// ---------------------------------------------------------------------------------------
+// 1-3: PING baseline, uncontended lock()+drop, nested re-acquire + release.
+
+struct Cheap {
+    ping: Vec<f64>,
+    lock: Vec<f64>,
+    nested: Vec<f64>,
+}
+
+fn cheap_latencies(url: &str) -> Cheap {
+    // Like the library's pool: no PING on checkout, connections made on demand.
+    let pool = r2d2::Pool::builder()
+        .max_size(16)
+        .min_idle(Some(0))
+        .test_on_check_out(false)
+        .build(redis::Client::open(url).expect("valid redis url"))
+        .expect("build the PING pool");
+    let ping_op = || {
+        let mut con = pool.get().expect("pooled connection");
+        redis::cmd("PING")
+            .query::<()>(&mut *con)
+            .expect("PING answered");
+    };
+
+    let client = bench_client(url, "cheap").build().expect("build client");
+    let plain = client.lock("uncontended");
+    let nested = client.lock("nested");
+    let lock_op = || drop(plain.lock().expect("uncontended lock"));
+    let nested_op = || drop(nested.lock().expect("nested lock"));
+    let nested_block = |n: usize, out: Option<&mut Vec<f64>>| {
+        let outer = nested.lock().expect("outer lock");
+        time_ops(n, out, nested_op);
+        outer.unlock().expect("outer unlock");
+    };
+
+    time_ops(WARMUP_OPS, None, ping_op);
+    time_ops(WARMUP_OPS, None, lock_op);
+    nested_block(WARMUP_OPS, None);
+
+    let n = ROUNDS * OPS_PER_ROUND;
+    let mut out = Cheap {
+        ping: Vec::with_capacity(n),
+        lock: Vec::with_capacity(n),
+        nested: Vec::with_capacity(n),
+    };
+    for _ in 0..ROUNDS {
+        time_ops(OPS_PER_ROUND, Some(&mut out.ping), ping_op);
+        time_ops(OPS_PER_ROUND, Some(&mut out.lock), lock_op);
+        nested_block(OPS_PER_ROUND, Some(&mut out.nested));
+    }
+    out
+}
+
+/// Runs `op` `n` times, appending each run's duration in µs to `out` when given.
+fn time_ops(n: usize, mut out: Option<&mut Vec<f64>>, op: impl Fn()) {
+    for _ in 0..n {
+        let t = Instant::now();
+        op();
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        if let Some(out) = out.as_deref_mut() {
+            out.push(us);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 5 (printed as such): Redis commands issued by a thread blocked for 2 s.
+
+struct Blocked {
+    total: u64,
+    by_command: BTreeMap<String, u64>,
+}
+
+fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
+    let prefix = unique_prefix("blocked");
+    let holder = bench_client(url, &prefix).build().expect("build client");
+    let waiter = bench_client(url, &prefix).build().expect("build client");
+
+    // Warm the waiter's client up the way a busy one is: it has waited once already, so
+    // its pub/sub connection and a pooled connection exist. Connection setup is a one-time
+    // cost that would otherwise be counted as the blocked thread's traffic.
+    let warm = holder
+        .lock("warm")
+        .lock_with_lease(FIXED_LEASE)
+        .expect("hold warm");
+    let w = waiter.clone();
+    let warm_waiter = thread::spawn(move || drop(w.lock("warm").lock().expect("warm lock")));
+    let channel = channel_of(&prefix, "warm");
+    assert!(
+        support::wait_until(STUCK, || admin.numsub(&channel) >= 1),
+        "the warm-up waiter never subscribed"
+    );
+    drop(warm);
+    warm_waiter.join().expect("warm-up waiter");
+
+    // A fixed lease, so no watchdog renewals of the holder add to the count.
+    let held = holder
+        .lock("held")
+        .lock_with_lease(FIXED_LEASE)
+        .expect("hold lock");
+    let before = admin.commandstats();
+    let w = waiter.clone();
+    let blocked = thread::spawn(move || drop(w.lock("held").lock().expect("blocked lock")));
+    thread::sleep(BLOCKED_FOR);
+    let after = admin.commandstats();
+    assert!(
+        !blocked.is_finished(),
+        "the waiter got a lock that was held"
+    );
+    drop(held);
+    blocked.join().expect("blocked waiter");
+
+    let mut by_command = BTreeMap::new();
+    for (cmd, &n) in &after {
+        let d = n - before.get(cmd).copied().unwrap_or(0);
+        // The snapshots' own INFO calls are the bench's, not the waiter's.
+        if d > 0 && cmd != "info" {
+            by_command.insert(cmd.clone(), d);
+        }
+    }
+    Blocked {
+        total: by_command.values().sum(),
+        by_command,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4: contended handoff to a waiter blocked in another process.
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Redmutex,
+    Naive,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Redmutex => "redmutex",
+            Mode::Naive => "naive",
+        }
+    }
+
+    fn parse(s: &str) -> Mode {
+        match s {
+            "redmutex" => Mode::Redmutex,
+            "naive" => Mode::Naive,
+            other => panic!("{ROLE_ENV}={other:?}: expected redmutex or naive"),
+        }
+    }
+
+    /// The command the waiter's failed attempts show up as in INFO commandstats, and how
+    /// many of them prove it is asleep. redmutex tries once, subscribes, tries again and
+    /// only then sleeps; the naive lock sleeps after its first failed SET.
+    fn attempts(self) -> (&'static str, u64) {
+        match self {
+            Mode::Redmutex => ("evalsha", 2),
+            Mode::Naive => ("set", 1),
+        }
+    }
+}
+
+const HANDOFF_LOCK: &str = "handoff";
+
+/// The parent's side of one of the two locks.
+enum ParentLock {
+    Redmutex(redmutex::Lock),
+    Naive(redis::Connection, String),
+}
+
+enum Held {
+    Redmutex(LockGuard),
+    Naive,
+}
+
+impl ParentLock {
+    fn acquire(&mut self) -> Held {
+        match self {
+            ParentLock::Redmutex(lock) => Held::Redmutex(lock.lock().expect("parent lock")),
+            ParentLock::Naive(con, key) => {
+                // The child deleted the key before it reported, so this succeeds at once.
+                let deadline = Instant::now() + STUCK;
+                while !naive_try(con, key) {
+                    assert!(Instant::now() < deadline, "naive lock never became free");
+                    thread::sleep(Duration::from_millis(1));
+                }
+                Held::Naive
+            }
+        }
+    }
+
+    fn release(&mut self, held: Held) {
+        match (self, held) {
+            (ParentLock::Redmutex(_), Held::Redmutex(guard)) => {
+                guard.unlock().expect("parent unlock")
+            }
+            (ParentLock::Naive(con, key), Held::Naive) => naive_release(con, key),
+            _ => unreachable!("a hold of the other lock"),
+        }
+    }
+}
+
+/// Strict alternation: the parent holds the lock; the child announces it is about to
+/// lock and blocks; once Redis shows the child's failed attempts (and, for redmutex, its
+/// subscription) the parent waits a random 2-12 ms, notes t0 and releases; the child
+/// notes t1 when its acquisition returns, releases and reports t1. Both clocks are the
+/// same machine's, so t1 - t0 is the handoff.
+fn handoff(url: &str, mode: Mode, admin: &mut Admin) -> Vec<f64> {
+    let prefix = unique_prefix(mode.name());
+    let (count_cmd, attempts) = mode.attempts();
+    let mut child = ChildProc::spawn(url, &prefix, mode);
+    let mut lock = match mode {
+        Mode::Redmutex => {
+            let client = bench_client(url, &prefix).build().expect("build client");
+            ParentLock::Redmutex(client.lock(HANDOFF_LOCK))
+        }
+        Mode::Naive => ParentLock::Naive(connect(url), naive_key(&prefix)),
+    };
+    let channel = channel_of(&prefix, HANDOFF_LOCK);
+    let mut rng = XorShift::seeded();
+    let mut samples = Vec::with_capacity(HANDOFFS);
+
+    for i in 0..HANDOFF_WARMUP + HANDOFFS {
+        let held = lock.acquire();
+        let base = admin.calls(count_cmd);
+        child.send("go");
+        let line = child.recv();
+        assert_eq!(line, "about to lock", "unexpected line from the child");
+        let deadline = Instant::now() + STUCK;
+        loop {
+            let blocked = admin.calls(count_cmd) >= base + attempts
+                && (mode == Mode::Naive || admin.numsub(&channel) >= 1);
+            if blocked {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the {} child never blocked",
+                mode.name()
+            );
+            child.check_alive();
+            thread::sleep(Duration::from_micros(200));
+        }
+        let delay = RELEASE_DELAY_MIN_US + rng.next() % RELEASE_DELAY_SPAN_US;
+        thread::sleep(Duration::from_micros(delay));
+        let t0 = unix_nanos();
+        lock.release(held);
+        let t1: i128 = child.recv().parse().expect("t1 in unix nanoseconds");
+        if i >= HANDOFF_WARMUP {
+            samples.push((t1 - t0) as f64 / 1e3);
+        }
+    }
+    child.finish();
+    samples
+}
+
+struct ChildProc {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl ChildProc {
+    fn spawn(url: &str, prefix: &str, mode: Mode) -> ChildProc {
+        let exe = std::env::current_exe().expect("path of the bench binary");
+        let mut child = Command::new(exe)
+            .env(ROLE_ENV, mode.name())
+            .env(URL_ENV, url)
+            .env(PREFIX_ENV, prefix)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("re-execute the bench as the handoff child");
+        let stdin = child.stdin.take().expect("child stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("child stdout"));
+        ChildProc {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .expect("write to the child");
+    }
+
+    fn recv(&mut self) -> String {
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .expect("read from the child");
+        assert!(n > 0, "the handoff child exited early");
+        line.trim_end().to_owned()
+    }
+
+    fn check_alive(&mut self) {
+        if let Some(status) = self.child.try_wait().expect("poll the child") {
+            panic!("the handoff child exited early with {status}");
+        }
+    }
+
+    fn finish(mut self) {
+        self.send("quit");
+        let status = self.child.wait().expect("wait for the child");
+        assert!(status.success(), "the handoff child failed: {status}");
+    }
+}
+
+/// The child's side: for each "go" line, announce, acquire, note t1, release, report t1.
+fn child_main(role: &str) {
+    let mode = Mode::parse(role);
+    let url = std::env::var(URL_ENV).expect("REDMUTEX_BENCH_URL in the child");
+    let prefix = std::env::var(PREFIX_ENV).expect("REDMUTEX_BENCH_PREFIX in the child");
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut say = |line: &str| {
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .expect("write to the parent");
+    };
+    match mode {
+        Mode::Redmutex => {
+            let client = bench_client(&url, &prefix).build().expect("build client");
+            let lock = client.lock(HANDOFF_LOCK);
+            for line in stdin.lock().lines() {
+                if line.expect("read from the parent") != "go" {
+                    break;
+                }
+                say("about to lock");
+                let guard = lock.lock().expect("child lock");
+                let t1 = unix_nanos();
+                guard.unlock().expect("child unlock");
+                say(&t1.to_string());
+            }
+        }
+        Mode::Naive => {
+            let mut con = connect(&url);
+            let key = naive_key(&prefix);
+            for line in stdin.lock().lines() {
+                if line.expect("read from the parent") != "go" {
+                    break;
+                }
+                say("about to lock");
+                while !naive_try(&mut con, &key) {
+                    thread::sleep(NAIVE_POLL);
+                }
+                let t1 = unix_nanos();
+                naive_release(&mut con, &key);
+                say(&t1.to_string());
+            }
+        }
+    }
+}
+
+fn naive_key(prefix: &str) -> String {
+    format!("{prefix}naive")
+}
+
+/// The naive lock: SET NX with a lease; the caller polls on failure.
+fn naive_try(con: &mut redis::Connection, key: &str) -> bool {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(std::process::id())
+        .arg("NX")
+        .arg("PX")
+        .arg(NAIVE_LEASE_MS)
+        .query(con)
+        .expect("SET NX");
+    set.is_some()
+}
+
+fn naive_release(con: &mut redis::Connection, key: &str) {
+    redis::cmd("DEL")
+        .arg(key)
+        .query::<()>(con)
+        .expect("DEL naive lock");
+}
+
+// ---------------------------------------------------------------------------------------
+// 6: one client holding 1,000 watchdog locks.
+
+struct Many {
+    watchdog_threads: usize,
+    pubsub_connections: usize,
+    renew_calls: u64,
+    rss_before_kib: u64,
+    rss_after_kib: u64,
+    acquire_time: Duration,
+    lost: usize,
+}
+
+impl Many {
+    fn rss_growth_kib(&self) -> i64 {
+        self.rss_after_kib as i64 - self.rss_before_kib as i64
+    }
+}
+
+fn many_locks(url: &str, admin: &mut Admin) -> Many {
+    // Earlier clients are dropped; their threads and connections wind down within about a
+    // second (the pub/sub reader notices on its next read tick). Counting before then
+    // would charge them to this client.
+    support::wait_until(STUCK, || watchdog_threads() == 0);
+    support::wait_until(Duration::from_secs(3), || admin.pubsub_connections() == 0);
+    let pubsub_before = admin.pubsub_connections();
+
+    let client = bench_client(url, &unique_prefix("many"))
+        .watchdog_timeout(MANY_WATCHDOG_TIMEOUT)
+        .build()
+        .expect("build client");
+    let rss_before_kib = rss_kib();
+    let locks: Vec<redmutex::Lock> = (0..MANY_LOCKS)
+        .map(|i| client.lock(format!("many:{i}")))
+        .collect();
+    let t = Instant::now();
+    let guards: Vec<LockGuard> = locks
+        .iter()
+        .map(|l| l.lock().expect("lock one of many"))
+        .collect();
+    let acquire_time = t.elapsed();
+    let rss_after_kib = rss_kib();
+    let watchdog_threads = watchdog_threads();
+    let pubsub_connections = admin.pubsub_connections().saturating_sub(pubsub_before);
+
+    let before = admin.calls("evalsha");
+    thread::sleep(MANY_WATCHDOG_TIMEOUT / 3 * MANY_PERIODS);
+    let renew_calls = admin.calls("evalsha") - before;
+
+    let lost = guards.iter().filter(|g| g.is_lease_lost()).count();
+    drop(guards);
+    Many {
+        watchdog_threads,
+        pubsub_connections,
+        renew_calls,
+        rss_before_kib,
+        rss_after_kib,
+        acquire_time,
+        lost,
+    }
+}
+
+fn watchdog_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == WATCHDOG_COMM)
+        .count()
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared helpers.
+
+/// One admin connection, opened before any snapshot so its own setup is never counted.
+struct Admin {
+    con: redis::Connection,
+}
+
+impl Admin {
+    fn new(url: &str) -> Admin {
+        let con = connect(url);
+        con.set_read_timeout(Some(STUCK)).expect("set read timeout");
+        Admin { con }
+    }
+
+    fn redis_version(&mut self) -> String {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.con)
+            .expect("INFO server");
+        info.lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim()
+            .to_owned()
+    }
+
+    /// Calls per command since the server started, from `INFO commandstats`.
+    fn commandstats(&mut self) -> HashMap<String, u64> {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.con)
+            .expect("INFO commandstats");
+        info.lines()
+            .filter_map(|line| {
+                let (name, stats) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))?
+                    .parse()
+                    .ok()?;
+                Some((name.to_ascii_lowercase(), calls))
+            })
+            .collect()
+    }
+
+    fn calls(&mut self, cmd: &str) -> u64 {
+        self.commandstats().get(cmd).copied().unwrap_or(0)
+    }
+
+    fn numsub(&mut self, channel: &str) -> u64 {
+        let (_, n): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query(&mut self.con)
+            .expect("PUBSUB NUMSUB");
+        n
+    }
+
+    fn pubsub_connections(&mut self) -> usize {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut self.con)
+            .expect("CLIENT LIST TYPE pubsub");
+        list.lines().filter(|l| !l.trim().is_empty()).count()
+    }
+}
+
+fn connect(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("connect to redis")
+}
+
+fn bench_client(url: &str, prefix: &str) -> redmutex::ClientBuilder {
+    Client::builder().url(url).key_prefix(prefix)
+}
+
+/// A key prefix of its own per measurement, so a shared `REDIS_URL` server is harmless.
+fn unique_prefix(what: &str) -> String {
+    format!("redmutex-bench:{}:{what}:", unix_nanos())
+}
+
+/// The release channel of lock `name` (a name without braces): `<prefix>{name}:released`.
+fn channel_of(prefix: &str, name: &str) -> String {
+    format!("{prefix}{{{name}}}:released")
+}
+
+fn unix_nanos() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos() as i128
+}
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn seeded() -> XorShift {
+        XorShift(unix_nanos() as u64 | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn sorted(samples: &[f64]) -> Vec<f64> {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn percentile(samples: &[f64], p: f64) -> f64 {
+    let v = sorted(samples);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(samples: &[f64]) -> f64 {
+    let v = sorted(samples);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn us(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{v:.0} µs")
+    } else {
+        format!("{v:.1} µs")
+    }
+}
+
+struct Table {
+    title: String,
+    rows: Vec<[String; 5]>,
+}
+
+impl Table {
+    fn new(title: String) -> Table {
+        Table {
+            title,
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, name: &str, value: String, ratio: String, target: &str, ok: Option<bool>) {
+        let ok = match ok {
+            Some(true) => "PASS",
+            Some(false) => "FAIL  <<<",
+            None => "",
+        };
+        self.rows.push([
+            name.to_owned(),
+            value,
+            ratio,
+            target.to_owned(),
+            ok.to_owned(),
+        ]);
+    }
+
+    fn render(&self) -> String {
+        let width = self
+            .rows
+            .iter()
+            .map(|r| r[0].chars().count())
+            .chain([self.title.chars().count()])
+            .max()
+            .unwrap_or(0)
+            + 2;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<width$}{:>12}{:>10}{:>10}   ok",
+            self.title, "median", "ratio", "target"
+        );
+        for [name, value, ratio, target, ok] in &self.rows {
+            let line = format!("{name:<width$}{value:>12}{ratio:>10}{target:>10}   {ok}");
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        let failed = self
+            .rows
+            .iter()
+            .filter(|r| r[4].starts_with("FAIL"))
+            .count();
+        let passed = self.rows.iter().filter(|r| r[4] == "PASS").count();
+        let _ = write!(out, "targets: {passed} PASS, {failed} FAIL");
+        out
+    }
+}

@@ -96,9 +96,10 @@ impl LockGuard {
         let keys = &self.lock.keys;
         let watchdog_ms = millis(inner.config.watchdog_timeout);
         // Unregister first, so that from here on the watchdog never renews for this guard.
-        let Some(restore) = inner
-            .watchdog
-            .releasing(&keys.key, self.token, self.level, watchdog_ms)
+        let Some(restore) =
+            inner
+                .watchdog
+                .releasing(&keys.key, self.token, self.level, watchdog_ms)
         else {
             // The hold this guard belonged to is over (lost, or replaced by a newer
             // acquisition of this thread): releasing in Redis would take a level from

@@ -104,7 +104,11 @@ mod tests {
     fn awkward_names_still_share_one_nonempty_tag() {
         for name in [&b"}x"[..], b"a{}b", b"{}", b"}{", b"x}{y}"] {
             let k = LockKeys::new(b"redmutex:", name.to_vec());
-            assert!(has_hash_tag(&k.key), "{:?}", String::from_utf8_lossy(&k.key));
+            assert!(
+                has_hash_tag(&k.key),
+                "{:?}",
+                String::from_utf8_lossy(&k.key)
+            );
             assert_eq!(tag_of(&k.key), tag_of(&k.channel));
             assert!(k.key.ends_with(name));
         }

@@ -303,9 +303,10 @@ impl Lock {
         sent: Instant,
     ) -> LockGuard {
         let inner = &self.client.inner;
-        let registration = inner
-            .watchdog
-            .acquired(inner, &self.keys.key, token, &holder, count, lease);
+        let registration =
+            inner
+                .watchdog
+                .acquired(inner, &self.keys.key, token, &holder, count, lease);
         LockGuard::new(self.clone(), token, holder, lease, sent, registration)
     }
 }
@@ -332,7 +333,9 @@ pub(crate) fn millis(d: Duration) -> u64 {
 
 fn fixed(lease: Duration) -> Result<Lease, Error> {
     if lease.is_zero() {
-        return Err(Error::InvalidArgument("a lease must be longer than zero".to_owned()));
+        return Err(Error::InvalidArgument(
+            "a lease must be longer than zero".to_owned(),
+        ));
     }
     if lease > MAX_LEASE {
         return Err(Error::InvalidArgument(format!(
@@ -343,7 +346,7 @@ fn fixed(lease: Duration) -> Result<Lease, Error> {
 }
 
 fn deadline(wait: Duration) -> Result<Instant, Error> {
-    Instant::now().checked_add(wait).ok_or_else(|| {
-        Error::InvalidArgument(format!("a wait of {wait:?} overflows the clock"))
-    })
+    Instant::now()
+        .checked_add(wait)
+        .ok_or_else(|| Error::InvalidArgument(format!("a wait of {wait:?} overflows the clock")))
 }

@@ -21,7 +21,9 @@ pub(crate) struct Manager {
 impl Manager {
     /// A new connection with the configured timeouts, for the pool and the subscriber.
     pub(crate) fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        let con = self.client.get_connection_with_timeout(self.connect_timeout)?;
+        let con = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)?;
         con.set_read_timeout(Some(self.command_timeout))?;
         con.set_write_timeout(Some(self.command_timeout))?;
         Ok(con)

@@ -176,12 +176,9 @@ impl Subscriber {
         });
         if nudge {
             let control = self.shared.control.as_slice();
-            if let Err(e) = client.run(|con| {
-                redis::cmd("PUBLISH")
-                    .arg(control)
-                    .arg("s")
-                    .query::<()>(con)
-            }) {
+            if let Err(e) =
+                client.run(|con| redis::cmd("PUBLISH").arg(control).arg("s").query::<()>(con))
+            {
                 // The waiter still wakes when the holder's lease runs out.
                 log::debug!("redmutex: could not nudge the pub/sub thread: {e}");
             }
@@ -315,15 +312,17 @@ impl Shared {
     fn take_idle(&self) -> Vec<Vec<u8>> {
         let mut state = self.state.lock();
         let mut idle = Vec::new();
-        state.channels.retain(|channel, entry| match entry.idle_since {
-            Some(since) if entry.refs == 0 && since.elapsed() >= LINGER => {
-                if entry.requested {
-                    idle.push(channel.clone());
+        state
+            .channels
+            .retain(|channel, entry| match entry.idle_since {
+                Some(since) if entry.refs == 0 && since.elapsed() >= LINGER => {
+                    if entry.requested {
+                        idle.push(channel.clone());
+                    }
+                    false
                 }
-                false
-            }
-            _ => true,
-        });
+                _ => true,
+            });
         if !idle.is_empty() {
             state.pending.retain(|c| !idle.contains(c));
         }
