@@ -307,11 +307,13 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
         .lock("held")
         .lock_with_lease(FIXED_LEASE)
         .expect("hold lock");
-    let before = admin.commandstats();
+    // INFO commandstats also counts the commands a script calls, which are not round
+    // trips; MONITOR tells them apart ("[0 lua]"), so it counts what the client sends.
+    let monitor = Monitor::start(url);
     let w = waiter.clone();
     let blocked = thread::spawn(move || drop(w.lock("held").lock().expect("blocked lock")));
     thread::sleep(BLOCKED_FOR);
-    let after = admin.commandstats();
+    let sent = monitor.stop();
     assert!(
         !blocked.is_finished(),
         "the waiter got a lock that was held"
@@ -320,16 +322,63 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
     blocked.join().expect("blocked waiter");
 
     let mut by_command = BTreeMap::new();
-    for (cmd, &n) in &after {
-        let d = n - before.get(cmd).copied().unwrap_or(0);
-        // The snapshots' own INFO calls are the bench's, not the waiter's.
-        if d > 0 && cmd != "info" {
-            by_command.insert(cmd.clone(), d);
-        }
+    for cmd in sent {
+        *by_command.entry(cmd).or_insert(0) += 1;
     }
     Blocked {
         total: by_command.values().sum(),
         by_command,
+    }
+}
+
+/// A MONITOR connection recording the name of every command clients send (not those
+/// scripts call) until stopped.
+struct Monitor {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: thread::JoinHandle<Vec<String>>,
+}
+
+impl Monitor {
+    fn start(url: &str) -> Monitor {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut con = connect(url);
+        con.set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("read timeout");
+        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
+            .expect("send MONITOR");
+        let ok = con.recv_response().expect("MONITOR reply");
+        assert_eq!(ok, redis::Value::Okay, "MONITOR refused");
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = thread::spawn(move || {
+            let mut seen = Vec::new();
+            loop {
+                match con.recv_response() {
+                    Ok(redis::Value::SimpleString(line)) => {
+                        // `<time> [<db> <addr>] "<command>" ...`; scripts show as `[0 lua]`.
+                        if line.contains(" lua] ") {
+                            continue;
+                        }
+                        if let Some(cmd) = line.split('"').nth(1) {
+                            seen.push(cmd.to_ascii_lowercase());
+                        }
+                    }
+                    Ok(other) => panic!("unexpected MONITOR output {other:?}"),
+                    Err(e) if e.is_timeout() => {
+                        if flag.load(Ordering::SeqCst) {
+                            return seen;
+                        }
+                    }
+                    Err(e) => panic!("MONITOR failed: {e}"),
+                }
+            }
+        });
+        Monitor { stop, thread }
+    }
+
+    fn stop(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("monitor thread")
     }
 }
 

@@ -9,13 +9,16 @@
 -- Returns -1     the caller holds no level (never acquired, lease expired, force-unlocked)
 --         0      the lock is now free: the key is deleted and the message published
 --         n > 0  the caller still holds n levels; the lease was reset to ARGV[2]
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+--
+-- Reading the count first keeps the common case, the outermost release, at one write.
+local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
+if not count then
     return -1
 end
-local count = redis.call('hincrby', KEYS[1], ARGV[1], -1)
-if count > 0 then
+if count > 1 then
+    redis.call('hincrby', KEYS[1], ARGV[1], -1)
     redis.call('pexpire', KEYS[1], ARGV[2])
-    return count
+    return count - 1
 end
 redis.call('del', KEYS[1])
 redis.call('publish', KEYS[2], ARGV[3])

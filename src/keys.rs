@@ -18,20 +18,23 @@ pub(crate) struct LockKeys {
 }
 
 impl LockKeys {
+    /// Each of the three forms a key can take starts differently right after the prefix
+    /// (`{`, `~`, `#`), and each keeps the whole name, so distinct names never share a key.
+    /// The prefix is known to hold no brace, so the first `{` after it opens the tag.
     pub(crate) fn new(prefix: &[u8], name: Vec<u8>) -> LockKeys {
         let mut key = Vec::with_capacity(prefix.len() + name.len() + 20);
         key.extend_from_slice(prefix);
-        if has_hash_tag(&name) {
-            key.extend_from_slice(&name);
-        } else if !name.contains(&b'}') {
+        if !name.contains(&b'{') && !name.contains(&b'}') {
             key.push(b'{');
             key.extend_from_slice(&name);
             key.push(b'}');
+        } else if has_hash_tag(&name) {
+            // The user chose the tag, e.g. to keep this lock beside their own keys.
+            key.push(b'~');
+            key.extend_from_slice(&name);
         } else {
-            // "{" + name + "}" would not be a valid tag here (a '}' in the name closes it
-            // early, possibly empty), so tag a digest instead: the name itself still
-            // follows, so distinct names never share a key.
-            key.extend_from_slice(format!("{{{:016x}}}", fnv1a(&name)).as_bytes());
+            // Braces that cannot form a tag (a '}' first, or "{}"): tag a digest instead.
+            key.extend_from_slice(format!("#{{{:016x}}}", fnv1a(&name)).as_bytes());
             key.extend_from_slice(&name);
         }
         let mut channel = key.clone();
@@ -96,7 +99,7 @@ mod tests {
     #[test]
     fn names_with_a_tag_keep_it() {
         let k = LockKeys::new(b"p:", b"user:{42}:cart".to_vec());
-        assert_eq!(k.key, b"p:user:{42}:cart");
+        assert_eq!(k.key, b"p:~user:{42}:cart");
         assert_eq!(tag_of(&k.channel), b"42");
     }
 
@@ -112,6 +115,18 @@ mod tests {
             assert_eq!(tag_of(&k.key), tag_of(&k.channel));
             assert!(k.key.ends_with(name));
         }
+    }
+
+    #[test]
+    fn distinct_names_get_distinct_keys() {
+        let names: [&[u8]; 9] = [
+            b"a", b"{a}", b"~{a}", b"}a", b"#{0}a", b"a}", b"{a", b"", b"{}",
+        ];
+        let keys: std::collections::HashSet<Vec<u8>> = names
+            .iter()
+            .map(|n| LockKeys::new(b"p:", n.to_vec()).key)
+            .collect();
+        assert_eq!(keys.len(), names.len());
     }
 
     #[test]
