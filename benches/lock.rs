@@ -83,6 +83,7 @@ fn parent_main() {
     eprintln!("[5/6] contended handoff across processes: redmutex, then naive ...");
     let redmutex_handoff = handoff(&url, Mode::Redmutex, &mut admin);
     let naive = handoff(&url, Mode::Naive, &mut admin);
+    let floor = handoff(&url, Mode::Floor, &mut admin);
     eprintln!("[6/6] {MANY_LOCKS} watchdog locks held by one client ...");
     let many = many_locks(&url, &mut admin);
 
@@ -95,6 +96,7 @@ fn parent_main() {
         ("nested lock()+drop", &cheap.nested),
         ("handoff, redmutex", &redmutex_handoff),
         ("handoff, naive SET NX + 10 ms poll", &naive),
+        ("handoff floor: PUBLISH seen + 1 RTT", &floor),
     ] {
         let _ = writeln!(
             details,
@@ -152,6 +154,14 @@ fn parent_main() {
     ratio_row("lock()+drop, uncontended", &cheap.lock, 2.5);
     ratio_row("nested lock()+drop (outer held)", &cheap.nested, 2.5);
     ratio_row("handoff across processes, redmutex", &redmutex_handoff, 6.0);
+    let floor_ratio = median(&floor) / ping;
+    table.row(
+        "  floor: raw PUBLISH wake-up + one RTT",
+        us(median(&floor)),
+        format!("{floor_ratio:.2}x"),
+        "",
+        None,
+    );
     let naive_ratio = median(&naive) / ping;
     table.row(
         "handoff across processes, naive (10 ms poll)",
@@ -389,6 +399,9 @@ impl Monitor {
 enum Mode {
     Redmutex,
     Naive,
+    /// No lock: a raw subscriber woken by a raw PUBLISH, then one PING. What any lock
+    /// woken by pub/sub needs at least on this machine, measured under the same protocol.
+    Floor,
 }
 
 impl Mode {
@@ -396,6 +409,7 @@ impl Mode {
         match self {
             Mode::Redmutex => "redmutex",
             Mode::Naive => "naive",
+            Mode::Floor => "floor",
         }
     }
 
@@ -403,6 +417,7 @@ impl Mode {
         match s {
             "redmutex" => Mode::Redmutex,
             "naive" => Mode::Naive,
+            "floor" => Mode::Floor,
             other => panic!("{ROLE_ENV}={other:?}: expected redmutex or naive"),
         }
     }
@@ -414,6 +429,7 @@ impl Mode {
         match self {
             Mode::Redmutex => ("evalsha", 2),
             Mode::Naive => ("set", 1),
+            Mode::Floor => ("subscribe", 0),
         }
     }
 }
@@ -424,17 +440,20 @@ const HANDOFF_LOCK: &str = "handoff";
 enum ParentLock {
     Redmutex(redmutex::Lock),
     Naive(redis::Connection, String),
+    Floor(redis::Connection, String),
 }
 
 enum Held {
     Redmutex(LockGuard),
     Naive,
+    Floor,
 }
 
 impl ParentLock {
     fn acquire(&mut self) -> Held {
         match self {
             ParentLock::Redmutex(lock) => Held::Redmutex(lock.lock().expect("parent lock")),
+            ParentLock::Floor(..) => Held::Floor,
             ParentLock::Naive(con, key) => {
                 // The child deleted the key before it reported, so this succeeds at once.
                 let deadline = Instant::now() + STUCK;
@@ -453,6 +472,11 @@ impl ParentLock {
                 guard.unlock().expect("parent unlock")
             }
             (ParentLock::Naive(con, key), Held::Naive) => naive_release(con, key),
+            (ParentLock::Floor(con, channel), Held::Floor) => redis::cmd("PUBLISH")
+                .arg(channel.as_str())
+                .arg("0")
+                .exec(con)
+                .expect("PUBLISH"),
             _ => unreachable!("a hold of the other lock"),
         }
     }
@@ -473,6 +497,7 @@ fn handoff(url: &str, mode: Mode, admin: &mut Admin) -> Vec<f64> {
             ParentLock::Redmutex(client.lock(HANDOFF_LOCK))
         }
         Mode::Naive => ParentLock::Naive(connect(url), naive_key(&prefix)),
+        Mode::Floor => ParentLock::Floor(connect(url), channel_of(&prefix, HANDOFF_LOCK)),
     };
     let channel = channel_of(&prefix, HANDOFF_LOCK);
     let mut rng = XorShift::seeded();
@@ -592,6 +617,24 @@ fn child_main(role: &str) {
                 let guard = lock.lock().expect("child lock");
                 let t1 = unix_nanos();
                 guard.unlock().expect("child unlock");
+                say(&t1.to_string());
+            }
+        }
+        Mode::Floor => {
+            let mut sub = connect(&url);
+            let mut con = connect(&url);
+            let mut pubsub = sub.as_pubsub();
+            pubsub
+                .subscribe(channel_of(&prefix, HANDOFF_LOCK))
+                .expect("SUBSCRIBE");
+            for line in stdin.lock().lines() {
+                if line.expect("read from the parent") != "go" {
+                    break;
+                }
+                say("about to lock");
+                pubsub.get_message().expect("floor message");
+                redis::cmd("PING").exec(&mut con).expect("PING");
+                let t1 = unix_nanos();
                 say(&t1.to_string());
             }
         }
