@@ -288,7 +288,9 @@ impl Lock {
             // No expiry at all (someone wrote the key by hand): look again after a lease
             // rather than never.
             -1 => self.client.inner.config.watchdog_timeout,
-            ms if ms >= 0 => Duration::from_millis(ms as u64),
+            // PTTL rounds down: the lease may last up to a millisecond more, and waking
+            // before it ends would only cost a wasted try.
+            ms if ms >= 0 => Duration::from_millis(ms as u64 + 1),
             // Gone between the check and the PTTL: try again at once.
             _ => Duration::ZERO,
         }

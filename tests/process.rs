@@ -1,0 +1,324 @@
+//! Locks shared by separate processes: this test binary re-executes itself as the other
+//! processes, its role chosen by an environment variable.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::{Client, Error};
+use support::RedisServer;
+
+const ROLE: &str = "REDMUTEX_TEST_CHILD_ROLE";
+const URL: &str = "REDMUTEX_TEST_CHILD_URL";
+const PREFIX: &str = "redmutex-test:";
+/// Lines a child means for the parent; the test harness prints its own lines too.
+const MARK: &str = "CHILD:";
+
+const WORKERS: usize = 4;
+const THREADS: usize = 4;
+const ITERATIONS: usize = 25;
+
+/// Waits on a child longer than this only when something is broken.
+const STUCK: Duration = Duration::from_secs(30);
+
+/// The child side of every test; a no-op in a normal run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let url = std::env::var(URL).expect("URL for the child");
+    match role.as_str() {
+        "counter" => counter_worker(&url),
+        "crash-holder" => crash_holder(&url),
+        "nested-holder" => nested_holder(&url),
+        other => panic!("unknown child role {other:?}"),
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{MARK}{line}").expect("write to the parent");
+    out.flush().expect("flush to the parent");
+}
+
+fn client(url: &str, watchdog: Duration) -> Client {
+    Client::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .watchdog_timeout(watchdog)
+        .build()
+        .expect("build client")
+}
+
+fn counter_worker(url: &str) {
+    let client = client(url, Duration::from_secs(30));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let client = client.clone();
+            let url = url.to_owned();
+            thread::spawn(move || {
+                let mut con = redis::Client::open(url)
+                    .and_then(|c| c.get_connection())
+                    .expect("counter connection");
+                let lock = client.lock("counter");
+                for _ in 0..ITERATIONS {
+                    let outer = lock.lock().expect("outer lock");
+                    let inner = lock.lock().expect("re-entry");
+                    assert_eq!(lock.hold_count().expect("hold_count"), 2);
+                    // Deliberately not atomic: only the lock keeps increments apart.
+                    let n: Option<u64> = redis::cmd("GET")
+                        .arg("counter")
+                        .query(&mut con)
+                        .expect("GET");
+                    thread::yield_now();
+                    redis::cmd("SET")
+                        .arg("counter")
+                        .arg(n.unwrap_or(0) + 1)
+                        .exec(&mut con)
+                        .expect("SET");
+                    drop(inner);
+                    outer.unlock().expect("unlock");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("worker thread");
+    }
+    say("done");
+}
+
+fn crash_holder(url: &str) {
+    let client = client(url, Duration::from_secs(1));
+    let _guard = client.lock("crash").lock().expect("lock");
+    say("held");
+    // Killed here by the parent, guard and all.
+    loop {
+        thread::sleep(Duration::from_secs(60));
+    }
+}
+
+fn nested_holder(url: &str) {
+    let client = client(url, Duration::from_secs(30));
+    let lock = client.lock("nested");
+    let outer = lock.lock().expect("outer lock");
+    let inner = lock.lock().expect("re-entry");
+    say("held");
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .expect("read from the parent");
+    say(&format!("inner {}", outcome(inner.unlock())));
+    say(&format!("outer {}", outcome(outer.unlock())));
+}
+
+fn outcome(r: Result<(), Error>) -> String {
+    match r {
+        Ok(()) => "ok".to_owned(),
+        Err(Error::NotHeld) => "not-held".to_owned(),
+        Err(Error::LeaseLost) => "lease-lost".to_owned(),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+/// A child process, killed when dropped so a failing test leaves nothing behind.
+struct ChildProc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl ChildProc {
+    fn spawn(role: &str, server: &RedisServer) -> ChildProc {
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .env(URL, server.url())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("child stdout");
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                // The harness may have started the line ("test child_entry ... ").
+                if let Some(at) = line.find(MARK) {
+                    if tx.send(line[at + MARK.len()..].to_owned()).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        ChildProc {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+        }
+    }
+
+    fn expect(&self, want: &str) {
+        let got = self.next_line();
+        assert_eq!(got, want, "unexpected line from the child");
+    }
+
+    fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(STUCK)
+            .expect("the child said nothing (it failed or hung)")
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("child stdin");
+        writeln!(stdin, "{line}").expect("write to the child");
+        stdin.flush().expect("flush to the child");
+    }
+
+    fn wait_success(mut self) {
+        let status = self.child.wait().expect("wait for child");
+        assert!(status.success(), "child failed: {status}");
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    server.command_calls().get("evalsha").copied().unwrap_or(0)
+}
+
+fn numsub(con: &mut redis::Connection, channel: &str) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(con)
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+#[test]
+fn mutual_exclusion_across_processes() {
+    let server = RedisServer::new();
+    let children: Vec<ChildProc> = (0..WORKERS)
+        .map(|_| ChildProc::spawn("counter", &server))
+        .collect();
+    for child in children {
+        child.expect("done");
+        child.wait_success();
+    }
+    let mut con = server.connection();
+    let n: u64 = redis::cmd("GET")
+        .arg("counter")
+        .query(&mut con)
+        .expect("GET");
+    assert_eq!(n, (WORKERS * THREADS * ITERATIONS) as u64, "lost updates");
+    let key = format!("{PREFIX}{{counter}}");
+    let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut con).unwrap();
+    assert!(!exists, "the lock must be free after every release");
+}
+
+#[test]
+fn a_crashed_holder_releases_within_the_watchdog_timeout() {
+    const WATCHDOG: Duration = Duration::from_secs(1);
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let mut holder = ChildProc::spawn("crash-holder", &server);
+    holder.expect("held");
+
+    let waiter_client = client(&server.url(), WATCHDOG);
+    let (tx, acquired) = mpsc::channel();
+    let lock = waiter_client.lock("crash");
+    let waiter = thread::spawn(move || {
+        let guard = lock.lock().expect("waiter lock");
+        tx.send(Instant::now()).expect("report");
+        guard.unlock().expect("waiter unlock");
+    });
+    let channel = format!("{PREFIX}{{crash}}:released");
+    assert!(
+        support::wait_until(STUCK, || numsub(&mut con, &channel) >= 1),
+        "the waiter never subscribed"
+    );
+    // The holder is alive and renewing: the waiter must stay blocked across renewals.
+    assert!(
+        // Not a whole number of renewal periods, so the kill lands between renewals.
+        acquired
+            .recv_timeout(WATCHDOG * 2 + Duration::from_millis(150))
+            .is_err(),
+        "the waiter took a lock whose holder is alive"
+    );
+
+    let before = evalsha_calls(&server);
+    let killed = Instant::now();
+    holder.child.kill().expect("SIGKILL the holder");
+    let key = format!("{PREFIX}{{crash}}");
+    let left: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
+    assert!(
+        left > 0,
+        "the dead holder's lease must still be running (PTTL {left})"
+    );
+
+    let at = acquired
+        .recv_timeout(STUCK)
+        .expect("the waiter never acquired");
+    waiter.join().expect("waiter thread");
+    let after_kill = at - killed;
+    // Not before the lease the holder left behind ran out, and not much after it.
+    assert!(
+        after_kill + Duration::from_millis(50) >= Duration::from_millis(left as u64),
+        "acquired {after_kill:?} after the kill, while {left} ms of lease were left"
+    );
+    assert!(
+        after_kill <= WATCHDOG + Duration::from_secs(1),
+        "acquired only {after_kill:?} after the kill"
+    );
+    // It slept until the predicted end of the lease instead of polling: a try there (the
+    // holder may have renewed once more since the waiter last looked), a try at the real
+    // end, the release of its own hold; a 10 ms poll would have made a hundred.
+    let calls = evalsha_calls(&server) - before;
+    eprintln!(
+        "acquired {after_kill:?} after the kill ({left} ms of lease left), {calls} script calls"
+    );
+    assert!(
+        calls <= 6,
+        "{calls} script calls while waiting for a dead holder"
+    );
+}
+
+#[test]
+fn ownership_is_visible_across_processes() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let mut holder = ChildProc::spawn("nested-holder", &server);
+    holder.expect("held");
+
+    let client = client(&server.url(), Duration::from_secs(30));
+    let lock = client.lock("nested");
+    assert!(lock.is_locked().unwrap());
+    assert!(!lock.is_held_by_current_thread().unwrap());
+    assert_eq!(lock.hold_count().unwrap(), 0);
+    assert!(lock.try_lock().unwrap().is_none());
+    let key = format!("{PREFIX}{{nested}}");
+    let counts: Vec<i64> = redis::cmd("HVALS").arg(&key).query(&mut con).unwrap();
+    assert_eq!(counts, vec![2], "one holder, two levels");
+
+    assert!(lock.force_unlock().unwrap());
+    assert!(!lock.is_locked().unwrap());
+    holder.send("release");
+    holder.expect("inner not-held");
+    holder.expect("outer not-held");
+    holder.wait_success();
+    // The stale releases changed nothing: the lock is free for anyone.
+    let guard = lock.try_lock().unwrap().expect("free after force_unlock");
+    assert_eq!(lock.hold_count().unwrap(), 1);
+    guard.unlock().unwrap();
+}
