@@ -1,0 +1,311 @@
+//! redmutex's demo: several processes × threads contend on one lock, with nested critical
+//! sections, and prove that no update was lost.
+//!
+//! ```sh
+//! cargo run --release --example demo                  # 4 processes x 4 threads, 5 s
+//! cargo run --release --example demo -- --processes 2 --threads 8 --seconds 10
+//! ```
+//!
+//! Without `REDIS_URL` it starts a throwaway `redis-server` on a free loopback port. It
+//! re-executes itself as the worker processes. Every thread loops: take the lock, take it
+//! again (re-entry), read a counter from Redis, write it back plus one (deliberately not
+//! atomic: only the lock keeps two increments apart), release both levels, then do a
+//! little work outside the lock. The parent then prints acquisitions per second, lost
+//! updates (the counter against the acquisitions the workers counted: must be 0), the
+//! handoff latency from one holder's release to the next holder's return from `lock()`,
+//! and the Redis traffic the lock itself caused per acquisition.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, ExitCode, Stdio};
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redmutex::Client;
+
+const WORKER_ENV: &str = "REDMUTEX_DEMO_WORKER";
+const LOCK_NAME: &str = "counter";
+
+struct Options {
+    processes: usize,
+    threads: usize,
+    seconds: f64,
+}
+
+fn main() -> ExitCode {
+    if std::env::var_os(WORKER_ENV).is_some() {
+        worker();
+        return ExitCode::SUCCESS;
+    }
+    let opts = match parse_args() {
+        Ok(opts) => opts,
+        Err(e) => {
+            eprintln!("demo: {e}\nusage: demo [--processes N] [--threads N] [--seconds S]");
+            return ExitCode::from(2);
+        }
+    };
+    parent(&opts)
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut opts = Options {
+        processes: 4,
+        threads: 4,
+        seconds: 5.0,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        let bad = || format!("bad value {value:?} for {flag}");
+        match flag.as_str() {
+            "--processes" => opts.processes = value.parse().map_err(|_| bad())?,
+            "--threads" => opts.threads = value.parse().map_err(|_| bad())?,
+            "--seconds" => opts.seconds = value.parse().map_err(|_| bad())?,
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    if opts.processes == 0 || opts.threads == 0 || opts.seconds.is_nan() || opts.seconds <= 0.0 {
+        return Err("processes, threads and seconds must be positive".to_owned());
+    }
+    Ok(opts)
+}
+
+fn parent(opts: &Options) -> ExitCode {
+    let (url, server) = support::redis_url_or_spawn();
+    let mut admin = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect to Redis");
+    let prefix = format!("redmutex-demo:{}:", std::process::id());
+    let before = commandstats(&mut admin);
+
+    // Workers start together: they all run until the same wall-clock instant.
+    let start_at = unix_micros() + 300_000;
+    let end_at = start_at + (opts.seconds * 1e6) as u64;
+    let workers: Vec<_> = (0..opts.processes)
+        .map(|i| {
+            Command::new(std::env::current_exe().expect("the demo's own path"))
+                .env(WORKER_ENV, i.to_string())
+                .env("DEMO_URL", &url)
+                .env("DEMO_PREFIX", &prefix)
+                .env("DEMO_THREADS", opts.threads.to_string())
+                .env("DEMO_START_AT", start_at.to_string())
+                .env("DEMO_END_AT", end_at.to_string())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a worker process")
+        })
+        .collect();
+
+    let mut acquisitions = 0u64;
+    let mut handoffs = Vec::new();
+    let mut failed = 0;
+    for mut worker in workers {
+        let out = BufReader::new(worker.stdout.take().expect("worker stdout"));
+        for line in out.lines().map_while(Result::ok) {
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("acquisitions") => acquisitions += parse_u64(words.next()),
+                Some("handoffs") => handoffs.extend(words.map(|w| parse_u64(Some(w)))),
+                _ => {}
+            }
+        }
+        if !worker.wait().is_ok_and(|s| s.success()) {
+            failed += 1;
+        }
+    }
+    let elapsed = (end_at - start_at) as f64 / 1e6;
+
+    let counter_key = format!("{prefix}data");
+    let counter: u64 = redis::cmd("GET")
+        .arg(&counter_key)
+        .query::<Option<u64>>(&mut admin)
+        .expect("GET counter")
+        .unwrap_or(0);
+    let after = commandstats(&mut admin);
+    let delta =
+        |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut admin)
+        .unwrap_or_default();
+    if !keys.is_empty() {
+        let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut admin);
+    }
+
+    let version = redis_version(&mut admin);
+    let origin = match &server {
+        Some(s) => format!("embedded, port {}", s.port()),
+        None => url.clone(),
+    };
+    let lost = acquisitions as i64 - counter as i64;
+    let per_acq = |n: u64| n as f64 / acquisitions.max(1) as f64;
+    handoffs.sort_unstable();
+    println!(
+        "redmutex demo: {} processes x {} threads, {elapsed:.1} s, redis {version} ({origin})",
+        opts.processes, opts.threads
+    );
+    println!(
+        "  acquisitions        {acquisitions:>8}  ({:.0}/s), each with a nested re-entry",
+        acquisitions as f64 / elapsed
+    );
+    println!("  counter             {counter:>8}  expected {acquisitions}  lost updates {lost}");
+    println!(
+        "  handoff latency     p50 {} µs   p99 {} µs   (n={}, release start to next lock() return)",
+        percentile(&handoffs, 0.50),
+        percentile(&handoffs, 0.99),
+        handoffs.len()
+    );
+    // Every acquisition ends in exactly one outermost release, whose script publishes
+    // once; any other PUBLISH is a waiter waking its client's pub/sub reader.
+    let scripts = delta("evalsha") + delta("eval");
+    let nudges = delta("publish").saturating_sub(acquisitions);
+    let subs = delta("subscribe") + delta("unsubscribe");
+    println!(
+        "  redis commands/acq  {:.2} sent by the lock: {:.2} scripts = 4 (lock, re-enter, 2 releases)\n\
+         {:>28.2} tries that lost a race; {subs} (UN)SUBSCRIBE and {nudges} nudges in all",
+        per_acq(scripts + subs + nudges),
+        per_acq(scripts),
+        per_acq(scripts.saturating_sub(4 * acquisitions)),
+    );
+    if failed > 0 || lost != 0 || acquisitions == 0 {
+        eprintln!("demo FAILED: {failed} worker(s) failed, {lost} lost update(s)");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn worker() {
+    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
+    let url = env("DEMO_URL");
+    let prefix = env("DEMO_PREFIX");
+    let threads: usize = env("DEMO_THREADS").parse().expect("DEMO_THREADS");
+    let start_at: u64 = env("DEMO_START_AT").parse().expect("DEMO_START_AT");
+    let end_at: u64 = env("DEMO_END_AT").parse().expect("DEMO_END_AT");
+    let client = Client::builder()
+        .url(url.as_str())
+        .key_prefix(prefix.as_str())
+        .build()
+        .expect("build client");
+
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let lock = client.lock(LOCK_NAME);
+            let url = url.clone();
+            let data = format!("{prefix}data");
+            let released_at = format!("{prefix}released_at");
+            thread::spawn(move || {
+                let mut con = redis::Client::open(url.as_str())
+                    .and_then(|c| c.get_connection())
+                    .expect("data connection");
+                let mut rng = (u64::from(std::process::id()) << 16) ^ t as u64 ^ start_at;
+                let (mut count, mut handoffs) = (0u64, Vec::new());
+                sleep_until(start_at);
+                while unix_micros() < end_at {
+                    let (outer, waited) = match lock.try_lock().expect("try_lock") {
+                        Some(guard) => (guard, false),
+                        None => (lock.lock().expect("lock"), true),
+                    };
+                    let acquired = unix_micros();
+                    if waited {
+                        let prev: Option<u64> = redis::cmd("GET")
+                            .arg(&released_at)
+                            .query(&mut con)
+                            .expect("GET");
+                        if let Some(prev) = prev.filter(|&p| p <= acquired) {
+                            handoffs.push(acquired - prev);
+                        }
+                    }
+                    // A nested critical section: the same thread takes the lock again.
+                    let inner = lock.lock().expect("re-entry");
+                    assert_eq!(lock.hold_count().expect("hold_count"), 2);
+                    let n: Option<u64> = redis::cmd("GET").arg(&data).query(&mut con).expect("GET");
+                    redis::cmd("SET")
+                        .arg(&data)
+                        .arg(n.unwrap_or(0) + 1)
+                        .exec(&mut con)
+                        .expect("SET");
+                    inner.unlock().expect("inner unlock");
+                    count += 1;
+                    redis::cmd("SET")
+                        .arg(&released_at)
+                        .arg(unix_micros())
+                        .exec(&mut con)
+                        .expect("SET");
+                    outer.unlock().expect("outer unlock");
+                    // Work outside the lock, so that other threads get their turn.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    thread::sleep(Duration::from_micros(rng % 2_000));
+                }
+                (count, handoffs)
+            })
+        })
+        .collect();
+
+    let (mut count, mut handoffs) = (0, Vec::new());
+    for w in workers {
+        let (c, h) = w.join().expect("worker thread");
+        count += c;
+        handoffs.extend(h);
+    }
+    println!("acquisitions {count}");
+    let list: Vec<String> = handoffs.iter().map(u64::to_string).collect();
+    println!("handoffs {}", list.join(" "));
+}
+
+fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+fn redis_version(con: &mut redis::Connection) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(con)
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned()
+}
+
+fn percentile(sorted: &[u64], p: f64) -> String {
+    if sorted.is_empty() {
+        return "-".to_owned();
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i].to_string()
+}
+
+fn parse_u64(word: Option<&str>) -> u64 {
+    word.and_then(|w| w.parse().ok()).unwrap_or(0)
+}
+
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_micros() as u64
+}
+
+fn sleep_until(unix_us: u64) {
+    let now = unix_micros();
+    if unix_us > now {
+        thread::sleep(Duration::from_micros(unix_us - now));
+    }
+}
