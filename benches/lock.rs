@@ -94,6 +94,7 @@ fn parent_main() {
         ("PING (pooled)", &cheap.ping),
         ("lock()+drop, uncontended", &cheap.lock),
         ("nested lock()+drop", &cheap.nested),
+        ("acquire+release scripts by hand", &cheap.scripts),
         ("handoff, redmutex", &redmutex_handoff),
         ("handoff, naive SET NX + 10 ms poll", &naive),
         ("handoff floor: PUBLISH seen + 1 RTT", &floor),
@@ -141,7 +142,7 @@ fn parent_main() {
 
     let mut table = Table::new(format!("redmutex bench (redis {version}, one run)"));
     table.row("PING (pooled)", us(ping), "1.00x".into(), "", None);
-    let mut ratio_row = |name: &str, samples: &[f64], max: f64| {
+    let ratio_row = |table: &mut Table, name: &str, samples: &[f64], max: f64| {
         let r = median(samples) / ping;
         table.row(
             name,
@@ -151,9 +152,27 @@ fn parent_main() {
             Some(r <= max),
         );
     };
-    ratio_row("lock()+drop, uncontended", &cheap.lock, 2.5);
-    ratio_row("nested lock()+drop (outer held)", &cheap.nested, 2.5);
-    ratio_row("handoff across processes, redmutex", &redmutex_handoff, 6.0);
+    ratio_row(&mut table, "lock()+drop, uncontended", &cheap.lock, 2.5);
+    let scripts_floor = median(&cheap.scripts);
+    table.row(
+        "  floor: its two scripts run by hand",
+        us(scripts_floor),
+        format!("{:.2}x", scripts_floor / ping),
+        "",
+        None,
+    );
+    ratio_row(
+        &mut table,
+        "nested lock()+drop (outer held)",
+        &cheap.nested,
+        2.5,
+    );
+    ratio_row(
+        &mut table,
+        "handoff across processes, redmutex",
+        &redmutex_handoff,
+        6.0,
+    );
     let floor_ratio = median(&floor) / ping;
     table.row(
         "  floor: raw PUBLISH wake-up + one RTT",
@@ -224,6 +243,8 @@ struct Cheap {
     ping: Vec<f64>,
     lock: Vec<f64>,
     nested: Vec<f64>,
+    /// The library's acquire and release scripts run by hand: what Redis itself costs.
+    scripts: Vec<f64>,
 }
 
 fn cheap_latencies(url: &str) -> Cheap {
@@ -241,6 +262,30 @@ fn cheap_latencies(url: &str) -> Cheap {
             .expect("PING answered");
     };
 
+    let acquire = redis::Script::new(include_str!("../lua/acquire.lua"));
+    let release = redis::Script::new(include_str!("../lua/release.lua"));
+    let scripts_op = || {
+        let mut con = pool.get().expect("pooled connection");
+        let (granted, _): (i64, i64) = acquire
+            .key("cheap:{raw}")
+            .arg("bench:1")
+            .arg(30_000)
+            .invoke(&mut *con)
+            .expect("acquire script");
+        assert_eq!(granted, 1);
+        drop(con);
+        let mut con = pool.get().expect("pooled connection");
+        let left: i64 = release
+            .key("cheap:{raw}")
+            .key("cheap:{raw}:released")
+            .arg("bench:1")
+            .arg(30_000)
+            .arg("0")
+            .invoke(&mut *con)
+            .expect("release script");
+        assert_eq!(left, 0);
+    };
+
     let client = bench_client(url, "cheap").build().expect("build client");
     let plain = client.lock("uncontended");
     let nested = client.lock("nested");
@@ -254,6 +299,7 @@ fn cheap_latencies(url: &str) -> Cheap {
 
     time_ops(WARMUP_OPS, None, ping_op);
     time_ops(WARMUP_OPS, None, lock_op);
+    time_ops(WARMUP_OPS, None, scripts_op);
     nested_block(WARMUP_OPS, None);
 
     let n = ROUNDS * OPS_PER_ROUND;
@@ -261,10 +307,12 @@ fn cheap_latencies(url: &str) -> Cheap {
         ping: Vec::with_capacity(n),
         lock: Vec::with_capacity(n),
         nested: Vec::with_capacity(n),
+        scripts: Vec::with_capacity(n),
     };
     for _ in 0..ROUNDS {
         time_ops(OPS_PER_ROUND, Some(&mut out.ping), ping_op);
         time_ops(OPS_PER_ROUND, Some(&mut out.lock), lock_op);
+        time_ops(OPS_PER_ROUND, Some(&mut out.scripts), scripts_op);
         nested_block(OPS_PER_ROUND, Some(&mut out.nested));
     }
     out
