@@ -8,7 +8,7 @@ use crate::keys::LockKeys;
 use crate::pool::{Conn, Manager};
 use crate::subscriber::Subscriber;
 use crate::watchdog::Watchdog;
-use crate::{ClientBuilder, Error, Lock};
+use crate::{ClientBuilder, Error, FencedLock, Lock};
 
 /// A handle to one Redis deployment, from which named [`Lock`]s are made.
 ///
@@ -80,7 +80,27 @@ impl Client {
         Lock::new(
             self.clone(),
             LockKeys::new(&self.inner.config.key_prefix, name.into()),
+            false,
         )
+    }
+
+    /// The fenced lock called `name`: a [`Lock`] whose guards also carry a fencing token
+    /// that grows with every new hold of the name, so the resource it guards can refuse a
+    /// holder whose lease ran out (see [`FencedLock`]). The same name through
+    /// [`lock`](Client::lock) is the same lock, without tokens.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.fenced_lock("ledger").lock()?;
+    /// let token = guard.token(); // send it along with every write to the resource
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn fenced_lock(&self, name: impl Into<Vec<u8>>) -> FencedLock {
+        FencedLock::new(Lock::new(
+            self.clone(),
+            LockKeys::new(&self.inner.config.key_prefix, name.into()),
+            true,
+        ))
     }
 
     /// This client's random id: the first half of the holder ids it writes into lock hashes.

@@ -37,6 +37,7 @@ pub struct LockGuard {
     acquired: Instant,
     level: u64,
     lost: Arc<AtomicBool>,
+    fence: Option<u64>,
     released: bool,
     // Holder ids are per thread: releasing from another thread would be refused by Redis.
     _not_send: PhantomData<*const ()>,
@@ -50,6 +51,7 @@ impl LockGuard {
         lease: Lease,
         acquired: Instant,
         registration: Registration,
+        fence: Option<u64>,
     ) -> LockGuard {
         LockGuard {
             lock,
@@ -59,6 +61,7 @@ impl LockGuard {
             acquired,
             level: registration.level,
             lost: registration.lost,
+            fence,
             released: false,
             _not_send: PhantomData,
         }
@@ -83,6 +86,11 @@ impl LockGuard {
                 Lease::Fixed(ms) => self.acquired.elapsed() >= Duration::from_millis(ms),
                 Lease::Watchdog => false,
             }
+    }
+
+    /// The fencing token, for guards of a [`FencedLock`](crate::FencedLock).
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.fence
     }
 
     /// The lock this guard holds.

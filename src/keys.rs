@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Suffix of a lock's release channel. Suffixing the key keeps the channel in the key's
 /// hash slot, which sharded pub/sub on a cluster needs.
 const CHANNEL_SUFFIX: &[u8] = b":released";
+/// Suffix of a fenced lock's token counter, in the key's hash slot for the same reason.
+const FENCE_SUFFIX: &[u8] = b":fence";
 
 /// Message the release and force-unlock scripts publish; waiters only count messages.
 pub(crate) const RELEASE_MESSAGE: &str = "0";
@@ -15,6 +17,7 @@ pub(crate) struct LockKeys {
     pub(crate) name: Vec<u8>,
     pub(crate) key: Vec<u8>,
     pub(crate) channel: Vec<u8>,
+    pub(crate) fence: Vec<u8>,
 }
 
 impl LockKeys {
@@ -39,7 +42,14 @@ impl LockKeys {
         }
         let mut channel = key.clone();
         channel.extend_from_slice(CHANNEL_SUFFIX);
-        LockKeys { name, key, channel }
+        let mut fence = key.clone();
+        fence.extend_from_slice(FENCE_SUFFIX);
+        LockKeys {
+            name,
+            key,
+            channel,
+            fence,
+        }
     }
 }
 

@@ -32,6 +32,8 @@
 mod builder;
 mod client;
 mod error;
+mod fenced;
+mod fenced_guard;
 mod guard;
 mod keys;
 mod lock;
@@ -41,7 +43,8 @@ mod subscriber;
 mod watchdog;
 
 pub use crate::{
-    builder::ClientBuilder, client::Client, error::Error, guard::LockGuard, lock::Lock,
+    builder::ClientBuilder, client::Client, error::Error, fenced::FencedLock,
+    fenced_guard::FencedGuard, guard::LockGuard, lock::Lock,
 };
 
 // Compiles the README's examples with the doctests, so they cannot rot.

@@ -38,13 +38,16 @@ pub(crate) const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600)
 pub struct Lock {
     pub(crate) client: Client,
     pub(crate) keys: Arc<LockKeys>,
+    // Acquisitions draw fencing tokens (see `FencedLock`).
+    fenced: bool,
 }
 
 impl Lock {
-    pub(crate) fn new(client: Client, keys: LockKeys) -> Lock {
+    pub(crate) fn new(client: Client, keys: LockKeys, fenced: bool) -> Lock {
         Lock {
             client,
             keys: Arc::new(keys),
+            fenced,
         }
     }
 
@@ -238,7 +241,7 @@ impl Lock {
         };
         let mut sent = Instant::now();
         let mut pttl = match self.attempt(&holder, lease_ms)? {
-            Ok(count) => return Ok(Some(self.granted(token, holder, count, lease, sent))),
+            Ok(grant) => return Ok(Some(self.granted(token, holder, grant, lease, sent))),
             Err(pttl) => pttl,
         };
         let mut subscription = None;
@@ -264,23 +267,53 @@ impl Lock {
             }
             sent = Instant::now();
             match self.attempt(&holder, lease_ms)? {
-                Ok(count) => return Ok(Some(self.granted(token, holder, count, lease, sent))),
+                Ok(grant) => return Ok(Some(self.granted(token, holder, grant, lease, sent))),
                 Err(left) => pttl = left,
             }
         }
     }
 
-    /// Runs the acquire script: `Ok(count)` when granted, `Err(pttl)` when held elsewhere.
-    fn attempt(&self, holder: &str, lease_ms: u64) -> Result<Result<i64, i64>, Error> {
+    /// Runs the acquire script: `Ok(grant)` when granted, `Err(pttl)` when held elsewhere.
+    fn attempt(&self, holder: &str, lease_ms: u64) -> Result<Result<Grant, i64>, Error> {
         let key = self.keys.key.as_slice();
-        let (granted, n): (i64, i64) = self.client.inner.run(|con| {
-            scripts::ACQUIRE
+        if !self.fenced {
+            let (granted, n): (i64, i64) = self.client.inner.run(|con| {
+                scripts::ACQUIRE
+                    .key(key)
+                    .arg(holder)
+                    .arg(lease_ms)
+                    .invoke(con)
+            })?;
+            return Ok(if granted == 1 {
+                Ok(Grant {
+                    count: n,
+                    fence: None,
+                })
+            } else {
+                Err(n)
+            });
+        }
+        let reply: Vec<i64> = self.client.inner.run(|con| {
+            scripts::ACQUIRE_FENCED
                 .key(key)
+                .key(self.keys.fence.as_slice())
                 .arg(holder)
                 .arg(lease_ms)
                 .invoke(con)
         })?;
-        Ok(if granted == 1 { Ok(n) } else { Err(n) })
+        Ok(match reply[..] {
+            [1, count, fence] => Ok(Grant {
+                count,
+                fence: Some(fence as u64),
+            }),
+            [_, pttl, ..] => Err(pttl),
+            _ => {
+                return Err(Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected reply from the fenced acquire script",
+                ))))
+            }
+        })
     }
 
     fn wait_bound(&self, pttl: i64) -> Duration {
@@ -300,7 +333,7 @@ impl Lock {
         &self,
         token: u64,
         holder: String,
-        count: i64,
+        grant: Grant,
         lease: Lease,
         sent: Instant,
     ) -> LockGuard {
@@ -308,9 +341,23 @@ impl Lock {
         let registration =
             inner
                 .watchdog
-                .acquired(inner, &self.keys.key, token, &holder, count, lease);
-        LockGuard::new(self.clone(), token, holder, lease, sent, registration)
+                .acquired(inner, &self.keys.key, token, &holder, grant.count, lease);
+        LockGuard::new(
+            self.clone(),
+            token,
+            holder,
+            lease,
+            sent,
+            registration,
+            grant.fence,
+        )
     }
+}
+
+/// What a granted acquire script reported.
+struct Grant {
+    count: i64,
+    fence: Option<u64>,
 }
 
 impl fmt::Debug for Lock {

@@ -36,6 +36,7 @@ fn child_entry() {
         "counter" => counter_worker(&url),
         "crash-holder" => crash_holder(&url),
         "nested-holder" => nested_holder(&url),
+        "fenced-holder" => fenced_holder(&url),
         other => panic!("unknown child role {other:?}"),
     }
 }
@@ -115,6 +116,41 @@ fn nested_holder(url: &str) {
         .expect("read from the parent");
     say(&format!("inner {}", outcome(inner.unlock())));
     say(&format!("outer {}", outcome(outer.unlock())));
+}
+
+fn fenced_holder(url: &str) {
+    let client = client(url, Duration::from_millis(600));
+    let guard = client.fenced_lock("fenced").lock().expect("lock");
+    say(&format!("token {}", guard.token()));
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .expect("read from the parent");
+    let mut con = redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("store connection");
+    let accepted = store_write(&mut con, guard.token(), "from A");
+    say(&format!("write accepted={accepted}"));
+    say(&format!("unlock {}", outcome(guard.unlock())));
+}
+
+/// The guarded resource: it keeps the highest token it has seen and refuses writes that
+/// carry a lower one. Its check and write are one script, like the lock's own.
+fn store_write(con: &mut redis::Connection, token: u64, value: &str) -> bool {
+    let accepted: i64 = redis::Script::new(
+        "local top = tonumber(redis.call('get', KEYS[2]) or '0')
+         if tonumber(ARGV[1]) < top then return 0 end
+         redis.call('set', KEYS[2], ARGV[1])
+         redis.call('set', KEYS[1], ARGV[2])
+         return 1",
+    )
+    .key("store:{data}")
+    .key("store:{data}:top")
+    .arg(token)
+    .arg(value)
+    .invoke(con)
+    .expect("store write");
+    accepted == 1
 }
 
 fn outcome(r: Result<(), Error>) -> String {
@@ -321,4 +357,71 @@ fn ownership_is_visible_across_processes() {
     let guard = lock.try_lock().unwrap().expect("free after force_unlock");
     assert_eq!(lock.hold_count().unwrap(), 1);
     guard.unlock().unwrap();
+}
+
+#[test]
+fn fencing_tokens_stop_a_paused_holder_from_writing() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let mut a = ChildProc::spawn("fenced-holder", &server);
+    let line = a.next_line();
+    let a_token: u64 = line
+        .strip_prefix("token ")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected line {line:?}"));
+
+    // A stops (a GC pause, a frozen VM): its watchdog stops renewing with it.
+    let pid = a.child.id();
+    signal(pid, "STOP");
+    let key = format!("{PREFIX}{{fenced}}");
+    assert!(
+        support::wait_until(Duration::from_secs(5), || {
+            !redis::cmd("EXISTS")
+                .arg(&key)
+                .query::<bool>(&mut con)
+                .unwrap()
+        }),
+        "the paused holder's lease never ran out"
+    );
+
+    let b_client = client(&server.url(), Duration::from_secs(30));
+    let b = b_client
+        .fenced_lock("fenced")
+        .lock()
+        .expect("B takes the lock");
+    assert!(
+        b.token() > a_token,
+        "B's token {} after A's {a_token}",
+        b.token()
+    );
+    assert!(store_write(&mut con, b.token(), "from B"));
+
+    // A wakes up believing it still holds the lock, and writes.
+    signal(pid, "CONT");
+    a.send("write");
+    a.expect("write accepted=false");
+    let unlock = a.next_line();
+    assert!(
+        unlock == "unlock not-held" || unlock == "unlock lease-lost",
+        "A's unlock: {unlock}"
+    );
+    a.wait_success();
+    let data: String = redis::cmd("GET")
+        .arg("store:{data}")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(data, "from B", "the stale holder's write was refused");
+    assert!(b_client
+        .fenced_lock("fenced")
+        .is_held_by_current_thread()
+        .unwrap());
+    b.unlock().expect("B unlock");
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args(["-s", name, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -s {name} {pid}: {status}");
 }

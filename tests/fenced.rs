@@ -1,0 +1,150 @@
+//! Fenced locks: tokens that only grow, shared by nested levels, drawn in the acquire
+//! script.
+
+mod support;
+
+use std::thread;
+use std::time::Duration;
+
+use redmutex::{Client, Error};
+use support::RedisServer;
+
+fn open(server: &RedisServer) -> Client {
+    Client::builder()
+        .url(server.url())
+        .key_prefix("fenced:")
+        .build()
+        .expect("build client")
+}
+
+#[test]
+fn tokens_grow_with_every_hold_by_any_client() {
+    let server = RedisServer::new();
+    let (a, b) = (open(&server), open(&server));
+    let mut last = 0;
+    for i in 0..6 {
+        let client = if i % 2 == 0 { &a } else { &b };
+        let guard = client.fenced_lock("orders").lock().unwrap();
+        assert!(guard.token() > last, "token {} after {last}", guard.token());
+        last = guard.token();
+        guard.unlock().unwrap();
+    }
+    // Another thread, a fixed lease, a bounded wait: still one sequence per name.
+    let lock = a.fenced_lock("orders");
+    let t = thread::spawn(move || {
+        let g = lock
+            .try_lock_with_lease_for(Duration::from_secs(1), Duration::from_secs(5))
+            .unwrap()
+            .expect("free");
+        g.token()
+    })
+    .join()
+    .unwrap();
+    assert!(t > last);
+    // Another name counts on its own.
+    let other = a.fenced_lock("invoices").lock().unwrap();
+    assert_eq!(other.token(), 1);
+}
+
+#[test]
+fn nested_levels_share_their_hold_token() {
+    let server = RedisServer::new();
+    let client = open(&server);
+    let lock = client.fenced_lock("nested");
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock_with_lease(Duration::from_secs(30)).unwrap();
+    let innermost = lock.try_lock().unwrap().expect("re-entry");
+    assert_eq!(lock.hold_count().unwrap(), 3);
+    assert_eq!(outer.token(), inner.token());
+    assert_eq!(outer.token(), innermost.token());
+    drop(innermost);
+    drop(inner);
+    let first = outer.token();
+    outer.unlock().unwrap();
+    let again = lock.lock().unwrap();
+    assert_eq!(again.token(), first + 1, "a new hold, a new token");
+}
+
+#[test]
+fn force_unlock_and_expiry_never_reuse_a_token() {
+    let server = RedisServer::new();
+    let client = open(&server);
+    let lock = client.fenced_lock("admin");
+    let stale = lock.lock().unwrap();
+    assert!(lock.force_unlock().unwrap());
+    let next = lock.lock_with_lease(Duration::from_millis(200)).unwrap();
+    assert!(next.token() > stale.token());
+    assert!(matches!(stale.unlock(), Err(Error::NotHeld)));
+    assert!(support::wait_until(Duration::from_secs(3), || !lock
+        .is_locked()
+        .unwrap()));
+    let after_expiry = lock.lock().unwrap();
+    assert!(after_expiry.token() > next.token());
+    assert!(matches!(next.unlock(), Err(Error::NotHeld)));
+}
+
+#[test]
+fn fenced_and_plain_handles_of_a_name_are_one_lock() {
+    let server = RedisServer::new();
+    let client = open(&server);
+    let plain = client.lock("shared");
+    let fenced = client.fenced_lock("shared");
+    let outer = plain.lock().unwrap();
+    // Re-entering through the fenced handle gives this hold a token.
+    let inner = fenced.lock().unwrap();
+    assert_eq!(plain.hold_count().unwrap(), 2);
+    assert!(inner.token() >= 1);
+    // Another client is excluded either way.
+    let other = open(&server);
+    assert!(other.fenced_lock("shared").try_lock().unwrap().is_none());
+    assert!(other.lock("shared").try_lock().unwrap().is_none());
+    drop(inner);
+    drop(outer);
+    let g = other
+        .fenced_lock("shared")
+        .try_lock()
+        .unwrap()
+        .expect("free");
+    assert!(g.token() > 1);
+}
+
+#[test]
+fn the_token_is_drawn_inside_the_acquire_round_trip() {
+    let server = RedisServer::new();
+    let client = open(&server);
+    let lock = client.fenced_lock("cheap");
+    drop(lock.lock().unwrap()); // loads the scripts
+    let before = server.command_calls();
+    for _ in 0..10 {
+        drop(lock.lock().unwrap());
+    }
+    let after = server.command_calls();
+    let sent = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert_eq!(
+        sent("evalsha"),
+        20,
+        "one acquire and one release script per hold"
+    );
+    assert_eq!(
+        sent("incr"),
+        10,
+        "one token per hold, inside the acquire script"
+    );
+}
+
+#[test]
+fn invalid_names_and_leases_are_refused() {
+    let server = RedisServer::new();
+    let client = open(&server);
+    assert!(matches!(
+        client.fenced_lock("").lock(),
+        Err(Error::InvalidName(_))
+    ));
+    assert!(matches!(
+        client.fenced_lock("x").lock_with_lease(Duration::ZERO),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut con = server.connection();
+    let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(n, 0, "refused calls wrote nothing");
+}
