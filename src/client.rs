@@ -1,6 +1,7 @@
 //! `Client`: one connection pool, one subscriber and one watchdog shared by all locks.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,9 +26,25 @@ use crate::{ClientBuilder, Error, FencedLock, Lock};
 /// guard.unlock()?;
 /// # Ok::<(), redmutex::Error>(())
 /// ```
-#[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
+}
+
+impl Clone for Client {
+    fn clone(&self) -> Client {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
+        Client {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Guards keep `Inner` alive so that they can still release, but they do not count:
+        // a guard leaked with `mem::forget` must not have its lease renewed forever.
+        self.inner.handles.fetch_sub(1, Ordering::Release);
+    }
 }
 
 pub(crate) struct Config {
@@ -45,6 +62,9 @@ pub(crate) struct Inner {
     pool: r2d2::Pool<Manager>,
     pub(crate) subscriber: Subscriber,
     pub(crate) watchdog: Watchdog,
+    // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
+    // lock any more, and the watchdog stops renewing.
+    handles: AtomicUsize,
 }
 
 impl Client {
@@ -144,6 +164,7 @@ impl Client {
             inner: Arc::new(Inner {
                 id,
                 watchdog: Watchdog::new(),
+                handles: AtomicUsize::new(1),
                 subscriber,
                 config,
                 pool,
@@ -153,6 +174,11 @@ impl Client {
 }
 
 impl Inner {
+    /// Whether any `Client` (or `Lock`) of this client is still alive.
+    pub(crate) fn has_handles(&self) -> bool {
+        self.handles.load(Ordering::Acquire) > 0
+    }
+
     /// Runs `f` on a pooled connection, retiring the connection if `f` failed on I/O.
     pub(crate) fn run<T>(
         &self,

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::client::Inner;
+use crate::keys::LockKeys;
 use crate::keys::RELEASE_MESSAGE;
 use crate::lock::millis;
 use crate::scripts;
@@ -30,7 +32,10 @@ use crate::{Error, Lock};
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    lock: Lock,
+    // The client's internals and the lock's names, not a `Lock`: a guard may release after
+    // every `Client` is dropped, but does not keep the watchdog renewing (see `Client`).
+    inner: Arc<Inner>,
+    keys: Arc<LockKeys>,
     token: u64,
     holder: String,
     lease: Lease,
@@ -45,7 +50,7 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(
-        lock: Lock,
+        lock: &Lock,
         token: u64,
         holder: String,
         lease: Lease,
@@ -54,7 +59,8 @@ impl LockGuard {
         fence: Option<u64>,
     ) -> LockGuard {
         LockGuard {
-            lock,
+            inner: lock.client.inner.clone(),
+            keys: lock.keys.clone(),
             token,
             holder,
             lease,
@@ -93,15 +99,10 @@ impl LockGuard {
         self.fence
     }
 
-    /// The lock this guard holds.
-    pub fn lock(&self) -> &Lock {
-        &self.lock
-    }
-
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        let inner = &self.lock.client.inner;
-        let keys = &self.lock.keys;
+        let inner = &self.inner;
+        let keys = &self.keys;
         let watchdog_ms = millis(inner.config.watchdog_timeout);
         // Unregister first, so that from here on the watchdog never renews for this guard.
         let Some(restore) =
@@ -144,7 +145,7 @@ impl Drop for LockGuard {
             if let Err(e) = self.release() {
                 log::warn!(
                     "redmutex: releasing lock {:?} on drop failed: {e}",
-                    String::from_utf8_lossy(self.lock.name())
+                    String::from_utf8_lossy(&self.keys.name)
                 );
             }
         }
@@ -154,7 +155,7 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("lock", &self.lock)
+            .field("lock", &String::from_utf8_lossy(&self.keys.name))
             .field("holder", &self.holder)
             .field("lease", &self.lease)
             .field("lease_lost", &self.is_lease_lost())

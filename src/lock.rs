@@ -342,15 +342,7 @@ impl Lock {
             inner
                 .watchdog
                 .acquired(inner, &self.keys.key, token, &holder, grant.count, lease);
-        LockGuard::new(
-            self.clone(),
-            token,
-            holder,
-            lease,
-            sent,
-            registration,
-            grant.fence,
-        )
+        LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
     }
 }
 

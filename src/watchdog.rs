@@ -185,6 +185,11 @@ fn run(client: Weak<Inner>, stop: Receiver<()>) {
         let Some(inner) = client.upgrade() else {
             return;
         };
+        if !inner.has_handles() {
+            // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
+            // Their leases run out within a watchdog timeout.
+            return;
+        }
         renew_all(&inner);
     }
 }

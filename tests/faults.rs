@@ -1,0 +1,232 @@
+//! Faults a lock meets in production, injected into real redis-server processes: the lock
+//! must keep working afterwards, or say that it could not.
+
+mod support;
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::{Client, Error};
+use support::RedisServer;
+
+const PREFIX: &str = "faults:";
+
+fn client(server: &RedisServer, watchdog: Duration) -> Client {
+    Client::builder()
+        .url(server.url())
+        .key_prefix(PREFIX)
+        .watchdog_timeout(watchdog)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .expect("build client")
+}
+
+fn key(name: &str) -> String {
+    format!("{PREFIX}{{{name}}}")
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query(&mut server.connection())
+        .expect("EXISTS")
+}
+
+#[test]
+fn redis_restarted_with_its_data_lost() {
+    const WATCHDOG: Duration = Duration::from_millis(900);
+    let mut server = RedisServer::new();
+    let holder = client(&server, WATCHDOG);
+    let waiter = client(&server, WATCHDOG);
+    let guard = holder.lock("restart").lock().expect("lock");
+    let fixed = holder
+        .lock("fixed")
+        .lock_with_lease(Duration::from_secs(60))
+        .expect("lock fixed");
+
+    let (tx, acquired) = mpsc::channel();
+    let lock = waiter.lock("restart");
+    let blocked = thread::spawn(move || {
+        // Errors while Redis is away are the caller's to retry, like any Redis error;
+        // what must not happen is a waiter that sleeps forever.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match lock.try_lock_until(deadline) {
+                Ok(Some(g)) => {
+                    tx.send(Ok(Instant::now())).unwrap();
+                    g.unlock().expect("waiter unlock");
+                    return;
+                }
+                Ok(None) => {
+                    tx.send(Err("deadline passed".to_owned())).unwrap();
+                    return;
+                }
+                Err(_) => thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    });
+    let channel = format!("{}:released", key("restart"));
+    assert!(support::wait_until(Duration::from_secs(10), || {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut server.connection())
+            .unwrap();
+        n >= 1
+    }));
+
+    server.restart();
+    let restarted = Instant::now();
+
+    // The holder learns within about one renewal period.
+    assert!(
+        support::wait_until(WATCHDOG * 3, || guard.is_lease_lost()),
+        "the holder never learned that Redis lost its lock"
+    );
+    // The waiter is not stranded: the lock is gone, so it takes it.
+    let at = acquired
+        .recv_timeout(Duration::from_secs(15))
+        .expect("the waiter never came back")
+        .expect("the waiter gave up");
+    blocked.join().unwrap();
+    assert!(at - restarted < Duration::from_secs(10));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    // A fixed lease has no watchdog to tell it; its unlock still reports the loss.
+    assert!(matches!(fixed.unlock(), Err(Error::NotHeld)));
+    // New locks work.
+    let again = holder.lock("restart").lock().expect("lock after restart");
+    again.unlock().expect("unlock after restart");
+}
+
+#[test]
+fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
+    let server = RedisServer::new();
+    let c = client(&server, Duration::from_secs(3));
+    let guard = c.lock("frozen").lock().expect("lock");
+    let other = c.lock("other");
+
+    server.freeze();
+    let t = Instant::now();
+    let err = thread::spawn(move || other.try_lock().map(|g| g.is_some()))
+        .join()
+        .unwrap()
+        .expect_err("a frozen Redis cannot grant a lock");
+    let took = t.elapsed();
+    assert!(matches!(err, Error::Timeout(_)), "got {err:?}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(2000),
+        "timed out after {took:?} with a 500 ms command timeout"
+    );
+    // Frozen across at least one renewal tick (every second): that round fails.
+    thread::sleep(Duration::from_millis(1200));
+    server.thaw();
+
+    // Renewals resume: the lock outlives its 3 s lease.
+    thread::sleep(Duration::from_millis(3500));
+    assert!(!guard.is_lease_lost());
+    assert!(exists(&server, &key("frozen")));
+    guard.unlock().expect("unlock after the freeze");
+    assert!(!exists(&server, &key("frozen")));
+}
+
+#[test]
+fn a_freeze_longer_than_the_lease_is_reported() {
+    const WATCHDOG: Duration = Duration::from_millis(900);
+    let server = RedisServer::new();
+    let c = client(&server, WATCHDOG);
+    let guard = c.lock("long-freeze").lock().expect("lock");
+    server.freeze();
+    thread::sleep(WATCHDOG + Duration::from_millis(600));
+    server.thaw();
+    assert!(
+        support::wait_until(WATCHDOG * 3, || guard.is_lease_lost()),
+        "a lease that ran out during the freeze must be reported lost"
+    );
+    assert!(guard.unlock().is_err());
+}
+
+#[test]
+fn script_flush_between_calls_changes_nothing() {
+    let server = RedisServer::new();
+    let c = client(&server, Duration::from_secs(5));
+    let lock = c.lock("flushed");
+    let flush = || {
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .exec(&mut server.connection())
+            .unwrap()
+    };
+    let outer = lock.lock().unwrap();
+    flush();
+    let inner = lock.lock().unwrap();
+    flush();
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    drop(inner);
+    flush();
+    outer.unlock().unwrap();
+    flush();
+    assert!(!lock.is_locked().unwrap());
+    let fenced = c.fenced_lock("flushed").lock().unwrap();
+    flush();
+    fenced.unlock().unwrap();
+}
+
+#[test]
+fn a_key_of_another_type_is_an_error_and_stays_untouched() {
+    let server = RedisServer::new();
+    let c = client(&server, Duration::from_secs(5));
+    let mut con = server.connection();
+    redis::cmd("SET")
+        .arg(key("taken"))
+        .arg("user data")
+        .exec(&mut con)
+        .unwrap();
+    let lock = c.lock("taken");
+    for result in [
+        lock.try_lock().map(|g| g.is_some()),
+        lock.lock_with_lease(Duration::from_secs(1)).map(|_| true),
+    ] {
+        match result {
+            Err(Error::Redis(e)) => assert!(e.to_string().contains("WRONGTYPE"), "{e}"),
+            other => panic!("expected a WRONGTYPE error, got {other:?}"),
+        }
+    }
+    assert!(matches!(lock.hold_count(), Err(Error::Redis(_))));
+    let value: String = redis::cmd("GET").arg(key("taken")).query(&mut con).unwrap();
+    assert_eq!(value, "user data");
+    let ttl: i64 = redis::cmd("TTL").arg(key("taken")).query(&mut con).unwrap();
+    assert_eq!(ttl, -1, "no expiry was put on the user's key");
+}
+
+#[test]
+fn dropping_the_client_while_guards_live_lets_leases_expire() {
+    const WATCHDOG: Duration = Duration::from_millis(600);
+    let server = RedisServer::new();
+    let c = client(&server, WATCHDOG);
+    let guard = c.lock("orphan").lock().expect("lock");
+    let forgotten = c.lock("forgotten").lock().expect("lock");
+    // A forgotten guard is never released: its lease must still end once the client
+    // (and with it the watchdog) is gone.
+    std::mem::forget(forgotten);
+    let lock = c.lock("orphan");
+    drop(c);
+    drop(lock);
+    // The guard keeps the client's internals alive (it can still release); only a
+    // forgotten guard's lock outlives it, and its lease expires once the watchdog stops.
+    guard.unlock().expect("a live guard still releases");
+    let t = Instant::now();
+    assert!(
+        support::wait_until(Duration::from_secs(5), || !exists(
+            &server,
+            &key("forgotten")
+        )),
+        "a forgotten guard's lease was renewed forever"
+    );
+    assert!(
+        t.elapsed() <= WATCHDOG + Duration::from_millis(500),
+        "expired only after {:?}",
+        t.elapsed()
+    );
+}
