@@ -778,3 +778,73 @@ fn handles_are_clone_send_sync() {
     assert_clone_send_sync::<Lock>();
     assert_error::<Error>();
 }
+
+#[test]
+fn one_release_wakes_one_waiting_thread_per_process() {
+    let server = RedisServer::new();
+    let holder = open(&server);
+    let waiters = open(&server);
+    // Load the scripts, so that no NOSCRIPT retry shows up in the counts below.
+    holder.lock("herd").lock().unwrap().unlock().unwrap();
+    let guard = holder
+        .lock("herd")
+        .lock_with_lease(Duration::from_secs(30))
+        .unwrap();
+    let before = script_calls(&server);
+    let (acquired_tx, acquired) = mpsc::channel();
+    let (release_tx, release_rx) = shared_channel();
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = waiters.lock("herd");
+            let (acquired_tx, release_rx) = (acquired_tx.clone(), release_rx.clone());
+            thread::spawn(move || {
+                let g = lock.lock().unwrap();
+                acquired_tx.send(()).unwrap();
+                // Bounded, so that a failed assertion below cannot hang the test.
+                let _ = release_rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(10));
+                g.unlock().unwrap();
+            })
+        })
+        .collect();
+    // Each waiter tries, subscribes, tries again, then sleeps (30 s of lease left).
+    let slept = wait_until(Duration::from_secs(5), || {
+        script_calls(&server) >= before + 6
+    });
+    thread::sleep(Duration::from_millis(100));
+    let asleep = script_calls(&server);
+    assert!(slept, "the waiters never went to sleep");
+    assert_eq!(asleep, before + 6, "the waiters must sleep, not poll");
+
+    guard.unlock().unwrap();
+    acquired.recv_timeout(Duration::from_secs(5)).unwrap();
+    // The others stay asleep: no thundering herd inside one process.
+    let herd = acquired.recv_timeout(Duration::from_millis(300));
+    let calls = script_calls(&server);
+    for _ in 0..3 {
+        release_tx.send(()).unwrap();
+    }
+    assert!(
+        herd.is_err(),
+        "a second waiter got the lock while the first held it"
+    );
+    assert_eq!(
+        calls,
+        asleep + 2,
+        "the release and the one woken waiter's acquire, nothing else"
+    );
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(!holder.lock("herd").is_locked().unwrap());
+}
+
+type Shared<T> = std::sync::Arc<std::sync::Mutex<mpsc::Receiver<T>>>;
+
+/// An mpsc channel whose receiving end several threads can share.
+fn shared_channel() -> (mpsc::Sender<()>, Shared<()>) {
+    let (tx, rx) = mpsc::channel();
+    (tx, std::sync::Arc::new(std::sync::Mutex::new(rx)))
+}
