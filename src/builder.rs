@@ -26,6 +26,7 @@ pub struct ClientBuilder {
     pool_size: u32,
     connect_timeout: Duration,
     command_timeout: Duration,
+    sync_replicas: Option<(u32, Duration)>,
 }
 
 impl Default for ClientBuilder {
@@ -37,6 +38,7 @@ impl Default for ClientBuilder {
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(3),
+            sync_replicas: None,
         }
     }
 }
@@ -97,6 +99,29 @@ impl ClientBuilder {
         self
     }
 
+    /// After every acquire and release script, waits (`WAIT`, on the same connection) until
+    /// at least `min_replicas` replicas have the write, for at most `timeout`. When fewer
+    /// confirm, an acquisition is rolled back and fails with [`Error::NotReplicated`]
+    /// (never a half-taken lock); a release fails with it too, though the lock is free on
+    /// the primary. `timeout` must be shorter than the command timeout. Defaults to off.
+    ///
+    /// This narrows, but does not close, the window in which a failover loses a lock:
+    /// replication stays asynchronous, and a replica that confirmed may still not be the
+    /// one promoted. See the README's "Failover" section.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let client = redmutex::Client::builder()
+    ///     .url("redis://primary:6379/")
+    ///     .sync_replicas(1, Duration::from_millis(100))
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn sync_replicas(mut self, min_replicas: u32, timeout: Duration) -> Self {
+        self.sync_replicas = Some((min_replicas, timeout));
+        self
+    }
+
     /// Checks the settings and creates the client. No connection is made yet: building
     /// succeeds while Redis is down, and the first operation then reports it.
     ///
@@ -119,6 +144,15 @@ impl ClientBuilder {
         if self.connect_timeout.is_zero() || self.command_timeout.is_zero() {
             return invalid("connect_timeout and command_timeout must be non-zero");
         }
+        let sync_replicas =
+            match self.sync_replicas {
+                None => None,
+                Some((0, _)) => return invalid("sync_replicas needs at least one replica"),
+                Some((_, t)) if t.is_zero() || t >= self.command_timeout => return invalid(
+                    "the sync_replicas timeout must be non-zero and shorter than command_timeout",
+                ),
+                Some((n, t)) => Some((n, crate::lock::millis(t))),
+            };
         let redis = redis::Client::open(self.url.as_str()).map_err(|e| {
             Error::InvalidArgument(format!("bad redis url {}: {e}", redact_url(&self.url)))
         })?;
@@ -130,6 +164,7 @@ impl ClientBuilder {
                 pool_size: self.pool_size,
                 connect_timeout: self.connect_timeout,
                 command_timeout: self.command_timeout,
+                sync_replicas,
                 redacted_url: redact_url(&self.url),
             },
         )

@@ -53,6 +53,8 @@ pub(crate) struct Config {
     pub(crate) pool_size: u32,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    /// (replicas, timeout in ms) for `WAIT` after acquire and release scripts.
+    pub(crate) sync_replicas: Option<(u32, u64)>,
     pub(crate) redacted_url: String,
 }
 
@@ -174,6 +176,22 @@ impl Client {
 }
 
 impl Inner {
+    /// With `sync_replicas` set, WAITs for the replicas on `con` (right after a write on
+    /// it) and returns the shortfall as an error to report, if any.
+    pub(crate) fn await_replicas(
+        &self,
+        con: &mut redis::Connection,
+    ) -> redis::RedisResult<Option<Error>> {
+        let Some((required, timeout_ms)) = self.config.sync_replicas else {
+            return Ok(None);
+        };
+        let acked: u32 = redis::cmd("WAIT")
+            .arg(required)
+            .arg(timeout_ms)
+            .query(con)?;
+        Ok((acked < required).then_some(Error::NotReplicated { acked, required }))
+    }
+
     /// Whether any `Client` (or `Lock`) of this client is still alive.
     pub(crate) fn has_handles(&self) -> bool {
         self.handles.load(Ordering::Acquire) > 0

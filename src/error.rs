@@ -35,6 +35,17 @@ pub enum Error {
     /// have held the lock since.
     #[error("the lock's lease was lost before it was released")]
     LeaseLost,
+    /// Fewer replicas than [`sync_replicas`](crate::ClientBuilder::sync_replicas) asks for
+    /// confirmed the write in time. After an acquisition the lock was given back (it is not
+    /// held); after a release the lock is free on the primary, but a failover before the
+    /// replicas catch up could bring it back until its lease ends.
+    #[error("only {acked} of {required} replicas confirmed the write in time")]
+    NotReplicated {
+        /// Replicas that confirmed.
+        acked: u32,
+        /// Replicas required.
+        required: u32,
+    },
     /// The lock name is not usable (it is empty).
     #[error("invalid lock name: {0}")]
     InvalidName(&'static str),

@@ -115,19 +115,25 @@ impl LockGuard {
             // the newer one.
             return Err(self.not_held());
         };
-        let left: i64 = inner.run(|con| {
-            scripts::RELEASE
+        let (left, shortfall) = inner.run(|con| {
+            let left: i64 = scripts::RELEASE
                 .key(keys.key.as_slice())
                 .key(keys.channel.as_slice())
                 .arg(self.holder.as_str())
                 .arg(restore)
                 .arg(RELEASE_MESSAGE)
-                .invoke(con)
+                .invoke(con)?;
+            let shortfall = if left >= 0 {
+                inner.await_replicas(con)?
+            } else {
+                None
+            };
+            Ok((left, shortfall))
         })?;
         if left < 0 {
             return Err(self.not_held());
         }
-        Ok(())
+        shortfall.map_or(Ok(()), Err)
     }
 
     fn not_held(&self) -> Error {

@@ -275,45 +275,61 @@ impl Lock {
 
     /// Runs the acquire script: `Ok(grant)` when granted, `Err(pttl)` when held elsewhere.
     fn attempt(&self, holder: &str, lease_ms: u64) -> Result<Result<Grant, i64>, Error> {
-        let key = self.keys.key.as_slice();
-        if !self.fenced {
-            let (granted, n): (i64, i64) = self.client.inner.run(|con| {
-                scripts::ACQUIRE
-                    .key(key)
+        let inner = &self.client.inner;
+        let keys = &self.keys;
+        let outcome = inner.run(|con| {
+            let result = if self.fenced {
+                let reply: Vec<i64> = scripts::ACQUIRE_FENCED
+                    .key(keys.key.as_slice())
+                    .key(keys.fence.as_slice())
                     .arg(holder)
                     .arg(lease_ms)
-                    .invoke(con)
-            })?;
-            return Ok(if granted == 1 {
-                Ok(Grant {
-                    count: n,
-                    fence: None,
-                })
+                    .invoke(con)?;
+                match reply[..] {
+                    [1, count, fence] => Ok(Grant {
+                        count,
+                        fence: Some(fence as u64),
+                    }),
+                    [_, pttl, ..] => Err(pttl),
+                    _ => {
+                        return Err(redis::RedisError::from((
+                            redis::ErrorKind::Parse,
+                            "unexpected reply from the fenced acquire script",
+                        )))
+                    }
+                }
             } else {
-                Err(n)
-            });
-        }
-        let reply: Vec<i64> = self.client.inner.run(|con| {
-            scripts::ACQUIRE_FENCED
-                .key(key)
-                .key(self.keys.fence.as_slice())
-                .arg(holder)
-                .arg(lease_ms)
-                .invoke(con)
-        })?;
-        Ok(match reply[..] {
-            [1, count, fence] => Ok(Grant {
-                count,
-                fence: Some(fence as u64),
-            }),
-            [_, pttl, ..] => Err(pttl),
-            _ => {
-                return Err(Error::Redis(redis::RedisError::from((
-                    redis::ErrorKind::Parse,
-                    "unexpected reply from the fenced acquire script",
-                ))))
+                let (granted, n): (i64, i64) = scripts::ACQUIRE
+                    .key(keys.key.as_slice())
+                    .arg(holder)
+                    .arg(lease_ms)
+                    .invoke(con)?;
+                if granted == 1 {
+                    Ok(Grant {
+                        count: n,
+                        fence: None,
+                    })
+                } else {
+                    Err(n)
+                }
+            };
+            if result.is_ok() {
+                if let Some(shortfall) = inner.await_replicas(con)? {
+                    // Give the level back on the same connection: a lock the replicas
+                    // may not have must not be handed out.
+                    let _: i64 = scripts::RELEASE
+                        .key(keys.key.as_slice())
+                        .key(keys.channel.as_slice())
+                        .arg(holder)
+                        .arg(lease_ms)
+                        .arg(crate::keys::RELEASE_MESSAGE)
+                        .invoke(con)?;
+                    return Ok(Err(shortfall));
+                }
             }
-        })
+            Ok(Ok(result))
+        })?;
+        outcome
     }
 
     fn wait_bound(&self, pttl: i64) -> Duration {
