@@ -1,0 +1,164 @@
+//! Authentication, ACL users confined to the library's keys and channels, and secrets kept
+//! out of every printed form.
+
+mod support;
+
+use std::sync::{Mutex, OnceLock};
+use std::thread;
+use std::time::Duration;
+
+use redmutex::{Client, Error};
+use support::RedisServer;
+
+/// The minimal ACL rule for the default prefix, as the README documents it.
+const ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@all \
+    +evalsha +script|load +exists +hget +pttl +subscribe +unsubscribe +publish +ping +wait \
+    +hincrby +hset +hexists +pexpire +del +incr";
+
+fn set_user(server: &RedisServer, name: &str, rule: &str) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg(name);
+    for part in rule.split_whitespace() {
+        cmd.arg(part);
+    }
+    cmd.exec(&mut server.connection()).expect("ACL SETUSER");
+}
+
+fn url_for(server: &RedisServer, user: &str, password: &str) -> String {
+    format!("redis://{user}:{password}@127.0.0.1:{}/", server.port())
+}
+
+#[test]
+fn a_user_confined_to_the_prefix_can_do_everything() {
+    let server = RedisServer::new();
+    set_user(&server, "locker", ACL_RULE);
+    let url = url_for(&server, "locker", "s3cret-pw");
+    let build = || {
+        Client::builder()
+            .url(url.as_str())
+            .watchdog_timeout(Duration::from_millis(600))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let lock = a.lock("acl");
+    let outer = lock.lock().expect("lock as the ACL user");
+    let inner = lock.lock().expect("re-enter");
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    assert!(lock.is_locked().unwrap());
+    assert!(lock.remaining_lease().unwrap().is_some());
+
+    // A waiter in another client: subscribe, sleep, wake on the release.
+    let other = b.lock("acl");
+    let waiter = thread::spawn(move || other.lock().map(|g| g.unlock()));
+    thread::sleep(Duration::from_millis(900)); // watchdog renewals run meanwhile
+    assert!(!outer.is_lease_lost());
+    drop(inner);
+    outer.unlock().expect("unlock as the ACL user");
+    waiter
+        .join()
+        .unwrap()
+        .expect("waiter lock")
+        .expect("waiter unlock");
+
+    let fenced = a.fenced_lock("acl-fenced").lock().expect("fenced lock");
+    assert!(fenced.token() >= 1);
+    fenced.unlock().unwrap();
+    let _held = a.lock("forced").lock().unwrap();
+    assert!(b.lock("forced").force_unlock().unwrap());
+}
+
+#[test]
+fn a_user_without_the_rule_gets_a_clear_permission_error() {
+    let server = RedisServer::new();
+    set_user(
+        &server,
+        "elsewhere",
+        &ACL_RULE.replace("~redmutex:*", "~other:*"),
+    );
+    let client = Client::open(url_for(&server, "elsewhere", "s3cret-pw")).unwrap();
+    match client.lock("acl").try_lock() {
+        Err(Error::Redis(e)) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("NOPERM") || text.contains("permission"),
+                "{text}"
+            );
+            assert!(!text.contains("s3cret-pw"));
+        }
+        other => panic!("expected a permission error, got {other:?}"),
+    }
+    let mut con = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    assert!(keys.is_empty(), "nothing was written: {keys:?}");
+}
+
+#[test]
+fn a_wrong_password_is_an_error_that_does_not_repeat_it() {
+    let server = RedisServer::new();
+    set_user(&server, "locker", ACL_RULE);
+    let client = Client::open(url_for(&server, "locker", "wrong-pw")).unwrap();
+    let err = client.lock("x").try_lock().expect_err("bad password");
+    for text in [format!("{err}"), format!("{err:?}")] {
+        assert!(!text.contains("wrong-pw"), "{text}");
+    }
+}
+
+/// Captures every log record of the process, for the secret check below.
+struct Capture(Mutex<Vec<String>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        self.0.lock().unwrap().push(format!("{}", record.args()));
+    }
+    fn flush(&self) {}
+}
+
+fn capture() -> &'static Capture {
+    static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let c: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
+        log::set_logger(c).expect("the only logger");
+        log::set_max_level(log::LevelFilter::Trace);
+        c
+    })
+}
+
+#[test]
+fn passwords_never_reach_debug_output_errors_or_logs() {
+    let logs = capture();
+    let mut server = RedisServer::new();
+    set_user(&server, "locker", ACL_RULE);
+    let secret = "s3cret-pw";
+    let url = url_for(&server, "locker", secret);
+    let builder = Client::builder()
+        .url(url.as_str())
+        .watchdog_timeout(Duration::from_millis(300))
+        .command_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300));
+    let mut printed = vec![format!("{builder:?}")];
+    let client = builder.build().unwrap();
+    printed.push(format!("{client:?}"));
+    let lock = client.lock("logged");
+    printed.push(format!("{lock:?}"));
+    let guard = lock.lock().unwrap();
+    printed.push(format!("{guard:?}"));
+    // Failures get logged: renewals against a dead server, a release on drop.
+    server.kill();
+    thread::sleep(Duration::from_millis(400));
+    drop(guard);
+    if let Err(e) = client.lock("after").try_lock() {
+        printed.push(format!("{e} / {e:?}"));
+    }
+    let logged = logs.0.lock().unwrap().clone();
+    assert!(
+        logged.iter().any(|l| l.contains("redmutex")),
+        "the failures were logged: {logged:?}"
+    );
+    for text in printed.iter().chain(&logged) {
+        assert!(!text.contains(secret), "password leaked: {text}");
+    }
+}
