@@ -270,6 +270,7 @@ fn cheap_latencies(url: &str) -> Cheap {
             .key("cheap:{raw}")
             .arg("bench:1")
             .arg(30_000)
+            .arg(0)
             .invoke(&mut *con)
             .expect("acquire script");
         assert_eq!(granted, 1);
@@ -281,6 +282,7 @@ fn cheap_latencies(url: &str) -> Cheap {
             .arg("bench:1")
             .arg(30_000)
             .arg("0")
+            .arg(1)
             .invoke(&mut *con)
             .expect("release script");
         assert_eq!(left, 0);

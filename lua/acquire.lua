@@ -3,16 +3,32 @@
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count)
 -- ARGV[1]  holder id, "<client-uuid>:<thread-token>"
 -- ARGV[2]  lease in milliseconds (PEXPIRE applied on every grant)
+-- ARGV[3]  the levels the caller believes it holds before this call (0 for a new hold)
 --
 -- Returns {1, count}  granted; count is the caller's reentry count after this call
 --         {0, pttl}   held by someone else; pttl is the remaining lease in ms
 --                     (-1 when the key somehow has no TTL)
 --
 -- The existence check, the grant and the lease are one atomic step: two callers can
--- never both see the key free.
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-    local count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
+-- never both see the key free. ARGV[3] makes a repeated call harmless: when the count is
+-- already above it, an earlier call whose reply was lost took effect, and this one grants
+-- that level instead of adding another.
+local held = redis.call('hget', KEYS[1], ARGV[1])
+if held then
+    local expected = tonumber(ARGV[3])
+    local count
+    if tonumber(held) > expected then
+        count = expected + 1
+        redis.call('hset', KEYS[1], ARGV[1], count)
+    else
+        count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
+    end
     redis.call('pexpire', KEYS[1], ARGV[2])
     return {1, count}
+end
+if redis.call('exists', KEYS[1]) == 0 then
+    redis.call('hset', KEYS[1], ARGV[1], 1)
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return {1, 1}
 end
 return {0, redis.call('pttl', KEYS[1])}

@@ -5,6 +5,7 @@
 -- KEYS[2]  the lock's token counter (a plain integer key that never expires)
 -- ARGV[1]  holder id, "<client-uuid>:<thread-token>"
 -- ARGV[2]  lease in milliseconds (PEXPIRE applied on every grant)
+-- ARGV[3]  the levels the caller believes it holds before this call (0 for a new hold)
 --
 -- Returns {1, count, token}  granted; count is the caller's reentry count after this
 --                            call, token the hold's fencing token (the same for every
@@ -13,16 +14,19 @@
 --                            (-1 when the key somehow has no TTL)
 --
 -- The token is drawn (INCR) in the same atomic step that grants the lock, so no two
--- holds of one name ever share a token, and a later hold always has a larger one.
+-- holds of one name ever share a token, and a later hold always has a larger one. A
+-- repeated call is harmless, as in acquire.lua.
 local FENCE_FIELD = '~fence'
-if redis.call('exists', KEYS[1]) == 0 then
-    local token = redis.call('incr', KEYS[2])
-    redis.call('hset', KEYS[1], ARGV[1], 1, FENCE_FIELD, token)
-    redis.call('pexpire', KEYS[1], ARGV[2])
-    return {1, 1, token}
-end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-    local count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
+local held = redis.call('hget', KEYS[1], ARGV[1])
+if held then
+    local expected = tonumber(ARGV[3])
+    local count
+    if tonumber(held) > expected then
+        count = expected + 1
+        redis.call('hset', KEYS[1], ARGV[1], count)
+    else
+        count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
+    end
     redis.call('pexpire', KEYS[1], ARGV[2])
     local token = redis.call('hget', KEYS[1], FENCE_FIELD)
     if not token then
@@ -32,5 +36,11 @@ if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
         redis.call('hset', KEYS[1], FENCE_FIELD, token)
     end
     return {1, count, tonumber(token)}
+end
+if redis.call('exists', KEYS[1]) == 0 then
+    local token = redis.call('incr', KEYS[2])
+    redis.call('hset', KEYS[1], ARGV[1], 1, FENCE_FIELD, token)
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return {1, 1, token}
 end
 return {0, redis.call('pttl', KEYS[1])}

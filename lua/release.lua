@@ -5,20 +5,30 @@
 -- ARGV[1]  holder id, "<client-uuid>:<thread-token>"
 -- ARGV[2]  lease in milliseconds to restore while the caller still holds outer levels
 -- ARGV[3]  message published on KEYS[2] when the lock becomes free
+-- ARGV[4]  the levels the caller believes it holds before this call (at least 1)
 --
--- Returns -1     the caller holds no level (never acquired, lease expired, force-unlocked)
+-- Returns -1     the caller holds no level (never acquired, lease expired, force-unlocked,
+--                or a repeated call whose first run freed the lock)
 --         0      the lock is now free: the key is deleted and the message published
 --         n > 0  the caller still holds n levels; the lease was reset to ARGV[2]
 --
--- Reading the count first keeps the common case, the outermost release, at one write.
-local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
-if not count then
+-- The count is set from ARGV[4], not decremented, so a repeated call (after a lost reply)
+-- takes no second level, and levels left by lost acquire replies are dropped too.
+local held = redis.call('hget', KEYS[1], ARGV[1])
+if not held then
     return -1
 end
-if count > 1 then
-    redis.call('hincrby', KEYS[1], ARGV[1], -1)
+local count = tonumber(held)
+local expected = tonumber(ARGV[4])
+if count < expected then
+    -- This release already took effect; its reply was lost.
+    return count
+end
+local left = expected - 1
+if left > 0 then
+    redis.call('hset', KEYS[1], ARGV[1], left)
     redis.call('pexpire', KEYS[1], ARGV[2])
-    return count - 1
+    return left
 end
 redis.call('del', KEYS[1])
 redis.call('publish', KEYS[2], ARGV[3])

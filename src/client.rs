@@ -198,13 +198,33 @@ impl Inner {
     }
 
     /// Runs `f` on a pooled connection, retiring the connection if `f` failed on I/O.
+    ///
+    /// A connection the server dropped (a restart, an idle timeout, a lost reply) fails
+    /// fast, and `f` runs again on another one: after a restart every pooled connection
+    /// is stale, hence up to `pool_size` retries. That is safe because every call this
+    /// crate makes can be repeated: reads, renewals, and acquire and release scripts that
+    /// are told how many levels the thread holds, so a repeated one changes nothing.
+    /// Timeouts are not retried: they surface as `Error::Timeout` at `command_timeout`.
     pub(crate) fn run<T>(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        let mut conn: r2d2::PooledConnection<Manager> = self.pool.get()?;
-        let conn: &mut Conn = &mut conn;
-        Ok(conn.run(f)?)
+        let mut retries = 0;
+        loop {
+            let mut conn: r2d2::PooledConnection<Manager> = self.pool.get()?;
+            let conn: &mut Conn = &mut conn;
+            match conn.run(&mut f) {
+                Err(e)
+                    if e.is_connection_dropped()
+                        && !e.is_timeout()
+                        && retries < self.config.pool_size =>
+                {
+                    log::debug!("redmutex: connection dropped, retrying on another: {e}");
+                    retries += 1;
+                }
+                result => return Ok(result?),
+            }
+        }
     }
 }
 

@@ -105,7 +105,7 @@ impl LockGuard {
         let keys = &self.keys;
         let watchdog_ms = millis(inner.config.watchdog_timeout);
         // Unregister first, so that from here on the watchdog never renews for this guard.
-        let Some(restore) =
+        let Some((restore, held)) =
             inner
                 .watchdog
                 .releasing(&keys.key, self.token, self.level, watchdog_ms)
@@ -122,6 +122,7 @@ impl LockGuard {
                 .arg(self.holder.as_str())
                 .arg(restore)
                 .arg(RELEASE_MESSAGE)
+                .arg(held)
                 .invoke(con)?;
             let shortfall = if left >= 0 {
                 inner.await_replicas(con)?

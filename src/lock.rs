@@ -277,6 +277,7 @@ impl Lock {
     fn attempt(&self, holder: &str, lease_ms: u64) -> Result<Result<Grant, i64>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
+        let held = inner.watchdog.levels(&keys.key, thread_token());
         let outcome = inner.run(|con| {
             let result = if self.fenced {
                 let reply: Vec<i64> = scripts::ACQUIRE_FENCED
@@ -284,6 +285,7 @@ impl Lock {
                     .key(keys.fence.as_slice())
                     .arg(holder)
                     .arg(lease_ms)
+                    .arg(held)
                     .invoke(con)?;
                 match reply[..] {
                     [1, count, fence] => Ok(Grant {
@@ -303,6 +305,7 @@ impl Lock {
                     .key(keys.key.as_slice())
                     .arg(holder)
                     .arg(lease_ms)
+                    .arg(held)
                     .invoke(con)?;
                 if granted == 1 {
                     Ok(Grant {
@@ -313,7 +316,7 @@ impl Lock {
                     Err(n)
                 }
             };
-            if result.is_ok() {
+            if let Ok(grant) = &result {
                 if let Some(shortfall) = inner.await_replicas(con)? {
                     // Give the level back on the same connection: a lock the replicas
                     // may not have must not be handed out.
@@ -323,6 +326,7 @@ impl Lock {
                         .arg(holder)
                         .arg(lease_ms)
                         .arg(crate::keys::RELEASE_MESSAGE)
+                        .arg(grant.count)
                         .invoke(con)?;
                     return Ok(Err(shortfall));
                 }

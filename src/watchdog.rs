@@ -101,20 +101,33 @@ impl Watchdog {
         Registration { level, lost }
     }
 
+    /// The levels this thread holds of the lock, as far as this process knows: what the
+    /// acquire script is told, so that a repeated call cannot count a level twice.
+    pub(crate) fn levels(&self, key: &[u8], token: u64) -> usize {
+        let holds = self.holds.lock();
+        holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| !hold.lost.load(Ordering::SeqCst))
+            .map_or(0, |hold| hold.levels.len())
+    }
+
     /// Forgets the guard `level`; after this returns the watchdog never renews on its
-    /// behalf. Returns the lease to restore for the levels this thread still holds, or
-    /// `None` when the guard's hold is already over (lost or superseded).
+    /// behalf. Returns the lease to restore for the levels this thread still holds and
+    /// how many levels it held before this release, or `None` when the guard's hold is
+    /// already over (lost or superseded).
     pub(crate) fn releasing(
         &self,
         key: &[u8],
         token: u64,
         level: u64,
         watchdog_ms: u64,
-    ) -> Option<u64> {
+    ) -> Option<(u64, usize)> {
         let mut holds = self.holds.lock();
         let by_token = holds.get_mut(key)?;
         let hold = by_token.get_mut(&token)?;
         let at = hold.levels.iter().position(|l| l.id == level)?;
+        let held = hold.levels.len();
         hold.levels.remove(at);
         let restore = if hold.levels.iter().any(|l| l.lease == Lease::Watchdog) {
             watchdog_ms
@@ -133,7 +146,7 @@ impl Watchdog {
                 holds.remove(key);
             }
         }
-        Some(restore)
+        Some((restore, held))
     }
 
     fn watched(&self) -> Vec<(Vec<u8>, Arc<str>, Arc<AtomicBool>)> {

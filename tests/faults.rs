@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
-use support::RedisServer;
+use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "faults:";
 
@@ -229,4 +229,100 @@ fn dropping_the_client_while_guards_live_lets_leases_expire() {
         "expired only after {:?}",
         t.elapsed()
     );
+}
+
+fn sha(script: &str) -> String {
+    redis::Script::new(script).get_hash().to_owned()
+}
+
+/// A client whose connections pass through `proxy`, with the scripts already loaded.
+fn through(proxy: &FaultProxy) -> Client {
+    let c = Client::builder()
+        .url(proxy.url())
+        .key_prefix(PREFIX)
+        .build()
+        .expect("build client");
+    c.lock("warm-up").lock().unwrap().unlock().unwrap();
+    c
+}
+
+#[test]
+fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let c = through(&proxy);
+    let lock = c.lock("lost-release");
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+
+    proxy.lose_next_reply_to(&sha(include_str!("../lua/release.lua")));
+    inner.unlock().expect("the retried release succeeds");
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    // Released once: the outer level still holds the lock.
+    assert_eq!(lock.hold_count().unwrap(), 1);
+    assert!(c.lock("lost-release").is_locked().unwrap());
+    let other = client(&server, Duration::from_secs(5));
+    assert!(other.lock("lost-release").try_lock().unwrap().is_none());
+
+    // The outermost release losing its reply: the retry finds the lock already free and
+    // reports `NotHeld`, never success for a lock it cannot vouch for.
+    proxy.lose_next_reply_to(&sha(include_str!("../lua/release.lua")));
+    let r = outer.unlock();
+    assert_eq!(proxy.lost_replies(), 2);
+    assert!(matches!(r, Ok(()) | Err(Error::NotHeld)), "{r:?}");
+    assert!(!exists(&server, &key("lost-release")), "the lock is free");
+}
+
+#[test]
+fn an_acquire_whose_reply_is_lost_counts_one_level() {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let c = through(&proxy);
+    let lock = c.lock("lost-acquire");
+
+    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire.lua")));
+    let outer = lock.lock().expect("the retried acquire succeeds");
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    assert_eq!(lock.hold_count().unwrap(), 1, "one level, not two");
+
+    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire.lua")));
+    let inner = lock.lock().expect("the retried re-entry succeeds");
+    assert_eq!(proxy.lost_replies(), 2);
+    assert_eq!(lock.hold_count().unwrap(), 2, "two levels, not three");
+
+    drop(inner);
+    outer.unlock().unwrap();
+    assert!(!exists(&server, &key("lost-acquire")), "fully released");
+
+    // Fenced: the retry keeps the token the lost call drew.
+    let fenced = c.fenced_lock("lost-fenced");
+    let first = fenced.lock().unwrap().token();
+    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire_fenced.lua")));
+    let g = fenced.lock().unwrap();
+    assert_eq!(proxy.lost_replies(), 3);
+    assert_eq!(g.token(), first + 1, "one token drawn, not two");
+    assert_eq!(fenced.hold_count().unwrap(), 1);
+    g.unlock().unwrap();
+}
+
+#[test]
+fn stale_pooled_connections_after_a_restart_are_replaced_transparently() {
+    let mut server = RedisServer::new();
+    let c = client(&server, Duration::from_secs(5));
+    // Fill the pool with several connections.
+    thread::scope(|s| {
+        for i in 0..4 {
+            let c = c.clone();
+            s.spawn(move || drop(c.lock(format!("fill-{i}")).lock().unwrap()));
+        }
+    });
+    server.restart();
+    // Every pooled connection is now dead; the first calls still succeed.
+    for i in 0..4 {
+        let g = c
+            .lock(format!("after-{i}"))
+            .lock()
+            .expect("lock after restart");
+        g.unlock().expect("unlock after restart");
+    }
 }

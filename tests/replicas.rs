@@ -8,26 +8,30 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error};
 use support::RedisServer;
 
-fn replication_info(server: &RedisServer) -> String {
-    redis::cmd("INFO")
-        .arg("replication")
-        .query(&mut server.connection())
-        .expect("INFO replication")
-}
-
 /// A primary that starts a replica's sync at once instead of waiting 5 s for others.
 fn primary() -> RedisServer {
     RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
 }
 
-/// A replica of `primary`, returned once it is in sync.
+/// A replica of `primary`, returned once writes stream to it: the replica has read a
+/// value written after its sync. (`INFO` and `WAIT` can look ready earlier: after a
+/// diskless sync the primary streams only from the replica's first ACK.)
 fn synced_replica(primary: &RedisServer) -> RedisServer {
     let port = primary.port().to_string();
     let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
+    let (mut p, mut r) = (primary.connection(), replica.connection());
     assert!(
         support::wait_until(Duration::from_secs(10), || {
-            replication_info(&replica).contains("master_link_status:up")
-                && replication_info(primary).contains("connected_slaves:1")
+            let n: i64 = redis::cmd("INCR").arg("probe").query(&mut p).unwrap();
+            let seen: Option<i64> = redis::cmd("GET").arg("probe").query(&mut r).unwrap();
+            seen == Some(n)
+                || support::wait_until(Duration::from_millis(100), || {
+                    redis::cmd("GET")
+                        .arg("probe")
+                        .query::<Option<i64>>(&mut r)
+                        .unwrap()
+                        == Some(n)
+                })
         }),
         "the replica never synced"
     );
@@ -38,7 +42,7 @@ fn client(primary: &RedisServer, replicas: u32) -> Client {
     Client::builder()
         .url(primary.url())
         .key_prefix("replicas:")
-        .sync_replicas(replicas, Duration::from_millis(300))
+        .sync_replicas(replicas, Duration::from_millis(1000))
         .command_timeout(Duration::from_secs(2))
         .build()
         .expect("build client")
@@ -79,7 +83,7 @@ fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
         "{err:?}"
     );
     assert!(
-        t.elapsed() >= Duration::from_millis(250),
+        t.elapsed() >= Duration::from_millis(900),
         "WAIT did not wait"
     );
     // Rolled back: not held, free for anyone.

@@ -17,6 +17,11 @@ use std::time::{Duration, Instant};
 
 use redis::IntoConnectionInfo;
 
+mod proxy;
+// Not every test binary that includes the harness injects faults.
+#[allow(unused_imports)]
+pub use proxy::FaultProxy;
+
 /// How long one start attempt may take before the server counts as hung.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between readiness probes; only process startup is being waited on.
