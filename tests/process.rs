@@ -3,20 +3,18 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
+use support::child::{say, ChildProc};
 use support::RedisServer;
 
 const ROLE: &str = "REDMUTEX_TEST_CHILD_ROLE";
 const URL: &str = "REDMUTEX_TEST_CHILD_URL";
 const PREFIX: &str = "redmutex-test:";
-/// Lines a child means for the parent; the test harness prints its own lines too.
-const MARK: &str = "CHILD:";
 
 const WORKERS: usize = 4;
 const THREADS: usize = 4;
@@ -39,12 +37,6 @@ fn child_entry() {
         "fenced-holder" => fenced_holder(&url),
         other => panic!("unknown child role {other:?}"),
     }
-}
-
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{MARK}{line}").expect("write to the parent");
-    out.flush().expect("flush to the parent");
 }
 
 fn client(url: &str, watchdog: Duration) -> Client {
@@ -162,71 +154,9 @@ fn outcome(r: Result<(), Error>) -> String {
     }
 }
 
-/// A child process, killed when dropped so a failing test leaves nothing behind.
-struct ChildProc {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-}
-
-impl ChildProc {
-    fn spawn(role: &str, server: &RedisServer) -> ChildProc {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env(ROLE, role)
-            .env(URL, server.url())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().expect("child stdout");
-        let (tx, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                // The harness may have started the line ("test child_entry ... ").
-                if let Some(at) = line.find(MARK) {
-                    if tx.send(line[at + MARK.len()..].to_owned()).is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        ChildProc {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-        }
-    }
-
-    fn expect(&self, want: &str) {
-        let got = self.next_line();
-        assert_eq!(got, want, "unexpected line from the child");
-    }
-
-    fn next_line(&self) -> String {
-        self.lines
-            .recv_timeout(STUCK)
-            .expect("the child said nothing (it failed or hung)")
-    }
-
-    fn send(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("child stdin");
-        writeln!(stdin, "{line}").expect("write to the child");
-        stdin.flush().expect("flush to the child");
-    }
-
-    fn wait_success(mut self) {
-        let status = self.child.wait().expect("wait for child");
-        assert!(status.success(), "child failed: {status}");
-    }
-}
-
-impl Drop for ChildProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// This test binary as the child `role`.
+fn spawn(role: &str, server: &RedisServer) -> ChildProc {
+    ChildProc::spawn("child_entry", &[(ROLE, role), (URL, &server.url())])
 }
 
 fn evalsha_calls(server: &RedisServer) -> u64 {
@@ -245,9 +175,7 @@ fn numsub(con: &mut redis::Connection, channel: &str) -> i64 {
 #[test]
 fn mutual_exclusion_across_processes() {
     let server = RedisServer::new();
-    let children: Vec<ChildProc> = (0..WORKERS)
-        .map(|_| ChildProc::spawn("counter", &server))
-        .collect();
+    let children: Vec<ChildProc> = (0..WORKERS).map(|_| spawn("counter", &server)).collect();
     for child in children {
         child.expect("done");
         child.wait_success();
@@ -268,7 +196,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
     const WATCHDOG: Duration = Duration::from_secs(1);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let mut holder = ChildProc::spawn("crash-holder", &server);
+    let mut holder = spawn("crash-holder", &server);
     holder.expect("held");
 
     let waiter_client = client(&server.url(), WATCHDOG);
@@ -334,7 +262,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
 fn ownership_is_visible_across_processes() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let mut holder = ChildProc::spawn("nested-holder", &server);
+    let mut holder = spawn("nested-holder", &server);
     holder.expect("held");
 
     let client = client(&server.url(), Duration::from_secs(30));
@@ -363,7 +291,7 @@ fn ownership_is_visible_across_processes() {
 fn fencing_tokens_stop_a_paused_holder_from_writing() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let mut a = ChildProc::spawn("fenced-holder", &server);
+    let mut a = spawn("fenced-holder", &server);
     let line = a.next_line();
     let a_token: u64 = line
         .strip_prefix("token ")

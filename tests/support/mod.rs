@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis::IntoConnectionInfo;
 
+pub mod child;
 mod proxy;
 // Not every test binary that includes the harness injects faults.
 #[allow(unused_imports)]

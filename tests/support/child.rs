@@ -1,0 +1,96 @@
+//! Test binaries that re-execute themselves as other processes: the child runs one
+//! `#[test]` entry (a no-op unless its role variable is set) and talks to the parent
+//! through marked stdout lines and stdin.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+/// Lines a child means for the parent; the test harness prints its own lines too.
+const MARK: &str = "CHILD:";
+/// Waits on a child longer than this only when something is broken.
+const STUCK: Duration = Duration::from_secs(30);
+
+/// Writes one line for the parent (from the child).
+pub fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{MARK}{line}").expect("write to the parent");
+    out.flush().expect("flush to the parent");
+}
+
+/// A child process, killed when dropped so a failing test leaves nothing behind.
+pub struct ChildProc {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl ChildProc {
+    /// Runs this test binary's `entry` test with `env` set.
+    pub fn spawn(entry: &str, env: &[(&str, &str)]) -> ChildProc {
+        let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+        cmd.args(["--exact", entry, "--nocapture", "--test-threads=1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn child");
+        let stdout = child.stdout.take().expect("child stdout");
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                // The harness may have started the line ("test child_entry ... ").
+                if let Some(at) = line.find(MARK) {
+                    if tx.send(line[at + MARK.len()..].to_owned()).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        ChildProc {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+        }
+    }
+
+    /// Asserts that the child's next line is `want`.
+    pub fn expect(&self, want: &str) {
+        let got = self.next_line();
+        assert_eq!(got, want, "unexpected line from the child");
+    }
+
+    /// The child's next line; panics if it says nothing for a long time.
+    pub fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(STUCK)
+            .expect("the child said nothing (it failed or hung)")
+    }
+
+    /// The child's next line, if it says one within `timeout`.
+    pub fn try_line(&self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("child stdin");
+        writeln!(stdin, "{line}").expect("write to the child");
+        stdin.flush().expect("flush to the child");
+    }
+
+    pub fn wait_success(mut self) {
+        let status = self.child.wait().expect("wait for child");
+        assert!(status.success(), "child failed: {status}");
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
