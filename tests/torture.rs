@@ -134,7 +134,7 @@ fn torture_no_two_holders_ever_overlap() {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        if rng % 3 == 0 {
+        if rng.is_multiple_of(3) {
             server.freeze();
             thread::sleep(FREEZE);
             server.thaw();
