@@ -27,6 +27,8 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     command_timeout: Duration,
     sync_replicas: Option<(u32, Duration)>,
+    tls_ca: Option<Vec<u8>>,
+    tls_client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Default for ClientBuilder {
@@ -39,6 +41,8 @@ impl Default for ClientBuilder {
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(3),
             sync_replicas: None,
+            tls_ca: None,
+            tls_client: None,
         }
     }
 }
@@ -122,6 +126,35 @@ impl ClientBuilder {
         self
     }
 
+    /// For `rediss://` URLs: trust only the certificate authority in `pem` (PEM-encoded)
+    /// instead of the system's trust store, e.g. a private CA that signed the server's
+    /// certificate. Defaults to the system's trust store.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .url("rediss://redis.internal:6380/")
+    ///     .tls_ca_certificate(std::fs::read("ca.crt").unwrap())
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// For `rediss://` URLs: present this client certificate and key (both PEM) to servers
+    /// that authenticate clients (`tls-auth-clients yes`). Defaults to none.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls_client = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
     /// Checks the settings and creates the client. No connection is made yet: building
     /// succeeds while Redis is down, and the first operation then reports it.
     ///
@@ -153,9 +186,14 @@ impl ClientBuilder {
                 ),
                 Some((n, t)) => Some((n, crate::lock::millis(t))),
             };
-        let redis = redis::Client::open(self.url.as_str()).map_err(|e| {
+        let bad_url = |e: redis::RedisError| {
             Error::InvalidArgument(format!("bad redis url {}: {e}", redact_url(&self.url)))
-        })?;
+        };
+        let redis = if self.tls_ca.is_none() && self.tls_client.is_none() {
+            redis::Client::open(self.url.as_str()).map_err(bad_url)?
+        } else {
+            tls_client(&self.url, self.tls_ca, self.tls_client).map_err(bad_url)?
+        };
         Client::from_config(
             redis,
             Config {
@@ -171,6 +209,33 @@ impl ClientBuilder {
     }
 }
 
+#[cfg(feature = "tls")]
+fn tls_client(
+    url: &str,
+    ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+) -> redis::RedisResult<redis::Client> {
+    redis::Client::build_with_tls(
+        url,
+        redis::TlsCertificates {
+            client_tls: client.map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+            root_cert: ca,
+        },
+    )
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_client(
+    _: &str,
+    _: Option<Vec<u8>>,
+    _: Option<(Vec<u8>, Vec<u8>)>,
+) -> redis::RedisResult<redis::Client> {
+    unreachable!("TLS settings exist only with the `tls` feature")
+}
+
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
@@ -180,6 +245,10 @@ impl fmt::Debug for ClientBuilder {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("sync_replicas", &self.sync_replicas)
+            // Certificates and keys are never printed, only whether they are set.
+            .field("tls_ca_certificate", &self.tls_ca.is_some())
+            .field("tls_client_certificate", &self.tls_client.is_some())
             .finish()
     }
 }
