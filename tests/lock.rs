@@ -580,8 +580,12 @@ fn invalid_names_and_durations_change_nothing() {
 
     // Any other byte string is a name: it locks, excludes and unlocks.
     let other = open(&server);
-    let names: [&[u8]; 9] = [
+    let long = vec![b'n'; 64 * 1024];
+    let names: [&[u8]; 12] = [
         b"a\x00b\xff",
+        b"line\nbreak\r\n",
+        b"\t",
+        &long,
         b"{",
         b"}",
         b"{}",
@@ -608,8 +612,8 @@ fn invalid_names_and_durations_change_nothing() {
     }
 }
 
-// Fails as of this writing: a name carrying a hash tag is used verbatim as the key, so
-// "{a}" maps to the key of the plain name "a" ("redmutex:{a}") and the two alias.
+// Once failed: a name carrying a hash tag was used verbatim as the key, so "{a}" mapped
+// to the key of the plain name "a" ("redmutex:{a}") and the two aliased.
 #[test]
 fn distinct_names_never_share_a_lock() {
     let server = RedisServer::new();

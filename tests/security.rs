@@ -162,3 +162,22 @@ fn passwords_never_reach_debug_output_errors_or_logs() {
         assert!(!text.contains(secret), "password leaked: {text}");
     }
 }
+
+#[test]
+fn a_server_password_is_used_and_required() {
+    let server = RedisServer::with_args(&["--requirepass", "pw-only"]);
+    let with = Client::open(format!("redis://:pw-only@127.0.0.1:{}/", server.port())).unwrap();
+    let guard = with.lock("auth").lock().expect("lock with the password");
+    guard.unlock().unwrap();
+    let without = Client::open(server.url()).unwrap();
+    match without.lock("auth").try_lock() {
+        Err(e @ (Error::Redis(_) | Error::Pool(_))) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("NOAUTH") || text.contains("uthentication"),
+                "{text}"
+            );
+        }
+        other => panic!("expected an authentication error, got {other:?}"),
+    }
+}
