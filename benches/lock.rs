@@ -830,34 +830,12 @@ impl Admin {
     }
 
     fn redis_version(&mut self) -> String {
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query(&mut self.con)
-            .expect("INFO server");
-        info.lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .unwrap_or("?")
-            .trim()
-            .to_owned()
+        support::redis_version(&mut self.con)
     }
 
     /// Calls per command since the server started, from `INFO commandstats`.
     fn commandstats(&mut self) -> HashMap<String, u64> {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut self.con)
-            .expect("INFO commandstats");
-        info.lines()
-            .filter_map(|line| {
-                let (name, stats) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = stats
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix("calls="))?
-                    .parse()
-                    .ok()?;
-                Some((name.to_ascii_lowercase(), calls))
-            })
-            .collect()
+        support::commandstats(&mut self.con)
     }
 
     fn calls(&mut self, cmd: &str) -> u64 {

@@ -18,7 +18,6 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, ExitCode, Stdio};
 use std::thread;
@@ -79,7 +78,7 @@ fn parent(opts: &Options) -> ExitCode {
         .and_then(|c| c.get_connection())
         .expect("connect to Redis");
     let prefix = format!("redmutex-demo:{}:", std::process::id());
-    let before = commandstats(&mut admin);
+    let before = support::commandstats(&mut admin);
 
     // Workers start together: they all run until the same wall-clock instant.
     let start_at = unix_micros() + 300_000;
@@ -124,7 +123,7 @@ fn parent(opts: &Options) -> ExitCode {
         .query::<Option<u64>>(&mut admin)
         .expect("GET counter")
         .unwrap_or(0);
-    let after = commandstats(&mut admin);
+    let after = support::commandstats(&mut admin);
     let delta =
         |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -135,7 +134,7 @@ fn parent(opts: &Options) -> ExitCode {
         let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut admin);
     }
 
-    let version = redis_version(&mut admin);
+    let version = support::redis_version(&mut admin);
     let origin = match &server {
         Some(s) => format!("embedded, port {}", s.port()),
         None => url.clone(),
@@ -255,33 +254,6 @@ fn worker() {
     println!("acquisitions {count}");
     let list: Vec<String> = handoffs.iter().map(u64::to_string).collect();
     println!("handoffs {}", list.join(" "));
-}
-
-fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(con)
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
-fn redis_version(con: &mut redis::Connection) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query(con)
-        .unwrap_or_default();
-    info.lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .unwrap_or("?")
-        .trim()
-        .to_owned()
 }
 
 fn percentile(sorted: &[u64], p: f64) -> String {

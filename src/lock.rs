@@ -280,7 +280,7 @@ impl Lock {
         let held = inner.watchdog.levels(&keys.key, thread_token());
         let outcome = inner.run(|con| {
             let result = if self.fenced {
-                let reply: Vec<i64> = scripts::ACQUIRE_FENCED
+                let reply: Vec<i64> = scripts::ACQUIRE
                     .key(keys.key.as_slice())
                     .key(keys.fence.as_slice())
                     .arg(holder)

@@ -6,8 +6,6 @@ use redis::Script;
 
 pub(crate) static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
-pub(crate) static ACQUIRE_FENCED: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/acquire_fenced.lua")));
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
 pub(crate) static RENEW: LazyLock<Script> =

@@ -297,7 +297,7 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     // Fenced: the retry keeps the token the lost call drew.
     let fenced = c.fenced_lock("lost-fenced");
     let first = fenced.lock().unwrap().token();
-    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire_fenced.lua")));
+    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire.lua")));
     let g = fenced.lock().unwrap();
     assert_eq!(proxy.lost_replies(), 3);
     assert_eq!(g.token(), first + 1, "one token drawn, not two");

@@ -472,34 +472,48 @@ fn try_lock_for_gives_up_close_to_its_bound() {
     g.unlock().unwrap();
 }
 
-#[test]
-fn a_waiter_wakes_promptly_on_release() {
-    let server = RedisServer::new();
-    let mut con = server.connection();
-    let holder = open(&server);
-    let waiter = open(&server);
-    let lock = holder.lock("handoff");
-
-    let guard = lock.lock_with_lease(Duration::from_secs(30)).unwrap();
+/// Holds `name` through `holder` with a 30 s lease, blocks a thread of `waiter` in
+/// `lock()` on it, runs `meanwhile` once the waiter is subscribed, releases, and returns
+/// how long after the release the waiter's `lock()` returned. The lease is long, so only
+/// the release message (or a reconnect) can wake the waiter.
+fn release_to_waiter(
+    holder: &Client,
+    waiter: &Client,
+    con: &mut redis::Connection,
+    name: &str,
+    meanwhile: impl FnOnce(&mut redis::Connection),
+) -> Duration {
+    let guard = holder
+        .lock(name)
+        .lock_with_lease(Duration::from_secs(30))
+        .unwrap();
     let (tx, rx) = mpsc::channel();
     thread::scope(|s| {
-        let waiter_lock = waiter.lock("handoff");
+        let waiter_lock = waiter.lock(name);
         s.spawn(move || {
             let g = waiter_lock.lock().unwrap();
             tx.send(Instant::now()).unwrap();
             g.unlock().unwrap();
         });
         assert!(wait_until(Duration::from_secs(5), || {
-            numsub(&mut con, &channel_of("handoff")) >= 1
+            numsub(con, &channel_of(name)) >= 1
         }));
+        meanwhile(con);
         assert!(rx.try_recv().is_err(), "acquired while held");
         let released = Instant::now();
         guard.unlock().unwrap();
-        // The lease had 30 s left: only the release message can wake the waiter.
         let woke = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        let latency = woke.duration_since(released);
-        assert!(latency < Duration::from_millis(300), "{latency:?}");
-    });
+        woke.duration_since(released)
+    })
+}
+
+#[test]
+fn a_waiter_wakes_promptly_on_release() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let (holder, waiter) = (open(&server), open(&server));
+    let latency = release_to_waiter(&holder, &waiter, &mut con, "handoff", |_| {});
+    assert!(latency < Duration::from_millis(300), "{latency:?}");
 }
 
 #[test]
@@ -694,62 +708,22 @@ fn building_while_redis_is_down_succeeds_and_fails_on_use() {
 fn waiter_survives_its_pubsub_connection_being_killed() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = open(&server);
-    let waiter = open(&server);
-    let guard = holder
-        .lock("resub")
-        .lock_with_lease(Duration::from_secs(30))
-        .unwrap();
-
-    let (tx, rx) = mpsc::channel();
-    thread::scope(|s| {
-        let waiter_lock = waiter.lock("resub");
-        s.spawn(move || {
-            let g = waiter_lock.lock().unwrap();
-            tx.send(Instant::now()).unwrap();
-            g.unlock().unwrap();
-        });
-        assert!(wait_until(Duration::from_secs(5), || {
-            numsub(&mut con, &channel_of("resub")) >= 1
-        }));
+    let (holder, waiter) = (open(&server), open(&server));
+    // Released while the waiter's subscription is (probably) gone: the release message
+    // may never reach it, so the reconnect itself must make it look again.
+    let latency = release_to_waiter(&holder, &waiter, &mut con, "resub", |con| {
         let killed: i64 = redis::cmd("CLIENT")
             .arg("KILL")
             .arg("TYPE")
             .arg("pubsub")
-            .query(&mut con)
+            .query(con)
             .unwrap();
         assert_eq!(killed, 1);
-        // Released while the waiter's subscription is (probably) gone: the release message
-        // may never reach it, so the reconnect itself must make it look again.
-        let released = Instant::now();
-        guard.unlock().unwrap();
-        let woke = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        let latency = woke.duration_since(released);
-        assert!(latency < Duration::from_secs(3), "{latency:?}");
     });
-
+    assert!(latency < Duration::from_secs(3), "{latency:?}");
     // And the reconnected subscription serves the next wait as usual.
-    let guard = holder
-        .lock("resub")
-        .lock_with_lease(Duration::from_secs(30))
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    thread::scope(|s| {
-        let waiter_lock = waiter.lock("resub");
-        s.spawn(move || {
-            let g = waiter_lock.lock().unwrap();
-            tx.send(Instant::now()).unwrap();
-            g.unlock().unwrap();
-        });
-        assert!(wait_until(Duration::from_secs(5), || {
-            numsub(&mut con, &channel_of("resub")) >= 1
-        }));
-        let released = Instant::now();
-        guard.unlock().unwrap();
-        let woke = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        let latency = woke.duration_since(released);
-        assert!(latency < Duration::from_secs(1), "{latency:?}");
-    });
+    let latency = release_to_waiter(&holder, &waiter, &mut con, "resub", |_| {});
+    assert!(latency < Duration::from_secs(1), "{latency:?}");
 }
 
 #[test]

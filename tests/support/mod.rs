@@ -488,6 +488,29 @@ fn read_from(path: &Path, offset: u64) -> String {
 }
 
 /// Parses `cmdstat_<name>:calls=N,usec=...` lines of `INFO commandstats`.
+/// Calls per command (lowercase name) since the server started, from `INFO commandstats`
+/// on `con`: for servers the harness did not start (`REDIS_URL`).
+pub fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO commandstats");
+    parse_commandstats(&info)
+}
+
+/// The `redis_version` line of `INFO server` on `con`.
+pub fn redis_version(con: &mut redis::Connection) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(con)
+        .expect("INFO server");
+    info.lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned()
+}
+
 fn parse_commandstats(info: &str) -> HashMap<String, u64> {
     info.lines()
         .filter_map(|line| {
