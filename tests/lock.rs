@@ -826,3 +826,71 @@ fn shared_channel() -> (mpsc::Sender<()>, Shared<()>) {
     let (tx, rx) = mpsc::channel();
     (tx, std::sync::Arc::new(std::sync::Mutex::new(rx)))
 }
+
+#[test]
+fn nested_fixed_and_watchdog_leases_restore_each_other() {
+    const WATCHDOG: Duration = Duration::from_millis(600);
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let client = client_with_watchdog(&server, WATCHDOG);
+    let lock = client.lock("mixed");
+    let key = key_of("mixed");
+
+    // Fixed outer lease, watchdog inner level: renewed while the inner level lives.
+    let outer = lock.lock_with_lease(Duration::from_secs(20)).unwrap();
+    assert!(pttl(&mut con, &key) > 10_000);
+    let inner = lock.lock().unwrap();
+    assert!(
+        pttl(&mut con, &key) <= 600,
+        "re-entry reset the lease to its own"
+    );
+    thread::sleep(WATCHDOG * 2); // time is the subject: renewals must keep it alive
+    assert!(exists(&mut con, &key), "the watchdog level kept the lock");
+    drop(inner);
+    // Back to the outer level's lease: fixed, not renewed.
+    let left = pttl(&mut con, &key);
+    assert!(
+        left > 10_000 && left <= 20_000,
+        "outer lease restored: {left} ms"
+    );
+    outer.unlock().unwrap();
+
+    // Watchdog outer, fixed inner: dropping the inner level hands back to the watchdog.
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock_with_lease(Duration::from_secs(20)).unwrap();
+    assert!(pttl(&mut con, &key) > 10_000);
+    drop(inner);
+    assert!(pttl(&mut con, &key) <= 600, "watchdog lease restored");
+    thread::sleep(WATCHDOG * 2);
+    assert!(exists(&mut con, &key), "still renewed");
+    assert!(!outer.is_lease_lost());
+    outer.unlock().unwrap();
+    assert!(!exists(&mut con, &key));
+}
+
+#[test]
+fn a_bounded_wait_with_an_explicit_lease_gets_that_lease() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let (holder, waiter) = (open(&server), open(&server));
+    let held = holder
+        .lock("bounded")
+        .lock_with_lease(Duration::from_millis(400))
+        .unwrap();
+    let t = Instant::now();
+    // Waits for the holder's lease to run out (it never releases), then holds for 5 s.
+    let guard = waiter
+        .lock("bounded")
+        .try_lock_with_lease_for(Duration::from_secs(5), Duration::from_secs(5))
+        .unwrap()
+        .expect("acquired once the holder's lease ran out");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(350) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    let left = pttl(&mut con, &key_of("bounded"));
+    assert!(left > 4_000 && left <= 5_000, "{left} ms");
+    assert!(matches!(held.unlock(), Err(Error::NotHeld)));
+    guard.unlock().unwrap();
+}
