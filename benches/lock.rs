@@ -760,6 +760,7 @@ fn many_locks(url: &str, admin: &mut Admin) -> Many {
 
     let client = bench_client(url, &unique_prefix("many"))
         .watchdog_timeout(MANY_WATCHDOG_TIMEOUT)
+        .command_timeout(MANY_WATCHDOG_TIMEOUT / 3)
         .build()
         .expect("build client");
     let rss_before_kib = rss_kib();

@@ -70,6 +70,11 @@ impl ClientBuilder {
     /// watchdog renews them every third of it for as long as they are held, so it is also
     /// how long such a lock outlives a crashed holder.
     ///
+    /// Must be longer than [`command_timeout`](ClientBuilder::command_timeout) (`build`
+    /// fails otherwise): a lock taken by a slow acquire would otherwise lapse before its
+    /// guard exists. A renewal call gives up after a third of this timeout, whatever the
+    /// command timeout, so that one slow renewal leaves time for the next.
+    ///
     /// Defaults to 30 seconds.
     pub fn watchdog_timeout(mut self, timeout: Duration) -> Self {
         self.watchdog_timeout = timeout;
@@ -95,7 +100,9 @@ impl ClientBuilder {
     }
 
     /// How long to wait for Redis to answer one command before the operation fails with
-    /// [`Error::Timeout`].
+    /// [`Error::Timeout`]. Must be shorter than the
+    /// [`watchdog_timeout`](ClientBuilder::watchdog_timeout). Calls with a deadline
+    /// (`try_lock*`) wait less: until their deadline plus 250 ms.
     ///
     /// Defaults to 3 seconds.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
@@ -159,7 +166,8 @@ impl ClientBuilder {
     /// succeeds while Redis is down, and the first operation then reports it.
     ///
     /// Fails with [`Error::InvalidArgument`] for an unparsable URL, a prefix with `{`/`}`,
-    /// zero durations or a zero pool size.
+    /// zero durations, a zero pool size, or a `watchdog_timeout` not longer than the
+    /// `command_timeout`.
     pub fn build(self) -> Result<Client, Error> {
         let invalid = |what: &str| Err(Error::InvalidArgument(what.to_owned()));
         if self.key_prefix.contains(['{', '}']) {
@@ -176,6 +184,13 @@ impl ClientBuilder {
         }
         if self.connect_timeout.is_zero() || self.command_timeout.is_zero() {
             return invalid("connect_timeout and command_timeout must be non-zero");
+        }
+        if self.watchdog_timeout <= self.command_timeout {
+            return Err(Error::InvalidArgument(format!(
+                "watchdog_timeout ({:?}) must be longer than command_timeout ({:?}): \
+                 lower command_timeout too",
+                self.watchdog_timeout, self.command_timeout
+            )));
         }
         let sync_replicas =
             match self.sync_replicas {

@@ -3,13 +3,16 @@
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::keys::LockKeys;
 use crate::pool::{Conn, Manager};
 use crate::subscriber::Subscriber;
 use crate::watchdog::Watchdog;
-use crate::{ClientBuilder, Error, FencedLock, Lock};
+use crate::{ClientBuilder, Error, FencedLock, Lock, LockName};
+
+/// The shortest socket timeout a call gets, even past its deadline: zero means "none".
+const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// A handle to one Redis deployment, from which named [`Lock`]s are made.
 ///
@@ -60,6 +63,8 @@ pub(crate) struct Config {
 
 pub(crate) struct Inner {
     pub(crate) id: String,
+    // The process that made the client: a fork()ed child must not use the parent's ids.
+    pid: u32,
     pub(crate) config: Config,
     pool: r2d2::Pool<Manager>,
     pub(crate) subscriber: Subscriber,
@@ -98,10 +103,10 @@ impl Client {
     /// let lock = client.lock(format!("invoice:{}", 42));
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lock(&self, name: impl Into<Vec<u8>>) -> Lock {
+    pub fn lock(&self, name: impl LockName) -> Lock {
         Lock::new(
             self.clone(),
-            LockKeys::new(&self.inner.config.key_prefix, name.into()),
+            LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
             false,
         )
     }
@@ -117,10 +122,10 @@ impl Client {
     /// let token = guard.token(); // send it along with every write to the resource
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn fenced_lock(&self, name: impl Into<Vec<u8>>) -> FencedLock {
+    pub fn fenced_lock(&self, name: impl LockName) -> FencedLock {
         FencedLock::new(Lock::new(
             self.clone(),
-            LockKeys::new(&self.inner.config.key_prefix, name.into()),
+            LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
             true,
         ))
     }
@@ -165,6 +170,7 @@ impl Client {
         Ok(Client {
             inner: Arc::new(Inner {
                 id,
+                pid: std::process::id(),
                 watchdog: Watchdog::new(),
                 handles: AtomicUsize::new(1),
                 subscriber,
@@ -197,7 +203,30 @@ impl Inner {
         self.handles.load(Ordering::Acquire) > 0
     }
 
+    /// Fails with [`Error::Forked`] in a process that did not make this client.
+    pub(crate) fn check_process(&self) -> Result<(), Error> {
+        if std::process::id() == self.pid {
+            Ok(())
+        } else {
+            Err(Error::Forked {
+                created_in: self.pid,
+            })
+        }
+    }
+
+    /// Runs `f` on a pooled connection with the configured timeouts; see
+    /// [`run_until`](Inner::run_until).
+    pub(crate) fn run<T>(
+        &self,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_until(None, f)
+    }
+
     /// Runs `f` on a pooled connection, retiring the connection if `f` failed on I/O.
+    /// With `until`, neither the pool checkout nor any read or write waits past it (nor
+    /// past the configured timeouts), so a bounded call stays bounded against a frozen or
+    /// unreachable server.
     ///
     /// A connection the server dropped (a restart, an idle timeout, a lost reply) fails
     /// fast, and `f` runs again on another one: after a restart every pooled connection
@@ -205,15 +234,30 @@ impl Inner {
     /// crate makes can be repeated: reads, renewals, and acquire and release scripts that
     /// are told how many levels the thread holds, so a repeated one changes nothing.
     /// Timeouts are not retried: they surface as `Error::Timeout` at `command_timeout`.
-    pub(crate) fn run<T>(
+    pub(crate) fn run_until<T>(
         &self,
+        until: Option<Instant>,
         mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
+        self.check_process()?;
+        let config = &self.config;
         let mut retries = 0;
         loop {
-            let mut conn: r2d2::PooledConnection<Manager> = self.pool.get()?;
+            let (checkout, io) = match until {
+                None => (config.connect_timeout, config.command_timeout),
+                Some(until) => {
+                    let left = until
+                        .saturating_duration_since(Instant::now())
+                        .max(MIN_IO_TIMEOUT);
+                    (
+                        left.min(config.connect_timeout),
+                        left.min(config.command_timeout),
+                    )
+                }
+            };
+            let mut conn: r2d2::PooledConnection<Manager> = self.pool.get_timeout(checkout)?;
             let conn: &mut Conn = &mut conn;
-            match conn.run(&mut f) {
+            match conn.run(io, &mut f) {
                 Err(e)
                     if e.is_connection_dropped()
                         && !e.is_timeout()

@@ -49,6 +49,19 @@ pub enum Error {
     /// The lock name is not usable (it is empty).
     #[error("invalid lock name: {0}")]
     InvalidName(&'static str),
+    /// The client was made in another process: this one is a `fork()` of it without `exec`.
+    /// The child inherited the parent's client id and thread ids, so using the client here
+    /// would re-enter and release the parent's locks as if they were its own. Build a new
+    /// [`Client`](crate::Client) in the child instead.
+    #[error("this client was created in process {created_in}; after fork() build a new Client in the child")]
+    Forked {
+        /// The process that created the client.
+        created_in: u32,
+    },
+    /// A background thread (the watchdog or the pub/sub reader) could not be started, e.g.
+    /// because the process is out of threads. Nothing was written.
+    #[error("could not start a redmutex background thread: {0}")]
+    Thread(#[source] std::io::Error),
     /// A duration or a configuration value is out of range (zero or overflowing durations,
     /// unparsable URLs, bad prefixes).
     #[error("invalid argument: {0}")]

@@ -83,15 +83,27 @@ impl LockGuard {
         self.release()
     }
 
-    /// True once this guard's lease is known to be gone: the watchdog found the lock no
-    /// longer held by this thread, or this guard's fixed lease has run out. Another holder
-    /// may then have entered the critical section.
+    /// True once this guard's hold is known to be gone, or about to go: the watchdog found
+    /// the lock no longer held by this thread; a later acquisition by this thread found it
+    /// gone on the server; every `Client` was dropped, so nothing renews it any more; or
+    /// this guard's fixed lease has run out with no other level of the thread's hold
+    /// keeping the lock (an outer fixed lease covered by a nested watchdog level is not
+    /// lost). Another holder may then have entered the critical section. Never goes back
+    /// to false.
     pub fn is_lease_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
-            || match self.lease {
-                Lease::Fixed(ms) => self.acquired.elapsed() >= Duration::from_millis(ms),
-                Lease::Watchdog => false,
+        if self.lost.load(Ordering::SeqCst) {
+            return true;
+        }
+        match self.lease {
+            Lease::Fixed(ms) => {
+                self.acquired.elapsed() >= Duration::from_millis(ms)
+                    && !self
+                        .inner
+                        .watchdog
+                        .covered(&self.keys.key, self.token, &self.lost)
             }
+            Lease::Watchdog => false,
+        }
     }
 
     /// The fencing token, for guards of a [`FencedLock`](crate::FencedLock).
@@ -102,10 +114,12 @@ impl LockGuard {
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
         let inner = &self.inner;
+        // In a fork()ed child the holder id is the parent's: releasing would free its lock.
+        inner.check_process()?;
         let keys = &self.keys;
         let watchdog_ms = millis(inner.config.watchdog_timeout);
         // Unregister first, so that from here on the watchdog never renews for this guard.
-        let Some((restore, held)) =
+        let Some((need, held)) =
             inner
                 .watchdog
                 .releasing(&keys.key, self.token, self.level, watchdog_ms)
@@ -120,7 +134,7 @@ impl LockGuard {
                 .key(keys.key.as_slice())
                 .key(keys.channel.as_slice())
                 .arg(self.holder.as_str())
-                .arg(restore)
+                .arg(need)
                 .arg(RELEASE_MESSAGE)
                 .arg(held)
                 .invoke(con)?;
@@ -133,6 +147,11 @@ impl LockGuard {
         })?;
         if left < 0 {
             return Err(self.not_held());
+        }
+        if left == 0 && held > 1 {
+            // The lock is free although outer levels were registered: their leases were
+            // over (or the count was off); their guards must not look held.
+            inner.watchdog.hold_ended(&keys.key, &self.lost);
         }
         shortfall.map_or(Ok(()), Err)
     }

@@ -5,8 +5,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Suffix of a lock's release channel. Suffixing the key keeps the channel in the key's
 /// hash slot, which sharded pub/sub on a cluster needs.
 const CHANNEL_SUFFIX: &[u8] = b":released";
-/// Suffix of a fenced lock's token counter, in the key's hash slot for the same reason.
-const FENCE_SUFFIX: &[u8] = b":fence";
+/// Auxiliary keys (counters now; queues and permits later) start with this byte right
+/// after the prefix. Every lock key starts with `{`, `~` or `#` there, so no lock name can
+/// produce an auxiliary key, whatever it ends with.
+const AUX_MARK: u8 = b'!';
 
 /// Message the release and force-unlock scripts publish; waiters only count messages.
 pub(crate) const RELEASE_MESSAGE: &str = "0";
@@ -42,8 +44,7 @@ impl LockKeys {
         }
         let mut channel = key.clone();
         channel.extend_from_slice(CHANNEL_SUFFIX);
-        let mut fence = key.clone();
-        fence.extend_from_slice(FENCE_SUFFIX);
+        let fence = aux_key(prefix, &key, b"fence");
         LockKeys {
             name,
             key,
@@ -51,6 +52,21 @@ impl LockKeys {
             fence,
         }
     }
+}
+
+/// The auxiliary key `kind` of the lock whose key is `key`: `<prefix>!<kind>:<key less the
+/// prefix>`. The prefix and `kind` hold no brace, so the first `{` is the lock key's own:
+/// the same hash slot. `kind` holds no `:`, so different kinds never meet either.
+fn aux_key(prefix: &[u8], key: &[u8], kind: &[u8]) -> Vec<u8> {
+    debug_assert!(!kind.contains(&b':') && !kind.contains(&b'{') && !kind.contains(&b'}'));
+    let rest = &key[prefix.len()..];
+    let mut aux = Vec::with_capacity(key.len() + kind.len() + 2);
+    aux.extend_from_slice(prefix);
+    aux.push(AUX_MARK);
+    aux.extend_from_slice(kind);
+    aux.push(b':');
+    aux.extend_from_slice(rest);
+    aux
 }
 
 /// Whether Redis Cluster would hash `s` by a `{tag}` inside it (first '{', then the first
@@ -137,6 +153,61 @@ mod tests {
             .map(|n| LockKeys::new(b"p:", n.to_vec()).key)
             .collect();
         assert_eq!(keys.len(), names.len());
+    }
+
+    /// Names built to collide with an auxiliary key of another name, for every key form.
+    fn adversarial_names() -> Vec<Vec<u8>> {
+        let bases: [&[u8]; 6] = [b"x", b"{x}", b"user:{42}", b"}x", b"a{}b", b""];
+        let suffixes: [&[u8]; 7] = [
+            b"",
+            b":fence",
+            b":released",
+            b":queue",
+            b":timeouts",
+            b":permits",
+            b"!fence:",
+        ];
+        let mut names = Vec::new();
+        for base in bases {
+            for suffix in suffixes {
+                names.push([base, suffix].concat());
+                names.push([suffix, base].concat());
+            }
+        }
+        names.push(b"!fence:{x}".to_vec());
+        names.push(b"{!fence:{x}}".to_vec());
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    #[test]
+    fn no_lock_key_is_an_auxiliary_key_of_any_name() {
+        for prefix in [&b"redmutex:"[..], b"", b"p!"] {
+            let all: Vec<LockKeys> = adversarial_names()
+                .into_iter()
+                .map(|n| LockKeys::new(prefix, n))
+                .collect();
+            let lock_keys: std::collections::HashSet<&[u8]> =
+                all.iter().map(|k| k.key.as_slice()).collect();
+            assert_eq!(lock_keys.len(), all.len(), "distinct names, distinct keys");
+            for k in &all {
+                assert!(
+                    !lock_keys.contains(k.fence.as_slice()),
+                    "the counter of {:?} is a lock key",
+                    String::from_utf8_lossy(&k.name)
+                );
+                assert_eq!(tag_of(&k.fence), tag_of(&k.key), "same slot");
+                assert!(k.fence.starts_with(prefix));
+            }
+            let counters: std::collections::HashSet<&[u8]> =
+                all.iter().map(|k| k.fence.as_slice()).collect();
+            assert_eq!(
+                counters.len(),
+                all.len(),
+                "distinct names, distinct counters"
+            );
+        }
     }
 
     #[test]

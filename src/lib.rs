@@ -37,6 +37,7 @@ mod fenced_guard;
 mod guard;
 mod keys;
 mod lock;
+mod name;
 mod pool;
 mod scripts;
 mod subscriber;
@@ -44,7 +45,7 @@ mod watchdog;
 
 pub use crate::{
     builder::ClientBuilder, client::Client, error::Error, fenced::FencedLock,
-    fenced_guard::FencedGuard, guard::LockGuard, lock::Lock,
+    fenced_guard::FencedGuard, guard::LockGuard, lock::Lock, name::LockName,
 };
 
 // Compiles the README's examples with the doctests, so they cannot rot.

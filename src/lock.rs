@@ -6,12 +6,19 @@ use std::time::{Duration, Instant};
 
 use crate::keys::{holder_id, thread_token, LockKeys};
 use crate::scripts;
+use crate::subscriber::Subscription;
 use crate::watchdog::Lease;
 use crate::{Client, Error, LockGuard};
 
 /// The longest lease accepted (ten years): anything longer is surely a mistake, and it keeps
 /// every deadline computed from a lease far from overflowing.
 pub(crate) const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// How long past its deadline a bounded call (`try_lock*`) waits for a round trip already
+/// under way: Redis's answer to an attempt sent just before the deadline. A server that
+/// does not answer by then (frozen, unreachable) fails the call with [`Error::Timeout`]
+/// or [`Error::Pool`] instead of holding it for the command or connect timeout.
+pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 
 /// A named distributed lock, reentrant per thread.
 ///
@@ -88,7 +95,8 @@ impl Lock {
     }
 
     /// One attempt, without waiting: `Ok(None)` when another thread holds the lock.
-    /// The lease is kept alive by the watchdog, as with [`lock`](Lock::lock).
+    /// The lease is kept alive by the watchdog, as with [`lock`](Lock::lock). Waits at most
+    /// 250 ms for Redis's answer, then fails with [`Error::Timeout`].
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -103,8 +111,12 @@ impl Lock {
     }
 
     /// Waits at most `wait` for the lock: `Ok(None)` if it was not acquired in time.
-    /// A zero `wait` makes one attempt; one too long to add to the current time fails with
-    /// [`Error::InvalidArgument`].
+    /// A zero `wait` makes one attempt; one too long to add to the current time (such as
+    /// `Duration::MAX`) waits for as long as it takes, like [`lock`](Lock::lock).
+    ///
+    /// Bounded also against a Redis that stops answering: the call returns within `wait`
+    /// plus a grace of 250 ms for a round trip already under way (then with
+    /// [`Error::Timeout`] or [`Error::Pool`]), whatever the command and connect timeouts.
     ///
     /// ```no_run
     /// # use std::time::Duration;
@@ -116,10 +128,15 @@ impl Lock {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
-        self.try_lock_until(deadline(wait)?)
+        match Instant::now().checked_add(wait) {
+            Some(deadline) => self.try_lock_until(deadline),
+            None => self.acquire(Lease::Watchdog, None),
+        }
     }
 
     /// Waits for the lock until `deadline`: `Ok(None)` if it was not acquired by then.
+    /// Returns by `deadline` plus 250 ms even when Redis stops answering, as
+    /// [`try_lock_for`](Lock::try_lock_for).
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>, Error> {
         self.acquire(Lease::Watchdog, Some(deadline))
     }
@@ -139,7 +156,10 @@ impl Lock {
         wait: Duration,
         lease: Duration,
     ) -> Result<Option<LockGuard>, Error> {
-        self.try_lock_with_lease_until(deadline(wait)?, lease)
+        match Instant::now().checked_add(wait) {
+            Some(deadline) => self.try_lock_with_lease_until(deadline, lease),
+            None => self.acquire(fixed(lease)?, None),
+        }
     }
 
     /// Waits for the lock until `deadline` and holds it for a fixed `lease`, never renewed.
@@ -161,16 +181,27 @@ impl Lock {
             .run(|con| redis::cmd("EXISTS").arg(key).query(con))
     }
 
-    /// Whether the calling thread holds the lock (according to Redis: false once its lease
-    /// expired).
+    /// Whether the calling thread holds the lock: it has a live guard of it, and Redis still
+    /// records the hold. False once the lease is lost (expired, force-unlocked, lost by
+    /// Redis), even while guards of it are alive. See [`hold_count`](Lock::hold_count).
     pub fn is_held_by_current_thread(&self) -> Result<bool, Error> {
         Ok(self.hold_count()? > 0)
     }
 
     /// How many times the calling thread holds the lock (its reentry depth): 0 when it does
     /// not hold it.
+    ///
+    /// A thread with no live guard of the lock (none taken, all released, or its lease
+    /// already known lost) gets 0 at once, without a round trip: a lock is held by a thread
+    /// only through its guards. Otherwise Redis is asked, so a lease lost since the last
+    /// renewal shows as 0.
     pub fn hold_count(&self) -> Result<u32, Error> {
         self.check_name()?;
+        let inner = &self.client.inner;
+        inner.check_process()?;
+        if !inner.watchdog.holds_locally(&self.keys.key, thread_token()) {
+            return Ok(0);
+        }
         let key = self.keys.key.as_slice();
         let holder = self.holder();
         let count: Option<u32> = self
@@ -233,6 +264,11 @@ impl Lock {
     fn acquire(&self, lease: Lease, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
+        inner.check_process()?;
+        if lease == Lease::Watchdog {
+            // Before anything is written: a lease nobody renews must not be handed out.
+            inner.watchdog.ensure_running(inner)?;
+        }
         let token = thread_token();
         let holder = holder_id(&inner.id, token);
         let lease_ms = match lease {
@@ -240,45 +276,111 @@ impl Lock {
             Lease::Fixed(ms) => ms,
         };
         let mut sent = Instant::now();
-        let mut pttl = match self.attempt(&holder, lease_ms)? {
+        let mut pttl = match self.attempt(&holder, lease_ms, self.io_until(deadline))? {
             Ok(grant) => return Ok(Some(self.granted(token, holder, grant, lease, sent))),
             Err(pttl) => pttl,
         };
-        let mut subscription = None;
+        let mut subscription: Option<Subscription> = None;
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
+            let Some(s) = &subscription else {
+                // Subscribe, and try again only once the server confirmed it: a release
+                // before that would otherwise be missed.
+                let s = inner.subscriber.subscribe(
+                    inner,
+                    &self.keys.channel,
+                    self.io_until(deadline),
+                )?;
+                s.saw_lease_end(Instant::now() + self.wait_bound(pttl));
+                subscription = Some(s);
+                continue;
+            };
             // Never sleep past the holder's lease: a crashed holder publishes nothing.
-            let lease_end = now + self.wait_bound(pttl);
+            let lease_end = s.next_try().unwrap_or(now);
             let until = deadline.map_or(lease_end, |d| d.min(lease_end));
-            match &subscription {
-                None => {
-                    // Subscribe, then try again before sleeping: a release between the
-                    // first attempt and the subscription would otherwise be missed.
-                    let s = inner.subscriber.subscribe(inner, &self.keys.channel);
-                    s.wait_confirmed(until);
-                    subscription = Some(s);
+            // Whether the try below uses up a wake-up meant for one thread of the process,
+            // and whether it is the process's one try on the lease timer.
+            let (mut woken, mut claimed) = (false, false);
+            if !s.is_confirmed() {
+                if !s.wait_confirmed(until) {
+                    if !self.timed_try(s, deadline)? {
+                        continue;
+                    }
+                    claimed = true;
                 }
-                Some(s) => {
-                    s.wait_release(until);
+            } else if s.wait_release(until) {
+                woken = true;
+            } else {
+                if !self.timed_try(s, deadline)? {
+                    continue;
                 }
+                claimed = true;
             }
             sent = Instant::now();
-            match self.attempt(&holder, lease_ms)? {
-                Ok(grant) => return Ok(Some(self.granted(token, holder, grant, lease, sent))),
-                Err(left) => pttl = left,
+            match self.attempt(&holder, lease_ms, self.io_until(deadline)) {
+                Ok(Ok(grant)) => {
+                    // The others of this process now wait for our release (or our lease).
+                    s.saw_lease_end(sent + Duration::from_millis(lease_ms));
+                    return Ok(Some(self.granted(token, holder, grant, lease, sent)));
+                }
+                Ok(Err(left)) => {
+                    pttl = left;
+                    s.saw_lease_end(Instant::now() + self.wait_bound(pttl));
+                }
+                Err(e) => {
+                    // Another waiting thread of this process must not sleep through a
+                    // release, or the lease timer, that this thread could not act on.
+                    if claimed {
+                        s.unclaim();
+                    }
+                    if woken || claimed {
+                        s.pass_on();
+                    }
+                    return Err(e);
+                }
             }
         }
     }
 
+    /// After a wait that ended without a release message: whether this thread makes the
+    /// process's one try on the lease timer (false: another thread does, or the deadline
+    /// passed; the caller loops and sleeps again).
+    fn timed_try(&self, s: &Subscription, deadline: Option<Instant>) -> Result<bool, Error> {
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(false);
+        }
+        let window = self.client.inner.config.command_timeout;
+        Ok(s.claim_try(now, window).is_ok())
+    }
+
+    /// The instant I/O of an attempt must give up at: none for unbounded calls, the
+    /// deadline (or now, past it) plus a grace for the round trip under way for bounded
+    /// ones, plus the replicas' WAIT when `sync_replicas` is on.
+    fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
+        let deadline = deadline?;
+        let mut grace = IO_GRACE;
+        if let Some((_, wait_ms)) = self.client.inner.config.sync_replicas {
+            grace += Duration::from_millis(wait_ms);
+        }
+        Some(deadline.max(Instant::now()) + grace)
+    }
+
     /// Runs the acquire script: `Ok(grant)` when granted, `Err(pttl)` when held elsewhere.
-    fn attempt(&self, holder: &str, lease_ms: u64) -> Result<Result<Grant, i64>, Error> {
+    fn attempt(
+        &self,
+        holder: &str,
+        lease_ms: u64,
+        until: Option<Instant>,
+    ) -> Result<Result<Grant, i64>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
-        let held = inner.watchdog.levels(&keys.key, thread_token());
-        let outcome = inner.run(|con| {
+        let token = thread_token();
+        let held = inner.watchdog.levels(&keys.key, token);
+        let outcome = inner.run_until(until, |con| {
             let result = if self.fenced {
                 let reply: Vec<i64> = scripts::ACQUIRE
                     .key(keys.key.as_slice())
@@ -316,22 +418,37 @@ impl Lock {
                     Err(n)
                 }
             };
-            if let Ok(grant) = &result {
-                if let Some(shortfall) = inner.await_replicas(con)? {
-                    // Give the level back on the same connection: a lock the replicas
-                    // may not have must not be handed out.
-                    let _: i64 = scripts::RELEASE
-                        .key(keys.key.as_slice())
-                        .key(keys.channel.as_slice())
-                        .arg(holder)
-                        .arg(lease_ms)
-                        .arg(crate::keys::RELEASE_MESSAGE)
-                        .arg(grant.count)
-                        .invoke(con)?;
-                    return Ok(Err(shortfall));
-                }
+            let Ok(grant) = &result else {
+                return Ok(Ok(result));
+            };
+            // With sync_replicas, a grant the replicas did not confirm, or a WAIT that
+            // failed (an ACL without +wait, a proxy without WAIT), is given back on the
+            // same connection: a lock the caller is told it did not get must not stay
+            // taken for a whole lease.
+            let failure = match inner.await_replicas(con) {
+                Ok(None) => return Ok(Ok(result)),
+                Ok(Some(shortfall)) => Ok(shortfall),
+                Err(e) => Err(e),
+            };
+            let need =
+                inner
+                    .watchdog
+                    .need_ms(&keys.key, token, millis(inner.config.watchdog_timeout));
+            let rollback: redis::RedisResult<i64> = scripts::RELEASE
+                .key(keys.key.as_slice())
+                .key(keys.channel.as_slice())
+                .arg(holder)
+                .arg(need)
+                .arg(crate::keys::RELEASE_MESSAGE)
+                .arg(grant.count)
+                .invoke(con);
+            match (failure, rollback) {
+                (Ok(shortfall), Ok(_)) => Ok(Err(shortfall)),
+                // The rollback's own failure is the one to report: the level may remain
+                // until its lease ends (or this thread's next acquisition adopts it).
+                (Ok(_), Err(e)) => Err(e),
+                (Err(e), _) => Err(e),
             }
-            Ok(Ok(result))
         })?;
         outcome
     }
@@ -357,11 +474,14 @@ impl Lock {
         lease: Lease,
         sent: Instant,
     ) -> LockGuard {
-        let inner = &self.client.inner;
-        let registration =
-            inner
-                .watchdog
-                .acquired(inner, &self.keys.key, token, &holder, grant.count, lease);
+        let registration = self.client.inner.watchdog.acquired(
+            &self.keys.key,
+            token,
+            &holder,
+            grant.count,
+            lease,
+            sent,
+        );
         LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
     }
 }
@@ -404,10 +524,4 @@ fn fixed(lease: Duration) -> Result<Lease, Error> {
         )));
     }
     Ok(Lease::Fixed(millis(lease)))
-}
-
-fn deadline(wait: Duration) -> Result<Instant, Error> {
-    Instant::now()
-        .checked_add(wait)
-        .ok_or_else(|| Error::InvalidArgument(format!("a wait of {wait:?} overflows the clock")))
 }

@@ -7,6 +7,9 @@ use redis::ConnectionLike;
 /// A command connection that remembers when a failure left it unusable.
 pub(crate) struct Conn {
     pub(crate) con: redis::Connection,
+    // The read/write timeout now set on the socket: the command timeout, or less for a
+    // call bounded by a deadline. Changed only when a call needs another (two syscalls).
+    timeout: Duration,
     // A timed-out or failed reply may still be in flight; such a connection must never be
     // handed to another caller, whose reply would then be someone else's.
     broken: bool,
@@ -37,6 +40,7 @@ impl r2d2::ManageConnection for Manager {
     fn connect(&self) -> Result<Conn, redis::RedisError> {
         Ok(Conn {
             con: Manager::connect(self)?,
+            timeout: self.command_timeout,
             broken: false,
         })
     }
@@ -51,11 +55,24 @@ impl r2d2::ManageConnection for Manager {
 }
 
 impl Conn {
-    /// Runs `f` on the connection; any I/O failure or timeout retires the connection.
+    /// Runs `f` on the connection with `timeout` for each read and write; any I/O failure
+    /// or timeout retires the connection.
     pub(crate) fn run<T>(
         &mut self,
+        timeout: Duration,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
+        if timeout != self.timeout {
+            let set = self
+                .con
+                .set_read_timeout(Some(timeout))
+                .and_then(|()| self.con.set_write_timeout(Some(timeout)));
+            if let Err(e) = set {
+                self.broken = true;
+                return Err(e);
+            }
+            self.timeout = timeout;
+        }
         let result = f(&mut self.con);
         if let Err(e) = &result {
             if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {

@@ -1,15 +1,16 @@
 //! The client's one pub/sub connection: refcounted channel subscriptions that wake waiters.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Once, Weak};
-use std::thread;
+use std::sync::{Arc, Weak};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
 use crate::client::Inner;
 use crate::pool::Manager;
+use crate::Error;
 
 /// How long the reader blocks on the socket before checking whether the client is gone.
 /// Reading the socket is free: no command is sent.
@@ -23,7 +24,8 @@ const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
-    started: Once,
+    // The reader thread, started by the first waiter and again if it ever died.
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 struct Shared {
@@ -59,6 +61,11 @@ struct Waiters {
     // A latch: its sender is dropped once the server confirmed the subscription, which
     // wakes every thread waiting for that at once. Re-armed when the connection drops.
     confirmed: Mutex<(Option<Sender<()>>, Receiver<()>)>,
+    // When a waiting thread of this process should next try without a release message:
+    // the end of the holder's lease as last seen here, or the end of a try in flight. A
+    // crashed holder publishes nothing, and without this every waiting thread's timer
+    // would fire at the same instant; this way one thread per process tries.
+    next_try: Mutex<Option<Instant>>,
 }
 
 impl Waiters {
@@ -69,6 +76,7 @@ impl Waiters {
             wake_tx,
             wake_rx,
             confirmed: Mutex::new((Some(tx), rx)),
+            next_try: Mutex::new(None),
         }
     }
 
@@ -97,6 +105,13 @@ pub(crate) struct Subscription {
 }
 
 impl Subscription {
+    /// Whether the server has confirmed this channel's subscription on the current
+    /// connection: only then can no release message be missed.
+    pub(crate) fn is_confirmed(&self) -> bool {
+        let rx = self.waiters.confirmed.lock().1.clone();
+        matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
+    }
+
     /// Blocks until the server confirmed the subscription (true) or `until` (false).
     pub(crate) fn wait_confirmed(&self, until: Instant) -> bool {
         let rx = self.waiters.confirmed.lock().1.clone();
@@ -106,6 +121,40 @@ impl Subscription {
     /// Blocks until a release of this channel wakes this thread (true) or `until` (false).
     pub(crate) fn wait_release(&self, until: Instant) -> bool {
         self.waiters.wake_rx.recv_deadline(until).is_ok()
+    }
+
+    /// Hands a wake-up this thread took, and cannot use, to another waiting thread.
+    pub(crate) fn pass_on(&self) {
+        self.waiters.wake_one();
+    }
+
+    /// Records when the lock's current lease ends, as an attempt just saw it.
+    pub(crate) fn saw_lease_end(&self, at: Instant) {
+        *self.waiters.next_try.lock() = Some(at);
+    }
+
+    /// When a thread of this process should next try on its own (`None`: now).
+    pub(crate) fn next_try(&self) -> Option<Instant> {
+        *self.waiters.next_try.lock()
+    }
+
+    /// Claims the next timed try for this thread: `Ok` when it is this thread's to make
+    /// (others then wait `window` for its outcome), `Err(when)` when a later lease end was
+    /// seen or another thread is trying, and this one should sleep until `when`.
+    pub(crate) fn claim_try(&self, now: Instant, window: Duration) -> Result<(), Instant> {
+        let mut next = self.waiters.next_try.lock();
+        match *next {
+            Some(when) if when > now => Err(when),
+            _ => {
+                *next = Some(now + window);
+                Ok(())
+            }
+        }
+    }
+
+    /// Gives a claimed try back (it failed with an error): the next timer may try at once.
+    pub(crate) fn unclaim(&self) {
+        *self.waiters.next_try.lock() = None;
     }
 }
 
@@ -137,13 +186,39 @@ impl Subscriber {
                 control,
                 state: Mutex::new(State::default()),
             }),
-            started: Once::new(),
+            thread: Mutex::new(None),
         }
     }
 
+    /// Starts the reader thread, or starts it again if it died (a reader that died leaves
+    /// waiters to their lease timers only, so it must not stay dead).
+    fn ensure_running(&self) -> Result<(), Error> {
+        let mut thread = self.thread.lock();
+        if let Some(handle) = &*thread {
+            if !handle.is_finished() {
+                return Ok(());
+            }
+            log::warn!("redmutex: the pub/sub thread had stopped; starting it again");
+            self.shared.disconnected();
+        }
+        let weak = Arc::downgrade(&self.shared);
+        let handle = thread::Builder::new()
+            .name("redmutex-pubsub".to_owned())
+            .spawn(move || run(weak))
+            .map_err(Error::Thread)?;
+        *thread = Some(handle);
+        Ok(())
+    }
+
     /// Registers interest in `channel`; a SUBSCRIBE is sent only when this process was not
-    /// already subscribed. `client` is used to nudge the reader thread.
-    pub(crate) fn subscribe(&self, client: &Inner, channel: &[u8]) -> Subscription {
+    /// already subscribed. `client` is used to nudge the reader thread, giving up at
+    /// `until`.
+    pub(crate) fn subscribe(
+        &self,
+        client: &Inner,
+        channel: &[u8],
+        until: Option<Instant>,
+    ) -> Result<Subscription, Error> {
         let (waiters, nudge) = {
             let mut guard = self.shared.state.lock();
             let state = &mut *guard;
@@ -167,27 +242,25 @@ impl Subscriber {
             }
             (entry.waiters.clone(), nudge)
         };
-        self.started.call_once(|| {
-            let weak = Arc::downgrade(&self.shared);
-            thread::Builder::new()
-                .name("redmutex-pubsub".to_owned())
-                .spawn(move || run(weak))
-                .expect("failed to spawn the redmutex pub/sub thread");
-        });
-        if nudge {
-            let control = self.shared.control.as_slice();
-            if let Err(e) =
-                client.run(|con| redis::cmd("PUBLISH").arg(control).arg("s").query::<()>(con))
-            {
-                // The waiter still wakes when the holder's lease runs out.
-                log::debug!("redmutex: could not nudge the pub/sub thread: {e}");
-            }
-        }
-        Subscription {
+        // From here on the interest is counted: dropping this gives it back, also when
+        // the thread cannot be started.
+        let subscription = Subscription {
             shared: self.shared.clone(),
             channel: channel.to_vec(),
             waiters,
+        };
+        self.ensure_running()?;
+        if nudge {
+            let control = self.shared.control.as_slice();
+            if let Err(e) = client.run_until(until, |con| {
+                redis::cmd("PUBLISH").arg(control).arg("s").query::<()>(con)
+            }) {
+                // The reader still subscribes within a read tick (a second), and until it
+                // confirms the waiter goes by the holder's lease.
+                log::debug!("redmutex: could not nudge the pub/sub thread: {e}");
+            }
         }
+        Ok(subscription)
     }
 }
 
@@ -229,29 +302,36 @@ fn session(
 ) -> redis::RedisResult<()> {
     con.set_read_timeout(Some(READ_TICK))?;
     let mut pubsub = con.as_pubsub();
+    // One channel per SUBSCRIBE and UNSUBSCRIBE: redis-rs's sync `PubSub` reads a single
+    // confirmation per call, so the others of a multi-channel call would be left unread
+    // and a later call would take one of them for its own, marking a channel subscribed
+    // before the server has it. One each costs a round trip per channel, on this thread.
     {
         let Some(strong) = shared.upgrade() else {
             return Ok(());
         };
+        pubsub.subscribe(strong.control.as_slice())?;
         let channels = strong.begin_session();
-        let mut all = channels.clone();
-        all.push(strong.control.clone());
-        pubsub.subscribe(&all)?;
-        strong.confirmed(&channels, reconnect);
+        drop(strong);
+        for channel in channels {
+            pubsub.subscribe(channel.as_slice())?;
+            let Some(strong) = shared.upgrade() else {
+                return Ok(());
+            };
+            strong.confirmed(&channel, reconnect);
+        }
     }
     let mut last_heard = Instant::now();
     loop {
         let Some(strong) = shared.upgrade() else {
             return Ok(());
         };
-        let pending = strong.take_pending();
-        if !pending.is_empty() {
-            pubsub.subscribe(&pending)?;
-            strong.confirmed(&pending, false);
+        for channel in strong.take_pending() {
+            pubsub.subscribe(channel.as_slice())?;
+            strong.confirmed(&channel, false);
         }
-        let idle = strong.take_idle();
-        if !idle.is_empty() {
-            pubsub.unsubscribe(&idle)?;
+        for channel in strong.take_idle() {
+            pubsub.unsubscribe(channel.as_slice())?;
         }
         // Never block on the socket holding a strong reference: the client must be able
         // to go away meanwhile.
@@ -291,16 +371,15 @@ impl Shared {
             .collect()
     }
 
-    fn confirmed(&self, channels: &[Vec<u8>], reconnect: bool) {
+    fn confirmed(&self, channel: &[u8], reconnect: bool) {
         let state = self.state.lock();
-        for channel in channels {
-            if let Some(entry) = state.channels.get(channel) {
-                entry.waiters.confirm();
-                if reconnect {
-                    // A release published while we were disconnected was never seen: let
-                    // one waiter per lock look again.
-                    entry.waiters.wake_one();
-                }
+        if let Some(entry) = state.channels.get(channel) {
+            entry.waiters.confirm();
+            if reconnect && entry.refs > 0 {
+                // A release published while we were disconnected was never seen: let one
+                // waiter of this lock look again (none if nobody waits: a wake-up left in
+                // the channel would only cost the next waiter a wasted try).
+                entry.waiters.wake_one();
             }
         }
     }

@@ -1,15 +1,18 @@
 //! The per-client table of held locks, and the one thread that renews their leases.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
-use std::thread;
+use std::sync::{Arc, Weak};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::client::Inner;
-use crate::scripts;
+use crate::lock::millis;
+use crate::{scripts, Error};
 
 /// Keys renewed by one script call. Bounded so that one call never blocks Redis for long;
 /// 1,000 locks still take only two round trips.
@@ -27,17 +30,50 @@ pub(crate) enum Lease {
 struct Level {
     id: u64,
     lease: Lease,
+    // Fixed leases: when this level stops needing the lock, counted from when its acquire
+    // was sent, so never later than the expiry Redis applied.
+    ends: Option<Instant>,
+}
+
+impl Level {
+    /// Whether this level still needs the key at `now`.
+    fn needs_at(&self, now: Instant) -> bool {
+        self.ends.is_none_or(|ends| ends > now)
+    }
 }
 
 /// What this process knows of one thread's hold on one lock.
 struct Hold {
-    // One per live guard, so that a nested release restores the lease the remaining
-    // guards asked for, and the watchdog renews while any of them is a watchdog guard.
+    // One per live guard, so that a nested release can work out what the remaining guards
+    // still need, and the watchdog renews while any of them is a watchdog guard.
     levels: Vec<Level>,
     holder: Arc<str>,
     // Shared with the guards of this hold; a new outermost acquisition gets a new flag, so
     // a verdict about an old hold can never mark a newer one lost.
     lost: Arc<AtomicBool>,
+    // Part of a renewal script now in flight. This thread's acquisitions and releases of
+    // the lock wait for it, so that a renewal taken from an older snapshot can never land
+    // on a later hold (a fixed lease re-taken in between would be silently extended).
+    renewing: bool,
+}
+
+impl Hold {
+    fn has_watchdog_level(&self) -> bool {
+        self.levels.iter().any(|l| l.lease == Lease::Watchdog)
+    }
+
+    /// The lease the key needs for these levels at `now`, in ms: the longest of them (the
+    /// watchdog lease for a watchdog level), 0 when none needs any more time.
+    fn need_ms(&self, watchdog_ms: u64, now: Instant) -> u64 {
+        self.levels
+            .iter()
+            .map(|l| match (l.lease, l.ends) {
+                (Lease::Watchdog, _) | (Lease::Fixed(_), None) => watchdog_ms,
+                (Lease::Fixed(_), Some(ends)) => millis(ends.saturating_duration_since(now)),
+            })
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// What a guard keeps of its registration.
@@ -46,64 +82,139 @@ pub(crate) struct Registration {
     pub(crate) lost: Arc<AtomicBool>,
 }
 
+type Holds = HashMap<Vec<u8>, HashMap<u64, Hold>>;
+
+/// A hold as the watchdog thread snapshots it for one renewal round.
+struct Watched {
+    key: Vec<u8>,
+    token: u64,
+    holder: Arc<str>,
+    lost: Arc<AtomicBool>,
+}
+
 pub(crate) struct Watchdog {
     // lock key -> thread token -> hold.
-    holds: Mutex<HashMap<Vec<u8>, HashMap<u64, Hold>>>,
+    holds: Mutex<Holds>,
+    // Signalled when a renewal round is over, for threads waiting on `Hold::renewing`.
+    renewed: Condvar,
     next_level: AtomicU64,
-    // Dropped with the client: the thread's receiver then disconnects and it exits at once.
-    stop: OnceLock<Sender<()>>,
+    // The running thread and the sender whose drop (with the client) stops it at once.
+    thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Watchdog {
     pub(crate) fn new() -> Watchdog {
         Watchdog {
             holds: Mutex::new(HashMap::new()),
+            renewed: Condvar::new(),
             next_level: AtomicU64::new(1),
-            stop: OnceLock::new(),
+            thread: Mutex::new(None),
         }
+    }
+
+    /// Makes sure the renewal thread runs, starting it (again, if it died) when needed.
+    /// Called before a watchdog lease is taken, so that a thread that cannot be started
+    /// fails the acquisition before anything is written.
+    pub(crate) fn ensure_running(&self, client: &Arc<Inner>) -> Result<(), Error> {
+        let mut thread = self.thread.lock();
+        if let Some((_, handle)) = &*thread {
+            if !handle.is_finished() {
+                return Ok(());
+            }
+            log::warn!("redmutex: the watchdog thread had stopped; starting it again");
+        }
+        let (tx, rx) = crossbeam_channel::bounded(0);
+        let weak = Arc::downgrade(client);
+        let handle = thread::Builder::new()
+            .name("redmutex-watchdog".to_owned())
+            .spawn(move || run(weak, rx))
+            .map_err(Error::Thread)?;
+        *thread = Some((tx, handle));
+        Ok(())
+    }
+
+    /// Blocks while a renewal round that includes this thread's hold is in flight.
+    fn settled<'a>(&'a self, key: &[u8], token: u64) -> MutexGuard<'a, Holds> {
+        let mut holds = self.holds.lock();
+        while holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .is_some_and(|hold| hold.renewing)
+        {
+            self.renewed.wait(&mut holds);
+        }
+        holds
     }
 
     /// Records a granted acquisition whose reentry count is now `count`. Runs on the
     /// acquiring thread before the guard exists, so a lock is never held unregistered.
+    /// `sent` is when the acquire script was sent: a fixed lease is counted from there.
     pub(crate) fn acquired(
         &self,
-        client: &Arc<Inner>,
         key: &[u8],
         token: u64,
         holder: &str,
         count: i64,
         lease: Lease,
+        sent: Instant,
     ) -> Registration {
         let level = self.next_level.fetch_add(1, Ordering::Relaxed);
-        let lost = {
-            let mut holds = self.holds.lock();
-            let by_token = match holds.get_mut(key) {
-                Some(by_token) => by_token,
-                None => holds.entry(key.to_vec()).or_default(),
-            };
-            let fresh = || Hold {
-                levels: Vec::with_capacity(2),
-                holder: Arc::from(holder),
-                lost: Arc::new(AtomicBool::new(false)),
-            };
-            let hold = by_token.entry(token).or_insert_with(fresh);
-            if count == 1 {
-                // Redis says this is an outermost acquisition: whatever was recorded
-                // belongs to an earlier hold whose lease is gone.
-                *hold = fresh();
-            }
-            hold.levels.push(Level { id: level, lease });
-            hold.lost.clone()
+        let mut holds = self.settled(key, token);
+        let by_token = match holds.get_mut(key) {
+            Some(by_token) => by_token,
+            None => holds.entry(key.to_vec()).or_default(),
         };
-        if lease == Lease::Watchdog {
-            self.start(client);
+        let fresh = || Hold {
+            levels: Vec::with_capacity(2),
+            holder: Arc::from(holder),
+            lost: Arc::new(AtomicBool::new(false)),
+            renewing: false,
+        };
+        let hold = by_token.entry(token).or_insert_with(fresh);
+        if count == 1 && !hold.levels.is_empty() {
+            // Redis shows no earlier level of ours: the hold those guards belong to was
+            // gone on the server (expired, force-unlocked, lost in a restart or failover),
+            // and someone else may have held the lock in between. They must say so.
+            log::warn!(
+                "redmutex: lease of lock {:?} was lost before this thread took it again",
+                String::from_utf8_lossy(key)
+            );
+            hold.lost.store(true, Ordering::SeqCst);
+            *hold = fresh();
+        } else if count == 1 {
+            *hold = fresh();
         }
-        Registration { level, lost }
+        hold.levels.push(Level {
+            id: level,
+            lease,
+            ends: match lease {
+                Lease::Watchdog => None,
+                Lease::Fixed(ms) => sent.checked_add(Duration::from_millis(ms)),
+            },
+        });
+        Registration {
+            level,
+            lost: hold.lost.clone(),
+        }
     }
 
     /// The levels this thread holds of the lock, as far as this process knows: what the
     /// acquire script is told, so that a repeated call cannot count a level twice.
     pub(crate) fn levels(&self, key: &[u8], token: u64) -> usize {
+        let holds = self.settled(key, token);
+        holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| !hold.lost.load(Ordering::SeqCst))
+            .map_or(0, |hold| hold.levels.len())
+    }
+
+    /// Whether this thread has a live (not known lost) hold of the lock here.
+    pub(crate) fn holds_locally(&self, key: &[u8], token: u64) -> bool {
+        self.levels_now(key, token) > 0
+    }
+
+    fn levels_now(&self, key: &[u8], token: u64) -> usize {
         let holds = self.holds.lock();
         holds
             .get(key)
@@ -112,10 +223,33 @@ impl Watchdog {
             .map_or(0, |hold| hold.levels.len())
     }
 
+    /// The lease in ms the levels this thread now holds need (0 for none): what a rolled
+    /// back nested acquisition leaves on the key.
+    pub(crate) fn need_ms(&self, key: &[u8], token: u64, watchdog_ms: u64) -> u64 {
+        let holds = self.holds.lock();
+        holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .map_or(0, |hold| hold.need_ms(watchdog_ms, Instant::now()))
+    }
+
+    /// Whether the hold `lost` belongs to still has a level that needs the lock now: a
+    /// fixed level whose own lease is over is still covered by such a level.
+    pub(crate) fn covered(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
+        let now = Instant::now();
+        let holds = self.holds.lock();
+        holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
+            .is_some_and(|hold| hold.levels.iter().any(|l| l.needs_at(now)))
+    }
+
     /// Forgets the guard `level`; after this returns the watchdog never renews on its
-    /// behalf. Returns the lease to restore for the levels this thread still holds and
-    /// how many levels it held before this release, or `None` when the guard's hold is
-    /// already over (lost or superseded).
+    /// behalf (a renewal already in flight for the hold is waited for). Returns the lease
+    /// the levels still held need (0 when none needs more time) and how many levels were
+    /// held before this release, or `None` when the guard's hold is already over (lost or
+    /// superseded).
     pub(crate) fn releasing(
         &self,
         key: &[u8],
@@ -123,43 +257,59 @@ impl Watchdog {
         level: u64,
         watchdog_ms: u64,
     ) -> Option<(u64, usize)> {
-        let mut holds = self.holds.lock();
+        let mut holds = self.settled(key, token);
         let by_token = holds.get_mut(key)?;
         let hold = by_token.get_mut(&token)?;
         let at = hold.levels.iter().position(|l| l.id == level)?;
         let held = hold.levels.len();
         hold.levels.remove(at);
-        let restore = if hold.levels.iter().any(|l| l.lease == Lease::Watchdog) {
-            watchdog_ms
-        } else {
-            match hold.levels.last() {
-                Some(Level {
-                    lease: Lease::Fixed(ms),
-                    ..
-                }) => *ms,
-                _ => watchdog_ms,
-            }
-        };
+        let need = hold.need_ms(watchdog_ms, Instant::now());
         if hold.levels.is_empty() {
             by_token.remove(&token);
             if by_token.is_empty() {
                 holds.remove(key);
             }
         }
-        Some((restore, held))
+        Some((need, held))
     }
 
-    fn watched(&self) -> Vec<(Vec<u8>, Arc<str>, Arc<AtomicBool>)> {
-        let holds = self.holds.lock();
-        holds
-            .iter()
-            .flat_map(|(key, by_token)| {
-                by_token
-                    .values()
-                    .filter(|h| h.levels.iter().any(|l| l.lease == Lease::Watchdog))
-                    .map(move |h| (key.clone(), h.holder.clone(), h.lost.clone()))
-            })
-            .collect()
+    /// The release script freed the lock although levels remain registered (they needed no
+    /// more time, or the lease was gone): their hold is over.
+    pub(crate) fn hold_ended(&self, key: &[u8], lost: &Arc<AtomicBool>) {
+        lost.store(true, Ordering::SeqCst);
+        self.forget_lost(key, lost);
+    }
+
+    /// Snapshots every hold with a watchdog level and marks it as being renewed.
+    fn watched(&self) -> Vec<Watched> {
+        let mut holds = self.holds.lock();
+        let mut watched = Vec::new();
+        for (key, by_token) in holds.iter_mut() {
+            for (&token, hold) in by_token.iter_mut() {
+                if hold.has_watchdog_level() {
+                    hold.renewing = true;
+                    watched.push(Watched {
+                        key: key.clone(),
+                        token,
+                        holder: hold.holder.clone(),
+                        lost: hold.lost.clone(),
+                    });
+                }
+            }
+        }
+        watched
+    }
+
+    /// Ends a renewal round for `batch` and wakes the threads waiting for it.
+    fn renewed(&self, batch: &[Watched]) {
+        let mut holds = self.holds.lock();
+        for w in batch {
+            if let Some(hold) = holds.get_mut(&w.key).and_then(|h| h.get_mut(&w.token)) {
+                hold.renewing = false;
+            }
+        }
+        drop(holds);
+        self.renewed.notify_all();
     }
 
     fn forget_lost(&self, key: &[u8], lost: &Arc<AtomicBool>) {
@@ -172,16 +322,23 @@ impl Watchdog {
         }
     }
 
-    fn start(&self, client: &Arc<Inner>) {
-        self.stop.get_or_init(|| {
-            let (tx, rx) = crossbeam_channel::bounded(0);
-            let weak = Arc::downgrade(client);
-            thread::Builder::new()
-                .name("redmutex-watchdog".to_owned())
-                .spawn(move || run(weak, rx))
-                .expect("failed to spawn the redmutex watchdog thread");
-            tx
-        });
+    /// The watchdog stops for good (every `Client` is gone): holds that relied on it will
+    /// lapse, and their guards must say so rather than look held to the end.
+    fn abandon(&self) {
+        let holds = self.holds.lock();
+        let mut abandoned = 0;
+        for hold in holds.values().flat_map(|by_token| by_token.values()) {
+            if hold.has_watchdog_level() {
+                hold.lost.store(true, Ordering::SeqCst);
+                abandoned += 1;
+            }
+        }
+        if abandoned > 0 {
+            log::warn!(
+                "redmutex: every Client was dropped while {abandoned} watchdog lock(s) were \
+                 held; their leases are no longer renewed and are reported lost"
+            );
+        }
     }
 }
 
@@ -201,42 +358,68 @@ fn run(client: Weak<Inner>, stop: Receiver<()>) {
         if !inner.has_handles() {
             // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
             // Their leases run out within a watchdog timeout.
+            inner.watchdog.abandon();
             return;
         }
-        renew_all(&inner);
+        // A bug in one round must not end renewals for every lock of the client.
+        if catch_unwind(AssertUnwindSafe(|| renew_all(&inner))).is_err() {
+            log::error!("redmutex: a lease renewal round panicked; renewing again next round");
+        }
     }
 }
 
 /// One renewal round: every watchdog hold, in batches of one script call each. A batch
 /// that fails (Redis unreachable) is simply tried again next round; its leases still have
-/// two thirds of their time left.
+/// a third of their time left. Each call gives up after a third of the lease, so one slow
+/// round cannot use up the time of the next one.
 pub(crate) fn renew_all(inner: &Inner) {
-    let watched = inner.watchdog.watched();
-    let lease_ms = crate::lock::millis(inner.config.watchdog_timeout);
+    let round = Round {
+        watchdog: &inner.watchdog,
+        watched: inner.watchdog.watched(),
+    };
+    let watched = &round.watched;
+    let lease_ms = millis(inner.config.watchdog_timeout);
+    let give_up_after = inner.config.watchdog_timeout / 3;
     for batch in watched.chunks(RENEW_BATCH) {
         let mut call = scripts::RENEW.prepare_invoke();
-        for (key, _, _) in batch {
-            call.key(key.as_slice());
+        for w in batch {
+            call.key(w.key.as_slice());
         }
         call.arg(lease_ms);
-        for (_, holder, _) in batch {
-            call.arg(holder.as_ref());
+        for w in batch {
+            call.arg(w.holder.as_ref());
         }
-        match inner.run(|con| call.invoke::<Vec<usize>>(con)) {
+        let until = Instant::now() + give_up_after;
+        let result = inner.run_until(Some(until), |con| call.invoke::<Vec<usize>>(con));
+        match result {
             Ok(lost) => {
                 for i in lost {
-                    let Some((key, _, flag)) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
+                    let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                         continue;
                     };
                     log::warn!(
                         "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
-                        String::from_utf8_lossy(key)
+                        String::from_utf8_lossy(&w.key)
                     );
-                    flag.store(true, Ordering::SeqCst);
-                    inner.watchdog.forget_lost(key, flag);
+                    w.lost.store(true, Ordering::SeqCst);
+                    inner.watchdog.forget_lost(&w.key, &w.lost);
                 }
             }
             Err(e) => log::warn!("redmutex: lease renewal failed, retrying next round: {e}"),
         }
+        inner.watchdog.renewed(batch);
+    }
+}
+
+/// One renewal round's snapshot. Dropping it ends the round for every hold in it, even if
+/// the round panicked: threads waiting for it must never wait forever.
+struct Round<'a> {
+    watchdog: &'a Watchdog,
+    watched: Vec<Watched>,
+}
+
+impl Drop for Round<'_> {
+    fn drop(&mut self) {
+        self.watchdog.renewed(&self.watched);
     }
 }

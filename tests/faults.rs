@@ -115,9 +115,10 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
         .expect_err("a frozen Redis cannot grant a lock");
     let took = t.elapsed();
     assert!(matches!(err, Error::Timeout(_)), "got {err:?}");
+    // try_lock is bounded: it waits 250 ms for the answer, less than the command timeout.
     assert!(
-        took >= Duration::from_millis(450) && took < Duration::from_millis(2000),
-        "timed out after {took:?} with a 500 ms command timeout"
+        took >= Duration::from_millis(240) && took < Duration::from_millis(1000),
+        "timed out after {took:?}; a try_lock gives up 250 ms past its (zero) wait"
     );
     // Frozen across at least one renewal tick (every second): that round fails.
     thread::sleep(Duration::from_millis(1200));
@@ -193,7 +194,9 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
             other => panic!("expected a WRONGTYPE error, got {other:?}"),
         }
     }
-    assert!(matches!(lock.hold_count(), Err(Error::Redis(_))));
+    // This thread has no guard of the lock: answered locally, without touching the key.
+    assert_eq!(lock.hold_count().unwrap(), 0);
+    assert!(matches!(lock.is_locked(), Ok(true)));
     let value: String = redis::cmd("GET").arg(key("taken")).query(&mut con).unwrap();
     assert_eq!(value, "user data");
     let ttl: i64 = redis::cmd("TTL").arg(key("taken")).query(&mut con).unwrap();

@@ -44,6 +44,7 @@ fn client(url: &str, watchdog: Duration) -> Client {
         .url(url)
         .key_prefix(PREFIX)
         .watchdog_timeout(watchdog)
+        .command_timeout(watchdog.min(Duration::from_secs(6)) / 2)
         .build()
         .expect("build client")
 }

@@ -37,6 +37,7 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
         Client::builder()
             .url(url.as_str())
             .watchdog_timeout(Duration::from_millis(600))
+            .command_timeout(Duration::from_millis(300))
             .build()
             .unwrap()
     };
@@ -136,7 +137,7 @@ fn passwords_never_reach_debug_output_errors_or_logs() {
     let url = url_for(&server, "locker", secret);
     let builder = Client::builder()
         .url(url.as_str())
-        .watchdog_timeout(Duration::from_millis(300))
+        .watchdog_timeout(Duration::from_millis(600))
         .command_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300));
     let mut printed = vec![format!("{builder:?}")];

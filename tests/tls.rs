@@ -106,6 +106,7 @@ fn locks_work_over_tls_with_a_trusted_ca() {
         .url(format!("rediss://127.0.0.1:{tls_port}/"))
         .tls_ca_certificate(ca)
         .watchdog_timeout(Duration::from_millis(600))
+        .command_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
     let lock = client.lock("tls");

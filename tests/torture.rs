@@ -69,7 +69,7 @@ fn worker(url: &str) {
         .url(url)
         .key_prefix(PREFIX)
         .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_secs(2))
+        .command_timeout(Duration::from_millis(500))
         .build()
         .expect("build client");
     say("started");
