@@ -68,6 +68,18 @@ pub enum Error {
     InvalidArgument(String),
 }
 
+impl Error {
+    /// Whether a command may have run on the server although its caller got this error:
+    /// its reply timed out or its connection failed after it was sent.
+    pub(crate) fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::Timeout(_) => true,
+            Error::Redis(e) => e.is_io_error() || e.is_connection_dropped(),
+            _ => false,
+        }
+    }
+}
+
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {

@@ -379,7 +379,7 @@ impl Lock {
         let inner = &self.client.inner;
         let keys = &self.keys;
         let token = thread_token();
-        let held = inner.watchdog.levels(&keys.key, token);
+        let held = inner.watchdog.begin_attempt(&keys.key, token);
         let outcome = inner.run_until(until, |con| {
             let result = if self.fenced {
                 let reply: Vec<i64> = scripts::ACQUIRE
@@ -449,8 +449,18 @@ impl Lock {
                 (Ok(_), Err(e)) => Err(e),
                 (Err(e), _) => Err(e),
             }
-        })?;
-        outcome
+        });
+        let granted = matches!(outcome, Ok(Ok(Ok(_))));
+        inner.watchdog.end_attempt(&keys.key, token, granted);
+        if let Err(e) = &outcome {
+            if e.outcome_unknown() {
+                // Redis may have run the script, or may still: a level nobody holds.
+                inner
+                    .watchdog
+                    .doubt(inner, (&keys.key, &keys.channel), token, holder, held);
+            }
+        }
+        outcome?
     }
 
     fn wait_bound(&self, pttl: i64) -> Duration {

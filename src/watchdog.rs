@@ -84,6 +84,24 @@ pub(crate) struct Registration {
 
 type Holds = HashMap<Vec<u8>, HashMap<u64, Hold>>;
 
+/// An acquire attempt whose outcome is unknown (it timed out, or its connection failed
+/// after sending): Redis may have run it, or may still run it, leaving a level nobody
+/// holds. The watchdog thread gives such a level back (twice, in case the script ran
+/// late), unless this thread's next grant on the lock adopted it meanwhile.
+struct Doubtful {
+    id: u64,
+    key: Vec<u8>,
+    channel: Vec<u8>,
+    token: u64,
+    holder: String,
+    // The levels the attempt was told the thread held: the ghost, if any, is one more.
+    expected: usize,
+    runs_left: u8,
+    in_flight: bool,
+    // This thread is attempting on the lock right now: its attempt may adopt the level.
+    paused: bool,
+}
+
 /// A hold as the watchdog thread snapshots it for one renewal round.
 struct Watched {
     key: Vec<u8>,
@@ -98,8 +116,12 @@ pub(crate) struct Watchdog {
     // Signalled when a renewal round is over, for threads waiting on `Hold::renewing`.
     renewed: Condvar,
     next_level: AtomicU64,
-    // The running thread and the sender whose drop (with the client) stops it at once.
+    // The running thread, and the sender that wakes it early (a doubtful attempt to
+    // clean up); dropping the sender (with the client) stops the thread at once.
     thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    doubts: Mutex<Vec<Doubtful>>,
+    // Signalled when a clean-up call is over, for attempts waiting on `in_flight`.
+    cleaned: Condvar,
 }
 
 impl Watchdog {
@@ -109,6 +131,8 @@ impl Watchdog {
             renewed: Condvar::new(),
             next_level: AtomicU64::new(1),
             thread: Mutex::new(None),
+            doubts: Mutex::new(Vec::new()),
+            cleaned: Condvar::new(),
         }
     }
 
@@ -123,7 +147,7 @@ impl Watchdog {
             }
             log::warn!("redmutex: the watchdog thread had stopped; starting it again");
         }
-        let (tx, rx) = crossbeam_channel::bounded(0);
+        let (tx, rx) = crossbeam_channel::bounded(1);
         let weak = Arc::downgrade(client);
         let handle = thread::Builder::new()
             .name("redmutex-watchdog".to_owned())
@@ -195,6 +219,87 @@ impl Watchdog {
         Registration {
             level,
             lost: hold.lost.clone(),
+        }
+    }
+
+    /// Starts an acquire attempt of this thread on the lock: waits for a clean-up of an
+    /// earlier doubtful attempt that is in flight, and keeps new ones from starting until
+    /// [`end_attempt`](Watchdog::end_attempt), since this attempt may adopt the level.
+    /// Returns the levels this thread holds, for the script.
+    pub(crate) fn begin_attempt(&self, key: &[u8], token: u64) -> usize {
+        let mut doubts = self.doubts.lock();
+        if !doubts.is_empty() {
+            while doubts
+                .iter()
+                .any(|d| d.in_flight && d.token == token && d.key == key)
+            {
+                self.cleaned.wait(&mut doubts);
+            }
+            for d in doubts.iter_mut() {
+                if d.token == token && d.key == key {
+                    d.paused = true;
+                }
+            }
+        }
+        drop(doubts);
+        self.levels(key, token)
+    }
+
+    /// Ends an attempt begun with [`begin_attempt`](Watchdog::begin_attempt). A grant
+    /// adopted any level a doubtful attempt left: nothing is left to clean up.
+    pub(crate) fn end_attempt(&self, key: &[u8], token: u64, granted: bool) {
+        let mut doubts = self.doubts.lock();
+        if doubts.is_empty() {
+            return;
+        }
+        if granted {
+            doubts.retain(|d| d.token != token || d.key != key);
+        } else {
+            for d in doubts.iter_mut() {
+                if d.token == token && d.key == key {
+                    d.paused = false;
+                }
+            }
+        }
+    }
+
+    /// Records an attempt whose outcome is unknown and wakes the watchdog thread to give
+    /// back the level it may have taken.
+    pub(crate) fn doubt(
+        &self,
+        client: &Arc<Inner>,
+        (key, channel): (&[u8], &[u8]),
+        token: u64,
+        holder: &str,
+        expected: usize,
+    ) {
+        {
+            let mut doubts = self.doubts.lock();
+            if let Some(d) = doubts
+                .iter_mut()
+                .find(|d| d.token == token && d.expected == expected && d.key == key)
+            {
+                d.runs_left = 2;
+            } else {
+                doubts.push(Doubtful {
+                    id: self.next_level.fetch_add(1, Ordering::Relaxed),
+                    key: key.to_vec(),
+                    channel: channel.to_vec(),
+                    token,
+                    holder: holder.to_owned(),
+                    expected,
+                    runs_left: 2,
+                    in_flight: false,
+                    paused: false,
+                });
+            }
+        }
+        if let Err(e) = self.ensure_running(client) {
+            log::warn!("redmutex: cannot clean up a doubtful acquisition: {e}");
+            return;
+        }
+        if let Some((kick, _)) = &*self.thread.lock() {
+            let _ = kick.try_send(());
         }
     }
 
@@ -342,15 +447,32 @@ impl Watchdog {
     }
 }
 
-fn run(client: Weak<Inner>, stop: Receiver<()>) {
+fn run(client: Weak<Inner>, wake: Receiver<()>) {
+    let mut next_round = Instant::now();
     loop {
-        let period = match client.upgrade() {
-            Some(inner) => inner.config.watchdog_timeout / 3,
+        let (period, clean_bound) = match client.upgrade() {
+            Some(inner) => (
+                inner.config.watchdog_timeout / 3,
+                inner.config.watchdog_timeout / 6,
+            ),
             None => return,
         };
-        match stop.recv_timeout(period) {
+        if next_round <= Instant::now() {
+            next_round = Instant::now() + period;
+        }
+        match wake.recv_deadline(next_round) {
+            Ok(()) => {
+                // Woken for a doubtful attempt. Renewals come first: clean up now only if
+                // that cannot delay the next round.
+                if next_round.saturating_duration_since(Instant::now()) > clean_bound {
+                    if let Some(inner) = client.upgrade() {
+                        clean_doubtful(&inner);
+                    }
+                }
+                continue;
+            }
             Err(RecvTimeoutError::Timeout) => {}
-            _ => return,
+            Err(RecvTimeoutError::Disconnected) => return,
         }
         let Some(inner) = client.upgrade() else {
             return;
@@ -365,6 +487,68 @@ fn run(client: Weak<Inner>, stop: Receiver<()>) {
         if catch_unwind(AssertUnwindSafe(|| renew_all(&inner))).is_err() {
             log::error!("redmutex: a lease renewal round panicked; renewing again next round");
         }
+        clean_doubtful(&inner);
+    }
+}
+
+/// Gives back the levels doubtful attempts may have left. Each call is the release script
+/// told the thread held one level more than the attempt was told: if the attempt never ran
+/// it finds fewer and changes nothing; if the thread released or re-took the lock since,
+/// the count no longer matches either. Only this thread's own field is ever touched.
+fn clean_doubtful(inner: &Inner) {
+    let watchdog = &inner.watchdog;
+    let batch: Vec<(u64, Vec<u8>, Vec<u8>, u64, String, usize)> = {
+        let mut doubts = watchdog.doubts.lock();
+        doubts
+            .iter_mut()
+            .filter(|d| !d.in_flight && !d.paused)
+            .map(|d| {
+                d.in_flight = true;
+                let owned = (d.key.clone(), d.channel.clone(), d.holder.clone());
+                (d.id, owned.0, owned.1, d.token, owned.2, d.expected)
+            })
+            .collect()
+    };
+    let watchdog_ms = millis(inner.config.watchdog_timeout);
+    for (id, key, channel, token, holder, expected) in batch {
+        let need = watchdog.need_ms(&key, token, watchdog_ms);
+        let until = Instant::now() + inner.config.watchdog_timeout / 6;
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            inner.run_until(Some(until), |con| {
+                scripts::RELEASE
+                    .key(key.as_slice())
+                    .key(channel.as_slice())
+                    .arg(holder.as_str())
+                    .arg(need)
+                    .arg(crate::keys::RELEASE_MESSAGE)
+                    .arg(expected + 1)
+                    .invoke::<i64>(con)
+            })
+        }));
+        let mut doubts = watchdog.doubts.lock();
+        if let Some(at) = doubts.iter().position(|d| d.id == id) {
+            let d = &mut doubts[at];
+            d.in_flight = false;
+            match result {
+                Ok(Ok(left)) => {
+                    log::debug!(
+                        "redmutex: cleaned up after a doubtful attempt on {:?} ({left})",
+                        String::from_utf8_lossy(&key)
+                    );
+                    d.runs_left -= 1;
+                    if d.runs_left == 0 {
+                        doubts.remove(at);
+                    }
+                }
+                Ok(Err(e)) => log::debug!("redmutex: clean-up of a doubtful attempt failed: {e}"),
+                Err(_) => {
+                    log::error!("redmutex: clean-up of a doubtful attempt panicked");
+                    doubts.remove(at);
+                }
+            }
+        }
+        drop(doubts);
+        watchdog.cleaned.notify_all();
     }
 }
 
