@@ -497,20 +497,33 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
 /// the count no longer matches either. Only this thread's own field is ever touched.
 fn clean_doubtful(inner: &Inner) {
     let watchdog = &inner.watchdog;
-    let batch: Vec<(u64, Vec<u8>, Vec<u8>, u64, String, usize)> = {
+    let batch: Vec<Doubtful> = {
         let mut doubts = watchdog.doubts.lock();
         doubts
             .iter_mut()
             .filter(|d| !d.in_flight && !d.paused)
             .map(|d| {
                 d.in_flight = true;
-                let owned = (d.key.clone(), d.channel.clone(), d.holder.clone());
-                (d.id, owned.0, owned.1, d.token, owned.2, d.expected)
+                Doubtful {
+                    key: d.key.clone(),
+                    channel: d.channel.clone(),
+                    holder: d.holder.clone(),
+                    ..*d
+                }
             })
             .collect()
     };
     let watchdog_ms = millis(inner.config.watchdog_timeout);
-    for (id, key, channel, token, holder, expected) in batch {
+    for Doubtful {
+        id,
+        key,
+        channel,
+        token,
+        holder,
+        expected,
+        ..
+    } in batch
+    {
         let need = watchdog.need_ms(&key, token, watchdog_ms);
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = catch_unwind(AssertUnwindSafe(|| {
