@@ -3,6 +3,11 @@
 //! freezes the server. An independent witness inside Redis checks every entry into a
 //! critical section: nobody else may still hold the lock, and fencing tokens must
 //! strictly increase.
+//!
+//! Some sections nest a short fixed lease inside the watchdog hold and outlast it (the
+//! lease rule: the inner level must not cut the outer hold), and some lock names are
+//! built to collide with another lock's auxiliary keys (`{x}` and `{x}:fence`): every
+//! name must keep making progress.
 
 mod support;
 
@@ -16,7 +21,11 @@ use support::RedisServer;
 const ROLE: &str = "REDMUTEX_TORTURE_ROLE";
 const URL: &str = "REDMUTEX_TORTURE_URL";
 const PREFIX: &str = "torture:";
-const LOCKS: [&str; 3] = ["alpha", "beta", "gamma"];
+const LOCKS: [&str; 5] = ["alpha", "{x}", "{x}:fence", "x:fence", "beta:released"];
+/// One section in this many nests a short fixed lease and outlasts it.
+const LONG_EVERY: u64 = 16;
+const INNER_LEASE: Duration = Duration::from_millis(30);
+const LONG_SECTION: Duration = Duration::from_millis(50);
 const WORKERS: usize = 4;
 const THREADS: usize = 4;
 const RUN_FOR: Duration = Duration::from_secs(8);
@@ -55,6 +64,20 @@ end
 return violations
 ";
 
+/// The Redis key of lock `name` (the names above are brace-free or carry a valid tag).
+fn lock_key(name: &str) -> String {
+    if name.contains('{') {
+        format!("{PREFIX}~{name}")
+    } else {
+        format!("{PREFIX}{{{name}}}")
+    }
+}
+
+/// The witness's own key: no lock key starts like this after the prefix.
+fn witness_key(name: &str) -> String {
+    format!("{PREFIX}witness:{name}")
+}
+
 #[test]
 fn torture_entry() {
     let Ok(role) = std::env::var(ROLE) else {
@@ -91,19 +114,30 @@ fn worker(url: &str) {
                     let lock = client.fenced_lock(name);
                     // Redis may be frozen or the scripts flushed: errors are retried,
                     // never fatal. What must never happen is a witnessed overlap.
+                    let long = rng.is_multiple_of(LONG_EVERY);
                     let Ok(outer) = lock.lock() else { continue };
-                    let Ok(inner) = lock.lock() else { continue };
+                    let inner = if long {
+                        lock.lock_with_lease(INNER_LEASE)
+                    } else {
+                        lock.lock()
+                    };
+                    let Ok(inner) = inner else { continue };
                     assert_eq!(outer.token(), inner.token(), "one hold, one token");
                     let call = |op: &str, con: &mut redis::Connection| {
                         witness
-                            .key(format!("{PREFIX}{{{name}}}:witness"))
-                            .key(format!("{PREFIX}{{{name}}}"))
+                            .key(witness_key(name))
+                            .key(lock_key(name))
                             .arg(op)
                             .arg(outer.token())
                             .invoke::<i64>(con)
                     };
                     let _ = call("enter", &mut con);
-                    thread::yield_now();
+                    if long {
+                        // Outlives the inner level's lease: the watchdog hold must last.
+                        thread::sleep(LONG_SECTION);
+                    } else {
+                        thread::yield_now();
+                    }
                     let _ = call("exit", &mut con);
                     drop(inner);
                     let _ = outer.unlock();
@@ -151,14 +185,22 @@ fn torture_no_two_holders_ever_overlap() {
 
     let mut con = server.connection();
     let (mut entries, mut takeovers, mut violations) = (0i64, 0i64, 0i64);
+    let mut starved = Vec::new();
     for name in LOCKS {
         let (e, t, v): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(format!("{PREFIX}{{{name}}}:witness"))
+            .arg(witness_key(name))
             .arg("entries")
             .arg("takeovers")
             .arg("violations")
             .query(&mut con)
             .expect("witness figures");
+        eprintln!(
+            "torture: lock {name:?}: {} critical sections",
+            e.unwrap_or(0)
+        );
+        if e.unwrap_or(0) < 100 {
+            starved.push((name, e.unwrap_or(0)));
+        }
         entries += e.unwrap_or(0);
         takeovers += t.unwrap_or(0);
         violations += v.unwrap_or(0);
@@ -176,6 +218,10 @@ fn torture_no_two_holders_ever_overlap() {
         "two holders overlapped, or a token went backwards"
     );
     assert!(entries >= 2_000, "only {entries} critical sections");
+    assert!(
+        starved.is_empty(),
+        "locks that made (almost) no progress: {starved:?}"
+    );
     assert!(
         kills >= 5 && freezes >= 2,
         "{kills} kills, {freezes} freezes"
