@@ -18,7 +18,8 @@ use crate::{Error, FencedGuard, Lock};
 /// one is not lower); in SQL, a `WHERE fence <= $token` on the update.
 ///
 /// The token is drawn inside the acquire script (no extra round trip) from a counter key
-/// beside the lock (`<key>:fence`) that never expires. Tokens are only as durable as
+/// beside the lock (`<prefix>!fence:<key>`, in the lock's hash slot and in a key namespace
+/// that no lock name can produce) that never expires. Tokens are only as durable as
 /// Redis's data: a Redis that loses its data starts counting again.
 ///
 /// ```no_run

@@ -1,0 +1,729 @@
+//! Regression tests for the safety holes of issue 6: nested leases that shortened the key's
+//! expiry (point 1), lock names colliding with the fencing-token counter (2), holds lost to
+//! a data loss that were not marked lost (3), errors after a grant that left a hold (6), the
+//! watchdog of a dropped client (7), a forked child re-entering its parent's hold (10), and
+//! hold queries and unbounded waits (11).
+//!
+//! Every check of the key's expiry goes through a separate plain connection (`PTTL`), so it
+//! sees what other clients of the lock see.
+
+mod support;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::{Client, Error};
+use support::child::{say, ChildProc};
+use support::RedisServer;
+
+const PREFIX: &str = "holes:";
+const ROLE: &str = "REDMUTEX_HOLES_CHILD_ROLE";
+const URL: &str = "REDMUTEX_HOLES_CHILD_URL";
+
+/// The Redis key of the lock `name` (a name without braces).
+fn key(name: &str) -> String {
+    format!("{PREFIX}{{{name}}}")
+}
+
+/// The remaining lease of `key` in ms as Redis reports it (-2: no such key).
+fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(con).expect("PTTL")
+}
+
+fn exists(con: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
+}
+
+fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
+    Client::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .watchdog_timeout(watchdog)
+        .command_timeout(command)
+        .build()
+        .expect("build client")
+}
+
+/// Watchdog 3 s, command timeout 1 s.
+fn client_3s(server: &RedisServer) -> Client {
+    client(
+        &server.url(),
+        Duration::from_secs(3),
+        Duration::from_secs(1),
+    )
+}
+
+const MS300: Duration = Duration::from_millis(300);
+
+// ---------------------------------------------------------------------------------------
+// Point 1: nested leases
+// ---------------------------------------------------------------------------------------
+
+/// Point 1: a nested fixed lease shorter than the outer watchdog lease must not shorten the
+/// key's expiry. Before the fix the inner acquire set PEXPIRE 300 ms: the key expired while
+/// the outer guard still held it and another client got the lock.
+#[test]
+fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let (a, b) = (client_3s(&server), client_3s(&server));
+    let lock = a.lock("nest-wd");
+    let outer = lock.lock().expect("outer lock");
+    let inner = lock.lock_with_lease(MS300).expect("inner lock");
+    let left = pttl(&mut con, &key("nest-wd"));
+    assert!(
+        left > 2000,
+        "the nested 300 ms lease shortened the watchdog hold: PTTL {left} ms"
+    );
+    thread::sleep(Duration::from_millis(800)); // "work" past the inner lease
+    let stolen = b.lock("nest-wd").try_lock().expect("try_lock");
+    assert!(
+        stolen.is_none(),
+        "another client took the lock while the outer guard held it"
+    );
+    assert!(!outer.is_lease_lost(), "the outer guard lost its lease");
+    drop(inner);
+    outer.unlock().expect("outer unlock");
+}
+
+/// Point 1: a nested fixed lease shorter than the outer fixed lease must not shorten it.
+/// Before the fix PTTL dropped from 10 s to 300 ms.
+#[test]
+fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client_3s(&server);
+    let lock = c.lock("nest-fixed");
+    let outer = lock
+        .lock_with_lease(Duration::from_secs(10))
+        .expect("outer lock");
+    let inner = lock.lock_with_lease(MS300).expect("inner lock");
+    let left = pttl(&mut con, &key("nest-fixed"));
+    assert!(
+        left > 9000,
+        "the nested 300 ms lease shortened the outer 10 s lease: PTTL {left} ms"
+    );
+    drop(inner);
+    outer.unlock().expect("outer unlock");
+}
+
+/// Point 1: releasing a nested level restores what is left of the outer fixed lease, not
+/// a fresh full lease. Before the fix the release set PEXPIRE 1 s again at ~500 ms, so the
+/// lock outlived the outer lease by half a second.
+#[test]
+fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client_3s(&server);
+    let lock = c.lock("nest-rest");
+    let outer = lock
+        .lock_with_lease(Duration::from_secs(1))
+        .expect("outer lock");
+    let t0 = Instant::now(); // the outer lease started before this
+    let inner = lock
+        .lock_with_lease(Duration::from_secs(1))
+        .expect("inner lock");
+    thread::sleep(Duration::from_millis(500).saturating_sub(t0.elapsed()));
+    inner.unlock().expect("inner unlock");
+    let elapsed = t0.elapsed().as_millis() as i64;
+    let left = pttl(&mut con, &key("nest-rest"));
+    assert!(
+        left > 0,
+        "the outer level's lease is not over yet, but the key is gone: PTTL {left}"
+    );
+    assert!(
+        left <= 1000 - elapsed + 2 && left < 600,
+        "the nested release restored a fresh lease: PTTL {left} ms, {elapsed} ms into a 1 s lease"
+    );
+    // The lock frees itself when the outer lease ends, not half a second later.
+    assert!(
+        support::wait_until(
+            Duration::from_millis(1150).saturating_sub(t0.elapsed()),
+            || !exists(&mut con, &key("nest-rest"))
+        ),
+        "the lock outlived its outer 1 s lease"
+    );
+    drop(outer);
+}
+
+/// Point 1: a watchdog renewal must not shorten a longer nested fixed lease. Before the
+/// fix the first renewal (every 300 ms) set PEXPIRE 900 ms over the 5 s lease.
+#[test]
+fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client(&server.url(), Duration::from_millis(900), MS300);
+    let lock = c.lock("nest-renew");
+    let outer = lock.lock().expect("outer lock");
+    let inner = lock
+        .lock_with_lease(Duration::from_secs(5))
+        .expect("inner lock");
+    // Past at least one renewal (every 300 ms); time is the subject here.
+    thread::sleep(Duration::from_millis(700));
+    let left = pttl(&mut con, &key("nest-renew"));
+    assert!(
+        left > 4000,
+        "a watchdog renewal shortened the nested 5 s lease: PTTL {left} ms"
+    );
+    drop(inner);
+    outer.unlock().expect("outer unlock");
+}
+
+/// A primary that starts a replica's sync at once instead of waiting 5 s for others.
+fn primary() -> RedisServer {
+    RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
+}
+
+/// A replica of `primary`, returned once writes stream to it (as in tests/replicas.rs).
+fn synced_replica(primary: &RedisServer) -> RedisServer {
+    let port = primary.port().to_string();
+    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
+    let (mut p, mut r) = (primary.connection(), replica.connection());
+    assert!(
+        support::wait_until(Duration::from_secs(10), || {
+            let n: i64 = redis::cmd("INCR").arg("probe").query(&mut p).unwrap();
+            support::wait_until(Duration::from_millis(100), || {
+                redis::cmd("GET")
+                    .arg("probe")
+                    .query::<Option<i64>>(&mut r)
+                    .unwrap()
+                    == Some(n)
+            })
+        }),
+        "the replica never synced"
+    );
+    replica
+}
+
+/// Thaws a frozen server when dropped, also when the test panics.
+struct Thaw<'a>(&'a RedisServer);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
+    }
+}
+
+/// Point 1: the `sync_replicas` rollback of a nested acquisition restores the outer level's
+/// need. Before the fix the nested 300 ms lease (and the rollback's PEXPIRE 300) let the
+/// key expire during WAIT: the outer watchdog hold was gone (PTTL -2).
+#[test]
+fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
+    let primary = primary();
+    let replica = synced_replica(&primary);
+    let mut con = primary.connection();
+    let c = Client::builder()
+        .url(primary.url())
+        .key_prefix(PREFIX)
+        .watchdog_timeout(Duration::from_secs(6))
+        .command_timeout(Duration::from_secs(2))
+        .sync_replicas(1, Duration::from_secs(1))
+        .build()
+        .expect("build client");
+    let lock = c.lock("nest-repl");
+    // A replica that has just synced may miss its first WAIT; a refused acquisition is
+    // rolled back, so trying again is safe.
+    let mut outer = Err(Error::NotHeld);
+    for _ in 0..5 {
+        outer = lock.lock();
+        if outer.is_ok() {
+            break;
+        }
+    }
+    let outer = outer.expect("outer lock, confirmed by the replica");
+
+    replica.freeze();
+    let thaw = Thaw(&replica);
+    let nested = lock.lock_with_lease(MS300);
+    assert!(
+        matches!(nested, Err(Error::NotReplicated { acked: 0, .. })),
+        "expected NotReplicated with the replica frozen, got {nested:?}"
+    );
+    let left = pttl(&mut con, &key("nest-repl"));
+    assert!(
+        left > 4000,
+        "the rolled-back nested 300 ms level shortened the outer 6 s watchdog lease: \
+         PTTL {left} ms"
+    );
+    assert!(!outer.is_lease_lost(), "the outer guard lost its lease");
+    drop(thaw);
+    outer.unlock().expect("outer unlock with the replica back");
+}
+
+// ---------------------------------------------------------------------------------------
+// Point 2: lock names vs the fencing-token counter
+// ---------------------------------------------------------------------------------------
+
+/// Point 2: `user:{42}:fence` is an ordinary lock name that never meets the token counter
+/// of the fenced lock `user:{42}`. Before the fix it was the counter's key: taking it
+/// failed with WRONGTYPE, and its force_unlock deleted the counter (tokens restarted at 1).
+#[test]
+fn a_lock_named_like_a_fence_counter_is_an_ordinary_lock() {
+    let server = RedisServer::new();
+    let c = client_3s(&server);
+    let fenced = c.fenced_lock("user:{42}");
+    let mut last = 0;
+    for _ in 0..2 {
+        let g = fenced.lock().expect("fenced lock");
+        assert!(
+            g.token() > last,
+            "tokens must grow: {} after {last}",
+            g.token()
+        );
+        last = g.token();
+        g.unlock().expect("fenced unlock");
+    }
+
+    let plain = c.lock("user:{42}:fence");
+    let g = plain
+        .try_lock()
+        .expect("a lock named user:{42}:fence must be usable")
+        .expect("the lock user:{42}:fence is free");
+    assert_eq!(plain.hold_count().expect("hold_count"), 1);
+    g.unlock().expect("plain unlock");
+    let _g = plain.lock().expect("plain lock again");
+    assert!(plain.force_unlock().expect("force_unlock"), "it was held");
+
+    let g = fenced.lock().expect("fenced lock after the force_unlock");
+    assert!(
+        g.token() > last,
+        "force_unlock of user:{{42}}:fence made the token go back: {} after {last}",
+        g.token()
+    );
+}
+
+/// Point 2: holding the plain lock `user:{7}:fence` does not stop the fenced lock
+/// `user:{7}`. Before the fix the fenced acquire failed on the counter (WRONGTYPE) after it
+/// had already written the hold: `user:{7}` stayed locked by nobody (a ghost).
+#[test]
+fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client_3s(&server);
+    let _plain = c.lock("user:{7}:fence").lock().expect("plain lock");
+    let fenced = c.fenced_lock("user:{7}");
+    let attempt = fenced.try_lock();
+    let ghost = exists(&mut con, &format!("{PREFIX}~user:{{7}}"));
+    let g = match attempt {
+        Ok(Some(g)) => g,
+        other => panic!(
+            "fenced user:{{7}} while user:{{7}}:fence is held: {other:?} \
+             (key user:{{7}} left locked: {ghost})"
+        ),
+    };
+    assert!(g.token() >= 1);
+    g.unlock().expect("fenced unlock");
+    assert!(
+        !exists(&mut con, &format!("{PREFIX}~user:{{7}}")),
+        "user:{{7}} still locked after its unlock"
+    );
+}
+
+/// Point 2: names that look like auxiliary keys of other names are all ordinary locks:
+/// fenced locks on all of them at once are granted, and after a force_unlock of every one
+/// each name's next token is larger. Before the fix `{x}` and `{x}:fence` shared a key
+/// (counter vs lock hash): one of them failed with WRONGTYPE.
+#[test]
+fn adversarial_names_never_share_a_counter() {
+    let server = RedisServer::new();
+    let c = client_3s(&server);
+    let names: [&str; 16] = [
+        "x",
+        "x:fence",
+        "{x}:fence",
+        "x}:fence",
+        "{x}",
+        "x:released",
+        "{x}:released",
+        "}x:fence",
+        "x:queue",
+        "{x}:queue",
+        "x:timeouts",
+        "{x}:timeouts",
+        "x:permits",
+        "{x}:permits",
+        "x:fence:fence",
+        "{x}:fence:fence",
+    ];
+    let locks: Vec<_> = names.iter().map(|n| c.fenced_lock(*n)).collect();
+    let mut last = vec![0u64; names.len()];
+    for round in 0..3 {
+        let guards: Vec<_> = locks
+            .iter()
+            .zip(&names)
+            .map(|(l, n)| match l.try_lock() {
+                Ok(Some(g)) => g,
+                other => panic!("round {round}: fenced lock {n:?} not granted: {other:?}"),
+            })
+            .collect();
+        for ((g, n), last) in guards.iter().zip(&names).zip(&mut last) {
+            assert!(
+                g.token() > *last,
+                "round {round}: token of {n:?} went from {last} to {}",
+                g.token()
+            );
+            *last = g.token();
+        }
+        // Every name freed administratively before any is taken again.
+        for (l, n) in locks.iter().zip(&names) {
+            assert!(
+                l.force_unlock().expect("force_unlock"),
+                "round {round}: {n:?} was not held"
+            );
+        }
+        for g in guards {
+            assert!(
+                g.unlock().is_err(),
+                "a force-unlocked guard must not release"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Point 3: a hold lost to a data loss is marked lost on re-acquisition
+// ---------------------------------------------------------------------------------------
+
+fn flushall(server: &RedisServer) {
+    redis::cmd("FLUSHALL")
+        .exec(&mut server.connection())
+        .expect("FLUSHALL");
+}
+
+/// Point 3 (watchdog lease): after FLUSHALL the same thread's next `lock()` starts a new
+/// hold; the old guard must report its lease lost and refuse to unlock. Before the fix
+/// `g1.is_lease_lost()` stayed false and `g1.unlock()` was `Err(NotHeld)`.
+#[test]
+fn a_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
+    let server = RedisServer::new();
+    let c = client_3s(&server);
+    let lock = c.lock("flushed");
+    let g1 = lock.lock().expect("first lock");
+    flushall(&server);
+    let g2 = lock.lock().expect("second lock");
+    assert!(
+        g1.is_lease_lost(),
+        "the hold FLUSHALL removed is not marked lost"
+    );
+    let r = g1.unlock();
+    assert!(
+        matches!(r, Err(Error::LeaseLost)),
+        "unlock of the lost hold: expected LeaseLost, got {r:?}"
+    );
+    assert_eq!(lock.hold_count().expect("hold_count"), 1, "g2 must hold");
+    assert!(!g2.is_lease_lost());
+    g2.unlock().expect("second unlock");
+}
+
+/// Point 3 (fixed lease): as above with fixed leases. Before the fix `g1.is_lease_lost()`
+/// stayed false.
+#[test]
+fn a_fixed_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
+    let server = RedisServer::new();
+    let c = client_3s(&server);
+    let lock = c.lock("flushed-fixed");
+    let lease = Duration::from_secs(10);
+    let g1 = lock.lock_with_lease(lease).expect("first lock");
+    flushall(&server);
+    let g2 = lock.lock_with_lease(lease).expect("second lock");
+    assert!(
+        g1.is_lease_lost(),
+        "the fixed hold FLUSHALL removed is not marked lost"
+    );
+    let r = g1.unlock();
+    assert!(
+        matches!(r, Err(Error::LeaseLost)),
+        "unlock of the lost hold: expected LeaseLost, got {r:?}"
+    );
+    assert_eq!(lock.hold_count().expect("hold_count"), 1, "g2 must hold");
+    g2.unlock().expect("second unlock");
+}
+
+// ---------------------------------------------------------------------------------------
+// Point 6: an error after the grant leaves no hold
+// ---------------------------------------------------------------------------------------
+
+/// The README's minimal ACL rule, for the prefix of this file.
+const ACL_RULE: &str = "on >s3cret-pw resetchannels ~holes:* &holes:* -@all \
+    +evalsha +script|load +exists +hget +pttl +subscribe +unsubscribe +publish +ping +wait \
+    +hincrby +hset +hexists +pexpire +del +incr";
+
+/// A server with the user `locker` whose rule is [`ACL_RULE`] without `missing`, and the
+/// URL that logs in as it.
+fn acl_server(missing: &str) -> (RedisServer, String) {
+    let server = RedisServer::new();
+    let rule = ACL_RULE.replace(missing, "");
+    assert_ne!(rule, ACL_RULE, "{missing} is in the rule");
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg("locker");
+    for part in rule.split_whitespace() {
+        cmd.arg(part);
+    }
+    cmd.exec(&mut server.connection()).expect("ACL SETUSER");
+    let url = format!("redis://locker:s3cret-pw@127.0.0.1:{}/", server.port());
+    (server, url)
+}
+
+/// Point 6: a WAIT refused by ACL after the acquire script granted the lock must not leave
+/// the lock held. Before the fix `lock()` failed but the key stayed locked for a lease.
+#[test]
+fn a_refused_wait_leaves_no_hold() {
+    let (server, url) = acl_server(" +wait");
+    let c = Client::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .watchdog_timeout(Duration::from_secs(3))
+        .command_timeout(Duration::from_secs(1))
+        .sync_replicas(1, Duration::from_millis(100))
+        .build()
+        .expect("build client");
+    let r = c.lock("no-wait").lock();
+    assert!(r.is_err(), "WAIT is refused, yet lock() returned {r:?}");
+    let mut con = server.connection();
+    assert!(
+        !exists(&mut con, &key("no-wait")),
+        "lock() failed but left the lock held (PTTL {} ms)",
+        pttl(&mut con, &key("no-wait"))
+    );
+}
+
+/// Point 6: an INCR refused by ACL (the fencing token) must not leave the lock held.
+/// Before the fix the acquire script wrote the hold before the INCR failed.
+#[test]
+fn a_refused_incr_leaves_no_hold() {
+    let (server, url) = acl_server(" +incr");
+    let c = client(&url, Duration::from_secs(3), Duration::from_secs(1));
+    let r = c.fenced_lock("no-incr").try_lock();
+    assert!(r.is_err(), "INCR is refused, yet try_lock() returned {r:?}");
+    let mut con = server.connection();
+    assert!(
+        !exists(&mut con, &key("no-incr")),
+        "try_lock() failed but left the lock held (PTTL {} ms)",
+        pttl(&mut con, &key("no-incr"))
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Point 7: the watchdog of a dropped client; builder bounds
+// ---------------------------------------------------------------------------------------
+
+/// Point 7: once the last Client and Lock handle is dropped the watchdog stops, so a live
+/// watchdog guard must learn that its lease is lost. Before the fix the lease silently ran
+/// out while `is_lease_lost()` stayed false.
+#[test]
+fn dropping_the_last_handle_marks_watchdog_guards_lost() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client(&server.url(), Duration::from_millis(900), MS300);
+    let lock = c.lock("orphan");
+    let g = lock.lock().expect("lock");
+    drop(lock);
+    drop(c);
+    assert!(
+        support::wait_until(Duration::from_secs(3), || g.is_lease_lost()),
+        "no handle is left and the watchdog stopped, but the guard still looks held \
+         (key exists: {})",
+        exists(&mut con, &key("orphan"))
+    );
+    drop(g);
+}
+
+/// Point 7: the builder refuses a watchdog timeout not longer than the command timeout (a
+/// renewal could then take longer than the lease). Before the fix both were accepted.
+#[test]
+fn a_watchdog_timeout_not_above_the_command_timeout_is_refused() {
+    let secs = Duration::from_secs;
+    for (watchdog, command) in [(secs(1), secs(1)), (secs(1), secs(2))] {
+        let r = Client::builder()
+            .url("redis://127.0.0.1:1/")
+            .watchdog_timeout(watchdog)
+            .command_timeout(command)
+            .build();
+        assert!(
+            matches!(r, Err(Error::InvalidArgument(_))),
+            "watchdog {watchdog:?} with command timeout {command:?}: {r:?}"
+        );
+    }
+    let r = Client::builder()
+        .url("redis://127.0.0.1:1/")
+        .watchdog_timeout(secs(3))
+        .command_timeout(secs(1))
+        .build();
+    assert!(r.is_ok(), "watchdog 3 s with command timeout 1 s: {r:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Point 10: fork
+// ---------------------------------------------------------------------------------------
+
+/// The child side of the fork test; a no-op in a normal run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let url = std::env::var(URL).expect("URL for the child");
+    match role.as_str() {
+        "fork" => fork_holder(&url),
+        other => panic!("unknown child role {other:?}"),
+    }
+}
+
+/// Exit status of the forked process when every lock call failed as it should.
+const FORK_REFUSED: i32 = 0;
+
+/// Holds `forked`, forks, and lets the forked copy try the inherited client.
+fn fork_holder(url: &str) {
+    // A long watchdog period: no renewal runs (holding a pooled connection) at the fork.
+    let c = client(url, Duration::from_secs(30), Duration::from_secs(1));
+    let lock = c.lock("forked");
+    let guard = lock.lock().expect("lock");
+    // SAFETY: the forked copy only makes lock calls on the inherited client (which must
+    // refuse them) and leaves by _exit, running no destructor and no atexit handler.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // Never dropped: _exit below. Before the fix both re-entered the parent's hold.
+        let a = lock.lock();
+        let b = lock.try_lock();
+        let refused = |e: Option<&Error>| matches!(e, Some(Error::Forked { .. }));
+        let code = match (refused(a.as_ref().err()), refused(b.as_ref().err())) {
+            (true, true) => FORK_REFUSED,
+            (false, true) => 1,
+            (true, false) => 2,
+            (false, false) => 3,
+        };
+        // SAFETY: ends the forked process at once.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid, "waitpid: {}", std::io::Error::last_os_error());
+    assert!(libc::WIFEXITED(status), "forked child status {status:#x}");
+    say(&format!("exit {}", libc::WEXITSTATUS(status)));
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .expect("read from the parent");
+    say(&format!("unlock {:?}", guard.unlock()));
+}
+
+/// Point 10: a process forked (without exec) from a holder must not use the parent's
+/// client: `lock()` and `try_lock()` fail with `Error::Forked`, and the parent's hold keeps
+/// its count. Before the fix both re-entered the parent's hold (status 3, count 3).
+#[test]
+fn a_forked_child_cannot_use_the_parents_client() {
+    let server = RedisServer::new();
+    let mut child = ChildProc::spawn("child_entry", &[(ROLE, "fork"), (URL, &server.url())]);
+    let status = child.next_line();
+    let mut con = server.connection();
+    let counts: Vec<i64> = redis::cmd("HVALS")
+        .arg(key("forked"))
+        .query(&mut con)
+        .expect("HVALS");
+    assert_eq!(
+        status,
+        format!("exit {FORK_REFUSED}"),
+        "lock()/try_lock() in the forked child did not both fail with Forked \
+         (1: lock() did not, 2: try_lock() did not, 3: neither); hold counts {counts:?}"
+    );
+    assert_eq!(
+        counts,
+        vec![1],
+        "the forked child changed the parent's hold"
+    );
+    child.send("unlock");
+    child.expect("unlock Ok(())");
+    child.wait_success();
+}
+
+// ---------------------------------------------------------------------------------------
+// Point 11: hold queries without a local hold; unbounded waits
+// ---------------------------------------------------------------------------------------
+
+/// Calls by command name, without the harness's own INFO.
+fn calls_but_info(server: &RedisServer) -> Vec<(String, u64)> {
+    let mut calls: Vec<_> = server
+        .command_calls()
+        .into_iter()
+        .filter(|(name, _)| name != "info")
+        .collect();
+    calls.sort();
+    calls
+}
+
+/// Point 11: `hold_count()` and `is_held_by_current_thread()` on a thread without a live
+/// guard answer from the local table and send nothing. Before the fix each sent an HGET.
+#[test]
+fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
+    let server = RedisServer::new();
+    let c = client_3s(&server);
+    let lock = c.lock("quiet");
+    // This thread held the lock once, so the client has connections and scripts loaded.
+    lock.lock().expect("lock").unlock().expect("unlock");
+    // Another thread holds it now, with a fixed lease (no watchdog traffic meanwhile).
+    let (held_tx, held) = std::sync::mpsc::channel();
+    let (done_tx, done) = std::sync::mpsc::channel::<()>();
+    let other = lock.clone();
+    let holder = thread::spawn(move || {
+        let g = other
+            .lock_with_lease(Duration::from_secs(10))
+            .expect("other thread's lock");
+        held_tx.send(()).unwrap();
+        let _ = done.recv();
+        g.unlock().expect("other thread's unlock");
+    });
+    held.recv().expect("the other thread holds the lock");
+
+    let before = calls_but_info(&server);
+    assert_eq!(lock.hold_count().expect("hold_count"), 0);
+    assert!(!lock.is_held_by_current_thread().expect("is_held"));
+    let fenced = c.fenced_lock("quiet");
+    assert_eq!(fenced.hold_count().expect("fenced hold_count"), 0);
+    assert!(!fenced.is_held_by_current_thread().expect("fenced is_held"));
+    let after = calls_but_info(&server);
+    assert_eq!(
+        before, after,
+        "hold queries of a thread holding nothing sent commands"
+    );
+    done_tx.send(()).unwrap();
+    holder.join().expect("holder thread");
+}
+
+/// Point 11: `try_lock_for(Duration::MAX)` waits like `lock()`. Before the fix it failed at
+/// once with `InvalidArgument` (the deadline overflows the clock).
+#[test]
+fn try_lock_for_duration_max_waits_for_a_held_lock() {
+    let server = RedisServer::new();
+    let c = client_3s(&server);
+    let lock = c.lock("forever");
+    let (held_tx, held) = std::sync::mpsc::channel();
+    let other = lock.clone();
+    let holder = thread::spawn(move || {
+        let g = other.lock().expect("other thread's lock");
+        held_tx.send(()).unwrap();
+        thread::sleep(Duration::from_millis(200)); // holds briefly
+        let released = Instant::now();
+        g.unlock().expect("other thread's unlock");
+        released
+    });
+    held.recv().expect("the other thread holds the lock");
+    let t = Instant::now();
+    let r = lock.try_lock_for(Duration::MAX);
+    let got = Instant::now();
+    let released = holder.join().expect("holder thread");
+    let g = match r {
+        Ok(Some(g)) => g,
+        other => panic!(
+            "try_lock_for(Duration::MAX) on a held lock, after {:?}: {other:?}",
+            got - t
+        ),
+    };
+    assert!(
+        got.saturating_duration_since(released) < Duration::from_secs(1),
+        "acquired {:?} after the release",
+        got.saturating_duration_since(released)
+    );
+    g.unlock().expect("unlock");
+}
