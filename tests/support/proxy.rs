@@ -1,23 +1,128 @@
-//! A TCP proxy in front of a redis-server that can lose one reply on purpose: it forwards
-//! a request, swallows the server's answer and closes the client's connection, as when a
-//! network fails between Redis executing a command and the client reading the reply.
+//! A TCP proxy in front of a redis-server that injects faults into the client → server
+//! direction, chosen by a marker (bytes the request must contain, e.g. a script's SHA1 or a
+//! channel name):
+//!
+//! - lose a reply: the request is executed by Redis, but its answer is swallowed and the
+//!   client's connection closed, as when a network fails between Redis executing a command
+//!   and the client reading the reply ([`FaultProxy::lose_next_reply_to`]);
+//! - fail a request: it never reaches Redis, the proxy answers it with an error of its own
+//!   ([`FaultProxy::fail_next_request_with`]);
+//! - delay requests: they reach Redis late, as over a slow link
+//!   ([`FaultProxy::delay_requests_containing`]).
+//!
+//! Every marker given to one of these (or to [`FaultProxy::watch`]) is counted, when a
+//! request containing it is read from the client ([`FaultProxy::seen`]) and when it has been
+//! handed to Redis ([`FaultProxy::forwarded`]), so tests can wait for an event instead of
+//! sleeping. One request is one read of the client's socket: redis-rs writes a command in a
+//! single write, which is all the markers rely on.
+//!
+//! Each connection is served by two threads of its own, so a delayed connection never holds
+//! up another one, and requests of one connection keep their order. Dropping the proxy
+//! closes every connection and joins every thread.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 pub struct FaultProxy {
     port: u16,
     shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
 }
 
 struct Shared {
-    // The next request containing these bytes loses its reply.
-    trap: Mutex<Option<Vec<u8>>>,
+    rules: Mutex<Rules>,
+    // Notified whenever a counter changes, and when the proxy stops.
+    changed: Condvar,
     dropped: AtomicUsize,
+    failed: AtomicUsize,
     stop: AtomicBool,
+    next_conn: AtomicU64,
+    // Every live connection's two sockets, shut down when the proxy is dropped.
+    conns: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Rules {
+    // The next request containing these bytes loses its reply.
+    lose: Option<Vec<u8>>,
+    // The next request containing the marker is answered with the reply, not forwarded.
+    fail: Option<(Vec<u8>, Vec<u8>)>,
+    // Requests containing a marker are held back that long.
+    delays: Vec<(Vec<u8>, Duration)>,
+    watches: Vec<Watch>,
+}
+
+struct Watch {
+    marker: Vec<u8>,
+    seen: usize,
+    forwarded: usize,
+}
+
+/// What the client → server pump does with one request.
+enum Action {
+    Forward { delay: Duration, swallow: bool },
+    Answer(Vec<u8>),
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+impl Rules {
+    fn watch(&mut self, marker: &[u8]) {
+        if !self.watches.iter().any(|w| w.marker == marker) {
+            self.watches.push(Watch {
+                marker: marker.to_vec(),
+                seen: 0,
+                forwarded: 0,
+            });
+        }
+    }
+
+    fn counts(&self, marker: &[u8]) -> (usize, usize) {
+        self.watches
+            .iter()
+            .find(|w| w.marker == marker)
+            .map_or((0, 0), |w| (w.seen, w.forwarded))
+    }
+
+    /// Counts `chunk` as seen and decides what to do with it.
+    fn on_request(&mut self, chunk: &[u8]) -> Action {
+        for w in &mut self.watches {
+            if contains(chunk, &w.marker) {
+                w.seen += 1;
+            }
+        }
+        if self.fail.as_ref().is_some_and(|(m, _)| contains(chunk, m)) {
+            let (_, reply) = self.fail.take().expect("checked above");
+            return Action::Answer(reply);
+        }
+        let swallow = self.lose.as_ref().is_some_and(|m| contains(chunk, m));
+        if swallow {
+            self.lose = None;
+        }
+        let delay = self
+            .delays
+            .iter()
+            .filter(|(m, _)| contains(chunk, m))
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or_default();
+        Action::Forward { delay, swallow }
+    }
+
+    fn on_forwarded(&mut self, chunk: &[u8]) {
+        for w in &mut self.watches {
+            if contains(chunk, &w.marker) {
+                w.forwarded += 1;
+            }
+        }
+    }
 }
 
 impl FaultProxy {
@@ -26,26 +131,39 @@ impl FaultProxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind the proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let shared = Arc::new(Shared {
-            trap: Mutex::new(None),
+            rules: Mutex::new(Rules::default()),
+            changed: Condvar::new(),
             dropped: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            next_conn: AtomicU64::new(0),
+            conns: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
-        thread::spawn(move || {
-            for client in listener.incoming() {
-                if s.stop.load(Ordering::SeqCst) {
-                    return;
+        let acceptor = thread::Builder::new()
+            .name("fault-proxy-accept".to_owned())
+            .spawn(move || {
+                for client in listener.incoming() {
+                    if s.stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(client) = client else { continue };
+                    let Ok(server) = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream_port))
+                    else {
+                        continue;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    pipe(client, server, &s);
                 }
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream_port)) else {
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                pipe(client, server, s.clone());
-            }
-        });
-        FaultProxy { port, shared }
+            })
+            .expect("spawn the proxy's accept thread");
+        FaultProxy {
+            port,
+            shared,
+            acceptor: Some(acceptor),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -55,67 +173,263 @@ impl FaultProxy {
     /// Arms the trap: the next request whose bytes contain `marker` is executed by Redis,
     /// but its reply never reaches the client, whose connection is closed instead.
     pub fn lose_next_reply_to(&self, marker: &str) {
-        *self.shared.trap.lock().unwrap() = Some(marker.as_bytes().to_vec());
+        let mut rules = self.shared.lock();
+        rules.watch(marker.as_bytes());
+        rules.lose = Some(marker.as_bytes().to_vec());
     }
 
     /// Replies lost so far.
     pub fn lost_replies(&self) -> usize {
         self.shared.dropped.load(Ordering::SeqCst)
     }
+
+    /// The next request containing `marker` never reaches Redis: the proxy answers the
+    /// client itself with `reply`, raw RESP such as `"-ERR injected\r\n"`.
+    pub fn fail_next_request_with(&self, marker: &str, reply: &str) {
+        let mut rules = self.shared.lock();
+        rules.watch(marker.as_bytes());
+        rules.fail = Some((marker.as_bytes().to_vec(), reply.as_bytes().to_vec()));
+    }
+
+    /// Requests answered by the proxy so far ([`fail_next_request_with`](Self::fail_next_request_with)).
+    pub fn failed_requests(&self) -> usize {
+        self.shared.failed.load(Ordering::SeqCst)
+    }
+
+    /// From now on, requests containing `marker` reach Redis `delay` after the client sent
+    /// them. Later requests of the same connection wait behind a delayed one (order is
+    /// kept); other connections are not held up. `Duration::ZERO` lifts the delay.
+    pub fn delay_requests_containing(&self, marker: &str, delay: Duration) {
+        let mut rules = self.shared.lock();
+        rules.watch(marker.as_bytes());
+        rules.delays.retain(|(m, _)| m != marker.as_bytes());
+        if !delay.is_zero() {
+            rules.delays.push((marker.as_bytes().to_vec(), delay));
+        }
+    }
+
+    /// Starts counting requests containing `marker` (the fault-injecting methods count
+    /// their markers already).
+    pub fn watch(&self, marker: &str) {
+        self.shared.lock().watch(marker.as_bytes());
+    }
+
+    /// Requests containing a watched `marker` read from clients so far (before any delay).
+    pub fn seen(&self, marker: &str) -> usize {
+        self.shared.lock().counts(marker.as_bytes()).0
+    }
+
+    /// Requests containing a watched `marker` handed to Redis so far (after any delay).
+    pub fn forwarded(&self, marker: &str) -> usize {
+        self.shared.lock().counts(marker.as_bytes()).1
+    }
+
+    /// Blocks until at least `n` requests containing the watched `marker` were seen;
+    /// false if that did not happen within `timeout`.
+    pub fn wait_seen(&self, marker: &str, n: usize, timeout: Duration) -> bool {
+        self.wait_for(timeout, |rules| rules.counts(marker.as_bytes()).0 >= n)
+    }
+
+    /// Blocks until at least `n` requests containing the watched `marker` were handed to
+    /// Redis; false if that did not happen within `timeout`.
+    pub fn wait_forwarded(&self, marker: &str, n: usize, timeout: Duration) -> bool {
+        self.wait_for(timeout, |rules| rules.counts(marker.as_bytes()).1 >= n)
+    }
+
+    fn wait_for(&self, timeout: Duration, mut done: impl FnMut(&Rules) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut rules = self.shared.lock();
+        loop {
+            if done(&rules) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            rules = self
+                .shared
+                .changed
+                .wait_timeout(rules, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Rules> {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sleeps for `delay` unless the proxy stops first; false when it stopped.
+    fn hold_back(&self, delay: Duration) -> bool {
+        let deadline = Instant::now() + delay;
+        let mut rules = self.lock();
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            rules = self
+                .changed
+                .wait_timeout(rules, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(c, _, _)| *c != id);
+    }
 }
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Wakes delayed requests, under the lock so that no sleeper misses it.
+            let _rules = self.shared.lock();
+            self.shared.changed.notify_all();
+        }
         // Wakes the accept loop so that it sees the flag.
         let _ = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port));
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        // No new connection can appear now: close the live ones, which ends their pumps.
+        for (_, client, server) in self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = server.shutdown(Shutdown::Both);
+        }
+        let threads = std::mem::take(
+            &mut *self
+                .shared
+                .threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for t in threads {
+            let _ = t.join();
+        }
     }
 }
 
-fn pipe(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
+fn pipe(client: TcpStream, server: TcpStream, shared: &Arc<Shared>) {
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let (Ok(c_keep), Ok(s_keep)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    let (Ok(c_in), Ok(s_out)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    shared
+        .conns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((id, c_keep, s_keep));
+    // Both pumps write to the client: the one below when the proxy answers a request itself.
+    let c_out = Arc::new(Mutex::new(client));
     let swallow = Arc::new(AtomicBool::new(false));
-    let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    let trap_hit = swallow.clone();
+
+    let (s, out, trap_hit) = (shared.clone(), c_out.clone(), swallow.clone());
+    let up = thread::Builder::new()
+        .name("fault-proxy-up".to_owned())
+        .spawn(move || {
+            pump_requests(c_in, s_out, &s, &out, &trap_hit);
+            s.forget(id);
+        });
     let s = shared.clone();
-    thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = c_in.read(&mut buf) {
-            if n == 0 || s.stop.load(Ordering::SeqCst) {
-                break;
-            }
-            let chunk = &buf[..n];
-            {
-                let mut trap = s.trap.lock().unwrap();
-                if trap
-                    .as_ref()
-                    .is_some_and(|m| chunk.windows(m.len()).any(|w| w == m.as_slice()))
-                {
-                    *trap = None;
-                    trap_hit.store(true, Ordering::SeqCst);
+    let down = thread::Builder::new()
+        .name("fault-proxy-down".to_owned())
+        .spawn(move || pump_replies(server, &c_out, &s, &swallow));
+    let mut threads = shared.threads.lock().unwrap_or_else(|e| e.into_inner());
+    // Finished pumps need no join later: keep the list short on long tests.
+    threads.retain(|t| !t.is_finished());
+    threads.extend(up.ok());
+    threads.extend(down.ok());
+}
+
+fn pump_requests(
+    mut c_in: TcpStream,
+    mut s_out: TcpStream,
+    shared: &Shared,
+    c_out: &Mutex<TcpStream>,
+    trap_hit: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = c_in.read(&mut buf) {
+        if n == 0 || shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let chunk = &buf[..n];
+        let action = {
+            let mut rules = shared.lock();
+            let action = rules.on_request(chunk);
+            shared.changed.notify_all();
+            action
+        };
+        match action {
+            Action::Answer(reply) => {
+                shared.failed.fetch_add(1, Ordering::SeqCst);
+                let mut out = c_out.lock().unwrap_or_else(|e| e.into_inner());
+                if out.write_all(&reply).is_err() {
+                    break;
                 }
             }
-            if s_out.write_all(chunk).is_err() {
-                break;
+            Action::Forward { delay, swallow } => {
+                if !delay.is_zero() && !shared.hold_back(delay) {
+                    break;
+                }
+                if swallow {
+                    trap_hit.store(true, Ordering::SeqCst);
+                }
+                if s_out.write_all(chunk).is_err() {
+                    break;
+                }
+                let mut rules = shared.lock();
+                rules.on_forwarded(chunk);
+                shared.changed.notify_all();
             }
         }
-        let _ = s_out.shutdown(Shutdown::Both);
-    });
-    let (mut s_in, mut c_out) = (server, client);
-    thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = s_in.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            if swallow.load(Ordering::SeqCst) {
-                shared.dropped.fetch_add(1, Ordering::SeqCst);
-                break;
-            }
-            if c_out.write_all(&buf[..n]).is_err() {
-                break;
-            }
+    }
+    let _ = s_out.shutdown(Shutdown::Both);
+    let _ = c_in.shutdown(Shutdown::Both);
+}
+
+fn pump_replies(
+    mut s_in: TcpStream,
+    c_out: &Mutex<TcpStream>,
+    shared: &Shared,
+    swallow: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = s_in.read(&mut buf) {
+        if n == 0 {
+            break;
         }
-        let _ = c_out.shutdown(Shutdown::Both);
-        let _ = s_in.shutdown(Shutdown::Both);
-    });
+        if swallow.load(Ordering::SeqCst) {
+            shared.dropped.fetch_add(1, Ordering::SeqCst);
+            break;
+        }
+        let mut out = c_out.lock().unwrap_or_else(|e| e.into_inner());
+        if out.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let out = c_out.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = out.shutdown(Shutdown::Both);
+    let _ = s_in.shutdown(Shutdown::Both);
 }

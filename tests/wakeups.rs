@@ -1,0 +1,688 @@
+//! How waiting threads wake up, and how long bounded calls may take, when things go wrong
+//! between the client and Redis (issue 6, points 4, 5, 8 and 9): a wake-up consumed by an
+//! attempt that then fails, subscriptions that are not yet confirmed by the server, a
+//! renewal in flight while its hold is released, a frozen server, a pub/sub reconnect and a
+//! holder whose lease runs out without a release message.
+//!
+//! Faults are injected with the harness's `FaultProxy` (delayed or failed requests) and by
+//! freezing real redis-server processes; attempts are counted with `INFO commandstats`.
+
+mod support;
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::{Client, Error, LockGuard};
+use support::{FaultProxy, RedisServer};
+
+const PREFIX: &str = "wakeups:";
+
+fn key(name: &str) -> String {
+    format!("{PREFIX}{{{name}}}")
+}
+
+fn channel(name: &str) -> String {
+    format!("{}:released", key(name))
+}
+
+fn sha(script: &str) -> String {
+    redis::Script::new(script).get_hash().to_owned()
+}
+
+fn acquire_sha() -> String {
+    sha(include_str!("../lua/acquire.lua"))
+}
+
+fn renew_sha() -> String {
+    sha(include_str!("../lua/renew.lua"))
+}
+
+fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
+    Client::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .watchdog_timeout(watchdog)
+        .command_timeout(command)
+        .build()
+        .expect("build client")
+}
+
+/// Loads the scripts, so that every EVALSHA counted or trapped is the real call and not a
+/// NOSCRIPT round followed by a second one.
+fn load_scripts(server: &RedisServer) {
+    let mut con = server.connection();
+    for script in [
+        include_str!("../lua/acquire.lua"),
+        include_str!("../lua/release.lua"),
+        include_str!("../lua/renew.lua"),
+        include_str!("../lua/force_unlock.lua"),
+    ] {
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script)
+            .query(&mut con)
+            .expect("SCRIPT LOAD");
+    }
+}
+
+/// EVALSHA calls the server has executed so far.
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    server.command_calls().get("evalsha").copied().unwrap_or(0)
+}
+
+fn numsub(server: &RedisServer, channel: &str) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(&mut server.connection())
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key)
+        .query(&mut server.connection())
+        .expect("PTTL")
+}
+
+/// Issue 4: a thread woken by a release whose attempt then fails (here: an error reply)
+/// hands the wake-up on to the next waiting thread of its process. Before the fix the
+/// wake-up died with the failed attempt and the other waiter slept until the lease it had
+/// seen before the release ran out (~10 s).
+#[test]
+fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
+    const NAME: &str = "passed-on";
+    let server = RedisServer::new();
+    load_scripts(&server);
+    let proxy = FaultProxy::new(server.port());
+    let holder = client(
+        &server.url(),
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    );
+    let waiter = client(
+        &proxy.url(),
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    );
+    let acquire = acquire_sha();
+    proxy.watch(&acquire);
+    // Holding the subscription back makes both waiters subscribe before it is confirmed,
+    // so each makes exactly two attempts (before and after the confirmation) in any code.
+    proxy.delay_requests_containing(&channel(NAME), Duration::from_millis(300));
+
+    let guard = holder
+        .lock(NAME)
+        .lock_with_lease(Duration::from_secs(10))
+        .expect("holder takes the lock");
+    let calls = evalsha_calls(&server);
+
+    let (tx, results) = mpsc::channel::<(usize, Result<(), String>, Instant)>();
+    let spawn_waiter = |i: usize| {
+        let lock = waiter.lock(NAME);
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let r = lock.lock();
+            let at = Instant::now();
+            match r {
+                Ok(g) => {
+                    tx.send((i, Ok(()), at)).unwrap();
+                    g.unlock().expect("waiter unlock");
+                }
+                Err(e) => tx.send((i, Err(e.to_string()), at)).unwrap(),
+            }
+        })
+    };
+    let first = spawn_waiter(1);
+    assert!(
+        proxy.wait_seen(&channel(NAME), 1, Duration::from_secs(5)),
+        "the first waiter never subscribed"
+    );
+    let second = spawn_waiter(2);
+    assert!(
+        support::wait_until(Duration::from_secs(5), || {
+            evalsha_calls(&server) >= calls + 4
+        }),
+        "setup: expected both waiters to make two attempts each (saw {} EVALSHAs)",
+        evalsha_calls(&server) - calls
+    );
+    assert_eq!(numsub(&server, &channel(NAME)), 1, "waiters are subscribed");
+    assert_eq!(proxy.seen(&acquire), 4, "setup: no waiter attempted since");
+
+    // The next attempt, the one a release wakes, fails with an error reply.
+    proxy.fail_next_request_with(&acquire, "-ERR injected\r\n");
+    let released = Instant::now();
+    guard.unlock().expect("holder unlock");
+
+    let (i, r, _) = results
+        .recv_timeout(Duration::from_secs(5))
+        .expect("no waiter woke up after the release");
+    let failed = r.expect_err("the woken waiter's attempt was failed by the proxy");
+    assert!(failed.contains("injected"), "unexpected error: {failed}");
+    assert_eq!(proxy.failed_requests(), 1);
+    let other = if i == 1 { 2 } else { 1 };
+    let (j, r, at) = results
+        .recv_timeout(Duration::from_secs(3))
+        .unwrap_or_else(|_| {
+            panic!(
+                "waiter {other} did not get the lock within 3 s of the release: the wake-up \
+             consumed by waiter {i}'s failed attempt was lost, it sleeps until the lease \
+             it saw before the release"
+            )
+        });
+    assert_eq!(j, other);
+    r.expect("the other waiter takes the lock");
+    assert!(
+        at - released < Duration::from_secs(1),
+        "the other waiter got the lock only {:?} after the release",
+        at - released
+    );
+    first.join().unwrap();
+    second.join().unwrap();
+}
+
+/// Issue 4: a subscription counts as armed only once the server confirmed it. A waiter
+/// whose confirmation is slow tries when the holder's lease ends, fails (a third client
+/// took the lock meanwhile) and must then keep waiting for the confirmation and try once
+/// more: the third client's release was published before the server had the waiter's
+/// SUBSCRIBE. Before the fix the waiter slept on the unconfirmed subscription until the
+/// third client's 10 s lease would have ended.
+#[test]
+fn a_subscription_counts_as_armed_only_once_confirmed() {
+    const NAME: &str = "unconfirmed";
+    let server = RedisServer::new();
+    load_scripts(&server);
+    let proxy = FaultProxy::new(server.port());
+    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
+    let h1 = client(&server.url(), timeouts.0, timeouts.1);
+    let h2 = client(&server.url(), timeouts.0, timeouts.1);
+    let w = client(&proxy.url(), timeouts.0, timeouts.1);
+    let acquire = acquire_sha();
+    proxy.watch(&acquire);
+
+    let g1 = h1
+        .lock(NAME)
+        .lock_with_lease(Duration::from_millis(500))
+        .expect("H1 takes the lock");
+    let calls = evalsha_calls(&server);
+
+    // H2 waits too, subscribed directly: the release of H1 wakes it.
+    let (h2_tx, h2_took) = mpsc::channel();
+    let (release_h2, h2_release) = mpsc::channel::<()>();
+    let lock = h2.lock(NAME);
+    let h2_thread = thread::spawn(move || {
+        let g = lock
+            .lock_with_lease(Duration::from_secs(10))
+            .expect("H2 takes the lock");
+        h2_tx.send(Instant::now()).unwrap();
+        let _ = h2_release.recv();
+        g.unlock().expect("H2 unlock");
+        h2_tx.send(Instant::now()).unwrap();
+    });
+    assert!(
+        support::wait_until(Duration::from_secs(2), || {
+            numsub(&server, &channel(NAME)) == 1 && evalsha_calls(&server) >= calls + 2
+        }),
+        "setup: H2 never blocked subscribed"
+    );
+
+    // W's subscription reaches Redis 750 ms late (under the reader's 1 s read timeout).
+    proxy.delay_requests_containing(&channel(NAME), Duration::from_millis(750));
+    let (w_tx, w_result) = mpsc::channel();
+    let lock = w.lock(NAME);
+    let w_thread = thread::spawn(move || {
+        let started = Instant::now();
+        let r = lock.try_lock_for(Duration::from_secs(5));
+        let at = Instant::now();
+        let got = matches!(r, Ok(Some(_)));
+        w_tx.send((
+            started,
+            format!("{:?}", r.as_ref().map(Option::is_some)),
+            got,
+            at,
+        ))
+        .unwrap();
+        if let Ok(Some(g)) = r {
+            g.unlock().expect("W unlock");
+        }
+    });
+    assert!(
+        proxy.wait_seen(&channel(NAME), 1, Duration::from_secs(2)),
+        "W never subscribed"
+    );
+    g1.unlock()
+        .expect("setup too slow: H1's 500 ms lease ended before its release");
+    h2_took
+        .recv_timeout(Duration::from_secs(2))
+        .expect("H2 was not woken by H1's release");
+    assert_eq!(
+        proxy.seen(&acquire),
+        1,
+        "setup too slow: W tried again before H2 took the lock"
+    );
+    // W tries once more when H1's lease would have ended; wait until Redis has run it.
+    let before = evalsha_calls(&server);
+    assert!(
+        support::wait_until(Duration::from_secs(2), || evalsha_calls(&server) > before),
+        "W did not try when H1's lease ended"
+    );
+    assert_eq!(proxy.seen(&acquire), 2, "the attempt was W's");
+    release_h2.send(()).unwrap();
+    h2_took
+        .recv_timeout(Duration::from_secs(2))
+        .expect("H2 released");
+    assert_eq!(
+        proxy.forwarded(&channel(NAME)),
+        0,
+        "setup too slow: W's SUBSCRIBE reached Redis before H2's release was published"
+    );
+
+    let (started, outcome, got, at) = w_result
+        .recv_timeout(Duration::from_secs(8))
+        .expect("W never returned");
+    assert!(
+        got && at - started < Duration::from_secs(3),
+        "W should take the free lock once its subscription is confirmed (~0.8 s); got \
+         {outcome} after {:?}: it slept on an unconfirmed subscription and missed the release",
+        at - started
+    );
+    w_thread.join().unwrap();
+    h2_thread.join().unwrap();
+}
+
+/// Issue 4: subscribe confirmations are matched one per channel. redis-rs's sync
+/// `PubSub::subscribe(&[a, b])` returns after the first confirmation and leaves the others
+/// unread; before the fix the reader's first SUBSCRIBE named the waiting channel and its
+/// control channel, and the next channel subscribed right after took the control channel's
+/// stale confirmation as its own. Its waiter then tried at once, slept, and missed a release
+/// published before the server had its SUBSCRIBE: it waited for the holder's whole lease.
+#[test]
+fn subscribe_confirmations_are_matched_one_per_channel() {
+    const FIRST: &str = "confirm-first";
+    const SECOND: &str = "confirm-second";
+    let server = RedisServer::new();
+    load_scripts(&server);
+    let proxy = FaultProxy::new(server.port());
+    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
+    let h = client(&server.url(), timeouts.0, timeouts.1);
+    let w = client(&proxy.url(), timeouts.0, timeouts.1);
+    let _first = h
+        .lock(FIRST)
+        .lock_with_lease(Duration::from_secs(10))
+        .expect("H takes the first lock");
+    let second = h
+        .lock(SECOND)
+        .lock_with_lease(Duration::from_secs(8))
+        .expect("H takes the second lock");
+    // Both under the pub/sub reader's 1 s read timeout.
+    proxy.delay_requests_containing(&channel(FIRST), Duration::from_millis(500));
+    proxy.delay_requests_containing(&channel(SECOND), Duration::from_millis(600));
+    proxy.watch("PUBLISH");
+
+    // A waiter on the first lock starts W's pub/sub reader; its SUBSCRIBE is held back.
+    let lock = w.lock(FIRST);
+    let first_waiter = thread::spawn(move || {
+        let r = lock.try_lock_for(Duration::from_millis(1500));
+        assert!(matches!(r, Ok(None)), "first lock: {r:?}");
+    });
+    assert!(
+        proxy.wait_seen(&channel(FIRST), 1, Duration::from_secs(5)),
+        "W's reader never subscribed the first lock"
+    );
+
+    // Meanwhile a waiter on the second lock queues its channel (and nudges the reader).
+    let (tx, result) = mpsc::channel();
+    let lock = w.lock(SECOND);
+    let started = Instant::now();
+    let second_waiter = thread::spawn(move || {
+        let r = lock.try_lock_for(Duration::from_secs(4));
+        let at = Instant::now();
+        tx.send((
+            format!("{:?}", r.as_ref().map(Option::is_some)),
+            r.as_ref().is_ok_and(Option::is_some),
+            at,
+        ))
+        .unwrap();
+        if let Ok(Some(g)) = r {
+            g.unlock().expect("W unlock");
+        }
+    });
+    assert!(
+        proxy.wait_seen("PUBLISH", 1, Duration::from_secs(2)),
+        "the second waiter never queued its subscription"
+    );
+    assert_eq!(
+        proxy.forwarded(&channel(FIRST)),
+        0,
+        "setup too slow: the first SUBSCRIBE was answered before the second channel was queued"
+    );
+    // The reader subscribes the second channel right after the first one's confirmation.
+    assert!(
+        proxy.wait_seen(&channel(SECOND), 1, Duration::from_secs(3)),
+        "W's reader never subscribed the second lock"
+    );
+    let subscribing = Instant::now();
+    // H releases while that SUBSCRIBE is still on its way: nobody hears the message.
+    thread::sleep(Duration::from_millis(250));
+    second.unlock().expect("H releases the second lock");
+    assert_eq!(
+        proxy.forwarded(&channel(SECOND)),
+        0,
+        "setup too slow: the second SUBSCRIBE reached Redis before the release ({:?})",
+        subscribing.elapsed()
+    );
+
+    let (outcome, got, at) = result
+        .recv_timeout(Duration::from_secs(8))
+        .expect("the second waiter never returned");
+    assert!(
+        got && at - started < Duration::from_millis(2500),
+        "W should take the second lock once its own SUBSCRIBE is confirmed (~1.1 s); got \
+         {outcome} after {:?}: a stale confirmation marked it subscribed too early and the \
+         release was missed",
+        at - started
+    );
+    second_waiter.join().unwrap();
+    first_waiter.join().unwrap();
+}
+
+/// Issue 5: a renewal uses no stale snapshot. Releasing a hold waits for a renewal in
+/// flight that includes it, so the renewal cannot land on the thread's next hold. Before
+/// the fix the delayed renewal extended an immediate fixed-lease re-take (400 ms) to the
+/// watchdog lease (1.5 s).
+#[test]
+fn a_renewal_in_flight_never_lands_on_a_later_hold() {
+    const NAME: &str = "renewal";
+    let server = RedisServer::new();
+    load_scripts(&server);
+    let proxy = FaultProxy::new(server.port());
+    // Renewals every 500 ms, each held back 200 ms (under the 500 ms command timeout, and
+    // under the re-take's lease, so that a late renewal still finds the re-take's hold).
+    let c = client(
+        &proxy.url(),
+        Duration::from_millis(1500),
+        Duration::from_millis(500),
+    );
+    let renew = renew_sha();
+    proxy.delay_requests_containing(&renew, Duration::from_millis(200));
+    let lock = c.lock(NAME);
+
+    let guard = lock.lock().expect("lock");
+    assert!(
+        proxy.wait_seen(&renew, 1, Duration::from_secs(3)),
+        "no renewal was sent"
+    );
+    assert_eq!(proxy.forwarded(&renew), 0, "the renewal is held back");
+    guard.unlock().expect("unlock");
+    let retaken = lock
+        .lock_with_lease(Duration::from_millis(400))
+        .expect("re-take with a fixed lease");
+    let at = Instant::now();
+    assert!(
+        proxy.wait_forwarded(&renew, 1, Duration::from_secs(2)),
+        "the renewal never reached Redis"
+    );
+    // The re-take's 400 ms lease is long over 800 ms later, unless a renewal extended it
+    // (to the 1.5 s watchdog lease).
+    thread::sleep(Duration::from_millis(800).saturating_sub(at.elapsed()));
+    let left = pttl(&server, &key(NAME));
+    assert_eq!(
+        left, -2,
+        "800 ms after a re-take with a 400 ms lease the lock still lives ({left} ms left): \
+         the renewal sent for the released hold extended the new one"
+    );
+    let _ = retaken.unlock();
+}
+
+/// Thaws the server when the test ends, also when it failed while the server was frozen.
+struct Thaw<'a>(&'a RedisServer);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
+    }
+}
+
+/// What a bounded call may return from a frozen server.
+fn gave_up(r: &Result<Option<LockGuard>, Error>) -> bool {
+    matches!(r, Ok(None) | Err(Error::Timeout(_)) | Err(Error::Pool(_)))
+}
+
+fn default_timeouts(url: &str) -> Client {
+    // Default connect (5 s) and command (3 s) timeouts.
+    Client::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .watchdog_timeout(Duration::from_secs(10))
+        .build()
+        .expect("build client")
+}
+
+/// Issue 8: bounded calls return within their bound plus about a round trip against a
+/// frozen server: a warm client's `try_lock_for(100 ms)` and `try_lock()`, and a cold
+/// client (no connection yet). Before the fix they blocked for the command timeout (3 s)
+/// or the connect timeout (5 s).
+#[test]
+fn bounded_calls_return_in_time_from_a_frozen_server() {
+    let server = RedisServer::new();
+    let warm = default_timeouts(&server.url());
+    warm.lock("warm-up")
+        .lock()
+        .expect("warm-up lock")
+        .unlock()
+        .expect("warm-up unlock");
+    let cold = default_timeouts(&server.url());
+
+    server.freeze();
+    let _thaw = Thaw(&server);
+
+    let t = Instant::now();
+    let r = warm
+        .lock("frozen-warm")
+        .try_lock_for(Duration::from_millis(100));
+    let took = t.elapsed();
+    assert!(gave_up(&r), "warm try_lock_for: {r:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "warm try_lock_for(100 ms) took {took:?} against a frozen server"
+    );
+
+    let t = Instant::now();
+    let r = cold
+        .lock("frozen-cold")
+        .try_lock_for(Duration::from_millis(100));
+    let took = t.elapsed();
+    assert!(gave_up(&r), "cold try_lock_for: {r:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "cold try_lock_for(100 ms) took {took:?} against a frozen server"
+    );
+
+    let t = Instant::now();
+    let r = warm.lock("frozen-try").try_lock();
+    let took = t.elapsed();
+    assert!(gave_up(&r), "warm try_lock: {r:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "try_lock took {took:?} against a frozen server"
+    );
+}
+
+/// Issue 8: a waiter's `try_lock_for(300 ms)` stays bounded when the server freezes after
+/// its first attempt, while it nudges its pub/sub thread (a PUBLISH on a pooled
+/// connection). Before the fix the nudge and the next attempt each blocked for the 3 s
+/// command timeout.
+#[test]
+fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
+    const NAME: &str = "frozen-waiter";
+    let server = RedisServer::new();
+    load_scripts(&server);
+    let proxy = FaultProxy::new(server.port());
+    let holder = client(
+        &server.url(),
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    );
+    let waiter = default_timeouts(&proxy.url());
+    let _held = holder
+        .lock(NAME)
+        .lock_with_lease(Duration::from_secs(20))
+        .expect("holder takes the lock");
+    let _other = holder
+        .lock("warm-up")
+        .lock_with_lease(Duration::from_secs(20))
+        .expect("holder takes the warm-up lock");
+    // Waiting once connects the waiter's pub/sub thread, so the next wait nudges it.
+    let r = waiter
+        .lock("warm-up")
+        .try_lock_for(Duration::from_millis(200));
+    assert!(matches!(r, Ok(None)), "warm-up wait: {r:?}");
+    assert_eq!(numsub(&server, &channel("warm-up")), 1);
+
+    proxy.delay_requests_containing("PUBLISH", Duration::from_millis(300));
+    let _thaw = Thaw(&server);
+    let (r, took) = thread::scope(|s| {
+        let freezer = s.spawn(|| {
+            // The nudge is held back at the proxy: freeze before it reaches Redis.
+            let seen = proxy.wait_seen("PUBLISH", 1, Duration::from_secs(10));
+            if seen {
+                server.freeze();
+            }
+            seen
+        });
+        let t = Instant::now();
+        let r = waiter.lock(NAME).try_lock_for(Duration::from_millis(300));
+        let took = t.elapsed();
+        assert!(
+            freezer.join().unwrap(),
+            "the waiter never nudged its pub/sub thread"
+        );
+        (r, took)
+    });
+    assert!(gave_up(&r), "waiter: {r:?}");
+    assert!(
+        took < Duration::from_millis(700),
+        "try_lock_for(300 ms) took {took:?} when the server froze during its subscription"
+    );
+}
+
+/// Issue 9: after a pub/sub reconnect only channels with waiters get a wake-up. Before the
+/// fix a lingering channel (subscribed, nobody waiting) got one too, and the next waiter
+/// on that lock made a spurious attempt (three instead of at most two).
+#[test]
+fn a_reconnect_wakes_no_channel_nobody_waits_on() {
+    const NAME: &str = "lingering";
+    let server = RedisServer::new();
+    load_scripts(&server);
+    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
+    let h = client(&server.url(), timeouts.0, timeouts.1);
+    let w = client(&server.url(), timeouts.0, timeouts.1);
+    let _held = h
+        .lock(NAME)
+        .lock_with_lease(Duration::from_secs(20))
+        .expect("H takes the lock");
+    let lock = w.lock(NAME);
+    let r = lock.try_lock_with_lease_for(Duration::from_millis(300), Duration::from_secs(1));
+    assert!(matches!(r, Ok(None)), "first wait: {r:?}");
+    // Nobody waits now, but the channel stays subscribed for a while (~5 s).
+    assert_eq!(numsub(&server, &channel(NAME)), 1);
+
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut server.connection())
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1, "W's pub/sub connection is the only one");
+    assert!(
+        support::wait_until(Duration::from_secs(3), || numsub(&server, &channel(NAME))
+            == 1),
+        "W's pub/sub thread did not resubscribe"
+    );
+    // The reader handles the confirmation right after the server sent it.
+    thread::sleep(Duration::from_millis(100));
+
+    let before = evalsha_calls(&server);
+    let r = lock.try_lock_with_lease_for(Duration::from_millis(500), Duration::from_secs(1));
+    let attempts = evalsha_calls(&server) - before;
+    assert!(matches!(r, Ok(None)), "second wait: {r:?}");
+    assert!(
+        attempts <= 2,
+        "{attempts} attempts in a 500 ms wait on a lock held for 20 s: a wake-up queued by \
+         the reconnect for a channel nobody waited on made a spurious one"
+    );
+}
+
+/// Issue 9: when a holder's lease runs out without a release message (a crashed holder),
+/// one waiting thread per process wakes and tries. Before the fix all eight waiting
+/// threads tried at the same instant.
+#[test]
+fn an_expired_lease_wakes_one_thread_per_process() {
+    const NAME: &str = "crashed-holder";
+    const THREADS: usize = 8;
+    let server = RedisServer::new();
+    load_scripts(&server);
+    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
+    let h = client(&server.url(), timeouts.0, timeouts.1);
+    let w = client(&server.url(), timeouts.0, timeouts.1);
+    let lease = Duration::from_millis(1000);
+    let taken = Instant::now();
+    // Never released: the holder "crashed" with the lock.
+    let _crashed = h
+        .lock(NAME)
+        .lock_with_lease(lease)
+        .expect("H takes the lock");
+    let calls = evalsha_calls(&server);
+
+    let (tx, granted) = mpsc::channel();
+    let mut stops = Vec::new();
+    let mut threads = Vec::new();
+    for _ in 0..THREADS {
+        let (stop, stopped) = mpsc::channel::<()>();
+        stops.push(stop);
+        let lock = w.lock(NAME);
+        let tx = tx.clone();
+        threads.push(thread::spawn(move || {
+            let r = lock.try_lock_with_lease_for(Duration::from_secs(5), Duration::from_secs(3));
+            if let Ok(Some(g)) = r {
+                let _ = tx.send(Instant::now());
+                // Hold until the counting is over.
+                let _ = stopped.recv();
+                let _ = g.unlock();
+            }
+        }));
+    }
+    assert!(
+        support::wait_until(Duration::from_millis(700), || {
+            numsub(&server, &channel(NAME)) == 1 && evalsha_calls(&server) >= calls + THREADS as u64
+        }),
+        "setup too slow: the waiters did not block well before the lease ran out"
+    );
+    // Lease expiry is the subject: wait until just before it.
+    thread::sleep(
+        (taken + lease - Duration::from_millis(150)).saturating_duration_since(Instant::now()),
+    );
+    let before = evalsha_calls(&server);
+    assert!(
+        pttl(&server, &key(NAME)) > 20,
+        "setup too slow: the lease ran out before the count started"
+    );
+
+    granted
+        .recv_timeout(Duration::from_secs(3))
+        .expect("no waiter took the lock after the lease ran out");
+    // The winner holds 3 s: nothing else should try in this window.
+    thread::sleep(Duration::from_millis(300));
+    let attempts = evalsha_calls(&server) - before;
+    drop(stops);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(
+        attempts <= 2,
+        "{attempts} attempts when the lease of a crashed holder ran out: every waiting \
+         thread of the process woke and tried, not one"
+    );
+}
