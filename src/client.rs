@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::keys::LockKeys;
+use crate::lock::Kind;
 use crate::pool::{Conn, Manager};
 use crate::subscriber::Subscriber;
 use crate::watchdog::Watchdog;
-use crate::{ClientBuilder, Error, FencedLock, Lock, LockName};
+use crate::{ClientBuilder, Error, FairLock, FencedLock, Lock, LockName};
 
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
@@ -107,7 +108,7 @@ impl Client {
         Lock::new(
             self.clone(),
             LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
-            false,
+            Kind::PLAIN,
         )
     }
 
@@ -126,7 +127,25 @@ impl Client {
         FencedLock::new(Lock::new(
             self.clone(),
             LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
-            true,
+            Kind::FENCED,
+        ))
+    }
+
+    /// The fair lock called `name`: a [`Lock`] that waiting threads get strictly in the
+    /// order their requests reached Redis, each handed the lock directly by the release
+    /// before it (see [`FairLock`]). The same name through [`lock`](Client::lock) is the
+    /// same lock: while a fair waiter is queued, plain acquisitions queue behind it too.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.fair_lock("payouts").lock()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn fair_lock(&self, name: impl LockName) -> FairLock {
+        FairLock::new(Lock::new(
+            self.clone(),
+            LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
+            Kind::FAIR,
         ))
     }
 

@@ -32,6 +32,7 @@
 mod builder;
 mod client;
 mod error;
+mod fair;
 mod fenced;
 mod fenced_guard;
 mod guard;
@@ -44,7 +45,7 @@ mod subscriber;
 mod watchdog;
 
 pub use crate::{
-    builder::ClientBuilder, client::Client, error::Error, fenced::FencedLock,
+    builder::ClientBuilder, client::Client, error::Error, fair::FairLock, fenced::FencedLock,
     fenced_guard::FencedGuard, guard::LockGuard, lock::Lock, name::LockName,
 };
 

@@ -45,16 +45,39 @@ pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 pub struct Lock {
     pub(crate) client: Client,
     pub(crate) keys: Arc<LockKeys>,
-    // Acquisitions draw fencing tokens (see `FencedLock`).
-    fenced: bool,
+    pub(crate) kind: Kind,
+}
+
+/// What an acquisition of a [`Lock`] handle asks the scripts for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Kind {
+    /// Draws fencing tokens (see `FencedLock`).
+    pub(crate) fenced: bool,
+    /// Never barges: waits in line behind every queued waiter (see `FairLock`).
+    pub(crate) fair: bool,
+}
+
+impl Kind {
+    pub(crate) const PLAIN: Kind = Kind {
+        fenced: false,
+        fair: false,
+    };
+    pub(crate) const FENCED: Kind = Kind {
+        fenced: true,
+        fair: false,
+    };
+    pub(crate) const FAIR: Kind = Kind {
+        fenced: false,
+        fair: true,
+    };
 }
 
 impl Lock {
-    pub(crate) fn new(client: Client, keys: LockKeys, fenced: bool) -> Lock {
+    pub(crate) fn new(client: Client, keys: LockKeys, kind: Kind) -> Lock {
         Lock {
             client,
             keys: Arc::new(keys),
-            fenced,
+            kind,
         }
     }
 
@@ -381,7 +404,7 @@ impl Lock {
         let token = thread_token();
         let held = inner.watchdog.begin_attempt(&keys.key, token);
         let outcome = inner.run_until(until, |con| {
-            let result = if self.fenced {
+            let result = if self.kind.fenced {
                 let reply: Vec<i64> = scripts::ACQUIRE
                     .key(keys.key.as_slice())
                     .key(keys.fence.as_slice())
