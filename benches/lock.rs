@@ -500,7 +500,9 @@ impl Mode {
     /// only then sleeps; the naive lock sleeps after its first failed SET.
     fn attempts(self) -> (&'static str, u64) {
         match self {
-            Mode::Redmutex => ("evalsha", 2),
+            // Queued with its first try (its client still listens from the last round),
+            // or tried, subscribed and queued with the second.
+            Mode::Redmutex => ("evalsha", 1),
             Mode::Naive => ("set", 1),
             Mode::Floor => ("subscribe", 0),
         }
@@ -585,7 +587,11 @@ fn handoff(url: &str, mode: Mode, admin: &mut Admin) -> Vec<f64> {
         let deadline = Instant::now() + STUCK;
         loop {
             let blocked = admin.calls(count_cmd) >= base + attempts
-                && (mode == Mode::Naive || admin.numsub(&channel) >= 1);
+                && match mode {
+                    Mode::Naive => true,
+                    Mode::Redmutex => admin.queued(&queue_of(&prefix, HANDOFF_LOCK)) >= 1,
+                    Mode::Floor => admin.numsub(&channel) >= 1,
+                };
             if blocked {
                 break;
             }
@@ -866,6 +872,14 @@ impl Admin {
         self.commandstats().get(cmd).copied().unwrap_or(0)
     }
 
+    /// Waiters in a lock's queue.
+    fn queued(&mut self, queue: &str) -> u64 {
+        redis::cmd("LLEN")
+            .arg(queue)
+            .query(&mut self.con)
+            .expect("LLEN")
+    }
+
     /// Subscriptions to channels starting with `channel` (a lock has one per client).
     fn numsub(&mut self, channel: &str) -> u64 {
         support::subscribers(&mut self.con, channel) as u64
@@ -895,6 +909,11 @@ fn bench_client(url: &str, prefix: &str) -> redmutex::ClientBuilder {
 /// A key prefix of its own per measurement, so a shared `REDIS_URL` server is harmless.
 fn unique_prefix(what: &str) -> String {
     format!("redmutex-bench:{}:{what}:", unix_nanos())
+}
+
+/// The wait queue of lock `name` (a name without braces).
+fn queue_of(prefix: &str, name: &str) -> String {
+    format!("{prefix}!queue:{{{name}}}")
 }
 
 /// The common prefix of lock `name`'s channels (a name without braces):
