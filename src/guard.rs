@@ -146,7 +146,7 @@ impl LockGuard {
         })?;
         if served == 1 {
             // A waiter was told its turn: make sure it took it once its window is over.
-            inner.watchdog.handed_on(keys);
+            inner.watchdog.handed_on(inner, keys);
         }
         if left < 0 {
             return Err(self.not_held());

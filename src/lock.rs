@@ -572,6 +572,8 @@ impl Wait<'_> {
             (self.ticket, ttl)
         });
         if join.is_some() && !self.queued {
+            // Entries are kept alive, and handed-over holds extended, by the watchdog.
+            inner.watchdog.ensure_running(inner)?;
             self.queued = true;
             inner
                 .watchdog
@@ -627,7 +629,7 @@ impl Wait<'_> {
             [1, _, fence] => Ok(Some(self.handed(fence as u64))),
             [0, served] => {
                 if served == 1 {
-                    inner.watchdog.handed_on(keys);
+                    inner.watchdog.handed_on(inner, keys);
                 }
                 Ok(None)
             }

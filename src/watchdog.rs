@@ -133,6 +133,16 @@ struct Kick {
     tries_left: u8,
 }
 
+impl Kick {
+    /// The check handed the lock on again: check that handoff in its turn.
+    fn reschedule(mut self, watchdog: &Watchdog) {
+        self.due = Instant::now() + KICK_AFTER;
+        self.tries_left = KICK_TRIES;
+        let key = self.keys.key.clone();
+        watchdog.kicks.lock().entry(key).or_insert(self);
+    }
+}
+
 pub(crate) struct Watchdog {
     // lock key -> thread token -> hold.
     holds: Mutex<Holds>,
@@ -201,7 +211,17 @@ impl Watchdog {
     }
 
     /// Checks the lock once the pickup window of a handoff just made is over.
-    pub(crate) fn handed_on(&self, keys: &Arc<LockKeys>) {
+    pub(crate) fn handed_on(&self, client: &Arc<Inner>, keys: &Arc<LockKeys>) {
+        if let Err(e) = self.ensure_running(client) {
+            // The waiters' own timers still find the lock free, at the lease they saw.
+            log::warn!("redmutex: cannot check a handed-on lock: {e}");
+            return;
+        }
+        self.schedule_kick(keys);
+    }
+
+    /// Schedules the check of a handed-on lock (the thread is known to run).
+    fn schedule_kick(&self, keys: &Arc<LockKeys>) {
         let due = Instant::now() + KICK_AFTER;
         let mut kicks = self.kicks.lock();
         let fresh = !kicks.contains_key(&keys.key);
@@ -652,6 +672,7 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
 fn kick_due(inner: &Inner) {
     let watchdog = &inner.watchdog;
     for mut kick in watchdog.due_kicks() {
+        // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = inner.run_until(Some(until), |con| {
@@ -662,7 +683,7 @@ fn kick_due(inner: &Inner) {
                 .invoke::<(i64, i64)>(con)
         });
         match result {
-            Ok((_, 1)) => watchdog.handed_on(&keys),
+            Ok((_, 1)) => kick.reschedule(watchdog),
             Ok(_) => {}
             Err(e) => {
                 log::debug!("redmutex: checking a handed-on lock failed: {e}");
@@ -702,6 +723,7 @@ fn clean_doubtful(inner: &Inner) {
             .collect()
     };
     let watchdog_ms = millis(inner.config.watchdog_timeout);
+    let mut handed = Vec::new();
     for Doubtful {
         id,
         keys,
@@ -733,6 +755,9 @@ fn clean_doubtful(inner: &Inner) {
             d.in_flight = false;
             match result {
                 Ok(Ok(reply)) => {
+                    if reply[..] == [0, 1] {
+                        handed.push(keys.clone());
+                    }
                     log::debug!(
                         "redmutex: cleaned up after a doubtful attempt on {:?} ({reply:?})",
                         String::from_utf8_lossy(key)
@@ -751,6 +776,9 @@ fn clean_doubtful(inner: &Inner) {
         }
         drop(doubts);
         watchdog.cleaned.notify_all();
+    }
+    for keys in handed {
+        watchdog.schedule_kick(&keys);
     }
 }
 
