@@ -346,7 +346,9 @@ fn torture(kind: &str) {
         violations, 0,
         "{kind}: two holders overlapped, or a token went backwards"
     );
-    assert!(entries >= 2_000, "{kind}: only {entries} critical sections");
+    // The fenced and the fair run share the machine (about 2,200 to 3,100 sections each
+    // on 2 cores, against about 2,600 for one run alone): the floor only proves progress.
+    assert!(entries >= 1_500, "{kind}: only {entries} critical sections");
     assert!(
         starved.is_empty(),
         "{kind}: locks that made (almost) no progress: {starved:?}"
