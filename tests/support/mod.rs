@@ -551,3 +551,99 @@ fn parse_commandstats(info: &str) -> HashMap<String, u64> {
         })
         .collect()
 }
+
+/// Every command a server receives while it runs, from `MONITOR` on a connection of its
+/// own: for counting round trips. Commands that scripts run show up too, marked
+/// `[<db> lua]`; [`Monitor::top_level`] leaves them out.
+pub struct Monitor {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reader: Option<thread::JoinHandle<Vec<String>>>,
+}
+
+impl RedisServer {
+    /// Starts recording (see [`Monitor`]); returns once the server confirmed `MONITOR`,
+    /// so every command sent after this call is recorded.
+    pub fn monitor(&self) -> Monitor {
+        use std::io::{BufRead, BufReader, Write};
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        let mut stream = TcpStream::connect_timeout(&addr, ADMIN_IO_TIMEOUT)
+            .unwrap_or_else(|e| self.fail(&format!("MONITOR connection: {e}")));
+        stream
+            .set_read_timeout(Some(ADMIN_IO_TIMEOUT))
+            .expect("set read timeout");
+        let mut hello = String::new();
+        if let Some(password) = &self.password {
+            hello.push_str(&format!(
+                "*2\r\n$4\r\nAUTH\r\n${}\r\n{password}\r\n",
+                password.len()
+            ));
+        }
+        hello.push_str("*1\r\n$7\r\nMONITOR\r\n");
+        stream.write_all(hello.as_bytes()).expect("send MONITOR");
+        let mut reader = BufReader::new(stream);
+        let replies = if self.password.is_some() { 2 } else { 1 };
+        for _ in 0..replies {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("MONITOR reply");
+            assert_eq!(line, "+OK\r\n", "MONITOR (or AUTH) refused");
+        }
+        reader
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .expect("set read timeout");
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let reader = thread::spawn(move || {
+            let mut lines = Vec::new();
+            let mut buf = Vec::new();
+            while !stopped.load(Ordering::SeqCst) {
+                // A timeout keeps what was read so far in `buf`; the line goes on next time.
+                match reader.read_until(b'\n', &mut buf) {
+                    Ok(0) => break,
+                    Ok(_) if buf.ends_with(b"\n") => {
+                        let line = String::from_utf8_lossy(&buf);
+                        lines.push(line.trim_end().trim_start_matches('+').to_owned());
+                        buf.clear();
+                    }
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => break,
+                }
+            }
+            lines
+        });
+        Monitor {
+            stop,
+            reader: Some(reader),
+        }
+    }
+}
+
+impl Monitor {
+    /// Stops recording; returns every line received, as `<time> [<db> <client>] "cmd" ...`.
+    pub fn stop(mut self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.reader
+            .take()
+            .expect("stopped once")
+            .join()
+            .expect("MONITOR reader")
+    }
+
+    /// The lines of commands that clients sent (not run by a script): round trips.
+    pub fn top_level(lines: &[String]) -> Vec<&String> {
+        lines.iter().filter(|l| !l.contains(" lua] ")).collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
