@@ -60,23 +60,29 @@ if held then
     end
     return {1, count, tonumber(token)}
 end
-local now = Q.now()
+local now
 if redis.call('exists', KEYS[1]) == 0 then
-    local mine
-    local first, since = Q.head(now)
-    if not first or first == holder then
-        mine = true
-    elseif not fair and not Q.has_fair() and now - since < tonumber(ARGV[10]) then
-        mine = true
-    else
-        mine = not Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
+    -- Nobody queued (the uncontended case): no clock, no queue to look at.
+    local mine = redis.call('exists', KEYS[3]) == 0
+    if not mine then
+        now = Q.now()
+        local first, since = Q.head(now)
+        if not first or first == holder then
+            mine = true
+        elseif not fair and not Q.has_fair() and now - since < tonumber(ARGV[10]) then
+            mine = true
+        else
+            mine = not Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
+        end
+        if mine then
+            Q.remove(holder)
+        end
     end
     if mine then
         local token = 0
         if fenced then
             token = redis.call('incr', KEYS[2])
         end
-        Q.remove(holder)
         redis.call('hset', KEYS[1], holder, 1)
         if fenced then
             redis.call('hset', KEYS[1], '~fence', token)
@@ -86,6 +92,6 @@ if redis.call('exists', KEYS[1]) == 0 then
     end
 end
 if ARGV[5] == '1' then
-    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7])
+    Q.join(holder, now or Q.now(), tonumber(ARGV[6]), lease, flags, ARGV[7])
 end
 return {0, redis.call('pttl', KEYS[1])}

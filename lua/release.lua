@@ -39,5 +39,8 @@ if left > 0 and need > 0 then
     return {left, 0}
 end
 redis.call('del', KEYS[1])
+if redis.call('exists', KEYS[3]) == 0 then
+    return {0, 0}
+end
 local served = Q.hand_on(Q.now(), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), false, nil)
 return {0, served and 1 or 0}
