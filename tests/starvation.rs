@@ -142,7 +142,9 @@ fn contend(kind: &str) -> (Vec<u64>, i64) {
 }
 
 /// Issue 7, "`Lock` under the 4-process loop: no process starves": every process gets at
-/// least 20 % of the mean number of acquisitions, and no two are ever inside at once.
+/// least 20 % of the mean number of acquisitions, the least-served at least half of what
+/// the most-served gets (the issue's target for `Lock`; the barging-only lock measured
+/// 0.27 to 0.67 here), and no two are ever inside at once.
 #[test]
 fn a_contended_lock_starves_no_process() {
     let (counts, violations) = contend("plain");
@@ -156,10 +158,16 @@ fn a_contended_lock_starves_no_process() {
             "process {i} starved: {c} acquisitions, mean {mean:.0} ({counts:?})"
         );
     }
+    let (least, most) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
+    assert!(
+        least as f64 >= 0.5 * most as f64,
+        "least/most {least}/{most} below 0.5 ({counts:?})"
+    );
 }
 
-/// Issue 7, the same loop on a `FairLock`: the least-served process gets at least half of
-/// what the most-served one gets, and no two are ever inside at once.
+/// Issue 7, the same loop on a `FairLock`: the least-served process gets at least 0.8 of
+/// what the most-served one gets (strict FIFO makes them take turns), and no two are ever
+/// inside at once.
 #[test]
 fn a_contended_fair_lock_serves_processes_evenly() {
     let (counts, violations) = contend("fair");
@@ -168,7 +176,7 @@ fn a_contended_fair_lock_serves_processes_evenly() {
     let (least, most) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
     assert!(total >= 200, "only {total} acquisitions in {RUN_FOR:?}");
     assert!(
-        least as f64 >= 0.5 * most as f64,
-        "least/most {least}/{most} below 0.5 ({counts:?})"
+        least as f64 >= 0.8 * most as f64,
+        "least/most {least}/{most} below 0.8 ({counts:?})"
     );
 }
