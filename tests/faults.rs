@@ -344,3 +344,102 @@ fn stale_pooled_connections_after_a_restart_are_replaced_transparently() {
         g.unlock().expect("unlock after restart");
     }
 }
+
+fn queue_len(server: &RedisServer, name: &str) -> i64 {
+    redis::cmd("LLEN")
+        .arg(format!("{PREFIX}!queue:{{{name}}}"))
+        .query(&mut server.connection())
+        .expect("LLEN")
+}
+
+/// Issue 7, point 4: a waiter's attempt that queues it, whose reply is lost (the client
+/// repeats it on another connection), leaves one queue entry, keeps the waiter's place,
+/// and the waiter still gets the lock from the release.
+#[test]
+fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
+    const NAME: &str = "lost-join";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let w = through(&proxy);
+    let holder = client(&server, Duration::from_secs(5));
+    // The waiter's client listens on the lock already (it waited a moment ago), so its
+    // next lock() queues with its very first attempt: the one whose reply is lost.
+    let guard = holder.fair_lock(NAME).lock().expect("holder");
+    let lock = w.fair_lock(NAME);
+    let warm = thread::spawn(move || lock.lock().map(|g| g.unlock()));
+    assert!(support::wait_until(Duration::from_secs(5), || queue_len(
+        &server, NAME
+    ) == 1));
+    guard.unlock().unwrap();
+    warm.join()
+        .unwrap()
+        .expect("warm-up lock")
+        .expect("warm-up unlock");
+
+    let guard = holder.fair_lock(NAME).lock().expect("holder again");
+    let acquire = sha(&[
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/acquire.lua"),
+    ]
+    .concat());
+    proxy.lose_next_reply_to(&acquire);
+    let lock = w.fair_lock(NAME);
+    let (tx, rx) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let g = lock.lock();
+        tx.send(()).unwrap();
+        g.map(|g| g.unlock())
+    });
+    assert!(
+        support::wait_until(Duration::from_secs(5), || proxy.lost_replies() == 1),
+        "the fault was never injected"
+    );
+    assert!(support::wait_until(Duration::from_secs(5), || queue_len(
+        &server, NAME
+    ) == 1));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the waiter got a held lock"
+    );
+    assert_eq!(queue_len(&server, NAME), 1, "queued once, not twice");
+    guard.unlock().unwrap();
+    rx.recv_timeout(Duration::from_secs(2))
+        .expect("the release handed the lock to the waiter");
+    waiter
+        .join()
+        .unwrap()
+        .expect("waiter lock")
+        .expect("waiter unlock");
+    assert_eq!(queue_len(&server, NAME), 0);
+    assert!(!exists(&server, &key(NAME)), "the lock is free");
+}
+
+/// Issue 7, point 4: a `try_lock_for` whose deadline passes leaves the queue; when the
+/// reply of that cancel is lost and the call repeated, nothing is left behind: no entry,
+/// no hold, and the holder's lock is untouched.
+#[test]
+fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
+    const NAME: &str = "lost-cancel";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let w = through(&proxy);
+    let holder = client(&server, Duration::from_secs(5));
+    let guard = holder.fair_lock(NAME).lock().expect("holder");
+    let cancel = sha(&[
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/cancel.lua"),
+    ]
+    .concat());
+    proxy.lose_next_reply_to(&cancel);
+    let got = w
+        .fair_lock(NAME)
+        .try_lock_for(Duration::from_millis(400))
+        .expect("the repeated cancel succeeds");
+    assert!(got.is_none(), "the lock was held throughout");
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    assert_eq!(queue_len(&server, NAME), 0, "the waiter left the queue");
+    assert!(holder.fair_lock(NAME).is_locked().unwrap());
+    assert_eq!(holder.fair_lock(NAME).hold_count().unwrap(), 1);
+    guard.unlock().expect("the holder's lock was untouched");
+    assert!(!exists(&server, &key(NAME)), "no ghost hold");
+}
