@@ -30,8 +30,14 @@ pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 /// different processes all exclude each other.
 ///
 /// `Lock` is a cheap handle (clone it freely); making one touches no network. Waiting
-/// does not poll: a blocked thread sleeps until a release message from Redis pub/sub
-/// wakes it, or until the holder's lease runs out if the holder crashed.
+/// does not poll: a blocked thread joins the lock's queue and sleeps until the release
+/// before its turn tells it (one message, to its client only), or until the holder's
+/// lease runs out if the holder crashed.
+///
+/// A running thread may take a free lock past sleeping waiters (cheaper than waking one),
+/// but only while the first of them has waited less than 10 ms: after that, releases hand
+/// the lock to the waiters in turn, so none starves. For strict first come, first served
+/// use [`FairLock`](crate::FairLock), the same lock without barging.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;

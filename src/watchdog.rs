@@ -291,6 +291,8 @@ impl Watchdog {
     /// Records a granted acquisition whose reentry count is now `count`. Runs on the
     /// acquiring thread before the guard exists, so a lock is never held unregistered.
     /// `sent` is when the acquire script was sent: a fixed lease is counted from there.
+    /// `handoff`: a release handed the lock over, with a lease of at most the pickup
+    /// window; it is extended a third of the way in (then `sent` is when the message came).
     pub(crate) fn acquired(
         &self,
         key: &[u8],
