@@ -159,6 +159,9 @@ pub(crate) struct Watchdog {
     waiting: Mutex<HashMap<(Vec<u8>, u64), Waiting>>,
     // lock key -> the check due after this client handed it on.
     kicks: Mutex<HashMap<Vec<u8>, Kick>>,
+    // When the thread wakes by itself next; `None` while it is awake (it will look at
+    // every extension and check before it sleeps again).
+    planned: Mutex<Option<Instant>>,
 }
 
 impl Watchdog {
@@ -172,6 +175,16 @@ impl Watchdog {
             cleaned: Condvar::new(),
             waiting: Mutex::new(HashMap::new()),
             kicks: Mutex::new(HashMap::new()),
+            planned: Mutex::new(None),
+        }
+    }
+
+    /// Wakes the thread if it would otherwise sleep past `due` (a handoff happens per
+    /// acquisition under contention: waking the thread for each would cost more than the
+    /// handoff itself).
+    fn nudge_for(&self, due: Instant) {
+        if self.planned.lock().is_none_or(|planned| due < planned) {
+            self.nudge();
         }
     }
 
@@ -235,7 +248,7 @@ impl Watchdog {
         );
         drop(kicks);
         if fresh {
-            self.nudge();
+            self.nudge_for(due);
         }
     }
 
@@ -337,17 +350,18 @@ impl Watchdog {
                 Lease::Fixed(ms) => sent.checked_add(Duration::from_millis(ms)),
             },
         });
-        let extend = handoff && hold.need_ms(u64::MAX, sent) > queue::pickup_ms();
-        if extend {
-            hold.extend_at = Some(sent + PICKUP / 3);
+        let extend = (handoff && hold.need_ms(u64::MAX, sent) > queue::pickup_ms())
+            .then(|| sent + PICKUP / 3);
+        if extend.is_some() {
+            hold.extend_at = extend;
         }
         let registration = Registration {
             level,
             lost: hold.lost.clone(),
         };
         drop(holds);
-        if extend {
-            self.nudge();
+        if let Some(due) = extend {
+            self.nudge_for(due);
         }
         registration
     }
@@ -619,19 +633,31 @@ impl Watchdog {
 fn run(client: Weak<Inner>, wake: Receiver<()>) {
     let mut next_round = Instant::now();
     loop {
-        let (period, clean_bound, due) = match client.upgrade() {
-            Some(inner) => (
-                inner.config.watchdog_timeout / 3,
-                inner.config.watchdog_timeout / 6,
-                inner.watchdog.next_due(),
-            ),
+        let clean_bound = match client.upgrade() {
+            Some(inner) => {
+                if next_round <= Instant::now() {
+                    next_round = Instant::now() + inner.config.watchdog_timeout / 3;
+                }
+                // Published before the dues are read: one added in between nudges.
+                let watchdog = &inner.watchdog;
+                *watchdog.planned.lock() = Some(next_round);
+                if let Some(due) = watchdog.next_due() {
+                    let mut planned = watchdog.planned.lock();
+                    *planned = planned.map(|p| p.min(due));
+                }
+                inner.config.watchdog_timeout / 6
+            }
             None => return,
         };
-        if next_round <= Instant::now() {
-            next_round = Instant::now() + period;
+        let wake_at = client
+            .upgrade()
+            .and_then(|inner| *inner.watchdog.planned.lock())
+            .unwrap_or(next_round);
+        let woken = wake.recv_deadline(wake_at);
+        if let Some(inner) = client.upgrade() {
+            *inner.watchdog.planned.lock() = None;
         }
-        let wake_at = due.map_or(next_round, |due| due.min(next_round));
-        match wake.recv_deadline(wake_at) {
+        match woken {
             Ok(()) => {
                 // Woken for a doubtful attempt, or a new extension or check to schedule.
                 // Renewals come first: clean up now only if that cannot delay the next
