@@ -262,27 +262,50 @@ fn cheap_latencies(url: &str) -> Cheap {
             .expect("PING answered");
     };
 
-    let acquire = redis::Script::new(include_str!("../lua/acquire.lua"));
-    let release = redis::Script::new(include_str!("../lua/release.lua"));
+    // The library's scripts as it runs them (the queue's rules prepended), with the
+    // arguments it passes: the floor of an uncontended lock + unlock.
+    let queued = |script: &str| [include_str!("../lua/queue.lua"), script].concat();
+    let acquire = redis::Script::new(&queued(include_str!("../lua/acquire.lua")));
+    let release = redis::Script::new(&queued(include_str!("../lua/release.lua")));
+    let lock_keys = [
+        "cheap:{raw}",
+        "cheap:!fence:{raw}",
+        "cheap:!queue:{raw}",
+        "cheap:!waiters:{raw}",
+    ];
     let scripts_op = || {
         let mut con = pool.get().expect("pooled connection");
-        let (granted, _): (i64, i64) = acquire
-            .key("cheap:{raw}")
+        let mut call = acquire.prepare_invoke();
+        for key in lock_keys {
+            call.key(key);
+        }
+        let reply: Vec<i64> = call
             .arg("bench:1")
             .arg(30_000)
             .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg("cheap:{raw}:to:")
+            .arg(1_000)
+            .arg(10)
             .invoke(&mut *con)
             .expect("acquire script");
-        assert_eq!(granted, 1);
+        assert_eq!(reply[0], 1);
         drop(con);
         let mut con = pool.get().expect("pooled connection");
-        let left: i64 = release
-            .key("cheap:{raw}")
-            .key("cheap:{raw}:released")
+        let mut call = release.prepare_invoke();
+        for key in lock_keys {
+            call.key(key);
+        }
+        let (left, _): (i64, i64) = call
             .arg("bench:1")
             .arg(30_000)
-            .arg("0")
             .arg(1)
+            .arg("cheap:{raw}:to:")
+            .arg(1_000)
+            .arg(10)
             .invoke(&mut *con)
             .expect("release script");
         assert_eq!(left, 0);
@@ -843,13 +866,9 @@ impl Admin {
         self.commandstats().get(cmd).copied().unwrap_or(0)
     }
 
+    /// Subscriptions to channels starting with `channel` (a lock has one per client).
     fn numsub(&mut self, channel: &str) -> u64 {
-        let (_, n): (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query(&mut self.con)
-            .expect("PUBSUB NUMSUB");
-        n
+        support::subscribers(&mut self.con, channel) as u64
     }
 
     fn pubsub_connections(&mut self) -> usize {
@@ -878,9 +897,10 @@ fn unique_prefix(what: &str) -> String {
     format!("redmutex-bench:{}:{what}:", unix_nanos())
 }
 
-/// The release channel of lock `name` (a name without braces): `<prefix>{name}:released`.
+/// The common prefix of lock `name`'s channels (a name without braces):
+/// `<prefix>{name}:to:`, followed by the id of each client waiting on it.
 fn channel_of(prefix: &str, name: &str) -> String {
-    format!("{prefix}{{{name}}}:released")
+    format!("{prefix}{{{name}}}:to:")
 }
 
 fn unix_nanos() -> i128 {

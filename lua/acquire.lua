@@ -1,62 +1,91 @@
--- acquire.lua: take a reentrant lock, or re-enter it when the caller already holds it.
+-- acquire.lua: take a reentrant lock, re-enter it, or wait in its queue.
+-- (queue.lua is prepended: see it for the queue keys and the messages to waiters)
 --
--- KEYS[1]  the lock hash (field = holder id, value = reentry count; fenced locks also
---          keep the hold's token in the field '~fence')
--- KEYS[2]  fenced locks only: the lock's token counter (an integer that never expires,
---          in a key namespace no lock name can reach)
+-- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the token)
+-- KEYS[2]  the lock's fencing-token counter (an integer that never expires, in a key
+--          namespace no lock name can reach)
+-- KEYS[3]  the lock's queue (LIST)      KEYS[4]  the lock's waiters (HASH)
 -- ARGV[1]  holder id, "<client-uuid>:<thread-token>"
 -- ARGV[2]  lease in milliseconds that this level needs
 -- ARGV[3]  the levels the caller believes it holds before this call (0 for a new hold)
+-- ARGV[4]  flags: 1 fair (never passes the queue), 2 fenced (draw a token)
+-- ARGV[5]  1 to wait in the queue when not granted (the caller listens on its inbox), 0 not
+-- ARGV[6]  how long the queue entry lives unless refreshed, ms
+-- ARGV[7]  the waiting call's ticket, echoed in its messages
+-- ARGV[8]  inbox prefix: a waiter's channel is this followed by its client id
+-- ARGV[9]  pickup window, ms: the longest lease of a hold handed to a waiter until it confirms
+-- ARGV[10] starvation bound, ms: a plain waiter queued this long is handed the lock directly
 --
--- Returns {1, count}         granted; count is the caller's reentry count after this call
---         {1, count, token}  the same for a fenced lock, with the hold's fencing token
---         {0, pttl}          held by someone else; pttl is the remaining lease in ms
---                            (-1 when the key somehow has no TTL)
+-- Returns {1, count, token}  granted; count is the caller's reentry count after this call,
+--                            token the hold's fencing token (0 unless fenced)
+--         {0, pttl}          not granted (queued if ARGV[5] is 1); pttl is the remaining
+--                            lease of the holder in ms (-1 when the key somehow has no TTL)
 --
--- The existence check, the grant and the lease are one atomic step: two callers can
--- never both see the key free. Lease rule: the key's expiry is the longest lease any held
--- level still needs, so a re-entry only ever raises it, never cuts the outer levels' lease.
--- A fencing token is drawn (INCR) in the same step, before anything is written: a
--- failing INCR (WRONGTYPE, an ACL without +incr) leaves no half-taken lock behind.
+-- The checks, the grant and the lease are one atomic step: two callers can never both see
+-- the key free. A free lock goes to the caller when nobody waits, when the caller is first
+-- in line, or (plain locks) when the caller may barge: no fair waiter is queued and the
+-- first waiter is younger than the starvation bound. Otherwise the first waiter is made the
+-- holder and told so, and the caller waits its turn.
+-- Lease rule: the key's expiry is the longest lease any held level still needs, so a
+-- re-entry only ever raises it. A fencing token is drawn before the hold is written.
 -- ARGV[3] makes a repeated call harmless: when the count is already above it, an earlier
--- call whose reply was lost took effect, and this one grants that level instead of
--- adding another.
-local FENCE_FIELD = '~fence'
-local fenced = #KEYS == 2
+-- call whose reply was lost (or a handoff whose message was lost) took effect, and this one
+-- grants that level instead of adding another.
+local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
-local held = redis.call('hget', KEYS[1], ARGV[1])
-if not held and redis.call('exists', KEYS[1]) == 1 then
-    return {0, redis.call('pttl', KEYS[1])}
-end
-local token = false
-if fenced then
-    if held then
-        token = redis.call('hget', KEYS[1], FENCE_FIELD)
-    end
-    if not token then
-        -- A new hold, or one whose outer levels came through a plain Lock of the name.
-        token = redis.call('incr', KEYS[2])
-        redis.call('hset', KEYS[1], FENCE_FIELD, token)
-    end
-end
-local count
+local flags = tonumber(ARGV[4])
+local fair = flags % 2 == 1
+local fenced = math.floor(flags / 2) % 2 == 1
+local held = redis.call('hget', KEYS[1], holder)
 if held then
+    local token = 0
+    if fenced then
+        token = redis.call('hget', KEYS[1], '~fence')
+        if not token then
+            -- Outer levels taken through a plain Lock of the name.
+            token = redis.call('incr', KEYS[2])
+            redis.call('hset', KEYS[1], '~fence', token)
+        end
+    end
+    local count
     local expected = tonumber(ARGV[3])
     if tonumber(held) > expected then
         count = expected + 1
-        redis.call('hset', KEYS[1], ARGV[1], count)
+        redis.call('hset', KEYS[1], holder, count)
     else
-        count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
+        count = redis.call('hincrby', KEYS[1], holder, 1)
     end
     if redis.call('pttl', KEYS[1]) < lease then
         redis.call('pexpire', KEYS[1], lease)
     end
-else
-    count = 1
-    redis.call('hset', KEYS[1], ARGV[1], count)
-    redis.call('pexpire', KEYS[1], lease)
+    return {1, count, tonumber(token)}
 end
-if not fenced then
-    return {1, count}
+local now = Q.now()
+if redis.call('exists', KEYS[1]) == 0 then
+    local mine
+    local first, since = Q.head(now)
+    if not first or first == holder then
+        mine = true
+    elseif not fair and not Q.has_fair() and now - since < tonumber(ARGV[10]) then
+        mine = true
+    else
+        mine = not Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
+    end
+    if mine then
+        local token = 0
+        if fenced then
+            token = redis.call('incr', KEYS[2])
+        end
+        Q.remove(holder)
+        redis.call('hset', KEYS[1], holder, 1)
+        if fenced then
+            redis.call('hset', KEYS[1], '~fence', token)
+        end
+        redis.call('pexpire', KEYS[1], lease)
+        return {1, 1, token}
+    end
 end
-return {1, count, tonumber(token)}
+if ARGV[5] == '1' then
+    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7])
+end
+return {0, redis.call('pttl', KEYS[1])}

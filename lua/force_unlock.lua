@@ -1,12 +1,29 @@
--- force_unlock.lua: delete a lock whoever holds it (an administrative operation).
+-- force_unlock.lua: delete a lock whoever holds it (an administrative operation), and hand
+-- it to the first waiter.
+-- (queue.lua is prepended: see it for the queue keys and the messages to waiters)
 --
--- KEYS[1]  the lock hash
--- KEYS[2]  the lock's release channel
--- ARGV[1]  message published on KEYS[2] when a lock was deleted
+-- KEYS[1]  the lock hash          KEYS[2]  the lock's fencing-token counter
+-- KEYS[3]  the lock's queue       KEYS[4]  the lock's waiters
+-- ARGV[1]  inbox prefix      ARGV[2]  pickup window, ms      ARGV[3]  starvation bound, ms
 --
--- Returns 1 when a lock was deleted (and waiters were told), 0 when it was not locked.
-if redis.call('del', KEYS[1]) == 1 then
-    redis.call('publish', KEYS[2], ARGV[1])
-    return 1
+-- Returns 1 when a lock was deleted, 0 when it was not locked; a WRONGTYPE error, with
+-- nothing changed, when the key holds something that is not a lock (someone's data).
+local kind = redis.call('type', KEYS[1])['ok']
+if kind == 'none' then
+    return 0
 end
-return 0
+local ok = kind == 'hash'
+if ok then
+    for i, field in ipairs(redis.call('hkeys', KEYS[1])) do
+        if field ~= '~fence' and not string.match(field, '^.+:%d+$') then
+            ok = false
+            break
+        end
+    end
+end
+if not ok then
+    return redis.error_reply('WRONGTYPE the key holds a ' .. kind .. ' that is not a redmutex lock; nothing was changed')
+end
+redis.call('del', KEYS[1])
+Q.hand_on(Q.now(), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), false, nil)
+return 1

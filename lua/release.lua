@@ -1,40 +1,43 @@
--- release.lua: leave one level of a reentrant lock; wake waiters when it becomes free.
+-- release.lua: leave one level of a reentrant lock; hand it on when it becomes free.
+-- (queue.lua is prepended: see it for the queue keys and the messages to waiters)
 --
--- KEYS[1]  the lock hash
--- KEYS[2]  the lock's release channel
+-- KEYS[1]  the lock hash          KEYS[2]  the lock's fencing-token counter
+-- KEYS[3]  the lock's queue       KEYS[4]  the lock's waiters
 -- ARGV[1]  holder id, "<client-uuid>:<thread-token>"
 -- ARGV[2]  lease in milliseconds that the caller's remaining levels still need (the
 --          longest of them); 0 when none needs any more time
--- ARGV[3]  message published on KEYS[2] when the lock becomes free
--- ARGV[4]  the levels the caller believes it holds before this call (at least 1)
+-- ARGV[3]  the levels the caller believes it holds before this call (at least 1)
+-- ARGV[4]  inbox prefix      ARGV[5]  pickup window, ms      ARGV[6]  starvation bound, ms
 --
--- Returns -1     the caller holds no level (never acquired, lease expired, force-unlocked,
---                or a repeated call whose first run freed the lock)
---         0      the lock is now free: the key is deleted and the message published
---         n > 0  the caller still holds n levels; the key's expiry is set to ARGV[2]
+-- Returns {-1, 0}  the caller holds no level (never acquired, lease expired, force-unlocked,
+--                  or a repeated call whose first run freed the lock)
+--         {0, w}   the lock is now free (or handed on); w is 1 when a waiter was told
+--         {n, 0}   the caller still holds n levels; the key's expiry is set to ARGV[2]
 --
 -- The expiry is set, not just raised: a released inner level with a longer lease must not
 -- leave its lease to the outer ones. Remaining levels that need no more time (fixed leases
 -- already over) free the lock at once, as their lease would have.
--- The count is set from ARGV[4], not decremented, so a repeated call (after a lost reply)
+-- The count is set from ARGV[3], not decremented, so a repeated call (after a lost reply)
 -- takes no second level, and levels left by lost acquire replies are dropped too.
+-- A freed lock goes to the first live waiter: made the holder if it is fair or has waited
+-- past the starvation bound, else told to try (a plain lock's releaser may barge back in).
 local held = redis.call('hget', KEYS[1], ARGV[1])
 if not held then
-    return -1
+    return {-1, 0}
 end
 local count = tonumber(held)
-local expected = tonumber(ARGV[4])
+local expected = tonumber(ARGV[3])
 if count < expected then
     -- This release already took effect; its reply was lost.
-    return count
+    return {count, 0}
 end
 local left = expected - 1
 local need = tonumber(ARGV[2])
 if left > 0 and need > 0 then
     redis.call('hset', KEYS[1], ARGV[1], left)
     redis.call('pexpire', KEYS[1], need)
-    return left
+    return {left, 0}
 end
 redis.call('del', KEYS[1])
-redis.call('publish', KEYS[2], ARGV[3])
-return 0
+local served = Q.hand_on(Q.now(), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), false, nil)
+return {0, served and 1 or 0}

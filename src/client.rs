@@ -107,7 +107,11 @@ impl Client {
     pub fn lock(&self, name: impl LockName) -> Lock {
         Lock::new(
             self.clone(),
-            LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
+            LockKeys::new(
+                &self.inner.config.key_prefix,
+                name.into_name(),
+                &self.inner.id,
+            ),
             Kind::PLAIN,
         )
     }
@@ -126,7 +130,11 @@ impl Client {
     pub fn fenced_lock(&self, name: impl LockName) -> FencedLock {
         FencedLock::new(Lock::new(
             self.clone(),
-            LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
+            LockKeys::new(
+                &self.inner.config.key_prefix,
+                name.into_name(),
+                &self.inner.id,
+            ),
             Kind::FENCED,
         ))
     }
@@ -144,7 +152,11 @@ impl Client {
     pub fn fair_lock(&self, name: impl LockName) -> FairLock {
         FairLock::new(Lock::new(
             self.clone(),
-            LockKeys::new(&self.inner.config.key_prefix, name.into_name()),
+            LockKeys::new(
+                &self.inner.config.key_prefix,
+                name.into_name(),
+                &self.inner.id,
+            ),
             Kind::FAIR,
         ))
     }

@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::client::Inner;
 use crate::keys::LockKeys;
-use crate::keys::RELEASE_MESSAGE;
 use crate::lock::millis;
-use crate::scripts;
 use crate::watchdog::{Lease, Registration};
+use crate::{queue, scripts};
 use crate::{Error, Lock};
 
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
@@ -129,22 +128,26 @@ impl LockGuard {
             // the newer one.
             return Err(self.not_held());
         };
-        let (left, shortfall) = inner.run(|con| {
-            let left: i64 = scripts::RELEASE
-                .key(keys.key.as_slice())
-                .key(keys.channel.as_slice())
+        let (left, served, shortfall) = inner.run(|con| {
+            let (left, served): (i64, i64) = queue::invoke(&scripts::RELEASE, keys)
                 .arg(self.holder.as_str())
                 .arg(need)
-                .arg(RELEASE_MESSAGE)
                 .arg(held)
+                .arg(keys.inbox.as_slice())
+                .arg(queue::pickup_ms())
+                .arg(queue::starve_ms())
                 .invoke(con)?;
             let shortfall = if left >= 0 {
                 inner.await_replicas(con)?
             } else {
                 None
             };
-            Ok((left, shortfall))
+            Ok((left, served, shortfall))
         })?;
+        if served == 1 {
+            // A waiter was told its turn: make sure it took it once its window is over.
+            inner.watchdog.handed_on(keys);
+        }
         if left < 0 {
             return Err(self.not_held());
         }

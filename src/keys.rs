@@ -2,31 +2,33 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Suffix of a lock's release channel. Suffixing the key keeps the channel in the key's
-/// hash slot, which sharded pub/sub on a cluster needs.
-const CHANNEL_SUFFIX: &[u8] = b":released";
+/// A waiter's channel is the lock key, this, and its client id. Suffixing the key keeps the
+/// channel in the key's hash slot, which sharded pub/sub on a cluster needs.
+const INBOX_SUFFIX: &[u8] = b":to:";
 /// Auxiliary keys (counters now; queues and permits later) start with this byte right
 /// after the prefix. Every lock key starts with `{`, `~` or `#` there, so no lock name can
 /// produce an auxiliary key, whatever it ends with.
 const AUX_MARK: u8 = b'!';
-
-/// Message the release and force-unlock scripts publish; waiters only count messages.
-pub(crate) const RELEASE_MESSAGE: &str = "0";
 
 /// The Redis names of one lock.
 #[derive(Debug)]
 pub(crate) struct LockKeys {
     pub(crate) name: Vec<u8>,
     pub(crate) key: Vec<u8>,
+    /// The prefix of every client's channel for this lock: `<key>:to:`.
+    pub(crate) inbox: Vec<u8>,
+    /// This client's channel: where the scripts tell its waiting threads their turn.
     pub(crate) channel: Vec<u8>,
     pub(crate) fence: Vec<u8>,
+    pub(crate) queue: Vec<u8>,
+    pub(crate) waiters: Vec<u8>,
 }
 
 impl LockKeys {
     /// Each of the three forms a key can take starts differently right after the prefix
     /// (`{`, `~`, `#`), and each keeps the whole name, so distinct names never share a key.
     /// The prefix is known to hold no brace, so the first `{` after it opens the tag.
-    pub(crate) fn new(prefix: &[u8], name: Vec<u8>) -> LockKeys {
+    pub(crate) fn new(prefix: &[u8], name: Vec<u8>, client_id: &str) -> LockKeys {
         let mut key = Vec::with_capacity(prefix.len() + name.len() + 20);
         key.extend_from_slice(prefix);
         if !name.contains(&b'{') && !name.contains(&b'}') {
@@ -42,14 +44,18 @@ impl LockKeys {
             key.extend_from_slice(format!("#{{{:016x}}}", fnv1a(&name)).as_bytes());
             key.extend_from_slice(&name);
         }
-        let mut channel = key.clone();
-        channel.extend_from_slice(CHANNEL_SUFFIX);
-        let fence = aux_key(prefix, &key, b"fence");
+        let mut inbox = key.clone();
+        inbox.extend_from_slice(INBOX_SUFFIX);
+        let mut channel = inbox.clone();
+        channel.extend_from_slice(client_id.as_bytes());
         LockKeys {
+            fence: aux_key(prefix, &key, b"fence"),
+            queue: aux_key(prefix, &key, b"queue"),
+            waiters: aux_key(prefix, &key, b"waiters"),
             name,
             key,
+            inbox,
             channel,
-            fence,
         }
     }
 }
@@ -117,14 +123,15 @@ mod tests {
 
     #[test]
     fn plain_names_are_wrapped_in_a_tag() {
-        let k = LockKeys::new(b"redmutex:", b"orders".to_vec());
+        let k = LockKeys::new(b"redmutex:", b"orders".to_vec(), "c1");
         assert_eq!(k.key, b"redmutex:{orders}");
-        assert_eq!(k.channel, b"redmutex:{orders}:released");
+        assert_eq!(k.channel, b"redmutex:{orders}:to:c1");
+        assert_eq!(k.queue, b"redmutex:!queue:{orders}");
     }
 
     #[test]
     fn names_with_a_tag_keep_it() {
-        let k = LockKeys::new(b"p:", b"user:{42}:cart".to_vec());
+        let k = LockKeys::new(b"p:", b"user:{42}:cart".to_vec(), "c1");
         assert_eq!(k.key, b"p:~user:{42}:cart");
         assert_eq!(tag_of(&k.channel), b"42");
     }
@@ -132,7 +139,7 @@ mod tests {
     #[test]
     fn awkward_names_still_share_one_nonempty_tag() {
         for name in [&b"}x"[..], b"a{}b", b"{}", b"}{", b"x}{y}"] {
-            let k = LockKeys::new(b"redmutex:", name.to_vec());
+            let k = LockKeys::new(b"redmutex:", name.to_vec(), "c1");
             assert!(
                 has_hash_tag(&k.key),
                 "{:?}",
@@ -150,7 +157,7 @@ mod tests {
         ];
         let keys: std::collections::HashSet<Vec<u8>> = names
             .iter()
-            .map(|n| LockKeys::new(b"p:", n.to_vec()).key)
+            .map(|n| LockKeys::new(b"p:", n.to_vec(), "c1").key)
             .collect();
         assert_eq!(keys.len(), names.len());
     }
@@ -158,10 +165,11 @@ mod tests {
     /// Names built to collide with an auxiliary key of another name, for every key form.
     fn adversarial_names() -> Vec<Vec<u8>> {
         let bases: [&[u8]; 6] = [b"x", b"{x}", b"user:{42}", b"}x", b"a{}b", b""];
-        let suffixes: [&[u8]; 7] = [
+        let suffixes: [&[u8]; 8] = [
             b"",
             b":fence",
             b":released",
+            b":to:c1",
             b":queue",
             b":timeouts",
             b":permits",
@@ -186,19 +194,21 @@ mod tests {
         for prefix in [&b"redmutex:"[..], b"", b"p!"] {
             let all: Vec<LockKeys> = adversarial_names()
                 .into_iter()
-                .map(|n| LockKeys::new(prefix, n))
+                .map(|n| LockKeys::new(prefix, n, "c1"))
                 .collect();
             let lock_keys: std::collections::HashSet<&[u8]> =
                 all.iter().map(|k| k.key.as_slice()).collect();
             assert_eq!(lock_keys.len(), all.len(), "distinct names, distinct keys");
             for k in &all {
-                assert!(
-                    !lock_keys.contains(k.fence.as_slice()),
-                    "the counter of {:?} is a lock key",
-                    String::from_utf8_lossy(&k.name)
-                );
-                assert_eq!(tag_of(&k.fence), tag_of(&k.key), "same slot");
-                assert!(k.fence.starts_with(prefix));
+                for aux in [&k.fence, &k.queue, &k.waiters] {
+                    assert!(
+                        !lock_keys.contains(aux.as_slice()),
+                        "an auxiliary key of {:?} is a lock key",
+                        String::from_utf8_lossy(&k.name)
+                    );
+                    assert_eq!(tag_of(aux), tag_of(&k.key), "same slot");
+                    assert!(aux.starts_with(prefix));
+                }
             }
             let counters: std::collections::HashSet<&[u8]> =
                 all.iter().map(|k| k.fence.as_slice()).collect();

@@ -40,6 +40,7 @@ mod keys;
 mod lock;
 mod name;
 mod pool;
+mod queue;
 mod scripts;
 mod subscriber;
 mod watchdog;

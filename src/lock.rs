@@ -1,10 +1,12 @@
 //! `Lock`: a named reentrant lock shared by every thread and process that uses the name.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::keys::{holder_id, thread_token, LockKeys};
+use crate::queue::{self, Notice};
 use crate::scripts;
 use crate::subscriber::Subscription;
 use crate::watchdog::Lease;
@@ -257,10 +259,10 @@ impl Lock {
         self.check_name()?;
         let keys = &self.keys;
         let deleted: i64 = self.client.inner.run(|con| {
-            scripts::FORCE_UNLOCK
-                .key(keys.key.as_slice())
-                .key(keys.channel.as_slice())
-                .arg(crate::keys::RELEASE_MESSAGE)
+            queue::invoke(&scripts::FORCE_UNLOCK, keys)
+                .arg(keys.inbox.as_slice())
+                .arg(queue::pickup_ms())
+                .arg(queue::starve_ms())
                 .invoke(con)
         })?;
         Ok(deleted == 1)
@@ -293,163 +295,78 @@ impl Lock {
             inner.watchdog.ensure_running(inner)?;
         }
         let token = thread_token();
-        let holder = holder_id(&inner.id, token);
-        let lease_ms = match lease {
-            Lease::Watchdog => millis(inner.config.watchdog_timeout),
-            Lease::Fixed(ms) => ms,
-        };
-        let mut sent = Instant::now();
-        let mut pttl = match self.attempt(&holder, lease_ms, self.io_until(deadline))? {
-            Ok(grant) => return Ok(Some(self.granted(token, holder, grant, lease, sent))),
-            Err(pttl) => pttl,
-        };
-        let mut subscription: Option<Subscription> = None;
-        loop {
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(None);
-            }
-            let Some(s) = &subscription else {
-                // Subscribe, and try again only once the server confirmed it: a release
-                // before that would otherwise be missed.
-                let s = inner.subscriber.subscribe(
-                    inner,
-                    &self.keys.channel,
-                    self.io_until(deadline),
-                )?;
-                s.saw_lease_end(Instant::now() + self.wait_bound(pttl));
-                subscription = Some(s);
-                continue;
-            };
-            // Never sleep past the holder's lease: a crashed holder publishes nothing.
-            let lease_end = s.next_try().unwrap_or(now);
-            let until = deadline.map_or(lease_end, |d| d.min(lease_end));
-            // Whether the try below uses up a wake-up meant for one thread of the process,
-            // and whether it is the process's one try on the lease timer.
-            let (mut woken, mut claimed) = (false, false);
-            if !s.is_confirmed() {
-                if !s.wait_confirmed(until) {
-                    if !self.timed_try(s, deadline)? {
-                        continue;
-                    }
-                    claimed = true;
-                }
-            } else if s.wait_release(until) {
-                woken = true;
+        let once = deadline.is_some_and(|d| d <= Instant::now());
+        let mut wait = Wait {
+            lock: self,
+            token,
+            holder: holder_id(&inner.id, token),
+            lease,
+            lease_ms: match lease {
+                Lease::Watchdog => millis(inner.config.watchdog_timeout),
+                Lease::Fixed(ms) => ms,
+            },
+            deadline,
+            once,
+            ticket: NEXT_TICKET.fetch_add(1, Ordering::Relaxed),
+            queued: false,
+            // A process that listens on this lock already (others of its threads wait, or
+            // did a moment ago) queues with its first attempt: no extra round trip.
+            sub: if once {
+                None
             } else {
-                if !self.timed_try(s, deadline)? {
-                    continue;
-                }
-                claimed = true;
-            }
-            sent = Instant::now();
-            match self.attempt(&holder, lease_ms, self.io_until(deadline)) {
-                Ok(Ok(grant)) => {
-                    // The others of this process now wait for our release (or our lease).
-                    s.saw_lease_end(sent + Duration::from_millis(lease_ms));
-                    return Ok(Some(self.granted(token, holder, grant, lease, sent)));
-                }
-                Ok(Err(left)) => {
-                    pttl = left;
-                    s.saw_lease_end(Instant::now() + self.wait_bound(pttl));
-                }
-                Err(e) => {
-                    // Another waiting thread of this process must not sleep through a
-                    // release, or the lease timer, that this thread could not act on.
-                    if claimed {
-                        s.unclaim();
-                    }
-                    if woken || claimed {
-                        s.pass_on();
-                    }
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    /// After a wait that ended without a release message: whether this thread makes the
-    /// process's one try on the lease timer (false: another thread does, or the deadline
-    /// passed; the caller loops and sleeps again).
-    fn timed_try(&self, s: &Subscription, deadline: Option<Instant>) -> Result<bool, Error> {
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Ok(false);
-        }
-        let window = self.client.inner.config.command_timeout;
-        Ok(s.claim_try(now, window).is_ok())
-    }
-
-    /// The instant I/O of an attempt must give up at: none for unbounded calls, the
-    /// deadline (or now, past it) plus a grace for the round trip under way for bounded
-    /// ones, plus the replicas' WAIT when `sync_replicas` is on.
-    fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
-        let deadline = deadline?;
-        let mut grace = IO_GRACE;
-        if let Some((_, wait_ms)) = self.client.inner.config.sync_replicas {
-            grace += Duration::from_millis(wait_ms);
-        }
-        Some(deadline.max(Instant::now()) + grace)
+                inner.subscriber.rejoin(&self.keys.channel, token)
+            },
+        };
+        wait.run()
     }
 
     /// Runs the acquire script: `Ok(grant)` when granted, `Err(pttl)` when held elsewhere.
+    /// With `join`, a thread not granted is queued (or its entry refreshed).
     fn attempt(
         &self,
         holder: &str,
         lease_ms: u64,
+        join: Option<(u64, u64)>,
         until: Option<Instant>,
     ) -> Result<Result<Grant, i64>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
         let token = thread_token();
         let held = inner.watchdog.begin_attempt(&keys.key, token);
+        let flags = u8::from(self.kind.fair) | (u8::from(self.kind.fenced) << 1);
+        let (ticket, ttl) = join.unwrap_or((0, 0));
         let outcome = inner.run_until(until, |con| {
-            let result = if self.kind.fenced {
-                let reply: Vec<i64> = scripts::ACQUIRE
-                    .key(keys.key.as_slice())
-                    .key(keys.fence.as_slice())
-                    .arg(holder)
-                    .arg(lease_ms)
-                    .arg(held)
-                    .invoke(con)?;
-                match reply[..] {
-                    [1, count, fence] => Ok(Grant {
-                        count,
-                        fence: Some(fence as u64),
-                    }),
-                    [_, pttl, ..] => Err(pttl),
-                    _ => {
-                        return Err(redis::RedisError::from((
-                            redis::ErrorKind::Parse,
-                            "unexpected reply from the fenced acquire script",
-                        )))
-                    }
+            let reply: Vec<i64> = queue::invoke(&scripts::ACQUIRE, keys)
+                .arg(holder)
+                .arg(lease_ms)
+                .arg(held)
+                .arg(flags)
+                .arg(u8::from(join.is_some()))
+                .arg(ttl)
+                .arg(ticket)
+                .arg(keys.inbox.as_slice())
+                .arg(queue::pickup_ms())
+                .arg(queue::starve_ms())
+                .invoke(con)?;
+            let grant = match reply[..] {
+                [1, count, fence] => Grant {
+                    count,
+                    fence: self.kind.fenced.then_some(fence as u64),
+                },
+                [0, pttl] => return Ok(Ok(Err(pttl))),
+                _ => {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "unexpected reply from the acquire script",
+                    )))
                 }
-            } else {
-                let (granted, n): (i64, i64) = scripts::ACQUIRE
-                    .key(keys.key.as_slice())
-                    .arg(holder)
-                    .arg(lease_ms)
-                    .arg(held)
-                    .invoke(con)?;
-                if granted == 1 {
-                    Ok(Grant {
-                        count: n,
-                        fence: None,
-                    })
-                } else {
-                    Err(n)
-                }
-            };
-            let Ok(grant) = &result else {
-                return Ok(Ok(result));
             };
             // With sync_replicas, a grant the replicas did not confirm, or a WAIT that
             // failed (an ACL without +wait, a proxy without WAIT), is given back on the
             // same connection: a lock the caller is told it did not get must not stay
             // taken for a whole lease.
             let failure = match inner.await_replicas(con) {
-                Ok(None) => return Ok(Ok(result)),
+                Ok(None) => return Ok(Ok(Ok(grant))),
                 Ok(Some(shortfall)) => Ok(shortfall),
                 Err(e) => Err(e),
             };
@@ -457,13 +374,13 @@ impl Lock {
                 inner
                     .watchdog
                     .need_ms(&keys.key, token, millis(inner.config.watchdog_timeout));
-            let rollback: redis::RedisResult<i64> = scripts::RELEASE
-                .key(keys.key.as_slice())
-                .key(keys.channel.as_slice())
+            let rollback: redis::RedisResult<(i64, i64)> = queue::invoke(&scripts::RELEASE, keys)
                 .arg(holder)
                 .arg(need)
-                .arg(crate::keys::RELEASE_MESSAGE)
                 .arg(grant.count)
+                .arg(keys.inbox.as_slice())
+                .arg(queue::pickup_ms())
+                .arg(queue::starve_ms())
                 .invoke(con);
             match (failure, rollback) {
                 (Ok(shortfall), Ok(_)) => Ok(Err(shortfall)),
@@ -474,13 +391,15 @@ impl Lock {
             }
         });
         let granted = matches!(outcome, Ok(Ok(Ok(_))));
-        inner.watchdog.end_attempt(&keys.key, token, granted);
+        let queued = join.is_some() && matches!(outcome, Ok(Ok(Err(_))));
+        inner
+            .watchdog
+            .end_attempt(&keys.key, token, granted, queued);
         if let Err(e) = &outcome {
             if e.outcome_unknown() {
-                // Redis may have run the script, or may still: a level nobody holds.
-                inner
-                    .watchdog
-                    .doubt(inner, (&keys.key, &keys.channel), token, holder, held);
+                // Redis may have run the script, or may still: a level nobody holds, or a
+                // queue entry nobody waits behind.
+                inner.watchdog.doubt(inner, keys, token, holder, held);
             }
         }
         outcome?
@@ -506,6 +425,7 @@ impl Lock {
         grant: Grant,
         lease: Lease,
         sent: Instant,
+        handoff: bool,
     ) -> LockGuard {
         let registration = self.client.inner.watchdog.acquired(
             &self.keys.key,
@@ -513,9 +433,254 @@ impl Lock {
             &holder,
             grant.count,
             lease,
-            sent,
+            (sent, handoff),
         );
         LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
+    }
+
+    /// The instant I/O of an attempt must give up at: none for unbounded calls, the
+    /// deadline (or now, past it) plus a grace for the round trip under way for bounded
+    /// ones, plus the replicas' WAIT when `sync_replicas` is on.
+    fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
+        let deadline = deadline?;
+        let mut grace = IO_GRACE;
+        if let Some((_, wait_ms)) = self.client.inner.config.sync_replicas {
+            grace += Duration::from_millis(wait_ms);
+        }
+        Some(deadline.max(Instant::now()) + grace)
+    }
+}
+
+/// Numbers each waiting call, so that a message meant for an earlier call of the same
+/// thread (one that already left the queue) is never taken for this one's.
+static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+
+/// One call waiting for a lock: its attempts, its place in the queue, its subscription.
+struct Wait<'a> {
+    lock: &'a Lock,
+    token: u64,
+    holder: String,
+    lease: Lease,
+    lease_ms: u64,
+    deadline: Option<Instant>,
+    // A single attempt (try_lock): it never queues.
+    once: bool,
+    ticket: u64,
+    // An attempt of this call may have queued the thread: leaving, it must leave the queue.
+    queued: bool,
+    sub: Option<Subscription>,
+}
+
+impl Wait<'_> {
+    fn run(&mut self) -> Result<Option<LockGuard>, Error> {
+        let lock = self.lock;
+        let inner = &lock.client.inner;
+        let mut sent = Instant::now();
+        let mut pttl = match self.attempt()? {
+            Ok(grant) => return Ok(Some(self.granted(grant, sent, false))),
+            Err(pttl) => pttl,
+        };
+        loop {
+            let now = Instant::now();
+            if self.deadline.is_some_and(|d| now >= d) {
+                return self.give_up();
+            }
+            let Some(s) = &self.sub else {
+                // The queue needs the watchdog (its entries are kept alive each round).
+                inner.watchdog.ensure_running(inner)?;
+                // Subscribe, and queue only once the server confirmed it: a message sent
+                // before that would be lost, and this waiter taken for dead.
+                let s = inner.subscriber.subscribe(
+                    inner,
+                    &lock.keys.channel,
+                    self.token,
+                    lock.io_until(self.deadline),
+                )?;
+                s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
+                self.sub = Some(s);
+                continue;
+            };
+            // Never sleep past the holder's lease: a crashed holder hands nothing on.
+            let lease_end = s.next_try().unwrap_or(now);
+            let until = self.deadline.map_or(lease_end, |d| d.min(lease_end));
+            // Whether the try below is the process's one try on the lease timer.
+            let mut claimed = false;
+            if !s.is_confirmed() {
+                if !s.wait_confirmed(until) {
+                    if !self.timed_try(s)? {
+                        continue;
+                    }
+                    claimed = true;
+                }
+            } else if self.queued {
+                match s.wait(until) {
+                    Some(Notice::Granted { ticket, fence }) if ticket == self.ticket => {
+                        return Ok(Some(self.handed(fence)));
+                    }
+                    Some(Notice::Wake { ticket }) if ticket == self.ticket => {}
+                    Some(Notice::Recheck) => {}
+                    // For an earlier call of this thread, long over.
+                    Some(_) => continue,
+                    None => {
+                        if !self.timed_try(s)? {
+                            continue;
+                        }
+                        claimed = true;
+                    }
+                }
+            }
+            sent = Instant::now();
+            match self.attempt() {
+                Ok(Ok(grant)) => {
+                    if let Some(s) = &self.sub {
+                        // The others of this process now wait for our release (or lease).
+                        s.saw_lease_end(sent + Duration::from_millis(self.lease_ms));
+                    }
+                    return Ok(Some(self.granted(grant, sent, false)));
+                }
+                Ok(Err(left)) => {
+                    pttl = left;
+                    if let Some(s) = &self.sub {
+                        s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
+                    }
+                }
+                Err(e) => {
+                    if claimed {
+                        if let Some(s) = &self.sub {
+                            s.unclaim();
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// One attempt; it queues the thread when this client listens for its turn.
+    fn attempt(&mut self) -> Result<Result<Grant, i64>, Error> {
+        let lock = self.lock;
+        let inner = &lock.client.inner;
+        let join = !self.once && self.sub.as_ref().is_some_and(|s| s.is_confirmed());
+        let join = join.then(|| {
+            let watchdog_ms = millis(inner.config.watchdog_timeout);
+            let ttl = match self.deadline {
+                Some(d) => {
+                    millis(d.saturating_duration_since(Instant::now()) + IO_GRACE).min(watchdog_ms)
+                }
+                None => watchdog_ms,
+            };
+            (self.ticket, ttl)
+        });
+        if join.is_some() && !self.queued {
+            self.queued = true;
+            inner
+                .watchdog
+                .waiting(&lock.keys, self.token, &self.holder, self.deadline);
+        }
+        let outcome = lock.attempt(
+            &self.holder,
+            self.lease_ms,
+            join,
+            lock.io_until(self.deadline),
+        )?;
+        if outcome.is_ok() {
+            // The script took the thread out of the queue with the grant.
+            self.left_queue();
+        }
+        Ok(outcome)
+    }
+
+    /// After a wait that ended without a message: whether this thread makes the process's
+    /// one try on the lease timer (false: another thread does, or the deadline passed;
+    /// the caller loops and sleeps again).
+    fn timed_try(&self, s: &Subscription) -> Result<bool, Error> {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|d| now >= d) {
+            return Ok(false);
+        }
+        let window = self.lock.client.inner.config.command_timeout;
+        Ok(s.claim_try(now, window).is_ok())
+    }
+
+    /// The deadline passed: leave the queue, in one step with learning whether the lock
+    /// was handed to this thread meanwhile (then it is ours: `Some`).
+    fn give_up(&mut self) -> Result<Option<LockGuard>, Error> {
+        if !self.queued {
+            return Ok(None);
+        }
+        let lock = self.lock;
+        let inner = &lock.client.inner;
+        let keys = &lock.keys;
+        let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
+            queue::invoke(&scripts::CANCEL, keys)
+                .arg(self.holder.as_str())
+                .arg(0)
+                .arg(0)
+                .arg(1)
+                .arg(keys.inbox.as_slice())
+                .arg(queue::pickup_ms())
+                .arg(queue::starve_ms())
+                .invoke(con)
+        })?;
+        self.left_queue();
+        match reply[..] {
+            [1, _, fence] => Ok(Some(self.handed(fence as u64))),
+            [0, served] => {
+                if served == 1 {
+                    inner.watchdog.handed_on(keys);
+                }
+                Ok(None)
+            }
+            _ => Err(Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "unexpected reply from the cancel script",
+            )))),
+        }
+    }
+
+    /// The lock was handed to this thread by a release: it holds one level, with a lease
+    /// of at most the pickup window until the watchdog extends it.
+    fn handed(&mut self, fence: u64) -> LockGuard {
+        self.left_queue();
+        let grant = Grant {
+            count: 1,
+            fence: self.lock.kind.fenced.then_some(fence),
+        };
+        self.granted(grant, Instant::now(), true)
+    }
+
+    fn granted(&mut self, grant: Grant, sent: Instant, handoff: bool) -> LockGuard {
+        self.left_queue();
+        self.lock.granted(
+            self.token,
+            self.holder.clone(),
+            grant,
+            self.lease,
+            sent,
+            handoff,
+        )
+    }
+
+    fn left_queue(&mut self) {
+        if self.queued {
+            self.queued = false;
+            let inner = &self.lock.client.inner;
+            inner.watchdog.done_waiting(&self.lock.keys.key, self.token);
+        }
+    }
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        if self.queued {
+            // Left with an error: the thread's entry (and a grant it may have been made
+            // meanwhile) is given up by the watchdog thread, off this caller's path.
+            let inner = &self.lock.client.inner;
+            inner.watchdog.done_waiting(&self.lock.keys.key, self.token);
+            inner
+                .watchdog
+                .doubt(inner, &self.lock.keys, self.token, &self.holder, 0);
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use crate::client::Inner;
 use crate::pool::Manager;
+use crate::queue::{self, Notice};
 use crate::Error;
 
 /// How long the reader blocks on the socket before checking whether the client is gone.
@@ -52,29 +53,25 @@ struct Entry {
     waiters: Arc<Waiters>,
 }
 
-/// The threads of this process waiting on one channel.
+/// The threads of this process waiting on one lock (its channel for this client).
 struct Waiters {
-    // Capacity one: a release wakes exactly one waiting thread, and a release that comes
-    // while no thread is inside `recv` stays here for the next one instead of being lost.
-    wake_tx: Sender<()>,
-    wake_rx: Receiver<()>,
+    // Each waiting thread's own slot, by thread token: the scripts address one thread.
+    slots: Mutex<HashMap<u64, Sender<Notice>>>,
     // A latch: its sender is dropped once the server confirmed the subscription, which
     // wakes every thread waiting for that at once. Re-armed when the connection drops.
     confirmed: Mutex<(Option<Sender<()>>, Receiver<()>)>,
-    // When a waiting thread of this process should next try without a release message:
-    // the end of the holder's lease as last seen here, or the end of a try in flight. A
-    // crashed holder publishes nothing, and without this every waiting thread's timer
-    // would fire at the same instant; this way one thread per process tries.
+    // When a waiting thread of this process should next try without a message: the end
+    // of the holder's lease as last seen here, or the end of a try in flight. A crashed
+    // holder hands nothing on, and without this every waiting thread's timer would fire
+    // at the same instant; this way one thread per process tries.
     next_try: Mutex<Option<Instant>>,
 }
 
 impl Waiters {
     fn new() -> Waiters {
-        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         let (tx, rx) = crossbeam_channel::bounded(0);
         Waiters {
-            wake_tx,
-            wake_rx,
+            slots: Mutex::new(HashMap::new()),
             confirmed: Mutex::new((Some(tx), rx)),
             next_try: Mutex::new(None),
         }
@@ -92,21 +89,33 @@ impl Waiters {
         }
     }
 
-    fn wake_one(&self) {
-        let _ = self.wake_tx.try_send(());
+    /// Delivers `notice` to the thread `token`; false when no such thread waits here.
+    fn notify(&self, token: u64, notice: Notice) -> bool {
+        match self.slots.lock().get(&token) {
+            Some(slot) => slot.send(notice).is_ok(),
+            None => false,
+        }
+    }
+
+    fn recheck_all(&self) {
+        for slot in self.slots.lock().values() {
+            let _ = slot.send(Notice::Recheck);
+        }
     }
 }
 
-/// A thread's interest in one channel; dropping it gives the interest up.
+/// A thread's interest in one lock's channel; dropping it gives the interest up.
 pub(crate) struct Subscription {
     shared: Arc<Shared>,
     channel: Vec<u8>,
     waiters: Arc<Waiters>,
+    token: u64,
+    notices: Receiver<Notice>,
 }
 
 impl Subscription {
     /// Whether the server has confirmed this channel's subscription on the current
-    /// connection: only then can no release message be missed.
+    /// connection: only then can no message to this client be missed.
     pub(crate) fn is_confirmed(&self) -> bool {
         let rx = self.waiters.confirmed.lock().1.clone();
         matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
@@ -118,14 +127,9 @@ impl Subscription {
         matches!(rx.recv_deadline(until), Err(RecvTimeoutError::Disconnected))
     }
 
-    /// Blocks until a release of this channel wakes this thread (true) or `until` (false).
-    pub(crate) fn wait_release(&self, until: Instant) -> bool {
-        self.waiters.wake_rx.recv_deadline(until).is_ok()
-    }
-
-    /// Hands a wake-up this thread took, and cannot use, to another waiting thread.
-    pub(crate) fn pass_on(&self) {
-        self.waiters.wake_one();
+    /// Blocks until a message for this thread arrives, or `until` (`None`).
+    pub(crate) fn wait(&self, until: Instant) -> Option<Notice> {
+        self.notices.recv_deadline(until).ok()
     }
 
     /// Records when the lock's current lease ends, as an attempt just saw it.
@@ -166,12 +170,11 @@ impl Drop for Subscription {
                 entry.refs -= 1;
                 if entry.refs == 0 {
                     entry.idle_since = Some(Instant::now());
-                    // A release meant for this thread must not linger and wake the next
-                    // waiter spuriously.
-                    let _ = entry.waiters.wake_rx.try_recv();
                 }
             }
         }
+        drop(state);
+        self.waiters.slots.lock().remove(&self.token);
     }
 }
 
@@ -210,13 +213,59 @@ impl Subscriber {
         Ok(())
     }
 
-    /// Registers interest in `channel`; a SUBSCRIBE is sent only when this process was not
-    /// already subscribed. `client` is used to nudge the reader thread, giving up at
-    /// `until`.
+    /// Registers thread `token`'s interest in `channel` if this process is subscribed to it
+    /// already (or still lingering on it): no command is sent. `None` otherwise.
+    pub(crate) fn rejoin(&self, channel: &[u8], token: u64) -> Option<Subscription> {
+        let mut state = self.shared.state.lock();
+        let entry = state.channels.get_mut(channel)?;
+        if !entry.requested {
+            return None;
+        }
+        drop(state);
+        self.ensure_running().ok()?;
+        let mut state = self.shared.state.lock();
+        let entry = state.channels.get_mut(channel)?;
+        entry.refs += 1;
+        entry.idle_since = None;
+        let waiters = entry.waiters.clone();
+        drop(state);
+        Some(self.slot(channel, waiters, token))
+    }
+
+    fn slot(&self, channel: &[u8], waiters: Arc<Waiters>, token: u64) -> Subscription {
+        let (tx, notices) = crossbeam_channel::unbounded();
+        waiters.slots.lock().insert(token, tx);
+        Subscription {
+            shared: self.shared.clone(),
+            channel: channel.to_vec(),
+            waiters,
+            token,
+            notices,
+        }
+    }
+
+    /// Tells thread `token`, if it waits on `channel`, to try again.
+    pub(crate) fn recheck(&self, channel: &[u8], token: u64) {
+        let waiters = self
+            .shared
+            .state
+            .lock()
+            .channels
+            .get(channel)
+            .map(|entry| entry.waiters.clone());
+        if let Some(waiters) = waiters {
+            waiters.notify(token, Notice::Recheck);
+        }
+    }
+
+    /// Registers thread `token`'s interest in `channel`; a SUBSCRIBE is sent only when this
+    /// process was not already subscribed. `client` is used to nudge the reader thread,
+    /// giving up at `until`.
     pub(crate) fn subscribe(
         &self,
         client: &Inner,
         channel: &[u8],
+        token: u64,
         until: Option<Instant>,
     ) -> Result<Subscription, Error> {
         let (waiters, nudge) = {
@@ -244,11 +293,7 @@ impl Subscriber {
         };
         // From here on the interest is counted: dropping this gives it back, also when
         // the thread cannot be started.
-        let subscription = Subscription {
-            shared: self.shared.clone(),
-            channel: channel.to_vec(),
-            waiters,
-        };
+        let subscription = self.slot(channel, waiters, token);
         self.ensure_running()?;
         if nudge {
             let control = self.shared.control.as_slice();
@@ -341,7 +386,7 @@ fn session(
                 last_heard = Instant::now();
                 let channel: Vec<u8> = msg.get_channel()?;
                 if let Some(strong) = shared.upgrade() {
-                    strong.released(&channel);
+                    strong.deliver(&channel, msg.get_payload_bytes());
                 }
             }
             Err(e) if e.is_timeout() => {
@@ -375,11 +420,10 @@ impl Shared {
         let state = self.state.lock();
         if let Some(entry) = state.channels.get(channel) {
             entry.waiters.confirm();
-            if reconnect && entry.refs > 0 {
-                // A release published while we were disconnected was never seen: let one
-                // waiter of this lock look again (none if nobody waits: a wake-up left in
-                // the channel would only cost the next waiter a wasted try).
-                entry.waiters.wake_one();
+            if reconnect {
+                // A message published while we were disconnected was never seen, and the
+                // scripts dropped this client's waiters as dead: every waiter looks again.
+                entry.waiters.recheck_all();
             }
         }
     }
@@ -408,11 +452,20 @@ impl Shared {
         idle
     }
 
-    fn released(&self, channel: &[u8]) {
-        if let Some(entry) = self.state.lock().channels.get(channel) {
-            if entry.refs > 0 {
-                entry.waiters.wake_one();
-            }
+    fn deliver(&self, channel: &[u8], payload: &[u8]) {
+        let Some((token, notice)) = queue::parse(payload) else {
+            return; // the control channel's nudges
+        };
+        let waiters = self
+            .state
+            .lock()
+            .channels
+            .get(channel)
+            .map(|entry| entry.waiters.clone());
+        if !waiters.is_some_and(|w| w.notify(token, notice)) {
+            // The thread left (its deadline passed, or it failed) before the message came.
+            // A grant it never took lapses after the pickup window and passes on.
+            log::debug!("redmutex: a message for a thread no longer waiting: {notice:?}");
         }
     }
 

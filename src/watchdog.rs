@@ -11,12 +11,17 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::client::Inner;
-use crate::lock::millis;
+use crate::keys::LockKeys;
+use crate::lock::{millis, IO_GRACE};
+use crate::queue::{self, KICK_AFTER, PICKUP};
 use crate::{scripts, Error};
 
-/// Keys renewed by one script call. Bounded so that one call never blocks Redis for long;
-/// 1,000 locks still take only two round trips.
+/// Leases and queue entries renewed by one script call. Bounded so that one call never
+/// blocks Redis for long; 1,000 locks or waiters still take only two round trips.
 const RENEW_BATCH: usize = 500;
+/// How often a failing check of a handed-on lock is tried again before it is left to the
+/// waiters' own timers.
+const KICK_TRIES: u8 = 3;
 
 /// How a level of a lock keeps its lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +60,9 @@ struct Hold {
     // the lock wait for it, so that a renewal taken from an older snapshot can never land
     // on a later hold (a fixed lease re-taken in between would be silently extended).
     renewing: bool,
+    // The hold was handed over by a release, with a lease of at most the pickup window:
+    // when the watchdog must extend it to what the levels need.
+    extend_at: Option<Instant>,
 }
 
 impl Hold {
@@ -90,8 +98,7 @@ type Holds = HashMap<Vec<u8>, HashMap<u64, Hold>>;
 /// late), unless this thread's next grant on the lock adopted it meanwhile.
 struct Doubtful {
     id: u64,
-    key: Vec<u8>,
-    channel: Vec<u8>,
+    keys: Arc<LockKeys>,
     token: u64,
     holder: String,
     // The levels the attempt was told the thread held: the ghost, if any, is one more.
@@ -108,6 +115,22 @@ struct Watched {
     token: u64,
     holder: Arc<str>,
     lost: Arc<AtomicBool>,
+    lease_ms: u64,
+}
+
+/// A thread of this client waiting in a lock's queue: its entry is kept alive each round.
+struct Waiting {
+    keys: Arc<LockKeys>,
+    holder: String,
+    deadline: Option<Instant>,
+}
+
+/// A lock this client handed on: checked once the pickup window is over, so that a grant
+/// nobody took (or a wake-up nobody acted on) does not leave it free with waiters asleep.
+struct Kick {
+    keys: Arc<LockKeys>,
+    due: Instant,
+    tries_left: u8,
 }
 
 pub(crate) struct Watchdog {
@@ -122,6 +145,10 @@ pub(crate) struct Watchdog {
     doubts: Mutex<Vec<Doubtful>>,
     // Signalled when a clean-up call is over, for attempts waiting on `in_flight`.
     cleaned: Condvar,
+    // (lock key, thread token) -> a queue entry of this client.
+    waiting: Mutex<HashMap<(Vec<u8>, u64), Waiting>>,
+    // lock key -> the check due after this client handed it on.
+    kicks: Mutex<HashMap<Vec<u8>, Kick>>,
 }
 
 impl Watchdog {
@@ -133,6 +160,77 @@ impl Watchdog {
             thread: Mutex::new(None),
             doubts: Mutex::new(Vec::new()),
             cleaned: Condvar::new(),
+            waiting: Mutex::new(HashMap::new()),
+            kicks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Wakes the thread to look at its timers again (or clean up a doubtful attempt).
+    fn nudge(&self) {
+        if let Some((kick, _)) = &*self.thread.lock() {
+            let _ = kick.try_send(());
+        }
+    }
+
+    /// Keeps thread `token`'s queue entry for the lock alive until
+    /// [`done_waiting`](Watchdog::done_waiting); an entry lives a watchdog timeout unless
+    /// renewed, and no longer than `deadline` allows.
+    pub(crate) fn waiting(
+        &self,
+        keys: &Arc<LockKeys>,
+        token: u64,
+        holder: &str,
+        deadline: Option<Instant>,
+    ) {
+        self.waiting
+            .lock()
+            .entry((keys.key.clone(), token))
+            .or_insert_with(|| Waiting {
+                keys: keys.clone(),
+                holder: holder.to_owned(),
+                deadline,
+            });
+    }
+
+    /// Thread `token` no longer waits for the lock.
+    pub(crate) fn done_waiting(&self, key: &[u8], token: u64) {
+        let mut waiting = self.waiting.lock();
+        if !waiting.is_empty() {
+            waiting.remove(&(key.to_vec(), token));
+        }
+    }
+
+    /// Checks the lock once the pickup window of a handoff just made is over.
+    pub(crate) fn handed_on(&self, keys: &Arc<LockKeys>) {
+        let due = Instant::now() + KICK_AFTER;
+        let mut kicks = self.kicks.lock();
+        let fresh = !kicks.contains_key(&keys.key);
+        kicks.insert(
+            keys.key.clone(),
+            Kick {
+                keys: keys.clone(),
+                due,
+                tries_left: KICK_TRIES,
+            },
+        );
+        drop(kicks);
+        if fresh {
+            self.nudge();
+        }
+    }
+
+    /// The earliest extension or check due, if any.
+    fn next_due(&self) -> Option<Instant> {
+        let kick = self.kicks.lock().values().map(|k| k.due).min();
+        let holds = self.holds.lock();
+        let extend = holds
+            .values()
+            .flat_map(|by_token| by_token.values())
+            .filter_map(|hold| hold.extend_at)
+            .min();
+        match (kick, extend) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -180,7 +278,7 @@ impl Watchdog {
         holder: &str,
         count: i64,
         lease: Lease,
-        sent: Instant,
+        (sent, handoff): (Instant, bool),
     ) -> Registration {
         let level = self.next_level.fetch_add(1, Ordering::Relaxed);
         let mut holds = self.settled(key, token);
@@ -193,6 +291,7 @@ impl Watchdog {
             holder: Arc::from(holder),
             lost: Arc::new(AtomicBool::new(false)),
             renewing: false,
+            extend_at: None,
         };
         let hold = by_token.entry(token).or_insert_with(fresh);
         if count == 1 && !hold.levels.is_empty() {
@@ -216,10 +315,19 @@ impl Watchdog {
                 Lease::Fixed(ms) => sent.checked_add(Duration::from_millis(ms)),
             },
         });
-        Registration {
+        let extend = handoff && hold.need_ms(u64::MAX, sent) > queue::pickup_ms();
+        if extend {
+            hold.extend_at = Some(sent + PICKUP / 3);
+        }
+        let registration = Registration {
             level,
             lost: hold.lost.clone(),
+        };
+        drop(holds);
+        if extend {
+            self.nudge();
         }
+        registration
     }
 
     /// Starts an acquire attempt of this thread on the lock: waits for a clean-up of an
@@ -231,12 +339,12 @@ impl Watchdog {
         if !doubts.is_empty() {
             while doubts
                 .iter()
-                .any(|d| d.in_flight && d.token == token && d.key == key)
+                .any(|d| d.in_flight && d.token == token && d.keys.key == key)
             {
                 self.cleaned.wait(&mut doubts);
             }
             for d in doubts.iter_mut() {
-                if d.token == token && d.key == key {
+                if d.token == token && d.keys.key == key {
                     d.paused = true;
                 }
             }
@@ -246,17 +354,18 @@ impl Watchdog {
     }
 
     /// Ends an attempt begun with [`begin_attempt`](Watchdog::begin_attempt). A grant
-    /// adopted any level a doubtful attempt left: nothing is left to clean up.
-    pub(crate) fn end_attempt(&self, key: &[u8], token: u64, granted: bool) {
+    /// adopted any level a doubtful attempt left, and an attempt that queued owns the
+    /// thread's queue entry again: nothing is left to clean up.
+    pub(crate) fn end_attempt(&self, key: &[u8], token: u64, granted: bool, queued: bool) {
         let mut doubts = self.doubts.lock();
         if doubts.is_empty() {
             return;
         }
-        if granted {
-            doubts.retain(|d| d.token != token || d.key != key);
+        if granted || queued {
+            doubts.retain(|d| d.token != token || d.keys.key != key);
         } else {
             for d in doubts.iter_mut() {
-                if d.token == token && d.key == key {
+                if d.token == token && d.keys.key == key {
                     d.paused = false;
                 }
             }
@@ -268,7 +377,7 @@ impl Watchdog {
     pub(crate) fn doubt(
         &self,
         client: &Arc<Inner>,
-        (key, channel): (&[u8], &[u8]),
+        keys: &Arc<LockKeys>,
         token: u64,
         holder: &str,
         expected: usize,
@@ -277,14 +386,13 @@ impl Watchdog {
             let mut doubts = self.doubts.lock();
             if let Some(d) = doubts
                 .iter_mut()
-                .find(|d| d.token == token && d.expected == expected && d.key == key)
+                .find(|d| d.token == token && d.expected == expected && d.keys.key == keys.key)
             {
                 d.runs_left = 2;
             } else {
                 doubts.push(Doubtful {
                     id: self.next_level.fetch_add(1, Ordering::Relaxed),
-                    key: key.to_vec(),
-                    channel: channel.to_vec(),
+                    keys: keys.clone(),
                     token,
                     holder: holder.to_owned(),
                     expected,
@@ -298,9 +406,7 @@ impl Watchdog {
             log::warn!("redmutex: cannot clean up a doubtful acquisition: {e}");
             return;
         }
-        if let Some((kick, _)) = &*self.thread.lock() {
-            let _ = kick.try_send(());
-        }
+        self.nudge();
     }
 
     /// The levels this thread holds of the lock, as far as this process knows: what the
@@ -385,24 +491,65 @@ impl Watchdog {
         self.forget_lost(key, lost);
     }
 
-    /// Snapshots every hold with a watchdog level and marks it as being renewed.
-    fn watched(&self) -> Vec<Watched> {
+    /// Snapshots the holds to renew and marks them as being renewed: in a full round every
+    /// hold with a watchdog level or a pending extension, otherwise only the extensions
+    /// due by now. Each with the lease its levels need.
+    fn watched(&self, full: bool, watchdog_ms: u64) -> Vec<Watched> {
+        let now = Instant::now();
         let mut holds = self.holds.lock();
         let mut watched = Vec::new();
         for (key, by_token) in holds.iter_mut() {
             for (&token, hold) in by_token.iter_mut() {
-                if hold.has_watchdog_level() {
+                let due = hold.extend_at.is_some_and(|at| full || at <= now);
+                if due || (full && hold.has_watchdog_level()) {
+                    hold.extend_at = None;
+                    let lease_ms = hold.need_ms(watchdog_ms, now);
+                    if lease_ms == 0 {
+                        continue;
+                    }
                     hold.renewing = true;
                     watched.push(Watched {
                         key: key.clone(),
                         token,
                         holder: hold.holder.clone(),
                         lost: hold.lost.clone(),
+                        lease_ms,
                     });
                 }
             }
         }
         watched
+    }
+
+    /// The queue entries of this client's waiting threads, each with how long it lives.
+    fn waiters(&self, watchdog_ms: u64) -> Vec<(Arc<LockKeys>, u64, String, u64)> {
+        let now = Instant::now();
+        self.waiting
+            .lock()
+            .iter()
+            .map(|((_, token), w)| {
+                let ttl = match w.deadline {
+                    Some(d) => millis(d.saturating_duration_since(now) + IO_GRACE).min(watchdog_ms),
+                    None => watchdog_ms,
+                };
+                (w.keys.clone(), *token, w.holder.clone(), ttl)
+            })
+            .collect()
+    }
+
+    /// Takes the checks of handed-on locks due by now.
+    fn due_kicks(&self) -> Vec<Kick> {
+        let now = Instant::now();
+        let mut kicks = self.kicks.lock();
+        if kicks.is_empty() {
+            return Vec::new();
+        }
+        let due: Vec<Vec<u8>> = kicks
+            .iter()
+            .filter(|(_, k)| k.due <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        due.iter().filter_map(|key| kicks.remove(key)).collect()
     }
 
     /// Ends a renewal round for `batch` and wakes the threads waiting for it.
@@ -450,20 +597,23 @@ impl Watchdog {
 fn run(client: Weak<Inner>, wake: Receiver<()>) {
     let mut next_round = Instant::now();
     loop {
-        let (period, clean_bound) = match client.upgrade() {
+        let (period, clean_bound, due) = match client.upgrade() {
             Some(inner) => (
                 inner.config.watchdog_timeout / 3,
                 inner.config.watchdog_timeout / 6,
+                inner.watchdog.next_due(),
             ),
             None => return,
         };
         if next_round <= Instant::now() {
             next_round = Instant::now() + period;
         }
-        match wake.recv_deadline(next_round) {
+        let wake_at = due.map_or(next_round, |due| due.min(next_round));
+        match wake.recv_deadline(wake_at) {
             Ok(()) => {
-                // Woken for a doubtful attempt. Renewals come first: clean up now only if
-                // that cannot delay the next round.
+                // Woken for a doubtful attempt, or a new extension or check to schedule.
+                // Renewals come first: clean up now only if that cannot delay the next
+                // round.
                 if next_round.saturating_duration_since(Instant::now()) > clean_bound {
                     if let Some(inner) = client.upgrade() {
                         clean_doubtful(&inner);
@@ -477,17 +627,56 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
         let Some(inner) = client.upgrade() else {
             return;
         };
-        if !inner.has_handles() {
+        let full = Instant::now() >= next_round;
+        if full && !inner.has_handles() {
             // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
             // Their leases run out within a watchdog timeout.
             inner.watchdog.abandon();
             return;
         }
         // A bug in one round must not end renewals for every lock of the client.
-        if catch_unwind(AssertUnwindSafe(|| renew_all(&inner))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| renew_all(&inner, full))).is_err() {
             log::error!("redmutex: a lease renewal round panicked; renewing again next round");
         }
-        clean_doubtful(&inner);
+        if catch_unwind(AssertUnwindSafe(|| kick_due(&inner))).is_err() {
+            log::error!("redmutex: a check of a handed-on lock panicked");
+        }
+        if full {
+            clean_doubtful(&inner);
+        }
+    }
+}
+
+/// Checks the locks this client handed on whose pickup window is over: a free lock with
+/// waiters goes to the next one (and is checked again after its window).
+fn kick_due(inner: &Inner) {
+    let watchdog = &inner.watchdog;
+    for mut kick in watchdog.due_kicks() {
+        let keys = kick.keys.clone();
+        let until = Instant::now() + inner.config.watchdog_timeout / 6;
+        let result = inner.run_until(Some(until), |con| {
+            queue::invoke(&scripts::KICK, &keys)
+                .arg(keys.inbox.as_slice())
+                .arg(queue::pickup_ms())
+                .arg(queue::starve_ms())
+                .invoke::<(i64, i64)>(con)
+        });
+        match result {
+            Ok((_, 1)) => watchdog.handed_on(&keys),
+            Ok(_) => {}
+            Err(e) => {
+                log::debug!("redmutex: checking a handed-on lock failed: {e}");
+                kick.tries_left -= 1;
+                if kick.tries_left > 0 {
+                    kick.due = Instant::now() + KICK_AFTER;
+                    watchdog
+                        .kicks
+                        .lock()
+                        .entry(keys.key.clone())
+                        .or_insert(kick);
+                }
+            }
+        }
     }
 }
 
@@ -505,8 +694,7 @@ fn clean_doubtful(inner: &Inner) {
             .map(|d| {
                 d.in_flight = true;
                 Doubtful {
-                    key: d.key.clone(),
-                    channel: d.channel.clone(),
+                    keys: d.keys.clone(),
                     holder: d.holder.clone(),
                     ..*d
                 }
@@ -516,26 +704,27 @@ fn clean_doubtful(inner: &Inner) {
     let watchdog_ms = millis(inner.config.watchdog_timeout);
     for Doubtful {
         id,
-        key,
-        channel,
+        keys,
         token,
         holder,
         expected,
         ..
     } in batch
     {
-        let need = watchdog.need_ms(&key, token, watchdog_ms);
+        let key = &keys.key;
+        let need = watchdog.need_ms(key, token, watchdog_ms);
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = catch_unwind(AssertUnwindSafe(|| {
             inner.run_until(Some(until), |con| {
-                scripts::RELEASE
-                    .key(key.as_slice())
-                    .key(channel.as_slice())
+                queue::invoke(&scripts::CANCEL, &keys)
                     .arg(holder.as_str())
+                    .arg(expected)
                     .arg(need)
-                    .arg(crate::keys::RELEASE_MESSAGE)
-                    .arg(expected + 1)
-                    .invoke::<i64>(con)
+                    .arg(0)
+                    .arg(keys.inbox.as_slice())
+                    .arg(queue::pickup_ms())
+                    .arg(queue::starve_ms())
+                    .invoke::<Vec<i64>>(con)
             })
         }));
         let mut doubts = watchdog.doubts.lock();
@@ -543,10 +732,10 @@ fn clean_doubtful(inner: &Inner) {
             let d = &mut doubts[at];
             d.in_flight = false;
             match result {
-                Ok(Ok(left)) => {
+                Ok(Ok(reply)) => {
                     log::debug!(
-                        "redmutex: cleaned up after a doubtful attempt on {:?} ({left})",
-                        String::from_utf8_lossy(&key)
+                        "redmutex: cleaned up after a doubtful attempt on {:?} ({reply:?})",
+                        String::from_utf8_lossy(key)
                     );
                     d.runs_left -= 1;
                     if d.runs_left == 0 {
@@ -565,31 +754,50 @@ fn clean_doubtful(inner: &Inner) {
     }
 }
 
-/// One renewal round: every watchdog hold, in batches of one script call each. A batch
-/// that fails (Redis unreachable) is simply tried again next round; its leases still have
-/// a third of their time left. Each call gives up after a third of the lease, so one slow
-/// round cannot use up the time of the next one.
-pub(crate) fn renew_all(inner: &Inner) {
+/// One renewal round: every watchdog hold and every queue entry of this client (`full`),
+/// or just the handed-over holds due for extension, in batches of one script call each. A
+/// batch that fails (Redis unreachable) is simply tried again next round; its leases still
+/// have a third of their time left. Each call gives up after a third of the lease, so one
+/// slow round cannot use up the time of the next one.
+pub(crate) fn renew_all(inner: &Inner, full: bool) {
+    let watchdog_ms = millis(inner.config.watchdog_timeout);
     let round = Round {
         watchdog: &inner.watchdog,
-        watched: inner.watchdog.watched(),
+        watched: inner.watchdog.watched(full, watchdog_ms),
     };
-    let watched = &round.watched;
-    let lease_ms = millis(inner.config.watchdog_timeout);
+    let waiters = if full {
+        inner.watchdog.waiters(watchdog_ms)
+    } else {
+        Vec::new()
+    };
     let give_up_after = inner.config.watchdog_timeout / 3;
-    for batch in watched.chunks(RENEW_BATCH) {
+    let mut holds: &[Watched] = &round.watched;
+    let mut waits = waiters.as_slice();
+    while !holds.is_empty() || !waits.is_empty() {
+        let (batch, rest) = holds.split_at(holds.len().min(RENEW_BATCH));
+        holds = rest;
+        let (wait_batch, rest) = waits.split_at(waits.len().min(RENEW_BATCH - batch.len()));
+        waits = rest;
         let mut call = scripts::RENEW.prepare_invoke();
         for w in batch {
             call.key(w.key.as_slice());
         }
-        call.arg(lease_ms);
+        for (keys, ..) in wait_batch {
+            call.key(keys.queue.as_slice()).key(keys.waiters.as_slice());
+        }
+        call.arg(batch.len());
         for w in batch {
-            call.arg(w.holder.as_ref());
+            call.arg(w.holder.as_ref()).arg(w.lease_ms);
+        }
+        for (_, _, holder, ttl) in wait_batch {
+            call.arg(holder.as_str()).arg(*ttl);
         }
         let until = Instant::now() + give_up_after;
-        let result = inner.run_until(Some(until), |con| call.invoke::<Vec<usize>>(con));
+        let result = inner.run_until(Some(until), |con| {
+            call.invoke::<(Vec<usize>, Vec<usize>)>(con)
+        });
         match result {
-            Ok(lost) => {
+            Ok((lost, gone)) => {
                 for i in lost {
                     let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                         continue;
@@ -600,6 +808,15 @@ pub(crate) fn renew_all(inner: &Inner) {
                     );
                     w.lost.store(true, Ordering::SeqCst);
                     inner.watchdog.forget_lost(&w.key, &w.lost);
+                }
+                for j in gone {
+                    // Dropped from the queue (taken for dead while this client was
+                    // disconnected, or lapsed): the thread must ask again.
+                    if let Some((keys, token, ..)) =
+                        j.checked_sub(1).and_then(|j| wait_batch.get(j))
+                    {
+                        inner.subscriber.recheck(&keys.channel, *token);
+                    }
                 }
             }
             Err(e) => log::warn!("redmutex: lease renewal failed, retrying next round: {e}"),

@@ -67,14 +67,9 @@ fn redis_restarted_with_its_data_lost() {
             }
         }
     });
-    let channel = format!("{}:released", key("restart"));
+    let channel = format!("{}:to:", key("restart"));
     assert!(support::wait_until(Duration::from_secs(10), || {
-        let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query(&mut server.connection())
-            .unwrap();
-        n >= 1
+        support::subscribers(&mut server.connection(), &channel) >= 1
     }));
 
     server.restart();
@@ -258,7 +253,11 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
 
-    proxy.lose_next_reply_to(&sha(include_str!("../lua/release.lua")));
+    proxy.lose_next_reply_to(&sha(&[
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/release.lua"),
+    ]
+    .concat()));
     inner.unlock().expect("the retried release succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     // Released once: the outer level still holds the lock.
@@ -269,7 +268,11 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
 
     // The outermost release losing its reply: the retry finds the lock already free and
     // reports `NotHeld`, never success for a lock it cannot vouch for.
-    proxy.lose_next_reply_to(&sha(include_str!("../lua/release.lua")));
+    proxy.lose_next_reply_to(&sha(&[
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/release.lua"),
+    ]
+    .concat()));
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 2);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld)), "{r:?}");
@@ -283,12 +286,20 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     let c = through(&proxy);
     let lock = c.lock("lost-acquire");
 
-    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire.lua")));
+    proxy.lose_next_reply_to(&sha(&[
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/acquire.lua"),
+    ]
+    .concat()));
     let outer = lock.lock().expect("the retried acquire succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert_eq!(lock.hold_count().unwrap(), 1, "one level, not two");
 
-    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire.lua")));
+    proxy.lose_next_reply_to(&sha(&[
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/acquire.lua"),
+    ]
+    .concat()));
     let inner = lock.lock().expect("the retried re-entry succeeds");
     assert_eq!(proxy.lost_replies(), 2);
     assert_eq!(lock.hold_count().unwrap(), 2, "two levels, not three");
@@ -300,7 +311,11 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     // Fenced: the retry keeps the token the lost call drew.
     let fenced = c.fenced_lock("lost-fenced");
     let first = fenced.lock().unwrap().token();
-    proxy.lose_next_reply_to(&sha(include_str!("../lua/acquire.lua")));
+    proxy.lose_next_reply_to(&sha(&[
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/acquire.lua"),
+    ]
+    .concat()));
     let g = fenced.lock().unwrap();
     assert_eq!(proxy.lost_replies(), 3);
     assert_eq!(g.token(), first + 1, "one token drawn, not two");

@@ -20,7 +20,7 @@ fn key_of(name: &str) -> Vec<u8> {
 
 fn channel_of(name: &str) -> Vec<u8> {
     let mut channel = key_of(name);
-    channel.extend_from_slice(b":released");
+    channel.extend_from_slice(b":to:");
     channel
 }
 
@@ -65,13 +65,9 @@ fn all_keys(con: &mut redis::Connection) -> Vec<Vec<u8>> {
 }
 
 /// Connections subscribed to `channel`.
+/// Subscriptions to the lock's channels (`channel` is their common prefix).
 fn numsub(con: &mut redis::Connection, channel: &[u8]) -> i64 {
-    let (_, n): (Vec<u8>, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query(con)
-        .unwrap();
-    n
+    support::subscribers(con, channel)
 }
 
 /// Script executions so far (EVALSHA, plus EVAL should the library ever fall back to it).
@@ -831,8 +827,9 @@ fn one_release_wakes_one_waiting_thread_per_process() {
     );
     assert_eq!(
         calls,
-        asleep + 2,
-        "the release and the one woken waiter's acquire, nothing else"
+        asleep + 1,
+        "the release, which hands the lock to the first waiter (queued longer than the \
+         starvation bound): nothing else"
     );
     for t in threads {
         t.join().unwrap();

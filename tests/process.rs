@@ -164,13 +164,9 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
     server.command_calls().get("evalsha").copied().unwrap_or(0)
 }
 
+/// Subscriptions to the lock's channels (`channel` is their common prefix).
 fn numsub(con: &mut redis::Connection, channel: &str) -> i64 {
-    let (_, n): (String, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query(con)
-        .expect("PUBSUB NUMSUB");
-    n
+    support::subscribers(con, channel)
 }
 
 #[test]
@@ -208,7 +204,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
         tx.send(Instant::now()).expect("report");
         guard.unlock().expect("waiter unlock");
     });
-    let channel = format!("{PREFIX}{{crash}}:released");
+    let channel = format!("{PREFIX}{{crash}}:to:");
     assert!(
         support::wait_until(STUCK, || numsub(&mut con, &channel) >= 1),
         "the waiter never subscribed"
@@ -248,14 +244,16 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
     );
     // It slept until the predicted end of the lease instead of polling: a try there (the
     // holder may have renewed once more since the waiter last looked), a try at the real
-    // end, the release of its own hold; a 10 ms poll would have made a hundred.
+    // end, the release of its own hold, and its watchdog's renewal of its queue entry
+    // once per period (a third of the lease); a 10 ms poll would have made a hundred.
     let calls = evalsha_calls(&server) - before;
     eprintln!(
         "acquired {after_kill:?} after the kill ({left} ms of lease left), {calls} script calls"
     );
+    let rounds = (after_kill.as_millis() / (WATCHDOG / 3).as_millis()) as u64 + 1;
     assert!(
-        calls <= 6,
-        "{calls} script calls while waiting for a dead holder"
+        calls <= 6 + rounds,
+        "{calls} script calls while waiting for a dead holder ({rounds} renewal rounds)"
     );
 }
 

@@ -13,7 +13,8 @@ use support::RedisServer;
 /// The minimal ACL rule for the default prefix, as the README documents it.
 const ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@all \
     +evalsha +script|load +exists +hget +pttl +subscribe +unsubscribe +publish +ping +wait \
-    +hincrby +hset +hexists +pexpire +del +incr";
+    +hincrby +hset +hexists +pexpire +del +incr +time +type +hkeys +hdel +rpush +lindex +lpop \
+    +lrem";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -175,7 +176,7 @@ fn a_server_password_is_used_and_required() {
         Err(e @ (Error::Redis(_) | Error::Pool(_))) => {
             let text = e.to_string();
             assert!(
-                text.contains("NOAUTH") || text.contains("uthentication"),
+                text.contains("NOAUTH") || text.contains("uthentica"),
                 "{text}"
             );
         }

@@ -22,8 +22,15 @@ fn key(name: &str) -> String {
     format!("{PREFIX}{{{name}}}")
 }
 
+/// The common prefix of the lock's channels (one per waiting client: `<key>:to:<id>`).
 fn channel(name: &str) -> String {
-    format!("{}:released", key(name))
+    format!("{}:to:", key(name))
+}
+
+/// The lock's channel of one client: only its SUBSCRIBE and UNSUBSCRIBE name it in full
+/// (the scripts are given the common prefix).
+fn channel_of(name: &str, client: &redmutex::Client) -> String {
+    format!("{}{}", channel(name), client.id())
 }
 
 fn sha(script: &str) -> String {
@@ -31,7 +38,12 @@ fn sha(script: &str) -> String {
 }
 
 fn acquire_sha() -> String {
-    sha(include_str!("../lua/acquire.lua"))
+    sha(&queued(include_str!("../lua/acquire.lua")))
+}
+
+/// A script as the library runs it: the queue's rules first.
+fn queued(script: &str) -> String {
+    [include_str!("../lua/queue.lua"), script].concat()
 }
 
 fn renew_sha() -> String {
@@ -53,10 +65,12 @@ fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
 fn load_scripts(server: &RedisServer) {
     let mut con = server.connection();
     for script in [
-        include_str!("../lua/acquire.lua"),
-        include_str!("../lua/release.lua"),
-        include_str!("../lua/renew.lua"),
-        include_str!("../lua/force_unlock.lua"),
+        queued(include_str!("../lua/acquire.lua")),
+        queued(include_str!("../lua/release.lua")),
+        queued(include_str!("../lua/cancel.lua")),
+        queued(include_str!("../lua/kick.lua")),
+        include_str!("../lua/renew.lua").to_owned(),
+        queued(include_str!("../lua/force_unlock.lua")),
     ] {
         let _: String = redis::cmd("SCRIPT")
             .arg("LOAD")
@@ -71,13 +85,9 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
     server.command_calls().get("evalsha").copied().unwrap_or(0)
 }
 
+/// Subscriptions to the lock's channels (`channel` is their common prefix).
 fn numsub(server: &RedisServer, channel: &str) -> i64 {
-    let (_, n): (String, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query(&mut server.connection())
-        .expect("PUBSUB NUMSUB");
-    n
+    support::subscribers(&mut server.connection(), channel)
 }
 
 fn pttl(server: &RedisServer, key: &str) -> i64 {
@@ -111,7 +121,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     proxy.watch(&acquire);
     // Holding the subscription back makes both waiters subscribe before it is confirmed,
     // so each makes exactly two attempts (before and after the confirmation) in any code.
-    proxy.delay_requests_containing(&channel(NAME), Duration::from_millis(300));
+    proxy.delay_requests_containing(&channel_of(NAME, &waiter), Duration::from_millis(300));
 
     let guard = holder
         .lock(NAME)
@@ -137,7 +147,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     };
     let first = spawn_waiter(1);
     assert!(
-        proxy.wait_seen(&channel(NAME), 1, Duration::from_secs(5)),
+        proxy.wait_seen(&channel_of(NAME, &waiter), 1, Duration::from_secs(5)),
         "the first waiter never subscribed"
     );
     let second = spawn_waiter(2);
@@ -229,7 +239,7 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     );
 
     // W's subscription reaches Redis 750 ms late (under the reader's 1 s read timeout).
-    proxy.delay_requests_containing(&channel(NAME), Duration::from_millis(750));
+    proxy.delay_requests_containing(&channel_of(NAME, &w), Duration::from_millis(750));
     let (w_tx, w_result) = mpsc::channel();
     let lock = w.lock(NAME);
     let w_thread = thread::spawn(move || {
@@ -249,7 +259,7 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
         }
     });
     assert!(
-        proxy.wait_seen(&channel(NAME), 1, Duration::from_secs(2)),
+        proxy.wait_seen(&channel_of(NAME, &w), 1, Duration::from_secs(2)),
         "W never subscribed"
     );
     g1.unlock()
@@ -263,9 +273,8 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
         "setup too slow: W tried again before H2 took the lock"
     );
     // W tries once more when H1's lease would have ended; wait until Redis has run it.
-    let before = evalsha_calls(&server);
     assert!(
-        support::wait_until(Duration::from_secs(2), || evalsha_calls(&server) > before),
+        support::wait_until(Duration::from_secs(2), || proxy.seen(&acquire) >= 2),
         "W did not try when H1's lease ended"
     );
     assert_eq!(proxy.seen(&acquire), 2, "the attempt was W's");
@@ -274,7 +283,7 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
         .recv_timeout(Duration::from_secs(2))
         .expect("H2 released");
     assert_eq!(
-        proxy.forwarded(&channel(NAME)),
+        proxy.forwarded(&channel_of(NAME, &w)),
         0,
         "setup too slow: W's SUBSCRIBE reached Redis before H2's release was published"
     );
@@ -317,8 +326,8 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
         .lock_with_lease(Duration::from_secs(8))
         .expect("H takes the second lock");
     // Both under the pub/sub reader's 1 s read timeout.
-    proxy.delay_requests_containing(&channel(FIRST), Duration::from_millis(500));
-    proxy.delay_requests_containing(&channel(SECOND), Duration::from_millis(600));
+    proxy.delay_requests_containing(&channel_of(FIRST, &w), Duration::from_millis(500));
+    proxy.delay_requests_containing(&channel_of(SECOND, &w), Duration::from_millis(600));
     proxy.watch("PUBLISH");
 
     // A waiter on the first lock starts W's pub/sub reader; its SUBSCRIBE is held back.
@@ -328,7 +337,7 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
         assert!(matches!(r, Ok(None)), "first lock: {r:?}");
     });
     assert!(
-        proxy.wait_seen(&channel(FIRST), 1, Duration::from_secs(5)),
+        proxy.wait_seen(&channel_of(FIRST, &w), 1, Duration::from_secs(5)),
         "W's reader never subscribed the first lock"
     );
 
@@ -354,13 +363,13 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
         "the second waiter never queued its subscription"
     );
     assert_eq!(
-        proxy.forwarded(&channel(FIRST)),
+        proxy.forwarded(&channel_of(FIRST, &w)),
         0,
         "setup too slow: the first SUBSCRIBE was answered before the second channel was queued"
     );
     // The reader subscribes the second channel right after the first one's confirmation.
     assert!(
-        proxy.wait_seen(&channel(SECOND), 1, Duration::from_secs(3)),
+        proxy.wait_seen(&channel_of(SECOND, &w), 1, Duration::from_secs(3)),
         "W's reader never subscribed the second lock"
     );
     let subscribing = Instant::now();
@@ -368,7 +377,7 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
     thread::sleep(Duration::from_millis(250));
     second.unlock().expect("H releases the second lock");
     assert_eq!(
-        proxy.forwarded(&channel(SECOND)),
+        proxy.forwarded(&channel_of(SECOND, &w)),
         0,
         "setup too slow: the second SUBSCRIBE reached Redis before the release ({:?})",
         subscribing.elapsed()

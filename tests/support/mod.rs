@@ -499,6 +499,33 @@ pub fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
 }
 
 /// The `redis_version` line of `INFO server` on `con`.
+/// How many subscriptions there are to channels starting with `prefix` (a lock's
+/// channels are `<key>:to:<client id>`, one per client waiting on it).
+pub fn subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
+    let mut pattern = prefix.as_ref().to_vec();
+    pattern.push(b'*');
+    let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(pattern)
+        .query(con)
+        .expect("PUBSUB CHANNELS");
+    if channels.is_empty() {
+        return 0;
+    }
+    let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channels)
+        .query(con)
+        .expect("PUBSUB NUMSUB");
+    counts
+        .chunks(2)
+        .map(|pair| match pair.get(1) {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
 pub fn redis_version(con: &mut redis::Connection) -> String {
     let info: String = redis::cmd("INFO")
         .arg("server")

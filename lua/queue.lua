@@ -1,0 +1,146 @@
+-- queue.lua: the waiter queue of a lock. Not a script of its own: it is prepended to every
+-- script that can hand a lock on (acquire, release, cancel, kick, force_unlock), so the
+-- queue's rules are written once.
+--
+-- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the hold's
+--          fencing token)
+-- KEYS[2]  the lock's fencing-token counter
+-- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis
+-- KEYS[4]  the waiters: a HASH holder id -> "<expiry> <since> <lease> <flags> <ticket>"
+--          (expiry and since in server ms; lease in ms; flags: 1 fair, 2 fenced; ticket:
+--          the waiting call's number, echoed in its messages), and '~fair' -> the number of
+--          fair waiters queued
+--
+-- A waiter is told its turn on the channel <inbox><client id> (its holder id is
+-- "<client id>:<thread token>"): "g <token> <ticket> <fence>" when the lock was handed to
+-- it (it is the holder now), "w <token> <ticket>" when it should try again.
+
+local Q = {}
+
+function Q.now()
+    local t = redis.call('time')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function parse(v)
+    local e, s, l, f, t = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    return tonumber(e), tonumber(s), tonumber(l), tonumber(f), t
+end
+
+local function is_fair(flags)
+    return flags % 2 == 1
+end
+
+local function is_fenced(flags)
+    return math.floor(flags / 2) % 2 == 1
+end
+
+-- Drops holder's waiter data (its LIST entry is the caller's to remove).
+local function forget(holder, flags)
+    redis.call('hdel', KEYS[4], holder)
+    if is_fair(flags) and redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
+        redis.call('hdel', KEYS[4], '~fair')
+    end
+end
+
+-- The first live waiter (holder, since, lease, flags, ticket), dropping the lapsed ones in
+-- front of it (a process that stopped refreshing, a deadline passed); nil when none waits.
+function Q.head(now)
+    while true do
+        local h = redis.call('lindex', KEYS[3], 0)
+        if not h then
+            return nil
+        end
+        local v = redis.call('hget', KEYS[4], h)
+        if v then
+            local e, s, l, f, t = parse(v)
+            if e > now then
+                return h, s, l, f, t
+            end
+            forget(h, f)
+        end
+        redis.call('lpop', KEYS[3])
+    end
+end
+
+-- Whether a fair waiter is queued: then nobody may take the lock past the queue.
+function Q.has_fair()
+    return redis.call('hexists', KEYS[4], '~fair') == 1
+end
+
+-- Takes holder out of the queue wherever it is; true if it was queued.
+function Q.remove(holder)
+    local v = redis.call('hget', KEYS[4], holder)
+    if not v then
+        return false
+    end
+    local _, _, _, f = parse(v)
+    forget(holder, f)
+    redis.call('lrem', KEYS[3], 1, holder)
+    return true
+end
+
+-- Queues holder at the back, or refreshes its entry where it stands (its place and age
+-- are kept: a waiter trying again does not lose its turn).
+function Q.join(holder, now, ttl, lease, flags, ticket)
+    local v = redis.call('hget', KEYS[4], holder)
+    local since = now
+    if v then
+        local _, s, _, f = parse(v)
+        since, flags = s, f
+    else
+        redis.call('rpush', KEYS[3], holder)
+        if is_fair(flags) then
+            redis.call('hincrby', KEYS[4], '~fair', 1)
+        end
+    end
+    redis.call('hset', KEYS[4], holder,
+        (now + ttl) .. ' ' .. since .. ' ' .. lease .. ' ' .. flags .. ' ' .. ticket)
+    -- The queue lives as long as its longest-lived entry, never forever.
+    for i = 3, 4 do
+        if redis.call('pttl', KEYS[i]) < ttl then
+            redis.call('pexpire', KEYS[i], ttl)
+        end
+    end
+end
+
+-- The free lock's next turn goes to the first live waiter other than `me`: it is made the
+-- holder (lease: its own, at most `pickup` ms until it confirms) when `give`, or when it
+-- is fair or has waited `starve` ms; otherwise it is told to try again. A waiter whose
+-- client no longer listens (PUBLISH reaches nobody: its process died) is dropped and the
+-- next one served. Returns the holder id served, or nil when nobody (but `me`) waits.
+function Q.hand_on(now, inbox, pickup, starve, give, me)
+    while true do
+        local h, s, l, f, t = Q.head(now)
+        if not h or h == me then
+            return nil
+        end
+        local client, token = string.match(h, '^(.*):(%d+)$')
+        local grant = give or is_fair(f) or now - s >= starve
+        local fence = 0
+        local msg
+        if grant then
+            if is_fenced(f) then
+                fence = redis.call('incr', KEYS[2])
+            end
+            msg = 'g ' .. token .. ' ' .. t .. ' ' .. fence
+        else
+            msg = 'w ' .. token .. ' ' .. t
+        end
+        local heard = client and redis.call('publish', inbox .. client, msg) > 0
+        if heard and not grant then
+            return h
+        end
+        forget(h, f)
+        redis.call('lpop', KEYS[3])
+        if heard then
+            redis.call('hset', KEYS[1], h, 1)
+            if fence > 0 then
+                redis.call('hset', KEYS[1], '~fence', fence)
+            end
+            redis.call('pexpire', KEYS[1], math.min(l, pickup))
+            return h
+        end
+    end
+end
+

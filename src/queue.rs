@@ -1,0 +1,93 @@
+//! The waiter queue's parameters, script calls and messages (its rules are `lua/queue.lua`).
+
+use std::time::Duration;
+
+use redis::{Script, ScriptInvocation};
+
+use crate::keys::LockKeys;
+
+/// How long a hold handed to a waiter lasts until the waiter's client confirms it (the
+/// watchdog extends it to the waiter's lease a third of the way in). A waiter that cannot
+/// (its process froze, or died right after the grant) stalls the lock this long, then the
+/// lock passes on.
+pub(crate) const PICKUP: Duration = Duration::from_secs(1);
+
+/// How long after a handoff the releasing client makes sure the lock did not lapse with
+/// nobody told: past the pickup window, with room for the grant's own round trip.
+pub(crate) const KICK_AFTER: Duration = Duration::from_millis(1_050);
+
+/// A plain `Lock` lets a running thread take a free lock past the queue (cheaper than
+/// waking a sleeping one) until the first waiter has waited this long; from then on the
+/// lock is handed to the waiters in turn.
+pub(crate) const STARVATION_BOUND: Duration = Duration::from_millis(10);
+
+pub(crate) fn pickup_ms() -> u64 {
+    PICKUP.as_millis() as u64
+}
+
+pub(crate) fn starve_ms() -> u64 {
+    STARVATION_BOUND.as_millis() as u64
+}
+
+/// `script` with a lock's four keys (hash, fence counter, queue, waiters), the layout every
+/// script that can hand a lock on expects.
+pub(crate) fn invoke<'a>(script: &'a Script, keys: &LockKeys) -> ScriptInvocation<'a> {
+    let mut call = script.key(keys.key.as_slice());
+    call.key(keys.fence.as_slice())
+        .key(keys.queue.as_slice())
+        .key(keys.waiters.as_slice());
+    call
+}
+
+/// What a script told a waiting thread of its turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Notice {
+    /// The thread holds the lock now (one level, a lease of at most [`PICKUP`]); `fence`
+    /// is the hold's fencing token, 0 when the waiter is not fenced.
+    Granted { ticket: u64, fence: u64 },
+    /// The lock is free and it is this thread's turn to try.
+    Wake { ticket: u64 },
+    /// The client's view may have missed a message (a reconnect, a dropped entry): try.
+    Recheck,
+}
+
+/// Parses a message of the scripts: the thread token it is for, and the notice.
+pub(crate) fn parse(payload: &[u8]) -> Option<(u64, Notice)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut parts = text.split(' ');
+    let kind = parts.next()?;
+    let token = parts.next()?.parse().ok()?;
+    let ticket = parts.next()?.parse().ok()?;
+    let notice = match kind {
+        "g" => Notice::Granted {
+            ticket,
+            fence: parts.next()?.parse().ok()?,
+        },
+        "w" => Notice::Wake { ticket },
+        _ => return None,
+    };
+    Some((token, notice))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_parse() {
+        assert_eq!(
+            parse(b"g 7 12 0"),
+            Some((
+                7,
+                Notice::Granted {
+                    ticket: 12,
+                    fence: 0
+                }
+            ))
+        );
+        assert_eq!(parse(b"w 7 12"), Some((7, Notice::Wake { ticket: 12 })));
+        assert_eq!(parse(b"x 7 12"), None);
+        assert_eq!(parse(b"g 7"), None);
+        assert_eq!(parse(b"s"), None);
+    }
+}
