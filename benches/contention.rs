@@ -3,7 +3,8 @@
 //! redis-server (spawned here, or the one at `REDIS_URL`).
 //!
 //! 1. Contention: 4 processes × 1 thread loop `lock()` → 1 ms critical section (a
-//!    `thread::sleep(1 ms)`, not a busy spin: two cores serve 4 workers and Redis) →
+//!    `thread::sleep(1 ms)`, not a busy spin: two cores serve 4 workers and Redis; a spin
+//!    with `REDMUTEX_CONTENTION_SPIN=1`) →
 //!    release, on one lock, for `REDMUTEX_CONTENTION_SECS` seconds (default 10) per kind.
 //!    Reported: acquisitions/s, acquisitions per process (least, most, least/most, Jain
 //!    index), requests per acquisition, cross-process handoff p50/p99 and the fraction of
@@ -13,7 +14,7 @@
 //!    Reported: release → first acquisition, release → 32nd release, and the requests the
 //!    waiters sent between "all visibly waiting" and the release.
 //! 3. Floors, measured in the same run with raw Redis commands: a PUBLISH received by a
-//!    subscriber in another process, one EVALSHA round trip, and a `thread::sleep(1 ms)`.
+//!    subscriber in another process, one EVALSHA round trip, and the 1 ms hold itself.
 //!
 //! The naive lock is `SET key token NX PX 30000`, retried every 10 ms while it fails, and
 //! released by a compare-and-delete script (EVALSHA).
@@ -55,8 +56,10 @@ const DEFAULT_SECS: f64 = 10.0;
 const PROCESSES: usize = 4;
 const DRAIN_THREADS: usize = 8;
 const WAITERS: usize = PROCESSES * DRAIN_THREADS;
-/// The critical section: `thread::sleep`, so it costs no CPU.
+/// The critical section: `thread::sleep`, so it costs no CPU; a busy spin instead when
+/// `REDMUTEX_CONTENTION_SPIN=1` (workers and the floor alike).
 const HOLD: Duration = Duration::from_millis(1);
+const SPIN_ENV: &str = "REDMUTEX_CONTENTION_SPIN";
 const NAIVE_POLL: Duration = Duration::from_millis(10);
 const NAIVE_LEASE_MS: u64 = 30_000;
 /// How long the parent holds the lock the 32 drain waiters wait on.
@@ -137,7 +140,7 @@ fn parent_main() {
     let started = Instant::now();
 
     let mut command = String::new();
-    for var in ["REDIS_URL", SECS_ENV] {
+    for var in ["REDIS_URL", SECS_ENV, SPIN_ENV] {
         if let Ok(v) = std::env::var(var) {
             let _ = write!(command, "{var}={v} ");
         }
@@ -151,7 +154,8 @@ fn parent_main() {
     let cpus = thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "redis {version} ({origin}), {cpus} CPUs; contention {secs} s per kind ({SECS_ENV}); \
-         critical section: thread::sleep(1 ms)"
+         critical section: {}",
+        hold_name()
     );
 
     eprintln!("[1/3] floors: PUBLISH -> receive across processes, EVALSHA, sleep(1 ms) ...");
@@ -187,7 +191,7 @@ struct Floor {
     delivery_rtt: Vec<f64>,
     /// EVALSHA round trips alone, µs.
     rtt: Vec<f64>,
-    /// `thread::sleep(1 ms)` as it really lasts here, µs.
+    /// The 1 ms hold as it really lasts here, µs.
     sleep: Vec<f64>,
 }
 
@@ -239,7 +243,7 @@ fn floors(url: &str, admin: &mut Admin) -> Floor {
     child.wait_success();
     for _ in 0..SLEEP_SAMPLES {
         let t = Instant::now();
-        thread::sleep(HOLD);
+        hold();
         out.sleep.push(t.elapsed().as_secs_f64() * 1e6);
     }
     admin.mark("idle-floor");
@@ -552,7 +556,7 @@ fn child_contend(kind: Kind, url: &str, prefix: &str) {
     while mono_ns() < end {
         let held = lock.acquire();
         let acquired = mono_ns();
-        thread::sleep(HOLD);
+        hold();
         let releasing = mono_ns();
         lock.release(held);
         events.push((acquired, releasing));
@@ -591,7 +595,7 @@ fn child_drain(kind: Kind, url: &str, prefix: &str) {
                 go.wait();
                 let held = lock.acquire();
                 let acquired = mono_ns();
-                thread::sleep(HOLD);
+                hold();
                 let releasing = mono_ns();
                 lock.release(held);
                 let released = mono_ns();
@@ -836,8 +840,9 @@ fn report(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\ncontention: {PROCESSES} processes x 1 thread, lock -> sleep(1 ms) -> release, \
-         {secs} s per kind"
+        "\ncontention: {PROCESSES} processes x 1 thread, lock -> {} -> release, \
+         {secs} s per kind",
+        hold_name()
     );
     let mut t = Grid::new(&["", "Lock", "FairLock", "naive"]);
     let col = |f: &dyn Fn(&Contention) -> String| -> Vec<String> {
@@ -976,18 +981,18 @@ fn report(
     );
     let _ = writeln!(
         out,
-        "  thread::sleep(1 ms)                      {:>8.1} / {:>8.1}",
+        "  the 1 ms hold                            {:>8.1} / {:>8.1}",
         sleep,
         percentile(&floor.sleep, 0.99)
     );
     let _ = writeln!(
         out,
-        "  drain floor: 32 x (sleep + EVALSHA + PUBLISH->received) = {:.2} ms",
+        "  drain floor: 32 x (hold + EVALSHA + PUBLISH->received) = {:.2} ms",
         drain_floor / 1e3
     );
     let _ = writeln!(
         out,
-        "  strict-turns throughput: 1 s / (sleep + PUBLISH->received + EVALSHA) = {rate_floor:.1}/s"
+        "  strict-turns throughput: 1 s / (hold + PUBLISH->received + EVALSHA) = {rate_floor:.1}/s"
     );
 
     let lock = by_kind(Kind::Lock);
@@ -1294,6 +1299,30 @@ fn mono_ns() -> u64 {
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn spinning() -> bool {
+    std::env::var(SPIN_ENV).is_ok_and(|v| v == "1")
+}
+
+fn hold_name() -> &'static str {
+    if spinning() {
+        "busy spin of 1 ms"
+    } else {
+        "thread::sleep(1 ms)"
+    }
+}
+
+/// The 1 ms critical section.
+fn hold() {
+    if spinning() {
+        let t = Instant::now();
+        while t.elapsed() < HOLD {
+            std::hint::spin_loop();
+        }
+    } else {
+        thread::sleep(HOLD);
+    }
 }
 
 fn sleep_until_mono(at: u64) {
