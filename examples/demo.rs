@@ -1,9 +1,9 @@
 //! redmutex's demo: several processes × threads contend on one lock, with nested critical
-//! sections, and prove that no update was lost.
+//! sections, and prove that no update was lost; once with a `Lock`, once with a `FairLock`.
 //!
 //! ```sh
-//! cargo run --release --example demo                  # 4 processes x 4 threads, 5 s
-//! cargo run --release --example demo -- --processes 2 --threads 8 --seconds 10
+//! cargo run --release --example demo                  # 4 processes x 4 threads, 4 s per kind
+//! cargo run --release --example demo -- --processes 2 --threads 8 --seconds 10 --kind fair
 //! ```
 //!
 //! Without `REDIS_URL` it starts a throwaway `redis-server` on a free loopback port. It
@@ -13,7 +13,9 @@
 //! little work outside the lock. The parent then prints acquisitions per second, lost
 //! updates (the counter against the acquisitions the workers counted: must be 0), the
 //! handoff latency from one holder's release to the next holder's return from `lock()`,
-//! and the Redis traffic the lock itself caused per acquisition.
+//! the Redis traffic the lock itself caused per acquisition, and how evenly the processes
+//! were served: the least and the most acquisitions of one process, and Jain's fairness
+//! index over the processes ((Σx)² / (n·Σx²): 1 when all got as many, 1/n when one got all).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -23,7 +25,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redmutex::Client;
+use redmutex::{Client, Error, FairLock, Lock, LockGuard};
 
 const WORKER_ENV: &str = "REDMUTEX_DEMO_WORKER";
 const LOCK_NAME: &str = "counter";
@@ -31,7 +33,24 @@ const LOCK_NAME: &str = "counter";
 struct Options {
     processes: usize,
     threads: usize,
+    /// Per kind.
     seconds: f64,
+    kinds: Vec<Kind>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Lock,
+    Fair,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Lock => "Lock",
+            Kind::Fair => "FairLock",
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -42,18 +61,41 @@ fn main() -> ExitCode {
     let opts = match parse_args() {
         Ok(opts) => opts,
         Err(e) => {
-            eprintln!("demo: {e}\nusage: demo [--processes N] [--threads N] [--seconds S]");
+            eprintln!(
+                "demo: {e}\nusage: demo [--processes N] [--threads N] [--seconds S] \
+                 [--kind lock|fair|both]"
+            );
             return ExitCode::from(2);
         }
     };
-    parent(&opts)
+    let (url, server) = support::redis_url_or_spawn();
+    let mut admin = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect to Redis");
+    let mut fairness = Vec::new();
+    let mut code = ExitCode::SUCCESS;
+    for &kind in &opts.kinds {
+        match parent(&opts, kind, &url, server.as_ref(), &mut admin) {
+            Ok(f) => fairness.push((kind, f)),
+            Err(()) => code = ExitCode::FAILURE,
+        }
+    }
+    if fairness.len() > 1 {
+        let parts: Vec<String> = fairness
+            .iter()
+            .map(|(k, (lm, jain))| format!("{} least/most {lm:.2}, Jain {jain:.3}", k.name()))
+            .collect();
+        println!("fairness across processes: {}", parts.join("  |  "));
+    }
+    code
 }
 
 fn parse_args() -> Result<Options, String> {
     let mut opts = Options {
         processes: 4,
         threads: 4,
-        seconds: 5.0,
+        seconds: 4.0,
+        kinds: vec![Kind::Lock, Kind::Fair],
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -63,6 +105,14 @@ fn parse_args() -> Result<Options, String> {
             "--processes" => opts.processes = value.parse().map_err(|_| bad())?,
             "--threads" => opts.threads = value.parse().map_err(|_| bad())?,
             "--seconds" => opts.seconds = value.parse().map_err(|_| bad())?,
+            "--kind" => {
+                opts.kinds = match value.as_str() {
+                    "lock" => vec![Kind::Lock],
+                    "fair" => vec![Kind::Fair],
+                    "both" => vec![Kind::Lock, Kind::Fair],
+                    _ => return Err(bad()),
+                }
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -72,13 +122,16 @@ fn parse_args() -> Result<Options, String> {
     Ok(opts)
 }
 
-fn parent(opts: &Options) -> ExitCode {
-    let (url, server) = support::redis_url_or_spawn();
-    let mut admin = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .expect("connect to Redis");
-    let prefix = format!("redmutex-demo:{}:", std::process::id());
-    let before = support::commandstats(&mut admin);
+/// One run with `kind`; on success, its (least/most, Jain index) over the processes.
+fn parent(
+    opts: &Options,
+    kind: Kind,
+    url: &str,
+    server: Option<&support::RedisServer>,
+    admin: &mut redis::Connection,
+) -> Result<(f64, f64), ()> {
+    let prefix = format!("redmutex-demo:{}:{}:", std::process::id(), kind.name());
+    let before = support::commandstats(admin);
 
     // Workers start together: they all run until the same wall-clock instant.
     let start_at = unix_micros() + 300_000;
@@ -87,7 +140,8 @@ fn parent(opts: &Options) -> ExitCode {
         .map(|i| {
             Command::new(std::env::current_exe().expect("the demo's own path"))
                 .env(WORKER_ENV, i.to_string())
-                .env("DEMO_URL", &url)
+                .env("DEMO_KIND", kind.name())
+                .env("DEMO_URL", url)
                 .env("DEMO_PREFIX", &prefix)
                 .env("DEMO_THREADS", opts.threads.to_string())
                 .env("DEMO_START_AT", start_at.to_string())
@@ -99,14 +153,16 @@ fn parent(opts: &Options) -> ExitCode {
         .collect();
 
     let mut acquisitions = 0u64;
+    let mut per_process = Vec::new();
     let mut handoffs = Vec::new();
     let mut failed = 0;
     for mut worker in workers {
         let out = BufReader::new(worker.stdout.take().expect("worker stdout"));
+        let mut mine = 0;
         for line in out.lines().map_while(Result::ok) {
             let mut words = line.split_whitespace();
             match words.next() {
-                Some("acquisitions") => acquisitions += parse_u64(words.next()),
+                Some("acquisitions") => mine += parse_u64(words.next()),
                 Some("handoffs") => handoffs.extend(words.map(|w| parse_u64(Some(w)))),
                 _ => {}
             }
@@ -114,43 +170,57 @@ fn parent(opts: &Options) -> ExitCode {
         if !worker.wait().is_ok_and(|s| s.success()) {
             failed += 1;
         }
+        acquisitions += mine;
+        per_process.push(mine);
     }
     let elapsed = (end_at - start_at) as f64 / 1e6;
 
     let counter_key = format!("{prefix}data");
     let counter: u64 = redis::cmd("GET")
         .arg(&counter_key)
-        .query::<Option<u64>>(&mut admin)
+        .query::<Option<u64>>(admin)
         .expect("GET counter")
         .unwrap_or(0);
-    let after = support::commandstats(&mut admin);
+    let after = support::commandstats(admin);
     let delta =
         |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
-        .query(&mut admin)
+        .query(admin)
         .unwrap_or_default();
     if !keys.is_empty() {
-        let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut admin);
+        let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(admin);
     }
 
-    let version = support::redis_version(&mut admin);
-    let origin = match &server {
+    let version = support::redis_version(admin);
+    let origin = match server {
         Some(s) => format!("embedded, port {}", s.port()),
-        None => url.clone(),
+        None => url.to_owned(),
     };
     let lost = acquisitions as i64 - counter as i64;
     let per_acq = |n: u64| n as f64 / acquisitions.max(1) as f64;
     handoffs.sort_unstable();
     println!(
-        "redmutex demo: {} processes x {} threads, {elapsed:.1} s, redis {version} ({origin})",
-        opts.processes, opts.threads
+        "redmutex demo, {}: {} processes x {} threads, {elapsed:.1} s, redis {version} ({origin})",
+        kind.name(),
+        opts.processes,
+        opts.threads
     );
     println!(
         "  acquisitions        {acquisitions:>8}  ({:.0}/s), each with a nested re-entry",
         acquisitions as f64 / elapsed
     );
     println!("  counter             {counter:>8}  expected {acquisitions}  lost updates {lost}");
+    let least = per_process.iter().copied().min().unwrap_or(0);
+    let most = per_process.iter().copied().max().unwrap_or(0);
+    let least_most = least as f64 / most.max(1) as f64;
+    let jain = jain(&per_process);
+    let list: Vec<String> = per_process.iter().map(u64::to_string).collect();
+    println!(
+        "  per process         least {least}  most {most}  least/most {least_most:.2}  \
+         Jain index {jain:.3}  ({})",
+        list.join("/")
+    );
     println!(
         "  handoff latency     p50 {} µs   p99 {} µs   (n={}, release start to next lock() return)",
         percentile(&handoffs, 0.50),
@@ -170,10 +240,53 @@ fn parent(opts: &Options) -> ExitCode {
         per_acq(scripts.saturating_sub(4 * acquisitions)),
     );
     if failed > 0 || lost != 0 || acquisitions == 0 {
-        eprintln!("demo FAILED: {failed} worker(s) failed, {lost} lost update(s)");
-        return ExitCode::FAILURE;
+        eprintln!(
+            "demo FAILED ({}): {failed} worker(s) failed, {lost} lost update(s)",
+            kind.name()
+        );
+        return Err(());
     }
-    ExitCode::SUCCESS
+    Ok((least_most, jain))
+}
+
+/// Jain's fairness index: (Σx)² / (n·Σx²).
+fn jain(counts: &[u64]) -> f64 {
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
+    if squares == 0.0 {
+        return 0.0;
+    }
+    sum * sum / (counts.len() as f64 * squares)
+}
+
+/// The lock under test, of either kind: the same surface, the same guards.
+#[derive(Clone)]
+enum DemoLock {
+    Lock(Lock),
+    Fair(FairLock),
+}
+
+impl DemoLock {
+    fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
+        match self {
+            DemoLock::Lock(l) => l.try_lock(),
+            DemoLock::Fair(l) => l.try_lock(),
+        }
+    }
+
+    fn lock(&self) -> Result<LockGuard, Error> {
+        match self {
+            DemoLock::Lock(l) => l.lock(),
+            DemoLock::Fair(l) => l.lock(),
+        }
+    }
+
+    fn hold_count(&self) -> Result<u32, Error> {
+        match self {
+            DemoLock::Lock(l) => l.hold_count(),
+            DemoLock::Fair(l) => l.hold_count(),
+        }
+    }
 }
 
 fn worker() {
@@ -183,6 +296,7 @@ fn worker() {
     let threads: usize = env("DEMO_THREADS").parse().expect("DEMO_THREADS");
     let start_at: u64 = env("DEMO_START_AT").parse().expect("DEMO_START_AT");
     let end_at: u64 = env("DEMO_END_AT").parse().expect("DEMO_END_AT");
+    let fair = env("DEMO_KIND") == Kind::Fair.name();
     let client = Client::builder()
         .url(url.as_str())
         .key_prefix(prefix.as_str())
@@ -191,7 +305,11 @@ fn worker() {
 
     let workers: Vec<_> = (0..threads)
         .map(|t| {
-            let lock = client.lock(LOCK_NAME);
+            let lock = if fair {
+                DemoLock::Fair(client.fair_lock(LOCK_NAME))
+            } else {
+                DemoLock::Lock(client.lock(LOCK_NAME))
+            };
             let url = url.clone();
             let data = format!("{prefix}data");
             let released_at = format!("{prefix}released_at");

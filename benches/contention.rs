@@ -1,0 +1,1367 @@
+//! `cargo bench --bench contention`: fairness and handoff under contention (issue 7), for
+//! `Lock`, `FairLock` and a naive polling lock side by side in one run, against a real
+//! redis-server (spawned here, or the one at `REDIS_URL`).
+//!
+//! 1. Contention: 4 processes × 1 thread loop `lock()` → 1 ms critical section (a
+//!    `thread::sleep(1 ms)`, not a busy spin: two cores serve 4 workers and Redis; a spin
+//!    with `REDMUTEX_CONTENTION_SPIN=1`) →
+//!    release, on one lock, for `REDMUTEX_CONTENTION_SECS` seconds (default 10) per kind.
+//!    Reported: acquisitions/s, acquisitions per process (least, most, least/most, Jain
+//!    index), requests per acquisition, cross-process handoff p50/p99 and the fraction of
+//!    handoffs that went to another process.
+//! 2. Drain: 4 processes × 8 threads wait on a lock the parent holds for 2 s; once all 32
+//!    are visibly waiting the parent releases; each waiter holds 1 ms once and releases.
+//!    Reported: release → first acquisition, release → 32nd release, and the requests the
+//!    waiters sent between "all visibly waiting" and the release.
+//! 3. Floors, measured in the same run with raw Redis commands: a PUBLISH received by a
+//!    subscriber in another process, one EVALSHA round trip, and the 1 ms hold itself.
+//!
+//! The naive lock is `SET key token NX PX 30000`, retried every 10 ms while it fails, and
+//! released by a compare-and-delete script (EVALSHA).
+//!
+//! Requests are counted with MONITOR: one connection runs it for the whole bench and counts
+//! the commands clients send (script-internal commands, shown as `[0 lua]`, are counted
+//! apart); the parent writes `ECHO` markers that cut the stream into phases, and its own
+//! connection's commands are left out. MONITOR costs Redis a little per command, the same
+//! for every kind. Timestamps come from `CLOCK_MONOTONIC`, which is one clock for every
+//! process on Linux, so times measured in different processes can be subtracted.
+//!
+//! Re-executes itself as the worker processes (role chosen by an environment variable).
+//! Prints a table with PASS/FAIL per target and exits 0 either way: it measures, it does
+//! not gate. Command-line arguments (cargo's `--bench`, filters) are ignored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::BufRead;
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redmutex::{Client, LockGuard};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::child::{say, ChildProc};
+
+/// Set in a re-executed worker: "contend", "drain" or "floor".
+const ROLE_ENV: &str = "REDMUTEX_CONTENTION_ROLE";
+const KIND_ENV: &str = "REDMUTEX_CONTENTION_KIND";
+const URL_ENV: &str = "REDMUTEX_CONTENTION_URL";
+const PREFIX_ENV: &str = "REDMUTEX_CONTENTION_PREFIX";
+/// Seconds each kind contends (a float); 10 unless set.
+const SECS_ENV: &str = "REDMUTEX_CONTENTION_SECS";
+const DEFAULT_SECS: f64 = 10.0;
+
+const PROCESSES: usize = 4;
+const DRAIN_THREADS: usize = 8;
+const WAITERS: usize = PROCESSES * DRAIN_THREADS;
+/// The critical section: `thread::sleep`, so it costs no CPU; a busy spin instead when
+/// `REDMUTEX_CONTENTION_SPIN=1` (workers and the floor alike).
+const HOLD: Duration = Duration::from_millis(1);
+const SPIN_ENV: &str = "REDMUTEX_CONTENTION_SPIN";
+const NAIVE_POLL: Duration = Duration::from_millis(10);
+const NAIVE_LEASE_MS: u64 = 30_000;
+/// How long the parent holds the lock the 32 drain waiters wait on.
+const DRAIN_HELD: Duration = Duration::from_secs(2);
+/// The naive lock shows no queue: its waiters count as visibly waiting this long after
+/// every one of them has been let go (each has then made its first SET and sleeps).
+const NAIVE_SETTLE: Duration = Duration::from_millis(100);
+/// Without a queue key to watch: no acquire attempt for this long means all are asleep.
+const QUIET: Duration = Duration::from_millis(20);
+/// Give up waiting for "all visibly waiting" after this long (and say so).
+const WAITING_TIMEOUT: Duration = Duration::from_secs(10);
+const FLOOR_WARMUP: usize = 50;
+const FLOOR_SAMPLES: usize = 1_000;
+const SLEEP_SAMPLES: usize = 300;
+
+const LOCK_NAME: &str = "contended";
+/// `ECHO` argument prefix of the parent's phase markers in the MONITOR stream.
+const MARK: &str = "redmutex-contention-mark:";
+/// Waits on other processes never last this long unless something is broken.
+const STUCK: Duration = Duration::from_secs(30);
+
+/// Compare-and-delete: the naive lock's release (and the floor's one script round trip).
+const NAIVE_RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+fn main() {
+    match std::env::var(ROLE_ENV) {
+        Ok(role) => child_main(&role),
+        Err(_) => parent_main(),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Lock,
+    Fair,
+    Naive,
+}
+
+const KINDS: [Kind; 3] = [Kind::Lock, Kind::Fair, Kind::Naive];
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Lock => "Lock",
+            Kind::Fair => "FairLock",
+            Kind::Naive => "naive",
+        }
+    }
+
+    fn parse(s: &str) -> Kind {
+        KINDS
+            .into_iter()
+            .find(|k| k.name() == s)
+            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected Lock, FairLock or naive"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parent.
+
+fn parent_main() {
+    let secs = match std::env::var(SECS_ENV) {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => s,
+            _ => panic!("{SECS_ENV}={v:?}: expected a positive number of seconds"),
+        },
+        Err(_) => DEFAULT_SECS,
+    };
+    let (url, server) = support::redis_url_or_spawn();
+    let mut admin = Admin::new(&url);
+    let monitor = Monitor::start(&url, admin.addr.clone());
+    let version = admin.redis_version();
+    let started = Instant::now();
+
+    let mut command = String::new();
+    for var in ["REDIS_URL", SECS_ENV, SPIN_ENV] {
+        if let Ok(v) = std::env::var(var) {
+            let _ = write!(command, "{var}={v} ");
+        }
+    }
+    command.push_str("cargo bench --bench contention");
+    println!("command: {command}");
+    let origin = match &server {
+        Some(s) => format!("spawned, port {}", s.port()),
+        None => url.clone(),
+    };
+    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "redis {version} ({origin}), {cpus} CPUs; contention {secs} s per kind ({SECS_ENV}); \
+         critical section: {}",
+        hold_name()
+    );
+
+    eprintln!("[1/3] floors: PUBLISH -> receive across processes, EVALSHA, sleep(1 ms) ...");
+    let floor = floors(&url, &mut admin);
+    let mut contention = Vec::new();
+    for kind in KINDS {
+        eprintln!(
+            "[2/3] contention: {PROCESSES} processes x 1 thread, {}, {secs} s ...",
+            kind.name()
+        );
+        contention.push(contend(&url, kind, secs, &mut admin));
+    }
+    let mut drains = Vec::new();
+    for kind in KINDS {
+        eprintln!(
+            "[3/3] drain: {PROCESSES} processes x {DRAIN_THREADS} threads, {} ...",
+            kind.name()
+        );
+        drains.push(drain(&url, kind, &mut admin));
+    }
+    let segments = monitor.stop(&mut admin);
+    let elapsed = started.elapsed();
+    report(&floor, &contention, &drains, &segments, secs, elapsed);
+}
+
+// ---------------------------------------------------------------------------------------
+// Floors.
+
+struct Floor {
+    /// PUBLISH sent (parent) -> message read by a subscriber in another process, µs.
+    delivery: Vec<f64>,
+    /// The same plus one EVALSHA round trip by that process, µs.
+    delivery_rtt: Vec<f64>,
+    /// EVALSHA round trips alone, µs.
+    rtt: Vec<f64>,
+    /// The 1 ms hold as it really lasts here, µs.
+    sleep: Vec<f64>,
+}
+
+fn floors(url: &str, admin: &mut Admin) -> Floor {
+    let prefix = unique_prefix("floor");
+    let channel = format!("{prefix}channel");
+    let child = ChildProc::spawn(
+        "floor",
+        &[
+            (ROLE_ENV, "floor"),
+            (URL_ENV, url),
+            (PREFIX_ENV, &prefix),
+            (KIND_ENV, "naive"),
+        ],
+    );
+    child.expect("ready");
+    admin.mark("floor");
+    let mut con = connect(url);
+    let mut out = Floor {
+        delivery: Vec::new(),
+        delivery_rtt: Vec::new(),
+        rtt: Vec::new(),
+        sleep: Vec::new(),
+    };
+    for i in 0..FLOOR_WARMUP + FLOOR_SAMPLES {
+        let t0 = mono_ns();
+        let receivers: u64 = redis::cmd("PUBLISH")
+            .arg(&channel)
+            .arg(i)
+            .query(&mut con)
+            .expect("PUBLISH");
+        assert_eq!(receivers, 1, "the floor child is not subscribed");
+        let line = child.next_line();
+        let (t1, t2) = line
+            .split_once(' ')
+            .map(|(a, b)| (parse_u64(a), parse_u64(b)))
+            .expect("`t1 t2` from the floor child");
+        if i >= FLOOR_WARMUP {
+            out.delivery.push(us_between(t0, t1));
+            out.delivery_rtt.push(us_between(t0, t2));
+            out.rtt.push(us_between(t1, t2));
+        }
+    }
+    let _: u64 = redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg("quit")
+        .query(&mut con)
+        .expect("PUBLISH quit");
+    child.wait_success();
+    for _ in 0..SLEEP_SAMPLES {
+        let t = Instant::now();
+        hold();
+        out.sleep.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    admin.mark("idle-floor");
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Contention: 4 processes x 1 thread.
+
+struct Contention {
+    kind: Kind,
+    /// Per process: (acquired, release started) in CLOCK_MONOTONIC ns.
+    events: Vec<Vec<(u64, u64)>>,
+    start: u64,
+    segment: String,
+}
+
+impl Contention {
+    fn counts(&self) -> Vec<u64> {
+        self.events.iter().map(|e| e.len() as u64).collect()
+    }
+
+    fn total(&self) -> u64 {
+        self.counts().iter().sum()
+    }
+
+    /// From the start to the last release.
+    fn seconds(&self) -> f64 {
+        let end = self
+            .events
+            .iter()
+            .flatten()
+            .map(|&(_, rel)| rel)
+            .max()
+            .unwrap_or(self.start);
+        end.saturating_sub(self.start) as f64 / 1e9
+    }
+
+    /// Every acquisition in time order with its process.
+    fn timeline(&self) -> Vec<(u64, u64, usize)> {
+        let mut all: Vec<(u64, u64, usize)> = self
+            .events
+            .iter()
+            .enumerate()
+            .flat_map(|(p, e)| e.iter().map(move |&(a, r)| (a, r, p)))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Cross-process handoffs (µs), the number of consecutive acquisitions, and how many
+    /// of those overlapped (an acquisition before the previous release began: must be 0).
+    fn handoffs(&self) -> (Vec<f64>, usize, usize) {
+        let all = self.timeline();
+        let mut cross = Vec::new();
+        let mut overlaps = 0;
+        for w in all.windows(2) {
+            let ((_, rel, p), (acq, _, q)) = (w[0], w[1]);
+            if acq < rel {
+                overlaps += 1;
+            } else if p != q {
+                cross.push(us_between(rel, acq));
+            }
+        }
+        (cross, all.len().saturating_sub(1), overlaps)
+    }
+}
+
+fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Contention {
+    let prefix = unique_prefix(&format!("contend-{}", kind.name()));
+    let mut children: Vec<ChildProc> = (0..PROCESSES)
+        .map(|_| {
+            ChildProc::spawn(
+                "contend",
+                &[
+                    (ROLE_ENV, "contend"),
+                    (KIND_ENV, kind.name()),
+                    (URL_ENV, url),
+                    (PREFIX_ENV, &prefix),
+                ],
+            )
+        })
+        .collect();
+    for c in &children {
+        c.expect("ready");
+    }
+    let segment = format!("contend-{}", kind.name());
+    admin.mark(&segment);
+    let start = mono_ns() + 50_000_000;
+    let end = start + (secs * 1e9) as u64;
+    for c in &mut children {
+        c.send(&format!("go {start} {end}"));
+    }
+    let deadline = Duration::from_secs_f64(secs) + STUCK;
+    let mut events = Vec::new();
+    for c in children {
+        let mut mine = Vec::new();
+        loop {
+            let line = c
+                .try_line(deadline)
+                .unwrap_or_else(|| panic!("a {} contention worker hung", kind.name()));
+            if line == "done" {
+                break;
+            }
+            let mut w = line.split_whitespace();
+            assert_eq!(w.next(), Some("acq"), "unexpected worker line {line:?}");
+            let acq = parse_u64(w.next().unwrap_or(""));
+            let rel = parse_u64(w.next().unwrap_or(""));
+            mine.push((acq, rel));
+        }
+        c.wait_success();
+        events.push(mine);
+    }
+    admin.mark(&format!("idle-{segment}"));
+    Contention {
+        kind,
+        events,
+        start,
+        segment,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Drain: 32 waiters released at once.
+
+struct Drain {
+    kind: Kind,
+    /// Per waiter: (acquired, release started, release returned), CLOCK_MONOTONIC ns.
+    events: Vec<(u64, u64, u64)>,
+    /// When the parent began its release.
+    released: u64,
+    /// How "all visibly waiting" was decided.
+    waited_by: String,
+    /// From "all visibly waiting" to the release, the window whose requests count.
+    window: Duration,
+    waiting_segment: String,
+    drain_segment: String,
+}
+
+impl Drain {
+    fn first_us(&self) -> f64 {
+        let first = self.events.iter().map(|e| e.0).min().unwrap_or(0);
+        us_between(self.released, first)
+    }
+
+    fn total_us(&self) -> f64 {
+        let last = self.events.iter().map(|e| e.2).max().unwrap_or(0);
+        us_between(self.released, last)
+    }
+
+    fn overlaps(&self) -> usize {
+        let mut v = self.events.clone();
+        v.sort_unstable();
+        v.windows(2).filter(|w| w[1].0 < w[0].1).count()
+    }
+}
+
+fn drain(url: &str, kind: Kind, admin: &mut Admin) -> Drain {
+    let prefix = unique_prefix(&format!("drain-{}", kind.name()));
+    let mut children: Vec<ChildProc> = (0..PROCESSES)
+        .map(|_| {
+            ChildProc::spawn(
+                "drain",
+                &[
+                    (ROLE_ENV, "drain"),
+                    (KIND_ENV, kind.name()),
+                    (URL_ENV, url),
+                    (PREFIX_ENV, &prefix),
+                ],
+            )
+        })
+        .collect();
+    for c in &mut children {
+        c.send("warm");
+        c.expect("ready");
+    }
+
+    let client = (kind != Kind::Naive).then(|| bench_client(url, &prefix));
+    let mut parent = Handle::new(kind, client.as_ref(), url, &prefix);
+    let held = parent.acquire();
+    let held_at = Instant::now();
+    let base_evalsha = admin.calls("evalsha");
+    for c in &mut children {
+        c.send("go");
+    }
+    for c in &children {
+        c.expect("waiting");
+    }
+    let waited_by = if kind == Kind::Naive {
+        thread::sleep(NAIVE_SETTLE);
+        format!("fixed settle of {NAIVE_SETTLE:?} after all {WAITERS} were let go")
+    } else {
+        let queue = format!("{prefix}!queue:{{{LOCK_NAME}}}");
+        let released = format!("{prefix}{{{LOCK_NAME}}}:released");
+        let mut how = "";
+        let mut last = (0, Instant::now());
+        let seen = support::wait_until(WAITING_TIMEOUT, || {
+            let len = admin.llen(&queue);
+            if len >= WAITERS as u64 {
+                how = "queue LLEN == 32";
+                return true;
+            }
+            // No queue (a redmutex without one): every process subscribed, every thread
+            // made its attempt, and no attempt for 20 ms: all sleep until a release.
+            let calls = admin.calls("evalsha");
+            if calls != last.0 {
+                last = (calls, Instant::now());
+            }
+            if len == 0
+                && admin.numsub(&released) >= PROCESSES as u64
+                && calls >= base_evalsha + WAITERS as u64
+                && last.1.elapsed() >= QUIET
+            {
+                how = "no queue key: 4 subscribers on :released, >= 32 attempts, then 20 ms quiet";
+                return true;
+            }
+            false
+        });
+        if seen {
+            how.to_owned()
+        } else {
+            format!(
+                "NEVER (queue LLEN {} after {WAITING_TIMEOUT:?}); released anyway",
+                admin.llen(&queue)
+            )
+        }
+    };
+    let waiting_segment = format!("drain-waiting-{}", kind.name());
+    admin.mark(&waiting_segment);
+    let waiting_since = Instant::now();
+    if let Some(left) = DRAIN_HELD.checked_sub(held_at.elapsed()) {
+        thread::sleep(left);
+    }
+    let drain_segment = format!("drain-{}", kind.name());
+    admin.mark(&drain_segment);
+    let window = waiting_since.elapsed();
+    let released = mono_ns();
+    parent.release(held);
+
+    let mut events = Vec::new();
+    for c in children {
+        loop {
+            let line = c.next_line();
+            if line == "done" {
+                break;
+            }
+            let v: Vec<u64> = line
+                .strip_prefix("acq ")
+                .unwrap_or_else(|| panic!("unexpected worker line {line:?}"))
+                .split_whitespace()
+                .map(parse_u64)
+                .collect();
+            events.push((v[0], v[1], v[2]));
+        }
+        c.wait_success();
+    }
+    admin.mark(&format!("idle-{drain_segment}"));
+    drop(parent);
+    drop(client);
+    Drain {
+        kind,
+        events,
+        released,
+        waited_by,
+        window,
+        waiting_segment,
+        drain_segment,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Workers.
+
+fn child_main(role: &str) {
+    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
+    let kind = Kind::parse(&env(KIND_ENV));
+    let url = env(URL_ENV);
+    let prefix = env(PREFIX_ENV);
+    match role {
+        "contend" => child_contend(kind, &url, &prefix),
+        "drain" => child_drain(kind, &url, &prefix),
+        "floor" => child_floor(&url, &prefix),
+        other => panic!("{ROLE_ENV}={other:?}: expected contend, drain or floor"),
+    }
+}
+
+fn read_line() -> String {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .expect("read from the parent");
+    line.trim_end().to_owned()
+}
+
+fn child_contend(kind: Kind, url: &str, prefix: &str) {
+    let client = (kind != Kind::Naive).then(|| bench_client(url, prefix));
+    let mut lock = Handle::new(kind, client.as_ref(), url, prefix);
+    // Warm up: scripts loaded, pooled connection open.
+    let held = lock.acquire();
+    lock.release(held);
+    say("ready");
+    let line = read_line();
+    let mut w = line.split_whitespace();
+    assert_eq!(w.next(), Some("go"), "unexpected parent line {line:?}");
+    let start = parse_u64(w.next().unwrap_or(""));
+    let end = parse_u64(w.next().unwrap_or(""));
+    sleep_until_mono(start);
+    let mut events = Vec::new();
+    while mono_ns() < end {
+        let held = lock.acquire();
+        let acquired = mono_ns();
+        hold();
+        let releasing = mono_ns();
+        lock.release(held);
+        events.push((acquired, releasing));
+    }
+    for (a, r) in events {
+        say(&format!("acq {a} {r}"));
+    }
+    say("done");
+}
+
+fn child_drain(kind: Kind, url: &str, prefix: &str) {
+    let client = (kind != Kind::Naive).then(|| bench_client(url, prefix));
+    // Every thread warms up on the drain lock (scripts loaded, the pool's connection),
+    // then all wait for the parent's "go" at the barrier. The warm-ups run one at a time,
+    // the processes too (the parent lets them go in turn), so no waiter queues and no
+    // lock is handed on: a handoff makes its client re-check the lock about a second
+    // later, and that request would land in the window measured while all wait.
+    assert_eq!(read_line(), "warm", "unexpected parent line");
+    let one_at_a_time = Arc::new(Mutex::new(()));
+    let ready = Arc::new(Barrier::new(DRAIN_THREADS + 1));
+    let go = Arc::new(Barrier::new(DRAIN_THREADS + 1));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..DRAIN_THREADS)
+        .map(|_| {
+            let (client, url, prefix) = (client.clone(), url.to_owned(), prefix.to_owned());
+            let (ready, go, results) = (ready.clone(), go.clone(), results.clone());
+            let one_at_a_time = one_at_a_time.clone();
+            thread::spawn(move || {
+                let mut lock = Handle::new(kind, client.as_ref(), &url, &prefix);
+                {
+                    let _turn = one_at_a_time.lock().expect("warm-up turn");
+                    let held = lock.acquire();
+                    lock.release(held);
+                }
+                ready.wait();
+                go.wait();
+                let held = lock.acquire();
+                let acquired = mono_ns();
+                hold();
+                let releasing = mono_ns();
+                lock.release(held);
+                let released = mono_ns();
+                results
+                    .lock()
+                    .expect("results")
+                    .push((acquired, releasing, released));
+            })
+        })
+        .collect();
+    ready.wait();
+    say("ready");
+    assert_eq!(read_line(), "go", "unexpected parent line");
+    go.wait();
+    say("waiting");
+    for t in threads {
+        t.join().expect("drain thread");
+    }
+    for (a, r, d) in results.lock().expect("results").iter() {
+        say(&format!("acq {a} {r} {d}"));
+    }
+    say("done");
+}
+
+fn child_floor(url: &str, prefix: &str) {
+    let mut sub = connect(url);
+    let mut con = connect(url);
+    let script = redis::Script::new(NAIVE_RELEASE);
+    let key = format!("{prefix}none");
+    let mut rtt = || {
+        let _: i64 = script
+            .key(&key)
+            .arg("token")
+            .invoke(&mut con)
+            .expect("EVALSHA");
+    };
+    rtt();
+    let mut pubsub = sub.as_pubsub();
+    pubsub
+        .subscribe(format!("{prefix}channel"))
+        .expect("SUBSCRIBE");
+    say("ready");
+    loop {
+        let msg = pubsub.get_message().expect("floor message");
+        let t1 = mono_ns();
+        let payload: String = msg.get_payload().expect("payload");
+        if payload == "quit" {
+            break;
+        }
+        rtt();
+        let t2 = mono_ns();
+        say(&format!("{t1} {t2}"));
+    }
+}
+
+/// One thread's view of the lock under test.
+enum Handle {
+    Lock(redmutex::Lock),
+    Fair(redmutex::FairLock),
+    Naive {
+        con: redis::Connection,
+        key: String,
+        token: String,
+        n: u64,
+        release: redis::Script,
+    },
+}
+
+enum Held {
+    Guard(LockGuard),
+    Naive(String),
+}
+
+impl Handle {
+    fn new(kind: Kind, client: Option<&Client>, url: &str, prefix: &str) -> Handle {
+        match kind {
+            Kind::Lock => Handle::Lock(client.expect("a client").lock(LOCK_NAME)),
+            Kind::Fair => Handle::Fair(client.expect("a client").fair_lock(LOCK_NAME)),
+            Kind::Naive => Handle::Naive {
+                con: connect(url),
+                key: format!("{prefix}naive:{LOCK_NAME}"),
+                token: format!(
+                    "{}:{:?}:{}",
+                    std::process::id(),
+                    thread::current().id(),
+                    mono_ns()
+                ),
+                n: 0,
+                release: redis::Script::new(NAIVE_RELEASE),
+            },
+        }
+    }
+
+    fn acquire(&mut self) -> Held {
+        match self {
+            Handle::Lock(lock) => Held::Guard(lock.lock().expect("Lock::lock")),
+            Handle::Fair(lock) => Held::Guard(lock.lock().expect("FairLock::lock")),
+            Handle::Naive {
+                con, key, token, n, ..
+            } => {
+                *n += 1;
+                let mine = format!("{token}:{n}");
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&*key)
+                        .arg(&mine)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(NAIVE_LEASE_MS)
+                        .query(con)
+                        .expect("SET NX");
+                    if set.is_some() {
+                        return Held::Naive(mine);
+                    }
+                    thread::sleep(NAIVE_POLL);
+                }
+            }
+        }
+    }
+
+    fn release(&mut self, held: Held) {
+        match (self, held) {
+            (Handle::Lock(_) | Handle::Fair(_), Held::Guard(g)) => g.unlock().expect("unlock"),
+            (
+                Handle::Naive {
+                    con, key, release, ..
+                },
+                Held::Naive(mine),
+            ) => {
+                let deleted: i64 = release
+                    .key(&*key)
+                    .arg(mine)
+                    .invoke(con)
+                    .expect("naive release");
+                assert_eq!(deleted, 1, "the naive lock was not ours any more");
+            }
+            _ => unreachable!("a hold of another kind"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// MONITOR: top-level commands per phase.
+
+#[derive(Default, Clone)]
+struct Counts {
+    /// Top-level commands sent by clients, by name.
+    top: BTreeMap<String, u64>,
+    /// Commands run inside scripts.
+    lua: u64,
+}
+
+impl Counts {
+    fn requests(&self) -> u64 {
+        self.top.values().sum()
+    }
+
+    fn summary(&self) -> String {
+        let parts: Vec<String> = self.top.iter().map(|(c, n)| format!("{c}={n}")).collect();
+        if parts.is_empty() {
+            "none".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+struct Monitor {
+    thread: thread::JoinHandle<HashMap<String, Counts>>,
+}
+
+impl Monitor {
+    /// Starts counting; `admin` is the address whose commands are left out.
+    fn start(url: &str, admin: String) -> Monitor {
+        let mut con = connect(url);
+        // Blocking reads: a read timeout can drop the line arriving as it fires (seen with
+        // redis-rs), and the "stop" marker ends the thread anyway.
+        con.set_read_timeout(None).expect("read timeout");
+        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
+            .expect("send MONITOR");
+        let ok = con.recv_response().expect("MONITOR reply");
+        assert_eq!(ok, redis::Value::Okay, "MONITOR refused");
+        let own = format!(" {admin}");
+        let thread = thread::spawn(move || {
+            let mut segments: HashMap<String, Counts> = HashMap::new();
+            let mut current = String::from("start");
+            loop {
+                let line = match con.recv_response() {
+                    Ok(redis::Value::SimpleString(line)) => line,
+                    Ok(other) => panic!("unexpected MONITOR output {other:?}"),
+                    Err(e) => panic!("MONITOR failed: {e}"),
+                };
+                // `<time> [<db> <addr>] "<command>" "<arg>" ...`; scripts show as `[0 lua]`.
+                let Some((client, rest)) = line.split_once("] ") else {
+                    continue;
+                };
+                let counts = segments.entry(current.clone()).or_default();
+                if client.ends_with(" lua") {
+                    counts.lua += 1;
+                    continue;
+                }
+                let mut quoted = rest.split('"').skip(1).step_by(2);
+                let cmd = quoted.next().unwrap_or("").to_ascii_lowercase();
+                if client.ends_with(&own) {
+                    if cmd == "echo" {
+                        if let Some(mark) = quoted.next().and_then(|a| a.strip_prefix(MARK)) {
+                            if mark == "stop" {
+                                return segments;
+                            }
+                            current = mark.to_owned();
+                        }
+                    }
+                    continue;
+                }
+                *counts.top.entry(cmd).or_insert(0) += 1;
+            }
+        });
+        Monitor { thread }
+    }
+
+    fn stop(self, admin: &mut Admin) -> HashMap<String, Counts> {
+        admin.mark("stop");
+        self.thread.join().expect("monitor thread")
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report.
+
+fn report(
+    floor: &Floor,
+    contention: &[Contention],
+    drains: &[Drain],
+    segments: &HashMap<String, Counts>,
+    secs: f64,
+    elapsed: Duration,
+) {
+    let seg = |name: &str| segments.get(name).cloned().unwrap_or_default();
+    let by_kind = |k: Kind| contention.iter().find(|c| c.kind == k).expect("every kind");
+    let drain_of = |k: Kind| drains.iter().find(|d| d.kind == k).expect("every kind");
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\ncontention: {PROCESSES} processes x 1 thread, lock -> {} -> release, \
+         {secs} s per kind",
+        hold_name()
+    );
+    let mut t = Grid::new(&["", "Lock", "FairLock", "naive"]);
+    let col = |f: &dyn Fn(&Contention) -> String| -> Vec<String> {
+        KINDS.iter().map(|&k| f(by_kind(k))).collect()
+    };
+    t.row(
+        "acquisitions/s",
+        col(&|c| f1(c.total() as f64 / c.seconds())),
+    );
+    t.row("acquisitions", col(&|c| c.total().to_string()));
+    t.row(
+        "per process",
+        col(&|c| {
+            c.counts()
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join("/")
+        }),
+    );
+    t.row("least/most", col(&|c| f2(least_most(&c.counts()))));
+    t.row("Jain index", col(&|c| f3(jain(&c.counts()))));
+    t.row(
+        "requests/acq (MONITOR, top level)",
+        col(&|c| f2(seg(&c.segment).requests() as f64 / c.total().max(1) as f64)),
+    );
+    t.row(
+        "commands inside scripts/acq",
+        col(&|c| f2(seg(&c.segment).lua as f64 / c.total().max(1) as f64)),
+    );
+    t.row(
+        "handoffs to another process",
+        col(&|c| {
+            let (cross, n, _) = c.handoffs();
+            format!(
+                "{:.2} ({}/{n})",
+                cross.len() as f64 / n.max(1) as f64,
+                cross.len()
+            )
+        }),
+    );
+    t.row(
+        "cross-process handoff p50 µs",
+        col(&|c| f1(percentile(&c.handoffs().0, 0.50))),
+    );
+    t.row(
+        "cross-process handoff p99 µs",
+        col(&|c| f1(percentile(&c.handoffs().0, 0.99))),
+    );
+    t.row(
+        "overlapping holds (must be 0)",
+        col(&|c| c.handoffs().2.to_string()),
+    );
+    let _ = write!(out, "{}", t.render());
+    for c in contention {
+        let _ = writeln!(
+            out,
+            "  {} requests: {}",
+            c.kind.name(),
+            seg(&c.segment).summary()
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\ndrain: {WAITERS} waiters ({PROCESSES} processes x {DRAIN_THREADS} threads) on a lock \
+         held {DRAIN_HELD:?}, each holds 1 ms once"
+    );
+    let mut t = Grid::new(&["", "Lock", "FairLock", "naive"]);
+    let col = |f: &dyn Fn(&Drain) -> String| -> Vec<String> {
+        KINDS.iter().map(|&k| f(drain_of(k))).collect()
+    };
+    t.row(
+        "release -> first acquisition µs",
+        col(&|d| f1(d.first_us())),
+    );
+    t.row(
+        "release -> 32nd release ms",
+        col(&|d| f2(d.total_us() / 1e3)),
+    );
+    t.row(
+        "requests while all waiting",
+        col(&|d| seg(&d.waiting_segment).requests().to_string()),
+    );
+    t.row(
+        "  over a window of ms",
+        col(&|d| f1(d.window.as_secs_f64() * 1e3)),
+    );
+    t.row(
+        "requests/acq during the drain",
+        col(&|d| f2(seg(&d.drain_segment).requests() as f64 / d.events.len().max(1) as f64)),
+    );
+    t.row(
+        "overlapping holds (must be 0)",
+        col(&|d| d.overlaps().to_string()),
+    );
+    let _ = write!(out, "{}", t.render());
+    for d in drains {
+        let _ = writeln!(
+            out,
+            "  {}: all waiting by {}; while waiting: {}; drain: {}",
+            d.kind.name(),
+            d.waited_by,
+            seg(&d.waiting_segment).summary(),
+            seg(&d.drain_segment).summary()
+        );
+    }
+
+    let delivery = median(&floor.delivery);
+    let rtt = median(&floor.rtt);
+    let sleep = median(&floor.sleep);
+    let drain_floor = WAITERS as f64 * (sleep + rtt + delivery);
+    // Every acquisition a handoff to another process: a hold, then the handoff floor.
+    let rate_floor = 1e6 / (sleep + median(&floor.delivery_rtt));
+    let _ = writeln!(
+        out,
+        "\nfloors (raw Redis commands, same run; n={FLOOR_SAMPLES}; µs p50 / p99):"
+    );
+    let _ = writeln!(
+        out,
+        "  PUBLISH -> received in another process   {:>8.1} / {:>8.1}",
+        delivery,
+        percentile(&floor.delivery, 0.99)
+    );
+    let _ = writeln!(
+        out,
+        "  ... + one EVALSHA round trip             {:>8.1} / {:>8.1}",
+        median(&floor.delivery_rtt),
+        percentile(&floor.delivery_rtt, 0.99)
+    );
+    let _ = writeln!(
+        out,
+        "  EVALSHA round trip alone                 {:>8.1} / {:>8.1}",
+        rtt,
+        percentile(&floor.rtt, 0.99)
+    );
+    let _ = writeln!(
+        out,
+        "  the 1 ms hold                            {:>8.1} / {:>8.1}",
+        sleep,
+        percentile(&floor.sleep, 0.99)
+    );
+    let _ = writeln!(
+        out,
+        "  drain floor: 32 x (hold + EVALSHA + PUBLISH->received) = {:.2} ms",
+        drain_floor / 1e3
+    );
+    let _ = writeln!(
+        out,
+        "  strict-turns throughput: 1 s / (hold + PUBLISH->received + EVALSHA) = {rate_floor:.1}/s"
+    );
+
+    let lock = by_kind(Kind::Lock);
+    let fair = by_kind(Kind::Fair);
+    let naive = by_kind(Kind::Naive);
+    let fair_drain = drain_of(Kind::Fair);
+    let (fair_cross, _, _) = fair.handoffs();
+    let (lock_cross, _, _) = lock.handoffs();
+    let fair_p50 = percentile(&fair_cross, 0.50);
+    let lock_p50 = percentile(&lock_cross, 0.50);
+    let rate = |c: &Contention| c.total() as f64 / c.seconds();
+
+    let mut t = Targets::default();
+    t.check(
+        "FairLock least/most",
+        f2(least_most(&fair.counts())),
+        ">= 0.8",
+        least_most(&fair.counts()) >= 0.8,
+        "",
+    );
+    t.check(
+        "FairLock Jain index",
+        f3(jain(&fair.counts())),
+        ">= 0.99",
+        jain(&fair.counts()) >= 0.99,
+        "",
+    );
+    let fair_req = seg(&fair.segment).requests() as f64 / fair.total().max(1) as f64;
+    t.check(
+        "FairLock requests/acq",
+        f2(fair_req),
+        "<= 2.2",
+        fair_req <= 2.2,
+        "",
+    );
+    t.check(
+        "FairLock cross-process handoff p50 µs",
+        f1(fair_p50),
+        &format!("<= {:.1}", 0.6 * lock_p50),
+        fair_p50 <= 0.6 * lock_p50,
+        &format!(
+            "0.6 x Lock's {}; floor {:.1} (PUBLISH->recv)",
+            f1(lock_p50),
+            delivery
+        ),
+    );
+    let fair_p99 = percentile(&fair_cross, 0.99);
+    t.check(
+        "FairLock cross-process handoff p99 µs",
+        f1(fair_p99),
+        "<= 1000",
+        fair_p99 <= 1000.0,
+        &format!(
+            "floor {:.1} (PUBLISH->recv), {:.1} (+ EVALSHA)",
+            percentile(&floor.delivery, 0.99),
+            percentile(&floor.delivery_rtt, 0.99)
+        ),
+    );
+    t.check(
+        "FairLock acquisitions/s",
+        f1(rate(fair)),
+        &format!(">= {:.1}", rate(naive)),
+        rate(fair) >= rate(naive),
+        &format!("naive's; strict-turns floor {rate_floor:.1}/s"),
+    );
+    t.check(
+        "Lock least/most",
+        f2(least_most(&lock.counts())),
+        ">= 0.5",
+        least_most(&lock.counts()) >= 0.5,
+        "",
+    );
+    let first = fair_drain.first_us();
+    t.check(
+        "FairLock drain: release -> first µs",
+        f1(first),
+        "<= 500",
+        first <= 500.0,
+        &format!("floor {delivery:.1} (PUBLISH->recv)"),
+    );
+    let total = fair_drain.total_us() / 1e3;
+    t.check(
+        "FairLock drain: all 32 released ms",
+        f2(total),
+        "<= 40",
+        total <= 40.0,
+        &format!("floor {:.2}", drain_floor / 1e3),
+    );
+    let waiting = seg(&fair_drain.waiting_segment).requests();
+    t.check(
+        "FairLock drain: requests while waiting",
+        waiting.to_string(),
+        "== 0",
+        waiting == 0,
+        "",
+    );
+    let overlaps: usize = contention.iter().map(|c| c.handoffs().2).sum::<usize>()
+        + drains.iter().map(Drain::overlaps).sum::<usize>();
+    t.check(
+        "overlapping holds, all kinds and phases",
+        overlaps.to_string(),
+        "== 0",
+        overlaps == 0,
+        "",
+    );
+    let _ = write!(out, "\n{}", t.render());
+    let _ = writeln!(out, "whole bench took {:.1} s", elapsed.as_secs_f64());
+    print!("{out}");
+}
+
+fn least_most(counts: &[u64]) -> f64 {
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let least = counts.iter().copied().min().unwrap_or(0);
+    if most == 0 {
+        return f64::NAN;
+    }
+    least as f64 / most as f64
+}
+
+/// Jain's fairness index: (Σx)² / (n·Σx²), 1 when all are equal, 1/n when one gets all.
+fn jain(counts: &[u64]) -> f64 {
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
+    if squares == 0.0 {
+        return f64::NAN;
+    }
+    sum * sum / (counts.len() as f64 * squares)
+}
+
+/// A table of figures per kind.
+struct Grid {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Grid {
+    fn new(header: &[&str]) -> Grid {
+        Grid {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, name: &str, cells: Vec<String>) {
+        let mut row = vec![name.to_owned()];
+        row.extend(cells);
+        self.rows.push(row);
+    }
+
+    fn render(&self) -> String {
+        let all = || std::iter::once(&self.header).chain(&self.rows);
+        let widths: Vec<usize> = (0..self.header.len())
+            .map(|i| all().map(|r| r[i].chars().count()).max().unwrap_or(0))
+            .collect();
+        let mut out = String::new();
+        for r in all() {
+            let mut line = format!("  {:<w$}", r[0], w = widths[0]);
+            for (cell, w) in r.iter().zip(&widths).skip(1) {
+                let _ = write!(line, "  {cell:>w$}");
+            }
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        out
+    }
+}
+
+#[derive(Default)]
+struct Targets {
+    rows: Vec<[String; 5]>,
+}
+
+impl Targets {
+    fn check(&mut self, name: &str, value: String, target: &str, ok: bool, note: &str) {
+        let ok = if ok { "PASS" } else { "FAIL <<<" };
+        self.rows.push([
+            name.to_owned(),
+            value,
+            target.to_owned(),
+            ok.to_owned(),
+            note.to_owned(),
+        ]);
+    }
+
+    fn render(&self) -> String {
+        let w0 = self.rows.iter().map(|r| r[0].chars().count()).max();
+        let w0 = w0.unwrap_or(0).max("target".len());
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<w0$}  {:>10}  {:>10}  ok",
+            "targets", "measured", "target"
+        );
+        for [name, value, target, ok, note] in &self.rows {
+            let note = if note.is_empty() {
+                String::new()
+            } else {
+                format!("  ({note})")
+            };
+            let line = format!("{name:<w0$}  {value:>10}  {target:>10}  {ok:<8}{note}");
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        let passed = self.rows.iter().filter(|r| r[3] == "PASS").count();
+        let _ = writeln!(
+            out,
+            "targets: {passed} PASS, {} FAIL",
+            self.rows.len() - passed
+        );
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared helpers.
+
+/// The parent's one admin connection; its address is left out of MONITOR's counts.
+struct Admin {
+    con: redis::Connection,
+    addr: String,
+}
+
+impl Admin {
+    fn new(url: &str) -> Admin {
+        let mut con = connect(url);
+        con.set_read_timeout(Some(STUCK)).expect("set read timeout");
+        let info: String = redis::cmd("CLIENT")
+            .arg("INFO")
+            .query(&mut con)
+            .expect("CLIENT INFO");
+        let addr = info
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("addr="))
+            .expect("addr= in CLIENT INFO")
+            .to_owned();
+        Admin { con, addr }
+    }
+
+    fn redis_version(&mut self) -> String {
+        support::redis_version(&mut self.con)
+    }
+
+    /// Starts phase `name` in the MONITOR stream.
+    fn mark(&mut self, name: &str) {
+        let _: String = redis::cmd("ECHO")
+            .arg(format!("{MARK}{name}"))
+            .query(&mut self.con)
+            .expect("ECHO marker");
+    }
+
+    fn calls(&mut self, cmd: &str) -> u64 {
+        support::commandstats(&mut self.con)
+            .get(cmd)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn llen(&mut self, key: &str) -> u64 {
+        // A key of another type (none expected) counts as no queue.
+        redis::cmd("LLEN")
+            .arg(key)
+            .query(&mut self.con)
+            .unwrap_or(0)
+    }
+
+    fn numsub(&mut self, channel: &str) -> u64 {
+        let (_, n): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query(&mut self.con)
+            .expect("PUBSUB NUMSUB");
+        n
+    }
+}
+
+fn connect(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("connect to redis")
+}
+
+fn bench_client(url: &str, prefix: &str) -> Client {
+    Client::builder()
+        .url(url)
+        .key_prefix(prefix)
+        .build()
+        .expect("build client")
+}
+
+/// A key prefix of its own per phase, so a shared `REDIS_URL` server is harmless.
+fn unique_prefix(what: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos();
+    format!("redmutex-contention:{nanos}:{what}:")
+}
+
+/// CLOCK_MONOTONIC in ns: one clock for all processes of the machine (Linux).
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn spinning() -> bool {
+    std::env::var(SPIN_ENV).is_ok_and(|v| v == "1")
+}
+
+fn hold_name() -> &'static str {
+    if spinning() {
+        "busy spin of 1 ms"
+    } else {
+        "thread::sleep(1 ms)"
+    }
+}
+
+/// The 1 ms critical section.
+fn hold() {
+    if spinning() {
+        let t = Instant::now();
+        while t.elapsed() < HOLD {
+            std::hint::spin_loop();
+        }
+    } else {
+        thread::sleep(HOLD);
+    }
+}
+
+fn sleep_until_mono(at: u64) {
+    let now = mono_ns();
+    if at > now {
+        thread::sleep(Duration::from_nanos(at - now));
+    }
+}
+
+fn us_between(from: u64, to: u64) -> f64 {
+    (to as f64 - from as f64) / 1e3
+}
+
+fn parse_u64(s: &str) -> u64 {
+    s.parse()
+        .unwrap_or_else(|_| panic!("expected a number, got {s:?}"))
+}
+
+fn percentile(samples: &[f64], p: f64) -> f64 {
+    let mut v = samples.to_vec();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(samples: &[f64]) -> f64 {
+    percentile(samples, 0.5)
+}
+
+fn f1(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+fn f2(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+fn f3(v: f64) -> String {
+    format!("{v:.3}")
+}
