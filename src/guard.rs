@@ -87,10 +87,15 @@ impl LockGuard {
     /// gone on the server; every `Client` was dropped, so nothing renews it any more; or
     /// this guard's fixed lease has run out with no other level of the thread's hold
     /// keeping the lock (an outer fixed lease covered by a nested watchdog level is not
-    /// lost). Another holder may then have entered the critical section. Never goes back
+    /// lost); or the lock was handed to this thread by a release and its one-second
+    /// pickup window ended before the watchdog could extend it (Redis unreachable). Another holder may then have entered the critical section. Never goes back
     /// to false.
     pub fn is_lease_lost(&self) -> bool {
         if self.lost.load(Ordering::SeqCst) {
+            return true;
+        }
+        let watchdog = &self.inner.watchdog;
+        if watchdog.pickup_lapsed(&self.keys.key, self.token, &self.lost) {
             return true;
         }
         match self.lease {
@@ -117,6 +122,10 @@ impl LockGuard {
         inner.check_process()?;
         let keys = &self.keys;
         let watchdog_ms = millis(inner.config.watchdog_timeout);
+        // A handed-over hold whose window ended unextended is gone: say so below.
+        inner
+            .watchdog
+            .pickup_lapsed(&keys.key, self.token, &self.lost);
         // Unregister first, so that from here on the watchdog never renews for this guard.
         let Some((need, held)) =
             inner

@@ -22,6 +22,9 @@ const RENEW_BATCH: usize = 500;
 /// How often a failing check of a handed-on lock is tried again before it is left to the
 /// waiters' own timers.
 const KICK_TRIES: u8 = 3;
+/// How soon a failed extension of a handed-over hold is tried again: several times
+/// within its pickup window.
+const EXTEND_RETRY: Duration = Duration::from_millis(100);
 
 /// How a level of a lock keeps its lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +66,8 @@ struct Hold {
     // The hold was handed over by a release, with a lease of at most the pickup window:
     // when the watchdog must extend it to what the levels need.
     extend_at: Option<Instant>,
+    // A handed-over hold not extended yet: when its lease on the server ends.
+    pickup_ends: Option<Instant>,
 }
 
 impl Hold {
@@ -116,6 +121,8 @@ struct Watched {
     holder: Arc<str>,
     lost: Arc<AtomicBool>,
     lease_ms: u64,
+    // The first renewal of a handed-over hold: its lease is only the pickup window.
+    extension: bool,
 }
 
 /// A thread of this client waiting in a lock's queue: its entry is kept alive each round.
@@ -327,6 +334,7 @@ impl Watchdog {
             lost: Arc::new(AtomicBool::new(false)),
             renewing: false,
             extend_at: None,
+            pickup_ends: None,
         };
         let hold = by_token.entry(token).or_insert_with(fresh);
         if count == 1 && !hold.levels.is_empty() {
@@ -354,6 +362,7 @@ impl Watchdog {
             .then(|| sent + PICKUP / 3);
         if extend.is_some() {
             hold.extend_at = extend;
+            hold.pickup_ends = Some(sent + PICKUP);
         }
         let registration = Registration {
             level,
@@ -539,6 +548,7 @@ impl Watchdog {
                 let due = hold.extend_at.is_some_and(|at| full || at <= now);
                 if due || (full && hold.has_watchdog_level()) {
                     hold.extend_at = None;
+                    let extension = hold.pickup_ends.is_some();
                     let lease_ms = hold.need_ms(watchdog_ms, now);
                     if lease_ms == 0 {
                         continue;
@@ -550,6 +560,7 @@ impl Watchdog {
                         holder: hold.holder.clone(),
                         lost: hold.lost.clone(),
                         lease_ms,
+                        extension,
                     });
                 }
             }
@@ -586,6 +597,43 @@ impl Watchdog {
             .map(|(key, _)| key.clone())
             .collect();
         due.iter().filter_map(|key| kicks.remove(key)).collect()
+    }
+
+    /// Whether the hold `lost` belongs to was handed over and its pickup window ended
+    /// before the watchdog could extend it: its lease is over on the server. Marks it
+    /// lost, so that it says so from now on.
+    pub(crate) fn pickup_lapsed(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
+        let holds = self.holds.lock();
+        let lapsed = holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
+            .and_then(|hold| hold.pickup_ends)
+            .is_some_and(|ends| ends <= Instant::now());
+        if lapsed {
+            lost.store(true, Ordering::SeqCst);
+        }
+        lapsed
+    }
+
+    /// After a renewal call: the handed-over holds in `batch` are extended (`ok`), or
+    /// their extension is tried again soon while their pickup window lasts.
+    fn extended(&self, batch: &[Watched], ok: bool) {
+        let now = Instant::now();
+        let mut holds = self.holds.lock();
+        for w in batch.iter().filter(|w| w.extension) {
+            let Some(hold) = holds.get_mut(&w.key).and_then(|h| h.get_mut(&w.token)) else {
+                continue;
+            };
+            if !Arc::ptr_eq(&hold.lost, &w.lost) {
+                continue;
+            }
+            if ok {
+                hold.pickup_ends = None;
+            } else if hold.pickup_ends.is_some_and(|ends| ends > now) {
+                hold.extend_at = Some(now + EXTEND_RETRY);
+            }
+        }
     }
 
     /// Ends a renewal round for `batch` and wakes the threads waiting for it.
@@ -854,6 +902,8 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         });
         match result {
             Ok((lost, gone)) => {
+                // Those lost are forgotten below; the others are extended.
+                inner.watchdog.extended(batch, true);
                 for i in lost {
                     let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                         continue;
@@ -875,7 +925,10 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                     }
                 }
             }
-            Err(e) => log::warn!("redmutex: lease renewal failed, retrying next round: {e}"),
+            Err(e) => {
+                log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
+                inner.watchdog.extended(batch, false);
+            }
         }
         inner.watchdog.renewed(batch);
     }

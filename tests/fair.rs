@@ -1032,3 +1032,110 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
         "free and nobody queued: try_lock must succeed"
     );
 }
+
+/// Issue 7: a hold handed over by a release starts with the short pickup window (1 s)
+/// as its lease, and the new holder's watchdog extends it to the lease the waiter asked
+/// for: a watchdog lease, and a fixed one longer than the window, both outlive it.
+#[test]
+fn a_handed_over_hold_outlives_the_pickup_window() {
+    let server = RedisServer::new();
+    let (holder, waiter) = (client_10s(&server), client_10s(&server));
+    for (name, lease) in [("outlive-watchdog", None), ("outlive-fixed", Some(5_000))] {
+        let mut con = server.connection();
+        let guard = holder.fair_lock(name).lock().expect("holder");
+        let lock = waiter.fair_lock(name);
+        let (held_tx, held) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let thread = thread::spawn(move || {
+            let g = match lease {
+                None => lock.lock(),
+                Some(ms) => lock.lock_with_lease(Duration::from_millis(ms)),
+            }
+            .expect("waiter");
+            held_tx.send(()).unwrap();
+            let _ = release_rx.recv_timeout(Duration::from_secs(20));
+            let lost = g.is_lease_lost();
+            (g.unlock(), lost)
+        });
+        await_queued(&mut con, name, 1, "the waiter");
+        guard.unlock().expect("holder unlock");
+        held.recv_timeout(AT_ONCE)
+            .expect("the lock was not handed over");
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key(name))
+            .query(&mut server.connection())
+            .unwrap();
+        assert!(
+            pttl <= 1_000,
+            "{name}: a fresh grant has the pickup window ({pttl})"
+        );
+        thread::sleep(Duration::from_millis(1_300));
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key(name))
+            .query(&mut server.connection())
+            .unwrap();
+        assert!(
+            pttl > 2_000,
+            "{name}: 1.3 s after the handoff the lease was not extended (PTTL {pttl})"
+        );
+        assert!(
+            holder.fair_lock(name).try_lock().unwrap().is_none(),
+            "{name}: another client took a lock still held"
+        );
+        release.send(()).unwrap();
+        let (unlocked, lost) = thread.join().unwrap();
+        assert!(!lost, "{name}: the extended hold looked lost");
+        unlocked.expect("the holder releases its extended hold");
+    }
+}
+
+/// Issue 7, "a lost hold always says so": when the extension of a handed-over hold
+/// cannot reach Redis before the pickup window ends (here Redis is frozen through it),
+/// the lease lapses on the server, and the guard must report it lost, not look held.
+#[test]
+fn a_handed_over_hold_not_extended_in_time_is_reported_lost() {
+    let server = RedisServer::new();
+    let holder = client_10s(&server);
+    let waiter = client(
+        &server.url(),
+        Duration::from_secs(10),
+        Duration::from_millis(300),
+    );
+    let mut con = server.connection();
+    let guard = holder.fair_lock("lapse").lock().expect("holder");
+    let lock = waiter.fair_lock("lapse");
+    let (held_tx, held) = mpsc::channel();
+    let (check, check_rx) = mpsc::channel::<()>();
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        held_tx.send(()).unwrap();
+        let _ = check_rx.recv_timeout(Duration::from_secs(20));
+        let lost = g.is_lease_lost();
+        (lost, g.unlock())
+    });
+    await_queued(&mut con, "lapse", 1, "the waiter");
+    guard.unlock().expect("holder unlock");
+    held.recv_timeout(AT_ONCE)
+        .expect("the lock was not handed over");
+    // Frozen before the extension is due (a third into the window) and past its end.
+    server.freeze();
+    thread::sleep(Duration::from_millis(1_200));
+    server.thaw();
+    // A moment for the extension, now failing or too late, to be tried and answered.
+    thread::sleep(Duration::from_millis(200));
+    let gone = !exists(&mut con, &key("lapse"));
+    check.send(()).unwrap();
+    let (lost, unlocked) = thread.join().unwrap();
+    assert!(
+        gone,
+        "setup: the frozen server still had the hold after its window"
+    );
+    assert!(
+        lost,
+        "the guard of a hold that lapsed on the server looked held"
+    );
+    assert!(
+        matches!(unlocked, Err(Error::LeaseLost)),
+        "releasing a lapsed hold: {unlocked:?}"
+    );
+}
