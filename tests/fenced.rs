@@ -150,3 +150,55 @@ fn invalid_names_and_leases_are_refused() {
     let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
     assert_eq!(n, 0, "refused calls wrote nothing");
 }
+
+/// Issue 7: a fenced waiter handed the lock by a release (it waited past the starvation
+/// bound, so the release makes it the holder) gets its token from that release script:
+/// larger than the releaser's, and the one the hold records.
+#[test]
+fn a_handed_over_fenced_hold_gets_a_larger_token() {
+    let server = RedisServer::new();
+    let (a, b) = (open(&server), open(&server));
+    let mut con = server.connection();
+    // Loads the scripts: no NOSCRIPT round in the counts below.
+    a.fenced_lock("handoff").lock().unwrap().unlock().unwrap();
+    for _ in 0..3 {
+        let held = a.fenced_lock("handoff").lock().unwrap();
+        let before = held.token();
+        let lock = b.fenced_lock("handoff");
+        let (took, took_rx) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let waiter = thread::spawn(move || {
+            let g = lock.lock().unwrap();
+            took.send(g.token()).unwrap();
+            let _ = release_rx.recv_timeout(Duration::from_secs(10));
+            g.unlock()
+        });
+        assert!(support::wait_until(Duration::from_secs(5), || {
+            let queued: i64 = redis::cmd("LLEN")
+                .arg("fenced:!queue:{handoff}")
+                .query(&mut con)
+                .unwrap();
+            queued == 1
+        }));
+        // Past the starvation bound: the release hands the lock over.
+        thread::sleep(Duration::from_millis(20));
+        let calls = server.command_calls().get("evalsha").copied().unwrap_or(0);
+        held.unlock().unwrap();
+        let token = took_rx.recv_timeout(Duration::from_secs(2)).unwrap();
+        let stored: u64 = redis::cmd("HGET")
+            .arg("fenced:{handoff}")
+            .arg("~fence")
+            .query(&mut con)
+            .unwrap();
+        let after = server.command_calls().get("evalsha").copied().unwrap_or(0);
+        assert_eq!(
+            after,
+            calls + 1,
+            "handed over by the release, no further request"
+        );
+        assert!(token > before, "token {token} after {before}");
+        assert_eq!(token, stored, "the guard's token is the hold's");
+        release.send(()).unwrap();
+        waiter.join().unwrap().unwrap();
+    }
+}
