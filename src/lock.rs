@@ -486,6 +486,11 @@ impl Wait<'_> {
             Ok(grant) => return Ok(Some(self.granted(grant, sent, false))),
             Err(pttl) => pttl,
         };
+        if let Some(s) = &self.sub {
+            // Queued with the first try: the timer goes by the lease that try saw, not by
+            // one an earlier wait of this process left behind.
+            s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
+        }
         loop {
             let now = Instant::now();
             if self.deadline.is_some_and(|d| now >= d) {

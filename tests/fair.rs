@@ -1139,3 +1139,53 @@ fn a_handed_over_hold_not_extended_in_time_is_reported_lost() {
         "releasing a lapsed hold: {unlocked:?}"
     );
 }
+
+/// A thread that queues with its very first try (its client still listens on the lock
+/// from an earlier wait) sleeps by the lease that try saw: not by the lease end an earlier
+/// wait of its process left behind, long past, which made it try again at once.
+#[test]
+fn a_wait_queued_with_its_first_try_does_not_poll() {
+    let server = RedisServer::new();
+    let (holder, waiter) = (client_10s(&server), client_10s(&server));
+    let mut con = server.connection();
+    let scripts = |con: &mut redis::Connection| support::commandstats(con)["evalsha"];
+    // An earlier wait, against a short lease, handed over.
+    let guard = holder
+        .fair_lock("stale-timer")
+        .lock_with_lease(Duration::from_millis(300))
+        .unwrap();
+    let lock = waiter.fair_lock("stale-timer");
+    let earlier = thread::spawn(move || lock.lock().map(|g| g.unlock()));
+    await_queued(&mut con, "stale-timer", 1, "the first waiter");
+    guard.unlock().unwrap();
+    earlier.join().unwrap().unwrap().unwrap();
+    // Its lease end is long past when the next wait starts, within the 5 s linger.
+    thread::sleep(Duration::from_millis(400));
+    let guard = holder
+        .fair_lock("stale-timer")
+        .lock_with_lease(Duration::from_secs(10))
+        .unwrap();
+    let before = scripts(&mut con);
+    let lock = waiter.fair_lock("stale-timer");
+    let (done, done_rx) = mpsc::channel();
+    let second = thread::spawn(move || {
+        let r = lock
+            .try_lock_for(Duration::from_millis(600))
+            .map(|g| g.is_some());
+        done.send(()).unwrap();
+        r
+    });
+    await_queued(&mut con, "stale-timer", 1, "the second waiter");
+    assert!(done_rx.recv_timeout(Duration::from_millis(300)).is_err());
+    let calls = scripts(&mut con) - before;
+    assert_eq!(
+        calls, 1,
+        "the queued waiter must sleep, not try again ({calls} scripts)"
+    );
+    assert_eq!(
+        second.join().unwrap().unwrap(),
+        false,
+        "the lock was held throughout"
+    );
+    guard.unlock().unwrap();
+}
