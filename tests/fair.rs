@@ -1182,9 +1182,8 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
         calls, 1,
         "the queued waiter must sleep, not try again ({calls} scripts)"
     );
-    assert_eq!(
-        second.join().unwrap().unwrap(),
-        false,
+    assert!(
+        !second.join().unwrap().unwrap(),
         "the lock was held throughout"
     );
     guard.unlock().unwrap();
