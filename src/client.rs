@@ -10,7 +10,7 @@ use crate::lock::Kind;
 use crate::pool::{Conn, Manager};
 use crate::subscriber::Subscriber;
 use crate::watchdog::Watchdog;
-use crate::{ClientBuilder, Error, FairLock, FencedLock, Lock, LockName};
+use crate::{ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Lock, LockName};
 
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
@@ -161,6 +161,28 @@ impl Client {
         ))
     }
 
+    /// The count-down latch called `name`: a count that threads and processes count down
+    /// and wait to see reach zero (see [`CountDownLatch`]). A latch and a lock of the same
+    /// name are different objects. Making one touches no network.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let latch = client.count_down_latch("batch-42");
+    /// latch.try_set_count(8, Duration::from_secs(600))?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn count_down_latch(&self, name: impl LockName) -> CountDownLatch {
+        CountDownLatch::new(
+            self.clone(),
+            LockKeys::new(
+                &self.inner.config.key_prefix,
+                name.into_name(),
+                &self.inner.id,
+            ),
+        )
+    }
+
     /// This client's random id: the first half of the holder ids it writes into lock hashes.
     pub fn id(&self) -> &str {
         &self.inner.id
@@ -268,6 +290,24 @@ impl Inner {
     pub(crate) fn run_until<T>(
         &self,
         until: Option<Instant>,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_with(until, true, f)
+    }
+
+    /// Runs `f` once on a pooled connection: for a call that must not run twice (it is not
+    /// told enough to make a repeat harmless), a dropped connection is the caller's error.
+    pub(crate) fn run_once<T>(
+        &self,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_with(None, false, f)
+    }
+
+    fn run_with<T>(
+        &self,
+        until: Option<Instant>,
+        repeatable: bool,
         mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.check_process()?;
@@ -290,7 +330,8 @@ impl Inner {
             let conn: &mut Conn = &mut conn;
             match conn.run(io, &mut f) {
                 Err(e)
-                    if e.is_connection_dropped()
+                    if repeatable
+                        && e.is_connection_dropped()
                         && !e.is_timeout()
                         && retries < self.config.pool_size =>
                 {

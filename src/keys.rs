@@ -22,6 +22,8 @@ pub(crate) struct LockKeys {
     pub(crate) fence: Vec<u8>,
     pub(crate) queue: Vec<u8>,
     pub(crate) waiters: Vec<u8>,
+    /// The count-down latch of the same name (a different object).
+    pub(crate) latch: Vec<u8>,
 }
 
 impl LockKeys {
@@ -52,6 +54,7 @@ impl LockKeys {
             fence: aux_key(prefix, &key, b"fence"),
             queue: aux_key(prefix, &key, b"queue"),
             waiters: aux_key(prefix, &key, b"waiters"),
+            latch: aux_key(prefix, &key, b"latch"),
             name,
             key,
             inbox,
@@ -200,7 +203,7 @@ mod tests {
                 all.iter().map(|k| k.key.as_slice()).collect();
             assert_eq!(lock_keys.len(), all.len(), "distinct names, distinct keys");
             for k in &all {
-                for aux in [&k.fence, &k.queue, &k.waiters] {
+                for aux in [&k.fence, &k.queue, &k.waiters, &k.latch] {
                     assert!(
                         !lock_keys.contains(aux.as_slice()),
                         "an auxiliary key of {:?} is a lock key",

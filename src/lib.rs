@@ -25,6 +25,12 @@
 //!
 //! Every check-and-write runs inside one Lua script on the server, so a lock can never be
 //! granted to two holders. See the README for the Redis layout and the guarantees.
+//!
+//! The family: a [`FairLock`] hands the lock to its waiters strictly in the order they
+//! asked; a [`FencedLock`]'s guards carry fencing tokens; a [`CountDownLatch`] lets threads
+//! and processes wait until a count of events has happened. A plain [`Lock`] lets a running
+//! thread barge past sleeping waiters only while the first of them has waited less than
+//! 10 ms, so nobody starves.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -37,6 +43,7 @@ mod fenced;
 mod fenced_guard;
 mod guard;
 mod keys;
+mod latch;
 mod lock;
 mod name;
 mod pool;
@@ -47,7 +54,7 @@ mod watchdog;
 
 pub use crate::{
     builder::ClientBuilder, client::Client, error::Error, fair::FairLock, fenced::FencedLock,
-    fenced_guard::FencedGuard, guard::LockGuard, lock::Lock, name::LockName,
+    fenced_guard::FencedGuard, guard::LockGuard, latch::CountDownLatch, lock::Lock, name::LockName,
 };
 
 // Compiles the README's examples with the doctests, so they cannot rot.

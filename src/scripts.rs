@@ -23,3 +23,9 @@ pub(crate) static KICK: LazyLock<Script> = with_queue!("kick.lua");
 pub(crate) static FORCE_UNLOCK: LazyLock<Script> = with_queue!("force_unlock.lua");
 pub(crate) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/renew.lua")));
+pub(crate) static LATCH_SET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/latch_set.lua")));
+pub(crate) static LATCH_COUNT_DOWN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/latch_count_down.lua")));
+pub(crate) static LATCH_STATE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/latch_state.lua")));

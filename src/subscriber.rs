@@ -22,6 +22,8 @@ const HEALTH_CHECK_AFTER: Duration = Duration::from_secs(10);
 /// and again, and each resubscription would cost two commands.
 const LINGER: Duration = Duration::from_secs(5);
 const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
+/// A message for every thread waiting on its channel, whichever it is; they look again.
+pub(crate) const BROADCAST: &[u8] = b"*";
 
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
@@ -453,15 +455,24 @@ impl Shared {
     }
 
     fn deliver(&self, channel: &[u8], payload: &[u8]) {
+        let waiters = || {
+            self.state
+                .lock()
+                .channels
+                .get(channel)
+                .map(|entry| entry.waiters.clone())
+        };
+        if payload == BROADCAST {
+            // A state every waiter of the channel waits for (a latch opened).
+            if let Some(w) = waiters() {
+                w.recheck_all();
+            }
+            return;
+        }
         let Some((token, notice)) = queue::parse(payload) else {
             return; // the control channel's nudges
         };
-        let waiters = self
-            .state
-            .lock()
-            .channels
-            .get(channel)
-            .map(|entry| entry.waiters.clone());
+        let waiters = waiters();
         if !waiters.is_some_and(|w| w.notify(token, notice)) {
             // The thread left (its deadline passed, or it failed) before the message came.
             // A grant it never took lapses after the pickup window and passes on.

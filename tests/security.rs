@@ -14,7 +14,7 @@ use support::RedisServer;
 const ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@all \
     +evalsha +script|load +exists +hget +pttl +subscribe +unsubscribe +publish +ping +wait \
     +hincrby +hset +hexists +pexpire +del +incr +time +type +hkeys +hdel +rpush +lindex +lpop \
-    +lrem";
+    +lrem +get +set +decr";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -68,6 +68,27 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
     fenced.unlock().unwrap();
     let _held = a.lock("forced").lock().unwrap();
     assert!(b.lock("forced").force_unlock().unwrap());
+
+    // A fair waiter handed the lock, and a count-down latch, under the same rule.
+    let held = a.fair_lock("acl-fair").lock().expect("fair lock");
+    let other = b.fair_lock("acl-fair");
+    let waiter = thread::spawn(move || other.lock().map(|g| g.unlock()));
+    thread::sleep(Duration::from_millis(100));
+    held.unlock().expect("fair unlock");
+    waiter
+        .join()
+        .unwrap()
+        .expect("fair waiter")
+        .expect("fair waiter unlock");
+    let latch = a.count_down_latch("acl-latch");
+    assert!(latch
+        .try_set_count(1, Duration::from_secs(5))
+        .expect("latch set"));
+    let waiter = b.count_down_latch("acl-latch");
+    let waiting = thread::spawn(move || waiter.wait_for(Duration::from_secs(5)));
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(latch.count_down().expect("latch count down"), 0);
+    assert!(waiting.join().unwrap().expect("latch wait"));
 }
 
 #[test]

@@ -1,0 +1,210 @@
+//! `CountDownLatch`: wait, across processes, until a count of events has happened.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::keys::{thread_token, LockKeys};
+use crate::lock::{millis, IO_GRACE, MAX_LEASE};
+use crate::subscriber::BROADCAST;
+use crate::{scripts, Client, Error};
+
+/// A count that every thread and process using the name can count down, and wait to see
+/// reach zero: "go on once all N jobs are done".
+///
+/// One party sets the count with [`try_set_count`](CountDownLatch::try_set_count), the
+/// workers call [`count_down`](CountDownLatch::count_down) as they finish, and any number
+/// of threads in any process [`wait`](CountDownLatch::wait) until it reaches zero. Waiting
+/// does not poll: the count-down that opens the latch publishes one message that wakes
+/// every waiter. The latch is one Redis string with the expiry the setter chose, so a latch
+/// left counting by crashed workers does not stay forever; an expired latch reads 0 and
+/// counts as open, like one that was never set.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let latch = client.count_down_latch("nightly-import");
+/// latch.try_set_count(3, Duration::from_secs(3600))?;   // three shards to import
+/// // ... each of three workers, anywhere: latch.count_down()?;
+/// if latch.wait_for(Duration::from_secs(600))? {
+///     println!("all shards imported");
+/// }
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct CountDownLatch {
+    client: Client,
+    name: Vec<u8>,
+    // The latch's key and channel: `<prefix>!latch:<lock key of the name, unprefixed>`,
+    // in the name's hash slot and a namespace no lock name reaches.
+    key: Vec<u8>,
+    channel: Vec<u8>,
+}
+
+impl CountDownLatch {
+    pub(crate) fn new(client: Client, keys: LockKeys) -> CountDownLatch {
+        let mut channel = keys.latch.clone();
+        channel.extend_from_slice(b":opened");
+        CountDownLatch {
+            client,
+            name: keys.name,
+            key: keys.latch,
+            channel,
+        }
+    }
+
+    /// Sets the count to `count`, unless the latch is counting already (then `Ok(false)`
+    /// and nothing changes). The latch expires `expire_after` from now whatever its count:
+    /// then it reads 0 and its waiters return.
+    ///
+    /// Fails with [`Error::InvalidArgument`] for a zero count or expiry, or an expiry over
+    /// ten years.
+    pub fn try_set_count(&self, count: u64, expire_after: Duration) -> Result<bool, Error> {
+        self.check_name()?;
+        if count == 0 || count > i64::MAX as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "a latch count must be between 1 and {}, not {count}",
+                i64::MAX
+            )));
+        }
+        if expire_after.is_zero() || expire_after > MAX_LEASE {
+            return Err(Error::InvalidArgument(format!(
+                "a latch expiry must be longer than zero and at most ten years, not {expire_after:?}"
+            )));
+        }
+        let key = self.key.as_slice();
+        let set: i64 = self.client.inner.run(|con| {
+            scripts::LATCH_SET
+                .key(key)
+                .arg(count)
+                .arg(millis(expire_after))
+                .invoke(con)
+        })?;
+        Ok(set == 1)
+    }
+
+    /// Counts down by one and returns the count left; the call that reaches zero opens the
+    /// latch and wakes every waiter. On a latch that is not counting (open, expired, never
+    /// set) it changes nothing and returns 0.
+    ///
+    /// Not idempotent: a call whose reply was lost (the connection failed after sending)
+    /// may or may not have counted, and is not repeated by the client.
+    pub fn count_down(&self) -> Result<u64, Error> {
+        self.check_name()?;
+        let (key, channel) = (self.key.as_slice(), self.channel.as_slice());
+        let left: i64 = self.client.inner.run_once(|con| {
+            scripts::LATCH_COUNT_DOWN
+                .key(key)
+                .arg(channel)
+                .arg(BROADCAST)
+                .invoke(con)
+        })?;
+        Ok(left.max(0) as u64)
+    }
+
+    /// The count left: 0 when the latch is open (reached zero, expired or never set).
+    pub fn count(&self) -> Result<u64, Error> {
+        Ok(self.state(None)?.0)
+    }
+
+    /// Blocks until the latch is open (its count reached zero, or it expired).
+    pub fn wait(&self) -> Result<(), Error> {
+        self.wait_with(None).map(|_| ())
+    }
+
+    /// Blocks at most `timeout` for the latch to open: `Ok(true)` when it did. A timeout
+    /// too long to add to the current time waits like [`wait`](CountDownLatch::wait).
+    pub fn wait_for(&self, timeout: Duration) -> Result<bool, Error> {
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => self.wait_until(deadline),
+            None => self.wait_with(None),
+        }
+    }
+
+    /// Blocks until `deadline` at most for the latch to open: `Ok(true)` when it did.
+    /// Returns by the deadline plus 250 ms even when Redis stops answering.
+    pub fn wait_until(&self, deadline: Instant) -> Result<bool, Error> {
+        self.wait_with(Some(deadline))
+    }
+
+    /// The name the latch was made with.
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// The one waiting path: subscribe, read the count once the subscription is confirmed
+    /// (an opening before that would be missed), then sleep until the opening message, the
+    /// latch's expiry, or the deadline.
+    fn wait_with(&self, deadline: Option<Instant>) -> Result<bool, Error> {
+        self.check_name()?;
+        let inner = &self.client.inner;
+        inner.check_process()?;
+        let until = deadline.map(|d| d.max(Instant::now()) + IO_GRACE);
+        let (count, pttl) = self.state(until)?;
+        if count == 0 {
+            return Ok(true);
+        }
+        let mut expires = self.expiry(pttl);
+        let sub = inner
+            .subscriber
+            .subscribe(inner, &self.channel, thread_token(), until)?;
+        loop {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(false);
+            }
+            let wake_at = deadline.map_or(expires, |d| d.min(expires));
+            // Read the count only once the subscription is confirmed: an opening between
+            // the read and the confirmation would otherwise be missed. (Unconfirmed at the
+            // latch's expiry, it reads the count anyway: an expiry publishes nothing.)
+            if !sub.is_confirmed() && !sub.wait_confirmed(wake_at) && Instant::now() < wake_at {
+                continue;
+            }
+            let (count, pttl) = self.state(until)?;
+            if count == 0 {
+                return Ok(true);
+            }
+            expires = self.expiry(pttl);
+            if sub.is_confirmed() {
+                // Woken by the opening message (to every waiter of the latch), or at the
+                // expiry or the deadline: the loop reads the count again.
+                let _ = sub.wait(deadline.map_or(expires, |d| d.min(expires)));
+            }
+        }
+    }
+
+    /// When a latch whose key has `pttl` ms left expires (it then reads 0, and nothing is
+    /// published): a key somehow without expiry is looked at again after a minute.
+    fn expiry(&self, pttl: i64) -> Instant {
+        let left = match pttl {
+            ms if ms >= 0 => Duration::from_millis(ms as u64 + 1),
+            _ => Duration::from_secs(60),
+        };
+        Instant::now() + left
+    }
+
+    fn state(&self, until: Option<Instant>) -> Result<(u64, i64), Error> {
+        self.check_name()?;
+        let key = self.key.as_slice();
+        let (count, pttl): (i64, i64) = self
+            .client
+            .inner
+            .run_until(until, |con| scripts::LATCH_STATE.key(key).invoke(con))?;
+        Ok((count.max(0) as u64, pttl))
+    }
+
+    fn check_name(&self) -> Result<(), Error> {
+        if self.name.is_empty() {
+            return Err(Error::InvalidName("latch names must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CountDownLatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountDownLatch")
+            .field("name", &String::from_utf8_lossy(&self.name))
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .finish()
+    }
+}

@@ -1,0 +1,306 @@
+//! `CountDownLatch` (issue 8, item 3): processes count down, waiters in other processes
+//! wake within a bound of the last count-down without polling, the latch's expiry opens
+//! it, and bad input changes nothing.
+
+mod support;
+
+use std::io::BufRead;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::{Client, Error};
+use support::child::{say, ChildProc};
+use support::{wait_until, RedisServer};
+
+const ROLE: &str = "REDMUTEX_LATCH_ROLE";
+const URL: &str = "REDMUTEX_LATCH_URL";
+const PREFIX: &str = "latch:";
+const NAME: &str = "jobs";
+/// Waiters wake within this of the count-down that opened the latch.
+const WAKE_BOUND: Duration = Duration::from_millis(500);
+
+fn client(url: &str) -> Client {
+    Client::builder()
+        .url(url)
+        .key_prefix(PREFIX)
+        .build()
+        .expect("build client")
+}
+
+fn key(name: &str) -> String {
+    format!("{PREFIX}!latch:{{{name}}}")
+}
+
+/// Milliseconds of wall-clock time: the processes compared run on one machine.
+fn mono_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs_f64()
+        * 1e3
+}
+
+/// The child processes: "waiter" (two threads wait, each reports when it returned) and
+/// "counter" (counts down once per line on stdin, reporting when its call returned).
+#[test]
+fn latch_entry() {
+    let (Ok(role), Ok(url)) = (std::env::var(ROLE), std::env::var(URL)) else {
+        return;
+    };
+    let c = client(&url);
+    match role.as_str() {
+        "waiter" => {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let latch = c.count_down_latch(NAME);
+                    thread::spawn(move || latch.wait_for(Duration::from_secs(20)))
+                })
+                .collect();
+            say("waiting");
+            for t in threads {
+                let opened = t.join().unwrap().expect("wait");
+                say(&format!("woke {} {opened}", mono_ms()));
+            }
+        }
+        "counter" => {
+            let latch = c.count_down_latch(NAME);
+            say("ready");
+            for line in std::io::stdin().lock().lines() {
+                if line.unwrap() != "down" {
+                    break;
+                }
+                let left = latch.count_down().expect("count down");
+                say(&format!("left {left} {}", mono_ms()));
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn spawn(role: &str, server: &RedisServer) -> ChildProc {
+    ChildProc::spawn("latch_entry", &[(ROLE, role), (URL, server.url().as_str())])
+}
+
+/// Issue 8: N processes count down, waiters in other processes (two threads each) wake
+/// within a bound of the last count-down, and while they wait they send nothing.
+#[test]
+fn waiters_across_processes_wake_when_the_last_count_down_lands() {
+    let server = RedisServer::new();
+    let c = client(&server.url());
+    let latch = c.count_down_latch(NAME);
+    assert!(latch.try_set_count(3, Duration::from_secs(60)).unwrap());
+    let waiters: Vec<ChildProc> = (0..2).map(|_| spawn("waiter", &server)).collect();
+    let mut counters: Vec<ChildProc> = (0..3).map(|_| spawn("counter", &server)).collect();
+    for w in &waiters {
+        w.expect("waiting");
+    }
+    for c in &counters {
+        c.expect("ready");
+    }
+    let channel = format!("{}:opened", key(NAME));
+    let mut con = server.connection();
+    assert!(
+        wait_until(Duration::from_secs(5), || support::subscribers(
+            &mut con, &channel
+        ) == 2),
+        "the waiter processes never subscribed"
+    );
+    // Settled: each waiting thread has read the count once its subscription was confirmed.
+    thread::sleep(Duration::from_millis(200));
+    let before = server.total_calls();
+    thread::sleep(Duration::from_millis(800));
+    let idle = server.total_calls() - before;
+    assert!(idle <= 1, "{idle} commands while everybody waited: polling");
+
+    let mut last = 0.0;
+    for (i, counter) in counters.iter_mut().enumerate() {
+        counter.send("down");
+        let line = counter.next_line();
+        let mut words = line.split_whitespace().skip(1);
+        let left: u64 = words.next().unwrap().parse().unwrap();
+        last = words.next().unwrap().parse().unwrap();
+        assert_eq!(left, 2 - i as u64, "count after {} count-downs", i + 1);
+    }
+    for w in &waiters {
+        for _ in 0..2 {
+            let line = w.next_line();
+            let mut words = line.split_whitespace().skip(1);
+            let at: f64 = words.next().unwrap().parse().unwrap();
+            let opened: bool = words.next().unwrap().parse().unwrap();
+            assert!(opened, "a waiter gave up instead of seeing the latch open");
+            let after = Duration::from_secs_f64(((at - last) / 1e3).max(0.0));
+            assert!(
+                after <= WAKE_BOUND,
+                "a waiter woke {after:?} after the last count-down"
+            );
+        }
+    }
+    assert_eq!(latch.count().unwrap(), 0);
+    assert!(!exists(&server, &key(NAME)), "an open latch leaves no key");
+    for c in counters {
+        drop(c);
+    }
+    for w in waiters {
+        w.wait_success();
+    }
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+/// try_set_count only sets a latch that is not counting; count_down counts one at a time
+/// and does nothing to an open latch; the count can be set again once it opened.
+#[test]
+fn setting_and_counting() {
+    let server = RedisServer::new();
+    let c = client(&server.url());
+    let latch = c.count_down_latch("basics");
+    assert_eq!(latch.count().unwrap(), 0, "never set: open");
+    assert_eq!(
+        latch.count_down().unwrap(),
+        0,
+        "counting down an open latch"
+    );
+    assert!(!exists(&server, &key("basics")), "…writes nothing");
+    assert!(
+        latch.wait_for(Duration::ZERO).unwrap(),
+        "an open latch does not block"
+    );
+    assert!(latch.try_set_count(2, Duration::from_secs(30)).unwrap());
+    assert!(
+        !latch.try_set_count(5, Duration::from_secs(30)).unwrap(),
+        "counting already"
+    );
+    assert_eq!(latch.count().unwrap(), 2);
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(key("basics"))
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(
+        (29_000..=30_000).contains(&pttl),
+        "the expiry the setter chose: {pttl}"
+    );
+    assert_eq!(latch.count_down().unwrap(), 1);
+    let started = Instant::now();
+    assert!(
+        !latch.wait_for(Duration::from_millis(200)).unwrap(),
+        "still counting"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_millis(700),
+        "wait_for(200 ms) took {waited:?}"
+    );
+    assert_eq!(latch.count_down().unwrap(), 0);
+    assert_eq!(latch.count().unwrap(), 0);
+    assert!(
+        latch.try_set_count(1, Duration::from_secs(30)).unwrap(),
+        "set again"
+    );
+    // A latch and a lock of one name are different objects.
+    let guard = c.lock("basics").lock().unwrap();
+    assert_eq!(latch.count().unwrap(), 1);
+    guard.unlock().unwrap();
+}
+
+/// The expiry opens a latch left counting (say its workers crashed): waiters return when
+/// it passes, not before, with nothing published.
+#[test]
+fn an_expired_latch_opens() {
+    let server = RedisServer::new();
+    let c = client(&server.url());
+    let latch = c.count_down_latch("expiring");
+    assert!(latch.try_set_count(5, Duration::from_millis(400)).unwrap());
+    let waiter = c.count_down_latch("expiring");
+    let (tx, rx) = mpsc::channel();
+    let started = Instant::now();
+    thread::spawn(move || {
+        let r = waiter.wait_for(Duration::from_secs(5));
+        tx.send((r.map_err(|e| e.to_string()), started.elapsed()))
+            .unwrap();
+    });
+    let (opened, after) = rx.recv_timeout(Duration::from_secs(6)).unwrap();
+    assert_eq!(opened, Ok(true));
+    assert!(
+        after >= Duration::from_millis(350) && after <= Duration::from_millis(1_000),
+        "the waiter returned {after:?} after a 400 ms expiry"
+    );
+}
+
+/// Bad input: typed errors, nothing changed.
+#[test]
+fn bad_input_changes_nothing() {
+    let server = RedisServer::new();
+    let c = client(&server.url());
+    let latch = c.count_down_latch("bad");
+    for (count, expiry) in [
+        (0, Duration::from_secs(1)),
+        (1, Duration::ZERO),
+        (1, Duration::from_secs(11 * 365 * 24 * 3600)),
+        (u64::MAX, Duration::from_secs(1)),
+    ] {
+        assert!(
+            matches!(
+                latch.try_set_count(count, expiry),
+                Err(Error::InvalidArgument(_))
+            ),
+            "try_set_count({count}, {expiry:?})"
+        );
+    }
+    assert!(!exists(&server, &key("bad")));
+    let empty = c.count_down_latch("");
+    assert!(matches!(empty.count(), Err(Error::InvalidName(_))));
+    assert!(matches!(empty.count_down(), Err(Error::InvalidName(_))));
+    assert!(matches!(
+        empty.wait_for(Duration::ZERO),
+        Err(Error::InvalidName(_))
+    ));
+
+    // Someone else's data under the latch's key: refused, left as it was.
+    let mut con = server.connection();
+    let _: () = redis::cmd("SET")
+        .arg(key("bad"))
+        .arg("not a number")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    assert!(latch.count_down().is_err());
+    assert!(latch.count().is_err());
+    assert!(latch.try_set_count(3, Duration::from_secs(1)).is_err());
+    let value: String = redis::cmd("GET").arg(key("bad")).query(&mut con).unwrap();
+    assert_eq!(value, "not a number");
+    let pttl: i64 = redis::cmd("PTTL").arg(key("bad")).query(&mut con).unwrap();
+    assert!(pttl > 50_000, "TTL untouched: {pttl}");
+}
+
+/// A count-down whose reply is lost is not repeated by the client (a repeat would count
+/// twice): the caller gets an error saying the outcome is unknown, and the latch counted
+/// exactly once.
+#[test]
+fn a_count_down_whose_reply_is_lost_counts_once() {
+    let server = RedisServer::new();
+    let proxy = support::FaultProxy::new(server.port());
+    let c = client(&proxy.url());
+    let latch = c.count_down_latch("lost");
+    assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
+    let sha = redis::Script::new(include_str!("../lua/latch_count_down.lua"))
+        .get_hash()
+        .to_owned();
+    // Loaded first, so the fault hits the real call, not a NOSCRIPT round.
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(include_str!("../lua/latch_count_down.lua"))
+        .query(&mut server.connection())
+        .unwrap();
+    proxy.lose_next_reply_to(&sha);
+    let r = latch.count_down();
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    assert!(r.is_err(), "a lost reply is reported, not retried: {r:?}");
+    assert_eq!(latch.count().unwrap(), 2, "counted once");
+}
