@@ -660,7 +660,7 @@ enum Handle {
     Lock(redmutex::Lock),
     Fair(redmutex::FairLock),
     Naive {
-        con: redis::Connection,
+        con: Box<redis::Connection>,
         key: String,
         token: String,
         n: u64,
@@ -670,6 +670,7 @@ enum Handle {
 
 enum Held {
     Guard(LockGuard),
+    Fair(LockGuard<redmutex::Fair>),
     Naive(String),
 }
 
@@ -679,7 +680,7 @@ impl Handle {
             Kind::Lock => Handle::Lock(client.expect("a client").lock(LOCK_NAME)),
             Kind::Fair => Handle::Fair(client.expect("a client").fair_lock(LOCK_NAME)),
             Kind::Naive => Handle::Naive {
-                con: connect(url),
+                con: Box::new(connect(url)),
                 key: format!("{prefix}naive:{LOCK_NAME}"),
                 token: format!(
                     "{}:{:?}:{}",
@@ -696,7 +697,7 @@ impl Handle {
     fn acquire(&mut self) -> Held {
         match self {
             Handle::Lock(lock) => Held::Guard(lock.lock().expect("Lock::lock")),
-            Handle::Fair(lock) => Held::Guard(lock.lock().expect("FairLock::lock")),
+            Handle::Fair(lock) => Held::Fair(lock.lock().expect("FairLock::lock")),
             Handle::Naive {
                 con, key, token, n, ..
             } => {
@@ -722,7 +723,8 @@ impl Handle {
 
     fn release(&mut self, held: Held) {
         match (self, held) {
-            (Handle::Lock(_) | Handle::Fair(_), Held::Guard(g)) => g.unlock().expect("unlock"),
+            (Handle::Lock(_), Held::Guard(g)) => g.unlock().expect("unlock"),
+            (Handle::Fair(_), Held::Fair(g)) => g.unlock().expect("unlock"),
             (
                 Handle::Naive {
                     con, key, release, ..

@@ -25,7 +25,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redmutex::{Client, Error, FairLock, Lock, LockGuard};
+use redmutex::Client;
 
 const WORKER_ENV: &str = "REDMUTEX_DEMO_WORKER";
 const LOCK_NAME: &str = "counter";
@@ -263,34 +263,72 @@ fn jain(counts: &[u64]) -> f64 {
     sum * sum / (counts.len() as f64 * squares)
 }
 
-/// The lock under test, of either kind: the same surface, the same guards.
-#[derive(Clone)]
-enum DemoLock {
-    Lock(Lock),
-    Fair(FairLock),
+/// What one worker thread does, and when.
+struct Shape {
+    url: String,
+    prefix: String,
+    seed: u64,
+    start_at: u64,
+    end_at: u64,
 }
 
-impl DemoLock {
-    fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
-        match self {
-            DemoLock::Lock(l) => l.try_lock(),
-            DemoLock::Fair(l) => l.try_lock(),
+/// Takes the lock (trying first, then blocking), re-enters it, does a non-atomic
+/// read-modify-write of the counter inside, until `end_at`. Returns the acquisitions and
+/// the handoff latencies it saw.
+fn work<K: redmutex::Kind>(lock: &redmutex::Lock<K>, shape: Shape) -> (u64, Vec<u64>) {
+    let Shape {
+        url,
+        prefix,
+        seed: mut rng,
+        start_at,
+        end_at,
+    } = shape;
+    let data = format!("{prefix}data");
+    let released_at = format!("{prefix}released_at");
+    let mut con = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("data connection");
+    let (mut count, mut handoffs) = (0u64, Vec::new());
+    sleep_until(start_at);
+    while unix_micros() < end_at {
+        let (outer, waited) = match lock.try_lock().expect("try_lock") {
+            Some(guard) => (guard, false),
+            None => (lock.lock().expect("lock"), true),
+        };
+        let acquired = unix_micros();
+        if waited {
+            let prev: Option<u64> = redis::cmd("GET")
+                .arg(&released_at)
+                .query(&mut con)
+                .expect("GET");
+            if let Some(prev) = prev.filter(|&p| p <= acquired) {
+                handoffs.push(acquired - prev);
+            }
         }
+        // A nested critical section: the same thread takes the lock again.
+        let inner = lock.lock().expect("re-entry");
+        assert_eq!(lock.hold_count().expect("hold_count"), 2);
+        let n: Option<u64> = redis::cmd("GET").arg(&data).query(&mut con).expect("GET");
+        redis::cmd("SET")
+            .arg(&data)
+            .arg(n.unwrap_or(0) + 1)
+            .exec(&mut con)
+            .expect("SET");
+        inner.unlock().expect("inner unlock");
+        count += 1;
+        redis::cmd("SET")
+            .arg(&released_at)
+            .arg(unix_micros())
+            .exec(&mut con)
+            .expect("SET");
+        outer.unlock().expect("outer unlock");
+        // Work outside the lock, so that other threads get their turn.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        thread::sleep(Duration::from_micros(rng % 2_000));
     }
-
-    fn lock(&self) -> Result<LockGuard, Error> {
-        match self {
-            DemoLock::Lock(l) => l.lock(),
-            DemoLock::Fair(l) => l.lock(),
-        }
-    }
-
-    fn hold_count(&self) -> Result<u32, Error> {
-        match self {
-            DemoLock::Lock(l) => l.hold_count(),
-            DemoLock::Fair(l) => l.hold_count(),
-        }
-    }
+    (count, handoffs)
 }
 
 fn worker() {
@@ -309,61 +347,21 @@ fn worker() {
 
     let workers: Vec<_> = (0..threads)
         .map(|t| {
-            let lock = if fair {
-                DemoLock::Fair(client.fair_lock(LOCK_NAME))
-            } else {
-                DemoLock::Lock(client.lock(LOCK_NAME))
+            let shape = Shape {
+                url: url.clone(),
+                prefix: prefix.clone(),
+                seed: (u64::from(std::process::id()) << 16) ^ t as u64 ^ start_at,
+                start_at,
+                end_at,
             };
-            let url = url.clone();
-            let data = format!("{prefix}data");
-            let released_at = format!("{prefix}released_at");
-            thread::spawn(move || {
-                let mut con = redis::Client::open(url.as_str())
-                    .and_then(|c| c.get_connection())
-                    .expect("data connection");
-                let mut rng = (u64::from(std::process::id()) << 16) ^ t as u64 ^ start_at;
-                let (mut count, mut handoffs) = (0u64, Vec::new());
-                sleep_until(start_at);
-                while unix_micros() < end_at {
-                    let (outer, waited) = match lock.try_lock().expect("try_lock") {
-                        Some(guard) => (guard, false),
-                        None => (lock.lock().expect("lock"), true),
-                    };
-                    let acquired = unix_micros();
-                    if waited {
-                        let prev: Option<u64> = redis::cmd("GET")
-                            .arg(&released_at)
-                            .query(&mut con)
-                            .expect("GET");
-                        if let Some(prev) = prev.filter(|&p| p <= acquired) {
-                            handoffs.push(acquired - prev);
-                        }
-                    }
-                    // A nested critical section: the same thread takes the lock again.
-                    let inner = lock.lock().expect("re-entry");
-                    assert_eq!(lock.hold_count().expect("hold_count"), 2);
-                    let n: Option<u64> = redis::cmd("GET").arg(&data).query(&mut con).expect("GET");
-                    redis::cmd("SET")
-                        .arg(&data)
-                        .arg(n.unwrap_or(0) + 1)
-                        .exec(&mut con)
-                        .expect("SET");
-                    inner.unlock().expect("inner unlock");
-                    count += 1;
-                    redis::cmd("SET")
-                        .arg(&released_at)
-                        .arg(unix_micros())
-                        .exec(&mut con)
-                        .expect("SET");
-                    outer.unlock().expect("outer unlock");
-                    // Work outside the lock, so that other threads get their turn.
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    thread::sleep(Duration::from_micros(rng % 2_000));
-                }
-                (count, handoffs)
-            })
+            // One surface for every kind: the same code runs a `Lock` or a `FairLock`.
+            if fair {
+                let lock = client.fair_lock(LOCK_NAME);
+                thread::spawn(move || work(&lock, shape))
+            } else {
+                let lock = client.lock(LOCK_NAME);
+                thread::spawn(move || work(&lock, shape))
+            }
         })
         .collect();
 

@@ -35,26 +35,20 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-mod builder;
-mod client;
 mod error;
-mod fair;
-mod fenced;
-mod fenced_guard;
-mod guard;
-mod keys;
-mod latch;
-mod lock;
 mod name;
-mod pool;
-mod queue;
-mod scripts;
-mod subscriber;
-mod watchdog;
+mod primitives;
+mod runtime;
 
 pub use crate::{
-    builder::ClientBuilder, client::Client, error::Error, fair::FairLock, fenced::FencedLock,
-    fenced_guard::FencedGuard, guard::LockGuard, latch::CountDownLatch, lock::Lock, name::LockName,
+    error::Error,
+    name::LockName,
+    primitives::guard::{FencedGuard, LockGuard},
+    primitives::kind::{Fair, Fenced, Kind, Plain},
+    primitives::latch::CountDownLatch,
+    primitives::lock::{FairLock, FencedLock, Lock},
+    runtime::builder::ClientBuilder,
+    runtime::client::Client,
 };
 
 // Compiles the README's examples with the doctests, so they cannot rot.

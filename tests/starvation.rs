@@ -73,29 +73,41 @@ fn worker(url: &str, fair: bool) {
         .arg(WITNESS)
         .query(&mut con)
         .expect("SCRIPT LOAD");
-    let (plain, fair_lock) = (client.lock(LOCK), client.fair_lock(LOCK));
     say("ready");
     let mut line = String::new();
     std::io::stdin()
         .read_line(&mut line)
         .expect("read from the parent");
+    let (count, errors) = if fair {
+        run(&client.fair_lock(LOCK), &mut con, &call)
+    } else {
+        run(&client.lock(LOCK), &mut con, &call)
+    };
+    say(&format!("count {count} {errors}"));
+}
+
+/// The loop of one worker, for any kind of lock: lock, 1 ms inside (witnessed), release.
+fn run<K: redmutex::Kind>(
+    lock: &redmutex::Lock<K>,
+    con: &mut redis::Connection,
+    call: &dyn Fn(&str, &mut redis::Connection) -> i64,
+) -> (u64, u64) {
     let started = Instant::now();
     let (mut count, mut errors) = (0u64, 0u64);
     while started.elapsed() < RUN_FOR {
-        let guard = if fair { fair_lock.lock() } else { plain.lock() };
-        let Ok(guard) = guard else {
+        let Ok(guard) = lock.lock() else {
             errors += 1;
             continue;
         };
-        call("enter", &mut con);
+        call("enter", con);
         std::thread::sleep(SECTION);
-        call("exit", &mut con);
+        call("exit", con);
         if guard.unlock().is_err() {
             errors += 1;
         }
         count += 1;
     }
-    say(&format!("count {count} {errors}"));
+    (count, errors)
 }
 
 /// Runs the loop in `WORKERS` processes; returns each one's acquisitions and the

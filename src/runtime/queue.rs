@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use crate::keys::LockKeys;
+use crate::runtime::keys::LockKeys;
 
 /// How long a hold handed to a waiter lasts until the waiter's client confirms it (the
 /// watchdog extends it to the waiter's lease a third of the way in). A waiter that cannot

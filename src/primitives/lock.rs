@@ -1,15 +1,19 @@
-//! `Lock`: a named reentrant lock shared by every thread and process that uses the name.
+//! `Lock<K>`: a named reentrant lock shared by every thread and process that uses the name,
+//! one type over its kinds (plain, fair, fenced): the waiting, deadline, lease and guard
+//! logic exists once.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::keys::{holder_id, thread_token, LockKeys};
-use crate::queue::{self, Notice};
-use crate::scripts;
-use crate::subscriber::Subscription;
-use crate::watchdog::Lease;
+use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
+use crate::runtime::keys::{holder_id, thread_token, LockKeys};
+use crate::runtime::queue::{self, Notice};
+use crate::runtime::scripts;
+use crate::runtime::subscriber::Subscription;
+use crate::runtime::watchdog::Lease;
 use crate::{Client, Error, LockGuard};
 
 /// The longest lease accepted (ten years): anything longer is surely a mistake, and it keeps
@@ -22,7 +26,12 @@ pub(crate) const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600)
 /// or [`Error::Pool`] instead of holding it for the command or connect timeout.
 pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 
-/// A named distributed lock, reentrant per thread.
+/// A named distributed lock, reentrant per thread; one type over its kinds.
+///
+/// `Lock` is `Lock<Plain>`; [`FairLock`] is `Lock<Fair>` and [`FencedLock`] is
+/// `Lock<Fenced>`. Every kind has the same surface and the same guard semantics
+/// ([`LockGuard<K>`](LockGuard)); a kind only changes how an acquisition behaves, so code
+/// written once for `Lock<K: Kind>` runs with any of them.
 ///
 /// A thread that holds the lock may take it again (nested critical sections); it is free
 /// for others once every guard of that thread is released. Ownership belongs to the thread,
@@ -49,43 +58,85 @@ pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 /// outer.unlock()?;                      // now other threads and processes may take it
 /// # Ok::<(), redmutex::Error>(())
 /// ```
-#[derive(Clone)]
-pub struct Lock {
+pub struct Lock<K: Kind = Plain> {
     pub(crate) client: Client,
     pub(crate) keys: Arc<LockKeys>,
-    pub(crate) kind: Kind,
+    kind: PhantomData<fn() -> K>,
 }
 
-/// What an acquisition of a [`Lock`] handle asks the scripts for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Kind {
-    /// Draws fencing tokens (see `FencedLock`).
-    pub(crate) fenced: bool,
-    /// Never barges: waits in line behind every queued waiter (see `FairLock`).
-    pub(crate) fair: bool,
+/// A [`Lock`] whose waiters get it first come, first served, across threads and processes.
+///
+/// A thread that cannot take the lock at once joins a queue kept beside the lock in Redis,
+/// in the order its request reached the server. A release that finds waiters makes the
+/// first live one the holder inside the release script and sends one message to that
+/// waiter's client: the waiting thread returns holding the lock, with no further round
+/// trip, and no other thread wakes. Re-entries by the holding thread never queue; a
+/// `try_lock` returns `None` when the lock is free but others are queued.
+///
+/// A waiter whose process died is skipped by the release itself (its client no longer
+/// listens); a waiter whose deadline passed leaves the queue with its call (and if the lock
+/// was handed to it meanwhile, the call returns the guard); a grant that its waiter does not
+/// pick up (a frozen process) lapses after one second and passes on. See the README for
+/// the layout and the exact bounds.
+///
+/// Guards are [`LockGuard`]s with the same semantics as a [`Lock`]'s: reentrant per
+/// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the
+/// same lock: while a fair waiter is queued, plain acquisitions queue too.
+///
+/// ```no_run
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let lock = client.fair_lock("payouts");
+/// let guard = lock.lock()?;        // waits its turn behind every earlier waiter
+/// guard.unlock()?;                 // hands the lock to the next waiter in line
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+pub type FairLock = Lock<Fair>;
+
+/// A [`Lock`] whose every new hold gets a fencing token: a number that strictly grows with
+/// each outermost acquisition of the name, by any client, and stays the same for nested
+/// re-entries.
+///
+/// A lease can run out while its holder still believes it holds the lock: a long GC-like
+/// pause, a frozen VM, a slow network. The next holder then works concurrently with the
+/// old one, and no lock can prevent it. Fencing lets the guarded resource refuse the
+/// stale holder: send [`FencedGuard::token`](crate::FencedGuard::token) with every write,
+/// and have the resource reject a write whose token is lower than the highest it has seen.
+/// In Redis itself that check is one script (compare the token stored beside the data,
+/// write only if the new one is not lower); in SQL, a `WHERE fence <= $token` on the
+/// update.
+///
+/// The token is drawn inside the acquire script (no extra round trip) from a counter key
+/// beside the lock (`<prefix>!fence:<key>`, in the lock's hash slot and in a key namespace
+/// that no lock name can produce) that never expires. Tokens are only as durable as
+/// Redis's data: a Redis that loses its data starts counting again.
+///
+/// ```no_run
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let lock = client.fenced_lock("exports");
+/// let guard = lock.lock()?;
+/// let token = guard.token();
+/// // storage.write_if_token_not_older(token, data)?;
+/// guard.unlock()?;
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+pub type FencedLock = Lock<Fenced>;
+
+impl<K: Kind> Clone for Lock<K> {
+    fn clone(&self) -> Self {
+        Lock {
+            client: self.client.clone(),
+            keys: self.keys.clone(),
+            kind: PhantomData,
+        }
+    }
 }
 
-impl Kind {
-    pub(crate) const PLAIN: Kind = Kind {
-        fenced: false,
-        fair: false,
-    };
-    pub(crate) const FENCED: Kind = Kind {
-        fenced: true,
-        fair: false,
-    };
-    pub(crate) const FAIR: Kind = Kind {
-        fenced: false,
-        fair: true,
-    };
-}
-
-impl Lock {
-    pub(crate) fn new(client: Client, keys: LockKeys, kind: Kind) -> Lock {
+impl<K: Kind> Lock<K> {
+    pub(crate) fn new(client: Client, keys: LockKeys) -> Lock<K> {
         Lock {
             client,
             keys: Arc::new(keys),
-            kind,
+            kind: PhantomData,
         }
     }
 
@@ -99,7 +150,7 @@ impl Lock {
     /// let guard = client.lock("report").lock()?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lock(&self) -> Result<LockGuard, Error> {
+    pub fn lock(&self) -> Result<LockGuard<K>, Error> {
         Ok(self
             .acquire(Lease::Watchdog, None)?
             .expect("an acquisition without deadline only returns once acquired"))
@@ -118,7 +169,7 @@ impl Lock {
     /// let guard = client.lock("report").lock_with_lease(Duration::from_secs(10))?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard, Error> {
+    pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard<K>, Error> {
         let lease = fixed(lease)?;
         Ok(self
             .acquire(lease, None)?
@@ -137,7 +188,7 @@ impl Lock {
     /// }
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
+    pub fn try_lock(&self) -> Result<Option<LockGuard<K>>, Error> {
         self.acquire(Lease::Watchdog, Some(Instant::now()))
     }
 
@@ -158,7 +209,7 @@ impl Lock {
     /// }
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
+    pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard<K>>, Error> {
         match Instant::now().checked_add(wait) {
             Some(deadline) => self.try_lock_until(deadline),
             None => self.acquire(Lease::Watchdog, None),
@@ -168,7 +219,7 @@ impl Lock {
     /// Waits for the lock until `deadline`: `Ok(None)` if it was not acquired by then.
     /// Returns by `deadline` plus 250 ms even when Redis stops answering, as
     /// [`try_lock_for`](Lock::try_lock_for).
-    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>, Error> {
+    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard<K>>, Error> {
         self.acquire(Lease::Watchdog, Some(deadline))
     }
 
@@ -186,7 +237,7 @@ impl Lock {
         &self,
         wait: Duration,
         lease: Duration,
-    ) -> Result<Option<LockGuard>, Error> {
+    ) -> Result<Option<LockGuard<K>>, Error> {
         match Instant::now().checked_add(wait) {
             Some(deadline) => self.try_lock_with_lease_until(deadline, lease),
             None => self.acquire(fixed(lease)?, None),
@@ -198,7 +249,7 @@ impl Lock {
         &self,
         deadline: Instant,
         lease: Duration,
-    ) -> Result<Option<LockGuard>, Error> {
+    ) -> Result<Option<LockGuard<K>>, Error> {
         let lease = fixed(lease)?;
         self.acquire(lease, Some(deadline))
     }
@@ -292,7 +343,11 @@ impl Lock {
 
     /// The one acquisition path. `deadline` None waits forever; a deadline already past
     /// makes exactly one attempt.
-    fn acquire(&self, lease: Lease, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
+    fn acquire(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+    ) -> Result<Option<LockGuard<K>>, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
         inner.check_process()?;
@@ -339,7 +394,7 @@ impl Lock {
         let keys = &self.keys;
         let token = thread_token();
         let held = inner.watchdog.begin_attempt(&keys.key, token);
-        let flags = u8::from(self.kind.fair) | (u8::from(self.kind.fenced) << 1);
+        let flags = K::FLAGS;
         let (ticket, ttl) = join.unwrap_or((0, 0));
         let outcome = inner.run_until(until, |con| {
             let reply: Vec<i64> = queue::invoke(&scripts::ACQUIRE, keys)
@@ -357,7 +412,7 @@ impl Lock {
             let grant = match reply[..] {
                 [1, count, fence] => Grant {
                     count,
-                    fence: self.kind.fenced.then_some(fence as u64),
+                    fence: kind::is_fenced::<K>().then_some(fence as u64),
                 },
                 [0, pttl] => return Ok(Ok(Err(pttl))),
                 _ => {
@@ -432,7 +487,7 @@ impl Lock {
         lease: Lease,
         sent: Instant,
         handoff: bool,
-    ) -> LockGuard {
+    ) -> LockGuard<K> {
         let registration = self.client.inner.watchdog.acquired(
             &self.keys.key,
             token,
@@ -462,8 +517,8 @@ impl Lock {
 static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 
 /// One call waiting for a lock: its attempts, its place in the queue, its subscription.
-struct Wait<'a> {
-    lock: &'a Lock,
+struct Wait<'a, K: Kind> {
+    lock: &'a Lock<K>,
     token: u64,
     holder: String,
     lease: Lease,
@@ -477,8 +532,8 @@ struct Wait<'a> {
     sub: Option<Subscription>,
 }
 
-impl Wait<'_> {
-    fn run(&mut self) -> Result<Option<LockGuard>, Error> {
+impl<K: Kind> Wait<'_, K> {
+    fn run(&mut self) -> Result<Option<LockGuard<K>>, Error> {
         let lock = self.lock;
         let inner = &lock.client.inner;
         let mut sent = Instant::now();
@@ -617,7 +672,7 @@ impl Wait<'_> {
 
     /// The deadline passed: leave the queue, in one step with learning whether the lock
     /// was handed to this thread meanwhile (then it is ours: `Some`).
-    fn give_up(&mut self) -> Result<Option<LockGuard>, Error> {
+    fn give_up(&mut self) -> Result<Option<LockGuard<K>>, Error> {
         if !self.queued {
             return Ok(None);
         }
@@ -653,16 +708,16 @@ impl Wait<'_> {
 
     /// The lock was handed to this thread by a release: it holds one level, with a lease
     /// of at most the pickup window until the watchdog extends it.
-    fn handed(&mut self, fence: u64) -> LockGuard {
+    fn handed(&mut self, fence: u64) -> LockGuard<K> {
         self.left_queue();
         let grant = Grant {
             count: 1,
-            fence: self.lock.kind.fenced.then_some(fence),
+            fence: kind::is_fenced::<K>().then_some(fence),
         };
         self.granted(grant, Instant::now(), true)
     }
 
-    fn granted(&mut self, grant: Grant, sent: Instant, handoff: bool) -> LockGuard {
+    fn granted(&mut self, grant: Grant, sent: Instant, handoff: bool) -> LockGuard<K> {
         self.left_queue();
         self.lock.granted(
             self.token,
@@ -683,7 +738,7 @@ impl Wait<'_> {
     }
 }
 
-impl Drop for Wait<'_> {
+impl<K: Kind> Drop for Wait<'_, K> {
     fn drop(&mut self) {
         if self.queued {
             // Left with an error: the thread's entry (and a grant it may have been made
@@ -703,9 +758,9 @@ struct Grant {
     fence: Option<u64>,
 }
 
-impl fmt::Debug for Lock {
+impl<K: Kind> fmt::Debug for Lock<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lock")
+        f.debug_struct(K::NAME)
             .field("name", &String::from_utf8_lossy(&self.keys.name))
             .field("key", &String::from_utf8_lossy(&self.keys.key))
             .finish()

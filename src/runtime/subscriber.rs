@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
-use crate::client::Inner;
-use crate::pool::Manager;
-use crate::queue::{self, Notice};
+use crate::runtime::client::Inner;
+use crate::runtime::pool::Manager;
+use crate::runtime::queue::{self, Notice};
 use crate::Error;
 
 /// How long the reader blocks on the socket before checking whether the client is gone.

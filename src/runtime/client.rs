@@ -5,12 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::keys::LockKeys;
-use crate::lock::Kind;
-use crate::pool::{Conn, Manager};
-use crate::subscriber::Subscriber;
-use crate::watchdog::Watchdog;
-use crate::{ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Lock, LockName};
+use crate::runtime::keys::LockKeys;
+use crate::runtime::pool::{Conn, Manager};
+use crate::runtime::subscriber::Subscriber;
+use crate::runtime::watchdog::Watchdog;
+use crate::{ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName};
 
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
@@ -105,6 +104,10 @@ impl Client {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn lock(&self, name: impl LockName) -> Lock {
+        self.make_lock(name)
+    }
+
+    fn make_lock<K: Kind>(&self, name: impl LockName) -> Lock<K> {
         Lock::new(
             self.clone(),
             LockKeys::new(
@@ -112,7 +115,6 @@ impl Client {
                 name.into_name(),
                 &self.inner.id,
             ),
-            Kind::PLAIN,
         )
     }
 
@@ -128,15 +130,7 @@ impl Client {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn fenced_lock(&self, name: impl LockName) -> FencedLock {
-        FencedLock::new(Lock::new(
-            self.clone(),
-            LockKeys::new(
-                &self.inner.config.key_prefix,
-                name.into_name(),
-                &self.inner.id,
-            ),
-            Kind::FENCED,
-        ))
+        self.make_lock(name)
     }
 
     /// The fair lock called `name`: a [`Lock`] that waiting threads get strictly in the
@@ -150,15 +144,7 @@ impl Client {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn fair_lock(&self, name: impl LockName) -> FairLock {
-        FairLock::new(Lock::new(
-            self.clone(),
-            LockKeys::new(
-                &self.inner.config.key_prefix,
-                name.into_name(),
-                &self.inner.id,
-            ),
-            Kind::FAIR,
-        ))
+        self.make_lock(name)
     }
 
     /// The count-down latch called `name`: a count that threads and processes count down

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::client::Inner;
-use crate::keys::LockKeys;
-use crate::lock::{millis, IO_GRACE};
-use crate::queue::{self, KICK_AFTER, PICKUP};
-use crate::{scripts, Error};
+use crate::primitives::lock::{millis, IO_GRACE};
+use crate::runtime::client::Inner;
+use crate::runtime::keys::LockKeys;
+use crate::runtime::queue::{self, KICK_AFTER, PICKUP};
+use crate::runtime::scripts;
+use crate::Error;
 
 /// Leases and queue entries renewed by one script call. Bounded so that one call never
 /// blocks Redis for long; 1,000 locks or waiters still take only two round trips.

@@ -1,4 +1,4 @@
-//! `LockGuard`: one level of a held lock, released when dropped.
+//! `LockGuard<K>`: one level of a held lock of any kind, released when dropped.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::Inner;
-use crate::keys::LockKeys;
-use crate::lock::millis;
-use crate::watchdog::{Lease, Registration};
-use crate::{queue, scripts};
+use crate::primitives::kind::{Fenced, Kind, Plain};
+use crate::primitives::lock::millis;
+use crate::runtime::client::Inner;
+use crate::runtime::keys::LockKeys;
+use crate::runtime::watchdog::{Lease, Registration};
+use crate::runtime::{queue, scripts};
 use crate::{Error, Lock};
 
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
@@ -29,8 +30,15 @@ use crate::{Error, Lock};
 /// guard.unlock()?;
 /// # Ok::<(), redmutex::Error>(())
 /// ```
+///
+/// Guards of every kind stay on their thread:
+///
+/// ```compile_fail
+/// fn send<T: Send>() {}
+/// send::<redmutex::LockGuard<redmutex::Fair>>();
+/// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct LockGuard {
+pub struct LockGuard<K: Kind = Plain> {
     // The client's internals and the lock's names, not a `Lock`: a guard may release after
     // every `Client` is dropped, but does not keep the watchdog renewing (see `Client`).
     inner: Arc<Inner>,
@@ -44,19 +52,41 @@ pub struct LockGuard {
     fence: Option<u64>,
     released: bool,
     // Holder ids are per thread: releasing from another thread would be refused by Redis.
-    _not_send: PhantomData<*const ()>,
+    _not_send: PhantomData<*const K>,
 }
 
-impl LockGuard {
+/// Proof that the current thread holds a [`FencedLock`](crate::FencedLock), with the
+/// hold's fencing token. Released on drop like any [`LockGuard`]; not `Send`.
+///
+/// ```no_run
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let lock = client.fenced_lock("exports");
+/// let outer = lock.lock()?;
+/// let inner = lock.lock()?;                  // re-entry: the same hold, the same token
+/// assert_eq!(outer.token(), inner.token());
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+pub type FencedGuard = LockGuard<Fenced>;
+
+impl LockGuard<Fenced> {
+    /// The fencing token of this hold: larger than that of every earlier hold of the lock
+    /// name, and the same for every nested level of this hold.
+    pub fn token(&self) -> u64 {
+        self.fence
+            .expect("a fenced acquisition always reports its token")
+    }
+}
+
+impl<K: Kind> LockGuard<K> {
     pub(crate) fn new(
-        lock: &Lock,
+        lock: &Lock<K>,
         token: u64,
         holder: String,
         lease: Lease,
         acquired: Instant,
         registration: Registration,
         fence: Option<u64>,
-    ) -> LockGuard {
+    ) -> LockGuard<K> {
         LockGuard {
             inner: lock.client.inner.clone(),
             keys: lock.keys.clone(),
@@ -108,11 +138,6 @@ impl LockGuard {
             }
             Lease::Watchdog => false,
         }
-    }
-
-    /// The fencing token, for guards of a [`FencedLock`](crate::FencedLock).
-    pub(crate) fn fence(&self) -> Option<u64> {
-        self.fence
     }
 
     fn release(&mut self) -> Result<(), Error> {
@@ -177,7 +202,7 @@ impl LockGuard {
     }
 }
 
-impl Drop for LockGuard {
+impl<K: Kind> Drop for LockGuard<K> {
     fn drop(&mut self) {
         if !self.released {
             if let Err(e) = self.release() {
@@ -190,13 +215,15 @@ impl Drop for LockGuard {
     }
 }
 
-impl fmt::Debug for LockGuard {
+impl<K: Kind> fmt::Debug for LockGuard<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
+            .field("kind", &K::NAME)
             .field("lock", &String::from_utf8_lossy(&self.keys.name))
             .field("holder", &self.holder)
             .field("lease", &self.lease)
             .field("lease_lost", &self.is_lease_lost())
+            .field("token", &self.fence)
             .finish()
     }
 }

@@ -3,10 +3,11 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::keys::{thread_token, LockKeys};
-use crate::lock::{millis, IO_GRACE, MAX_LEASE};
-use crate::subscriber::BROADCAST;
-use crate::{scripts, Client, Error};
+use crate::primitives::lock::{millis, IO_GRACE, MAX_LEASE};
+use crate::runtime::keys::{thread_token, LockKeys};
+use crate::runtime::scripts;
+use crate::runtime::subscriber::BROADCAST;
+use crate::{Client, Error};
 
 /// A count that every thread and process using the name can count down, and wait to see
 /// reach zero: "go on once all N jobs are done".
