@@ -30,7 +30,9 @@
 //! asked; a [`FencedLock`]'s guards carry fencing tokens; a [`CountDownLatch`] lets threads
 //! and processes wait until a count of events has happened. A plain [`Lock`] lets a running
 //! thread barge past sleeping waiters only while the first of them has waited less than
-//! 10 ms, so nobody starves.
+//! 10 ms, so nobody starves. The locks are one generic type, [`Lock<K>`](Lock) over the
+//! [`Kind`]s [`Plain`] (the default), [`Fair`] and [`Fenced`]: `FairLock` is `Lock<Fair>`,
+//! with the very same surface and guards.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
