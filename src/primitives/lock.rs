@@ -629,13 +629,7 @@ impl<K: Kind> Wait<'_, K> {
         let join = !self.once && self.sub.as_ref().is_some_and(|s| s.is_confirmed());
         let join = join.then(|| {
             let watchdog_ms = millis(inner.config.watchdog_timeout);
-            let ttl = match self.deadline {
-                Some(d) => {
-                    millis(d.saturating_duration_since(Instant::now()) + IO_GRACE).min(watchdog_ms)
-                }
-                None => watchdog_ms,
-            };
-            (self.ticket, ttl)
+            (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
         });
         if join.is_some() && !self.queued {
             // Entries are kept alive, and handed-over holds extended, by the watchdog.
@@ -709,7 +703,6 @@ impl<K: Kind> Wait<'_, K> {
     /// The lock was handed to this thread by a release: it holds one level, with a lease
     /// of at most the pickup window until the watchdog extends it.
     fn handed(&mut self, fence: u64) -> LockGuard<K> {
-        self.left_queue();
         let grant = Grant {
             count: 1,
             fence: kind::is_fenced::<K>().then_some(fence),

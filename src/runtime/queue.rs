@@ -1,9 +1,10 @@
 //! The waiter queue's parameters, script calls and messages (its rules are `lua/queue.lua`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Script, ScriptInvocation};
 
+use crate::primitives::lock::{millis, IO_GRACE};
 use crate::runtime::keys::LockKeys;
 
 /// How long a hold handed to a waiter lasts until the waiter's client confirms it (the
@@ -27,6 +28,16 @@ pub(crate) fn pickup_ms() -> u64 {
 
 pub(crate) fn starve_ms() -> u64 {
     STARVATION_BOUND.as_millis() as u64
+}
+
+/// How long a waiter's queue entry lives unless renewed, in ms: a watchdog timeout, and
+/// no longer than the waiter's deadline (plus the grace of a round trip under way) allows,
+/// so the entry of a call that could not leave the queue lapses by then.
+pub(crate) fn entry_ttl_ms(deadline: Option<Instant>, watchdog_ms: u64) -> u64 {
+    match deadline {
+        Some(d) => millis(d.saturating_duration_since(Instant::now()) + IO_GRACE).min(watchdog_ms),
+        None => watchdog_ms,
+    }
 }
 
 /// `script` with a lock's four keys (hash, fence counter, queue, waiters), the layout every

@@ -248,14 +248,7 @@ impl Subscriber {
 
     /// Tells thread `token`, if it waits on `channel`, to try again.
     pub(crate) fn recheck(&self, channel: &[u8], token: u64) {
-        let waiters = self
-            .shared
-            .state
-            .lock()
-            .channels
-            .get(channel)
-            .map(|entry| entry.waiters.clone());
-        if let Some(waiters) = waiters {
+        if let Some(waiters) = self.shared.waiters_of(channel) {
             waiters.notify(token, Notice::Recheck);
         }
     }
@@ -454,17 +447,19 @@ impl Shared {
         idle
     }
 
+    /// The threads of this process waiting on `channel`, if any.
+    fn waiters_of(&self, channel: &[u8]) -> Option<Arc<Waiters>> {
+        let state = self.state.lock();
+        state
+            .channels
+            .get(channel)
+            .map(|entry| entry.waiters.clone())
+    }
+
     fn deliver(&self, channel: &[u8], payload: &[u8]) {
-        let waiters = || {
-            self.state
-                .lock()
-                .channels
-                .get(channel)
-                .map(|entry| entry.waiters.clone())
-        };
         if payload == BROADCAST {
             // A state every waiter of the channel waits for (a latch opened).
-            if let Some(w) = waiters() {
+            if let Some(w) = self.waiters_of(channel) {
                 w.recheck_all();
             }
             return;
@@ -472,7 +467,7 @@ impl Shared {
         let Some((token, notice)) = queue::parse(payload) else {
             return; // the control channel's nudges
         };
-        let waiters = waiters();
+        let waiters = self.waiters_of(channel);
         if !waiters.is_some_and(|w| w.notify(token, notice)) {
             // The thread left (its deadline passed, or it failed) before the message came.
             // A grant it never took lapses after the pickup window and passes on.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::primitives::lock::{millis, IO_GRACE};
+use crate::primitives::lock::millis;
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::queue::{self, KICK_AFTER, PICKUP};
@@ -142,10 +142,11 @@ struct Kick {
 }
 
 impl Kick {
-    /// The check handed the lock on again: check that handoff in its turn.
-    fn reschedule(mut self, watchdog: &Watchdog) {
+    /// Checks again after another pickup window, with `tries_left` tries (unless a newer
+    /// handoff of the lock scheduled its own check meanwhile).
+    fn again(mut self, watchdog: &Watchdog, tries_left: u8) {
         self.due = Instant::now() + KICK_AFTER;
-        self.tries_left = KICK_TRIES;
+        self.tries_left = tries_left;
         let key = self.keys.key.clone();
         watchdog.kicks.lock().entry(key).or_insert(self);
     }
@@ -571,15 +572,11 @@ impl Watchdog {
 
     /// The queue entries of this client's waiting threads, each with how long it lives.
     fn waiters(&self, watchdog_ms: u64) -> Vec<(Arc<LockKeys>, u64, String, u64)> {
-        let now = Instant::now();
         self.waiting
             .lock()
             .iter()
             .map(|((_, token), w)| {
-                let ttl = match w.deadline {
-                    Some(d) => millis(d.saturating_duration_since(now) + IO_GRACE).min(watchdog_ms),
-                    None => watchdog_ms,
-                };
+                let ttl = queue::entry_ttl_ms(w.deadline, watchdog_ms);
                 (w.keys.clone(), *token, w.holder.clone(), ttl)
             })
             .collect()
@@ -748,7 +745,7 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
 /// waiters goes to the next one (and is checked again after its window).
 fn kick_due(inner: &Inner) {
     let watchdog = &inner.watchdog;
-    for mut kick in watchdog.due_kicks() {
+    for kick in watchdog.due_kicks() {
         // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
@@ -760,18 +757,14 @@ fn kick_due(inner: &Inner) {
                 .invoke::<(i64, i64)>(con)
         });
         match result {
-            Ok((_, 1)) => kick.reschedule(watchdog),
+            // It handed the lock on again: check that handoff in its turn.
+            Ok((_, 1)) => kick.again(watchdog, KICK_TRIES),
             Ok(_) => {}
             Err(e) => {
                 log::debug!("redmutex: checking a handed-on lock failed: {e}");
-                kick.tries_left -= 1;
-                if kick.tries_left > 0 {
-                    kick.due = Instant::now() + KICK_AFTER;
-                    watchdog
-                        .kicks
-                        .lock()
-                        .entry(keys.key.clone())
-                        .or_insert(kick);
+                let tries_left = kick.tries_left - 1;
+                if tries_left > 0 {
+                    kick.again(watchdog, tries_left);
                 }
             }
         }
