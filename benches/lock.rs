@@ -264,7 +264,7 @@ fn cheap_latencies(url: &str) -> Cheap {
 
     // The library's scripts as it runs them (the queue's rules prepended), with the
     // arguments it passes: the floor of an uncontended lock + unlock.
-    let queued = |script: &str| [include_str!("../lua/queue.lua"), script].concat();
+    let queued = support::queued_script;
     let acquire = redis::Script::new(&queued(include_str!("../lua/acquire.lua")));
     let release = redis::Script::new(&queued(include_str!("../lua/release.lua")));
     let lock_keys = [

@@ -54,13 +54,7 @@ fn order_key(name: &str) -> String {
 }
 
 fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(watchdog)
-        .command_timeout(command)
-        .build()
-        .expect("build client")
+    support::client(url, PREFIX, watchdog, command)
 }
 
 fn client_10s(server: &RedisServer) -> Client {

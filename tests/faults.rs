@@ -253,11 +253,9 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
 
-    proxy.lose_next_reply_to(&sha(&[
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/release.lua"),
-    ]
-    .concat()));
+    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
+        "../lua/release.lua"
+    ))));
     inner.unlock().expect("the retried release succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     // Released once: the outer level still holds the lock.
@@ -268,11 +266,9 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
 
     // The outermost release losing its reply: the retry finds the lock already free and
     // reports `NotHeld`, never success for a lock it cannot vouch for.
-    proxy.lose_next_reply_to(&sha(&[
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/release.lua"),
-    ]
-    .concat()));
+    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
+        "../lua/release.lua"
+    ))));
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 2);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld)), "{r:?}");
@@ -286,20 +282,16 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     let c = through(&proxy);
     let lock = c.lock("lost-acquire");
 
-    proxy.lose_next_reply_to(&sha(&[
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/acquire.lua"),
-    ]
-    .concat()));
+    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
+        "../lua/acquire.lua"
+    ))));
     let outer = lock.lock().expect("the retried acquire succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert_eq!(lock.hold_count().unwrap(), 1, "one level, not two");
 
-    proxy.lose_next_reply_to(&sha(&[
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/acquire.lua"),
-    ]
-    .concat()));
+    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
+        "../lua/acquire.lua"
+    ))));
     let inner = lock.lock().expect("the retried re-entry succeeds");
     assert_eq!(proxy.lost_replies(), 2);
     assert_eq!(lock.hold_count().unwrap(), 2, "two levels, not three");
@@ -311,11 +303,9 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     // Fenced: the retry keeps the token the lost call drew.
     let fenced = c.fenced_lock("lost-fenced");
     let first = fenced.lock().unwrap().token();
-    proxy.lose_next_reply_to(&sha(&[
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/acquire.lua"),
-    ]
-    .concat()));
+    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
+        "../lua/acquire.lua"
+    ))));
     let g = fenced.lock().unwrap();
     assert_eq!(proxy.lost_replies(), 3);
     assert_eq!(g.token(), first + 1, "one token drawn, not two");
@@ -377,11 +367,7 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         .expect("warm-up unlock");
 
     let guard = holder.fair_lock(NAME).lock().expect("holder again");
-    let acquire = sha(&[
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/acquire.lua"),
-    ]
-    .concat());
+    let acquire = sha(&support::queued_script(include_str!("../lua/acquire.lua")));
     proxy.lose_next_reply_to(&acquire);
     let lock = w.fair_lock(NAME);
     let (tx, rx) = mpsc::channel();
@@ -425,11 +411,7 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
     let w = through(&proxy);
     let holder = client(&server, Duration::from_secs(5));
     let guard = holder.fair_lock(NAME).lock().expect("holder");
-    let cancel = sha(&[
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/cancel.lua"),
-    ]
-    .concat());
+    let cancel = sha(&support::queued_script(include_str!("../lua/cancel.lua")));
     proxy.lose_next_reply_to(&cancel);
     let got = w
         .fair_lock(NAME)

@@ -35,13 +35,7 @@ fn exists(con: &mut redis::Connection, key: &str) -> bool {
 }
 
 fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(watchdog)
-        .command_timeout(command)
-        .build()
-        .expect("build client")
+    support::client(url, PREFIX, watchdog, command)
 }
 
 /// Watchdog 3 s, command timeout 1 s.

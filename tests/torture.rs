@@ -1,12 +1,10 @@
-//! Torture: 4 processes x 4 threads take a few fenced locks thousands of times, with
-//! nested critical sections, while a chaos thread SIGKILLs and restarts workers and
-//! freezes the server. An independent witness inside Redis checks every entry into a
-//! critical section: nobody else may still hold the lock, and fencing tokens must
-//! strictly increase.
-//!
-//! The same run on fair locks (issue 7): waiters queue, are handed the lock directly,
-//! die in the queue or right after a grant, and a witness checks that the lock's one
-//! holder is the caller's process and that nobody entered while the caller was inside.
+//! Torture: 4 processes x 4 threads take a few locks thousands of times, with nested
+//! critical sections, while a chaos thread SIGKILLs and restarts workers and freezes the
+//! server; once on fenced locks, once on fair ones (issue 7: waiters queue, are handed the
+//! lock directly, die in the queue or right after a grant), by one generic worker. An
+//! independent witness inside Redis checks every entry into and exit from a critical
+//! section: the lock's one holder is the caller's process, nobody entered while the caller
+//! was inside, and fencing tokens strictly increase.
 //!
 //! Some sections nest a short fixed lease inside the watchdog hold and outlast it (the
 //! lease rule: the inner level must not cut the outer hold), and some lock names are
@@ -18,7 +16,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::Client;
+use redmutex::{Client, FencedGuard, Kind, Lock, LockGuard};
 use support::child::{say, ChildProc};
 use support::RedisServer;
 
@@ -41,41 +39,15 @@ const FREEZE: Duration = Duration::from_millis(150);
 
 /// The witness, called at the start and at the end of every critical section. KEYS[1]
 /// its hash, KEYS[2] the lock's hash (same slot); ARGV[1] "enter" or "exit", ARGV[2] the
-/// caller's fencing token. A violation is a caller inside its critical section while the
-/// lock's current hold is not its own (someone else got in, or two holds coexist), or an
-/// entry whose token is not larger than every token seen before. Returns the violations.
+/// caller's client id, ARGV[3] an id of this critical section, ARGV[4] the hold's fencing
+/// token (0 for locks without tokens). A violation is a lock whose holders (fields not
+/// starting with `~`) are not exactly one thread of the caller's client, an exit finding
+/// that someone else entered meanwhile, or (fenced locks) a hold whose recorded token is
+/// not the caller's, or an entry whose token is not larger than every one seen before.
+/// Returns the violations.
 const WITNESS: &str = r"
-local w, lock, op, token = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local violations = 0
-if redis.call('hget', lock, '~fence') ~= token or redis.call('hlen', lock) ~= 2 then
-    violations = violations + 1
-end
-if op == 'enter' then
-    if tonumber(token) <= tonumber(redis.call('hget', w, 'last') or '0') then
-        violations = violations + 1
-    end
-    if redis.call('hexists', w, 'inside') == 1 then
-        -- The previous holder never left: it was killed inside.
-        redis.call('hincrby', w, 'takeovers', 1)
-    end
-    redis.call('hset', w, 'inside', token, 'last', token)
-    redis.call('hincrby', w, 'entries', 1)
-else
-    redis.call('hdel', w, 'inside')
-end
-if violations > 0 then
-    redis.call('hincrby', w, 'violations', violations)
-end
-return violations
-";
-
-/// The witness of fair locks, which carry no token. KEYS[1] its hash, KEYS[2] the lock's
-/// hash; ARGV[1] "enter" or "exit", ARGV[2] the caller's client id, ARGV[3] an id of this
-/// critical section. A violation is a lock whose holders (fields not starting with `~`)
-/// are not exactly one thread of the caller's client (threads of one client have distinct
-/// fields), or an exit finding that someone else entered meanwhile. Returns the violations.
-const FAIR_WITNESS: &str = r"
-local w, lock, op, client, section = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
+local w, lock, op = KEYS[1], KEYS[2], ARGV[1]
+local client, section, token = ARGV[2], ARGV[3], ARGV[4]
 local violations = 0
 local holders, mine = 0, 0
 for _, field in ipairs(redis.call('hkeys', lock)) do
@@ -89,12 +61,19 @@ end
 if holders ~= 1 or mine ~= 1 then
     violations = violations + 1
 end
+local fenced = token ~= '0'
+if fenced and redis.call('hget', lock, '~fence') ~= token then
+    violations = violations + 1
+end
 if op == 'enter' then
+    if fenced and tonumber(token) <= tonumber(redis.call('hget', w, 'last') or '0') then
+        violations = violations + 1
+    end
     if redis.call('hexists', w, 'inside') == 1 then
         -- The previous holder never left: it was killed inside.
         redis.call('hincrby', w, 'takeovers', 1)
     end
-    redis.call('hset', w, 'inside', section)
+    redis.call('hset', w, 'inside', section, 'last', token)
     redis.call('hincrby', w, 'entries', 1)
 else
     if redis.call('hget', w, 'inside') ~= section then
@@ -130,8 +109,8 @@ fn torture_entry() {
     assert_eq!(role, "worker");
     let url = std::env::var(URL).expect("URL");
     match std::env::var(KIND).as_deref() {
-        Ok("fair") => fair_worker(&url),
-        _ => worker(&url),
+        Ok("fair") => worker(&url, Client::fair_lock, |_| 0),
+        _ => worker(&url, Client::fenced_lock, FencedGuard::token),
     }
 }
 
@@ -145,7 +124,14 @@ fn client(url: &str) -> Client {
         .expect("build client")
 }
 
-fn worker(url: &str) {
+/// One worker process: `THREADS` threads taking the locks of kind `K` (made by `make`)
+/// nested two deep, forever, each section checked by `WITNESS`; `token` reads a guard's
+/// fencing token (0 for kinds without).
+fn worker<K: Kind>(
+    url: &str,
+    make: fn(&Client, &'static str) -> Lock<K>,
+    token: fn(&LockGuard<K>) -> u64,
+) {
     let client = client(url);
     say("started");
     let threads: Vec<_> = (0..THREADS)
@@ -158,12 +144,13 @@ fn worker(url: &str) {
                     .expect("witness connection");
                 let witness = redis::Script::new(WITNESS);
                 let mut rng = u64::from(std::process::id()) << 8 | t as u64;
+                let mut sections = 0u64;
                 loop {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let name = LOCKS[(rng % LOCKS.len() as u64) as usize];
-                    let lock = client.fenced_lock(name);
+                    let lock = make(&client, name);
                     // Redis may be frozen or the scripts flushed: errors are retried,
                     // never fatal. What must never happen is a witnessed overlap.
                     let long = rng.is_multiple_of(LONG_EVERY);
@@ -174,65 +161,7 @@ fn worker(url: &str) {
                         lock.lock()
                     };
                     let Ok(inner) = inner else { continue };
-                    assert_eq!(outer.token(), inner.token(), "one hold, one token");
-                    let call = |op: &str, con: &mut redis::Connection| {
-                        witness
-                            .key(witness_key(name))
-                            .key(lock_key(name))
-                            .arg(op)
-                            .arg(outer.token())
-                            .invoke::<i64>(con)
-                    };
-                    let _ = call("enter", &mut con);
-                    if long {
-                        // Outlives the inner level's lease: the watchdog hold must last.
-                        thread::sleep(LONG_SECTION);
-                    } else {
-                        thread::yield_now();
-                    }
-                    let _ = call("exit", &mut con);
-                    drop(inner);
-                    let _ = outer.unlock();
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        let _ = t.join();
-    }
-}
-
-/// The fair-lock worker: the same sections as `worker`, on `FairLock`s, checked by
-/// `FAIR_WITNESS`.
-fn fair_worker(url: &str) {
-    let client = client(url);
-    say("started");
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let client = client.clone();
-            let url = url.to_owned();
-            thread::spawn(move || {
-                let mut con = redis::Client::open(url)
-                    .and_then(|c| c.get_connection())
-                    .expect("witness connection");
-                let witness = redis::Script::new(FAIR_WITNESS);
-                let mut rng = u64::from(std::process::id()) << 8 | t as u64;
-                let mut sections = 0u64;
-                loop {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let name = LOCKS[(rng % LOCKS.len() as u64) as usize];
-                    let lock = client.fair_lock(name);
-                    // Errors (frozen server) are retried; a witnessed overlap is the failure.
-                    let long = rng.is_multiple_of(LONG_EVERY);
-                    let Ok(outer) = lock.lock() else { continue };
-                    let inner = if long {
-                        lock.lock_with_lease(INNER_LEASE)
-                    } else {
-                        lock.lock()
-                    };
-                    let Ok(inner) = inner else { continue };
+                    assert_eq!(token(&outer), token(&inner), "one hold, one token");
                     sections += 1;
                     let section = format!("{}:{t}:{sections}", std::process::id());
                     let call = |op: &str, con: &mut redis::Connection| {
@@ -242,10 +171,12 @@ fn fair_worker(url: &str) {
                             .arg(op)
                             .arg(client.id())
                             .arg(&section)
+                            .arg(token(&outer))
                             .invoke::<i64>(con)
                     };
                     let _ = call("enter", &mut con);
                     if long {
+                        // Outlives the inner level's lease: the watchdog hold must last.
                         thread::sleep(LONG_SECTION);
                     } else {
                         thread::yield_now();

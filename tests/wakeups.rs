@@ -38,12 +38,7 @@ fn sha(script: &str) -> String {
 }
 
 fn acquire_sha() -> String {
-    sha(&queued(include_str!("../lua/acquire.lua")))
-}
-
-/// A script as the library runs it: the queue's rules first.
-fn queued(script: &str) -> String {
-    [include_str!("../lua/queue.lua"), script].concat()
+    sha(&support::queued_script(include_str!("../lua/acquire.lua")))
 }
 
 fn renew_sha() -> String {
@@ -51,13 +46,7 @@ fn renew_sha() -> String {
 }
 
 fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(watchdog)
-        .command_timeout(command)
-        .build()
-        .expect("build client")
+    support::client(url, PREFIX, watchdog, command)
 }
 
 /// Loads the scripts, so that every EVALSHA counted or trapped is the real call and not a
@@ -65,12 +54,12 @@ fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
 fn load_scripts(server: &RedisServer) {
     let mut con = server.connection();
     for script in [
-        queued(include_str!("../lua/acquire.lua")),
-        queued(include_str!("../lua/release.lua")),
-        queued(include_str!("../lua/cancel.lua")),
-        queued(include_str!("../lua/kick.lua")),
+        support::queued_script(include_str!("../lua/acquire.lua")),
+        support::queued_script(include_str!("../lua/release.lua")),
+        support::queued_script(include_str!("../lua/cancel.lua")),
+        support::queued_script(include_str!("../lua/kick.lua")),
         include_str!("../lua/renew.lua").to_owned(),
-        queued(include_str!("../lua/force_unlock.lua")),
+        support::queued_script(include_str!("../lua/force_unlock.lua")),
     ] {
         let _: String = redis::cmd("SCRIPT")
             .arg("LOAD")

@@ -499,6 +499,24 @@ pub fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
 }
 
 /// The `redis_version` line of `INFO server` on `con`.
+/// A bundled script's text as the library runs it when it can hand a lock on (acquire,
+/// release, cancel, kick, force_unlock): the queue's rules, `lua/queue.lua`, first.
+pub fn queued_script(script: &str) -> String {
+    [include_str!("../../lua/queue.lua"), script].concat()
+}
+
+/// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and
+/// command timeouts are the test's to choose.
+pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) -> redmutex::Client {
+    redmutex::Client::builder()
+        .url(url)
+        .key_prefix(prefix)
+        .watchdog_timeout(watchdog)
+        .command_timeout(command)
+        .build()
+        .expect("build client")
+}
+
 /// How many subscriptions there are to channels starting with `prefix` (a lock's
 /// channels are `<key>:to:<client id>`, one per client waiting on it).
 pub fn subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
