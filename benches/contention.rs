@@ -135,7 +135,7 @@ fn parent_main() {
     };
     let (url, server) = support::redis_url_or_spawn();
     let mut admin = Admin::new(&url);
-    let monitor = Monitor::start(&url, admin.addr.clone());
+    let monitor = support::Monitor::start(&url, Phases::new(&admin.addr));
     let version = admin.redis_version();
     let started = Instant::now();
 
@@ -176,7 +176,7 @@ fn parent_main() {
         );
         drains.push(drain(&url, kind, &mut admin));
     }
-    let segments = monitor.stop(&mut admin);
+    let segments = monitor.stop().counts;
     let elapsed = started.elapsed();
     report(&floor, &contention, &drains, &segments, secs, elapsed);
 }
@@ -769,62 +769,47 @@ impl Counts {
     }
 }
 
-struct Monitor {
-    thread: thread::JoinHandle<HashMap<String, Counts>>,
+/// Counts the MONITOR lines per phase: the parent's `ECHO` markers start a phase, and
+/// its own other commands are left out.
+struct Phases {
+    /// ` <addr>]`: how the parent's admin connection shows in a line.
+    own: String,
+    current: String,
+    counts: HashMap<String, Counts>,
 }
 
-impl Monitor {
-    /// Starts counting; `admin` is the address whose commands are left out.
-    fn start(url: &str, admin: String) -> Monitor {
-        let mut con = connect(url);
-        // Blocking reads: a read timeout can drop the line arriving as it fires (seen with
-        // redis-rs), and the "stop" marker ends the thread anyway.
-        con.set_read_timeout(None).expect("read timeout");
-        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
-            .expect("send MONITOR");
-        let ok = con.recv_response().expect("MONITOR reply");
-        assert_eq!(ok, redis::Value::Okay, "MONITOR refused");
-        let own = format!(" {admin}");
-        let thread = thread::spawn(move || {
-            let mut segments: HashMap<String, Counts> = HashMap::new();
-            let mut current = String::from("start");
-            loop {
-                let line = match con.recv_response() {
-                    Ok(redis::Value::SimpleString(line)) => line,
-                    Ok(other) => panic!("unexpected MONITOR output {other:?}"),
-                    Err(e) => panic!("MONITOR failed: {e}"),
-                };
-                // `<time> [<db> <addr>] "<command>" "<arg>" ...`; scripts show as `[0 lua]`.
-                let Some((client, rest)) = line.split_once("] ") else {
-                    continue;
-                };
-                let counts = segments.entry(current.clone()).or_default();
-                if client.ends_with(" lua") {
-                    counts.lua += 1;
-                    continue;
-                }
-                let mut quoted = rest.split('"').skip(1).step_by(2);
-                let cmd = quoted.next().unwrap_or("").to_ascii_lowercase();
-                if client.ends_with(&own) {
-                    if cmd == "echo" {
-                        if let Some(mark) = quoted.next().and_then(|a| a.strip_prefix(MARK)) {
-                            if mark == "stop" {
-                                return segments;
-                            }
-                            current = mark.to_owned();
-                        }
-                    }
-                    continue;
-                }
-                *counts.top.entry(cmd).or_insert(0) += 1;
-            }
-        });
-        Monitor { thread }
+impl Phases {
+    fn new(admin: &str) -> Phases {
+        Phases {
+            own: format!(" {admin}"),
+            current: String::from("start"),
+            counts: HashMap::new(),
+        }
     }
+}
 
-    fn stop(self, admin: &mut Admin) -> HashMap<String, Counts> {
-        admin.mark("stop");
-        self.thread.join().expect("monitor thread")
+impl support::Sink for Phases {
+    fn line(&mut self, line: &str) {
+        // `<time> [<db> <addr>] "<command>" "<arg>" ...`; scripts show as `[0 lua]`.
+        let Some((client, rest)) = line.split_once("] ") else {
+            return;
+        };
+        let counts = self.counts.entry(self.current.clone()).or_default();
+        if client.ends_with(" lua") {
+            counts.lua += 1;
+            return;
+        }
+        let mut quoted = rest.split('"').skip(1).step_by(2);
+        let cmd = quoted.next().unwrap_or("").to_ascii_lowercase();
+        if client.ends_with(&self.own) {
+            if cmd == "echo" {
+                if let Some(mark) = quoted.next().and_then(|a| a.strip_prefix(MARK)) {
+                    self.current = mark.to_owned();
+                }
+            }
+            return;
+        }
+        *counts.top.entry(cmd).or_insert(0) += 1;
     }
 }
 

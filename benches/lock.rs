@@ -370,8 +370,11 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
 
     // Warm the waiter's client up the way a busy one is: it has waited once already, so
     // its pub/sub connection and a pooled connection exist. Connection setup is a one-time
-    // cost that would otherwise be counted as the blocked thread's traffic.
-    let warm = holder
+    // cost that would otherwise be counted as the blocked thread's traffic. The warm-up's
+    // holder is a client of its own, dropped after its release: the check it would run a
+    // pickup window after handing the lock over is no traffic of the blocked thread.
+    let warm_holder = bench_client(url, &prefix).build().expect("build client");
+    let warm = warm_holder
         .lock("warm")
         .lock_with_lease(FIXED_LEASE)
         .expect("hold warm");
@@ -383,6 +386,7 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
         "the warm-up waiter never subscribed"
     );
     drop(warm);
+    drop(warm_holder);
     warm_waiter.join().expect("warm-up waiter");
 
     // A fixed lease, so no watchdog renewals of the holder add to the count.
@@ -392,11 +396,16 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
         .expect("hold lock");
     // INFO commandstats also counts the commands a script calls, which are not round
     // trips; MONITOR tells them apart ("[0 lua]"), so it counts what the client sends.
-    let monitor = Monitor::start(url);
+    let monitor = support::Monitor::start(url, Vec::new());
     let w = waiter.clone();
     let blocked = thread::spawn(move || drop(w.lock("held").lock().expect("blocked lock")));
     thread::sleep(BLOCKED_FOR);
-    let sent = monitor.stop();
+    let lines = monitor.stop();
+    // `<time> [<db> <addr>] "<command>" ...`: the command names clients sent.
+    let sent = support::Monitor::top_level(&lines)
+        .into_iter()
+        .filter_map(|line| line.split('"').nth(1))
+        .map(str::to_ascii_lowercase);
     assert!(
         !blocked.is_finished(),
         "the waiter got a lock that was held"
@@ -411,57 +420,6 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
     Blocked {
         total: by_command.values().sum(),
         by_command,
-    }
-}
-
-/// A MONITOR connection recording the name of every command clients send (not those
-/// scripts call) until stopped.
-struct Monitor {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: thread::JoinHandle<Vec<String>>,
-}
-
-impl Monitor {
-    fn start(url: &str) -> Monitor {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let mut con = connect(url);
-        con.set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("read timeout");
-        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
-            .expect("send MONITOR");
-        let ok = con.recv_response().expect("MONITOR reply");
-        assert_eq!(ok, redis::Value::Okay, "MONITOR refused");
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = thread::spawn(move || {
-            let mut seen = Vec::new();
-            loop {
-                match con.recv_response() {
-                    Ok(redis::Value::SimpleString(line)) => {
-                        // `<time> [<db> <addr>] "<command>" ...`; scripts show as `[0 lua]`.
-                        if line.contains(" lua] ") {
-                            continue;
-                        }
-                        if let Some(cmd) = line.split('"').nth(1) {
-                            seen.push(cmd.to_ascii_lowercase());
-                        }
-                    }
-                    Ok(other) => panic!("unexpected MONITOR output {other:?}"),
-                    Err(e) if e.is_timeout() => {
-                        if flag.load(Ordering::SeqCst) {
-                            return seen;
-                        }
-                    }
-                    Err(e) => panic!("MONITOR failed: {e}"),
-                }
-            }
-        });
-        Monitor { stop, thread }
-    }
-
-    fn stop(self) -> Vec<String> {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.thread.join().expect("monitor thread")
     }
 }
 

@@ -570,83 +570,70 @@ fn parse_commandstats(info: &str) -> HashMap<String, u64> {
         .collect()
 }
 
-/// Every command a server receives while it runs, from `MONITOR` on a connection of its
-/// own: for counting round trips. Commands that scripts run show up too, marked
-/// `[<db> lua]`; [`Monitor::top_level`] leaves them out.
-pub struct Monitor {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    reader: Option<thread::JoinHandle<Vec<String>>>,
+/// Where a [`Monitor`] puts each line it receives: `<time> [<db> <client>] "cmd" "arg" ...`
+/// (commands run by scripts show as `[<db> lua]`).
+pub trait Sink: Send + 'static {
+    /// Takes one line.
+    fn line(&mut self, line: &str);
 }
 
-impl RedisServer {
-    /// Starts recording (see [`Monitor`]); returns once the server confirmed `MONITOR`,
-    /// so every command sent after this call is recorded.
-    pub fn monitor(&self) -> Monitor {
-        use std::io::{BufRead, BufReader, Write};
-        use std::sync::atomic::{AtomicBool, Ordering};
-
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
-        let mut stream = TcpStream::connect_timeout(&addr, ADMIN_IO_TIMEOUT)
-            .unwrap_or_else(|e| self.fail(&format!("MONITOR connection: {e}")));
-        stream
-            .set_read_timeout(Some(ADMIN_IO_TIMEOUT))
-            .expect("set read timeout");
-        let mut hello = String::new();
-        if let Some(password) = &self.password {
-            hello.push_str(&format!(
-                "*2\r\n$4\r\nAUTH\r\n${}\r\n{password}\r\n",
-                password.len()
-            ));
-        }
-        hello.push_str("*1\r\n$7\r\nMONITOR\r\n");
-        stream.write_all(hello.as_bytes()).expect("send MONITOR");
-        let mut reader = BufReader::new(stream);
-        let replies = if self.password.is_some() { 2 } else { 1 };
-        for _ in 0..replies {
-            let mut line = String::new();
-            reader.read_line(&mut line).expect("MONITOR reply");
-            assert_eq!(line, "+OK\r\n", "MONITOR (or AUTH) refused");
-        }
-        reader
-            .get_ref()
-            .set_read_timeout(Some(Duration::from_millis(20)))
-            .expect("set read timeout");
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let reader = thread::spawn(move || {
-            let mut lines = Vec::new();
-            let mut buf = Vec::new();
-            while !stopped.load(Ordering::SeqCst) {
-                // A timeout keeps what was read so far in `buf`; the line goes on next time.
-                match reader.read_until(b'\n', &mut buf) {
-                    Ok(0) => break,
-                    Ok(_) if buf.ends_with(b"\n") => {
-                        let line = String::from_utf8_lossy(&buf);
-                        lines.push(line.trim_end().trim_start_matches('+').to_owned());
-                        buf.clear();
-                    }
-                    Ok(_) => {}
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                        ) => {}
-                    Err(_) => break,
-                }
-            }
-            lines
-        });
-        Monitor {
-            stop,
-            reader: Some(reader),
-        }
+/// Keeps every line.
+impl Sink for Vec<String> {
+    fn line(&mut self, line: &str) {
+        self.push(line.to_owned());
     }
 }
 
-impl Monitor {
-    /// Stops recording; returns every line received, as `<time> [<db> <client>] "cmd" ...`.
-    pub fn stop(mut self) -> Vec<String> {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+/// Every command a server receives while it runs, from `MONITOR` on a connection of its
+/// own, fed to a [`Sink`]: for counting round trips. Commands that scripts run show up
+/// too, marked `[<db> lua]`; [`Monitor::top_level`] leaves them out. Stopping is exact:
+/// every command that completed before [`stop`](Monitor::stop) was called is in.
+pub struct Monitor<S: Sink = Vec<String>> {
+    url: String,
+    // Echoed on another connection to end the recording: MONITOR shows it after every
+    // command Redis ran before it.
+    marker: String,
+    reader: Option<thread::JoinHandle<S>>,
+}
+
+impl<S: Sink> Monitor<S> {
+    /// Starts recording into `sink`; returns once the server confirmed `MONITOR`, so every
+    /// command sent after this call is recorded. `url` may carry a password.
+    pub fn start(url: &str, mut sink: S) -> Monitor<S> {
+        let mut con = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .expect("MONITOR connection");
+        // Blocking reads: the marker ends the recording, and a read timeout could drop the
+        // line arriving as it fires.
+        con.set_read_timeout(None).expect("read timeout");
+        con.send_packed_command(&redis::cmd("MONITOR").get_packed_command())
+            .expect("send MONITOR");
+        let ok = con.recv_response().expect("MONITOR reply");
+        assert_eq!(ok, redis::Value::Okay, "MONITOR refused");
+        let marker = format!(
+            "redmutex-monitor-stop:{}:{:?}",
+            std::process::id(),
+            Instant::now()
+        );
+        let end = marker.clone();
+        let reader = thread::spawn(move || loop {
+            match con.recv_response() {
+                Ok(redis::Value::SimpleString(line)) if line.contains(&end) => return sink,
+                Ok(redis::Value::SimpleString(line)) => sink.line(&line),
+                Ok(other) => panic!("unexpected MONITOR output {other:?}"),
+                Err(e) => panic!("MONITOR failed: {e}"),
+            }
+        });
+        Monitor {
+            url: url.to_owned(),
+            marker,
+            reader: Some(reader),
+        }
+    }
+
+    /// Stops recording and returns the sink.
+    pub fn stop(mut self) -> S {
+        self.end();
         self.reader
             .take()
             .expect("stopped once")
@@ -654,14 +641,37 @@ impl Monitor {
             .expect("MONITOR reader")
     }
 
+    fn end(&self) -> bool {
+        redis::Client::open(self.url.as_str())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut con| redis::cmd("ECHO").arg(&self.marker).exec(&mut con))
+            .is_ok()
+    }
+}
+
+impl Monitor {
     /// The lines of commands that clients sent (not run by a script): round trips.
     pub fn top_level(lines: &[String]) -> Vec<&String> {
         lines.iter().filter(|l| !l.contains(" lua] ")).collect()
     }
 }
 
-impl Drop for Monitor {
+impl<S: Sink> Drop for Monitor<S> {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Not stopped (a failing test): let the reader thread end.
+        if self.reader.is_some() {
+            self.end();
+        }
+    }
+}
+
+impl RedisServer {
+    /// Starts recording every command this server receives (see [`Monitor`]).
+    pub fn monitor(&self) -> Monitor {
+        let url = match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/", self.port),
+            None => self.url(),
+        };
+        Monitor::start(&url, Vec::new())
     }
 }
