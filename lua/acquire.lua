@@ -47,14 +47,7 @@ if held then
             redis.call('hset', KEYS[1], '~fence', token)
         end
     end
-    local count
-    local expected = tonumber(ARGV[3])
-    if tonumber(held) > expected then
-        count = expected + 1
-        redis.call('hset', KEYS[1], holder, count)
-    else
-        count = redis.call('hincrby', KEYS[1], holder, 1)
-    end
+    local count = Q.reenter(holder, tonumber(held), tonumber(ARGV[3]))
     if redis.call('pttl', KEYS[1]) < lease then
         redis.call('pexpire', KEYS[1], lease)
     end

@@ -4,6 +4,7 @@
 --
 -- KEYS[1]  the lock hash          KEYS[2]  the lock's fencing-token counter
 -- KEYS[3]  the lock's queue       KEYS[4]  the lock's waiters
+-- KEYS[5]  the holds' leases (read-write locks: every reader and the writer are freed)
 -- ARGV[1]  inbox prefix      ARGV[2]  pickup window, ms      ARGV[3]  starvation bound, ms
 --
 -- Returns 1 when a lock was deleted, 0 when it was not locked; a WRONGTYPE error, with
@@ -15,7 +16,7 @@ end
 local ok = kind == 'hash'
 if ok then
     for i, field in ipairs(redis.call('hkeys', KEYS[1])) do
-        if field ~= '~fence' and not string.match(field, '^.+:%d+$') then
+        if string.sub(field, 1, 1) ~= '~' and not string.match(field, '^.+:%d+$') then
             ok = false
             break
         end
@@ -24,6 +25,6 @@ end
 if not ok then
     return redis.error_reply('WRONGTYPE the key holds a ' .. kind .. ' that is not a redmutex lock; nothing was changed')
 end
-redis.call('del', KEYS[1])
+Q.clear()
 Q.hand_on(Q.now(), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), false, nil)
 return 1

@@ -6,10 +6,16 @@
 --          fencing token)
 -- KEYS[2]  the lock's fencing-token counter
 -- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis
--- KEYS[4]  the waiters: a HASH holder id -> "<expiry> <since> <lease> <flags> <ticket>"
---          (expiry and since in server ms; lease in ms; flags: 1 fair, 2 fenced; ticket:
---          the waiting call's number, echoed in its messages), and '~fair' -> the number of
---          fair waiters queued
+-- KEYS[4]  the waiters: a HASH holder id -> "<expiry> <since> <lease> <flags> <ticket>
+--          <amount>" (expiry and since in server ms; lease in ms; flags: 1 fair, 2 fenced,
+--          4 a reader of a read-write lock; ticket: the waiting call's number, echoed in its
+--          messages; amount: the permits a semaphore waiter asks for, else 1), and '~fair'
+--          -> the number of fair waiters queued
+--
+-- What a hold is differs by primitive, so the queue reaches the hold only through three
+-- hooks, defined here for a lock (the hash is the hold, its expiry the lease) and redefined
+-- by leases.lua, rw.lua and semaphore.lua, which come after this file: Q.fits (may the
+-- waiter hold now), Q.take (make it the holder), Q.clear (free everything).
 --
 -- A waiter is told its turn on the channel <inbox><client id> (its holder id is
 -- "<client id>:<thread token>"): "g <token> <ticket> <fence>" when the lock was handed to
@@ -23,8 +29,67 @@ function Q.now()
 end
 
 local function parse(v)
-    local e, s, l, f, t = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
-    return tonumber(e), tonumber(s), tonumber(l), tonumber(f), t
+    local e, s, l, f, t, a = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*)$')
+    return tonumber(e), tonumber(s), tonumber(l), tonumber(f), t, tonumber(a) or 1
+end
+
+-- Whether the waiter `h` (flags f, asking for a permits) may hold the lock now.
+function Q.fits(f, a, h)
+    return redis.call('exists', KEYS[1]) == 0
+end
+
+-- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (0: none).
+function Q.take(h, lease, f, fence, a, now)
+    redis.call('hset', KEYS[1], h, 1)
+    if fence > 0 then
+        redis.call('hset', KEYS[1], '~fence', fence)
+    end
+    redis.call('pexpire', KEYS[1], lease)
+end
+
+-- Frees the lock whoever holds it.
+function Q.clear()
+    redis.call('del', KEYS[1])
+end
+
+-- Takes one more level of `field`'s hold, which has `held` levels while the caller believes
+-- it has `expected`: the new count. A call repeated after a lost reply (held already
+-- above expected) is granted the level the first one took, not another.
+function Q.reenter(field, held, expected)
+    if held > expected then
+        redis.call('hset', KEYS[1], field, expected + 1)
+        return expected + 1
+    end
+    return redis.call('hincrby', KEYS[1], field, 1)
+end
+
+-- Leaves one level of `field`'s hold; ARGV[2] is the lease in ms the caller's remaining
+-- levels need and ARGV[3] the levels it believes it holds (see release.lua). Returns the
+-- script's reply when the caller holds nothing ({-1, 0}), when this release already took
+-- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}; `keep(ms)` gives
+-- them their lease); nil when the hold is over and the caller must free it.
+function Q.release(field, keep)
+    local held = redis.call('hget', KEYS[1], field)
+    if not held then
+        return {-1, 0}
+    end
+    local count = tonumber(held)
+    local expected = tonumber(ARGV[3])
+    if count < expected then
+        return {count, 0}
+    end
+    local left = expected - 1
+    local need = tonumber(ARGV[2])
+    if left > 0 and need > 0 then
+        redis.call('hset', KEYS[1], field, left)
+        keep(need)
+        return {left, 0}
+    end
+    return nil
+end
+
+-- Drops holds whose own lease ended (none for a lock: its expiry is Redis's).
+function Q.purge(now)
 end
 
 local function is_fair(flags)
@@ -43,8 +108,9 @@ local function forget(holder, flags)
     end
 end
 
--- The first live waiter (holder, since, lease, flags, ticket), dropping the lapsed ones in
--- front of it (a process that stopped refreshing, a deadline passed); nil when none waits.
+-- The first live waiter (holder, since, lease, flags, ticket, amount), dropping the lapsed
+-- ones in front of it (a process that stopped refreshing, a deadline passed); nil when
+-- none waits.
 function Q.head(now)
     while true do
         local h = redis.call('lindex', KEYS[3], 0)
@@ -53,9 +119,9 @@ function Q.head(now)
         end
         local v = redis.call('hget', KEYS[4], h)
         if v then
-            local e, s, l, f, t = parse(v)
+            local e, s, l, f, t, a = parse(v)
             if e > now then
-                return h, s, l, f, t
+                return h, s, l, f, t, a
             end
             forget(h, f)
         end
@@ -82,7 +148,7 @@ end
 
 -- Queues holder at the back, or refreshes its entry where it stands (its place and age
 -- are kept: a waiter trying again does not lose its turn).
-function Q.join(holder, now, ttl, lease, flags, ticket)
+function Q.join(holder, now, ttl, lease, flags, ticket, amount)
     local v = redis.call('hget', KEYS[4], holder)
     local since = now
     if v then
@@ -95,7 +161,8 @@ function Q.join(holder, now, ttl, lease, flags, ticket)
         end
     end
     redis.call('hset', KEYS[4], holder,
-        (now + ttl) .. ' ' .. since .. ' ' .. lease .. ' ' .. flags .. ' ' .. ticket)
+        (now + ttl) .. ' ' .. since .. ' ' .. lease .. ' ' .. flags .. ' ' .. ticket .. ' ' ..
+        (amount or 1))
     -- The queue lives as long as its longest-lived entry, never forever.
     for i = 3, 4 do
         if redis.call('pttl', KEYS[i]) < ttl then
@@ -104,16 +171,19 @@ function Q.join(holder, now, ttl, lease, flags, ticket)
     end
 end
 
--- The free lock's next turn goes to the first live waiter other than `me`: it is made the
--- holder (lease: its own, at most `pickup` ms until it confirms) when `give`, or when it
--- is fair or has waited `starve` ms; otherwise it is told to try again. A waiter whose
--- client no longer listens (PUBLISH reaches nobody: its process died) is dropped and the
--- next one served. Returns the holder id served, or nil when nobody (but `me`) waits.
+-- The free lock's next turns go to the first live waiters other than `me`, in order, for
+-- as long as the next one fits (Q.fits: one for a lock, a run of readers, the permits a
+-- release freed): each is made the holder (lease: its own, at most `pickup` ms until it
+-- confirms) when `give`, or when it is fair or has waited `starve` ms; otherwise it is
+-- told to try again. A waiter whose client no longer listens (PUBLISH reaches nobody: its
+-- process died) is dropped and the next one served. Returns the last holder id served, or
+-- nil when nobody (but `me`) waits or fits.
 function Q.hand_on(now, inbox, pickup, starve, give, me)
+    local served
     while true do
-        local h, s, l, f, t = Q.head(now)
-        if not h or h == me then
-            return nil
+        local h, s, l, f, t, a = Q.head(now)
+        if not h or h == me or not Q.fits(f, a, h) then
+            return served
         end
         local client, token = string.match(h, '^(.*):(%d+)$')
         local grant = give or is_fair(f) or now - s >= starve
@@ -134,13 +204,8 @@ function Q.hand_on(now, inbox, pickup, starve, give, me)
         forget(h, f)
         redis.call('lpop', KEYS[3])
         if heard then
-            redis.call('hset', KEYS[1], h, 1)
-            if fence > 0 then
-                redis.call('hset', KEYS[1], '~fence', fence)
-            end
-            redis.call('pexpire', KEYS[1], math.min(l, pickup))
-            return h
+            Q.take(h, math.min(l, pickup), f, fence, a, now)
+            served = h
         end
     end
 end
-

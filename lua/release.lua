@@ -21,22 +21,11 @@
 -- takes no second level, and levels left by lost acquire replies are dropped too.
 -- A freed lock goes to the first live waiter: made the holder if it is fair or has waited
 -- past the starvation bound, else told to try (a plain lock's releaser may barge back in).
-local held = redis.call('hget', KEYS[1], ARGV[1])
-if not held then
-    return {-1, 0}
-end
-local count = tonumber(held)
-local expected = tonumber(ARGV[3])
-if count < expected then
-    -- This release already took effect; its reply was lost.
-    return {count, 0}
-end
-local left = expected - 1
-local need = tonumber(ARGV[2])
-if left > 0 and need > 0 then
-    redis.call('hset', KEYS[1], ARGV[1], left)
-    redis.call('pexpire', KEYS[1], need)
-    return {left, 0}
+local reply = Q.release(ARGV[1], function(ms)
+    redis.call('pexpire', KEYS[1], ms)
+end)
+if reply then
+    return reply
 end
 redis.call('del', KEYS[1])
 if redis.call('exists', KEYS[3]) == 0 then

@@ -1,47 +1,72 @@
 -- renew.lua: extend many watchdog leases, and keep many queue entries alive, in one call.
 --
--- KEYS[1..n]           lock hashes (n = ARGV[1])
--- KEYS[n+2j-1, n+2j]   the queue and the waiters hash of the lock waited for by waiter j
--- ARGV[1]              n
--- ARGV[2i, 2i+1]       for KEYS[i], i <= n: holder id and the lease in ms it needs
--- ARGV[2n+2j, 2n+2j+1] for waiter j: holder id and how long its entry lives, in ms
+-- ARGV[1]  n, the number of holds
+-- Then for each hold i, three ARGV (mode, field, lease in ms) and its keys, in order:
+--   mode 'k'  a lock: one key, the lock hash; the field is the holder id, and the lease is
+--             the key's expiry
+--   mode 'm'  a hold with a lease of its own (read-write locks, semaphores): two keys, the
+--             holds hash and the leases ZSET (see leases.lua); the field is the hold's
+-- Then for each waiter j, two ARGV (holder id, how long its entry lives in ms) and two keys
+-- (the queue and the waiters hash of what it waits for).
 --
--- Returns {lost, gone}: the indices i (1-based) of locks whose holder field is gone (that
--- lease was lost: expired, force-unlocked, or Redis lost its data; those keys are left
--- untouched, so a renewal can never resurrect or extend a lock someone else now holds),
--- and the indices j of waiters no longer queued (dropped as dead, or lapsed): they must
--- ask again.
--- A renewal only raises the expiry: a nested level with a longer fixed lease keeps it.
-local n = tonumber(ARGV[1])
-local lost, gone = {}, {}
-for i = 1, n do
-    local lease = tonumber(ARGV[2 * i + 1])
-    if redis.call('hexists', KEYS[i], ARGV[2 * i]) == 1 then
-        if redis.call('pttl', KEYS[i]) < lease then
-            redis.call('pexpire', KEYS[i], lease)
-        end
-    else
-        lost[#lost + 1] = i
+-- Returns {lost, gone}: the indices i (1-based) of holds that are gone (that lease was
+-- lost: expired, force-unlocked, or Redis lost its data; they are left untouched, so a
+-- renewal can never resurrect or extend a hold someone else now has), and the indices j
+-- of waiters no longer queued (dropped as dead, or lapsed): they must ask again.
+-- A renewal only raises an expiry: a nested level with a longer fixed lease keeps it.
+local function clock()
+    local t = redis.call('time')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function raise(key, lease)
+    if redis.call('pttl', key) < lease then
+        redis.call('pexpire', key, lease)
     end
 end
+
+local n = tonumber(ARGV[1])
+local lost, gone = {}, {}
 local now
+local k, a = 1, 2
+for i = 1, n do
+    local mode, field, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+    a = a + 3
+    if mode == 'k' then
+        if redis.call('hexists', KEYS[k], field) == 1 then
+            raise(KEYS[k], lease)
+        else
+            lost[#lost + 1] = i
+        end
+        k = k + 1
+    else
+        local holds, leases = KEYS[k], KEYS[k + 1]
+        k = k + 2
+        now = now or clock()
+        local ends = tonumber(redis.call('zscore', leases, field) or '0')
+        if ends > now and redis.call('hexists', holds, field) == 1 then
+            if ends < now + lease then
+                redis.call('zadd', leases, now + lease, field)
+            end
+            raise(holds, lease)
+            raise(leases, lease)
+        else
+            lost[#lost + 1] = i
+        end
+    end
+end
 local j = 1
-while n + 2 * j <= #KEYS do
-    local queue, waiters = KEYS[n + 2 * j - 1], KEYS[n + 2 * j]
-    local holder, ttl = ARGV[2 * n + 2 * j], tonumber(ARGV[2 * n + 2 * j + 1])
+while k + 1 <= #KEYS do
+    local queue, waiters = KEYS[k], KEYS[k + 1]
+    local holder, ttl = ARGV[a], tonumber(ARGV[a + 1])
+    k, a = k + 2, a + 2
     local v = redis.call('hget', waiters, holder)
     if v then
-        if not now then
-            local t = redis.call('time')
-            now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        end
+        now = now or clock()
         local rest = string.match(v, '^%d+ (.*)$')
         redis.call('hset', waiters, holder, (now + ttl) .. ' ' .. rest)
-        for _, key in ipairs({queue, waiters}) do
-            if redis.call('pttl', key) < ttl then
-                redis.call('pexpire', key, ttl)
-            end
-        end
+        raise(queue, ttl)
+        raise(waiters, ttl)
     else
         gone[#gone + 1] = j
     end

@@ -46,6 +46,14 @@ pub enum Error {
         /// Replicas required.
         required: u32,
     },
+    /// The calling thread holds the read side of a [`ReadWriteLock`](crate::ReadWriteLock)
+    /// and asked for its write side: it would wait for its own read hold forever. Nothing
+    /// was written; release the read hold first (taking the read side while writing, a
+    /// downgrade, is allowed).
+    #[error(
+        "this thread holds the read lock: taking the write lock would wait for itself forever"
+    )]
+    WouldDeadlock,
     /// The lock name is not usable (it is empty).
     #[error("invalid lock name: {0}")]
     InvalidName(&'static str),

@@ -46,9 +46,12 @@ pub use crate::{
     error::Error,
     name::LockName,
     primitives::guard::{FencedGuard, LockGuard},
-    primitives::kind::{Fair, Fenced, Kind, Plain},
+    primitives::kind::{Fair, Fenced, Kind, Plain, Read, Write},
     primitives::latch::CountDownLatch,
     primitives::lock::{FairLock, FencedLock, Lock},
+    primitives::permit::Permit,
+    primitives::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock},
+    primitives::semaphore::{Semaphore, MAX_PERMITS},
     runtime::builder::ClientBuilder,
     runtime::client::Client,
 };

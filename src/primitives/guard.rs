@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::primitives::kind::{Fenced, Kind, Plain};
+use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
 use crate::primitives::lock::millis;
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
+use crate::runtime::queue;
 use crate::runtime::watchdog::{Lease, Registration};
-use crate::runtime::{queue, scripts};
 use crate::{Error, Lock};
 
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
@@ -52,7 +52,8 @@ pub struct LockGuard<K: Kind = Plain> {
     fence: Option<u64>,
     released: bool,
     // Holder ids are per thread: releasing from another thread would be refused by Redis.
-    _not_send: PhantomData<*const K>,
+    // (A semaphore's permits are held by the acquisition, not the thread: they may move.)
+    _owner: PhantomData<<K as Sealed>::Owner>,
 }
 
 /// Proof that the current thread holds a [`FencedLock`](crate::FencedLock), with the
@@ -98,7 +99,7 @@ impl<K: Kind> LockGuard<K> {
             lost: registration.lost,
             fence,
             released: false,
-            _not_send: PhantomData,
+            _owner: PhantomData,
         }
     }
 
@@ -125,7 +126,7 @@ impl<K: Kind> LockGuard<K> {
             return true;
         }
         let watchdog = &self.inner.watchdog;
-        if watchdog.pickup_lapsed(&self.keys.key, self.token, &self.lost) {
+        if watchdog.pickup_lapsed(&self.keys.hold, self.token, &self.lost) {
             return true;
         }
         match self.lease {
@@ -134,7 +135,7 @@ impl<K: Kind> LockGuard<K> {
                     && !self
                         .inner
                         .watchdog
-                        .covered(&self.keys.key, self.token, &self.lost)
+                        .covered(&self.keys.hold, self.token, &self.lost)
             }
             Lease::Watchdog => false,
         }
@@ -150,12 +151,12 @@ impl<K: Kind> LockGuard<K> {
         // A handed-over hold whose window ended unextended is gone: say so below.
         inner
             .watchdog
-            .pickup_lapsed(&keys.key, self.token, &self.lost);
+            .pickup_lapsed(&keys.hold, self.token, &self.lost);
         // Unregister first, so that from here on the watchdog never renews for this guard.
         let Some((need, held)) =
             inner
                 .watchdog
-                .releasing(&keys.key, self.token, self.level, watchdog_ms)
+                .releasing(&keys.hold, self.token, self.level, watchdog_ms)
         else {
             // The hold this guard belonged to is over (lost, or replaced by a newer
             // acquisition of this thread): releasing in Redis would take a level from
@@ -163,13 +164,14 @@ impl<K: Kind> LockGuard<K> {
             return Err(self.not_held());
         };
         let (left, served, shortfall) = inner.run(|con| {
-            let (left, served): (i64, i64) = queue::invoke(&scripts::RELEASE, keys)
+            let (left, served): (i64, i64) = queue::invoke(keys.ops.release, keys)
                 .arg(self.holder.as_str())
                 .arg(need)
                 .arg(held)
                 .arg(keys.inbox.as_slice())
                 .arg(queue::pickup_ms())
                 .arg(queue::starve_ms())
+                .arg(keys.ops.flags)
                 .invoke(con)?;
             let shortfall = if left >= 0 {
                 inner.await_replicas(con)?
@@ -188,7 +190,7 @@ impl<K: Kind> LockGuard<K> {
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were
             // over (or the count was off); their guards must not look held.
-            inner.watchdog.hold_ended(&keys.key, &self.lost);
+            inner.watchdog.hold_ended(&keys.hold, &self.lost);
         }
         shortfall.map_or(Ok(()), Err)
     }

@@ -1,18 +1,25 @@
 //! The kinds of [`Lock`](crate::Lock): what an acquisition asks of the scripts.
 
-mod sealed {
-    pub trait Sealed {}
+use crate::runtime::scripts::{self, Ops};
+
+pub(crate) mod sealed {
+    use crate::runtime::scripts::Ops;
+
+    pub trait Sealed {
+        /// The scripts the kind runs and how its holds are kept.
+        const OPS: &'static Ops;
+        /// What makes its guards `!Send` (a hold owned by a thread), or `()`.
+        type Owner;
+    }
 }
 
-/// A kind of lock: [`Plain`], [`Fair`] or [`Fenced`]. Every kind has the whole lock
-/// surface ([`Lock<K>`](crate::Lock), [`LockGuard<K>`](crate::LockGuard)); a kind only
-/// changes how an acquisition behaves. Sealed: the kinds are this crate's.
+/// A kind of lock: [`Plain`], [`Fair`], [`Fenced`], or the [`Read`] and [`Write`] sides
+/// of a [`ReadWriteLock`](crate::ReadWriteLock). Every kind has the whole lock surface
+/// ([`Lock<K>`](crate::Lock), [`LockGuard<K>`](crate::LockGuard)); a kind only changes how
+/// an acquisition behaves. Sealed: the kinds are this crate's.
 pub trait Kind: sealed::Sealed + Send + Sync + 'static {
     /// The kind's name, for `Debug` output.
     const NAME: &'static str;
-    #[doc(hidden)]
-    /// Flags the scripts are given: 1 fair (never passes the queue), 2 fenced.
-    const FLAGS: u8;
 }
 
 /// The default kind of [`Lock`](crate::Lock): a running thread may take a free lock past
@@ -31,26 +38,44 @@ pub enum Fair {}
 #[derive(Debug)]
 pub enum Fenced {}
 
-impl sealed::Sealed for Plain {}
-impl sealed::Sealed for Fair {}
-impl sealed::Sealed for Fenced {}
+/// The kind of [`ReadLock`](crate::ReadLock): the shared side of a
+/// [`ReadWriteLock`](crate::ReadWriteLock).
+#[derive(Debug)]
+pub enum Read {}
 
-impl Kind for Plain {
-    const NAME: &'static str = "Lock";
-    const FLAGS: u8 = 0;
+/// The kind of [`WriteLock`](crate::WriteLock): the exclusive side of a
+/// [`ReadWriteLock`](crate::ReadWriteLock).
+#[derive(Debug)]
+pub enum Write {}
+
+/// The permits of a [`Semaphore`](crate::Semaphore): each acquisition is a holder of its
+/// own, so its guard may move between threads.
+#[derive(Debug)]
+pub(crate) enum Permits {}
+
+macro_rules! kinds {
+    ($($kind:ty: $name:literal, $ops:expr, $owner:ty;)+) => {$(
+        impl sealed::Sealed for $kind {
+            const OPS: &'static Ops = $ops;
+            type Owner = $owner;
+        }
+
+        impl Kind for $kind {
+            const NAME: &'static str = $name;
+        }
+    )+};
 }
 
-impl Kind for Fair {
-    const NAME: &'static str = "FairLock";
-    const FLAGS: u8 = 1;
-}
-
-impl Kind for Fenced {
-    const NAME: &'static str = "FencedLock";
-    const FLAGS: u8 = 2;
+kinds! {
+    Plain: "Lock", &scripts::PLAIN, *const ();
+    Fair: "FairLock", &scripts::FAIR, *const ();
+    Fenced: "FencedLock", &scripts::FENCED, *const ();
+    Read: "ReadLock", &scripts::READ, *const ();
+    Write: "WriteLock", &scripts::WRITE, *const ();
+    Permits: "Semaphore", &scripts::PERMITS, ();
 }
 
 /// Whether holds of kind `K` draw fencing tokens.
 pub(crate) fn is_fenced<K: Kind>() -> bool {
-    K::FLAGS & 2 != 0
+    K::OPS.flags & 2 != 0
 }

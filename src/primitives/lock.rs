@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
-use crate::runtime::keys::{holder_id, thread_token, LockKeys};
+use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
 use crate::runtime::queue::{self, Notice};
-use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::watchdog::Lease;
 use crate::{Client, Error, LockGuard};
@@ -61,6 +60,8 @@ pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 pub struct Lock<K: Kind = Plain> {
     pub(crate) client: Client,
     pub(crate) keys: Arc<LockKeys>,
+    // A semaphore's permits when it does not exist yet (unused by the locks).
+    pub(crate) initial: u32,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -126,6 +127,7 @@ impl<K: Kind> Clone for Lock<K> {
         Lock {
             client: self.client.clone(),
             keys: self.keys.clone(),
+            initial: self.initial,
             kind: PhantomData,
         }
     }
@@ -136,6 +138,7 @@ impl<K: Kind> Lock<K> {
         Lock {
             client,
             keys: Arc::new(keys),
+            initial: 0,
             kind: PhantomData,
         }
     }
@@ -152,7 +155,7 @@ impl<K: Kind> Lock<K> {
     /// ```
     pub fn lock(&self) -> Result<LockGuard<K>, Error> {
         Ok(self
-            .acquire(Lease::Watchdog, None)?
+            .acquire(Lease::Watchdog, None, 1)?
             .expect("an acquisition without deadline only returns once acquired"))
     }
 
@@ -172,7 +175,7 @@ impl<K: Kind> Lock<K> {
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard<K>, Error> {
         let lease = fixed(lease)?;
         Ok(self
-            .acquire(lease, None)?
+            .acquire(lease, None, 1)?
             .expect("an acquisition without deadline only returns once acquired"))
     }
 
@@ -189,7 +192,7 @@ impl<K: Kind> Lock<K> {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn try_lock(&self) -> Result<Option<LockGuard<K>>, Error> {
-        self.acquire(Lease::Watchdog, Some(Instant::now()))
+        self.acquire(Lease::Watchdog, Some(Instant::now()), 1)
     }
 
     /// Waits at most `wait` for the lock: `Ok(None)` if it was not acquired in time.
@@ -212,7 +215,7 @@ impl<K: Kind> Lock<K> {
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard<K>>, Error> {
         match Instant::now().checked_add(wait) {
             Some(deadline) => self.try_lock_until(deadline),
-            None => self.acquire(Lease::Watchdog, None),
+            None => self.acquire(Lease::Watchdog, None, 1),
         }
     }
 
@@ -220,7 +223,7 @@ impl<K: Kind> Lock<K> {
     /// Returns by `deadline` plus 250 ms even when Redis stops answering, as
     /// [`try_lock_for`](Lock::try_lock_for).
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard<K>>, Error> {
-        self.acquire(Lease::Watchdog, Some(deadline))
+        self.acquire(Lease::Watchdog, Some(deadline), 1)
     }
 
     /// Waits at most `wait` for the lock and holds it for a fixed `lease`, never renewed
@@ -240,7 +243,7 @@ impl<K: Kind> Lock<K> {
     ) -> Result<Option<LockGuard<K>>, Error> {
         match Instant::now().checked_add(wait) {
             Some(deadline) => self.try_lock_with_lease_until(deadline, lease),
-            None => self.acquire(fixed(lease)?, None),
+            None => self.acquire(fixed(lease)?, None, 1),
         }
     }
 
@@ -251,7 +254,7 @@ impl<K: Kind> Lock<K> {
         lease: Duration,
     ) -> Result<Option<LockGuard<K>>, Error> {
         let lease = fixed(lease)?;
-        self.acquire(lease, Some(deadline))
+        self.acquire(lease, Some(deadline), 1)
     }
 
     /// Whether any thread of any client holds the lock right now.
@@ -281,16 +284,40 @@ impl<K: Kind> Lock<K> {
         self.check_name()?;
         let inner = &self.client.inner;
         inner.check_process()?;
-        if !inner.watchdog.holds_locally(&self.keys.key, thread_token()) {
+        let keys = &self.keys;
+        if !inner.watchdog.holds_locally(&keys.hold, thread_token()) {
             return Ok(0);
         }
-        let key = self.keys.key.as_slice();
-        let holder = self.holder();
-        let count: Option<u32> = self
-            .client
-            .inner
-            .run(|con| redis::cmd("HGET").arg(key).arg(&holder).query(con))?;
-        Ok(count.unwrap_or(0))
+        let field = keys.ops.field(&self.holder());
+        if keys.leases.is_empty() {
+            let count: Option<u32> = inner.run(|con| {
+                redis::cmd("HGET")
+                    .arg(keys.key.as_slice())
+                    .arg(&field)
+                    .query(con)
+            })?;
+            return Ok(count.unwrap_or(0));
+        }
+        // A hold with a lease of its own counts until that lease ends, even before the
+        // next script drops it.
+        let (count, ends, (secs, micros)): (Option<u32>, Option<u64>, (u64, u64)) =
+            inner.run(|con| {
+                redis::pipe()
+                    .cmd("HGET")
+                    .arg(keys.key.as_slice())
+                    .arg(&field)
+                    .cmd("ZSCORE")
+                    .arg(keys.leases.as_slice())
+                    .arg(&field)
+                    .cmd("TIME")
+                    .query(con)
+            })?;
+        let now = secs * 1000 + micros / 1000;
+        Ok(if ends.is_some_and(|e| e > now) {
+            count.unwrap_or(0)
+        } else {
+            0
+        })
     }
 
     /// The time left on the lease of whoever holds the lock, or `None` when it is free.
@@ -316,7 +343,7 @@ impl<K: Kind> Lock<K> {
         self.check_name()?;
         let keys = &self.keys;
         let deleted: i64 = self.client.inner.run(|con| {
-            queue::invoke(&scripts::FORCE_UNLOCK, keys)
+            queue::invoke(keys.ops.force_unlock, keys)
                 .arg(keys.inbox.as_slice())
                 .arg(queue::pickup_ms())
                 .arg(queue::starve_ms())
@@ -342,20 +369,31 @@ impl<K: Kind> Lock<K> {
     }
 
     /// The one acquisition path. `deadline` None waits forever; a deadline already past
-    /// makes exactly one attempt.
-    fn acquire(
+    /// makes exactly one attempt. `amount`: the permits asked for (1 for the locks).
+    pub(crate) fn acquire(
         &self,
         lease: Lease,
         deadline: Option<Instant>,
+        amount: u32,
     ) -> Result<Option<LockGuard<K>>, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
         inner.check_process()?;
+        let keys = &self.keys;
+        let token = if keys.ops.per_call {
+            fresh_token()
+        } else {
+            thread_token()
+        };
+        if let Some(read_hold) = &keys.read_hold {
+            if inner.watchdog.holds_locally(read_hold, token) {
+                return Err(Error::WouldDeadlock);
+            }
+        }
         if lease == Lease::Watchdog {
             // Before anything is written: a lease nobody renews must not be handed out.
             inner.watchdog.ensure_running(inner)?;
         }
-        let token = thread_token();
         let once = deadline.is_some_and(|d| d <= Instant::now());
         let mut wait = Wait {
             lock: self,
@@ -368,6 +406,7 @@ impl<K: Kind> Lock<K> {
             },
             deadline,
             once,
+            amount,
             ticket: NEXT_TICKET.fetch_add(1, Ordering::Relaxed),
             queued: false,
             // A process that listens on this lock already (others of its threads wait, or
@@ -385,36 +424,41 @@ impl<K: Kind> Lock<K> {
     /// With `join`, a thread not granted is queued (or its entry refreshed).
     fn attempt(
         &self,
-        holder: &str,
+        (token, holder): (u64, &str),
         lease_ms: u64,
+        amount: u32,
         join: Option<(u64, u64)>,
         until: Option<Instant>,
     ) -> Result<Result<Grant, i64>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
-        let token = thread_token();
-        let held = inner.watchdog.begin_attempt(&keys.key, token);
-        let flags = K::FLAGS;
+        let ops = keys.ops;
+        let held = inner.watchdog.begin_attempt(&keys.hold, token);
         let (ticket, ttl) = join.unwrap_or((0, 0));
         let outcome = inner.run_until(until, |con| {
-            let reply: Vec<i64> = queue::invoke(&scripts::ACQUIRE, keys)
-                .arg(holder)
+            let mut call = queue::invoke(ops.acquire, keys);
+            call.arg(holder)
                 .arg(lease_ms)
                 .arg(held)
-                .arg(flags)
+                .arg(ops.flags)
                 .arg(u8::from(join.is_some()))
                 .arg(ttl)
                 .arg(ticket)
                 .arg(keys.inbox.as_slice())
                 .arg(queue::pickup_ms())
-                .arg(queue::starve_ms())
-                .invoke(con)?;
+                .arg(queue::starve_ms());
+            if ops.per_call {
+                call.arg(amount).arg(self.initial);
+            }
+            let reply: Vec<i64> = call.invoke(con)?;
             let grant = match reply[..] {
                 [1, count, fence] => Grant {
                     count,
                     fence: kind::is_fenced::<K>().then_some(fence as u64),
                 },
                 [0, pttl] => return Ok(Ok(Err(pttl))),
+                // Asked to write while holding a read hold: refused, nothing written.
+                [-1] => return Ok(Err(Error::WouldDeadlock)),
                 _ => {
                     return Err(redis::RedisError::from((
                         redis::ErrorKind::Parse,
@@ -434,14 +478,15 @@ impl<K: Kind> Lock<K> {
             let need =
                 inner
                     .watchdog
-                    .need_ms(&keys.key, token, millis(inner.config.watchdog_timeout));
-            let rollback: redis::RedisResult<(i64, i64)> = queue::invoke(&scripts::RELEASE, keys)
+                    .need_ms(&keys.hold, token, millis(inner.config.watchdog_timeout));
+            let rollback: redis::RedisResult<(i64, i64)> = queue::invoke(ops.release, keys)
                 .arg(holder)
                 .arg(need)
                 .arg(grant.count)
                 .arg(keys.inbox.as_slice())
                 .arg(queue::pickup_ms())
                 .arg(queue::starve_ms())
+                .arg(ops.flags)
                 .invoke(con);
             match (failure, rollback) {
                 (Ok(shortfall), Ok(_)) => Ok(Err(shortfall)),
@@ -455,7 +500,7 @@ impl<K: Kind> Lock<K> {
         let queued = join.is_some() && matches!(outcome, Ok(Ok(Err(_))));
         inner
             .watchdog
-            .end_attempt(&keys.key, token, granted, queued);
+            .end_attempt(&keys.hold, token, granted, queued);
         if let Err(e) = &outcome {
             if e.outcome_unknown() {
                 // Redis may have run the script, or may still: a level nobody holds, or a
@@ -489,7 +534,7 @@ impl<K: Kind> Lock<K> {
         handoff: bool,
     ) -> LockGuard<K> {
         let registration = self.client.inner.watchdog.acquired(
-            &self.keys.key,
+            &self.keys,
             token,
             &holder,
             grant.count,
@@ -526,6 +571,8 @@ struct Wait<'a, K: Kind> {
     deadline: Option<Instant>,
     // A single attempt (try_lock): it never queues.
     once: bool,
+    // The permits asked for (1 for the locks).
+    amount: u32,
     ticket: u64,
     // An attempt of this call may have queued the thread: leaving, it must leave the queue.
     queued: bool,
@@ -640,8 +687,9 @@ impl<K: Kind> Wait<'_, K> {
                 .waiting(&lock.keys, self.token, &self.holder, self.deadline);
         }
         let outcome = lock.attempt(
-            &self.holder,
+            (self.token, &self.holder),
             self.lease_ms,
+            self.amount,
             join,
             lock.io_until(self.deadline),
         )?;
@@ -674,7 +722,7 @@ impl<K: Kind> Wait<'_, K> {
         let inner = &lock.client.inner;
         let keys = &lock.keys;
         let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
-            queue::invoke(&scripts::CANCEL, keys)
+            queue::invoke(keys.ops.cancel, keys)
                 .arg(self.holder.as_str())
                 .arg(0)
                 .arg(0)
@@ -682,6 +730,7 @@ impl<K: Kind> Wait<'_, K> {
                 .arg(keys.inbox.as_slice())
                 .arg(queue::pickup_ms())
                 .arg(queue::starve_ms())
+                .arg(keys.ops.flags)
                 .invoke(con)
         })?;
         self.left_queue();

@@ -5,11 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::runtime::keys::LockKeys;
+use crate::runtime::keys::{LockKeys, Object};
 use crate::runtime::pool::{Conn, Manager};
+use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscriber;
 use crate::runtime::watchdog::Watchdog;
-use crate::{ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName};
+use crate::{
+    ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
+    ReadWriteLock, Semaphore,
+};
 
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
@@ -108,14 +112,45 @@ impl Client {
     }
 
     fn make_lock<K: Kind>(&self, name: impl LockName) -> Lock<K> {
+        self.handle(name.into_name(), Object::Lock)
+    }
+
+    /// A handle of kind `K` on the object `object` called `name`.
+    pub(crate) fn handle<K: Kind>(&self, name: Vec<u8>, object: Object) -> Lock<K> {
+        let c = &self.inner.config;
         Lock::new(
             self.clone(),
-            LockKeys::new(
-                &self.inner.config.key_prefix,
-                name.into_name(),
-                &self.inner.id,
-            ),
+            LockKeys::new(&c.key_prefix, name, &self.inner.id, object, K::OPS),
         )
+    }
+
+    /// The read-write lock called `name`: many readers or one writer, across threads and
+    /// processes (see [`ReadWriteLock`]). A read-write lock and a lock of the same name
+    /// are different objects. Making one touches no network.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let prices = client.read_write_lock("prices");
+    /// let guard = prices.read().lock()?;   // shared with other readers
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn read_write_lock(&self, name: impl LockName) -> ReadWriteLock {
+        ReadWriteLock::new(self, name.into_name())
+    }
+
+    /// The semaphore called `name`, with `permits` permits if it does not exist in Redis
+    /// yet (see [`Semaphore`]): at most that many permits are held at once, across threads
+    /// and processes. Making one touches no network; with zero `permits` every operation
+    /// fails with [`Error::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let api = client.semaphore("partner-api", 4);
+    /// let permit = api.acquire()?;          // one of at most 4 concurrent calls
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn semaphore(&self, name: impl LockName, permits: u32) -> Semaphore {
+        Semaphore::new(self, name.into_name(), permits)
     }
 
     /// The fenced lock called `name`: a [`Lock`] whose guards also carry a fencing token
@@ -159,12 +194,15 @@ impl Client {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn count_down_latch(&self, name: impl LockName) -> CountDownLatch {
+        let c = &self.inner.config;
         CountDownLatch::new(
             self.clone(),
             LockKeys::new(
-                &self.inner.config.key_prefix,
+                &c.key_prefix,
                 name.into_name(),
                 &self.inner.id,
+                Object::Lock,
+                &scripts::PLAIN,
             ),
         )
     }

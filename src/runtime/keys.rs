@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::runtime::scripts::Ops;
+
 /// A waiter's channel is the lock key, this, and its client id. Suffixing the key keeps the
 /// channel in the key's hash slot, which sharded pub/sub on a cluster needs.
 const INBOX_SUFFIX: &[u8] = b":to:";
@@ -10,8 +12,7 @@ const INBOX_SUFFIX: &[u8] = b":to:";
 /// produce an auxiliary key, whatever it ends with.
 const AUX_MARK: u8 = b'!';
 
-/// The Redis names of one lock.
-#[derive(Debug)]
+/// The Redis names of one lock (or other primitive), and the kind of it a handle is.
 pub(crate) struct LockKeys {
     pub(crate) name: Vec<u8>,
     pub(crate) key: Vec<u8>,
@@ -24,13 +25,47 @@ pub(crate) struct LockKeys {
     pub(crate) waiters: Vec<u8>,
     /// The count-down latch of the same name (a different object).
     pub(crate) latch: Vec<u8>,
+    /// The holds' own leases (read-write locks, semaphores); empty for a lock.
+    pub(crate) leases: Vec<u8>,
+    /// A semaphore's number of permits; empty for the others.
+    pub(crate) permits: Vec<u8>,
+    /// What this process files a thread's hold under: the key, marked apart for read
+    /// holds, which a thread may have beside a write hold of the same lock.
+    pub(crate) hold: Vec<u8>,
+    /// For a write handle, the read holds' `hold`: a thread with one must not wait to write.
+    pub(crate) read_hold: Option<Vec<u8>>,
+    pub(crate) ops: &'static Ops,
+}
+
+impl std::fmt::Debug for LockKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockKeys")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a handle is an object of: a lock (and its latch), a read-write lock or a semaphore.
+/// A read-write lock and a semaphore live in keys of their own (`<prefix>!rw:…`,
+/// `<prefix>!sem:…`), so they never meet a lock of the same name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Object {
+    Lock,
+    ReadWrite,
+    Semaphore,
 }
 
 impl LockKeys {
     /// Each of the three forms a key can take starts differently right after the prefix
     /// (`{`, `~`, `#`), and each keeps the whole name, so distinct names never share a key.
     /// The prefix is known to hold no brace, so the first `{` after it opens the tag.
-    pub(crate) fn new(prefix: &[u8], name: Vec<u8>, client_id: &str) -> LockKeys {
+    pub(crate) fn new(
+        prefix: &[u8],
+        name: Vec<u8>,
+        client_id: &str,
+        object: Object,
+        ops: &'static Ops,
+    ) -> LockKeys {
         let mut key = Vec::with_capacity(prefix.len() + name.len() + 20);
         key.extend_from_slice(prefix);
         if !name.contains(&b'{') && !name.contains(&b'}') {
@@ -46,15 +81,40 @@ impl LockKeys {
             key.extend_from_slice(format!("#{{{:016x}}}", fnv1a(&name)).as_bytes());
             key.extend_from_slice(&name);
         }
+        let key = match object {
+            Object::Lock => key,
+            Object::ReadWrite => aux_key(prefix, &key, b"rw"),
+            Object::Semaphore => aux_key(prefix, &key, b"sem"),
+        };
         let mut inbox = key.clone();
         inbox.extend_from_slice(INBOX_SUFFIX);
         let mut channel = inbox.clone();
         channel.extend_from_slice(client_id.as_bytes());
+        // Names that never reach Redis: the first byte tells read holds from the others.
+        let read_hold = [&[b'r'][..], &key].concat();
+        let is_read = ops.flags & 4 != 0;
         LockKeys {
             fence: aux_key(prefix, &key, b"fence"),
             queue: aux_key(prefix, &key, b"queue"),
             waiters: aux_key(prefix, &key, b"waiters"),
             latch: aux_key(prefix, &key, b"latch"),
+            leases: if ops.field_prefix.is_some() {
+                aux_key(prefix, &key, b"leases")
+            } else {
+                Vec::new()
+            },
+            permits: if object == Object::Semaphore {
+                aux_key(prefix, &key, b"permits")
+            } else {
+                Vec::new()
+            },
+            hold: if is_read {
+                read_hold.clone()
+            } else {
+                [&[b'x'][..], &key].concat()
+            },
+            read_hold: (object == Object::ReadWrite && !is_read).then_some(read_hold),
+            ops,
             name,
             key,
             inbox,
@@ -104,6 +164,11 @@ thread_local! {
     static THREAD_TOKEN: u64 = NEXT_THREAD_TOKEN.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A token no thread has, nor will: the holder id of one semaphore acquisition.
+pub(crate) fn fresh_token() -> u64 {
+    NEXT_THREAD_TOKEN.fetch_add(1, Ordering::Relaxed)
+}
+
 /// This thread's token, the second half of its holder ids.
 pub(crate) fn thread_token() -> u64 {
     THREAD_TOKEN.with(|t| *t)
@@ -126,7 +191,13 @@ mod tests {
 
     #[test]
     fn plain_names_are_wrapped_in_a_tag() {
-        let k = LockKeys::new(b"redmutex:", b"orders".to_vec(), "c1");
+        let k = LockKeys::new(
+            b"redmutex:",
+            b"orders".to_vec(),
+            "c1",
+            Object::Lock,
+            &crate::runtime::scripts::PLAIN,
+        );
         assert_eq!(k.key, b"redmutex:{orders}");
         assert_eq!(k.channel, b"redmutex:{orders}:to:c1");
         assert_eq!(k.queue, b"redmutex:!queue:{orders}");
@@ -134,7 +205,13 @@ mod tests {
 
     #[test]
     fn names_with_a_tag_keep_it() {
-        let k = LockKeys::new(b"p:", b"user:{42}:cart".to_vec(), "c1");
+        let k = LockKeys::new(
+            b"p:",
+            b"user:{42}:cart".to_vec(),
+            "c1",
+            Object::Lock,
+            &crate::runtime::scripts::PLAIN,
+        );
         assert_eq!(k.key, b"p:~user:{42}:cart");
         assert_eq!(tag_of(&k.channel), b"42");
     }
@@ -142,7 +219,13 @@ mod tests {
     #[test]
     fn awkward_names_still_share_one_nonempty_tag() {
         for name in [&b"}x"[..], b"a{}b", b"{}", b"}{", b"x}{y}"] {
-            let k = LockKeys::new(b"redmutex:", name.to_vec(), "c1");
+            let k = LockKeys::new(
+                b"redmutex:",
+                name.to_vec(),
+                "c1",
+                Object::Lock,
+                &crate::runtime::scripts::PLAIN,
+            );
             assert!(
                 has_hash_tag(&k.key),
                 "{:?}",
@@ -160,7 +243,16 @@ mod tests {
         ];
         let keys: std::collections::HashSet<Vec<u8>> = names
             .iter()
-            .map(|n| LockKeys::new(b"p:", n.to_vec(), "c1").key)
+            .map(|n| {
+                LockKeys::new(
+                    b"p:",
+                    n.to_vec(),
+                    "c1",
+                    Object::Lock,
+                    &crate::runtime::scripts::PLAIN,
+                )
+                .key
+            })
             .collect();
         assert_eq!(keys.len(), names.len());
     }
@@ -197,7 +289,15 @@ mod tests {
         for prefix in [&b"redmutex:"[..], b"", b"p!"] {
             let all: Vec<LockKeys> = adversarial_names()
                 .into_iter()
-                .map(|n| LockKeys::new(prefix, n, "c1"))
+                .map(|n| {
+                    LockKeys::new(
+                        prefix,
+                        n,
+                        "c1",
+                        Object::Lock,
+                        &crate::runtime::scripts::PLAIN,
+                    )
+                })
                 .collect();
             let lock_keys: std::collections::HashSet<&[u8]> =
                 all.iter().map(|k| k.key.as_slice()).collect();

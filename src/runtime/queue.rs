@@ -40,13 +40,19 @@ pub(crate) fn entry_ttl_ms(deadline: Option<Instant>, watchdog_ms: u64) -> u64 {
     }
 }
 
-/// `script` with a lock's four keys (hash, fence counter, queue, waiters), the layout every
-/// script that can hand a lock on expects.
+/// `script` with a primitive's keys (hash, fence counter, queue, waiters; then the holds'
+/// leases and the permits where it has them), the layout every script that can hand a
+/// primitive on expects.
 pub(crate) fn invoke<'a>(script: &'a Script, keys: &LockKeys) -> ScriptInvocation<'a> {
     let mut call = script.key(keys.key.as_slice());
     call.key(keys.fence.as_slice())
         .key(keys.queue.as_slice())
         .key(keys.waiters.as_slice());
+    for extra in [&keys.leases, &keys.permits] {
+        if !extra.is_empty() {
+            call.key(extra.as_slice());
+        }
+    }
     call
 }
 

@@ -57,6 +57,7 @@ struct Hold {
     // still need, and the watchdog renews while any of them is a watchdog guard.
     levels: Vec<Level>,
     holder: Arc<str>,
+    keys: Arc<LockKeys>,
     // Shared with the guards of this hold; a new outermost acquisition gets a new flag, so
     // a verdict about an old hold can never mark a newer one lost.
     lost: Arc<AtomicBool>,
@@ -117,7 +118,9 @@ struct Doubtful {
 
 /// A hold as the watchdog thread snapshots it for one renewal round.
 struct Watched {
+    // The hold's name in this process (`LockKeys::hold`), and its keys.
     key: Vec<u8>,
+    keys: Arc<LockKeys>,
     token: u64,
     holder: Arc<str>,
     lost: Arc<AtomicBool>,
@@ -317,13 +320,14 @@ impl Watchdog {
     /// window; it is extended a third of the way in (then `sent` is when the message came).
     pub(crate) fn acquired(
         &self,
-        key: &[u8],
+        keys: &Arc<LockKeys>,
         token: u64,
         holder: &str,
         count: i64,
         lease: Lease,
         (sent, handoff): (Instant, bool),
     ) -> Registration {
+        let key = keys.hold.as_slice();
         let level = self.next_level.fetch_add(1, Ordering::Relaxed);
         let mut holds = self.settled(key, token);
         let by_token = match holds.get_mut(key) {
@@ -333,6 +337,7 @@ impl Watchdog {
         let fresh = || Hold {
             levels: Vec::with_capacity(2),
             holder: Arc::from(holder),
+            keys: keys.clone(),
             lost: Arc::new(AtomicBool::new(false)),
             renewing: false,
             extend_at: None,
@@ -345,7 +350,7 @@ impl Watchdog {
             // and someone else may have held the lock in between. They must say so.
             log::warn!(
                 "redmutex: lease of lock {:?} was lost before this thread took it again",
-                String::from_utf8_lossy(key)
+                String::from_utf8_lossy(&keys.key)
             );
             hold.lost.store(true, Ordering::SeqCst);
             *hold = fresh();
@@ -386,12 +391,12 @@ impl Watchdog {
         if !doubts.is_empty() {
             while doubts
                 .iter()
-                .any(|d| d.in_flight && d.token == token && d.keys.key == key)
+                .any(|d| d.in_flight && d.token == token && d.keys.hold == key)
             {
                 self.cleaned.wait(&mut doubts);
             }
             for d in doubts.iter_mut() {
-                if d.token == token && d.keys.key == key {
+                if d.token == token && d.keys.hold == key {
                     d.paused = true;
                 }
             }
@@ -409,10 +414,10 @@ impl Watchdog {
             return;
         }
         if granted || queued {
-            doubts.retain(|d| d.token != token || d.keys.key != key);
+            doubts.retain(|d| d.token != token || d.keys.hold != key);
         } else {
             for d in doubts.iter_mut() {
-                if d.token == token && d.keys.key == key {
+                if d.token == token && d.keys.hold == key {
                     d.paused = false;
                 }
             }
@@ -433,7 +438,7 @@ impl Watchdog {
             let mut doubts = self.doubts.lock();
             if let Some(d) = doubts
                 .iter_mut()
-                .find(|d| d.token == token && d.expected == expected && d.keys.key == keys.key)
+                .find(|d| d.token == token && d.expected == expected && d.keys.hold == keys.hold)
             {
                 d.runs_left = 2;
             } else {
@@ -558,6 +563,7 @@ impl Watchdog {
                     hold.renewing = true;
                     watched.push(Watched {
                         key: key.clone(),
+                        keys: hold.keys.clone(),
                         token,
                         holder: hold.holder.clone(),
                         lost: hold.lost.clone(),
@@ -750,7 +756,7 @@ fn kick_due(inner: &Inner) {
         let keys = kick.keys.clone();
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = inner.run_until(Some(until), |con| {
-            queue::invoke(&scripts::KICK, &keys)
+            queue::invoke(keys.ops.kick, &keys)
                 .arg(keys.inbox.as_slice())
                 .arg(queue::pickup_ms())
                 .arg(queue::starve_ms())
@@ -803,12 +809,11 @@ fn clean_doubtful(inner: &Inner) {
         ..
     } in batch
     {
-        let key = &keys.key;
-        let need = watchdog.need_ms(key, token, watchdog_ms);
+        let need = watchdog.need_ms(&keys.hold, token, watchdog_ms);
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = catch_unwind(AssertUnwindSafe(|| {
             inner.run_until(Some(until), |con| {
-                queue::invoke(&scripts::CANCEL, &keys)
+                queue::invoke(keys.ops.cancel, &keys)
                     .arg(holder.as_str())
                     .arg(expected)
                     .arg(need)
@@ -816,6 +821,7 @@ fn clean_doubtful(inner: &Inner) {
                     .arg(keys.inbox.as_slice())
                     .arg(queue::pickup_ms())
                     .arg(queue::starve_ms())
+                    .arg(keys.ops.flags)
                     .invoke::<Vec<i64>>(con)
             })
         }));
@@ -830,7 +836,7 @@ fn clean_doubtful(inner: &Inner) {
                     }
                     log::debug!(
                         "redmutex: cleaned up after a doubtful attempt on {:?} ({reply:?})",
-                        String::from_utf8_lossy(key)
+                        String::from_utf8_lossy(&keys.key)
                     );
                     d.runs_left -= 1;
                     if d.runs_left == 0 {
@@ -877,15 +883,19 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         let (wait_batch, rest) = waits.split_at(waits.len().min(RENEW_BATCH - batch.len()));
         waits = rest;
         let mut call = scripts::RENEW.prepare_invoke();
+        call.arg(batch.len());
         for w in batch {
-            call.key(w.key.as_slice());
+            let ops = w.keys.ops;
+            call.key(w.keys.key.as_slice());
+            if ops.field_prefix.is_some() {
+                call.key(w.keys.leases.as_slice()).arg("m");
+            } else {
+                call.arg("k");
+            }
+            call.arg(ops.field(&w.holder)).arg(w.lease_ms);
         }
         for (keys, ..) in wait_batch {
             call.key(keys.queue.as_slice()).key(keys.waiters.as_slice());
-        }
-        call.arg(batch.len());
-        for w in batch {
-            call.arg(w.holder.as_ref()).arg(w.lease_ms);
         }
         for (_, _, holder, ttl) in wait_batch {
             call.arg(holder.as_str()).arg(*ttl);
@@ -904,7 +914,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                     };
                     log::warn!(
                         "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
-                        String::from_utf8_lossy(&w.key)
+                        String::from_utf8_lossy(&w.keys.key)
                     );
                     w.lost.store(true, Ordering::SeqCst);
                     inner.watchdog.forget_lost(&w.key, &w.lost);

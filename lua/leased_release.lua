@@ -1,0 +1,33 @@
+-- leased_release.lua: leave one level of a hold of a read-write lock or a semaphore; hand
+-- the freed share on.
+-- (queue.lua, leases.lua and the primitive's rules are prepended: see them for the keys)
+--
+-- KEYS[1]  the holds         KEYS[2]  the fencing-token counter (unused)
+-- KEYS[3]  the queue         KEYS[4]  the waiters      KEYS[5]  the holds' leases
+-- KEYS[6]  the semaphore's number of permits (semaphores)
+-- ARGV[1]  holder id
+-- ARGV[2]  lease in ms the caller's remaining levels still need (0 when none)
+-- ARGV[3]  the levels the caller believes it holds before this call (at least 1; a permit
+--          is one level whatever it counts)
+-- ARGV[4]  inbox prefix      ARGV[5]  pickup window, ms      ARGV[6]  starvation bound, ms
+-- ARGV[7]  flags of the hold (4: a read hold)
+--
+-- Returns {-1, 0}  the caller holds nothing (never acquired, lease ended, force-unlocked,
+--                  or a repeated call whose first run released it)
+--         {0, w}   the caller's hold is over; w is 1 when a waiter was handed a share
+--         {n, 0}   the caller still holds n levels, with a lease of ARGV[2] ms
+-- As in release.lua, the count is set from ARGV[3] rather than decremented, and the
+-- remaining lease is set, not raised, so that a repeated call changes nothing more.
+local now = Q.now()
+Q.purge(now)
+local field = M.field(ARGV[1], tonumber(ARGV[7]))
+local reply = Q.release(field, function(ms)
+    M.set(field, now + ms, now)
+end)
+if reply then
+    return reply
+end
+M.drop(field)
+M.fit(now)
+local served = Q.hand_on(now, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), false, nil)
+return {0, served and 1 or 0}

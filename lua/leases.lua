@@ -1,0 +1,84 @@
+-- leases.lua: holds with a lease each, for primitives held by many at once (read-write
+-- locks, semaphores). Not a script of its own: it comes after queue.lua and before the
+-- primitive's rules, and redefines the queue's hooks that depend on leases.
+--
+-- KEYS[1]  the holds: a HASH hold field -> what it holds (a reentry count, or permits)
+-- KEYS[5]  the leases: a ZSET hold field -> the server time its lease ends, in ms
+--
+-- A hold whose lease ended is dropped by the next script that looks (Q.purge), so a
+-- crashed holder frees its share when its own lease ends while the others keep theirs.
+-- Both keys expire with the longest lease, so nothing outlives every holder.
+
+local M = {}
+
+-- The hold field of `holder` asking with `flags` (a primitive's rules redefine it).
+function M.field(holder, flags)
+    return holder
+end
+
+-- What dropping `field`, which held `n`, changes besides the two keys (a primitive's rules
+-- redefine it: the writer mark, the permits in use).
+function M.dropped(field, n)
+end
+
+-- Drops `field`'s hold; the keys' expiry is the caller's to fit.
+function M.drop(field)
+    local n = redis.call('hget', KEYS[1], field)
+    redis.call('hdel', KEYS[1], field)
+    redis.call('zrem', KEYS[5], field)
+    if n then
+        M.dropped(field, tonumber(n))
+    end
+end
+
+function Q.purge(now)
+    local ended = redis.call('zrangebyscore', KEYS[5], '-inf', now)
+    for _, field in ipairs(ended) do
+        M.drop(field)
+    end
+end
+
+-- Keeps both keys alive exactly as long as the longest lease, and deletes them when no
+-- hold is left.
+function M.fit(now)
+    local last = redis.call('zrange', KEYS[5], -1, -1, 'withscores')
+    if #last == 0 then
+        redis.call('del', KEYS[1], KEYS[5])
+        return
+    end
+    local ms = math.max(tonumber(last[2]) - now, 1)
+    redis.call('pexpire', KEYS[1], ms)
+    redis.call('pexpire', KEYS[5], ms)
+end
+
+-- Sets `field`'s lease to end at `ends` (a release shortens it to what remains).
+function M.set(field, ends, now)
+    redis.call('zadd', KEYS[5], ends, field)
+    M.fit(now)
+end
+
+-- Makes `field`'s lease end no earlier than `ends`.
+function M.raise(field, ends, now)
+    local cur = redis.call('zscore', KEYS[5], field)
+    if not cur or tonumber(cur) < ends then
+        redis.call('zadd', KEYS[5], ends, field)
+        if redis.call('pttl', KEYS[1]) < ends - now then
+            redis.call('pexpire', KEYS[1], ends - now)
+            redis.call('pexpire', KEYS[5], ends - now)
+        end
+    end
+end
+
+-- Ms until the first lease ends (a crashed holder's share frees then): how long a waiter
+-- may sleep without a message; -1 when nothing is held.
+function M.soonest(now)
+    local first = redis.call('zrange', KEYS[5], 0, 0, 'withscores')
+    if #first == 0 then
+        return -1
+    end
+    return math.max(tonumber(first[2]) - now, 0)
+end
+
+function Q.clear()
+    redis.call('del', KEYS[1], KEYS[5])
+end

@@ -1,0 +1,39 @@
+-- sem_acquire.lua: take permits of a semaphore, or wait in its queue.
+-- (queue.lua, leases.lua and semaphore.lua are prepended: see them for the keys)
+--
+-- KEYS[1..6] as in leased_release.lua
+-- ARGV[1..10] as in acquire.lua (ARGV[3], the levels held, is 0 or 1: 1 when an earlier
+--          attempt of the same call may have been granted; ARGV[4] flags: 1, fair)
+-- ARGV[11] the permits asked for (at least 1)
+-- ARGV[12] the number of permits the semaphore is made with when it does not exist yet
+--
+-- Returns {1, 1, 0}  granted (or granted already, to an earlier attempt of this call whose
+--                    reply was lost: the holder id is the call's own)
+--         {0, ms}    not granted (queued if ARGV[5] is 1); ms until the first hold's lease
+--                    ends (-1 when nothing is held)
+redis.call('set', KEYS[6], ARGV[12], 'NX')
+local holder = ARGV[1]
+local lease = tonumber(ARGV[2])
+local flags = tonumber(ARGV[4])
+local amount = tonumber(ARGV[11])
+local now = Q.now()
+Q.purge(now)
+if redis.call('hexists', KEYS[1], holder) == 1 then
+    Q.remove(holder)
+    M.raise(holder, now + lease, now)
+    return {1, 1, 0}
+end
+local first = Q.head(now)
+if first and first ~= holder then
+    Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
+    first = Q.head(now)
+end
+if (not first or first == holder) and Q.fits(flags, amount, holder) then
+    Q.remove(holder)
+    Q.take(holder, lease, flags, 0, amount, now)
+    return {1, 1, 0}
+end
+if ARGV[5] == '1' then
+    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], amount)
+end
+return {0, M.soonest(now)}

@@ -1,0 +1,41 @@
+-- sem_permits.lua: read or change a semaphore's number of permits (an operator's tool);
+-- more permits go to the waiters at once.
+-- (queue.lua, leases.lua and semaphore.lua are prepended: see them for the keys)
+--
+-- KEYS[1..6] as in leased_release.lua
+-- ARGV[1]  'get', 'add', 'reduce' or 'set'
+-- ARGV[2]  the number to add, take away or set (0 for 'get')
+-- ARGV[3]  the number of permits the semaphore is made with when it does not exist yet
+-- ARGV[4]  the most permits a semaphore may have
+-- ARGV[5]  inbox prefix      ARGV[6]  pickup window, ms      ARGV[7]  starvation bound, ms
+--
+-- Returns {total, used}      the number of permits and those held, after the change
+--         {-1, total}        refused, nothing changed: 'add' past ARGV[4], or 'reduce' by
+--                            more than there are
+-- Reducing below the permits held takes none back: their holders keep them, and nobody
+-- else gets one until enough are released.
+redis.call('set', KEYS[6], ARGV[3], 'NX')
+local now = Q.now()
+Q.purge(now)
+M.fit(now)
+local total = S.total()
+local n = tonumber(ARGV[2])
+local op = ARGV[1]
+if op == 'add' then
+    if total + n > tonumber(ARGV[4]) then
+        return {-1, total}
+    end
+    total = total + n
+elseif op == 'reduce' then
+    if n > total then
+        return {-1, total}
+    end
+    total = total - n
+elseif op == 'set' then
+    total = n
+end
+if op ~= 'get' then
+    redis.call('set', KEYS[6], total)
+    Q.hand_on(now, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), false, nil)
+end
+return {total, S.used()}

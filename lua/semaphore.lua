@@ -1,0 +1,37 @@
+-- semaphore.lua: the rules of a semaphore. Not a script of its own: it comes after
+-- queue.lua and leases.lua, and is followed by sem_acquire, sem_permits, leased_release
+-- or leased_cancel.
+--
+-- KEYS[1]  the holds: '<holder>' -> the permits that holder holds, '~used' -> their sum
+-- KEYS[5]  the leases of those holds (see leases.lua)
+-- KEYS[6]  the number of permits: a string that never expires (like the fencing counter,
+--          it is the semaphore's definition; operators change it)
+--
+-- Each acquisition is a holder of its own (its id is "<client id>:<number>"), holding the
+-- permits it asked for under its own lease. Waiters are fair (flags 1): a newcomer queues
+-- behind anyone waiting, and a release admits the waiters at the head of the queue, in
+-- order, while the free permits cover the next one.
+
+local S = {}
+
+function S.total()
+    return tonumber(redis.call('get', KEYS[6]) or '0')
+end
+
+function S.used()
+    return tonumber(redis.call('hget', KEYS[1], '~used') or '0')
+end
+
+function M.dropped(field, n)
+    redis.call('hincrby', KEYS[1], '~used', -n)
+end
+
+function Q.fits(f, a, h)
+    return S.total() - S.used() >= a
+end
+
+function Q.take(h, lease, f, fence, a, now)
+    redis.call('hset', KEYS[1], h, a)
+    redis.call('hincrby', KEYS[1], '~used', a)
+    M.raise(h, now + lease, now)
+end

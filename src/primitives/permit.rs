@@ -1,0 +1,63 @@
+//! `Permit`: permits of a semaphore, held until released or dropped.
+
+use std::fmt;
+
+use crate::primitives::kind::Permits;
+use crate::{Error, LockGuard};
+
+/// Proof that permits of a [`Semaphore`](crate::Semaphore) are held; dropping it gives
+/// them back, best effort (an error is only logged; call [`release`](Permit::release) to
+/// learn whether it worked).
+///
+/// Unlike a [`LockGuard`], a `Permit` is `Send`: permits are held by the acquisition, not
+/// by a thread (its holder id is its own, never a thread's), so a permit taken on one
+/// thread may be released on another, e.g. by the worker a job was handed to.
+///
+/// ```no_run
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let permit = client.semaphore("encoders", 2).acquire()?;
+/// std::thread::spawn(move || {
+///     // ... encode ...
+///     permit.release()
+/// });
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+#[must_use = "the permits are released as soon as the permit is dropped"]
+pub struct Permit {
+    guard: LockGuard<Permits>,
+    permits: u32,
+}
+
+impl Permit {
+    pub(crate) fn new(guard: LockGuard<Permits>, permits: u32) -> Permit {
+        Permit { guard, permits }
+    }
+
+    /// How many permits this holds.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// Gives the permits back and reports the outcome: [`Error::NotHeld`] when they were
+    /// no longer held (their lease ended), [`Error::LeaseLost`] when the watchdog had
+    /// already found the lease gone, or a Redis error (they come back when their lease
+    /// ends).
+    pub fn release(self) -> Result<(), Error> {
+        self.guard.unlock()
+    }
+
+    /// True once these permits are known to be gone (their lease ended: the watchdog
+    /// could not renew it, or every `Client` was dropped): others may hold them now.
+    pub fn is_lease_lost(&self) -> bool {
+        self.guard.is_lease_lost()
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("permits", &self.permits)
+            .field("guard", &self.guard)
+            .finish()
+    }
+}
