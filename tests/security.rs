@@ -14,7 +14,7 @@ use support::RedisServer;
 const ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@all \
     +evalsha +script|load +exists +hget +pttl +subscribe +unsubscribe +publish +ping +wait \
     +hincrby +hset +hexists +pexpire +del +incr +time +type +hkeys +hdel +rpush +lindex +lpop \
-    +lrem +get +set +decr";
+    +lrem +get +set +decr +zadd +zscore +zrem +zcard +zrange +zrangebyscore";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -89,6 +89,47 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
     thread::sleep(Duration::from_millis(100));
     assert_eq!(latch.count_down().expect("latch count down"), 0);
     assert!(waiting.join().unwrap().expect("latch wait"));
+
+    // A read-write lock: two readers, a writer queued behind them and handed the lock,
+    // read leases renewed past the watchdog timeout.
+    let mut admin = server.connection();
+    let queued = |admin: &mut redis::Connection, key: &str| {
+        support::wait_until(Duration::from_secs(5), || {
+            redis::cmd("EXISTS").arg(key).query::<i64>(admin).unwrap() == 1
+        })
+    };
+    let rw = a.read_write_lock("acl-rw");
+    let r1 = rw.read().lock().expect("read lock");
+    let r2 = rw.read().lock().expect("read re-entry");
+    let writer = b.read_write_lock("acl-rw").write();
+    let waiter = thread::spawn(move || writer.lock().map(|g| g.unlock()));
+    assert!(queued(&mut admin, "redmutex:!queue:!rw:{acl-rw}"));
+    thread::sleep(Duration::from_millis(700)); // past the 600 ms lease: renewed meanwhile
+    assert!(!r1.is_lease_lost());
+    assert_eq!(rw.read().hold_count().unwrap(), 2);
+    drop(r2);
+    r1.unlock().expect("read unlock");
+    waiter
+        .join()
+        .unwrap()
+        .expect("writer lock")
+        .expect("writer unlock");
+    assert!(rw.write().force_unlock().is_ok());
+
+    // A semaphore: a waiter handed a released permit, and an operator adding permits.
+    let sem = a.semaphore("acl-sem", 1);
+    let permit = sem.acquire().expect("permit");
+    let other = b.semaphore("acl-sem", 1);
+    let waiter = thread::spawn(move || other.acquire().map(|p| p.release()));
+    assert!(queued(&mut admin, "redmutex:!queue:!sem:{acl-sem}"));
+    permit.release().expect("permit release");
+    waiter
+        .join()
+        .unwrap()
+        .expect("waiter permit")
+        .expect("waiter release");
+    assert_eq!(sem.add_permits(2).expect("add permits"), 3);
+    assert_eq!(sem.available_permits().expect("available"), 3);
 }
 
 #[test]

@@ -186,7 +186,7 @@ impl Semaphore {
         let inner = &lock.client.inner;
         inner.check_process()?;
         let keys = &lock.keys;
-        let (first, second): (i64, i64) = inner.run(|con| {
+        let call = |con: &mut redis::Connection| {
             queue::invoke(&scripts::SEM_PERMITS, keys)
                 .arg(op)
                 .arg(n)
@@ -196,7 +196,13 @@ impl Semaphore {
                 .arg(queue::pickup_ms())
                 .arg(queue::starve_ms())
                 .invoke(con)
-        })?;
+        };
+        // Adding or taking away twice (a retry after a lost reply) would change the count
+        // twice: those run once, and a dropped connection is the caller's error.
+        let (first, second): (i64, i64) = match op {
+            "add" | "reduce" => inner.run_once(call)?,
+            _ => inner.run(call)?,
+        };
         if first < 0 {
             return Err(Error::InvalidArgument(match op {
                 "add" => format!(

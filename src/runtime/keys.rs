@@ -189,6 +189,8 @@ mod tests {
         &key[open + 1..open + 1 + len]
     }
 
+    use crate::runtime::scripts;
+
     #[test]
     fn plain_names_are_wrapped_in_a_tag() {
         let k = LockKeys::new(
@@ -287,23 +289,27 @@ mod tests {
     #[test]
     fn no_lock_key_is_an_auxiliary_key_of_any_name() {
         for prefix in [&b"redmutex:"[..], b"", b"p!"] {
+            let objects = [
+                (Object::Lock, &scripts::PLAIN),
+                (Object::ReadWrite, &scripts::READ),
+                (Object::Semaphore, &scripts::PERMITS),
+            ];
             let all: Vec<LockKeys> = adversarial_names()
                 .into_iter()
-                .map(|n| {
-                    LockKeys::new(
-                        prefix,
-                        n,
-                        "c1",
-                        Object::Lock,
-                        &crate::runtime::scripts::PLAIN,
-                    )
+                .flat_map(|n| {
+                    objects.map(|(object, ops)| LockKeys::new(prefix, n.clone(), "c1", object, ops))
                 })
                 .collect();
             let lock_keys: std::collections::HashSet<&[u8]> =
                 all.iter().map(|k| k.key.as_slice()).collect();
             assert_eq!(lock_keys.len(), all.len(), "distinct names, distinct keys");
             for k in &all {
-                for aux in [&k.fence, &k.queue, &k.waiters, &k.latch] {
+                for aux in [
+                    &k.fence, &k.queue, &k.waiters, &k.latch, &k.leases, &k.permits,
+                ] {
+                    if aux.is_empty() {
+                        continue;
+                    }
                     assert!(
                         !lock_keys.contains(aux.as_slice()),
                         "an auxiliary key of {:?} is a lock key",
