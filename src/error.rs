@@ -46,8 +46,9 @@ pub enum Error {
         /// Replicas required.
         required: u32,
     },
-    /// The calling thread holds the read side of a [`ReadWriteLock`](crate::ReadWriteLock)
-    /// and asked for its write side: it would wait for its own read hold forever. Nothing
+    /// The calling thread holds only the read side of a
+    /// [`ReadWriteLock`](crate::ReadWriteLock) and asked for its write side: it would wait
+    /// for its own read hold forever. Nothing
     /// was written; release the read hold first (taking the read side while writing, a
     /// downgrade, is allowed).
     #[error(

@@ -1,10 +1,12 @@
 //! Torture: 4 processes x 4 threads take a few locks thousands of times, with nested
 //! critical sections, while a chaos thread SIGKILLs and restarts workers and freezes the
 //! server; once on fenced locks, once on fair ones (issue 7: waiters queue, are handed the
-//! lock directly, die in the queue or right after a grant), by one generic worker. An
+//! lock directly, die in the queue or right after a grant), and once on read-write locks
+//! (issue 8: in each process two threads read and two write), by one generic worker. An
 //! independent witness inside Redis checks every entry into and exit from a critical
 //! section: the lock's one holder is the caller's process, nobody entered while the caller
-//! was inside, and fencing tokens strictly increase.
+//! was inside, and fencing tokens strictly increase; for read-write locks (`RW_WITNESS`),
+//! no writer is ever inside with anyone else, while readers may share.
 //!
 //! Some sections nest a short fixed lease inside the watchdog hold and outlast it (the
 //! lease rule: the inner level must not cut the outer hold), and some lock names are
@@ -13,10 +15,11 @@
 
 mod support;
 
-use std::thread;
+use std::ops::Range;
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, FencedGuard, Kind, Lock, LockGuard};
+use redmutex::{Client, Kind, Lock, LockGuard};
 use support::child::{say, ChildProc};
 use support::RedisServer;
 
@@ -87,6 +90,71 @@ end
 return violations
 ";
 
+/// The witness of read-write locks, called like `WITNESS` with ARGV[4] the side, 'r' or
+/// 'w', and KEYS[2] the read-write lock's holds. The sections inside are kept in its hash
+/// as `in:<section>` -> `<side> <client id>`. A section whose client no longer has a hold
+/// of its side in the lock was killed inside and its lease passed: it is dropped (a
+/// takeover). A violation is a writer entering or leaving while another section is
+/// inside, a reader while a writer is inside, a caller whose own hold is not in the lock's
+/// hash, a writer whose hold is not the only one there, and a section found dropped when
+/// it leaves (its hold vanished while it was inside). Counts the most readers inside at
+/// once (`max_readers`). Returns the violations.
+const RW_WITNESS: &str = r"
+local w, lock, op = KEYS[1], KEYS[2], ARGV[1]
+local client, section, side = ARGV[2], ARGV[3], ARGV[4]
+local me = 'in:' .. section
+local violations = 0
+local reads, writes, nreads, nwrites = {}, {}, 0, 0
+for _, field in ipairs(redis.call('hkeys', lock)) do
+    local kind = string.sub(field, 1, 2)
+    local holder_client = string.match(string.sub(field, 3), '^(.*):%d+$')
+    if kind == 'r:' then
+        reads[holder_client], nreads = true, nreads + 1
+    elseif kind == 'w:' then
+        writes[holder_client], nwrites = true, nwrites + 1
+    end
+end
+if side == 'w' then
+    if nwrites ~= 1 or not writes[client] or nreads > 0 then
+        violations = violations + 1
+    end
+elseif nwrites > 0 or not reads[client] then
+    violations = violations + 1
+end
+local readers, writers = 0, 0
+local all = redis.call('hgetall', w)
+for i = 1, #all, 2 do
+    local f = all[i]
+    if string.sub(f, 1, 3) == 'in:' and f ~= me then
+        local s, c = string.match(all[i + 1], '^(%a) (.*)$')
+        if (s == 'r' and reads[c]) or (s == 'w' and writes[c]) then
+            if s == 'r' then readers = readers + 1 else writers = writers + 1 end
+        else
+            redis.call('hdel', w, f)
+            redis.call('hincrby', w, 'takeovers', 1)
+        end
+    end
+end
+if writers > 0 or (side == 'w' and readers > 0) then
+    violations = violations + 1
+end
+if op == 'enter' then
+    redis.call('hset', w, me, side .. ' ' .. client)
+    redis.call('hincrby', w, 'entries', 1)
+    if side == 'r' and readers + 1 > tonumber(redis.call('hget', w, 'max_readers') or '0') then
+        redis.call('hset', w, 'max_readers', readers + 1)
+    end
+else
+    if redis.call('hdel', w, me) == 0 then
+        violations = violations + 1
+    end
+end
+if violations > 0 then
+    redis.call('hincrby', w, 'violations', violations)
+end
+return violations
+";
+
 /// The Redis key of lock `name` (the names above are brace-free or carry a valid tag).
 fn lock_key(name: &str) -> String {
     if name.contains('{') {
@@ -94,6 +162,12 @@ fn lock_key(name: &str) -> String {
     } else {
         format!("{PREFIX}{{{name}}}")
     }
+}
+
+/// The Redis key of the holds of read-write lock `name`.
+fn rw_key(name: &str) -> String {
+    let key = lock_key(name);
+    format!("{PREFIX}!rw:{}", &key[PREFIX.len()..])
 }
 
 /// The witness's own key: no lock key starts like this after the prefix.
@@ -108,9 +182,47 @@ fn torture_entry() {
     };
     assert_eq!(role, "worker");
     let url = std::env::var(URL).expect("URL");
-    match std::env::var(KIND).as_deref() {
-        Ok("fair") => worker(&url, Client::fair_lock, |_| 0),
-        _ => worker(&url, Client::fenced_lock, FencedGuard::token),
+    let client = client(&url);
+    say("started");
+    let threads = match std::env::var(KIND).as_deref() {
+        Ok("fair") => {
+            let fair = Worker {
+                make: Client::fair_lock,
+                tag: |_| "0".to_owned(),
+                witness: WITNESS,
+                key: lock_key,
+            };
+            fair.spawn(&client, &url, 0..THREADS)
+        }
+        Ok("rw") => {
+            let read = Worker {
+                make: |c, name| c.read_write_lock(name).read(),
+                tag: |_| "r".to_owned(),
+                witness: RW_WITNESS,
+                key: rw_key,
+            };
+            let write = Worker {
+                make: |c, name| c.read_write_lock(name).write(),
+                tag: |_| "w".to_owned(),
+                witness: RW_WITNESS,
+                key: rw_key,
+            };
+            let mut threads = read.spawn(&client, &url, 0..THREADS / 2);
+            threads.extend(write.spawn(&client, &url, THREADS / 2..THREADS));
+            threads
+        }
+        _ => {
+            let fenced = Worker {
+                make: Client::fenced_lock,
+                tag: |g| g.token().to_string(),
+                witness: WITNESS,
+                key: lock_key,
+            };
+            fenced.spawn(&client, &url, 0..THREADS)
+        }
+    };
+    for t in threads {
+        let _ = t.join();
     }
 }
 
@@ -124,25 +236,31 @@ fn client(url: &str) -> Client {
         .expect("build client")
 }
 
-/// One worker process: `THREADS` threads taking the locks of kind `K` (made by `make`)
-/// nested two deep, forever, each section checked by `WITNESS`; `token` reads a guard's
-/// fencing token (0 for kinds without).
-fn worker<K: Kind>(
-    url: &str,
+/// What worker threads of one kind `K` take and how their sections are witnessed.
+struct Worker<K: Kind> {
+    /// The lock of a name.
     make: fn(&Client, &'static str) -> Lock<K>,
-    token: fn(&LockGuard<K>) -> u64,
-) {
-    let client = client(url);
-    say("started");
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
+    /// The witness's ARGV[4] for a hold: its fencing token ("0" for kinds without), or
+    /// the side of a read-write lock. The same for every level of one hold.
+    tag: fn(&LockGuard<K>) -> String,
+    witness: &'static str,
+    /// The key of the lock's holds, which the witness inspects (KEYS[2]).
+    key: fn(&str) -> String,
+}
+
+impl<K: Kind> Worker<K> {
+    /// Threads numbered `ids` (of a worker process) taking the locks nested two deep,
+    /// forever, each section checked by the witness.
+    fn spawn(&self, client: &Client, url: &str, ids: Range<usize>) -> Vec<JoinHandle<()>> {
+        ids.map(|t| {
             let client = client.clone();
             let url = url.to_owned();
+            let (make, tag, witness, key) = (self.make, self.tag, self.witness, self.key);
             thread::spawn(move || {
                 let mut con = redis::Client::open(url)
                     .and_then(|c| c.get_connection())
                     .expect("witness connection");
-                let witness = redis::Script::new(WITNESS);
+                let witness = redis::Script::new(witness);
                 let mut rng = u64::from(std::process::id()) << 8 | t as u64;
                 let mut sections = 0u64;
                 loop {
@@ -161,17 +279,17 @@ fn worker<K: Kind>(
                         lock.lock()
                     };
                     let Ok(inner) = inner else { continue };
-                    assert_eq!(token(&outer), token(&inner), "one hold, one token");
+                    assert_eq!(tag(&outer), tag(&inner), "one hold, one token");
                     sections += 1;
                     let section = format!("{}:{t}:{sections}", std::process::id());
                     let call = |op: &str, con: &mut redis::Connection| {
                         witness
                             .key(witness_key(name))
-                            .key(lock_key(name))
+                            .key(key(name))
                             .arg(op)
                             .arg(client.id())
                             .arg(&section)
-                            .arg(token(&outer))
+                            .arg(tag(&outer))
                             .invoke::<i64>(con)
                     };
                     let _ = call("enter", &mut con);
@@ -187,9 +305,7 @@ fn worker<K: Kind>(
                 }
             })
         })
-        .collect();
-    for t in threads {
-        let _ = t.join();
+        .collect()
     }
 }
 
@@ -204,6 +320,14 @@ fn torture_no_two_holders_ever_overlap() {
 #[test]
 fn torture_fair_locks_no_two_holders_ever_overlap() {
     torture("fair");
+}
+
+/// Issue 8: the torture on read-write locks, two reading and two writing threads per
+/// process: 0 violations (no writer ever inside with anyone), readers did share, every
+/// name progresses.
+#[test]
+fn torture_read_write_locks_no_writer_ever_overlaps() {
+    torture("rw");
 }
 
 fn torture(kind: &str) {
@@ -245,19 +369,27 @@ fn torture(kind: &str) {
 
     let mut con = server.connection();
     let (mut entries, mut takeovers, mut violations) = (0i64, 0i64, 0i64);
+    let mut max_readers = 0i64;
     let mut starved = Vec::new();
     for name in LOCKS {
-        let (e, t, v): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(witness_key(name))
-            .arg("entries")
-            .arg("takeovers")
-            .arg("violations")
-            .query(&mut con)
-            .expect("witness figures");
+        let (e, t, v, m): (Option<i64>, Option<i64>, Option<i64>, Option<i64>) =
+            redis::cmd("HMGET")
+                .arg(witness_key(name))
+                .arg("entries")
+                .arg("takeovers")
+                .arg("violations")
+                .arg("max_readers")
+                .query(&mut con)
+                .expect("witness figures");
+        let shared = match m {
+            Some(m) => format!(", at most {m} readers inside at once"),
+            None => String::new(),
+        };
         eprintln!(
-            "torture ({kind}): lock {name:?}: {} critical sections",
+            "torture ({kind}): lock {name:?}: {} critical sections{shared}",
             e.unwrap_or(0)
         );
+        max_readers = max_readers.max(m.unwrap_or(0));
         if e.unwrap_or(0) < 100 {
             starved.push((name, e.unwrap_or(0)));
         }
@@ -288,4 +420,10 @@ fn torture(kind: &str) {
         kills >= 5 && freezes >= 2,
         "{kind}: {kills} kills, {freezes} freezes"
     );
+    if kind == "rw" {
+        assert!(
+            max_readers >= 2,
+            "rw: readers never shared a lock (at most {max_readers} inside at once)"
+        );
+    }
 }

@@ -386,7 +386,11 @@ impl<K: Kind> Lock<K> {
             thread_token()
         };
         if let Some(read_hold) = &keys.read_hold {
-            if inner.watchdog.holds_locally(read_hold, token) {
+            // Reading without writing: asking to write would wait for itself. (A writer
+            // that also reads, mid-downgrade, may re-enter the write side.)
+            if inner.watchdog.holds_locally(read_hold, token)
+                && !inner.watchdog.holds_locally(&keys.hold, token)
+            {
                 return Err(Error::WouldDeadlock);
             }
         }

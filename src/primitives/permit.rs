@@ -39,9 +39,10 @@ impl Permit {
     }
 
     /// Gives the permits back and reports the outcome: [`Error::NotHeld`] when they were
-    /// no longer held (their lease ended), [`Error::LeaseLost`] when the watchdog had
-    /// already found the lease gone, or a Redis error (they come back when their lease
-    /// ends).
+    /// no longer held (their lease ended, or a first try whose reply was lost already gave
+    /// them back, which the retry cannot vouch for), [`Error::LeaseLost`] when the watchdog
+    /// had already found the lease gone, or a Redis error (they come back when their lease
+    /// ends). Permits are never given back twice.
     pub fn release(self) -> Result<(), Error> {
         self.guard.unlock()
     }
