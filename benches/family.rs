@@ -1,0 +1,1318 @@
+//! `cargo bench --bench family`: the lock family's targets (issue 8), measured in one run
+//! against a real redis-server (spawned here, or the one at `REDIS_URL`).
+//!
+//! 1. Uncontended pairs: `rw.read().lock()` + drop, `sem.acquire()` + drop and, for
+//!    reference, `lock()` + drop, each judged as a ratio to a PING round trip on a pooled
+//!    connection and to its own scripts run by hand (the same acquire and release scripts
+//!    the library runs, EVALSHA with the same keys and arguments, over one pooled
+//!    connection). Medians of thousands of operations after a warm-up, sampled in
+//!    interleaved rounds so a slow phase of a noisy machine hits every kind alike. Beside
+//!    them, Redis's own time per call (`INFO commandstats` usec / calls): what a script
+//!    costs the server, the part of a pair no client can save.
+//! 2. Readers: 4 processes × 2 threads loop `read().lock()` → 1 ms section → release on
+//!    one read-write lock for `REDMUTEX_FAMILY_SECS` seconds (default 5), then the same 8
+//!    threads on a plain `Lock`. Target: read acquisitions/s ≥ 3× the `Lock`'s.
+//! 3. Semaphore: 4 permits, 4 processes × 4 threads loop `acquire()` → 1 ms → release.
+//!    Target: requests per acquisition ≤ 2.5, counted as the EVALSHA + EVAL calls of
+//!    `INFO commandstats` (deltas over the run, the workers' exits included) divided by
+//!    acquisitions; the other commands clients sent are shown too (commandstats also counts
+//!    the commands scripts run: those are told apart by name, from the bundled scripts).
+//!    Also reported: acquisitions/s, per process (least/most, Jain index), and for every
+//!    run the most and mean holds at once and how busy the scripts kept Redis.
+//! 4. Floors, measured in the same run: the 1 ms section as `thread::sleep` really lasts
+//!    here, and a PUBLISH received by a subscriber in another process (plus one EVALSHA
+//!    round trip). From them: the readers' ceiling 8 / (hold + one uncontended read pair),
+//!    and the semaphore's 4 / (hold + PUBLISH → received).
+//!
+//! The critical section is a `thread::sleep(1 ms)`: two cores serve 16 workers and Redis.
+//! Timestamps come from `CLOCK_MONOTONIC`, one clock for every process on Linux, so holds
+//! measured in different processes can be laid on one time line (the concurrency figures:
+//! a hold counts from its `lock()` returning to its release starting, so they never
+//! overstate it).
+//!
+//! Re-executes itself as the worker processes (role chosen by an environment variable).
+//! Prints tables with PASS/FAIL per target and exits 0 either way: it measures, it does
+//! not gate. Command-line arguments (cargo's `--bench`, filters) are ignored.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::io::BufRead;
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redmutex::Client;
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::child::{say, ChildProc};
+
+/// Set in a re-executed worker: "contend" or "floor".
+const ROLE_ENV: &str = "REDMUTEX_FAMILY_ROLE";
+const KIND_ENV: &str = "REDMUTEX_FAMILY_KIND";
+const URL_ENV: &str = "REDMUTEX_FAMILY_URL";
+const PREFIX_ENV: &str = "REDMUTEX_FAMILY_PREFIX";
+/// Seconds each contended kind runs (a float); 5 unless set.
+const SECS_ENV: &str = "REDMUTEX_FAMILY_SECS";
+const DEFAULT_SECS: f64 = 5.0;
+
+const PROCESSES: usize = 4;
+const READER_THREADS: usize = 2;
+const SEM_THREADS: usize = 4;
+const SEM_PERMITS: u32 = 4;
+const HOLD: Duration = Duration::from_millis(1);
+const NAME: &str = "family";
+
+/// Operations per kind before any sample is kept: connections, scripts and caches warm up.
+const WARMUP_OPS: usize = 300;
+const ROUNDS: usize = 8;
+const OPS_PER_ROUND: usize = 600;
+
+const FLOOR_WARMUP: usize = 50;
+const FLOOR_SAMPLES: usize = 1_000;
+const SLEEP_SAMPLES: usize = 300;
+
+/// What the library passes its scripts (the defaults: a 30 s watchdog lease, a 1 s pickup
+/// window, a 10 ms starvation bound; see src/runtime/queue.rs).
+const LEASE_MS: u64 = 30_000;
+const PICKUP_MS: u64 = 1_000;
+const STARVE_MS: u64 = 10;
+/// Flags of the holds (src/runtime/scripts.rs): a plain lock 0, a read hold 1 | 4, a
+/// semaphore's permits 1.
+const PLAIN_FLAGS: u8 = 0;
+const READ_FLAGS: u8 = 5;
+const PERMIT_FLAGS: u8 = 1;
+
+/// Waits on other processes never last this long unless something is broken.
+const STUCK: Duration = Duration::from_secs(30);
+
+/// The scripts the library runs (src/runtime/scripts.rs), concatenated the same way.
+const LOCK_ACQUIRE: &str = concat!(
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/acquire.lua")
+);
+const LOCK_RELEASE: &str = concat!(
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/release.lua")
+);
+const RW_ACQUIRE: &str = concat!(
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/leases.lua"),
+    include_str!("../lua/rw.lua"),
+    include_str!("../lua/rw_acquire.lua")
+);
+const RW_RELEASE: &str = concat!(
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/leases.lua"),
+    include_str!("../lua/rw.lua"),
+    include_str!("../lua/leased_release.lua")
+);
+const SEM_ACQUIRE: &str = concat!(
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/leases.lua"),
+    include_str!("../lua/semaphore.lua"),
+    include_str!("../lua/sem_acquire.lua")
+);
+const SEM_RELEASE: &str = concat!(
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/leases.lua"),
+    include_str!("../lua/semaphore.lua"),
+    include_str!("../lua/leased_release.lua")
+);
+
+/// Every bundled script, to learn which commands scripts run: `INFO commandstats` counts
+/// those too, so they are told apart from the requests clients send by name (none of them
+/// is a command the library sends itself).
+const ALL_LUA: [&str; 18] = [
+    include_str!("../lua/acquire.lua"),
+    include_str!("../lua/cancel.lua"),
+    include_str!("../lua/force_unlock.lua"),
+    include_str!("../lua/kick.lua"),
+    include_str!("../lua/latch_count_down.lua"),
+    include_str!("../lua/latch_set.lua"),
+    include_str!("../lua/latch_state.lua"),
+    include_str!("../lua/leased_cancel.lua"),
+    include_str!("../lua/leased_release.lua"),
+    include_str!("../lua/leases.lua"),
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/release.lua"),
+    include_str!("../lua/renew.lua"),
+    include_str!("../lua/rw.lua"),
+    include_str!("../lua/rw_acquire.lua"),
+    include_str!("../lua/sem_acquire.lua"),
+    include_str!("../lua/sem_permits.lua"),
+    include_str!("../lua/semaphore.lua"),
+];
+
+/// One EVALSHA round trip for the floor child (a script that touches nothing).
+const NOOP: &str = "return 0";
+
+fn main() {
+    match std::env::var(ROLE_ENV) {
+        Ok(role) => child_main(&role),
+        Err(_) => parent_main(),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Read,
+    Lock,
+    Sem,
+}
+
+const KINDS: [Kind; 3] = [Kind::Read, Kind::Lock, Kind::Sem];
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Read => "read",
+            Kind::Lock => "Lock",
+            Kind::Sem => "Semaphore",
+        }
+    }
+
+    fn parse(s: &str) -> Kind {
+        KINDS
+            .into_iter()
+            .find(|k| k.name() == s)
+            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected read, Lock or Semaphore"))
+    }
+
+    fn threads(self) -> usize {
+        match self {
+            Kind::Read | Kind::Lock => READER_THREADS,
+            Kind::Sem => SEM_THREADS,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parent.
+
+fn parent_main() {
+    let secs = match std::env::var(SECS_ENV) {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => s,
+            _ => panic!("{SECS_ENV}={v:?}: expected a positive number of seconds"),
+        },
+        Err(_) => DEFAULT_SECS,
+    };
+    let (url, server) = support::redis_url_or_spawn();
+    let mut admin = Admin::new(&url);
+    let version = admin.redis_version();
+    let started = Instant::now();
+
+    let mut command = String::new();
+    for var in ["REDIS_URL", SECS_ENV] {
+        if let Ok(v) = std::env::var(var) {
+            let _ = write!(command, "{var}={v} ");
+        }
+    }
+    command.push_str("cargo bench --bench family");
+    println!("command: {command}");
+    let origin = match &server {
+        Some(s) => format!("spawned, port {}", s.port()),
+        None => url.clone(),
+    };
+    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "redis {version} ({origin}), {cpus} CPUs; contention {secs} s per kind ({SECS_ENV}); \
+         critical section: thread::sleep(1 ms)"
+    );
+
+    eprintln!("[1/4] PING, read/permit/lock pairs and their scripts by hand, interleaved ...");
+    let cheap = cheap_latencies(&url, &mut admin);
+    eprintln!("[2/4] floors: sleep(1 ms), PUBLISH -> receive across processes ...");
+    let floor = floors(&url);
+    let mut runs = Vec::new();
+    for kind in KINDS {
+        eprintln!(
+            "[3-4/4] contention: {PROCESSES} processes x {} threads, {}, {secs} s ...",
+            kind.threads(),
+            kind.name()
+        );
+        runs.push(contend(&url, kind, secs, &mut admin));
+    }
+    report(&cheap, &floor, &runs, secs, started.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------
+// 1: uncontended pairs.
+
+/// The uncontended figures, in µs, per row of `CHEAP_ROWS`.
+struct Cheap {
+    samples: Vec<Vec<f64>>,
+    /// Per row, Redis's own figures for the row's commands (PING, or EVALSHA): calls and
+    /// the server time they took.
+    server: Vec<Stat>,
+}
+
+const CHEAP_ROWS: [&str; 7] = [
+    "PING (pooled)",
+    "read().lock() + drop",
+    "  its scripts by hand",
+    "acquire() + drop (1 permit)",
+    "  its scripts by hand",
+    "Lock lock() + drop (reference)",
+    "  its scripts by hand",
+];
+
+impl Cheap {
+    fn median(&self, row: usize) -> f64 {
+        median(&self.samples[row])
+    }
+}
+
+/// The Redis names of one object, as src/runtime/keys.rs makes them for a plain name:
+/// the key `<prefix><object>{name}`, its auxiliary keys `<prefix>!<aux>:<object>{name}`.
+struct Keys {
+    /// In the scripts' order: the holds, the fence counter, the queue, the waiters, then
+    /// the leases (read-write lock, semaphore) and the permits (semaphore).
+    all: Vec<String>,
+    inbox: String,
+}
+
+impl Keys {
+    fn new(prefix: &str, kind: Kind, name: &str) -> Keys {
+        let object = match kind {
+            Kind::Lock => "",
+            Kind::Read => "!rw:",
+            Kind::Sem => "!sem:",
+        };
+        let rest = format!("{object}{{{name}}}");
+        let key = format!("{prefix}{rest}");
+        let aux = |what: &str| format!("{prefix}!{what}:{rest}");
+        let mut all = vec![key.clone(), aux("fence"), aux("queue"), aux("waiters")];
+        if kind != Kind::Lock {
+            all.push(aux("leases"));
+        }
+        if kind == Kind::Sem {
+            all.push(aux("permits"));
+        }
+        Keys {
+            inbox: format!("{key}:to:"),
+            all,
+        }
+    }
+}
+
+/// An object's acquire and release scripts, run by hand with the arguments the library
+/// passes (src/primitives/lock.rs `attempt`, src/primitives/guard.rs `release`) for an
+/// uncontended acquisition that would queue if it had to wait: not queued, no ticket.
+struct HandRun {
+    kind: Kind,
+    acquire: redis::Script,
+    release: redis::Script,
+    keys: Keys,
+    flags: u8,
+}
+
+impl HandRun {
+    fn new(kind: Kind, prefix: &str) -> HandRun {
+        let (acquire, release, flags) = match kind {
+            Kind::Lock => (LOCK_ACQUIRE, LOCK_RELEASE, PLAIN_FLAGS),
+            Kind::Read => (RW_ACQUIRE, RW_RELEASE, READ_FLAGS),
+            Kind::Sem => (SEM_ACQUIRE, SEM_RELEASE, PERMIT_FLAGS),
+        };
+        HandRun {
+            kind,
+            acquire: redis::Script::new(acquire),
+            release: redis::Script::new(release),
+            keys: Keys::new(prefix, kind, NAME),
+            flags,
+        }
+    }
+
+    fn pair(&self, pool: &r2d2::Pool<redis::Client>) {
+        // A holder id as the library makes them: "<client id>:<token>".
+        let holder = "00000000-0000-4000-8000-000000000000:1";
+        let mut con = pool.get().expect("pooled connection");
+        let mut call = self.acquire.prepare_invoke();
+        for key in &self.keys.all {
+            call.key(key);
+        }
+        call.arg(holder)
+            .arg(LEASE_MS)
+            .arg(0)
+            .arg(self.flags)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(&self.keys.inbox)
+            .arg(PICKUP_MS)
+            .arg(STARVE_MS);
+        if self.kind == Kind::Sem {
+            call.arg(1).arg(SEM_PERMITS);
+        }
+        let reply: Vec<i64> = call.invoke(&mut *con).expect("acquire script");
+        assert_eq!(reply, [1, 1, 0], "{:?} acquire script by hand", self.kind);
+        drop(con);
+        let mut con = pool.get().expect("pooled connection");
+        let mut call = self.release.prepare_invoke();
+        for key in &self.keys.all {
+            call.key(key);
+        }
+        let (left, served): (i64, i64) = call
+            .arg(holder)
+            .arg(0)
+            .arg(1)
+            .arg(&self.keys.inbox)
+            .arg(PICKUP_MS)
+            .arg(STARVE_MS)
+            .arg(self.flags)
+            .invoke(&mut *con)
+            .expect("release script");
+        assert_eq!(
+            (left, served),
+            (0, 0),
+            "{:?} release script by hand",
+            self.kind
+        );
+    }
+}
+
+fn cheap_latencies(url: &str, admin: &mut Admin) -> Cheap {
+    // Like the library's pool: no PING on checkout, connections made on demand.
+    let pool = r2d2::Pool::builder()
+        .max_size(16)
+        .min_idle(Some(0))
+        .test_on_check_out(false)
+        .build(redis::Client::open(url).expect("valid redis url"))
+        .expect("build the PING pool");
+    let ping_op = || {
+        let mut con = pool.get().expect("pooled connection");
+        redis::cmd("PING")
+            .query::<()>(&mut *con)
+            .expect("PING answered");
+    };
+
+    let lib_prefix = unique_prefix("cheap");
+    let hand_prefix = unique_prefix("cheap-by-hand");
+    let client = bench_client(url, &lib_prefix);
+    let read = client.read_write_lock(NAME).read();
+    let sem = client.semaphore(NAME, SEM_PERMITS);
+    let lock = client.lock(NAME);
+    let hand: Vec<HandRun> = [Kind::Read, Kind::Sem, Kind::Lock]
+        .into_iter()
+        .map(|k| HandRun::new(k, &hand_prefix))
+        .collect();
+
+    // The hand-run keys are the library's layout: while the library holds each object,
+    // the keys computed for its prefix exist (holds and leases; the permits key always).
+    {
+        let _r = read.lock().expect("read lock");
+        let _p = sem.acquire().expect("permit");
+        let _l = lock.lock().expect("lock");
+        for kind in [Kind::Read, Kind::Sem, Kind::Lock] {
+            let keys = Keys::new(&lib_prefix, kind, NAME);
+            let mut want = vec![keys.all[0].clone()];
+            want.extend(keys.all.get(4..).unwrap_or_default().iter().cloned());
+            for key in want {
+                assert!(
+                    admin.exists(&key),
+                    "{kind:?} held, but {key:?} does not exist: the hand-run layout is not the library's"
+                );
+            }
+        }
+    }
+
+    let read_op = || drop(read.lock().expect("read lock"));
+    let permit_op = || drop(sem.acquire().expect("permit"));
+    let lock_op = || drop(lock.lock().expect("lock"));
+    let ops: [&dyn Fn(); 7] = [
+        &ping_op,
+        &read_op,
+        &|| hand[0].pair(&pool),
+        &permit_op,
+        &|| hand[1].pair(&pool),
+        &lock_op,
+        &|| hand[2].pair(&pool),
+    ];
+    for op in ops {
+        time_ops(WARMUP_OPS, None, op);
+    }
+    let mut samples: Vec<Vec<f64>> = ops
+        .iter()
+        .map(|_| Vec::with_capacity(ROUNDS * OPS_PER_ROUND))
+        .collect();
+    let mut server = vec![Stat::default(); ops.len()];
+    for _ in 0..ROUNDS {
+        for (row, (op, out)) in ops.iter().zip(samples.iter_mut()).enumerate() {
+            let cmd = if row == 0 { "ping" } else { "evalsha" };
+            let before = admin.commandstats();
+            time_ops(OPS_PER_ROUND, Some(out), op);
+            let after = admin.commandstats();
+            if let Some(s) = after.get(cmd) {
+                server[row].add(s.since(before.get(cmd)));
+            }
+        }
+    }
+    Cheap { samples, server }
+}
+
+/// Runs `op` `n` times, appending each run's duration in µs to `out` when given.
+fn time_ops(n: usize, mut out: Option<&mut Vec<f64>>, op: impl Fn()) {
+    for _ in 0..n {
+        let t = Instant::now();
+        op();
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        if let Some(out) = out.as_deref_mut() {
+            out.push(us);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Floors.
+
+struct Floor {
+    /// PUBLISH sent (parent) -> message read by a subscriber in another process, µs.
+    delivery: Vec<f64>,
+    /// The same plus one EVALSHA round trip by that process, µs.
+    delivery_rtt: Vec<f64>,
+    /// The 1 ms hold as it really lasts here, µs.
+    sleep: Vec<f64>,
+}
+
+fn floors(url: &str) -> Floor {
+    let prefix = unique_prefix("floor");
+    let channel = format!("{prefix}channel");
+    let child = ChildProc::spawn(
+        "floor",
+        &[
+            (ROLE_ENV, "floor"),
+            (URL_ENV, url),
+            (PREFIX_ENV, &prefix),
+            (KIND_ENV, Kind::Lock.name()),
+        ],
+    );
+    child.expect("ready");
+    let mut con = connect(url);
+    let mut out = Floor {
+        delivery: Vec::new(),
+        delivery_rtt: Vec::new(),
+        sleep: Vec::new(),
+    };
+    for i in 0..FLOOR_WARMUP + FLOOR_SAMPLES {
+        // The idle pattern of the loops it is the floor of: a 1 ms hold, then the handoff.
+        hold();
+        let t0 = mono_ns();
+        let receivers: u64 = redis::cmd("PUBLISH")
+            .arg(&channel)
+            .arg(i)
+            .query(&mut con)
+            .expect("PUBLISH");
+        assert_eq!(receivers, 1, "the floor child is not subscribed");
+        let line = child.next_line();
+        let (t1, t2) = line
+            .split_once(' ')
+            .map(|(a, b)| (parse_u64(a), parse_u64(b)))
+            .expect("`t1 t2` from the floor child");
+        if i >= FLOOR_WARMUP {
+            out.delivery.push(us_between(t0, t1));
+            out.delivery_rtt.push(us_between(t0, t2));
+        }
+    }
+    let _: u64 = redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg("quit")
+        .query(&mut con)
+        .expect("PUBLISH quit");
+    child.wait_success();
+    for _ in 0..SLEEP_SAMPLES {
+        let t = Instant::now();
+        hold();
+        out.sleep.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// 2-3: contention.
+
+struct Run {
+    kind: Kind,
+    /// Per process: (acquired, release started) in CLOCK_MONOTONIC ns.
+    events: Vec<Vec<(u64, u64)>>,
+    start: u64,
+    /// Calls per command during the run (`INFO commandstats` deltas; INFO left out).
+    calls: HashMap<String, u64>,
+    /// EVALSHA and EVAL during the run: calls and Redis's time running the scripts.
+    scripts: Stat,
+}
+
+impl Run {
+    fn counts(&self) -> Vec<u64> {
+        self.events.iter().map(|e| e.len() as u64).collect()
+    }
+
+    fn total(&self) -> u64 {
+        self.counts().iter().sum()
+    }
+
+    /// From the start to the last release.
+    fn seconds(&self) -> f64 {
+        let end = self
+            .events
+            .iter()
+            .flatten()
+            .map(|&(_, rel)| rel)
+            .max()
+            .unwrap_or(self.start);
+        end.saturating_sub(self.start) as f64 / 1e9
+    }
+
+    fn rate(&self) -> f64 {
+        self.total() as f64 / self.seconds()
+    }
+
+    fn scripts(&self) -> u64 {
+        ["evalsha", "eval"]
+            .iter()
+            .map(|c| self.calls.get(*c).copied().unwrap_or(0))
+            .sum()
+    }
+
+    fn scripts_per_acq(&self) -> f64 {
+        self.scripts() as f64 / self.total().max(1) as f64
+    }
+
+    /// Commands the clients sent (`top`) or scripts ran (not `top`), by name.
+    fn calls_of(&self, top: bool) -> Vec<(&str, u64)> {
+        let inside = script_commands();
+        let mut v: Vec<(&str, u64)> = self
+            .calls
+            .iter()
+            .filter(|(c, &n)| n > 0 && inside.contains(c.as_str()) != top)
+            .map(|(c, &n)| (c.as_str(), n))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn per_acq(&self, top: bool) -> f64 {
+        let n: u64 = self.calls_of(top).iter().map(|&(_, n)| n).sum();
+        n as f64 / self.total().max(1) as f64
+    }
+
+    fn calls_summary(&self, top: bool) -> String {
+        let parts: Vec<String> = self
+            .calls_of(top)
+            .iter()
+            .map(|(c, n)| format!("{c}={n}"))
+            .collect();
+        parts.join(", ")
+    }
+
+    /// The most holds seen at one instant, and the mean number held over the run.
+    fn concurrency(&self) -> (i64, f64) {
+        let mut edges: Vec<(u64, i64)> = Vec::new();
+        let mut held_ns = 0u64;
+        for &(a, r) in self.events.iter().flatten() {
+            edges.push((a, 1));
+            edges.push((r, -1));
+            held_ns += r.saturating_sub(a);
+        }
+        // A release at the same instant as an acquisition ends first.
+        edges.sort_unstable();
+        let (mut now, mut max) = (0i64, 0i64);
+        for (_, d) in edges {
+            now += d;
+            max = max.max(now);
+        }
+        let mean = held_ns as f64 / 1e9 / self.seconds();
+        (max, mean)
+    }
+}
+
+fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
+    let prefix = unique_prefix(&format!("contend-{}", kind.name()));
+    let mut children: Vec<ChildProc> = (0..PROCESSES)
+        .map(|_| {
+            ChildProc::spawn(
+                "contend",
+                &[
+                    (ROLE_ENV, "contend"),
+                    (KIND_ENV, kind.name()),
+                    (URL_ENV, url),
+                    (PREFIX_ENV, &prefix),
+                ],
+            )
+        })
+        .collect();
+    // Warm-ups one process at a time (and one thread at a time in each): nobody queues,
+    // nothing is handed on, so no check of a handoff lands in the measured run.
+    for c in &mut children {
+        c.send("warm");
+        c.expect("ready");
+    }
+    let before = admin.commandstats();
+    let start = mono_ns() + 50_000_000;
+    let end = start + (secs * 1e9) as u64;
+    for c in &mut children {
+        c.send(&format!("go {start} {end}"));
+    }
+    let deadline = Duration::from_secs_f64(secs) + STUCK;
+    let mut events = Vec::new();
+    for c in children {
+        let mut mine = Vec::new();
+        loop {
+            let line = c
+                .try_line(deadline)
+                .unwrap_or_else(|| panic!("a {} worker hung", kind.name()));
+            if line == "done" {
+                break;
+            }
+            let mut w = line.split_whitespace();
+            assert_eq!(w.next(), Some("acq"), "unexpected worker line {line:?}");
+            let acq = parse_u64(w.next().unwrap_or(""));
+            let rel = parse_u64(w.next().unwrap_or(""));
+            mine.push((acq, rel));
+        }
+        // Exited: its clients are gone, every command they sent is counted below.
+        c.wait_success();
+        events.push(mine);
+    }
+    let after = admin.commandstats();
+    let calls = after
+        .iter()
+        .filter(|(c, _)| c.as_str() != "info")
+        .map(|(c, s)| (c.clone(), s.since(before.get(c)).calls))
+        .collect();
+    let mut scripts = Stat::default();
+    for c in ["evalsha", "eval"] {
+        if let Some(s) = after.get(c) {
+            scripts.add(s.since(before.get(c)));
+        }
+    }
+    Run {
+        kind,
+        events,
+        start,
+        calls,
+        scripts,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Workers.
+
+fn child_main(role: &str) {
+    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
+    let kind = Kind::parse(&env(KIND_ENV));
+    let url = env(URL_ENV);
+    let prefix = env(PREFIX_ENV);
+    match role {
+        "contend" => child_contend(kind, &url, &prefix),
+        "floor" => child_floor(&url, &prefix),
+        other => panic!("{ROLE_ENV}={other:?}: expected contend or floor"),
+    }
+}
+
+fn read_line() -> String {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .expect("read from the parent");
+    line.trim_end().to_owned()
+}
+
+/// One thread's handle on the object under test.
+enum Handle {
+    Read(redmutex::ReadLock),
+    Lock(redmutex::Lock),
+    Sem(redmutex::Semaphore),
+}
+
+enum Held {
+    Read(redmutex::ReadGuard),
+    Lock(redmutex::LockGuard),
+    Sem(redmutex::Permit),
+}
+
+impl Handle {
+    fn new(kind: Kind, client: &Client) -> Handle {
+        match kind {
+            Kind::Read => Handle::Read(client.read_write_lock(NAME).read()),
+            Kind::Lock => Handle::Lock(client.lock(NAME)),
+            Kind::Sem => Handle::Sem(client.semaphore(NAME, SEM_PERMITS)),
+        }
+    }
+
+    fn acquire(&self) -> Held {
+        match self {
+            Handle::Read(l) => Held::Read(l.lock().expect("read lock")),
+            Handle::Lock(l) => Held::Lock(l.lock().expect("lock")),
+            Handle::Sem(s) => Held::Sem(s.acquire().expect("acquire a permit")),
+        }
+    }
+}
+
+impl Held {
+    /// Released explicitly, so that a failed release fails the bench (a drop only logs).
+    fn release(self) {
+        match self {
+            Held::Read(g) => g.unlock().expect("read unlock"),
+            Held::Lock(g) => g.unlock().expect("unlock"),
+            Held::Sem(p) => p.release().expect("release the permit"),
+        }
+    }
+}
+
+fn child_contend(kind: Kind, url: &str, prefix: &str) {
+    let client = bench_client(url, prefix);
+    let threads = kind.threads();
+    assert_eq!(read_line(), "warm", "unexpected parent line");
+    let one_at_a_time = Arc::new(Mutex::new(()));
+    let ready = Arc::new(Barrier::new(threads + 1));
+    let go = Arc::new(Barrier::new(threads + 1));
+    let window: Arc<OnceLock<(u64, u64)>> = Arc::new(OnceLock::new());
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let client = client.clone();
+            let (ready, go, window) = (ready.clone(), go.clone(), window.clone());
+            let (results, one_at_a_time) = (results.clone(), one_at_a_time.clone());
+            thread::spawn(move || {
+                let handle = Handle::new(kind, &client);
+                {
+                    let _turn = one_at_a_time.lock().expect("warm-up turn");
+                    handle.acquire().release();
+                }
+                ready.wait();
+                go.wait();
+                let &(start, end) = window.get().expect("the run's window");
+                sleep_until_mono(start);
+                let mut events = Vec::new();
+                while mono_ns() < end {
+                    let held = handle.acquire();
+                    let acquired = mono_ns();
+                    hold();
+                    let releasing = mono_ns();
+                    held.release();
+                    events.push((acquired, releasing));
+                }
+                results.lock().expect("results").extend(events);
+            })
+        })
+        .collect();
+    ready.wait();
+    say("ready");
+    let line = read_line();
+    let mut w = line.split_whitespace();
+    assert_eq!(w.next(), Some("go"), "unexpected parent line {line:?}");
+    let start = parse_u64(w.next().unwrap_or(""));
+    let end = parse_u64(w.next().unwrap_or(""));
+    window.set((start, end)).expect("one window");
+    go.wait();
+    for t in workers {
+        t.join().expect("worker thread");
+    }
+    for (a, r) in results.lock().expect("results").iter() {
+        say(&format!("acq {a} {r}"));
+    }
+    say("done");
+}
+
+fn child_floor(url: &str, prefix: &str) {
+    let mut sub = connect(url);
+    let mut con = connect(url);
+    let script = redis::Script::new(NOOP);
+    let mut rtt = || {
+        let _: i64 = script.invoke(&mut con).expect("EVALSHA");
+    };
+    rtt();
+    let mut pubsub = sub.as_pubsub();
+    pubsub
+        .subscribe(format!("{prefix}channel"))
+        .expect("SUBSCRIBE");
+    say("ready");
+    loop {
+        let msg = pubsub.get_message().expect("floor message");
+        let t1 = mono_ns();
+        let payload: String = msg.get_payload().expect("payload");
+        if payload == "quit" {
+            break;
+        }
+        rtt();
+        let t2 = mono_ns();
+        say(&format!("{t1} {t2}"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report.
+
+fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Duration) {
+    let mut out = String::new();
+    let ping = cheap.median(0);
+
+    let _ = writeln!(
+        out,
+        "\nuncontended pairs (µs; n={} each, {ROUNDS} interleaved rounds; watchdog leases)",
+        ROUNDS * OPS_PER_ROUND
+    );
+    let mut t = Grid::new(&[
+        "",
+        "p10",
+        "median",
+        "p90",
+        "x PING",
+        "x scripts",
+        "cmds/op",
+        "Redis µs/cmd",
+    ]);
+    for (i, name) in CHEAP_ROWS.iter().enumerate() {
+        let s = &cheap.samples[i];
+        let m = median(s);
+        // Rows 1, 3, 5 are library pairs, the row after each its scripts by hand.
+        let vs_scripts = if i % 2 == 1 {
+            f2(m / cheap.median(i + 1))
+        } else {
+            String::new()
+        };
+        t.row(
+            name,
+            vec![
+                f1(percentile(s, 0.10)),
+                f1(m),
+                f1(percentile(s, 0.90)),
+                f2(m / ping),
+                vs_scripts,
+                f2(cheap.server[i].calls as f64 / s.len() as f64),
+                f1(cheap.server[i].usec_per_call()),
+            ],
+        );
+    }
+    let _ = write!(out, "{}", t.render());
+
+    let by_kind = |k: Kind| runs.iter().find(|r| r.kind == k).expect("every kind ran");
+    let read = by_kind(Kind::Read);
+    let lock = by_kind(Kind::Lock);
+    let sem = by_kind(Kind::Sem);
+    let hold_us = median(&floor.sleep);
+    let delivery = median(&floor.delivery);
+    let read_pair = cheap.median(1);
+    let readers = (PROCESSES * READER_THREADS) as f64;
+    let read_ceiling = readers * 1e6 / (hold_us + read_pair);
+    let mutex_ceiling = 1e6 / (hold_us + delivery);
+    let sem_ceiling = f64::from(SEM_PERMITS) * 1e6 / (hold_us + delivery);
+
+    let _ = writeln!(
+        out,
+        "\ncontention: lock -> sleep(1 ms) -> release, {secs} s per kind; read-write lock and \
+         Lock: {PROCESSES} processes x {READER_THREADS} threads; Semaphore({SEM_PERMITS}): \
+         {PROCESSES} x {SEM_THREADS}"
+    );
+    let mut t = Grid::new(&["", "read-write (read)", "Lock", "Semaphore(4)"]);
+    let col = |f: &dyn Fn(&Run) -> String| -> Vec<String> { runs.iter().map(f).collect() };
+    t.row("acquisitions/s", col(&|r| f1(r.rate())));
+    t.row("acquisitions", col(&|r| r.total().to_string()));
+    t.row("  over s", col(&|r| f2(r.seconds())));
+    t.row(
+        "per process",
+        col(&|r| {
+            r.counts()
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join("/")
+        }),
+    );
+    t.row("least/most", col(&|r| f2(least_most(&r.counts()))));
+    t.row("Jain index", col(&|r| f3(jain(&r.counts()))));
+    t.row("EVALSHA+EVAL / acq", col(&|r| f2(r.scripts_per_acq())));
+    t.row("requests / acq (all sent)", col(&|r| f2(r.per_acq(true))));
+    t.row(
+        "commands inside scripts / acq",
+        col(&|r| f2(r.per_acq(false))),
+    );
+    t.row(
+        "max holders at once",
+        col(&|r| r.concurrency().0.to_string()),
+    );
+    t.row("mean holders", col(&|r| f2(r.concurrency().1)));
+    t.row("Redis µs / script", col(&|r| f1(r.scripts.usec_per_call())));
+    t.row(
+        "Redis busy in scripts",
+        col(&|r| format!("{:.0}%", r.scripts.usec as f64 / 1e4 / r.seconds())),
+    );
+    t.row(
+        "ceiling acquisitions/s",
+        vec![f1(read_ceiling), f1(mutex_ceiling), f1(sem_ceiling)],
+    );
+    let _ = write!(out, "{}", t.render());
+    let _ = writeln!(
+        out,
+        "  ceilings: read 8 / (hold + uncontended read pair); Lock 1 / (hold + PUBLISH->received); \
+         Semaphore 4 / (hold + PUBLISH->received)"
+    );
+    for r in runs {
+        let _ = writeln!(
+            out,
+            "  {} requests: {}",
+            r.kind.name(),
+            r.calls_summary(true)
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\nfloors (same run; µs p50 / p99): hold sleep(1 ms) {:.1} / {:.1}; PUBLISH -> received \
+         in another process {:.1} / {:.1}; ... + one EVALSHA {:.1} / {:.1}",
+        hold_us,
+        percentile(&floor.sleep, 0.99),
+        delivery,
+        percentile(&floor.delivery, 0.99),
+        median(&floor.delivery_rtt),
+        percentile(&floor.delivery_rtt, 0.99),
+    );
+
+    let mut t = Targets::default();
+    let speedup = read.rate() / lock.rate();
+    t.check(
+        "read throughput / Lock throughput",
+        format!("{speedup:.2}x"),
+        ">= 3x",
+        speedup >= 3.0,
+        &format!(
+            "{:.1}/s vs {:.1}/s; ceilings {:.1}/s vs {:.1}/s = {:.2}x",
+            read.rate(),
+            lock.rate(),
+            read_ceiling,
+            mutex_ceiling,
+            read_ceiling / mutex_ceiling
+        ),
+    );
+    let req = sem.scripts_per_acq();
+    t.check(
+        "Semaphore requests/acq (EVALSHA+EVAL)",
+        f2(req),
+        "<= 2.5",
+        req <= 2.5,
+        &format!("all requests sent {:.2}", sem.per_acq(true)),
+    );
+    let lock_max = lock.concurrency().0;
+    t.check(
+        "Lock: max holders at once",
+        lock_max.to_string(),
+        "== 1",
+        lock_max == 1,
+        "",
+    );
+    let sem_max = sem.concurrency().0;
+    t.check(
+        "Semaphore(4): max holders at once",
+        sem_max.to_string(),
+        "<= 4",
+        sem_max <= i64::from(SEM_PERMITS),
+        "",
+    );
+    let _ = write!(out, "\n{}", t.render());
+    let _ = writeln!(out, "figures without a target:");
+    for (name, row) in [("read pair", 1), ("permit pair", 3), ("Lock pair", 5)] {
+        let _ = writeln!(
+            out,
+            "  {name:<12} {:.2}x PING, {:.2}x its scripts by hand",
+            cheap.median(row) / ping,
+            cheap.median(row) / cheap.median(row + 1),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  readers      {:.1}/s = {:.0}% of their ceiling {:.1}/s; at most {} of 8 held at once, \
+         {:.2} on average",
+        read.rate(),
+        100.0 * read.rate() / read_ceiling,
+        read_ceiling,
+        read.concurrency().0,
+        read.concurrency().1,
+    );
+    let _ = writeln!(
+        out,
+        "  Semaphore(4) {:.1}/s = {:.0}% of its ceiling {:.1}/s; per process least/most {:.2}, \
+         Jain {:.3}",
+        sem.rate(),
+        100.0 * sem.rate() / sem_ceiling,
+        sem_ceiling,
+        least_most(&sem.counts()),
+        jain(&sem.counts()),
+    );
+    let _ = writeln!(out, "whole bench took {:.1} s", elapsed.as_secs_f64());
+    print!("{out}");
+}
+
+/// The commands the bundled scripts run (`redis.call('<name>'`), lowercase.
+fn script_commands() -> HashSet<&'static str> {
+    ALL_LUA
+        .iter()
+        .flat_map(|text| text.split("redis.call('").skip(1))
+        .filter_map(|rest| rest.split_once('\'').map(|(name, _)| name))
+        .collect()
+}
+
+fn least_most(counts: &[u64]) -> f64 {
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let least = counts.iter().copied().min().unwrap_or(0);
+    if most == 0 {
+        return f64::NAN;
+    }
+    least as f64 / most as f64
+}
+
+/// Jain's fairness index: (Σx)² / (n·Σx²), 1 when all are equal, 1/n when one gets all.
+fn jain(counts: &[u64]) -> f64 {
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
+    if squares == 0.0 {
+        return f64::NAN;
+    }
+    sum * sum / (counts.len() as f64 * squares)
+}
+
+/// A table of figures per kind.
+struct Grid {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Grid {
+    fn new(header: &[&str]) -> Grid {
+        Grid {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, name: &str, cells: Vec<String>) {
+        let mut row = vec![name.to_owned()];
+        row.extend(cells);
+        self.rows.push(row);
+    }
+
+    fn render(&self) -> String {
+        let all = || std::iter::once(&self.header).chain(&self.rows);
+        let widths: Vec<usize> = (0..self.header.len())
+            .map(|i| all().map(|r| r[i].chars().count()).max().unwrap_or(0))
+            .collect();
+        let mut out = String::new();
+        for r in all() {
+            let mut line = format!("  {:<w$}", r[0], w = widths[0]);
+            for (cell, w) in r.iter().zip(&widths).skip(1) {
+                let _ = write!(line, "  {cell:>w$}");
+            }
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        out
+    }
+}
+
+#[derive(Default)]
+struct Targets {
+    rows: Vec<[String; 5]>,
+}
+
+impl Targets {
+    fn check(&mut self, name: &str, value: String, target: &str, ok: bool, note: &str) {
+        let ok = if ok { "PASS" } else { "FAIL <<<" };
+        self.rows.push([
+            name.to_owned(),
+            value,
+            target.to_owned(),
+            ok.to_owned(),
+            note.to_owned(),
+        ]);
+    }
+
+    fn render(&self) -> String {
+        let w0 = self.rows.iter().map(|r| r[0].chars().count()).max();
+        let w0 = w0.unwrap_or(0).max("targets".len());
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<w0$}  {:>10}  {:>10}  ok",
+            "targets", "measured", "target"
+        );
+        for [name, value, target, ok, note] in &self.rows {
+            let note = if note.is_empty() {
+                String::new()
+            } else {
+                format!("  ({note})")
+            };
+            let line = format!("{name:<w0$}  {value:>10}  {target:>10}  {ok:<8}{note}");
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        let passed = self.rows.iter().filter(|r| r[3] == "PASS").count();
+        let _ = writeln!(
+            out,
+            "targets: {passed} PASS, {} FAIL",
+            self.rows.len() - passed
+        );
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared helpers.
+
+/// One command's figures in `INFO commandstats`.
+#[derive(Clone, Copy, Default)]
+struct Stat {
+    calls: u64,
+    /// Server time spent in the command (a script's: its whole run).
+    usec: u64,
+}
+
+impl Stat {
+    fn since(self, before: Option<&Stat>) -> Stat {
+        let before = before.copied().unwrap_or_default();
+        Stat {
+            calls: self.calls - before.calls,
+            usec: self.usec - before.usec,
+        }
+    }
+
+    fn add(&mut self, other: Stat) {
+        self.calls += other.calls;
+        self.usec += other.usec;
+    }
+
+    fn usec_per_call(self) -> f64 {
+        self.usec as f64 / self.calls.max(1) as f64
+    }
+}
+
+/// The parent's one admin connection, opened before any measurement.
+struct Admin {
+    con: redis::Connection,
+}
+
+impl Admin {
+    fn new(url: &str) -> Admin {
+        let con = connect(url);
+        con.set_read_timeout(Some(STUCK)).expect("set read timeout");
+        Admin { con }
+    }
+
+    fn redis_version(&mut self) -> String {
+        support::redis_version(&mut self.con)
+    }
+
+    /// Calls and µs of server time per command (lowercase) since the server started, from
+    /// `INFO commandstats`.
+    fn commandstats(&mut self) -> HashMap<String, Stat> {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.con)
+            .expect("INFO commandstats");
+        info.lines()
+            .filter_map(|line| {
+                let (name, stats) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+                let field = |key: &str| -> Option<u64> {
+                    stats
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(key))?
+                        .parse()
+                        .ok()
+                };
+                let stat = Stat {
+                    calls: field("calls=")?,
+                    usec: field("usec=")?,
+                };
+                Some((name.to_ascii_lowercase(), stat))
+            })
+            .collect()
+    }
+
+    fn exists(&mut self, key: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<u64>(&mut self.con)
+            .expect("EXISTS")
+            == 1
+    }
+}
+
+fn connect(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .expect("connect to redis")
+}
+
+fn bench_client(url: &str, prefix: &str) -> Client {
+    Client::builder()
+        .url(url)
+        .key_prefix(prefix)
+        .build()
+        .expect("build client")
+}
+
+/// A key prefix of its own per phase, so a shared `REDIS_URL` server is harmless.
+fn unique_prefix(what: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos();
+    format!("redmutex-family:{nanos}:{what}:")
+}
+
+/// CLOCK_MONOTONIC in ns: one clock for all processes of the machine (Linux).
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The 1 ms critical section.
+fn hold() {
+    thread::sleep(HOLD);
+}
+
+fn sleep_until_mono(at: u64) {
+    let now = mono_ns();
+    if at > now {
+        thread::sleep(Duration::from_nanos(at - now));
+    }
+}
+
+fn us_between(from: u64, to: u64) -> f64 {
+    (to as f64 - from as f64) / 1e3
+}
+
+fn parse_u64(s: &str) -> u64 {
+    s.parse()
+        .unwrap_or_else(|_| panic!("expected a number, got {s:?}"))
+}
+
+fn percentile(samples: &[f64], p: f64) -> f64 {
+    let mut v = samples.to_vec();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(samples: &[f64]) -> f64 {
+    percentile(samples, 0.5)
+}
+
+fn f1(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+fn f2(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+fn f3(v: f64) -> String {
+    format!("{v:.3}")
+}
