@@ -19,6 +19,7 @@ use redis::IntoConnectionInfo;
 
 pub mod child;
 mod proxy;
+pub mod topology;
 // Not every test binary that includes the harness injects faults.
 #[allow(unused_imports)]
 pub use proxy::FaultProxy;
