@@ -39,12 +39,15 @@ use std::fmt::Write as _;
 use std::io::BufRead;
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use redmutex::Client;
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+use common::*;
 
 use support::child::{say, ChildProc};
 
@@ -388,8 +391,8 @@ fn cheap_latencies(url: &str, admin: &mut Admin) -> Cheap {
             .expect("PING answered");
     };
 
-    let lib_prefix = unique_prefix("cheap");
-    let hand_prefix = unique_prefix("cheap-by-hand");
+    let lib_prefix = unique_prefix("family", "cheap");
+    let hand_prefix = unique_prefix("family", "cheap-by-hand");
     let client = bench_client(url, &lib_prefix);
     let read = client.read_write_lock(NAME).read();
     let sem = client.semaphore(NAME, SEM_PERMITS);
@@ -477,7 +480,7 @@ struct Floor {
 }
 
 fn floors(url: &str) -> Floor {
-    let prefix = unique_prefix("floor");
+    let prefix = unique_prefix("family", "floor");
     let channel = format!("{prefix}channel");
     let child = ChildProc::spawn(
         "floor",
@@ -628,7 +631,7 @@ impl Run {
 }
 
 fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
-    let prefix = unique_prefix(&format!("contend-{}", kind.name()));
+    let prefix = unique_prefix("family", &format!("contend-{}", kind.name()));
     let mut children: Vec<ChildProc> = (0..PROCESSES)
         .map(|_| {
             ChildProc::spawn(
@@ -1054,107 +1057,6 @@ fn script_commands() -> HashSet<&'static str> {
         .collect()
 }
 
-fn least_most(counts: &[u64]) -> f64 {
-    let most = counts.iter().copied().max().unwrap_or(0);
-    let least = counts.iter().copied().min().unwrap_or(0);
-    if most == 0 {
-        return f64::NAN;
-    }
-    least as f64 / most as f64
-}
-
-/// Jain's fairness index: (Σx)² / (n·Σx²), 1 when all are equal, 1/n when one gets all.
-fn jain(counts: &[u64]) -> f64 {
-    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
-    let squares: f64 = counts.iter().map(|&c| (c as f64).powi(2)).sum();
-    if squares == 0.0 {
-        return f64::NAN;
-    }
-    sum * sum / (counts.len() as f64 * squares)
-}
-
-/// A table of figures per kind.
-struct Grid {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Grid {
-    fn new(header: &[&str]) -> Grid {
-        Grid {
-            header: header.iter().map(|s| s.to_string()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    fn row(&mut self, name: &str, cells: Vec<String>) {
-        let mut row = vec![name.to_owned()];
-        row.extend(cells);
-        self.rows.push(row);
-    }
-
-    fn render(&self) -> String {
-        let all = || std::iter::once(&self.header).chain(&self.rows);
-        let widths: Vec<usize> = (0..self.header.len())
-            .map(|i| all().map(|r| r[i].chars().count()).max().unwrap_or(0))
-            .collect();
-        let mut out = String::new();
-        for r in all() {
-            let mut line = format!("  {:<w$}", r[0], w = widths[0]);
-            for (cell, w) in r.iter().zip(&widths).skip(1) {
-                let _ = write!(line, "  {cell:>w$}");
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
-        out
-    }
-}
-
-#[derive(Default)]
-struct Targets {
-    rows: Vec<[String; 5]>,
-}
-
-impl Targets {
-    fn check(&mut self, name: &str, value: String, target: &str, ok: bool, note: &str) {
-        let ok = if ok { "PASS" } else { "FAIL <<<" };
-        self.rows.push([
-            name.to_owned(),
-            value,
-            target.to_owned(),
-            ok.to_owned(),
-            note.to_owned(),
-        ]);
-    }
-
-    fn render(&self) -> String {
-        let w0 = self.rows.iter().map(|r| r[0].chars().count()).max();
-        let w0 = w0.unwrap_or(0).max("targets".len());
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "{:<w0$}  {:>10}  {:>10}  ok",
-            "targets", "measured", "target"
-        );
-        for [name, value, target, ok, note] in &self.rows {
-            let note = if note.is_empty() {
-                String::new()
-            } else {
-                format!("  ({note})")
-            };
-            let line = format!("{name:<w0$}  {value:>10}  {target:>10}  {ok:<8}{note}");
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
-        let passed = self.rows.iter().filter(|r| r[3] == "PASS").count();
-        let _ = writeln!(
-            out,
-            "targets: {passed} PASS, {} FAIL",
-            self.rows.len() - passed
-        );
-        out
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Shared helpers.
 
@@ -1236,83 +1138,7 @@ impl Admin {
     }
 }
 
-fn connect(url: &str) -> redis::Connection {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("connect to redis")
-}
-
-fn bench_client(url: &str, prefix: &str) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(prefix)
-        .build()
-        .expect("build client")
-}
-
-/// A key prefix of its own per phase, so a shared `REDIS_URL` server is harmless.
-fn unique_prefix(what: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!("redmutex-family:{nanos}:{what}:")
-}
-
-/// CLOCK_MONOTONIC in ns: one clock for all processes of the machine (Linux).
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The 1 ms critical section.
 fn hold() {
     thread::sleep(HOLD);
-}
-
-fn sleep_until_mono(at: u64) {
-    let now = mono_ns();
-    if at > now {
-        thread::sleep(Duration::from_nanos(at - now));
-    }
-}
-
-fn us_between(from: u64, to: u64) -> f64 {
-    (to as f64 - from as f64) / 1e3
-}
-
-fn parse_u64(s: &str) -> u64 {
-    s.parse()
-        .unwrap_or_else(|_| panic!("expected a number, got {s:?}"))
-}
-
-fn percentile(samples: &[f64], p: f64) -> f64 {
-    let mut v = samples.to_vec();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-fn median(samples: &[f64]) -> f64 {
-    percentile(samples, 0.5)
-}
-
-fn f1(v: f64) -> String {
-    format!("{v:.1}")
-}
-
-fn f2(v: f64) -> String {
-    format!("{v:.2}")
-}
-
-fn f3(v: f64) -> String {
-    format!("{v:.3}")
 }

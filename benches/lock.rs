@@ -23,8 +23,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redmutex::{Client, LockGuard};
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+use common::{connect, median, percentile, unique_prefix};
 
 /// Set in the re-executed child: which lock it contends with ("redmutex" or "naive").
 const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
@@ -364,7 +367,7 @@ struct Blocked {
 }
 
 fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
-    let prefix = unique_prefix("blocked");
+    let prefix = unique_prefix("bench", "blocked");
     let holder = bench_client(url, &prefix).build().expect("build client");
     let waiter = bench_client(url, &prefix).build().expect("build client");
 
@@ -521,7 +524,7 @@ impl ParentLock {
 /// notes t1 when its acquisition returns, releases and reports t1. Both clocks are the
 /// same machine's, so t1 - t0 is the handoff.
 fn handoff(url: &str, mode: Mode, admin: &mut Admin) -> Vec<f64> {
-    let prefix = unique_prefix(mode.name());
+    let prefix = unique_prefix("bench", mode.name());
     let (count_cmd, attempts) = mode.attempts();
     let mut child = ChildProc::spawn(url, &prefix, mode);
     let mut lock = match mode {
@@ -745,7 +748,7 @@ fn many_locks(url: &str, admin: &mut Admin) -> Many {
     support::wait_until(Duration::from_secs(3), || admin.pubsub_connections() == 0);
     let pubsub_before = admin.pubsub_connections();
 
-    let client = bench_client(url, &unique_prefix("many"))
+    let client = bench_client(url, &unique_prefix("bench", "many"))
         .watchdog_timeout(MANY_WATCHDOG_TIMEOUT)
         .command_timeout(MANY_WATCHDOG_TIMEOUT / 3)
         .build()
@@ -854,19 +857,8 @@ impl Admin {
     }
 }
 
-fn connect(url: &str) -> redis::Connection {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .expect("connect to redis")
-}
-
 fn bench_client(url: &str, prefix: &str) -> redmutex::ClientBuilder {
     Client::builder().url(url).key_prefix(prefix)
-}
-
-/// A key prefix of its own per measurement, so a shared `REDIS_URL` server is harmless.
-fn unique_prefix(what: &str) -> String {
-    format!("redmutex-bench:{}:{what}:", unix_nanos())
 }
 
 /// The wait queue of lock `name` (a name without braces).
@@ -899,29 +891,6 @@ impl XorShift {
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
-    }
-}
-
-fn sorted(samples: &[f64]) -> Vec<f64> {
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    v
-}
-
-fn percentile(samples: &[f64], p: f64) -> f64 {
-    let v = sorted(samples);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let v = sorted(samples);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
