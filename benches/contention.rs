@@ -74,9 +74,6 @@ const NAIVE_SETTLE: Duration = Duration::from_millis(100);
 const QUIET: Duration = Duration::from_millis(20);
 /// Give up waiting for "all visibly waiting" after this long (and say so).
 const WAITING_TIMEOUT: Duration = Duration::from_secs(10);
-const FLOOR_WARMUP: usize = 50;
-const FLOOR_SAMPLES: usize = 1_000;
-const SLEEP_SAMPLES: usize = 300;
 
 const LOCK_NAME: &str = "contended";
 /// `ECHO` argument prefix of the parent's phase markers in the MONITOR stream.
@@ -187,20 +184,8 @@ fn parent_main() {
 // ---------------------------------------------------------------------------------------
 // Floors.
 
-struct Floor {
-    /// PUBLISH sent (parent) -> message read by a subscriber in another process, µs.
-    delivery: Vec<f64>,
-    /// The same plus one EVALSHA round trip by that process, µs.
-    delivery_rtt: Vec<f64>,
-    /// EVALSHA round trips alone, µs.
-    rtt: Vec<f64>,
-    /// The 1 ms hold as it really lasts here, µs.
-    sleep: Vec<f64>,
-}
-
 fn floors(url: &str, admin: &mut Admin) -> Floor {
     let prefix = unique_prefix("contention", "floor");
-    let channel = format!("{prefix}channel");
     let child = ChildProc::spawn(
         "floor",
         &[
@@ -212,47 +197,7 @@ fn floors(url: &str, admin: &mut Admin) -> Floor {
     );
     child.expect("ready");
     admin.mark("floor");
-    let mut con = connect(url);
-    let mut out = Floor {
-        delivery: Vec::new(),
-        delivery_rtt: Vec::new(),
-        rtt: Vec::new(),
-        sleep: Vec::new(),
-    };
-    for i in 0..FLOOR_WARMUP + FLOOR_SAMPLES {
-        // The same idle pattern as the loop it is the floor of: a 1 ms hold, then the
-        // handoff. (Back to back, on a warm CPU and a warm Redis, the figures are about
-        // half: that is not what a handoff after a critical section meets.)
-        hold();
-        let t0 = mono_ns();
-        let receivers: u64 = redis::cmd("PUBLISH")
-            .arg(&channel)
-            .arg(i)
-            .query(&mut con)
-            .expect("PUBLISH");
-        assert_eq!(receivers, 1, "the floor child is not subscribed");
-        let line = child.next_line();
-        let (t1, t2) = line
-            .split_once(' ')
-            .map(|(a, b)| (parse_u64(a), parse_u64(b)))
-            .expect("`t1 t2` from the floor child");
-        if i >= FLOOR_WARMUP {
-            out.delivery.push(us_between(t0, t1));
-            out.delivery_rtt.push(us_between(t0, t2));
-            out.rtt.push(us_between(t1, t2));
-        }
-    }
-    let _: u64 = redis::cmd("PUBLISH")
-        .arg(&channel)
-        .arg("quit")
-        .query(&mut con)
-        .expect("PUBLISH quit");
-    child.wait_success();
-    for _ in 0..SLEEP_SAMPLES {
-        let t = Instant::now();
-        hold();
-        out.sleep.push(t.elapsed().as_secs_f64() * 1e6);
-    }
+    let out = measure_floor(url, &format!("{prefix}channel"), child, hold);
     admin.mark("idle-floor");
     out
 }
@@ -628,34 +573,11 @@ fn child_drain(kind: Kind, url: &str, prefix: &str) {
 }
 
 fn child_floor(url: &str, prefix: &str) {
-    let mut sub = connect(url);
-    let mut con = connect(url);
     let script = redis::Script::new(NAIVE_RELEASE);
     let key = format!("{prefix}none");
-    let mut rtt = || {
-        let _: i64 = script
-            .key(&key)
-            .arg("token")
-            .invoke(&mut con)
-            .expect("EVALSHA");
-    };
-    rtt();
-    let mut pubsub = sub.as_pubsub();
-    pubsub
-        .subscribe(format!("{prefix}channel"))
-        .expect("SUBSCRIBE");
-    say("ready");
-    loop {
-        let msg = pubsub.get_message().expect("floor message");
-        let t1 = mono_ns();
-        let payload: String = msg.get_payload().expect("payload");
-        if payload == "quit" {
-            break;
-        }
-        rtt();
-        let t2 = mono_ns();
-        say(&format!("{t1} {t2}"));
-    }
+    serve_floor(url, &format!("{prefix}channel"), |con| {
+        let _: i64 = script.key(&key).arg("token").invoke(con).expect("EVALSHA");
+    });
 }
 
 /// One thread's view of the lock under test.

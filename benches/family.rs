@@ -72,10 +72,6 @@ const WARMUP_OPS: usize = 300;
 const ROUNDS: usize = 8;
 const OPS_PER_ROUND: usize = 600;
 
-const FLOOR_WARMUP: usize = 50;
-const FLOOR_SAMPLES: usize = 1_000;
-const SLEEP_SAMPLES: usize = 300;
-
 /// What the library passes its scripts (the defaults: a 30 s watchdog lease, a 1 s pickup
 /// window, a 10 ms starvation bound; see src/runtime/queue.rs).
 const LEASE_MS: u64 = 30_000;
@@ -470,18 +466,8 @@ fn time_ops(n: usize, mut out: Option<&mut Vec<f64>>, op: impl Fn()) {
 // ---------------------------------------------------------------------------------------
 // Floors.
 
-struct Floor {
-    /// PUBLISH sent (parent) -> message read by a subscriber in another process, µs.
-    delivery: Vec<f64>,
-    /// The same plus one EVALSHA round trip by that process, µs.
-    delivery_rtt: Vec<f64>,
-    /// The 1 ms hold as it really lasts here, µs.
-    sleep: Vec<f64>,
-}
-
 fn floors(url: &str) -> Floor {
     let prefix = unique_prefix("family", "floor");
-    let channel = format!("{prefix}channel");
     let child = ChildProc::spawn(
         "floor",
         &[
@@ -492,44 +478,7 @@ fn floors(url: &str) -> Floor {
         ],
     );
     child.expect("ready");
-    let mut con = connect(url);
-    let mut out = Floor {
-        delivery: Vec::new(),
-        delivery_rtt: Vec::new(),
-        sleep: Vec::new(),
-    };
-    for i in 0..FLOOR_WARMUP + FLOOR_SAMPLES {
-        // The idle pattern of the loops it is the floor of: a 1 ms hold, then the handoff.
-        hold();
-        let t0 = mono_ns();
-        let receivers: u64 = redis::cmd("PUBLISH")
-            .arg(&channel)
-            .arg(i)
-            .query(&mut con)
-            .expect("PUBLISH");
-        assert_eq!(receivers, 1, "the floor child is not subscribed");
-        let line = child.next_line();
-        let (t1, t2) = line
-            .split_once(' ')
-            .map(|(a, b)| (parse_u64(a), parse_u64(b)))
-            .expect("`t1 t2` from the floor child");
-        if i >= FLOOR_WARMUP {
-            out.delivery.push(us_between(t0, t1));
-            out.delivery_rtt.push(us_between(t0, t2));
-        }
-    }
-    let _: u64 = redis::cmd("PUBLISH")
-        .arg(&channel)
-        .arg("quit")
-        .query(&mut con)
-        .expect("PUBLISH quit");
-    child.wait_success();
-    for _ in 0..SLEEP_SAMPLES {
-        let t = Instant::now();
-        hold();
-        out.sleep.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    out
+    measure_floor(url, &format!("{prefix}channel"), child, hold)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -821,29 +770,10 @@ fn child_contend(kind: Kind, url: &str, prefix: &str) {
 }
 
 fn child_floor(url: &str, prefix: &str) {
-    let mut sub = connect(url);
-    let mut con = connect(url);
     let script = redis::Script::new(NOOP);
-    let mut rtt = || {
-        let _: i64 = script.invoke(&mut con).expect("EVALSHA");
-    };
-    rtt();
-    let mut pubsub = sub.as_pubsub();
-    pubsub
-        .subscribe(format!("{prefix}channel"))
-        .expect("SUBSCRIBE");
-    say("ready");
-    loop {
-        let msg = pubsub.get_message().expect("floor message");
-        let t1 = mono_ns();
-        let payload: String = msg.get_payload().expect("payload");
-        if payload == "quit" {
-            break;
-        }
-        rtt();
-        let t2 = mono_ns();
-        say(&format!("{t1} {t2}"));
-    }
+    serve_floor(url, &format!("{prefix}channel"), |con| {
+        let _: i64 = script.invoke(con).expect("EVALSHA");
+    });
 }
 
 // ---------------------------------------------------------------------------------------
