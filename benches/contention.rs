@@ -32,7 +32,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::io::BufRead;
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -470,7 +469,6 @@ fn drain(url: &str, kind: Kind, admin: &mut Admin) -> Drain {
 // Workers.
 
 fn child_main(role: &str) {
-    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
     let kind = Kind::parse(&env(KIND_ENV));
     let url = env(URL_ENV);
     let prefix = env(PREFIX_ENV);
@@ -480,15 +478,6 @@ fn child_main(role: &str) {
         "floor" => child_floor(&url, &prefix),
         other => panic!("{ROLE_ENV}={other:?}: expected contend, drain or floor"),
     }
-}
-
-fn read_line() -> String {
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .expect("read from the parent");
-    line.trim_end().to_owned()
 }
 
 fn child_contend(kind: Kind, url: &str, prefix: &str) {

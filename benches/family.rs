@@ -36,7 +36,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::io::BufRead;
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -652,7 +651,6 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
 // Workers.
 
 fn child_main(role: &str) {
-    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
     let kind = Kind::parse(&env(KIND_ENV));
     let url = env(URL_ENV);
     let prefix = env(PREFIX_ENV);
@@ -661,15 +659,6 @@ fn child_main(role: &str) {
         "floor" => child_floor(&url, &prefix),
         other => panic!("{ROLE_ENV}={other:?}: expected contend or floor"),
     }
-}
-
-fn read_line() -> String {
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .expect("read from the parent");
-    line.trim_end().to_owned()
 }
 
 /// One thread's handle on the object under test.

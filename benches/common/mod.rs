@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
+use std::io::BufRead;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -281,4 +282,19 @@ pub fn serve_floor(url: &str, channel: &str, mut rtt: impl FnMut(&mut redis::Con
         let t2 = mono_ns();
         say(&format!("{t1} {t2}"));
     }
+}
+
+/// One line from the parent, on a worker's stdin.
+pub fn read_line() -> String {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .expect("read from the parent");
+    line.trim_end().to_owned()
+}
+
+/// A variable the parent sets for its workers.
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
 }
