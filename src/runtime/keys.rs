@@ -182,6 +182,7 @@ pub(crate) fn holder_id(client_id: &str, token: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::scripts;
 
     fn tag_of(key: &[u8]) -> &[u8] {
         let open = key.iter().position(|&b| b == b'{').unwrap();
@@ -189,17 +190,14 @@ mod tests {
         &key[open + 1..open + 1 + len]
     }
 
-    use crate::runtime::scripts;
+    /// The keys of a plain lock called `name`.
+    fn lock_keys(prefix: &[u8], name: &[u8]) -> LockKeys {
+        LockKeys::new(prefix, name.to_vec(), "c1", Object::Lock, &scripts::PLAIN)
+    }
 
     #[test]
     fn plain_names_are_wrapped_in_a_tag() {
-        let k = LockKeys::new(
-            b"redmutex:",
-            b"orders".to_vec(),
-            "c1",
-            Object::Lock,
-            &crate::runtime::scripts::PLAIN,
-        );
+        let k = lock_keys(b"redmutex:", b"orders");
         assert_eq!(k.key, b"redmutex:{orders}");
         assert_eq!(k.channel, b"redmutex:{orders}:to:c1");
         assert_eq!(k.queue, b"redmutex:!queue:{orders}");
@@ -207,13 +205,7 @@ mod tests {
 
     #[test]
     fn names_with_a_tag_keep_it() {
-        let k = LockKeys::new(
-            b"p:",
-            b"user:{42}:cart".to_vec(),
-            "c1",
-            Object::Lock,
-            &crate::runtime::scripts::PLAIN,
-        );
+        let k = lock_keys(b"p:", b"user:{42}:cart");
         assert_eq!(k.key, b"p:~user:{42}:cart");
         assert_eq!(tag_of(&k.channel), b"42");
     }
@@ -221,13 +213,7 @@ mod tests {
     #[test]
     fn awkward_names_still_share_one_nonempty_tag() {
         for name in [&b"}x"[..], b"a{}b", b"{}", b"}{", b"x}{y}"] {
-            let k = LockKeys::new(
-                b"redmutex:",
-                name.to_vec(),
-                "c1",
-                Object::Lock,
-                &crate::runtime::scripts::PLAIN,
-            );
+            let k = lock_keys(b"redmutex:", name);
             assert!(
                 has_hash_tag(&k.key),
                 "{:?}",
@@ -243,19 +229,8 @@ mod tests {
         let names: [&[u8]; 9] = [
             b"a", b"{a}", b"~{a}", b"}a", b"#{0}a", b"a}", b"{a", b"", b"{}",
         ];
-        let keys: std::collections::HashSet<Vec<u8>> = names
-            .iter()
-            .map(|n| {
-                LockKeys::new(
-                    b"p:",
-                    n.to_vec(),
-                    "c1",
-                    Object::Lock,
-                    &crate::runtime::scripts::PLAIN,
-                )
-                .key
-            })
-            .collect();
+        let keys: std::collections::HashSet<Vec<u8>> =
+            names.iter().map(|n| lock_keys(b"p:", n).key).collect();
         assert_eq!(keys.len(), names.len());
     }
 
