@@ -50,6 +50,9 @@ pub struct LockGuard<K: Kind = Plain> {
     level: u64,
     lost: Arc<AtomicBool>,
     fence: Option<u64>,
+    // The primary it was granted on (see `Target::generation`): a hold missing after a
+    // failover was lost by it, whatever its lease.
+    generation: u64,
     released: bool,
     // Holder ids are per thread: releasing from another thread would be refused by Redis.
     // (A semaphore's permits are held by the acquisition, not the thread: they may move.)
@@ -98,6 +101,7 @@ impl<K: Kind> LockGuard<K> {
             level: registration.level,
             lost: registration.lost,
             fence,
+            generation: lock.client.inner.generation(),
             released: false,
             _owner: PhantomData,
         }
@@ -107,8 +111,8 @@ impl<K: Kind> LockGuard<K> {
     ///
     /// Fails with [`Error::NotHeld`] when the lock was no longer held by this thread (a
     /// fixed lease ran out, or `force_unlock`), with [`Error::LeaseLost`] when the watchdog
-    /// had already found the lease gone, or with a Redis error; the lock then frees itself
-    /// when its lease ends.
+    /// had already found the lease gone or a failover (Sentinel) lost the hold, or with a
+    /// Redis error; the lock then frees itself when its lease ends.
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
@@ -196,7 +200,7 @@ impl<K: Kind> LockGuard<K> {
     }
 
     fn not_held(&self) -> Error {
-        if self.lost.load(Ordering::SeqCst) {
+        if self.lost.load(Ordering::SeqCst) || self.generation != self.inner.generation() {
             Error::LeaseLost
         } else {
             Error::NotHeld

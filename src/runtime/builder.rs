@@ -3,7 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use redis::IntoConnectionInfo;
+
 use crate::runtime::client::{Client, Config};
+use crate::runtime::target::{Sentinel, Target};
 use crate::Error;
 
 /// Builds a [`Client`] with non-default settings.
@@ -29,6 +32,7 @@ pub struct ClientBuilder {
     sync_replicas: Option<(u32, Duration)>,
     tls_ca: Option<Vec<u8>>,
     tls_client: Option<(Vec<u8>, Vec<u8>)>,
+    sentinel: Option<(Vec<String>, String)>,
 }
 
 impl Default for ClientBuilder {
@@ -43,6 +47,7 @@ impl Default for ClientBuilder {
             sync_replicas: None,
             tls_ca: None,
             tls_client: None,
+            sentinel: None,
         }
     }
 }
@@ -53,6 +58,44 @@ impl ClientBuilder {
     /// Defaults to `redis://127.0.0.1:6379/`.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = url.into();
+        self
+    }
+
+    /// Talks to the primary of the Sentinel-monitored service `service_name`, found by
+    /// asking the sentinels at `sentinel_urls` (`redis://[user:password@]host:port`, the
+    /// credentials being the sentinels' own) instead of a fixed server.
+    ///
+    /// Every new connection asks the sentinels (the first that answers is asked first
+    /// from then on) and checks with `ROLE` that the node is a primary. Through a
+    /// failover, operations wait for the new primary for up to the
+    /// [`connect_timeout`](ClientBuilder::connect_timeout); connections to the old one
+    /// are retired, and waiting threads move to the new one and look again. A hold the
+    /// failover lost is reported by [`is_lease_lost`](crate::LockGuard::is_lease_lost)
+    /// and [`Error::LeaseLost`]; [`sync_replicas`](ClientBuilder::sync_replicas) makes
+    /// such losses rare (see the README's "Sentinel" section for what is guaranteed).
+    ///
+    /// The [`url`](ClientBuilder::url), if set, then only carries what the connections to
+    /// the primary need besides its address: user, password, database and, with
+    /// `rediss://`, TLS. Its host and port are ignored.
+    ///
+    /// Defaults to off: a single server at [`url`](ClientBuilder::url).
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .sentinel(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "locks")
+    ///     .url("redis://:primary-password@sentinel-named/0")
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn sentinel<I, S>(mut self, sentinel_urls: I, service_name: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.sentinel = Some((
+            sentinel_urls.into_iter().map(Into::into).collect(),
+            service_name.into(),
+        ));
         self
     }
 
@@ -209,8 +252,33 @@ impl ClientBuilder {
         } else {
             tls_client(&self.url, self.tls_ca, self.tls_client).map_err(bad_url)?
         };
+        let (target, described) = match self.sentinel {
+            None => (Target::Server(redis), redact_url(&self.url)),
+            Some((urls, service)) => {
+                if urls.is_empty() {
+                    return invalid("sentinel needs at least one sentinel address");
+                }
+                if service.is_empty() {
+                    return invalid("sentinel needs a service name");
+                }
+                let mut sentinels = Vec::with_capacity(urls.len());
+                for url in &urls {
+                    let info = url.as_str().into_connection_info().map_err(|e| {
+                        Error::InvalidArgument(format!("bad sentinel url {}: {e}", redact_url(url)))
+                    })?;
+                    sentinels.push(info);
+                }
+                let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+                let described = format!("sentinel service {service:?} via {urls:?}");
+                let node = redis.get_connection_info().clone();
+                (
+                    Target::Sentinel(Sentinel::new(sentinels, service, node)),
+                    described,
+                )
+            }
+        };
         Client::from_config(
-            redis,
+            target,
             Config {
                 key_prefix: self.key_prefix.into_bytes(),
                 watchdog_timeout: self.watchdog_timeout,
@@ -218,7 +286,7 @@ impl ClientBuilder {
                 connect_timeout: self.connect_timeout,
                 command_timeout: self.command_timeout,
                 sync_replicas,
-                redacted_url: redact_url(&self.url),
+                redacted_url: described,
             },
         )
     }
@@ -264,6 +332,13 @@ impl fmt::Debug for ClientBuilder {
             // Certificates and keys are never printed, only whether they are set.
             .field("tls_ca_certificate", &self.tls_ca.is_some())
             .field("tls_client_certificate", &self.tls_client.is_some())
+            .field(
+                "sentinel",
+                &self.sentinel.as_ref().map(|(urls, service)| {
+                    let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+                    (urls, service)
+                }),
+            )
             .finish()
     }
 }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::runtime::keys::{LockKeys, Object};
-use crate::runtime::pool::{Conn, Manager};
+use crate::runtime::pool::{self, Conn, Manager};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscriber;
+use crate::runtime::target::Target;
 use crate::runtime::watchdog::Watchdog;
 use crate::{
     ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
@@ -71,6 +72,7 @@ pub(crate) struct Inner {
     pid: u32,
     pub(crate) config: Config,
     pool: r2d2::Pool<Manager>,
+    target: Arc<Target>,
     pub(crate) subscriber: Subscriber,
     pub(crate) watchdog: Watchdog,
     // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
@@ -212,9 +214,10 @@ impl Client {
         &self.inner.id
     }
 
-    pub(crate) fn from_config(redis: redis::Client, config: Config) -> Result<Client, Error> {
+    pub(crate) fn from_config(target: Target, config: Config) -> Result<Client, Error> {
+        let target = Arc::new(target);
         let manager = Manager {
-            client: redis.clone(),
+            target: target.clone(),
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
         };
@@ -237,7 +240,7 @@ impl Client {
         let id = uuid::Uuid::new_v4().to_string();
         let subscriber = Subscriber::new(
             Manager {
-                client: redis,
+                target: target.clone(),
                 connect_timeout: config.connect_timeout,
                 command_timeout: config.command_timeout,
             },
@@ -253,6 +256,7 @@ impl Client {
                 subscriber,
                 config,
                 pool,
+                target,
             }),
         })
     }
@@ -273,6 +277,11 @@ impl Inner {
             .arg(timeout_ms)
             .query(con)?;
         Ok((acked < required).then_some(Error::NotReplicated { acked, required }))
+    }
+
+    /// Which primary connections now go to; it changes with each failover (Sentinel).
+    pub(crate) fn generation(&self) -> u64 {
+        self.target.generation()
     }
 
     /// Whether any `Client` (or `Lock`) of this client is still alive.
@@ -352,7 +361,20 @@ impl Inner {
             };
             let mut conn: r2d2::PooledConnection<Manager> = self.pool.get_timeout(checkout)?;
             let conn: &mut Conn = &mut conn;
+            if conn.generation != self.target.generation() {
+                // Made to a primary the sentinels no longer name: retired on return. The
+                // generation changes once per failover, so this ends within the pool.
+                conn.mark_broken();
+                continue;
+            }
             match conn.run(io, &mut f) {
+                // A demoted primary refused the write: nothing happened, so even a call
+                // that must not run twice may run again, on a connection to the new one.
+                Err(e) if pool::is_readonly(&e) && retries < self.config.pool_size => {
+                    log::info!("redmutex: the primary was demoted; looking for the new one");
+                    self.target.refresh(config.connect_timeout);
+                    retries += 1;
+                }
                 Err(e)
                     if repeatable
                         && e.is_connection_dropped()

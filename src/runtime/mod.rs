@@ -9,4 +9,5 @@ pub(crate) mod pool;
 pub(crate) mod queue;
 pub(crate) mod scripts;
 pub(crate) mod subscriber;
+pub(crate) mod target;
 pub(crate) mod watchdog;

@@ -22,6 +22,10 @@ const HEALTH_CHECK_AFTER: Duration = Duration::from_secs(10);
 /// and again, and each resubscription would cost two commands.
 const LINGER: Duration = Duration::from_secs(5);
 const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
+/// Under Sentinel, how often the reader asks the sentinels which node is the primary: a
+/// failover that left our connection up (to a node now demoted, or cut off) would
+/// otherwise leave waiters listening where no release is published any more.
+const PRIMARY_CHECK: Duration = Duration::from_secs(2);
 /// A message for every thread waiting on its channel, whichever it is; they look again.
 pub(crate) const BROADCAST: &[u8] = b"*";
 
@@ -314,9 +318,9 @@ fn run(shared: Weak<Shared>) {
         let con = strong.manager.connect();
         drop(strong);
         match con {
-            Ok(mut con) => {
+            Ok((mut con, generation)) => {
                 backoff = Duration::from_millis(10);
-                match session(&shared, &mut con, reconnect) {
+                match session(&shared, &mut con, generation, reconnect) {
                     Ok(()) => return,
                     Err(e) => log::warn!("redmutex: pub/sub connection lost, reconnecting: {e}"),
                 }
@@ -338,6 +342,7 @@ fn run(shared: Weak<Shared>) {
 fn session(
     shared: &Weak<Shared>,
     con: &mut redis::Connection,
+    generation: u64,
     reconnect: bool,
 ) -> redis::RedisResult<()> {
     con.set_read_timeout(Some(READ_TICK))?;
@@ -362,10 +367,24 @@ fn session(
         }
     }
     let mut last_heard = Instant::now();
+    let mut primary_checked = Instant::now();
     loop {
         let Some(strong) = shared.upgrade() else {
             return Ok(());
         };
+        let target = &strong.manager.target;
+        if target.is_sentinel() && primary_checked.elapsed() >= PRIMARY_CHECK {
+            target.refresh(strong.manager.connect_timeout);
+            primary_checked = Instant::now();
+        }
+        if target.generation() != generation {
+            // Releases are published on the new primary now; the reconnect re-subscribes
+            // there and has every waiter look again.
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the sentinels name a new primary",
+            )));
+        }
         for channel in strong.take_pending() {
             pubsub.subscribe(channel.as_slice())?;
             strong.confirmed(&channel, false);

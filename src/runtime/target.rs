@@ -1,0 +1,176 @@
+//! Where a client's connections go: one server, or the primary the sentinels name.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
+
+/// The deployment a client talks to.
+pub(crate) enum Target {
+    /// One server at a fixed address.
+    Server(redis::Client),
+    /// The primary of a Sentinel-monitored service, found anew for every connection.
+    Sentinel(Sentinel),
+}
+
+/// A service's primary as Redis Sentinel reports it.
+///
+/// Resolved here rather than with redis-rs's `SentinelClient`, whose sync connections to
+/// the sentinels have no read timeout: one frozen sentinel would hang every connect.
+pub(crate) struct Sentinel {
+    // Tried in order; the one that answered moves to the front (the order the Sentinel
+    // client guidelines recommend), so a dead sentinel costs one connect timeout once.
+    sentinels: Mutex<Vec<ConnectionInfo>>,
+    service: String,
+    // Credentials, database and TLS settings for the primary; its address is replaced.
+    node: ConnectionInfo,
+    primary: Mutex<Option<ConnectionAddr>>,
+    // Bumped whenever the primary named changes: connections made before are to a node
+    // that may now be a replica (or gone) and are retired.
+    generation: AtomicU64,
+}
+
+impl Target {
+    /// A new connection with `connect` as the connect timeout and `io` for reads and
+    /// writes, and the generation of the primary it reached (0 for a fixed server).
+    pub(crate) fn connect(
+        &self,
+        connect: Duration,
+        io: Duration,
+    ) -> RedisResult<(redis::Connection, u64)> {
+        let (con, generation) = match self {
+            Target::Server(client) => (client.get_connection_with_timeout(connect)?, 0),
+            Target::Sentinel(sentinel) => sentinel.connect(connect, io)?,
+        };
+        con.set_read_timeout(Some(io))?;
+        con.set_write_timeout(Some(io))?;
+        Ok((con, generation))
+    }
+
+    /// The generation of the primary last named: a connection of another generation is
+    /// stale.
+    pub(crate) fn generation(&self) -> u64 {
+        match self {
+            Target::Server(_) => 0,
+            Target::Sentinel(sentinel) => sentinel.generation.load(Ordering::Acquire),
+        }
+    }
+
+    /// Asks the sentinels for the primary again, so that a failover that broke no
+    /// connection of ours (the old primary is still up, demoted or cut off) is noticed.
+    pub(crate) fn refresh(&self, timeout: Duration) {
+        if let Target::Sentinel(sentinel) = self {
+            if let Err(e) = sentinel.resolve(timeout) {
+                log::debug!("redmutex: could not ask the sentinels for the primary: {e}");
+            }
+        }
+    }
+
+    pub(crate) fn is_sentinel(&self) -> bool {
+        matches!(self, Target::Sentinel(_))
+    }
+}
+
+impl Sentinel {
+    pub(crate) fn new(
+        sentinels: Vec<ConnectionInfo>,
+        service: String,
+        node: ConnectionInfo,
+    ) -> Sentinel {
+        Sentinel {
+            sentinels: Mutex::new(sentinels),
+            service,
+            node,
+            primary: Mutex::new(None),
+            generation: AtomicU64::new(1),
+        }
+    }
+
+    fn connect(&self, connect: Duration, io: Duration) -> RedisResult<(redis::Connection, u64)> {
+        let (addr, generation) = self.resolve(connect.min(io))?;
+        let info = self.node.clone().set_addr(addr);
+        let mut con = redis::Client::open(info)?.get_connection_with_timeout(connect)?;
+        con.set_read_timeout(Some(io))?;
+        // The sentinels may still name a primary that was demoted (or is mid-promotion):
+        // writing to a replica would fail anyway, so such a node is refused here.
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut con)?;
+        match role.first() {
+            Some(redis::Value::BulkString(r)) if r == b"master" => Ok((con, generation)),
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "the node the sentinels name is not (yet) a primary",
+            ))),
+        }
+    }
+
+    /// The primary's address as the first answering sentinel names it, and its generation.
+    fn resolve(&self, timeout: Duration) -> RedisResult<(ConnectionAddr, u64)> {
+        let sentinels = self.sentinels.lock().clone();
+        let mut last = None;
+        for (i, info) in sentinels.iter().enumerate() {
+            match self.ask(info, timeout) {
+                Ok(Some(addr)) => {
+                    if i > 0 {
+                        let mut order = self.sentinels.lock();
+                        if let Some(at) = order.iter().position(|s| s.addr() == info.addr()) {
+                            let first = order.remove(at);
+                            order.insert(0, first);
+                        }
+                    }
+                    return Ok((addr.clone(), self.saw(addr)));
+                }
+                Ok(None) => {
+                    last = Some(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the sentinel does not know the service",
+                        self.service.clone(),
+                    )))
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Client, "no sentinel addresses"))
+        }))
+    }
+
+    fn ask(
+        &self,
+        sentinel: &ConnectionInfo,
+        timeout: Duration,
+    ) -> RedisResult<Option<ConnectionAddr>> {
+        let mut con =
+            redis::Client::open(sentinel.clone())?.get_connection_with_timeout(timeout)?;
+        con.set_read_timeout(Some(timeout))?;
+        con.set_write_timeout(Some(timeout))?;
+        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.service)
+            .query(&mut con)?;
+        Ok(named.map(|(host, port)| match self.node.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        }))
+    }
+
+    /// Records the primary named now; returns its generation.
+    fn saw(&self, addr: ConnectionAddr) -> u64 {
+        let mut primary = self.primary.lock();
+        if primary.as_ref().is_some_and(|p| *p != addr) {
+            log::info!("redmutex: the sentinels name a new primary: {addr}");
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        *primary = Some(addr);
+        self.generation.load(Ordering::Acquire)
+    }
+}
