@@ -8,7 +8,8 @@
 -- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis
 -- KEYS[4]  the waiters: a HASH holder id -> "<expiry> <since> <lease> <flags> <ticket>
 --          <amount>" (expiry and since in server ms; lease in ms; flags: 1 fair, 2 fenced,
---          4 a reader of a read-write lock; ticket: the waiting call's number, echoed in its
+--          4 a reader of a read-write lock, 8 its client listens on another cluster node, so
+--          PUBLISH's count, which is this node's alone, cannot tell it is alive; ticket: the waiting call's number, echoed in its
 --          messages; amount: the permits a semaphore waiter asks for, else 1), and '~fair'
 --          -> the number of fair waiters queued
 --
@@ -101,6 +102,10 @@ local function is_fenced(flags)
 end
 
 -- Drops holder's waiter data (its LIST entry is the caller's to remove).
+local function listens_elsewhere(flags)
+    return math.floor(flags / 8) % 2 == 1
+end
+
 local function forget(holder, flags)
     redis.call('hdel', KEYS[4], holder)
     if is_fair(flags) and redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
@@ -176,7 +181,8 @@ end
 -- release freed): each is made the holder (lease: its own, at most `pickup` ms until it
 -- confirms) when `give`, or when it is fair or has waited `starve` ms; otherwise it is
 -- told to try again. A waiter whose client no longer listens (PUBLISH reaches nobody: its
--- process died) is dropped and the next one served. Returns the last holder id served, or
+-- process died) is dropped and the next one served; one listening on another cluster node
+-- is taken at its word (a dead one there costs the pickup window). Returns the last holder id served, or
 -- nil when nobody (but `me`) waits or fits.
 function Q.hand_on(now, inbox, pickup, starve, give, me)
     local served
@@ -197,7 +203,8 @@ function Q.hand_on(now, inbox, pickup, starve, give, me)
         else
             msg = 'w ' .. token .. ' ' .. t
         end
-        local heard = client and redis.call('publish', inbox .. client, msg) > 0
+        local heard = client and
+            (redis.call('publish', inbox .. client, msg) > 0 or listens_elsewhere(f))
         if heard and not grant then
             return h
         end

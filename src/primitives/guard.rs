@@ -178,7 +178,7 @@ impl<K: Kind> LockGuard<K> {
                 .arg(keys.ops.flags)
                 .invoke(con)?;
             let shortfall = if left >= 0 {
-                inner.await_replicas(con)?
+                inner.await_replicas(con, &keys.key)?
             } else {
                 None
             };

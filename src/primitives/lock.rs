@@ -444,7 +444,7 @@ impl<K: Kind> Lock<K> {
             call.arg(holder)
                 .arg(lease_ms)
                 .arg(held)
-                .arg(ops.flags)
+                .arg(ops.flags | inner.listener_flags())
                 .arg(u8::from(join.is_some()))
                 .arg(ttl)
                 .arg(ticket)
@@ -474,7 +474,7 @@ impl<K: Kind> Lock<K> {
             // failed (an ACL without +wait, a proxy without WAIT), is given back on the
             // same connection: a lock the caller is told it did not get must not stay
             // taken for a whole lease.
-            let failure = match inner.await_replicas(con) {
+            let failure = match inner.await_replicas(con, &keys.key) {
                 Ok(None) => return Ok(Ok(Ok(grant))),
                 Ok(Some(shortfall)) => Ok(shortfall),
                 Err(e) => Err(e),

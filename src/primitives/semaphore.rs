@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::kind::Permits;
 use crate::runtime::keys::Object;
+use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts;
 use crate::runtime::watchdog::Lease;
@@ -186,7 +187,7 @@ impl Semaphore {
         let inner = &lock.client.inner;
         inner.check_process()?;
         let keys = &lock.keys;
-        let call = |con: &mut redis::Connection| {
+        let call = |con: &mut Con| {
             queue::invoke(&scripts::SEM_PERMITS, keys)
                 .arg(op)
                 .arg(n)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 
 use crate::runtime::client::{Client, Config};
-use crate::runtime::target::{Sentinel, Target};
+use crate::runtime::target::{Cluster, Sentinel, Target};
 use crate::Error;
 
 /// Builds a [`Client`] with non-default settings.
@@ -33,6 +33,7 @@ pub struct ClientBuilder {
     tls_ca: Option<Vec<u8>>,
     tls_client: Option<(Vec<u8>, Vec<u8>)>,
     sentinel: Option<(Vec<String>, String)>,
+    cluster: Option<Vec<String>>,
 }
 
 impl Default for ClientBuilder {
@@ -48,6 +49,7 @@ impl Default for ClientBuilder {
             tls_ca: None,
             tls_client: None,
             sentinel: None,
+            cluster: None,
         }
     }
 }
@@ -96,6 +98,34 @@ impl ClientBuilder {
             sentinel_urls.into_iter().map(Into::into).collect(),
             service_name.into(),
         ));
+        self
+    }
+
+    /// Talks to the Redis Cluster reached through any of `node_urls`
+    /// (`redis[s]://[user:password@]host:port`; a few of the nodes are enough, the others
+    /// are discovered) instead of a single server.
+    ///
+    /// Every script of a lock touches keys of one hash slot (the name is the hash tag),
+    /// and runs on that slot's primary; `MOVED` and `ASK` redirections during resharding
+    /// and `TRYAGAIN` while a slot migrates are followed and retried, within the call's
+    /// timeouts. Wake-ups travel by classic pub/sub, which the cluster delivers on every
+    /// node, so the client's one pub/sub connection may be to any node. See the README's
+    /// "Cluster" section.
+    ///
+    /// Defaults to off: a single server at [`url`](ClientBuilder::url).
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000", "redis://10.0.0.3:7000"])
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn cluster<I, S>(mut self, node_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.cluster = Some(node_urls.into_iter().map(Into::into).collect());
         self
     }
 
@@ -250,25 +280,26 @@ impl ClientBuilder {
         let redis = if self.tls_ca.is_none() && self.tls_client.is_none() {
             redis::Client::open(self.url.as_str()).map_err(bad_url)?
         } else {
-            tls_client(&self.url, self.tls_ca, self.tls_client).map_err(bad_url)?
+            tls_client(&self.url, self.tls_ca.clone(), self.tls_client.clone()).map_err(bad_url)?
         };
+        if self.sentinel.is_some() && self.cluster.is_some() {
+            return invalid("a client talks to a sentinel service or a cluster, not both");
+        }
         let (target, described) = match self.sentinel {
-            None => (Target::Server(redis), redact_url(&self.url)),
+            None => match self.cluster {
+                None => (Target::Server(redis), redact_url(&self.url)),
+                Some(urls) => cluster_target(
+                    urls,
+                    self.connect_timeout,
+                    self.command_timeout,
+                    tls_certificates(self.tls_ca, self.tls_client),
+                )?,
+            },
             Some((urls, service)) => {
-                if urls.is_empty() {
-                    return invalid("sentinel needs at least one sentinel address");
-                }
                 if service.is_empty() {
                     return invalid("sentinel needs a service name");
                 }
-                let mut sentinels = Vec::with_capacity(urls.len());
-                for url in &urls {
-                    let info = url.as_str().into_connection_info().map_err(|e| {
-                        Error::InvalidArgument(format!("bad sentinel url {}: {e}", redact_url(url)))
-                    })?;
-                    sentinels.push(info);
-                }
-                let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+                let (sentinels, urls) = parse_urls(&urls, "sentinel")?;
                 let described = format!("sentinel service {service:?} via {urls:?}");
                 let node = redis.get_connection_info().clone();
                 (
@@ -290,6 +321,101 @@ impl ClientBuilder {
             },
         )
     }
+}
+
+/// The connection settings of `urls` (at least one), and the URLs with passwords hidden.
+fn parse_urls(
+    urls: &[String],
+    what: &str,
+) -> Result<(Vec<redis::ConnectionInfo>, Vec<String>), Error> {
+    if urls.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} addresses: at least one is needed"
+        )));
+    }
+    let infos = urls
+        .iter()
+        .map(|url| {
+            url.as_str().into_connection_info().map_err(|e| {
+                Error::InvalidArgument(format!("bad {what} url {}: {e}", redact_url(url)))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((infos, urls.iter().map(|u| redact_url(u)).collect()))
+}
+
+/// A cluster target from its node URLs.
+fn cluster_target(
+    urls: Vec<String>,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    certificates: Option<Certificates>,
+) -> Result<(Target, String), Error> {
+    let (nodes, urls) = parse_urls(&urls, "cluster node")?;
+    // redis-rs follows MOVED and ASK itself; its default pause before a retry starts at
+    // 1.28 s, far past the bounds of a `try_lock_for`. Short pauses here, and a refusal
+    // that outlasts them (a migration under way) is retried by the client within the
+    // call's deadline.
+    let builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+        .connection_timeout(connect_timeout)
+        .response_timeout(command_timeout)
+        .retries(8)
+        .retry_wait_formula(1, 2)
+        .min_retry_wait(1)
+        .max_retry_wait(50);
+    let client = with_certificates(builder, certificates)
+        .build()
+        .map_err(|e| Error::InvalidArgument(format!("bad cluster settings: {e}")))?;
+    Ok((
+        Target::Cluster(Cluster::new(client, nodes)),
+        format!("cluster via {urls:?}"),
+    ))
+}
+
+#[cfg(feature = "tls")]
+type Certificates = redis::TlsCertificates;
+#[cfg(not(feature = "tls"))]
+type Certificates = ();
+
+#[cfg(feature = "tls")]
+fn tls_certificates(
+    ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+) -> Option<Certificates> {
+    if ca.is_none() && client.is_none() {
+        return None;
+    }
+    Some(redis::TlsCertificates {
+        client_tls: client.map(|(client_cert, client_key)| redis::ClientTlsConfig {
+            client_cert,
+            client_key,
+        }),
+        root_cert: ca,
+    })
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_certificates(_: Option<Vec<u8>>, _: Option<(Vec<u8>, Vec<u8>)>) -> Option<Certificates> {
+    None
+}
+
+#[cfg(feature = "tls")]
+fn with_certificates(
+    builder: redis::cluster::ClusterClientBuilder,
+    certificates: Option<Certificates>,
+) -> redis::cluster::ClusterClientBuilder {
+    match certificates {
+        Some(certs) => builder.certs(certs),
+        None => builder,
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_certificates(
+    builder: redis::cluster::ClusterClientBuilder,
+    _: Option<Certificates>,
+) -> redis::cluster::ClusterClientBuilder {
+    builder
 }
 
 #[cfg(feature = "tls")]
@@ -332,6 +458,13 @@ impl fmt::Debug for ClientBuilder {
             // Certificates and keys are never printed, only whether they are set.
             .field("tls_ca_certificate", &self.tls_ca.is_some())
             .field("tls_client_certificate", &self.tls_client.is_some())
+            .field(
+                "cluster",
+                &self
+                    .cluster
+                    .as_ref()
+                    .map(|urls| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>()),
+            )
             .field(
                 "sentinel",
                 &self.sentinel.as_ref().map(|(urls, service)| {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::runtime::keys::{LockKeys, Object};
-use crate::runtime::pool::{self, Conn, Manager};
+use crate::runtime::pool::{self, Con, Conn, Manager};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscriber;
 use crate::runtime::target::Target;
@@ -15,6 +15,11 @@ use crate::{
     ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
     ReadWriteLock, Semaphore,
 };
+
+/// The first pause before a command refused by a settling cluster is sent again; it
+/// doubles up to `MAX_SETTLE_PAUSE`.
+const SETTLE_PAUSE: Duration = Duration::from_millis(2);
+const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
 
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
@@ -267,21 +272,35 @@ impl Inner {
     /// it) and returns the shortfall as an error to report, if any.
     pub(crate) fn await_replicas(
         &self,
-        con: &mut redis::Connection,
+        con: &mut Con,
+        key: &[u8],
     ) -> redis::RedisResult<Option<Error>> {
         let Some((required, timeout_ms)) = self.config.sync_replicas else {
             return Ok(None);
         };
-        let acked: u32 = redis::cmd("WAIT")
-            .arg(required)
-            .arg(timeout_ms)
-            .query(con)?;
+        let acked = con.wait_replicas(key, required, timeout_ms)?;
         Ok((acked < required).then_some(Error::NotReplicated { acked, required }))
     }
 
     /// Which primary connections now go to; it changes with each failover (Sentinel).
     pub(crate) fn generation(&self) -> u64 {
         self.target.generation()
+    }
+
+    /// Whether this client talks to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.target.is_cluster()
+    }
+
+    /// Queue-entry flags saying where this client listens (see `lua/queue.lua`): on a
+    /// cluster, perhaps on another node than the lock's, so that a release there cannot
+    /// count it among the subscribers.
+    pub(crate) fn listener_flags(&self) -> u8 {
+        if self.target.is_cluster() {
+            8
+        } else {
+            0
+        }
     }
 
     /// Whether any `Client` (or `Lock`) of this client is still alive.
@@ -304,7 +323,7 @@ impl Inner {
     /// [`run_until`](Inner::run_until).
     pub(crate) fn run<T>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.run_until(None, f)
     }
@@ -323,7 +342,7 @@ impl Inner {
     pub(crate) fn run_until<T>(
         &self,
         until: Option<Instant>,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.run_with(until, true, f)
     }
@@ -332,7 +351,7 @@ impl Inner {
     /// told enough to make a repeat harmless), a dropped connection is the caller's error.
     pub(crate) fn run_once<T>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.run_with(None, false, f)
     }
@@ -341,11 +360,14 @@ impl Inner {
         &self,
         until: Option<Instant>,
         repeatable: bool,
-        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.check_process()?;
         let config = &self.config;
         let mut retries = 0;
+        // While the deployment settles (see `pool::is_settling`): when to stop retrying,
+        // and the next pause.
+        let mut settling: Option<(Instant, Duration)> = None;
         loop {
             let (checkout, io) = match until {
                 None => (config.connect_timeout, config.command_timeout),
@@ -368,6 +390,21 @@ impl Inner {
                 continue;
             }
             match conn.run(io, &mut f) {
+                // Refused before it ran: a slot mid-migration, a failover under way. The
+                // call waits it out, with a growing pause, for as long as a connection
+                // to a new primary would be waited for, and never past its deadline.
+                Err(e) if pool::is_settling(&e) => {
+                    let (give_up, pause) = settling.get_or_insert_with(|| {
+                        (Instant::now() + config.connect_timeout, SETTLE_PAUSE)
+                    });
+                    let stop = until.map_or(*give_up, |u| u.min(*give_up));
+                    if Instant::now() + *pause >= stop {
+                        return Err(e.into());
+                    }
+                    log::debug!("redmutex: retrying in {pause:?}: {e}");
+                    std::thread::sleep(*pause);
+                    *pause = (*pause * 2).min(MAX_SETTLE_PAUSE);
+                }
                 // A demoted primary refused the write: nothing happened, so even a call
                 // that must not run twice may run again, on a connection to the new one.
                 Err(e) if pool::is_readonly(&e) && retries < self.config.pool_size => {

@@ -7,9 +7,104 @@ use redis::ConnectionLike;
 
 use crate::runtime::target::Target;
 
+/// A command connection: to one server, or to a cluster (a socket per node, following
+/// `MOVED`/`ASK` redirections and slot-map changes by itself).
+pub(crate) enum Con {
+    Single(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl Con {
+    fn set_timeouts(&self, timeout: Duration) -> redis::RedisResult<()> {
+        match self {
+            Con::Single(c) => {
+                c.set_read_timeout(Some(timeout))?;
+                c.set_write_timeout(Some(timeout))
+            }
+            Con::Cluster(c) => {
+                c.set_read_timeout(Some(timeout))?;
+                c.set_write_timeout(Some(timeout))
+            }
+        }
+    }
+
+    /// `WAIT replicas timeout_ms` on the node that owns `key`: the one that just ran this
+    /// connection's write (a cluster would otherwise send `WAIT` to every primary).
+    pub(crate) fn wait_replicas(
+        &mut self,
+        key: &[u8],
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> redis::RedisResult<u32> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(timeout_ms);
+        match self {
+            Con::Single(c) => wait.query(c),
+            Con::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = Route::with_key(key, SlotAddr::Master);
+                let value = c.route_command(
+                    &wait,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Con {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
+        match self {
+            Con::Single(c) => c.req_packed_command(cmd),
+            Con::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        match self {
+            Con::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Con::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        match self {
+            Con::Single(c) => c.req_command(cmd),
+            Con::Cluster(c) => c.req_command(cmd),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Con::Single(c) => c.get_db(),
+            Con::Cluster(c) => c.get_db(),
+        }
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            Con::Single(c) => c.check_connection(),
+            Con::Cluster(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Con::Single(c) => c.is_open(),
+            Con::Cluster(c) => c.is_open(),
+        }
+    }
+}
+
 /// A command connection that remembers when a failure left it unusable.
 pub(crate) struct Conn {
-    pub(crate) con: redis::Connection,
+    pub(crate) con: Con,
     // The read/write timeout now set on the socket: the command timeout, or less for a
     // call bounded by a deadline. Changed only when a call needs another (two syscalls).
     timeout: Duration,
@@ -27,8 +122,8 @@ pub(crate) struct Manager {
 }
 
 impl Manager {
-    /// A new connection with the configured timeouts, for the pool and the subscriber, and
-    /// the generation of the primary it reached.
+    /// A new connection with the configured timeouts, for the subscriber (to any node of
+    /// a cluster), and the generation of the primary it reached.
     pub(crate) fn connect(&self) -> redis::RedisResult<(redis::Connection, u64)> {
         self.target
             .connect(self.connect_timeout, self.command_timeout)
@@ -40,7 +135,9 @@ impl r2d2::ManageConnection for Manager {
     type Error = redis::RedisError;
 
     fn connect(&self) -> Result<Conn, redis::RedisError> {
-        let (con, generation) = Manager::connect(self)?;
+        let (con, generation) = self
+            .target
+            .connect_commands(self.connect_timeout, self.command_timeout)?;
         Ok(Conn {
             con,
             timeout: self.command_timeout,
@@ -69,14 +166,10 @@ impl Conn {
     pub(crate) fn run<T>(
         &mut self,
         timeout: Duration,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnOnce(&mut Con) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
         if timeout != self.timeout {
-            let set = self
-                .con
-                .set_read_timeout(Some(timeout))
-                .and_then(|()| self.con.set_write_timeout(Some(timeout)));
-            if let Err(e) = set {
+            if let Err(e) = self.con.set_timeouts(timeout) {
                 self.broken = true;
                 return Err(e);
             }
@@ -90,6 +183,18 @@ impl Conn {
         }
         result
     }
+}
+
+/// Whether `e` is a refusal of a cluster (or a server) that is settling: a slot migrating
+/// with the lock's keys split between two nodes (`TRYAGAIN`), slots unserved mid-failover
+/// (`CLUSTERDOWN`), a replica not yet in sync (`MASTERDOWN`), a dataset loading
+/// (`LOADING`), or redirections (`ASK`, `MOVED`) still bouncing when redis-rs's own
+/// retries ran out. The command did not run; it may be sent again after a pause.
+pub(crate) fn is_settling(e: &redis::RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "LOADING" | "ASK" | "MOVED")
+    ) || e.redirect_node().is_some()
 }
 
 /// Whether `e` says the node is a replica now: a failover demoted the primary this

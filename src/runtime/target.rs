@@ -1,10 +1,12 @@
 //! Where a client's connections go: one server, or the primary the sentinels name.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
+
+use crate::runtime::pool::Con;
 
 /// The deployment a client talks to.
 pub(crate) enum Target {
@@ -12,6 +14,49 @@ pub(crate) enum Target {
     Server(redis::Client),
     /// The primary of a Sentinel-monitored service, found anew for every connection.
     Sentinel(Sentinel),
+    /// A Redis Cluster: command connections route each script to its lock's slot.
+    Cluster(Cluster),
+}
+
+/// A Redis Cluster, reached through any of its nodes.
+pub(crate) struct Cluster {
+    pub(crate) client: redis::cluster::ClusterClient,
+    // The nodes given, for the pub/sub connection: classic PUBLISH reaches subscribers
+    // on every node, so any node will do; a failed one passes the turn to the next.
+    nodes: Vec<ConnectionInfo>,
+    next: AtomicUsize,
+}
+
+impl Cluster {
+    pub(crate) fn new(
+        client: redis::cluster::ClusterClient,
+        nodes: Vec<ConnectionInfo>,
+    ) -> Cluster {
+        Cluster {
+            client,
+            nodes,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn connect(&self, connect: Duration) -> RedisResult<redis::Connection> {
+        let mut last = None;
+        for _ in 0..self.nodes.len() {
+            let i = self.next.load(Ordering::Relaxed) % self.nodes.len();
+            match redis::Client::open(self.nodes[i].clone())
+                .and_then(|c| c.get_connection_with_timeout(connect))
+            {
+                Ok(con) => return Ok(con),
+                Err(e) => {
+                    self.next.fetch_add(1, Ordering::Relaxed);
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Client, "no cluster node addresses"))
+        }))
+    }
 }
 
 /// A service's primary as Redis Sentinel reports it.
@@ -42,17 +87,38 @@ impl Target {
         let (con, generation) = match self {
             Target::Server(client) => (client.get_connection_with_timeout(connect)?, 0),
             Target::Sentinel(sentinel) => sentinel.connect(connect, io)?,
+            Target::Cluster(cluster) => (cluster.connect(connect)?, 0),
         };
         con.set_read_timeout(Some(io))?;
         con.set_write_timeout(Some(io))?;
         Ok((con, generation))
     }
 
+    /// A new command connection (see [`connect`](Target::connect)).
+    pub(crate) fn connect_commands(
+        &self,
+        connect: Duration,
+        io: Duration,
+    ) -> RedisResult<(Con, u64)> {
+        match self {
+            Target::Cluster(cluster) => {
+                let con = cluster.client.get_connection()?;
+                con.set_read_timeout(Some(io))?;
+                con.set_write_timeout(Some(io))?;
+                Ok((Con::Cluster(Box::new(con)), 0))
+            }
+            _ => {
+                let (con, generation) = self.connect(connect, io)?;
+                Ok((Con::Single(con), generation))
+            }
+        }
+    }
+
     /// The generation of the primary last named: a connection of another generation is
     /// stale.
     pub(crate) fn generation(&self) -> u64 {
         match self {
-            Target::Server(_) => 0,
+            Target::Server(_) | Target::Cluster(_) => 0,
             Target::Sentinel(sentinel) => sentinel.generation.load(Ordering::Acquire),
         }
     }
@@ -69,6 +135,10 @@ impl Target {
 
     pub(crate) fn is_sentinel(&self) -> bool {
         matches!(self, Target::Sentinel(_))
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster(_))
     }
 }
 

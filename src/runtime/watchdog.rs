@@ -865,22 +865,53 @@ fn clean_doubtful(inner: &Inner) {
 /// slow round cannot use up the time of the next one.
 pub(crate) fn renew_all(inner: &Inner, full: bool) {
     let watchdog_ms = millis(inner.config.watchdog_timeout);
-    let round = Round {
+    let mut round = Round {
         watchdog: &inner.watchdog,
         watched: inner.watchdog.watched(full, watchdog_ms),
     };
-    let waiters = if full {
+    let mut waiters = if full {
         inner.watchdog.waiters(watchdog_ms)
     } else {
         Vec::new()
     };
+    // On a cluster one script may only touch keys of one slot: a batch is one lock's keys
+    // (its hash tag), and the batches are sorted so that each lock's holds and queue
+    // entries are neighbours. Elsewhere every lock shares one batch.
+    let cluster = inner.is_cluster();
+    let group = |key: &[u8]| -> Vec<u8> {
+        if cluster {
+            hash_tag(key).to_vec()
+        } else {
+            Vec::new()
+        }
+    };
+    if cluster {
+        round.watched.sort_by_cached_key(|w| group(&w.keys.key));
+        waiters.sort_by_cached_key(|(keys, ..)| group(&keys.key));
+    }
     let give_up_after = inner.config.watchdog_timeout / 3;
     let mut holds: &[Watched] = &round.watched;
     let mut waits = waiters.as_slice();
     while !holds.is_empty() || !waits.is_empty() {
-        let (batch, rest) = holds.split_at(holds.len().min(RENEW_BATCH));
+        let next = match (holds.first(), waits.first()) {
+            (Some(h), Some((w, ..))) => group(&h.keys.key).min(group(&w.key)),
+            (Some(h), None) => group(&h.keys.key),
+            (None, Some((w, ..))) => group(&w.key),
+            (None, None) => unreachable!(),
+        };
+        let same = holds
+            .iter()
+            .take(RENEW_BATCH)
+            .take_while(|h| group(&h.keys.key) == next)
+            .count();
+        let (batch, rest) = holds.split_at(same);
         holds = rest;
-        let (wait_batch, rest) = waits.split_at(waits.len().min(RENEW_BATCH - batch.len()));
+        let same = waits
+            .iter()
+            .take(RENEW_BATCH - batch.len())
+            .take_while(|(w, ..)| group(&w.key) == next)
+            .count();
+        let (wait_batch, rest) = waits.split_at(same);
         waits = rest;
         let mut call = scripts::RENEW.prepare_invoke();
         call.arg(batch.len());
@@ -936,6 +967,19 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         }
         inner.watchdog.renewed(batch);
     }
+}
+
+/// The part of `key` Redis Cluster hashes to find its slot: between the first `{` and
+/// the first `}` after it when that is not empty, else the whole key.
+fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
 }
 
 /// One renewal round's snapshot. Dropping it ends the round for every hold in it, even if

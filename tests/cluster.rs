@@ -1,0 +1,425 @@
+//! Locks on a Redis Cluster of three primaries (spawned per test): names spread over every
+//! node, wake-ups from whichever node owns the lock to a waiter listening on another,
+//! resharding a slot while its locks are held and waited for, and a primary failover.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::Client;
+use support::topology::{key_slot, tag_for_slot, Cluster};
+use support::wait_until;
+
+const WATCHDOG: Duration = Duration::from_secs(6);
+
+fn cluster_client(cluster: &Cluster) -> Client {
+    client_with_seeds(cluster.seed_urls())
+}
+
+/// A client whose pub/sub connection goes to node `i`: its only seed is that node.
+fn client_listening_on(cluster: &Cluster, i: usize) -> Client {
+    client_with_seeds(vec![format!("redis://{}/", cluster.node(i).addr())])
+}
+
+fn client_with_seeds(seeds: Vec<String>) -> Client {
+    Client::builder()
+        .cluster(seeds)
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_millis(1500))
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .expect("cluster client")
+}
+
+/// A thread of `client` blocked in `lock()` on `name`; it sends when it got the lock,
+/// then releases it.
+fn waiter(client: Client, name: &str) -> (thread::JoinHandle<()>, mpsc::Receiver<Instant>) {
+    let (tx, rx) = mpsc::channel();
+    let name = name.to_owned();
+    let t = thread::spawn(move || {
+        let g = client.lock(&name).lock().unwrap();
+        tx.send(Instant::now()).unwrap();
+        g.unlock().unwrap();
+    });
+    (t, rx)
+}
+
+fn lock_key(name: &str) -> String {
+    format!("redmutex:{{{name}}}")
+}
+
+/// The holder ids in `name`'s hash on the node that owns its slot.
+fn holders(cluster: &Cluster, name: &str) -> Vec<(String, i64)> {
+    let key = lock_key(name);
+    let mut con = cluster.connection_for_key(&key);
+    redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap()
+}
+
+/// A lock name whose slot a node other than `not` owns.
+fn name_on_other_node(cluster: &Cluster, not: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|n| cluster.node_for_key(lock_key(n)) != not)
+        .unwrap()
+}
+
+#[test]
+fn a_thousand_lock_names_spread_over_every_primary() {
+    let cluster = Cluster::new(3, 0);
+    let client = cluster_client(&cluster);
+    let mut per_node = BTreeMap::new();
+    let names: Vec<String> = (0..1000).map(|i| format!("job:{i}")).collect();
+    for name in &names {
+        let lock = client.lock(name);
+        let outer = lock.lock().unwrap();
+        let inner = lock.try_lock().unwrap().expect("re-entry");
+        assert_eq!(lock.hold_count().unwrap(), 2);
+        let on_node = holders(&cluster, name);
+        assert_eq!(on_node.len(), 1, "{name} is on the node of its slot");
+        assert_eq!(on_node[0].1, 2);
+        *per_node
+            .entry(cluster.node_for_key(lock_key(name)))
+            .or_insert(0) += 1;
+        drop(inner);
+        outer.unlock().unwrap();
+        assert!(holders(&cluster, name).is_empty());
+    }
+    println!("1000 names per node: {per_node:?}");
+    assert_eq!(per_node.len(), 3, "every primary holds some");
+    assert!(per_node.values().all(|&n| n > 200));
+
+    // The watchdog renews holds on every node at once (its batches are per slot).
+    let guards: Vec<_> = names[..30]
+        .iter()
+        .map(|n| client.lock(n).lock().unwrap())
+        .collect();
+    // Time is the subject: half a lease after the acquisition, more than two thirds of it
+    // left on every node shows a renewal happened there.
+    let taken = Instant::now();
+    let renewed_past = WATCHDOG.as_millis() as i64 * 2 / 3 + 100;
+    assert!(wait_until(WATCHDOG, || taken.elapsed() >= WATCHDOG / 2
+        && names[..30].iter().all(|n| {
+            let key = lock_key(n);
+            let mut con = cluster.connection_for_key(&key);
+            let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
+            pttl > renewed_past
+        })));
+    for g in guards {
+        assert!(!g.is_lease_lost());
+        g.unlock().unwrap();
+    }
+}
+
+#[test]
+fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
+    let cluster = Cluster::new(3, 0);
+    let holder = cluster_client(&cluster);
+    // Both waiters' pub/sub connections are to node 0; the locks live elsewhere.
+    let name = name_on_other_node(&cluster, 0, "plain");
+    let fair_name = name_on_other_node(&cluster, 0, "fair");
+
+    let mut latencies = Vec::new();
+    for _ in 0..5 {
+        let held = holder.lock(&name).lock().unwrap();
+        let (t, rx) = waiter(client_listening_on(&cluster, 0), &name);
+        // Subscribed (on node 0) and queued before the release.
+        assert!(wait_until(Duration::from_secs(5), || {
+            let mut con = cluster.node(0).connection();
+            support::subscribers(&mut con, lock_key(&name)) > 0
+        }));
+        let released = Instant::now();
+        held.unlock().unwrap();
+        let woke = rx.recv_timeout(Duration::from_secs(5)).expect("woken");
+        latencies.push(woke - released);
+        t.join().unwrap();
+    }
+    latencies.sort();
+    println!("cross-node wake-ups (plain lock): {latencies:?}");
+    assert!(latencies[2] < Duration::from_millis(500));
+
+    // A fair lock's queue is served in order across nodes: each waiter is handed the
+    // lock directly (its client listens on node 0, the lock lives on another node).
+    let fair = holder.fair_lock(&fair_name).lock().unwrap();
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let queued = Arc::new(AtomicUsize::new(0));
+    let mut threads = Vec::new();
+    for i in 0..3 {
+        let c = client_listening_on(&cluster, 0);
+        let (order, queued, n) = (order.clone(), queued.clone(), fair_name.clone());
+        // Queue one after another, so the expected order is known.
+        assert!(wait_until(Duration::from_secs(5), || queued
+            .load(Ordering::SeqCst)
+            == i));
+        threads.push(thread::spawn(move || {
+            let lock = c.fair_lock(&n);
+            let started = Instant::now();
+            queued.fetch_add(1, Ordering::SeqCst);
+            let g = lock.lock().unwrap();
+            order.lock().push((i, started.elapsed()));
+            g.unlock().unwrap();
+        }));
+        assert!(wait_until(Duration::from_secs(5), || {
+            let key = format!("redmutex:!queue:{{{fair_name}}}");
+            let mut con = cluster.connection_for_key(&key);
+            let len: usize = redis::cmd("LLEN").arg(&key).query(&mut con).unwrap();
+            len == i + 1
+        }));
+    }
+    fair.unlock().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let order = order.lock();
+    println!("fair handoffs across nodes: {order:?}");
+    assert_eq!(
+        order.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    // Handed on directly, not after a pickup window (1 s) per waiter.
+    assert!(order[2].1 < Duration::from_millis(900), "{order:?}");
+}
+
+#[test]
+fn every_kind_of_primitive_works_on_a_cluster() {
+    let cluster = Cluster::new(3, 0);
+    let client = cluster_client(&cluster);
+    let fenced = client.fenced_lock("t").lock().unwrap();
+    assert!(fenced.token() > 0);
+    let rw = client.read_write_lock("rw");
+    let read = rw.read().lock().unwrap();
+    let read2 = rw.read().lock().unwrap();
+    let sem = client.semaphore("s", 2);
+    let p1 = sem.acquire().unwrap();
+    let p2 = sem.try_acquire().unwrap().expect("second permit");
+    assert!(sem.try_acquire().unwrap().is_none());
+    let latch = client.count_down_latch("l");
+    assert!(latch.try_set_count(1, Duration::from_secs(10)).unwrap());
+    latch.count_down().unwrap();
+    assert!(latch.wait_for(Duration::from_secs(1)).unwrap());
+    fenced.unlock().unwrap();
+    drop(read2);
+    read.unlock().unwrap();
+    p1.release().unwrap();
+    p2.release().unwrap();
+    assert_eq!(sem.available_permits().unwrap(), 2);
+    let _ = (key_slot("x"), tag_for_slot(0));
+}
+
+/// Two lock names whose keys share one slot (found by brute force over the CRC16).
+fn two_names_in_one_slot() -> (String, String, u16) {
+    let first = "resharded".to_owned();
+    let slot = key_slot(lock_key(&first));
+    let second = (0..)
+        .map(|i| format!("same-slot-{i}"))
+        .find(|n| key_slot(lock_key(n)) == slot)
+        .unwrap();
+    (first, second, slot)
+}
+
+#[test]
+fn resharding_a_slot_while_its_locks_are_held_and_waited_for() {
+    let cluster = Cluster::new(3, 0);
+    let (held_name, busy_name, slot) = two_names_in_one_slot();
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+
+    let holder = cluster_client(&cluster);
+    let held = holder.lock(&held_name).lock().unwrap();
+
+    // A waiter blocked on the held lock, listening on a third node.
+    let (waiter, woke) = waiter(client_listening_on(&cluster, (from + 2) % 3), &held_name);
+
+    // Two contenders take turns on the other lock of the slot throughout; a witness counts
+    // overlaps and errors.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let sections = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The contenders stop when the test ends, also when it fails.
+    struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let _stop_on_drop = StopOnDrop(stop.clone());
+    let contenders: Vec<_> = (0..2)
+        .map(|_| {
+            let c = cluster_client(&cluster);
+            let (inside, overlaps, sections, stop, n) = (
+                inside.clone(),
+                overlaps.clone(),
+                sections.clone(),
+                stop.clone(),
+                busy_name.clone(),
+            );
+            thread::spawn(move || {
+                let mut errors = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match c.lock(&n).lock() {
+                        Ok(g) => {
+                            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            thread::yield_now();
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            sections.fetch_add(1, Ordering::SeqCst);
+                            if let Err(e) = g.unlock() {
+                                errors.push(e.to_string());
+                            }
+                        }
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    let progress = |at_least: usize, stage: &str| {
+        let target = sections.load(Ordering::SeqCst) + at_least;
+        assert!(
+            wait_until(Duration::from_secs(10), || sections.load(Ordering::SeqCst)
+                >= target),
+            "the contenders are stuck {stage}"
+        );
+    };
+    progress(20, "before the migration");
+
+    // Move the slot's keys one at a time, letting the contenders run between the moves
+    // (ASK redirections, TRYAGAIN for scripts whose keys are split), then hand the slot
+    // over (MOVED from then on).
+    let began = Instant::now();
+    // Each step waits until the contenders' scripts were refused or redirected by the
+    // split slot (INFO errorstats on both nodes), so every state of the migration is met.
+    let refusals = || -> u64 {
+        [from, to]
+            .iter()
+            .map(|&i| {
+                let mut con = cluster.node(i).connection();
+                let info: String = redis::cmd("INFO")
+                    .arg("errorstats")
+                    .query(&mut con)
+                    .unwrap();
+                info.lines()
+                    .filter(|l| {
+                        ["TRYAGAIN", "ASK", "MOVED"]
+                            .iter()
+                            .any(|e| l.starts_with(&format!("errorstat_{e}:")))
+                    })
+                    .filter_map(|l| {
+                        l.split("count=")
+                            .nth(1)?
+                            .split(',')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    let met = |stage: &str| {
+        let before = refusals();
+        assert!(
+            wait_until(Duration::from_secs(5), || refusals() > before),
+            "the contenders never met the migration {stage}"
+        );
+    };
+    let migration = cluster.begin_migration(slot, from, to);
+    let mut moved = 0;
+    while migration.move_keys(1) > 0 {
+        moved += 1;
+        met(&format!("after {moved} keys moved"));
+    }
+    migration.finish();
+    met("after the slot moved");
+    progress(20, "after the migration");
+    let migrated_in = began.elapsed();
+    assert_eq!(cluster.node_for_slot(slot), to);
+
+    // The held lock moved with its hold and is still renewed and released normally.
+    assert_eq!(holders(&cluster, &held_name).len(), 1);
+    assert!(!held.is_lease_lost());
+    assert!(
+        woke.try_recv().is_err(),
+        "no second holder of the held lock"
+    );
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let woke_at = woke
+        .recv_timeout(Duration::from_secs(5))
+        .expect("waiter woke");
+    assert!(woke_at >= released);
+    waiter.join().unwrap();
+
+    stop.store(true, Ordering::Relaxed);
+    let errors: Vec<String> = contenders
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    println!(
+        "slot {slot} resharded from node {from} to {to} in {migrated_in:?} under {} sections; \
+         waiter woke {:?} after the release",
+        sections.load(Ordering::SeqCst),
+        woke_at - released
+    );
+    assert!(errors.is_empty(), "errors surfaced to callers: {errors:?}");
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_primary_failover_is_survived() {
+    let mut cluster = Cluster::new(3, 1);
+    let primary = cluster.primaries()[1];
+    let name = (0..)
+        .map(|i| format!("failover-{i}"))
+        .find(|n| cluster.node_for_key(lock_key(n)) == primary)
+        .unwrap();
+    let holder = cluster_client(&cluster);
+    let held = holder.lock(&name).lock().unwrap();
+    let listen_on = cluster.primaries()[0];
+    let (waiter, woke) = waiter(client_listening_on(&cluster, listen_on), &name);
+    assert!(wait_until(Duration::from_secs(5), || {
+        let mut con = cluster.node(listen_on).connection();
+        support::subscribers(&mut con, lock_key(&name)) > 0
+    }));
+    cluster.wait_replicas_synced(Duration::from_secs(5));
+
+    let killed_at = Instant::now();
+    cluster.kill_primary(primary);
+    let promoted = cluster.wait_for_failover(primary, Duration::from_secs(20));
+    println!(
+        "node {primary} failed over to {promoted} in {:?}",
+        killed_at.elapsed()
+    );
+    // The same client takes new locks in the failed-over slots and keeps renewing.
+    let other = (0..)
+        .map(|i| format!("after-{i}"))
+        .find(|n| cluster.node_for_key(lock_key(n)) == promoted)
+        .unwrap();
+    let g = holder.lock(&other).lock().unwrap();
+    assert_eq!(holders(&cluster, &other).len(), 1);
+    g.unlock().unwrap();
+    let taken = Instant::now();
+    assert!(wait_until(WATCHDOG, || {
+        let mut con = cluster.node(promoted).connection();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(lock_key(&name))
+            .query(&mut con)
+            .unwrap();
+        taken.elapsed() >= WATCHDOG / 3 && pttl > WATCHDOG.as_millis() as i64 * 2 / 3
+    }));
+    assert!(!held.is_lease_lost());
+    assert!(woke.try_recv().is_err());
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let woke_at = woke
+        .recv_timeout(Duration::from_secs(5))
+        .expect("waiter woke");
+    println!("waiter woke {:?} after the release", woke_at - released);
+    waiter.join().unwrap();
+}
