@@ -4,9 +4,13 @@
 //! ```sh
 //! cargo run --release --example demo                  # 4 processes x 4 threads, 4 s per kind
 //! cargo run --release --example demo -- --processes 2 --threads 8 --seconds 10 --kind fair
+//! cargo run --release --example demo -- --sentinel      # on a primary + 2 replicas + 3 sentinels
+//! cargo run --release --example demo -- --cluster       # on a cluster of 3 primaries
 //! ```
 //!
-//! Without `REDIS_URL` it starts a throwaway `redis-server` on a free loopback port. It
+//! Without `REDIS_URL` it starts a throwaway `redis-server` on a free loopback port; with
+//! `--sentinel` (without `REDIS_SENTINELS`) a throwaway Sentinel topology, with `--cluster`
+//! (without `REDIS_CLUSTER`) a throwaway cluster (see `tests/support/deployment.rs`). It
 //! re-executes itself as the worker processes. Every thread loops: take the lock, take it
 //! again (re-entry), read a counter from Redis, write it back plus one (deliberately not
 //! atomic: only the lock keeps two increments apart), release both levels, then do a
@@ -25,7 +29,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redmutex::Client;
+use support::deployment::{self, Deployment, Embedded, Shape};
 
 const WORKER_ENV: &str = "REDMUTEX_DEMO_WORKER";
 const LOCK_NAME: &str = "counter";
@@ -36,6 +40,7 @@ struct Options {
     /// Per kind.
     seconds: f64,
     kinds: Vec<Kind>,
+    shape: Shape,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -63,19 +68,16 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!(
                 "demo: {e}\nusage: demo [--processes N] [--threads N] [--seconds S] \
-                 [--kind lock|fair|both]"
+                 [--kind lock|fair|both] [--sentinel | --cluster]"
             );
             return ExitCode::from(2);
         }
     };
-    let (url, server) = support::redis_url_or_spawn();
-    let mut admin = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .expect("connect to Redis");
+    let (deploy, embedded) = deployment::deployment_or_spawn(opts.shape);
     let mut fairness = Vec::new();
     let mut code = ExitCode::SUCCESS;
     for &kind in &opts.kinds {
-        match parent(&opts, kind, &url, server.as_ref(), &mut admin) {
+        match parent(&opts, kind, &deploy, &embedded) {
             Ok(f) => fairness.push((kind, f)),
             Err(()) => code = ExitCode::FAILURE,
         }
@@ -96,9 +98,22 @@ fn parse_args() -> Result<Options, String> {
         threads: 4,
         seconds: 4.0,
         kinds: vec![Kind::Lock, Kind::Fair],
+        shape: Shape::Single,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        let shape = match flag.as_str() {
+            "--sentinel" => Some(Shape::Sentinel),
+            "--cluster" => Some(Shape::Cluster),
+            _ => None,
+        };
+        if let Some(shape) = shape {
+            if opts.shape != Shape::Single {
+                return Err("--sentinel and --cluster exclude each other".to_owned());
+            }
+            opts.shape = shape;
+            continue;
+        }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         let bad = || format!("bad value {value:?} for {flag}");
         match flag.as_str() {
@@ -126,12 +141,30 @@ fn parse_args() -> Result<Options, String> {
 fn parent(
     opts: &Options,
     kind: Kind,
-    url: &str,
-    server: Option<&support::RedisServer>,
-    admin: &mut redis::Connection,
+    deploy: &Deployment,
+    embedded: &Embedded,
 ) -> Result<(f64, f64), ()> {
     let prefix = format!("redmutex-demo:{}:{}:", std::process::id(), kind.name());
-    let before = support::commandstats(admin);
+    // Every primary's counters: on a cluster the lock lives on one, the data on others.
+    let mut primaries: Vec<redis::Connection> = deploy
+        .primaries()
+        .iter()
+        .map(|url| {
+            redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .expect("connect to a primary")
+        })
+        .collect();
+    let commandstats = |primaries: &mut Vec<redis::Connection>| {
+        let mut sum = std::collections::HashMap::new();
+        for con in primaries.iter_mut() {
+            for (cmd, n) in support::commandstats(con) {
+                *sum.entry(cmd).or_insert(0) += n;
+            }
+        }
+        sum
+    };
+    let before = commandstats(&mut primaries);
 
     // Workers start together: they all run until the same wall-clock instant.
     let start_at = unix_micros() + 300_000;
@@ -141,7 +174,7 @@ fn parent(
             Command::new(std::env::current_exe().expect("the demo's own path"))
                 .env(WORKER_ENV, i.to_string())
                 .env("DEMO_KIND", kind.name())
-                .env("DEMO_URL", url)
+                .env("DEMO_DEPLOYMENT", deploy.to_env())
                 .env("DEMO_PREFIX", &prefix)
                 .env("DEMO_THREADS", opts.threads.to_string())
                 .env("DEMO_START_AT", start_at.to_string())
@@ -176,35 +209,39 @@ fn parent(
     let elapsed = (end_at - start_at) as f64 / 1e6;
 
     let counter_key = format!("{prefix}data");
+    let mut data = deploy.data_connection();
     let counter: u64 = redis::cmd("GET")
         .arg(&counter_key)
-        .query::<Option<u64>>(admin)
+        .query::<Option<u64>>(&mut *data)
         .expect("GET counter")
         .unwrap_or(0);
-    let after = support::commandstats(admin);
+    let after = commandstats(&mut primaries);
     let delta =
         |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(admin)
-        .unwrap_or_default();
-    if !keys.is_empty() {
-        let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(admin);
+    for admin in primaries.iter_mut() {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(admin)
+            .unwrap_or_default();
+        for key in keys {
+            let _: Result<(), _> = redis::cmd("DEL").arg(key).query(admin);
+        }
     }
 
-    let version = support::redis_version(admin);
-    let origin = match server {
-        Some(s) => format!("embedded, port {}", s.port()),
-        None => url.to_owned(),
+    let version = support::redis_version(&mut primaries[0]);
+    let origin = match embedded {
+        Embedded::External => deploy.to_env(),
+        embedded => embedded.to_string(),
     };
     let lost = acquisitions as i64 - counter as i64;
     let per_acq = |n: u64| n as f64 / acquisitions.max(1) as f64;
     handoffs.sort_unstable();
     println!(
-        "redmutex demo, {}: {} processes x {} threads, {elapsed:.1} s, redis {version} ({origin})",
+        "redmutex demo, {}: {} processes x {} threads, {elapsed:.1} s, redis {version} ({:?}, {origin})",
         kind.name(),
         opts.processes,
-        opts.threads
+        opts.threads,
+        deploy.shape(),
     );
     println!(
         "  acquisitions        {acquisitions:>8}  ({:.0}/s), each with a nested re-entry",
@@ -264,8 +301,8 @@ fn jain(counts: &[u64]) -> f64 {
 }
 
 /// What one worker thread does, and when.
-struct Shape {
-    url: String,
+struct Turns {
+    deploy: Deployment,
     prefix: String,
     seed: u64,
     start_at: u64,
@@ -275,19 +312,18 @@ struct Shape {
 /// Takes the lock (trying first, then blocking), re-enters it, does a non-atomic
 /// read-modify-write of the counter inside, until `end_at`. Returns the acquisitions and
 /// the handoff latencies it saw.
-fn work<K: redmutex::Kind>(lock: &redmutex::Lock<K>, shape: Shape) -> (u64, Vec<u64>) {
-    let Shape {
-        url,
+fn work<K: redmutex::Kind>(lock: &redmutex::Lock<K>, turns: Turns) -> (u64, Vec<u64>) {
+    let Turns {
+        deploy,
         prefix,
         seed: mut rng,
         start_at,
         end_at,
-    } = shape;
+    } = turns;
     let data = format!("{prefix}data");
     let released_at = format!("{prefix}released_at");
-    let mut con = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .expect("data connection");
+    let mut con = deploy.data_connection();
+    let con = &mut *con;
     let (mut count, mut handoffs) = (0u64, Vec::new());
     sleep_until(start_at);
     while unix_micros() < end_at {
@@ -297,10 +333,7 @@ fn work<K: redmutex::Kind>(lock: &redmutex::Lock<K>, shape: Shape) -> (u64, Vec<
         };
         let acquired = unix_micros();
         if waited {
-            let prev: Option<u64> = redis::cmd("GET")
-                .arg(&released_at)
-                .query(&mut con)
-                .expect("GET");
+            let prev: Option<u64> = redis::cmd("GET").arg(&released_at).query(con).expect("GET");
             if let Some(prev) = prev.filter(|&p| p <= acquired) {
                 handoffs.push(acquired - prev);
             }
@@ -308,18 +341,18 @@ fn work<K: redmutex::Kind>(lock: &redmutex::Lock<K>, shape: Shape) -> (u64, Vec<
         // A nested critical section: the same thread takes the lock again.
         let inner = lock.lock().expect("re-entry");
         assert_eq!(lock.hold_count().expect("hold_count"), 2);
-        let n: Option<u64> = redis::cmd("GET").arg(&data).query(&mut con).expect("GET");
+        let n: Option<u64> = redis::cmd("GET").arg(&data).query(con).expect("GET");
         redis::cmd("SET")
             .arg(&data)
             .arg(n.unwrap_or(0) + 1)
-            .exec(&mut con)
+            .exec(con)
             .expect("SET");
         inner.unlock().expect("inner unlock");
         count += 1;
         redis::cmd("SET")
             .arg(&released_at)
             .arg(unix_micros())
-            .exec(&mut con)
+            .exec(con)
             .expect("SET");
         outer.unlock().expect("outer unlock");
         // Work outside the lock, so that other threads get their turn.
@@ -333,22 +366,22 @@ fn work<K: redmutex::Kind>(lock: &redmutex::Lock<K>, shape: Shape) -> (u64, Vec<
 
 fn worker() {
     let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"));
-    let url = env("DEMO_URL");
+    let deploy = Deployment::from_env(&env("DEMO_DEPLOYMENT"));
     let prefix = env("DEMO_PREFIX");
     let threads: usize = env("DEMO_THREADS").parse().expect("DEMO_THREADS");
     let start_at: u64 = env("DEMO_START_AT").parse().expect("DEMO_START_AT");
     let end_at: u64 = env("DEMO_END_AT").parse().expect("DEMO_END_AT");
     let fair = env("DEMO_KIND") == Kind::Fair.name();
-    let client = Client::builder()
-        .url(url.as_str())
+    let client = deploy
+        .builder()
         .key_prefix(prefix.as_str())
         .build()
         .expect("build client");
 
     let workers: Vec<_> = (0..threads)
         .map(|t| {
-            let shape = Shape {
-                url: url.clone(),
+            let turns = Turns {
+                deploy: deploy.clone(),
                 prefix: prefix.clone(),
                 seed: (u64::from(std::process::id()) << 16) ^ t as u64 ^ start_at,
                 start_at,
@@ -357,10 +390,10 @@ fn worker() {
             // One surface for every kind: the same code runs a `Lock` or a `FairLock`.
             if fair {
                 let lock = client.fair_lock(LOCK_NAME);
-                thread::spawn(move || work(&lock, shape))
+                thread::spawn(move || work(&lock, turns))
             } else {
                 let lock = client.lock(LOCK_NAME);
-                thread::spawn(move || work(&lock, shape))
+                thread::spawn(move || work(&lock, turns))
             }
         })
         .collect();

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use redis::IntoConnectionInfo;
 
 pub mod child;
+pub mod deployment;
 mod proxy;
 pub mod topology;
 // Not every test binary that includes the harness injects faults.
