@@ -25,11 +25,8 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{connect, f1, f2, median, percentile, unique_prefix, Grid};
+use common::{connect, f1, f2, median, percentile, unique_prefix, Grid, Op};
 use support::deployment::{deployment_or_spawn, Deployment, Shape};
-
-/// One timed operation of the uncontended table.
-type Op<'a> = Box<dyn FnMut() + 'a>;
 
 const WARMUP: usize = 300;
 const ROUNDS: usize = 6;
@@ -93,21 +90,7 @@ fn main() {
             Box::new(|| drop(single_lock.lock().unwrap())),
         ),
     ];
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
-    for (_, op) in ops.iter_mut() {
-        for _ in 0..WARMUP {
-            op();
-        }
-    }
-    for _ in 0..ROUNDS {
-        for (i, (_, op)) in ops.iter_mut().enumerate() {
-            for _ in 0..OPS_PER_ROUND {
-                let t = Instant::now();
-                op();
-                samples[i].push(t.elapsed().as_secs_f64() * 1e6);
-            }
-        }
-    }
+    let samples = common::interleaved(&mut ops, WARMUP, ROUNDS, OPS_PER_ROUND);
     let medians: Vec<f64> = samples.iter().map(|s| median(s)).collect();
     let names: Vec<&str> = ops.iter().map(|(n, _)| *n).collect();
     drop(ops);

@@ -71,6 +71,22 @@ pub enum Error {
     /// because the process is out of threads. Nothing was written.
     #[error("could not start a redmutex background thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// A [`MultiLock`](crate::MultiLock) could not count on enough of its locks: more of
+    /// their servers failed (down, unreachable, frozen, refusing) than its quorum allows.
+    /// An acquisition that fails so holds nothing; a release that fails so could not
+    /// confirm the lock free on a quorum, and what it could not free ends with its lease.
+    #[error("only {reached} of {members} locks answered, {required} needed: {source}")]
+    NoQuorum {
+        /// The locks (servers) that answered.
+        reached: usize,
+        /// The locks of the `MultiLock`.
+        members: usize,
+        /// Its quorum.
+        required: usize,
+        /// The last failure of one of them.
+        #[source]
+        source: Box<Error>,
+    },
     /// A duration or a configuration value is out of range (zero or overflowing durations,
     /// unparsable URLs, bad prefixes).
     #[error("invalid argument: {0}")]

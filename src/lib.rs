@@ -31,7 +31,8 @@
 //! readers or one writer in, and never starves a waiting writer; a [`Semaphore`] caps how
 //! many hold it at once, each [`Permit`] with an owner and a lease, so a crashed holder's
 //! permits come back; a [`CountDownLatch`] lets threads and processes wait until a count
-//! of events has happened. A plain [`Lock`] lets a running thread barge past sleeping
+//! of events has happened. A [`MultiLock`] holds a lock over several servers: RedLock
+//! across independent masters (held on a majority), or several locks all at once. A plain [`Lock`] lets a running thread barge past sleeping
 //! waiters only while the first of them has waited less than 10 ms, so nobody starves.
 //! The locks are one generic type, [`Lock<K>`](Lock) over the [`Kind`]s [`Plain`] (the
 //! default), [`Fair`], [`Fenced`], [`Read`] and [`Write`]: `FairLock` is `Lock<Fair>`,
@@ -53,6 +54,8 @@ pub use crate::{
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Write},
     primitives::latch::CountDownLatch,
     primitives::lock::{FairLock, FencedLock, Lock},
+    primitives::multi_guard::MultiLockGuard,
+    primitives::multilock::MultiLock,
     primitives::permit::Permit,
     primitives::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock},
     primitives::semaphore::{Semaphore, MAX_PERMITS},

@@ -143,6 +143,46 @@ fn a_freeze_longer_than_the_lease_is_reported() {
     assert!(guard.unlock().is_err());
 }
 
+/// While Redis stays frozen (or unreachable), a watchdog lease stops being renewed: the
+/// guard must say it is lost once the lease can have run out on the server, without
+/// waiting for Redis to come back, and not before.
+#[test]
+fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
+    const WATCHDOG: Duration = Duration::from_millis(900);
+    let server = RedisServer::new();
+    let c = client(&server, WATCHDOG);
+    let guard = c.lock("frozen-loss").lock().expect("lock");
+    // The key's expiry as Redis has it just before the freeze: no renewal lands after it.
+    let mut con = server.connection();
+    let seen = Instant::now();
+    let pttl: u64 = redis::cmd("PTTL")
+        .arg(key("frozen-loss"))
+        .query(&mut con)
+        .expect("PTTL");
+    server.freeze();
+    let expires = seen + Duration::from_millis(pttl);
+    let reported = support::wait_until(WATCHDOG * 3, || guard.is_lease_lost());
+    let at = Instant::now();
+    server.thaw();
+    assert!(
+        reported,
+        "a lease that ran out while Redis was frozen was not reported"
+    );
+    // Not before the key could have expired (a millisecond of PTTL rounding, and the
+    // one-way latency of the renewal that set it), and promptly after.
+    assert!(
+        at + Duration::from_millis(50) >= expires,
+        "reported {:?} before the key's expiry",
+        expires - at
+    );
+    assert!(
+        at <= expires + Duration::from_millis(300),
+        "reported {:?} after the key's expiry",
+        at - expires
+    );
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+}
+
 #[test]
 fn script_flush_between_calls_changes_nothing() {
     let server = RedisServer::new();

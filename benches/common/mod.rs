@@ -32,6 +32,36 @@ pub fn jain(counts: &[u64]) -> f64 {
     sum * sum / (counts.len() as f64 * squares)
 }
 
+/// One timed operation of an uncontended table.
+pub type Op<'a> = Box<dyn FnMut() + 'a>;
+
+/// Times `ops` (each warmed up `warmup` times first) in `rounds` interleaved rounds of
+/// `per_round` calls each, so a slow phase of a noisy machine hits every figure alike:
+/// each operation's samples, in µs.
+pub fn interleaved(
+    ops: &mut [(&str, Op)],
+    warmup: usize,
+    rounds: usize,
+    per_round: usize,
+) -> Vec<Vec<f64>> {
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
+    for (_, op) in ops.iter_mut() {
+        for _ in 0..warmup {
+            op();
+        }
+    }
+    for _ in 0..rounds {
+        for (i, (_, op)) in ops.iter_mut().enumerate() {
+            for _ in 0..per_round {
+                let t = Instant::now();
+                op();
+                samples[i].push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    }
+    samples
+}
+
 /// A table of figures per kind.
 pub struct Grid {
     header: Vec<String>,

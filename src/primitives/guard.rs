@@ -11,6 +11,7 @@ use crate::primitives::lock::millis;
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::queue;
+use crate::runtime::scripts;
 use crate::runtime::watchdog::{Lease, Registration};
 use crate::{Error, Lock};
 
@@ -123,8 +124,10 @@ impl<K: Kind> LockGuard<K> {
     /// this guard's fixed lease has run out with no other level of the thread's hold
     /// keeping the lock (an outer fixed lease covered by a nested watchdog level is not
     /// lost); or the lock was handed to this thread by a release and its one-second
-    /// pickup window ended before the watchdog could extend it (Redis unreachable). Another holder may then have entered the critical section. Never goes back
-    /// to false.
+    /// pickup window ended before the watchdog could extend it (Redis unreachable); or no
+    /// renewal reached Redis for as long as the lease lasts (Redis frozen, unreachable or
+    /// cut off), so the key may have expired there. Another holder may then have entered
+    /// the critical section. Never goes back to false.
     pub fn is_lease_lost(&self) -> bool {
         if self.lost.load(Ordering::SeqCst) {
             return true;
@@ -141,11 +144,33 @@ impl<K: Kind> LockGuard<K> {
                         .watchdog
                         .covered(&self.keys.hold, self.token, &self.lost)
             }
-            Lease::Watchdog => false,
+            Lease::Watchdog => watchdog.lease_expired(&self.keys.hold, self.token, &self.lost),
         }
     }
 
     fn release(&mut self) -> Result<(), Error> {
+        let held = match self.begin_release()? {
+            Ok(call) => call,
+            Err(done) => return done,
+        };
+        let inner = &self.inner;
+        let keys = &self.keys;
+        let reply = inner.run(|con| {
+            let (left, served): (i64, i64) = scripts::eval(con, keys.ops.release, &held.cmd)?;
+            let shortfall = if left >= 0 {
+                inner.await_replicas(con, &keys.key)?
+            } else {
+                None
+            };
+            Ok((left, served, shortfall))
+        });
+        self.end_release(held.levels, reply)
+    }
+
+    /// The first half of a release: unregisters this level, so that from here on the
+    /// watchdog never renews for it, and returns the release script's call; or the
+    /// outcome already, when this level is no longer held (`Err`).
+    pub(crate) fn begin_release(&mut self) -> Result<Result<Release, Result<(), Error>>, Error> {
         self.released = true;
         let inner = &self.inner;
         // In a fork()ed child the holder id is the parent's: releasing would free its lock.
@@ -156,7 +181,13 @@ impl<K: Kind> LockGuard<K> {
         inner
             .watchdog
             .pickup_lapsed(&keys.hold, self.token, &self.lost);
-        // Unregister first, so that from here on the watchdog never renews for this guard.
+        // So is a renewed one whose renewals stopped reaching Redis for longer than its
+        // lease. (A fixed lease that ran out is simply no longer held: `NotHeld`.)
+        if self.lease == Lease::Watchdog {
+            inner
+                .watchdog
+                .lease_expired(&keys.hold, self.token, &self.lost);
+        }
         let Some((need, held)) =
             inner
                 .watchdog
@@ -165,25 +196,25 @@ impl<K: Kind> LockGuard<K> {
             // The hold this guard belonged to is over (lost, or replaced by a newer
             // acquisition of this thread): releasing in Redis would take a level from
             // the newer one.
-            return Err(self.not_held());
+            return Ok(Err(Err(self.not_held())));
         };
-        let (left, served, shortfall) = inner.run(|con| {
-            let (left, served): (i64, i64) = queue::invoke(keys.ops.release, keys)
-                .arg(self.holder.as_str())
-                .arg(need)
-                .arg(held)
-                .arg(keys.inbox.as_slice())
-                .arg(queue::pickup_ms())
-                .arg(queue::starve_ms())
-                .arg(keys.ops.flags)
-                .invoke(con)?;
-            let shortfall = if left >= 0 {
-                inner.await_replicas(con, &keys.key)?
-            } else {
-                None
-            };
-            Ok((left, served, shortfall))
-        })?;
+        Ok(Ok(Release {
+            script: keys.ops.release,
+            cmd: queue::release(keys, &self.holder, need, held),
+            levels: held,
+        }))
+    }
+
+    /// The second half of a release, given the script's reply `(left, served)` and the
+    /// replicas' shortfall, if any.
+    pub(crate) fn end_release(
+        &self,
+        held: usize,
+        reply: Result<(i64, i64, Option<Error>), Error>,
+    ) -> Result<(), Error> {
+        let inner = &self.inner;
+        let keys = &self.keys;
+        let (left, served, shortfall) = reply?;
         if served == 1 {
             // A waiter was told its turn: make sure it took it once its window is over.
             inner.watchdog.handed_on(inner, keys);
@@ -199,6 +230,11 @@ impl<K: Kind> LockGuard<K> {
         shortfall.map_or(Ok(()), Err)
     }
 
+    /// The client this guard's lock belongs to.
+    pub(crate) fn client(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     fn not_held(&self) -> Error {
         if self.lost.load(Ordering::SeqCst) || self.generation != self.inner.generation() {
             Error::LeaseLost
@@ -206,6 +242,13 @@ impl<K: Kind> LockGuard<K> {
             Error::NotHeld
         }
     }
+}
+
+/// A release under way: the script's call, and the levels it was told the thread holds.
+pub(crate) struct Release {
+    pub(crate) script: &'static redis::Script,
+    pub(crate) cmd: redis::Cmd,
+    pub(crate) levels: usize,
 }
 
 impl<K: Kind> Drop for LockGuard<K> {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
 use crate::runtime::queue::{self, Notice};
+use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::watchdog::Lease;
 use crate::{Client, Error, LockGuard};
@@ -361,7 +362,7 @@ impl<K: Kind> Lock<K> {
         holder_id(&self.client.inner.id, thread_token())
     }
 
-    fn check_name(&self) -> Result<(), Error> {
+    pub(crate) fn check_name(&self) -> Result<(), Error> {
         if self.keys.name.is_empty() {
             return Err(Error::InvalidName("lock names must not be empty"));
         }
@@ -404,10 +405,7 @@ impl<K: Kind> Lock<K> {
             token,
             holder: holder_id(&inner.id, token),
             lease,
-            lease_ms: match lease {
-                Lease::Watchdog => millis(inner.config.watchdog_timeout),
-                Lease::Fixed(ms) => ms,
-            },
+            lease_ms: self.lease_ms(lease),
             deadline,
             once,
             amount,
@@ -438,37 +436,12 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let ops = keys.ops;
         let held = inner.watchdog.begin_attempt(&keys.hold, token);
-        let (ticket, ttl) = join.unwrap_or((0, 0));
+        let call = self.acquire_cmd(holder, lease_ms, held, amount, join);
         let outcome = inner.run_until(until, |con| {
-            let mut call = queue::invoke(ops.acquire, keys);
-            call.arg(holder)
-                .arg(lease_ms)
-                .arg(held)
-                .arg(ops.flags | inner.listener_flags())
-                .arg(u8::from(join.is_some()))
-                .arg(ttl)
-                .arg(ticket)
-                .arg(keys.inbox.as_slice())
-                .arg(queue::pickup_ms())
-                .arg(queue::starve_ms());
-            if ops.per_call {
-                call.arg(amount).arg(self.initial);
-            }
-            let reply: Vec<i64> = call.invoke(con)?;
-            let grant = match reply[..] {
-                [1, count, fence] => Grant {
-                    count,
-                    fence: kind::is_fenced::<K>().then_some(fence as u64),
-                },
-                [0, pttl] => return Ok(Ok(Err(pttl))),
-                // Asked to write while holding a read hold: refused, nothing written.
-                [-1] => return Ok(Err(Error::WouldDeadlock)),
-                _ => {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::Parse,
-                        "unexpected reply from the acquire script",
-                    )))
-                }
+            let reply: Vec<i64> = scripts::eval(con, ops.acquire, &call)?;
+            let grant = match Self::grant_of(&reply)? {
+                Ok(Ok(grant)) => grant,
+                other => return Ok(other),
             };
             // With sync_replicas, a grant the replicas did not confirm, or a WAIT that
             // failed (an ACL without +wait, a proxy without WAIT), is given back on the
@@ -483,15 +456,11 @@ impl<K: Kind> Lock<K> {
                 inner
                     .watchdog
                     .need_ms(&keys.hold, token, millis(inner.config.watchdog_timeout));
-            let rollback: redis::RedisResult<(i64, i64)> = queue::invoke(ops.release, keys)
-                .arg(holder)
-                .arg(need)
-                .arg(grant.count)
-                .arg(keys.inbox.as_slice())
-                .arg(queue::pickup_ms())
-                .arg(queue::starve_ms())
-                .arg(ops.flags)
-                .invoke(con);
+            let rollback: redis::RedisResult<(i64, i64)> = scripts::eval(
+                con,
+                ops.release,
+                &queue::release(keys, holder, need, grant.count as usize),
+            );
             match (failure, rollback) {
                 (Ok(shortfall), Ok(_)) => Ok(Err(shortfall)),
                 // The rollback's own failure is the one to report: the level may remain
@@ -500,8 +469,24 @@ impl<K: Kind> Lock<K> {
                 (Err(e), _) => Err(e),
             }
         });
-        let granted = matches!(outcome, Ok(Ok(Ok(_))));
-        let queued = join.is_some() && matches!(outcome, Ok(Ok(Err(_))));
+        let outcome = outcome.and_then(|refused| refused);
+        self.settle_attempt((token, holder), held, join.is_some(), outcome)
+    }
+
+    /// Ends an attempt begun with `watchdog.begin_attempt` (which said `held`) and passes
+    /// its outcome on: a level or a queue entry it may have left unknown to this process
+    /// is given back by the watchdog.
+    pub(crate) fn settle_attempt(
+        &self,
+        (token, holder): (u64, &str),
+        held: usize,
+        joined: bool,
+        outcome: Result<Result<Grant, i64>, Error>,
+    ) -> Result<Result<Grant, i64>, Error> {
+        let inner = &self.client.inner;
+        let keys = &self.keys;
+        let granted = matches!(outcome, Ok(Ok(_)));
+        let queued = joined && matches!(outcome, Ok(Err(_)));
         inner
             .watchdog
             .end_attempt(&keys.hold, token, granted, queued);
@@ -512,10 +497,68 @@ impl<K: Kind> Lock<K> {
                 inner.watchdog.doubt(inner, keys, token, holder, held);
             }
         }
-        outcome?
+        outcome
     }
 
-    fn wait_bound(&self, pttl: i64) -> Duration {
+    /// The lease a level taken with `lease` asks for, in ms.
+    pub(crate) fn lease_ms(&self, lease: Lease) -> u64 {
+        match lease {
+            Lease::Watchdog => millis(self.client.inner.config.watchdog_timeout),
+            Lease::Fixed(ms) => ms,
+        }
+    }
+
+    /// The acquire script's call (see `lua/acquire.lua`): `held` levels believed held,
+    /// `join` the ticket and entry lifetime to queue with.
+    pub(crate) fn acquire_cmd(
+        &self,
+        holder: &str,
+        lease_ms: u64,
+        held: usize,
+        amount: u32,
+        join: Option<(u64, u64)>,
+    ) -> redis::Cmd {
+        let keys = &self.keys;
+        let ops = keys.ops;
+        let (ticket, ttl) = join.unwrap_or((0, 0));
+        let mut call = queue::command(ops.acquire, keys);
+        call.arg(holder)
+            .arg(lease_ms)
+            .arg(held)
+            .arg(ops.flags | self.client.inner.listener_flags())
+            .arg(u8::from(join.is_some()))
+            .arg(ttl)
+            .arg(ticket)
+            .arg(keys.inbox.as_slice())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms());
+        if ops.per_call {
+            call.arg(amount).arg(self.initial);
+        }
+        call
+    }
+
+    /// What the acquire script's reply says: granted, held elsewhere (the holder's
+    /// remaining lease in ms), or refused.
+    pub(crate) fn grant_of(reply: &[i64]) -> redis::RedisResult<Result<Result<Grant, i64>, Error>> {
+        Ok(match *reply {
+            [1, count, fence] => Ok(Ok(Grant {
+                count,
+                fence: kind::is_fenced::<K>().then_some(fence as u64),
+            })),
+            [0, pttl] => Ok(Err(pttl)),
+            // Asked to write while holding a read hold: refused, nothing written.
+            [-1] => Err(Error::WouldDeadlock),
+            _ => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected reply from the acquire script",
+                )))
+            }
+        })
+    }
+
+    pub(crate) fn wait_bound(&self, pttl: i64) -> Duration {
         match pttl {
             // No expiry at all (someone wrote the key by hand): look again after a lease
             // rather than never.
@@ -528,7 +571,7 @@ impl<K: Kind> Lock<K> {
         }
     }
 
-    fn granted(
+    pub(crate) fn granted(
         &self,
         token: u64,
         holder: String,
@@ -542,7 +585,7 @@ impl<K: Kind> Lock<K> {
             token,
             &holder,
             grant.count,
-            lease,
+            (lease, self.lease_ms(lease)),
             (sent, handoff),
         );
         LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
@@ -563,7 +606,7 @@ impl<K: Kind> Lock<K> {
 
 /// Numbers each waiting call, so that a message meant for an earlier call of the same
 /// thread (one that already left the queue) is never taken for this one's.
-static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+pub(crate) static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 
 /// One call waiting for a lock: its attempts, its place in the queue, its subscription.
 struct Wait<'a, K: Kind> {
@@ -726,16 +769,8 @@ impl<K: Kind> Wait<'_, K> {
         let inner = &lock.client.inner;
         let keys = &lock.keys;
         let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
-            queue::invoke(keys.ops.cancel, keys)
-                .arg(self.holder.as_str())
-                .arg(0)
-                .arg(0)
-                .arg(1)
-                .arg(keys.inbox.as_slice())
-                .arg(queue::pickup_ms())
-                .arg(queue::starve_ms())
-                .arg(keys.ops.flags)
-                .invoke(con)
+            let cancel = queue::cancel(keys, &self.holder, 0, 0, true);
+            scripts::eval(con, keys.ops.cancel, &cancel)
         })?;
         self.left_queue();
         match reply[..] {
@@ -799,9 +834,9 @@ impl<K: Kind> Drop for Wait<'_, K> {
 }
 
 /// What a granted acquire script reported.
-struct Grant {
-    count: i64,
-    fence: Option<u64>,
+pub(crate) struct Grant {
+    pub(crate) count: i64,
+    pub(crate) fence: Option<u64>,
 }
 
 impl<K: Kind> fmt::Debug for Lock<K> {
@@ -824,7 +859,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
-fn fixed(lease: Duration) -> Result<Lease, Error> {
+pub(crate) fn fixed(lease: Duration) -> Result<Lease, Error> {
     if lease.is_zero() {
         return Err(Error::InvalidArgument(
             "a lease must be longer than zero".to_owned(),

@@ -1,11 +1,13 @@
 //! The primitives: one generic lock over its kinds (plain, fair, fenced, and the two sides
 //! of a read-write lock), its guard, the semaphore and its permits, and the count-down
-//! latch. Each kind contributes only its scripts and key layout (`runtime::scripts::Ops`).
+//! latch, and the `MultiLock` over several locks (RedLock). Each kind contributes only its scripts and key layout (`runtime::scripts::Ops`).
 
 pub(crate) mod guard;
 pub(crate) mod kind;
 pub(crate) mod latch;
 pub(crate) mod lock;
+pub(crate) mod multi_guard;
+pub(crate) mod multilock;
 pub(crate) mod permit;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;

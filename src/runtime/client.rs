@@ -80,6 +80,10 @@ pub(crate) struct Inner {
     target: Arc<Target>,
     pub(crate) subscriber: Subscriber,
     pub(crate) watchdog: Watchdog,
+    // Until when calls sent to several clients at once (`fanout`) skip this one, and why:
+    // its server just failed one (down, unreachable, frozen), and waiting for it again in
+    // every round would cost each acquisition the whole member timeout.
+    pub(crate) unreachable: parking_lot::Mutex<Option<(Instant, String)>>,
     // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
     // lock any more, and the watchdog stops renewing.
     handles: AtomicUsize,
@@ -258,6 +262,7 @@ impl Client {
                 pid: std::process::id(),
                 watchdog: Watchdog::new(),
                 handles: AtomicUsize::new(1),
+                unreachable: parking_lot::Mutex::new(None),
                 subscriber,
                 config,
                 pool,
@@ -317,6 +322,18 @@ impl Inner {
                 created_in: self.pid,
             })
         }
+    }
+
+    /// A pooled connection to a single server that is ready now, if there is one: calls
+    /// sent to several clients at once (`fanout`) must not wait for one client's pool (its
+    /// server down) while the other replies arrive.
+    pub(crate) fn idle_connection(&self) -> Option<r2d2::PooledConnection<Manager>> {
+        let mut conn = self.pool.try_get()?;
+        if conn.generation != self.target.generation() || conn.single().is_none() {
+            conn.mark_broken();
+            return None;
+        }
+        Some(conn)
     }
 
     /// Runs `f` on a pooled connection with the configured timeouts; see

@@ -4,6 +4,7 @@
 
 pub(crate) mod builder;
 pub(crate) mod client;
+pub(crate) mod fanout;
 pub(crate) mod keys;
 pub(crate) mod pool;
 pub(crate) mod queue;

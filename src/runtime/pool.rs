@@ -168,6 +168,16 @@ impl Conn {
         timeout: Duration,
         f: impl FnOnce(&mut Con) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
+        self.set_timeout(timeout)?;
+        let result = f(&mut self.con);
+        if let Err(e) = &result {
+            self.failed(e);
+        }
+        result
+    }
+
+    /// Sets `timeout` for each read and write (when it is not set already).
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) -> redis::RedisResult<()> {
         if timeout != self.timeout {
             if let Err(e) = self.con.set_timeouts(timeout) {
                 self.broken = true;
@@ -175,13 +185,23 @@ impl Conn {
             }
             self.timeout = timeout;
         }
-        let result = f(&mut self.con);
-        if let Err(e) = &result {
-            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() || is_readonly(e) {
-                self.broken = true;
-            }
+        Ok(())
+    }
+
+    /// Retires the connection if `e` may have left it out of step with the server.
+    pub(crate) fn failed(&mut self, e: &redis::RedisError) {
+        if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() || is_readonly(e) {
+            self.broken = true;
         }
-        result
+    }
+
+    /// The connection to one server (`None` for a cluster's), to write commands to and
+    /// read their replies separately.
+    pub(crate) fn single(&mut self) -> Option<&mut redis::Connection> {
+        match &mut self.con {
+            Con::Single(c) => Some(c),
+            Con::Cluster(_) => None,
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script, ScriptInvocation};
 
 use crate::primitives::lock::{millis, IO_GRACE};
 use crate::runtime::keys::LockKeys;
@@ -54,6 +54,57 @@ pub(crate) fn invoke<'a>(script: &'a Script, keys: &LockKeys) -> ScriptInvocatio
         }
     }
     call
+}
+
+/// The `EVALSHA` of `script` with a primitive's keys ([`invoke`]'s layout), as a command
+/// to add arguments to and run with `scripts::eval`, or to send to several servers at
+/// once (`fanout`).
+pub(crate) fn command(script: &Script, keys: &LockKeys) -> Cmd {
+    let extra = [&keys.leases, &keys.permits];
+    let count = 4 + extra.iter().filter(|k| !k.is_empty()).count();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(count)
+        .arg(keys.key.as_slice())
+        .arg(keys.fence.as_slice())
+        .arg(keys.queue.as_slice())
+        .arg(keys.waiters.as_slice());
+    for key in extra {
+        if !key.is_empty() {
+            cmd.arg(key.as_slice());
+        }
+    }
+    cmd
+}
+
+/// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
+/// whose remaining levels need `need` ms (`release.lua`).
+pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> Cmd {
+    let mut cmd = command(keys.ops.release, keys);
+    cmd.arg(holder)
+        .arg(need)
+        .arg(held)
+        .arg(keys.inbox.as_slice())
+        .arg(pickup_ms())
+        .arg(starve_ms())
+        .arg(keys.ops.flags);
+    cmd
+}
+
+/// Leaves the queue of the lock `keys` as the thread `holder`, which holds `expected`
+/// levels: with `keep`, a level beyond them (the lock was handed over meanwhile) is kept
+/// and reported, otherwise given back, leaving `need` ms to the levels held (`cancel.lua`).
+pub(crate) fn cancel(keys: &LockKeys, holder: &str, expected: usize, need: u64, keep: bool) -> Cmd {
+    let mut cmd = command(keys.ops.cancel, keys);
+    cmd.arg(holder)
+        .arg(expected)
+        .arg(need)
+        .arg(u8::from(keep))
+        .arg(keys.inbox.as_slice())
+        .arg(pickup_ms())
+        .arg(starve_ms())
+        .arg(keys.ops.flags);
+    cmd
 }
 
 /// What a script told a waiting thread of its turn.

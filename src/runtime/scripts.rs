@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, ConnectionLike, FromRedisValue, RedisResult, Script};
 
 /// A script made of rule files and a body, in order: the queue's rules (`lua/queue.lua`)
 /// come first, then the rules of the primitive that redefine its hooks.
@@ -130,3 +130,25 @@ pub(crate) static PERMITS: Ops = Ops {
     field_prefix: Some(""),
     per_call: true,
 };
+
+/// Runs `cmd`, an `EVALSHA` of `script`, loading the script first if the server lacks it
+/// (a restart, `SCRIPT FLUSH`): `redis::Script::invoke` for a command built by hand, so
+/// that the same command can also be sent without waiting for its reply (`fanout`).
+pub(crate) fn eval<T: FromRedisValue>(
+    con: &mut dyn ConnectionLike,
+    script: &Script,
+    cmd: &Cmd,
+) -> RedisResult<T> {
+    match cmd.query(con) {
+        Err(e) if is_noscript(&e) => {
+            script.load(con)?;
+            cmd.query(con)
+        }
+        result => result,
+    }
+}
+
+/// Whether the server refused an `EVALSHA` for not knowing the script.
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}

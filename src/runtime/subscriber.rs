@@ -138,6 +138,11 @@ impl Subscription {
         self.notices.recv_deadline(until).ok()
     }
 
+    /// The channel this thread's messages arrive on, to wait on several at once.
+    pub(crate) fn notices(&self) -> &Receiver<Notice> {
+        &self.notices
+    }
+
     /// Records when the lock's current lease ends, as an attempt just saw it.
     pub(crate) fn saw_lease_end(&self, at: Instant) {
         *self.waiters.next_try.lock() = Some(at);

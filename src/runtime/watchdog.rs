@@ -70,6 +70,11 @@ struct Hold {
     extend_at: Option<Instant>,
     // A handed-over hold not extended yet: when its lease on the server ends.
     pickup_ends: Option<Instant>,
+    // The latest the key's expiry is known to reach: the send time of the last grant or
+    // renewal that set it, plus the lease it set. Redis applied it later, so the key lives
+    // at least this long; past it, with no renewal confirmed, the hold may be gone (Redis
+    // frozen or unreachable, a partition) and another holder may have the lock.
+    valid_until: Option<Instant>,
 }
 
 impl Hold {
@@ -324,7 +329,7 @@ impl Watchdog {
         token: u64,
         holder: &str,
         count: i64,
-        lease: Lease,
+        (lease, lease_ms): (Lease, u64),
         (sent, handoff): (Instant, bool),
     ) -> Registration {
         let key = keys.hold.as_slice();
@@ -342,6 +347,7 @@ impl Watchdog {
             renewing: false,
             extend_at: None,
             pickup_ends: None,
+            valid_until: None,
         };
         let hold = by_token.entry(token).or_insert_with(fresh);
         if count == 1 && !hold.levels.is_empty() {
@@ -365,6 +371,13 @@ impl Watchdog {
                 Lease::Fixed(ms) => sent.checked_add(Duration::from_millis(ms)),
             },
         });
+        // A handed-over hold's lease is the pickup window until the watchdog extends it.
+        let set = if handoff {
+            PICKUP
+        } else {
+            Duration::from_millis(lease_ms)
+        };
+        hold.valid_until = hold.valid_until.max(sent.checked_add(set));
         let extend = (handoff && hold.need_ms(u64::MAX, sent) > queue::pickup_ms())
             .then(|| sent + PICKUP / 3);
         if extend.is_some() {
@@ -607,17 +620,55 @@ impl Watchdog {
     /// before the watchdog could extend it: its lease is over on the server. Marks it
     /// lost, so that it says so from now on.
     pub(crate) fn pickup_lapsed(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
+        self.passed(key, token, lost, |hold| hold.pickup_ends)
+    }
+
+    /// Whether the hold `lost` belongs to may have expired on the server: no grant or
+    /// renewal confirmed that its key lives until now. Marks it lost, so that it says so
+    /// from now on (a renewal that lands late cannot undo what another holder may have
+    /// done meanwhile).
+    pub(crate) fn lease_expired(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
+        self.passed(key, token, lost, |hold| hold.valid_until)
+    }
+
+    /// Whether the instant `when` picks from the hold `lost` belongs to has passed; if so
+    /// the hold is marked lost.
+    fn passed(
+        &self,
+        key: &[u8],
+        token: u64,
+        lost: &Arc<AtomicBool>,
+        when: impl Fn(&Hold) -> Option<Instant>,
+    ) -> bool {
         let holds = self.holds.lock();
-        let lapsed = holds
+        let passed = holds
             .get(key)
             .and_then(|by_token| by_token.get(&token))
             .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
-            .and_then(|hold| hold.pickup_ends)
-            .is_some_and(|ends| ends <= Instant::now());
-        if lapsed {
+            .and_then(when)
+            .is_some_and(|at| at <= Instant::now());
+        if passed {
             lost.store(true, Ordering::SeqCst);
         }
-        lapsed
+        passed
+    }
+
+    /// After a renewal call sent at `sent` that reached the server, the holds of `batch`
+    /// not in `lost` (0-based) live at least their lease from then.
+    fn confirmed(&self, batch: &[Watched], sent: Instant, lost: &[usize]) {
+        let mut holds = self.holds.lock();
+        for (i, w) in batch.iter().enumerate() {
+            if lost.contains(&i) {
+                continue;
+            }
+            let Some(hold) = holds.get_mut(&w.key).and_then(|h| h.get_mut(&w.token)) else {
+                continue;
+            };
+            if Arc::ptr_eq(&hold.lost, &w.lost) {
+                let until = sent.checked_add(Duration::from_millis(w.lease_ms));
+                hold.valid_until = hold.valid_until.max(until);
+            }
+        }
     }
 
     /// After a renewal call: the handed-over holds in `batch` are extended (`ok`), or
@@ -813,16 +864,8 @@ fn clean_doubtful(inner: &Inner) {
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = catch_unwind(AssertUnwindSafe(|| {
             inner.run_until(Some(until), |con| {
-                queue::invoke(keys.ops.cancel, &keys)
-                    .arg(holder.as_str())
-                    .arg(expected)
-                    .arg(need)
-                    .arg(0)
-                    .arg(keys.inbox.as_slice())
-                    .arg(queue::pickup_ms())
-                    .arg(queue::starve_ms())
-                    .arg(keys.ops.flags)
-                    .invoke::<Vec<i64>>(con)
+                let cancel = queue::cancel(&keys, &holder, expected, need, false);
+                scripts::eval::<Vec<i64>>(con, keys.ops.cancel, &cancel)
             })
         }));
         let mut doubts = watchdog.doubts.lock();
@@ -931,7 +974,8 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         for (_, _, holder, ttl) in wait_batch {
             call.arg(holder.as_str()).arg(*ttl);
         }
-        let until = Instant::now() + give_up_after;
+        let sent = Instant::now();
+        let until = sent + give_up_after;
         let result = inner.run_until(Some(until), |con| {
             call.invoke::<(Vec<usize>, Vec<usize>)>(con)
         });
@@ -939,6 +983,8 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
             Ok((lost, gone)) => {
                 // Those lost are forgotten below; the others are extended.
                 inner.watchdog.extended(batch, true);
+                let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
+                inner.watchdog.confirmed(batch, sent, &lost_at);
                 for i in lost {
                     let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                         continue;

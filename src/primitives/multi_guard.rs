@@ -1,0 +1,171 @@
+//! `MultiLockGuard`: a thread's hold of a [`MultiLock`](crate::MultiLock), released on
+//! every lock at once when dropped.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::runtime::fanout::{self, Call};
+use crate::{Error, LockGuard};
+
+/// Proof that the current thread holds a [`MultiLock`](crate::MultiLock): one level of
+/// its lock on each of the servers that granted it (a quorum at least).
+///
+/// Dropping the guard releases every level, on all servers at once, best effort; call
+/// [`unlock`](MultiLockGuard::unlock) to learn whether that worked. Not `Send`, like every
+/// guard: the hold belongs to the thread.
+///
+/// ```no_run
+/// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+/// let guard = lock.lock()?;
+/// // ... critical section ...
+/// if guard.is_lease_lost() {
+///     // Fewer than a quorum of the holds still stand: someone else may hold it now.
+/// }
+/// guard.unlock()?;
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// fn send<T: Send>() {}
+/// send::<redmutex::MultiLockGuard>();
+/// ```
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct MultiLockGuard {
+    // One per lock of the MultiLock, in its order: the level held there, if granted.
+    holds: Vec<Option<LockGuard>>,
+    quorum: usize,
+    // A fixed lease: when its validity ends (the lease less the acquisition's time and
+    // the drift allowance). A renewed lease has none.
+    valid_until: Option<Instant>,
+    member_timeout: Duration,
+    released: bool,
+}
+
+impl MultiLockGuard {
+    pub(crate) fn new(
+        holds: Vec<Option<LockGuard>>,
+        quorum: usize,
+        valid_until: Option<Instant>,
+        member_timeout: Duration,
+    ) -> MultiLockGuard {
+        MultiLockGuard {
+            holds,
+            quorum,
+            valid_until,
+            member_timeout,
+            released: false,
+        }
+    }
+
+    /// On how many of the locks this hold stands now (those granted whose lease is not
+    /// known lost).
+    pub fn held_on(&self) -> usize {
+        self.holds
+            .iter()
+            .flatten()
+            .filter(|g| !g.is_lease_lost())
+            .count()
+    }
+
+    /// True once fewer than the quorum of this hold's levels still stand (each lost as
+    /// [`LockGuard::is_lease_lost`] tells: expired, force-unlocked, lost by its server, or
+    /// not renewed for a whole lease because its server was down or unreachable), or a
+    /// fixed lease's validity ended. Another thread may then hold the lock. Never goes
+    /// back to false.
+    pub fn is_lease_lost(&self) -> bool {
+        self.valid_until.is_some_and(|v| Instant::now() >= v) || self.held_on() < self.quorum
+    }
+
+    /// Releases this level on every lock at once and reports the outcome: `Ok` when a
+    /// quorum of the releases succeeded; [`Error::LeaseLost`] when the hold was already
+    /// lost (see [`is_lease_lost`](MultiLockGuard::is_lease_lost)); [`Error::NoQuorum`]
+    /// when too many servers failed to answer (what they hold ends with its lease).
+    pub fn unlock(mut self) -> Result<(), Error> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), Error> {
+        self.released = true;
+        let lost = self.is_lease_lost();
+        let members = self.holds.len();
+        let holds: Vec<LockGuard> = self.holds.iter_mut().filter_map(Option::take).collect();
+        let results = release_all(holds, Instant::now() + self.member_timeout);
+        if lost {
+            return Err(Error::LeaseLost);
+        }
+        let released = results.iter().filter(|r| r.is_ok()).count();
+        if released >= self.quorum {
+            return Ok(());
+        }
+        let gone = results
+            .iter()
+            .filter(|r| matches!(r, Err(Error::NotHeld | Error::LeaseLost)))
+            .count();
+        if gone > members - self.quorum {
+            return Err(Error::LeaseLost);
+        }
+        Err(Error::NoQuorum {
+            reached: released + gone,
+            members,
+            required: self.quorum,
+            source: Box::new(
+                results
+                    .into_iter()
+                    .filter_map(Result::err)
+                    .last()
+                    .unwrap_or(Error::NotHeld),
+            ),
+        })
+    }
+}
+
+/// Releases `holds` (each a level on its own client, or several on one), every call sent
+/// at once, none waiting for its server past `until`.
+pub(crate) fn release_all(mut holds: Vec<LockGuard>, until: Instant) -> Vec<Result<(), Error>> {
+    let mut results: Vec<Option<Result<(), Error>>> = holds.iter().map(|_| None).collect();
+    let mut pending = Vec::new();
+    for (i, guard) in holds.iter_mut().enumerate() {
+        match guard.begin_release() {
+            Ok(Ok(release)) => pending.push((i, release)),
+            Ok(Err(done)) => results[i] = Some(done),
+            Err(e) => results[i] = Some(Err(e)),
+        }
+    }
+    let calls: Vec<Call<'_>> = pending
+        .iter()
+        .map(|(i, release)| Call {
+            client: holds[*i].client(),
+            script: Some(release.script),
+            cmd: release.cmd.clone(),
+        })
+        .collect();
+    let replies = fanout::run::<(i64, i64)>(&calls, until);
+    for ((i, release), reply) in pending.into_iter().zip(replies) {
+        let reply = reply.map(|(left, served)| (left, served, None));
+        results[i] = Some(holds[i].end_release(release.levels, reply));
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every release has an outcome"))
+        .collect()
+}
+
+impl Drop for MultiLockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Err(e) = self.release() {
+                log::warn!("redmutex: releasing a MultiLock on drop failed: {e}");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for MultiLockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLockGuard")
+            .field("holds", &self.holds)
+            .field("quorum", &self.quorum)
+            .field("lease_lost", &self.is_lease_lost())
+            .finish()
+    }
+}
