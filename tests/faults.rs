@@ -168,6 +168,10 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
         reported,
         "a lease that ran out while Redis was frozen was not reported"
     );
+    eprintln!(
+        "lease loss reported {} ms from the key's expiry (negative: before it)",
+        at.saturating_duration_since(seen).as_millis() as i64 - pttl as i64
+    );
     // Not before the key could have expired (a millisecond of PTTL rounding, and the
     // one-way latency of the renewal that set it), and promptly after.
     assert!(
