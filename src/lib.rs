@@ -51,6 +51,7 @@ pub use crate::{
     error::Error,
     name::LockName,
     primitives::guard::{FencedGuard, LockGuard},
+    primitives::info::LockInfo,
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Write},
     primitives::latch::CountDownLatch,
     primitives::lock::{FairLock, FencedLock, Lock},

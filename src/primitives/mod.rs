@@ -3,6 +3,7 @@
 //! latch, and the `MultiLock` over several locks (RedLock). Each kind contributes only its scripts and key layout (`runtime::scripts::Ops`).
 
 pub(crate) mod guard;
+pub(crate) mod info;
 pub(crate) mod kind;
 pub(crate) mod latch;
 pub(crate) mod lock;

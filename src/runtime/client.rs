@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::runtime::keys::{LockKeys, Object};
+use crate::runtime::keys::{self, LockKeys, Object};
 use crate::runtime::pool::{self, Con, Conn, Manager};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscriber;
 use crate::runtime::target::Target;
 use crate::runtime::watchdog::Watchdog;
 use crate::{
-    ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
+    ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockInfo, LockName,
     ReadWriteLock, Semaphore,
 };
 
@@ -216,6 +216,171 @@ impl Client {
                 &scripts::PLAIN,
             ),
         )
+    }
+
+    /// What Redis records right now of each object called `name` that exists: its lock,
+    /// read-write lock, semaphore and count-down latch (see [`LockInfo`]); empty when
+    /// none does. One script call, reading only.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// match client.inspect("nightly")?.first() {
+    ///     Some(info) => println!("held by {:?}, {:?} left", info.holders, info.remaining_lease),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn inspect(&self, name: impl LockName) -> Result<Vec<LockInfo>, Error> {
+        let name = name.into_name();
+        if name.is_empty() {
+            return Err(Error::InvalidName("lock names must not be empty"));
+        }
+        let c = &self.inner.config;
+        let keys = |object| LockKeys::new(&c.key_prefix, name.clone(), "", object, &scripts::PLAIN);
+        let (lock, rw, sem) = (
+            keys(Object::Lock),
+            keys(Object::ReadWrite),
+            keys(Object::Semaphore),
+        );
+        type Object3 = Option<(String, i64, Vec<Vec<u8>>, Vec<Vec<u8>>, Option<u64>)>;
+        type Reply = (
+            Object3,
+            Object3,
+            Object3,
+            Option<(String, i64, Option<u64>)>,
+        );
+        let (l, r, m, latch): Reply = self.inner.run(|con| {
+            scripts::INSPECT
+                .key(lock.key.as_slice())
+                .key(lock.queue.as_slice())
+                .key(lock.fence.as_slice())
+                .key(rw.key.as_slice())
+                .key(rw.queue.as_slice())
+                .key(sem.key.as_slice())
+                .key(sem.queue.as_slice())
+                .key(sem.permits.as_slice())
+                .key(lock.latch.as_slice())
+                .invoke(con)
+        })?;
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
+        let mut out = Vec::new();
+        for (found, keys, kind) in [
+            (l, &lock, "lock"),
+            (r, &rw, "read-write lock"),
+            (m, &sem, "semaphore"),
+        ] {
+            let Some((redis_type, pttl, fields, queue, extra)) = found else {
+                continue;
+            };
+            let mut info = LockInfo {
+                name: text(&name),
+                kind: if redis_type == "hash" || redis_type == "none" {
+                    kind
+                } else {
+                    "foreign"
+                },
+                key: text(&keys.key),
+                holders: Vec::new(),
+                remaining_lease: lease(pttl),
+                waiters: queue.iter().map(|w| text(w)).collect(),
+                token: None,
+                count: if kind == "semaphore" { extra } else { None },
+            };
+            for pair in fields.chunks_exact(2) {
+                let value = std::str::from_utf8(&pair[1])
+                    .ok()
+                    .and_then(|v| v.parse().ok());
+                match (pair[0].first(), value) {
+                    (Some(b'~'), v) => {
+                        if pair[0] == b"~fence" {
+                            info.token = v;
+                        }
+                    }
+                    (_, Some(count)) => info.holders.push((text(&pair[0]), count)),
+                    (_, None) => {}
+                }
+            }
+            out.push(info);
+        }
+        if let Some((redis_type, pttl, count)) = latch {
+            out.push(LockInfo {
+                name: text(&name),
+                kind: if redis_type == "string" {
+                    "count-down latch"
+                } else {
+                    "foreign"
+                },
+                key: text(&lock.latch),
+                holders: Vec::new(),
+                remaining_lease: lease(pttl),
+                waiters: Vec::new(),
+                token: None,
+                count,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every object of this client's key prefix whose name matches the glob `pattern`
+    /// (`*`, `?`, `[abc]`; `"*"` for all), as [`inspect`](Client::inspect) reports it,
+    /// sorted by name. Walks the keyspace with `SCAN` (never `KEYS`), so it does not
+    /// block the server, and an object created or removed meanwhile may be missed.
+    /// Not on a Redis Cluster (each node would have to be walked): `InvalidArgument`.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// for info in client.list("deploy-*")? {
+    ///     println!("{} {} {:?}", info.kind, info.name, info.holders);
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn list(&self, pattern: &str) -> Result<Vec<LockInfo>, Error> {
+        if self.inner.is_cluster() {
+            return Err(Error::InvalidArgument(
+                "listing locks is not supported on a Redis Cluster".to_owned(),
+            ));
+        }
+        let glob = glob::Pattern::new(pattern)
+            .map_err(|e| Error::InvalidArgument(format!("bad pattern {pattern:?}: {e}")))?;
+        let prefix = self.inner.config.key_prefix.clone();
+        let mut matching = Vec::new();
+        for b in &prefix {
+            if b"*?[]\\".contains(b) {
+                matching.push(b'\\');
+            }
+            matching.push(*b);
+        }
+        matching.push(b'*');
+        let mut names = std::collections::BTreeSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = self.inner.run(|con| {
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(matching.as_slice())
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(con)
+            })?;
+            for key in keys {
+                if let Some((_, _, name)) = keys::object_of(&prefix, &key) {
+                    if glob.matches(&String::from_utf8_lossy(&name)) {
+                        names.insert(name);
+                    }
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut out = Vec::new();
+        for name in names {
+            out.extend(self.inspect(name)?);
+        }
+        Ok(out)
     }
 
     /// This client's random id: the first half of the holder ids it writes into lock hashes.

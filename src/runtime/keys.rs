@@ -138,6 +138,39 @@ fn aux_key(prefix: &[u8], key: &[u8], kind: &[u8]) -> Vec<u8> {
     aux
 }
 
+/// The object a Redis key of this prefix is, and the name it was made from: `None` for
+/// auxiliary keys that are not an object of their own (queues, counters, leases) and keys
+/// no name produces. The inverse of [`LockKeys::new`]'s key forms.
+pub(crate) fn object_of(prefix: &[u8], key: &[u8]) -> Option<(Object, bool, Vec<u8>)> {
+    let rest = key.strip_prefix(prefix)?;
+    let (object, latch, rest) = if let Some(rest) = rest.strip_prefix(b"!rw:") {
+        (Object::ReadWrite, false, rest)
+    } else if let Some(rest) = rest.strip_prefix(b"!sem:") {
+        (Object::Semaphore, false, rest)
+    } else if let Some(rest) = rest.strip_prefix(b"!latch:") {
+        (Object::Lock, true, rest)
+    } else {
+        (Object::Lock, false, rest)
+    };
+    let name = match rest.first()? {
+        b'{' => rest.strip_suffix(b"}")?[1..].to_vec(),
+        b'~' => rest[1..].to_vec(),
+        // "#{<16 hex digits>}" and the name.
+        b'#' if rest.len() > 19 && rest[1] == b'{' && rest[18] == b'}' => rest[19..].to_vec(),
+        _ => return None,
+    };
+    // Only a key the name really produces (not, say, a latch's ":opened" channel name).
+    let made = LockKeys::new(
+        prefix,
+        name.clone(),
+        "",
+        object,
+        &crate::runtime::scripts::PLAIN,
+    );
+    let expected = if latch { made.latch } else { made.key };
+    (expected == key && !name.is_empty()).then_some((object, latch, name))
+}
+
 /// Whether Redis Cluster would hash `s` by a `{tag}` inside it (first '{', then the first
 /// '}' after it, with at least one byte between).
 pub(crate) fn has_hash_tag(s: &[u8]) -> bool {
@@ -193,6 +226,36 @@ mod tests {
     /// The keys of a plain lock called `name`.
     fn lock_keys(prefix: &[u8], name: &[u8]) -> LockKeys {
         LockKeys::new(prefix, name.to_vec(), "c1", Object::Lock, &scripts::PLAIN)
+    }
+
+    #[test]
+    fn every_object_key_gives_back_its_name() {
+        let prefix = b"redmutex:";
+        for name in adversarial_names().into_iter().filter(|n| !n.is_empty()) {
+            for object in [Object::Lock, Object::ReadWrite, Object::Semaphore] {
+                let k = LockKeys::new(prefix, name.clone(), "c1", object, &scripts::PLAIN);
+                assert_eq!(
+                    object_of(prefix, &k.key),
+                    Some((object, false, name.clone()))
+                );
+                // (Channels are not keys: `SCAN` never shows them.)
+                for aux in [&k.queue, &k.fence, &k.waiters] {
+                    assert_eq!(
+                        object_of(prefix, aux),
+                        None,
+                        "{:?}",
+                        String::from_utf8_lossy(aux)
+                    );
+                }
+                if object == Object::Lock {
+                    assert_eq!(
+                        object_of(prefix, &k.latch),
+                        Some((object, true, name.clone()))
+                    );
+                }
+            }
+        }
+        assert_eq!(object_of(prefix, b"other:{x}"), None);
     }
 
     #[test]

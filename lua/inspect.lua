@@ -1,0 +1,49 @@
+-- inspect.lua: what Redis records of every object of one name, read in one step (so the
+-- holders, lease and queue shown belong together). Writes nothing.
+--
+-- KEYS[1]  the lock hash          KEYS[2]  its queue      KEYS[3]  its fencing-token counter
+-- KEYS[4]  the read-write lock    KEYS[5]  its queue
+-- KEYS[6]  the semaphore          KEYS[7]  its queue      KEYS[8]  its number of permits
+-- KEYS[9]  the count-down latch
+--
+-- Returns {lock, rwlock, semaphore, latch}, each false when that object does not exist:
+--   lock, rwlock, semaphore  {type, pttl, fields, queue, extra}: the key's type ('hash' for
+--                            ours; another type means someone else's data), its PTTL in
+--                            ms, its hash as a flat field/value list, the waiters' holder
+--                            ids in queue order, and for the lock its fencing counter, for
+--                            the semaphore its number of permits (false when unset)
+--   latch                    {type, pttl, count}
+local function text(key)
+    if redis.call('type', key)['ok'] == 'string' then
+        return redis.call('get', key)
+    end
+    return false
+end
+
+local function object(hash, queue, extra)
+    local kind = redis.call('type', hash)['ok']
+    local waiting = {}
+    if redis.call('type', queue)['ok'] == 'list' then
+        waiting = redis.call('lrange', queue, 0, -1)
+    end
+    if kind == 'none' and #waiting == 0 then
+        return false
+    end
+    local fields = {}
+    if kind == 'hash' then
+        fields = redis.call('hgetall', hash)
+    end
+    return {kind, redis.call('pttl', hash), fields, waiting, extra}
+end
+
+local latch = false
+local latch_kind = redis.call('type', KEYS[9])['ok']
+if latch_kind ~= 'none' then
+    latch = {latch_kind, redis.call('pttl', KEYS[9]), text(KEYS[9])}
+end
+return {
+    object(KEYS[1], KEYS[2], text(KEYS[3])),
+    object(KEYS[4], KEYS[5], false),
+    object(KEYS[6], KEYS[7], text(KEYS[8])),
+    latch,
+}

@@ -1,0 +1,45 @@
+//! `LockInfo`: what Redis records of one lock (or other object of a name) at one instant.
+
+use std::time::Duration;
+
+/// What Redis records of one object of a name right now: a lock, a read-write lock, a
+/// semaphore or a count-down latch, read in one step ([`Client::inspect`],
+/// [`Client::list`]). For operators and tools (the `redmutex` command's `status`); a
+/// program deciding whether to work should try to lock instead, since this may be stale
+/// as soon as it returns.
+///
+/// ```no_run
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// for info in client.inspect("nightly-report")? {
+///     println!("{} {}: held by {:?}, {} waiting", info.kind, info.name, info.holders, info.waiters.len());
+/// }
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+///
+/// [`Client::inspect`]: crate::Client::inspect
+/// [`Client::list`]: crate::Client::list
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The name the object was made with (lossy UTF-8).
+    pub name: String,
+    /// `"lock"` (plain, fair and fenced locks are one object), `"read-write lock"`,
+    /// `"semaphore"`, `"count-down latch"`, or `"foreign"` when the lock's key holds data
+    /// that is not a redmutex lock (someone else's key).
+    pub kind: &'static str,
+    /// Its Redis key.
+    pub key: String,
+    /// Each holder id (`<client-uuid>:<thread-token>`) with its reentry count; a
+    /// read-write lock's are `r:<id>` (readers) and `w:<id>` (the writer); a semaphore's
+    /// count is the permits that holder has.
+    pub holders: Vec<(String, u64)>,
+    /// The time left on the key's lease: `None` when there is no key (only waiters) or
+    /// it has no expiry.
+    pub remaining_lease: Option<Duration>,
+    /// The holder ids of the waiters, in the order they are served.
+    pub waiters: Vec<String>,
+    /// A fenced hold's token (a lock), if the hold has one.
+    pub token: Option<u64>,
+    /// A semaphore's number of permits, or a count-down latch's count.
+    pub count: Option<u64>,
+}

@@ -1,0 +1,368 @@
+//! The `redmutex` command, built with the `cli` feature, run as a process against a real
+//! redis-server: overlap, exit codes, signals, status, forced unlock and bad input.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::Client;
+use support::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
+const PREFIX: &str = "cli:";
+
+fn redmutex(server: &RedisServer) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("REDIS_URL")
+        .env_remove("REDIS_SENTINELS")
+        .env_remove("REDIS_CLUSTER")
+        .arg("--url")
+        .arg(server.url())
+        .arg("--prefix")
+        .arg(PREFIX);
+    cmd
+}
+
+fn output(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run redmutex");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "redmutex panicked: {stderr}");
+    out
+}
+
+fn client(server: &RedisServer) -> Client {
+    support::client(
+        &server.url(),
+        PREFIX,
+        Duration::from_secs(5),
+        Duration::from_secs(1),
+    )
+}
+
+fn locked(c: &Client, name: &str) -> bool {
+    c.lock(name).is_locked().expect("is_locked")
+}
+
+/// Waits until one thread waits in the queue of the lock `name`.
+fn queued(server: &RedisServer, name: &str) {
+    let queue = format!("{PREFIX}!queue:{{{name}}}");
+    assert!(support::wait_until(Duration::from_secs(5), || {
+        redis::cmd("LLEN")
+            .arg(&queue)
+            .query::<i64>(&mut server.connection())
+            .unwrap()
+            == 1
+    }));
+}
+
+/// Nanoseconds since the epoch, as `date +%s%N` in the children writes them.
+fn read_ns(path: &std::path::Path) -> u128 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .expect("a timestamp")
+}
+
+#[test]
+fn two_runs_never_overlap_and_the_second_starts_when_the_first_ends() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let script = |tag: &str| {
+        let d = dir.path().display();
+        format!("date +%s%N > {d}/{tag}.start; sleep 0.4; date +%s%N > {d}/{tag}.end")
+    };
+    let mut first = redmutex(&server)
+        .args(["run", "nightly", "--", "sh", "-c", &script("a")])
+        .spawn()
+        .unwrap();
+    assert!(support::wait_until(Duration::from_secs(5), || locked(
+        &c, "nightly"
+    )));
+    let second = redmutex(&server)
+        .args(["run", "nightly", "--", "sh", "-c", &script("b")])
+        .spawn()
+        .unwrap();
+    assert!(first.wait().unwrap().success());
+    let second = second.wait_with_output().unwrap();
+    assert!(second.status.success());
+    let (a_end, b_start) = (
+        read_ns(&dir.path().join("a.end")),
+        read_ns(&dir.path().join("b.start")),
+    );
+    assert!(b_start > a_end, "the second started before the first ended");
+    let gap = Duration::from_nanos((b_start - a_end) as u64);
+    // The first's exit, its release, the second's wake-up (pub/sub) and starting `date`.
+    eprintln!("the second run started {gap:?} after the first's command ended");
+    assert!(gap < Duration::from_millis(500), "{gap:?}");
+    assert!(!locked(&c, "nightly"));
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    let server = RedisServer::new();
+    let code = |script: &str| {
+        output(redmutex(&server).args(["run", "codes", "--", "sh", "-c", script]))
+            .status
+            .code()
+    };
+    assert_eq!(code("exit 0"), Some(0));
+    assert_eq!(code("exit 3"), Some(3));
+    // Killed by a signal: 128 + n, as a shell reports it.
+    assert_eq!(code("kill -TERM $$"), Some(128 + 15));
+    assert_eq!(code("kill -KILL $$"), Some(128 + 9));
+    // Not found: 127, like a shell.
+    let out = output(redmutex(&server).args(["run", "codes", "--", "/no/such/command"]));
+    assert_eq!(out.status.code(), Some(127));
+    assert!(!locked(&client(&server), "codes"));
+}
+
+#[test]
+fn a_held_lock_gives_75_at_once_with_no_wait_and_at_the_bound_with_wait() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let guard = c.lock("busy").lock().unwrap();
+    let t = Instant::now();
+    let out = output(redmutex(&server).args(["run", "--no-wait", "busy", "--", "true"]));
+    let took = t.elapsed();
+    assert_eq!(out.status.code(), Some(75));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("busy is held"));
+    assert!(took < Duration::from_millis(500), "--no-wait took {took:?}");
+
+    let t = Instant::now();
+    let out = output(redmutex(&server).args(["run", "--wait", "300ms", "busy", "--", "true"]));
+    let took = t.elapsed();
+    assert_eq!(out.status.code(), Some(75));
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(1200),
+        "--wait 300ms took {took:?}"
+    );
+    guard.unlock().unwrap();
+}
+
+#[test]
+fn a_killed_redmutex_frees_its_lock_within_the_lease() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let mut run = redmutex(&server)
+        .args(["run", "--lease", "1s", "crash", "--", "sleep", "3"])
+        .spawn()
+        .unwrap();
+    assert!(support::wait_until(Duration::from_secs(5), || locked(
+        &c, "crash"
+    )));
+    // Time is the subject: let a renewal or two happen first.
+    thread::sleep(Duration::from_millis(700));
+    run.kill().unwrap();
+    let killed = Instant::now();
+    run.wait().unwrap();
+    assert!(support::wait_until(Duration::from_secs(3), || !locked(
+        &c, "crash"
+    )));
+    let freed = killed.elapsed();
+    eprintln!("the lock of a SIGKILLed redmutex (lease 1 s) freed after {freed:?}");
+    // Renewed every third of the lease: at least two thirds were left at the kill.
+    assert!(
+        freed >= Duration::from_millis(550) && freed <= Duration::from_millis(1300),
+        "{freed:?}"
+    );
+}
+
+/// Starts `redmutex run` with a shell that reports "ready" and traps TERM; returns it
+/// once the command is running.
+fn trapping(
+    server: &RedisServer,
+    args: &[&str],
+    on_term: &str,
+) -> (Child, BufReader<std::process::ChildStdout>) {
+    let script = format!("trap '{on_term}' TERM; echo ready; while :; do sleep 0.02; done");
+    let mut child = redmutex(server)
+        .arg("run")
+        .args(args)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    (child, out)
+}
+
+#[test]
+fn sigterm_is_passed_on_and_the_lock_released_once_the_command_exits() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let (mut run, _out) = trapping(&server, &["term"], "exit 7");
+    assert!(locked(&c, "term"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(7), "the command's own exit code");
+    // Released before redmutex exited.
+    assert!(!locked(&c, "term"));
+}
+
+#[test]
+fn a_lease_lost_while_the_command_runs_signals_it_and_exits_76() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let (mut run, _out) = trapping(&server, &["--lease", "900ms", "lost"], "exit 9");
+    assert!(c.lock("lost").force_unlock().unwrap());
+    let t = Instant::now();
+    let status = run.wait().unwrap();
+    // The watchdog finds the hold gone at its next renewal (every 300 ms), then the
+    // command gets SIGTERM (exit 9 by its trap) and redmutex says 76.
+    assert_eq!(status.code(), Some(76));
+    assert!(
+        t.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn status_json_is_what_the_library_reports() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let lock = c.lock("report");
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let waiter_client = client(&server);
+    let waiter = thread::spawn(move || {
+        let g = waiter_client.lock("report").lock().unwrap();
+        g.unlock().unwrap();
+    });
+    queued(&server, "report");
+    let out = output(redmutex(&server).args(["status", "--json", "report", "nothing"]));
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let objects = json.as_array().expect("an array");
+    assert_eq!(objects.len(), 2);
+    let report = &objects[0];
+    let info = c.inspect("report").unwrap().remove(0);
+    assert_eq!(report["name"], "report");
+    assert_eq!(report["kind"], "lock");
+    assert_eq!(report["key"], info.key);
+    let holders = report["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1);
+    let id = holders[0]["id"].as_str().unwrap();
+    assert!(id.starts_with(c.id()), "{id} is not this client's");
+    assert_eq!(holders[0]["count"], 2);
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    let waiters = report["waiters"].as_array().unwrap();
+    assert_eq!(waiters.len(), 1);
+    assert_eq!(waiters[0], info.waiters[0].as_str());
+    let lease = report["remaining_lease_ms"].as_u64().unwrap();
+    assert!(lease > 0 && lease <= 5000, "{lease}");
+    assert_eq!(objects[1]["name"], "nothing");
+    assert_eq!(objects[1]["kind"], "free");
+    // The table says the same for people.
+    let table = output(redmutex(&server).args(["status", "report"]));
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains(id) && text.contains("lock"), "{text}");
+    let listed = output(redmutex(&server).args(["list", "rep*", "--json"]));
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["name"], "report");
+    drop(inner);
+    outer.unlock().unwrap();
+    waiter.join().unwrap();
+}
+
+#[test]
+fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let guard = c.lock("stuck").lock().unwrap();
+    let out = output(redmutex(&server).args(["unlock", "--force", "stuck"]));
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(c.id()),
+        "it did not say what it removed: {said}"
+    );
+    assert!(!locked(&c, "stuck"));
+    assert!(guard.unlock().is_err());
+    // Without --force: refused by the arguments.
+    let out = output(redmutex(&server).args(["unlock", "stuck"]));
+    assert_eq!(out.status.code(), Some(2));
+
+    let mut con = server.connection();
+    let key = format!("{PREFIX}{{data}}");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("precious")
+        .query(&mut con)
+        .unwrap();
+    let out = output(redmutex(&server).args(["unlock", "--force", "data"]));
+    assert_eq!(out.status.code(), Some(65));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("WRONGTYPE"));
+    let value: String = redis::cmd("GET").arg(&key).query(&mut con).unwrap();
+    assert_eq!(value, "precious");
+}
+
+#[test]
+fn wait_returns_when_the_lock_is_released() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let guard = c.lock("gate").lock().unwrap();
+    let waiting = redmutex(&server).args(["wait", "gate"]).spawn().unwrap();
+    queued(&server, "gate");
+    let released = Instant::now();
+    guard.unlock().unwrap();
+    let out = waiting.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(released.elapsed() < Duration::from_millis(500));
+    assert!(!locked(&c, "gate"));
+    let out = output(redmutex(&server).args(["wait", "--wait", "200ms", "gate"]));
+    assert!(out.status.success());
+}
+
+#[test]
+fn bad_input_fails_with_a_clear_message_and_no_panic() {
+    let server = RedisServer::new();
+    let out = output(redmutex(&server).arg("bogus"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
+
+    let out = output(redmutex(&server).args(["run", "--wait", "5", "x", "--", "true"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("durations like"));
+
+    let out = output(redmutex(&server).args(["run", "x"]));
+    assert_eq!(out.status.code(), Some(2), "a run without a command");
+
+    let out = output(redmutex(&server).args(["status", ""]));
+    assert_eq!(out.status.code(), Some(64));
+
+    // Unreachable: a clear error, and the password in the URL never printed.
+    let out = output(Command::new(BIN).env_remove("REDIS_URL").args([
+        "--url",
+        "redis://user:s3cret@127.0.0.1:1/",
+        "--connect-timeout",
+        "300ms",
+        "status",
+        "x",
+    ]));
+    assert_eq!(out.status.code(), Some(69));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("redis"), "{stderr}");
+    assert!(
+        !stderr.contains("s3cret"),
+        "the password was printed: {stderr}"
+    );
+    let help = output(
+        Command::new(BIN)
+            .env("REDIS_URL", "redis://u:s3cret@h/")
+            .args(["--help"]),
+    );
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("s3cret"));
+}
