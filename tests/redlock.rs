@@ -110,7 +110,11 @@ fn a_red_lock_is_held_on_every_master_exclusive_and_reentrant() {
     assert!(servers.iter().all(|s| !exists(s, "basic")));
     assert!(!lock.is_locked().unwrap());
     let theirs_now = other.try_lock().unwrap().expect("free for the others");
-    theirs_now.unlock().unwrap();
+    // Forced open on every master at once: their release then finds it gone.
+    assert!(lock.force_unlock().unwrap());
+    assert!(servers.iter().all(|s| !exists(s, "basic")));
+    assert!(!lock.force_unlock().unwrap());
+    assert!(matches!(theirs_now.unlock(), Err(Error::LeaseLost)));
 }
 
 /// Threads on two sets of clients take turns on the lock with two of five masters dead:

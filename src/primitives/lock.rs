@@ -343,14 +343,22 @@ impl<K: Kind> Lock<K> {
     pub fn force_unlock(&self) -> Result<bool, Error> {
         self.check_name()?;
         let keys = &self.keys;
-        let deleted: i64 = self.client.inner.run(|con| {
-            queue::invoke(keys.ops.force_unlock, keys)
-                .arg(keys.inbox.as_slice())
-                .arg(queue::pickup_ms())
-                .arg(queue::starve_ms())
-                .invoke(con)
-        })?;
+        let call = self.force_unlock_cmd();
+        let deleted: i64 = self
+            .client
+            .inner
+            .run(|con| scripts::eval(con, keys.ops.force_unlock, &call))?;
         Ok(deleted == 1)
+    }
+
+    /// The force-unlock script's call (see `lua/force_unlock.lua`).
+    pub(crate) fn force_unlock_cmd(&self) -> redis::Cmd {
+        let keys = &self.keys;
+        let mut call = queue::command(keys.ops.force_unlock, keys);
+        call.arg(keys.inbox.as_slice())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms());
+        call
     }
 
     /// The name the lock was made with.

@@ -300,25 +300,26 @@ impl MultiLock {
         Err(self.no_quorum(locked + free, replies.into_iter().filter_map(Result::err)))
     }
 
-    /// Frees every one of the locks whoever holds them (see [`Lock::force_unlock`]); true
-    /// if any was held. Fails with [`Error::NoQuorum`] if it could not reach a quorum.
+    /// Frees every one of the locks whoever holds them (see [`Lock::force_unlock`]), on
+    /// all servers at once; true if any was held. Fails with [`Error::NoQuorum`] if it
+    /// could not reach a quorum.
     pub fn force_unlock(&self) -> Result<bool, Error> {
-        let mut freed = false;
-        let mut reached = 0;
-        let mut errors = Vec::new();
-        for m in self.members.iter() {
-            match m.force_unlock() {
-                Ok(was) => {
-                    freed |= was;
-                    reached += 1;
-                }
-                Err(e) => errors.push(e),
-            }
-        }
+        let calls: Vec<Call<'_>> = self
+            .members
+            .iter()
+            .map(|m| Call {
+                client: &m.client.inner,
+                script: Some(m.keys.ops.force_unlock),
+                cmd: m.force_unlock_cmd(),
+            })
+            .collect();
+        let replies = fanout::run::<i64>(&calls, Instant::now() + self.member_timeout);
+        let reached = replies.iter().filter(|r| r.is_ok()).count();
+        let freed = replies.iter().any(|r| matches!(r, Ok(1)));
         if reached >= self.quorum {
             Ok(freed)
         } else {
-            Err(self.no_quorum(reached, errors))
+            Err(self.no_quorum(reached, replies.into_iter().filter_map(Result::err)))
         }
     }
 
@@ -426,7 +427,7 @@ impl MultiWait<'_> {
                 // timeout (a server coming back has no pub/sub to announce it).
                 let now = Instant::now();
                 if self.deadline.is_none() || past(now) {
-                    self.give_up()?;
+                    self.give_up();
                     let errors = seen.into_iter().filter_map(|s| match s {
                         Seen::Failed(e) => Some(e),
                         _ => None,
@@ -438,7 +439,8 @@ impl MultiWait<'_> {
                 continue;
             }
             if past(Instant::now()) {
-                return self.give_up();
+                self.give_up();
+                return Ok(None);
             }
             if granted > 0 {
                 // A split: some granted, not a quorum. Most often the holder's release is
@@ -501,9 +503,6 @@ impl MultiWait<'_> {
         let mut tried = Vec::new();
         let mut calls = Vec::new();
         for (i, m) in lock.members.iter().enumerate() {
-            if guards[i].is_some() {
-                continue;
-            }
             let inner = &m.client.inner;
             let join = !self.once && self.subs[i].as_ref().is_some_and(|s| s.is_confirmed());
             let join = join.then(|| {
@@ -662,14 +661,13 @@ impl MultiWait<'_> {
     }
 
     /// The deadline passed: leave every queue; what was handed over meanwhile goes back.
-    fn give_up(&mut self) -> Result<Option<MultiLockGuard>, Error> {
+    fn give_up(&mut self) {
         let mut handed: Vec<Option<LockGuard>> = self.lock.members.iter().map(|_| None).collect();
         self.leave_queues(&mut handed);
         let taken: Vec<LockGuard> = handed.into_iter().flatten().collect();
         if !taken.is_empty() {
             release_all(taken, Instant::now() + self.lock.member_timeout);
         }
-        Ok(None)
     }
 
     fn left_queue(&mut self, i: usize) {

@@ -24,6 +24,13 @@ const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
 
+/// What is left of the time until `until`, as a socket timeout: at least a millisecond.
+pub(crate) fn time_left(until: Instant) -> Duration {
+    until
+        .saturating_duration_since(Instant::now())
+        .max(MIN_IO_TIMEOUT)
+}
+
 /// A handle to one Redis deployment, from which named [`Lock`]s are made.
 ///
 /// Cheap to clone (clones share everything) and safe to share between threads. Each client
@@ -554,9 +561,7 @@ impl Inner {
             let (checkout, io) = match until {
                 None => (config.connect_timeout, config.command_timeout),
                 Some(until) => {
-                    let left = until
-                        .saturating_duration_since(Instant::now())
-                        .max(MIN_IO_TIMEOUT);
+                    let left = time_left(until);
                     (
                         left.min(config.connect_timeout),
                         left.min(config.command_timeout),

@@ -7,13 +7,10 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, FromRedisValue, Script};
 
-use crate::runtime::client::Inner;
+use crate::runtime::client::{time_left as left, Inner};
 use crate::runtime::pool::{self, Conn, Manager};
 use crate::runtime::scripts;
 use crate::Error;
-
-/// The shortest socket timeout a read gets, even past the bound: zero means "none".
-const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// One call, to the client that must run it: an `EVALSHA` of `script`, or a plain command.
 pub(crate) struct Call<'a> {
@@ -215,13 +212,6 @@ fn skipped(why: &str) -> Error {
         "not sent: the server failed a moment ago",
         why.to_owned(),
     )))
-}
-
-/// What is left of the time until `until`, at least a millisecond.
-fn left(until: Instant) -> Duration {
-    until
-        .saturating_duration_since(Instant::now())
-        .max(MIN_IO_TIMEOUT)
 }
 
 /// The failure of a connection, for each call whose reply it lost: the call may have run.

@@ -142,12 +142,12 @@ pub(crate) fn run(connection: &Connection, args: RunArgs) -> Result<u8, Error> {
     let released = held.unlock();
     let code = match outcome {
         Ok(code) => code,
-        Err(e) => {
-            // Not started: the lock was held for nothing, and is free again.
+        Err(not_started) => {
+            // The lock was held for nothing, and is free again.
             if let Err(e) = released {
                 fail(&e);
             }
-            return Ok(e);
+            return Ok(not_started);
         }
     };
     match released {
@@ -224,7 +224,7 @@ fn supervise(
                 // included: only a signal sent to redmutex alone is passed on.
                 if origin.process.is_some() {
                     if let Ok(sig) = Signal::try_from(origin.signal) {
-                        let _ = kill(pid, sig);
+                        signal(pid, sig);
                     }
                 }
             }
@@ -237,10 +237,20 @@ fn supervise(
                         args.name
                     );
                     if let Lost(Some(sig)) = args.on_lost {
-                        let _ = kill(pid, sig);
+                        signal(pid, sig);
                     }
                 }
             }
+        }
+    }
+}
+
+/// Sends `sig` to the command; one that has just exited (and not been waited for yet)
+/// is no failure.
+fn signal(pid: Pid, sig: Signal) {
+    if let Err(e) = kill(pid, sig) {
+        if e != nix::errno::Errno::ESRCH {
+            eprintln!("redmutex: could not send {sig} to the command: {e}");
         }
     }
 }
