@@ -8,7 +8,7 @@ mod support;
 use std::borrow::Cow;
 use std::time::Duration;
 
-use redmutex::Client;
+use redmutex::{Client, Error};
 use support::RedisServer;
 
 fn client(server: &RedisServer) -> Client {
@@ -92,4 +92,40 @@ fn every_string_form_names_the_same_fenced_lock() {
     }
     outer.unlock().expect("outer unlock");
     assert!(!by_str.is_locked().expect("is_locked"));
+}
+
+/// A prefix holding one of the bytes that start what follows a prefix in a key (`!` of
+/// the auxiliary keys, `{`, `~`, `#` of the lock keys) is refused when the client is
+/// built: with it, one prefix's keys could be another's. Prefix `a!queue:`'s lock `x` is
+/// `a!queue:{x}`, which is prefix `a`'s queue of lock `x`: a fair waiter of one and a
+/// holder of the other would write a hash and a sorted set into one key.
+#[test]
+fn a_prefix_whose_keys_could_be_another_prefixes_is_refused() {
+    let server = RedisServer::new();
+    for prefix in ["a!queue:", "a!", "!", "a~", "a#", "a{", "a}"] {
+        match Client::builder()
+            .url(server.url())
+            .key_prefix(prefix)
+            .build()
+        {
+            Err(Error::InvalidArgument(why)) => assert!(why.contains("key_prefix"), "{why}"),
+            Ok(_) => panic!("prefix {prefix:?} accepted"),
+            Err(e) => panic!("prefix {prefix:?}: {e}"),
+        }
+    }
+    // Prefixes without those bytes still work, beside each other on one server.
+    let a = Client::builder()
+        .url(server.url())
+        .key_prefix("a")
+        .build()
+        .expect("prefix a");
+    let b = Client::builder()
+        .url(server.url())
+        .key_prefix("a:queue:")
+        .build()
+        .expect("prefix a:queue:");
+    let held = a.fair_lock("x").lock().expect("a holds x");
+    let other = b.fair_lock("x").lock().expect("b's x is another lock");
+    other.unlock().expect("unlock b");
+    held.unlock().expect("unlock a");
 }

@@ -131,7 +131,9 @@ impl ClientBuilder {
 
     /// Prepended to every key and channel this client uses, so that locks of different
     /// applications sharing a Redis do not meet. It must not contain `{` or `}` (those
-    /// would break the hash tag that keeps a lock's keys in one cluster slot).
+    /// would break the hash tag that keeps a lock's keys in one cluster slot), nor `!`, `~`
+    /// or `#`, which start what follows the prefix in a key: without them no key of one
+    /// prefix is ever a key of another (`a!queue:`'s lock `x` would be `a`'s queue of `x`).
     ///
     /// Defaults to `"redmutex:"`.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -238,13 +240,13 @@ impl ClientBuilder {
     /// Checks the settings and creates the client. No connection is made yet: building
     /// succeeds while Redis is down, and the first operation then reports it.
     ///
-    /// Fails with [`Error::InvalidArgument`] for an unparsable URL, a prefix with `{`/`}`,
+    /// Fails with [`Error::InvalidArgument`] for an unparsable URL, a prefix with `{`, `}`, `!`, `~` or `#`,
     /// zero durations, a zero pool size, or a `watchdog_timeout` not longer than the
     /// `command_timeout`.
     pub fn build(self) -> Result<Client, Error> {
         let invalid = |what: &str| Err(Error::InvalidArgument(what.to_owned()));
-        if self.key_prefix.contains(['{', '}']) {
-            return invalid("key_prefix must not contain '{' or '}'");
+        if let Err(why) = crate::runtime::keys::check_prefix(&self.key_prefix) {
+            return Err(Error::InvalidArgument(why));
         }
         if self.watchdog_timeout < Duration::from_millis(3) {
             return invalid("watchdog_timeout must be at least 3 ms");

@@ -12,6 +12,29 @@ const INBOX_SUFFIX: &[u8] = b":to:";
 /// produce an auxiliary key, whatever it ends with.
 const AUX_MARK: u8 = b'!';
 
+/// The bytes a key prefix must not hold: those that start what follows the prefix in a
+/// key (`{`, `~`, `#` of the lock keys, [`AUX_MARK`] of the auxiliary keys), and `}`.
+/// Without them, of two different prefixes either neither starts the other, or the longer
+/// one goes on with a byte that no key of the shorter one has there: no key of one prefix
+/// is ever a key of the other. (Prefix `a!queue:`'s lock `x` would be prefix `a`'s queue of
+/// `x`.) The braces would also break the hash tag that keeps a lock's keys in one slot.
+pub(crate) const PREFIX_FORBIDDEN: [char; 5] = ['{', '}', '~', '#', AUX_MARK as char];
+
+/// Whether `prefix` can be a key prefix: `Err` says why not.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.contains(PREFIX_FORBIDDEN) {
+        return Err(format!(
+            "key_prefix must not contain any of {}: another prefix's keys could be this one's",
+            PREFIX_FORBIDDEN
+                .iter()
+                .map(|c| format!("'{c}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// The Redis names of one lock (or other primitive), and the kind of it a handle is.
 pub(crate) struct LockKeys {
     pub(crate) name: Vec<u8>,
@@ -326,7 +349,7 @@ mod tests {
 
     #[test]
     fn no_lock_key_is_an_auxiliary_key_of_any_name() {
-        for prefix in [&b"redmutex:"[..], b"", b"p!"] {
+        for prefix in [&b"redmutex:"[..], b"", b"p:"] {
             let objects = [
                 (Object::Lock, &scripts::PLAIN),
                 (Object::ReadWrite, &scripts::READ),
@@ -365,6 +388,53 @@ mod tests {
                 "distinct names, distinct counters"
             );
         }
+    }
+
+    /// Every key (lock or auxiliary, of every object) of every name under each of a set of
+    /// accepted prefixes, some starting others: no key belongs to two prefixes.
+    #[test]
+    fn keys_of_different_accepted_prefixes_never_meet() {
+        let candidates = [
+            "", "a", "a:", "a:queue:", "aqueue:", "a!queue:", "a!", "a~", "a#", "a{", "!",
+            "redmutex:", "redmutex:a",
+        ];
+        let accepted: Vec<&str> = candidates
+            .into_iter()
+            .filter(|p| check_prefix(p).is_ok())
+            .collect();
+        assert_eq!(
+            accepted,
+            ["", "a", "a:", "a:queue:", "aqueue:", "redmutex:", "redmutex:a"]
+        );
+        let objects = [
+            (Object::Lock, &scripts::PLAIN),
+            (Object::ReadWrite, &scripts::READ),
+            (Object::Semaphore, &scripts::PERMITS),
+        ];
+        let mut owner: std::collections::HashMap<Vec<u8>, &str> = Default::default();
+        for prefix in &accepted {
+            for name in adversarial_names() {
+                for (object, ops) in objects {
+                    let k = LockKeys::new(prefix.as_bytes(), name.clone(), "c1", object, ops);
+                    for key in [
+                        &k.key, &k.fence, &k.queue, &k.waiters, &k.latch, &k.leases, &k.permits,
+                    ] {
+                        if key.is_empty() {
+                            continue;
+                        }
+                        let was = owner.insert(key.clone(), prefix);
+                        assert!(
+                            was.is_none_or(|was| was == *prefix),
+                            "{:?} is a key of prefixes {was:?} and {prefix:?}",
+                            String::from_utf8_lossy(key)
+                        );
+                    }
+                }
+            }
+        }
+        // What the refusal prevents.
+        let inner = lock_keys(b"a!queue:", b"x");
+        assert_eq!(inner.key, lock_keys(b"a", b"x").queue);
     }
 
     #[test]
