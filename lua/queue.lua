@@ -152,18 +152,24 @@ function Q.remove(holder)
 end
 
 -- Queues holder at the back, or refreshes its entry where it stands (its place and age
--- are kept: a waiter trying again does not lose its turn).
+-- are kept: a waiter trying again does not lose its turn). Everything else is the calling
+-- wait's own: an entry left by an earlier wait of the thread (a plain one whose cancel
+-- was lost) must not make a fair wait plain or a fenced one tokenless.
 function Q.join(holder, now, ttl, lease, flags, ticket, amount)
     local v = redis.call('hget', KEYS[4], holder)
     local since = now
+    local was_fair = false
     if v then
         local _, s, _, f = parse(v)
-        since, flags = s, f
+        since, was_fair = s, is_fair(f)
     else
         redis.call('rpush', KEYS[3], holder)
-        if is_fair(flags) then
-            redis.call('hincrby', KEYS[4], '~fair', 1)
-        end
+    end
+    if is_fair(flags) and not was_fair then
+        redis.call('hincrby', KEYS[4], '~fair', 1)
+    elseif was_fair and not is_fair(flags) and
+        redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
+        redis.call('hdel', KEYS[4], '~fair')
     end
     redis.call('hset', KEYS[4], holder,
         (now + ttl) .. ' ' .. since .. ' ' .. lease .. ' ' .. flags .. ' ' .. ticket .. ' ' ..

@@ -1182,3 +1182,146 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     );
     guard.unlock().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------
+// A stale entry of the same thread.
+
+/// What the waiting thread of [`a_stale_plain_entry`] is asked to do.
+type Job = Box<dyn FnOnce() -> Option<u64> + Send>;
+
+/// The waiters-hash entries of `name` (holder id -> "<expiry> <since> <lease> <flags>
+/// <ticket> <amount>"), without the scripts' own fields.
+fn entries(con: &mut redis::Connection, name: &str) -> Vec<(String, Vec<String>)> {
+    let all: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(waiters(name))
+        .query(con)
+        .expect("HGETALL");
+    all.into_iter()
+        .filter(|(f, _)| !f.starts_with('~'))
+        .map(|(f, v)| (f, v.split(' ').map(str::to_owned).collect()))
+        .collect()
+}
+
+/// A thread of `waiter` that waited on `name` as a plain `Lock` left its queue entry behind
+/// (as a cancel whose reply never came does, until the watchdog's clean-up): the entry is
+/// put back, plain, with a long life, after the wait ended. The same thread then waits
+/// again through `second`, whose flags its entry must carry from then on. Returns the
+/// second wait's token (0 when unfenced), the flags its entry showed, and the waiters
+/// hash's `~fair` count then.
+fn a_stale_plain_entry(
+    name: &'static str,
+    second: impl FnOnce(&Client) -> Option<u64> + Send + 'static,
+) -> (u64, u64, Option<u64>, u64) {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let holder = client_10s(&server);
+    let waiter = Arc::new(client_10s(&server));
+    let first_hold = holder.fenced_lock(name).lock().expect("holder");
+    let holder_token = first_hold.token();
+
+    let (jobs, job_rx) = mpsc::channel::<Job>();
+    let (done, done_rx) = mpsc::channel();
+    let thread = thread::spawn(move || {
+        for job in job_rx {
+            done.send(job()).unwrap();
+        }
+    });
+    let w = waiter.clone();
+    jobs.send(Box::new(move || {
+        let got = w.lock(name).try_lock_for(Duration::from_millis(1_500));
+        assert!(got.expect("plain wait").is_none(), "the lock was held");
+        None
+    }))
+    .unwrap();
+    await_queued(&mut con, name, 1, "the plain waiter");
+    let (id, plain) = entries(&mut con, name).pop().expect("the plain entry");
+    assert_eq!(plain[3], "0", "a plain entry: {plain:?}");
+    done_rx.recv_timeout(SETUP).expect("the plain wait ended");
+    assert_eq!(llen(&mut con, &queue(name)), 0, "the wait left the queue");
+
+    // Put back as it was, but living a minute: the stale entry.
+    let (now, _): (u64, u64) = redis::cmd("TIME").query(&mut con).expect("TIME");
+    let mut stale = plain.clone();
+    stale[0] = ((now + 60) * 1000).to_string();
+    let _: () = redis::pipe()
+        .cmd("RPUSH")
+        .arg(queue(name))
+        .arg(&id)
+        .cmd("HSET")
+        .arg(waiters(name))
+        .arg(&id)
+        .arg(stale.join(" "))
+        .query(&mut con)
+        .expect("restore the entry");
+
+    let w = waiter.clone();
+    jobs.send(Box::new(move || second(&w))).unwrap();
+    // The second call reached Redis once the entry carries its ticket.
+    let mut now_entry = Vec::new();
+    assert!(
+        wait_until(SETUP, || {
+            now_entry = entries(&mut con, name)
+                .pop()
+                .map(|e| e.1)
+                .unwrap_or_default();
+            now_entry.get(4).is_some_and(|t| *t != plain[4])
+        }),
+        "the second wait never refreshed the entry: {now_entry:?}"
+    );
+    assert_eq!(llen(&mut con, &queue(name)), 1, "one entry, not two");
+    let flags: u64 = now_entry[3].parse().unwrap();
+    let fair: Option<u64> = redis::cmd("HGET")
+        .arg(waiters(name))
+        .arg("~fair")
+        .query(&mut con)
+        .expect("HGET ~fair");
+    first_hold.unlock().expect("holder unlock");
+    let token = done_rx
+        .recv_timeout(SETUP)
+        .expect("the second wait was handed the lock")
+        .unwrap_or(0);
+    drop(jobs);
+    thread.join().unwrap();
+    assert!(!exists(&mut con, &key(name)), "the lock is free at the end");
+    assert_eq!(llen(&mut con, &queue(name)), 0, "and nobody queued");
+    (holder_token, token, fair, flags)
+}
+
+/// A stale plain entry of a thread that now waits fairly: its entry is fair (flag 1, and
+/// counted in `~fair`, which keeps plain newcomers behind it), not the old plain one.
+#[test]
+fn a_fair_wait_replaces_the_flags_of_a_stale_plain_entry() {
+    let (_, _, fair, flags) = a_stale_plain_entry("stale-fair", |c| {
+        let g = c.fair_lock("stale-fair").lock().expect("fair wait");
+        g.unlock().expect("unlock");
+        None
+    });
+    assert_eq!(
+        flags & 1,
+        1,
+        "the fair wait's entry is not fair: flags {flags}"
+    );
+    assert_eq!(fair, Some(1), "the fair waiter is not counted");
+}
+
+/// The same with a fenced wait: the lock it is handed carries a fresh token above the last
+/// holder's, not the "no token" 0 of the stale plain entry's flags.
+#[test]
+fn a_fenced_wait_replaces_the_flags_of_a_stale_plain_entry() {
+    let (before, token, fair, flags) = a_stale_plain_entry("stale-fenced", |c| {
+        let g = c.fenced_lock("stale-fenced").lock().expect("fenced wait");
+        let token = g.token();
+        g.unlock().expect("unlock");
+        Some(token)
+    });
+    assert!(
+        token > before,
+        "the handed-over fenced hold has token {token}, the holder before it had {before}"
+    );
+    assert_eq!(
+        flags & 2,
+        2,
+        "the fenced wait's entry is not fenced: flags {flags}"
+    );
+    assert_eq!(fair, None, "nobody fair waits");
+}

@@ -395,8 +395,19 @@ mod tests {
     #[test]
     fn keys_of_different_accepted_prefixes_never_meet() {
         let candidates = [
-            "", "a", "a:", "a:queue:", "aqueue:", "a!queue:", "a!", "a~", "a#", "a{", "!",
-            "redmutex:", "redmutex:a",
+            "",
+            "a",
+            "a:",
+            "a:queue:",
+            "aqueue:",
+            "a!queue:",
+            "a!",
+            "a~",
+            "a#",
+            "a{",
+            "!",
+            "redmutex:",
+            "redmutex:a",
         ];
         let accepted: Vec<&str> = candidates
             .into_iter()
@@ -404,7 +415,15 @@ mod tests {
             .collect();
         assert_eq!(
             accepted,
-            ["", "a", "a:", "a:queue:", "aqueue:", "redmutex:", "redmutex:a"]
+            [
+                "",
+                "a",
+                "a:",
+                "a:queue:",
+                "aqueue:",
+                "redmutex:",
+                "redmutex:a"
+            ]
         );
         let objects = [
             (Object::Lock, &scripts::PLAIN),
