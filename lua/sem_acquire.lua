@@ -11,11 +11,26 @@
 --                    reply was lost: the holder id is the call's own)
 --         {0, ms}    not granted (queued if ARGV[5] is 1); ms until the first hold's lease
 --                    ends (-1 when nothing is held)
-redis.call('set', KEYS[6], ARGV[12], 'NX')
+--         {-2, total} refused: more permits asked for than the semaphore has (total), which
+--                    no release can ever cover. Nothing is written, but for a caller that
+--                    was queued (the number was changed under it): it leaves the queue,
+--                    and the waiters behind it are served.
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
 local flags = tonumber(ARGV[4])
 local amount = tonumber(ARGV[11])
+local total = tonumber(redis.call('get', KEYS[6]) or ARGV[12])
+if amount > total and redis.call('hexists', KEYS[1], holder) == 0 then
+    if redis.call('hexists', KEYS[4], holder) == 1 then
+        local now = Q.now()
+        Q.purge(now)
+        Q.remove(holder)
+        Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), false, holder)
+        M.fit(now)
+    end
+    return {-2, total}
+end
+redis.call('set', KEYS[6], ARGV[12], 'NX')
 local now = Q.now()
 Q.purge(now)
 if redis.call('hexists', KEYS[1], holder) == 1 then

@@ -13,7 +13,8 @@
 --         {-1, total}        refused, nothing changed: 'add' past ARGV[4], or 'reduce' by
 --                            more than there are
 -- Reducing below the permits held takes none back: their holders keep them, and nobody
--- else gets one until enough are released.
+-- else gets one until enough are released. Waiters asking for more than the new number
+-- leave the queue and are told to try again, which refuses them (see sem_acquire.lua).
 redis.call('set', KEYS[6], ARGV[3], 'NX')
 local now = Q.now()
 Q.purge(now)
@@ -36,6 +37,9 @@ elseif op == 'set' then
 end
 if op ~= 'get' then
     redis.call('set', KEYS[6], total)
+    if op ~= 'add' then
+        S.refuse_oversized(total, ARGV[5])
+    end
     Q.hand_on(now, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), false, nil)
 end
 return {total, S.used()}

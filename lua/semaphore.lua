@@ -10,7 +10,9 @@
 -- Each acquisition is a holder of its own (its id is "<client id>:<number>"), holding the
 -- permits it asked for under its own lease. Waiters are fair (flags 1): a newcomer queues
 -- behind anyone waiting, and a release admits the waiters at the head of the queue, in
--- order, while the free permits cover the next one.
+-- order, while the free permits cover the next one. A waiter asking for more permits than
+-- the semaphore has would block the queue forever: none is let in (sem_acquire.lua), and
+-- one queued before the number went down is sent away (S.refuse_oversized).
 
 local S = {}
 
@@ -34,4 +36,25 @@ function Q.take(h, lease, f, fence, a, now)
     redis.call('hset', KEYS[1], h, a)
     redis.call('hincrby', KEYS[1], '~used', a)
     M.raise(h, now + lease, now)
+end
+
+-- Takes every waiter asking for more than `total` permits out of the queue and tells it to
+-- try again ("w <token> <ticket>", see queue.lua), which it does and is refused: no
+-- release could ever cover it, and at the head it would keep everyone behind it waiting.
+-- (`parse` is queue.lua's reading of an entry.)
+function S.refuse_oversized(total, inbox)
+    local entries = redis.call('hgetall', KEYS[4])
+    for i = 1, #entries, 2 do
+        local h = entries[i]
+        if string.sub(h, 1, 1) ~= '~' then
+            local _, _, _, _, t, a = parse(entries[i + 1])
+            if a > total then
+                Q.remove(h)
+                local client, token = string.match(h, '^(.*):(%d+)$')
+                if client then
+                    redis.call('publish', inbox .. client, 'w ' .. token .. ' ' .. t)
+                end
+            end
+        end
+    end
 end

@@ -1500,3 +1500,126 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
     assert_eq!(sa.available_permits().unwrap(), 2);
     assert!(queue(&server, NAME).is_empty());
 }
+
+// ---------------------------------------------------------------------------------------
+// Requests the semaphore can never satisfy.
+
+/// Asking for more permits than the semaphore has (here 3 of 2) fails at once with
+/// `InvalidArgument`, writing nothing (no queue entry, not even the semaphore's number):
+/// queued, it would have waited forever, and everyone behind it with it. A request for
+/// what there is still succeeds.
+#[test]
+fn a_request_for_more_permits_than_there_are_fails_at_once() {
+    const NAME: &str = "oversized";
+    let server = RedisServer::new();
+    let c = client(&server.url(), LONG);
+    let sem = c.semaphore(NAME, 2);
+    let (tx, rx) = mpsc::channel();
+    let asking = sem.clone();
+    let started = Instant::now();
+    let _waiter = thread::spawn(move || {
+        let r = asking.acquire_many(3).map(drop);
+        let _ = tx.send(r);
+    });
+    let r = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_else(|_| {
+        panic!(
+            "acquire_many(3) of 2 permits still waits after 2 s (queue {:?})",
+            queue(&server, NAME)
+        )
+    });
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "not at once");
+    assert_eq!(dbsize(&server), 0, "the refused call wrote something");
+    for (what, r) in [
+        ("try_acquire_many(3)", sem.try_acquire_many(3).map(drop)),
+        (
+            "try_acquire_many_for(3)",
+            sem.try_acquire_many_for(3, Duration::from_secs(5))
+                .map(drop),
+        ),
+    ] {
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
+    }
+    // Nobody is blocked behind it: the semaphore's permits are all there.
+    let both = sem
+        .try_acquire_many_for(2, Duration::from_secs(2))
+        .unwrap()
+        .expect("2 of 2 permits");
+    both.release().unwrap();
+    assert!(queue(&server, NAME).is_empty());
+}
+
+/// A waiter at the head asking for more permits than a later `reduce_permits` (or
+/// `set_permits`) leaves fails at once with `InvalidArgument` and leaves the queue: the
+/// waiter behind it, asking for what there still is, gets it on the next release instead
+/// of waiting behind an impossible request forever.
+#[test]
+fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
+    const NAME: &str = "shrunk";
+    let server = RedisServer::new();
+    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
+    let held = sa.acquire_many(2).unwrap();
+    // The big one waits for 2 (1 free), the small one behind it.
+    let (big_tx, big) = mpsc::channel();
+    let big_sem = sa.clone();
+    let big_thread = thread::spawn(move || {
+        let r = big_sem.acquire_many(2).map(|p| p.release());
+        let _ = big_tx.send(r);
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || queue(&server, NAME).len() == 1),
+        "the big request never queued"
+    );
+    let (got_tx, got) = mpsc::channel();
+    let (mut small, entries) = queue_up(&server, NAME, &[(&sb, b.id(), 1)], &got_tx);
+    assert_eq!(
+        queue(&server, NAME).len(),
+        2,
+        "{entries:?} behind the big one"
+    );
+
+    assert_eq!(sa.reduce_permits(2).unwrap(), 1, "3 less 2");
+    let r = big
+        .recv_timeout(Duration::from_secs(2))
+        .unwrap_or_else(|_| {
+            panic!(
+                "the request for 2 of now 1 permit still waits after 2 s (queue {:?})",
+                queue(&server, NAME)
+            )
+        });
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    big_thread.join().unwrap();
+    assert_eq!(queue(&server, NAME), entries, "only the small one waits");
+    assert!(
+        got.recv_timeout(Duration::from_millis(200)).is_err(),
+        "2 held of 1: nothing to give"
+    );
+    held.release().unwrap();
+    got.recv_timeout(Duration::from_secs(2))
+        .expect("the waiter behind the impossible request never got its permit");
+    small.remove(0).release();
+    assert!(queue(&server, NAME).is_empty());
+    assert_eq!(sa.available_permits().unwrap(), 1);
+
+    // The same through set_permits, with the big one at the head again.
+    let one = sa.acquire().unwrap();
+    sa.set_permits(3).unwrap();
+    let (big_tx, big) = mpsc::channel();
+    let big_sem = sa.clone();
+    let big_thread = thread::spawn(move || {
+        let _ = big_tx.send(big_sem.acquire_many(3).map(drop));
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || queue(&server, NAME).len() == 1),
+        "the big request never queued"
+    );
+    sa.set_permits(2).unwrap();
+    let r = big
+        .recv_timeout(Duration::from_secs(2))
+        .expect("set_permits(2) left a request for 3 waiting");
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    big_thread.join().unwrap();
+    assert!(queue(&server, NAME).is_empty());
+    one.release().unwrap();
+}

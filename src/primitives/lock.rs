@@ -557,6 +557,10 @@ impl<K: Kind> Lock<K> {
             [0, pttl] => Ok(Err(pttl)),
             // Asked to write while holding a read hold: refused, nothing written.
             [-1] => Err(Error::WouldDeadlock),
+            // A semaphore asked for more permits than it has: refused, nothing written.
+            [-2, total] => Err(Error::InvalidArgument(format!(
+                "more permits asked for than the semaphore has ({total})"
+            ))),
             _ => {
                 return Err(redis::RedisError::from((
                     redis::ErrorKind::Parse,

@@ -66,7 +66,14 @@ impl Semaphore {
     }
 
     /// Blocks until `n` permits are held, all at once (never some of them while waiting).
-    /// Fails with [`Error::InvalidArgument`] for zero.
+    ///
+    /// Fails with [`Error::InvalidArgument`] for zero, and at once, writing nothing, for
+    /// more than the semaphore's number of permits (no release could ever cover it: it
+    /// would wait forever, and everyone queued behind it too). A call already waiting when
+    /// [`reduce_permits`](Semaphore::reduce_permits) or
+    /// [`set_permits`](Semaphore::set_permits) takes the number below its `n` fails so
+    /// then, leaving the queue to the waiters behind it. The same holds for every
+    /// `try_acquire_many*`.
     pub fn acquire_many(&self, n: u32) -> Result<Permit, Error> {
         Ok(self
             .take(n, None)?
@@ -142,12 +149,14 @@ impl Semaphore {
 
     /// Takes `n` permits away and returns the new number. Permits already held stay with
     /// their holders; nobody else gets one until enough are released. Fails with
-    /// [`Error::InvalidArgument`], changing nothing, when there are fewer than `n`.
+    /// [`Error::InvalidArgument`], changing nothing, when there are fewer than `n`. Waiting
+    /// calls that ask for more permits than remain fail with [`Error::InvalidArgument`].
     pub fn reduce_permits(&self, n: u32) -> Result<u32, Error> {
         Ok(self.permits_op("reduce", n)?.0)
     }
 
-    /// Sets the number of permits (more are handed to waiters at once).
+    /// Sets the number of permits (more are handed to waiters at once; waiting calls that
+    /// ask for more than the new number fail with [`Error::InvalidArgument`]).
     pub fn set_permits(&self, n: u32) -> Result<(), Error> {
         self.permits_op("set", n).map(drop)
     }
