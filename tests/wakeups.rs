@@ -694,3 +694,134 @@ fn an_expired_lease_wakes_one_thread_per_process() {
          thread of the process woke and tried, not one (and at least the one that took it)"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A process stopped and continued (SIGSTOP/SIGCONT: a debugger, `kill -STOP`, a job shell).
+
+const ROLE: &str = "REDMUTEX_WAKEUPS_ROLE";
+const URL: &str = "REDMUTEX_WAKEUPS_URL";
+const STOPPED_LOCK: &str = "stopped";
+
+/// The child side of [`a_stopped_and_continued_process_keeps_its_waiters_places`]; a no-op
+/// in a normal run. Told "wait <i>", a thread waits for the fair lock and says "got <i>"
+/// once it holds it, then releases it; told "exit", it ends once they all did.
+#[test]
+fn wakeups_entry() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    assert_eq!(role, "waiters");
+    let url = std::env::var(URL).expect("url");
+    let c = std::sync::Arc::new(client(
+        &url,
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+    ));
+    let mut threads = Vec::new();
+    for line in std::io::BufRead::lines(std::io::stdin().lock()) {
+        let line = line.expect("stdin");
+        if let Some(i) = line.strip_prefix("wait ") {
+            let (c, i) = (c.clone(), i.to_owned());
+            threads.push(thread::spawn(move || {
+                let g = c.fair_lock(STOPPED_LOCK).lock().expect("wait");
+                support::child::say(&format!("got {i}"));
+                g.unlock().expect("unlock");
+            }));
+        } else if line == "exit" {
+            break;
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// The ids of the server's pub/sub connections.
+fn pubsub_ids(server: &RedisServer) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut server.connection())
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn subscribes(server: &RedisServer) -> u64 {
+    server
+        .command_calls()
+        .get("subscribe")
+        .copied()
+        .unwrap_or(0)
+}
+
+/// A process with three threads queued on a fair lock is stopped for 300 ms and continued
+/// (far within its 10 s queue entries). Its pub/sub reader's blocked read returns EINTR
+/// then: that is no broken connection. The process keeps its one pub/sub connection (no
+/// new one, no SUBSCRIBE sent again: before the fix it reconnected and resubscribed, and a
+/// release landing in that gap dropped its waiters from the queue as dead), and its
+/// threads get the lock in their queue order.
+#[test]
+fn a_stopped_and_continued_process_keeps_its_waiters_places() {
+    use support::child::ChildProc;
+    let server = RedisServer::new();
+    let holder = client(
+        &server.url(),
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+    );
+    let held = holder.fair_lock(STOPPED_LOCK).lock().expect("holder");
+    let url = server.url();
+    let mut child = ChildProc::spawn("wakeups_entry", &[(ROLE, "waiters"), (URL, &url)]);
+    let queue = format!("{PREFIX}!queue:{{{STOPPED_LOCK}}}");
+    let llen = |con: &mut redis::Connection| -> i64 {
+        redis::cmd("LLEN").arg(&queue).query(con).expect("LLEN")
+    };
+    let mut con = server.connection();
+    for i in 1..=3 {
+        child.send(&format!("wait {i}"));
+        assert!(
+            support::wait_until(Duration::from_secs(5), || llen(&mut con) == i),
+            "waiter {i} never queued"
+        );
+    }
+    let ids = pubsub_ids(&server);
+    assert_eq!(ids.len(), 1, "the child's one pub/sub connection: {ids:?}");
+    let subscribed = subscribes(&server);
+
+    let pid = libc::pid_t::try_from(child.child.id()).expect("pid");
+    // SAFETY: kill(2) on our own child, not reaped before `child` drops.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // The stop is the subject; it stays far below every lease and queue entry (10 s).
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    held.unlock().expect("holder unlock");
+
+    let order: Vec<String> = (0..3)
+        .map(|_| {
+            child
+                .try_line(Duration::from_secs(5))
+                .expect("a waiter never got the lock")
+        })
+        .collect();
+    // Every grant went through the reader: it has read past the interrupted read.
+    let now = pubsub_ids(&server);
+    let resubscribed = subscribes(&server) - subscribed;
+    child.send("exit");
+    child.wait_success();
+    assert_eq!(
+        (now.clone(), resubscribed),
+        (ids.clone(), 0),
+        "the stop and continue cost the child its pub/sub connection ({ids:?} -> {now:?}, \
+         {resubscribed} SUBSCRIBEs again)"
+    );
+    assert_eq!(
+        order,
+        ["got 1", "got 2", "got 3"],
+        "grants out of queue order"
+    );
+}

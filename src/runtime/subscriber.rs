@@ -408,7 +408,11 @@ fn session(
                     strong.deliver(&channel, msg.get_payload_bytes());
                 }
             }
-            Err(e) if e.is_timeout() => {
+            // A read interrupted by a signal (EINTR: on Linux a process stopped and
+            // continued gets it even without handlers) broke nothing: the connection and
+            // the parser's partial reply are intact, as after a read tick. Reconnecting
+            // would resubscribe, and a release meanwhile would drop the waiters as dead.
+            Err(e) if e.is_timeout() || interrupted(&e) => {
                 if last_heard.elapsed() >= HEALTH_CHECK_AFTER {
                     pubsub.ping::<redis::Value>()?;
                     last_heard = Instant::now();
@@ -417,6 +421,20 @@ fn session(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// `EINTR` on Linux, the BSDs and macOS (the unit test checks it is `Interrupted` here).
+const EINTR: i32 = 4;
+
+/// Whether `e` is a read interrupted by a signal before it completed. redis-rs does not
+/// expose the I/O error's kind, only its text, which is the `io::Error`'s own.
+fn interrupted(e: &redis::RedisError) -> bool {
+    if !e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        return false;
+    }
+    let text = e.to_string();
+    text == std::io::Error::from_raw_os_error(EINTR).to_string()
+        || text == std::io::Error::from(std::io::ErrorKind::Interrupted).to_string()
 }
 
 impl Shared {
@@ -506,6 +524,34 @@ impl Shared {
         for entry in state.channels.values_mut() {
             entry.requested = false;
             entry.waiters.rearm();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interrupted_read_is_told_from_other_failures() {
+        let eintr = std::io::Error::from_raw_os_error(EINTR);
+        assert_eq!(eintr.kind(), std::io::ErrorKind::Interrupted);
+        assert!(interrupted(&redis::RedisError::from(eintr)));
+        assert!(interrupted(&redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::Interrupted
+        ))));
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::TimedOut,
+            std::io::ErrorKind::HostUnreachable,
+        ] {
+            let e = redis::RedisError::from(std::io::Error::from(kind));
+            assert!(!interrupted(&e), "{kind:?}");
+        }
+        for errno in [104, 110, 113] {
+            let e = redis::RedisError::from(std::io::Error::from_raw_os_error(errno));
+            assert!(!interrupted(&e), "os error {errno}");
         }
     }
 }
