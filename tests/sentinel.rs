@@ -272,3 +272,123 @@ fn every_kind_of_primitive_works_on_a_sentinel_primary() {
     read.unlock().unwrap();
     permit.release().unwrap();
 }
+
+/// A frozen sentinel (SIGSTOP: it accepts connections and answers nothing) first in the
+/// client's order costs the pub/sub reader's periodic asking for the primary (every 2 s)
+/// at most a short per-sentinel timeout, then the next sentinel answers: a grant published
+/// meanwhile reaches the waiter within a bound. Before the fix the reader waited for the
+/// frozen sentinel for the whole connect timeout (10 s here), the grant with it.
+#[test]
+fn a_frozen_sentinel_does_not_hold_up_grants() {
+    const NAME: &str = "frozen-sentinel";
+    let topo = Sentinels::new(1, 3);
+    let holder = sentinel_client(&topo).build().unwrap();
+    // Its watchdog looks at its queue entry every 10 s, which would pass the grant on too.
+    let waiter_client = sentinel_client(&topo)
+        .watchdog_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.fair_lock(NAME).lock().unwrap();
+    let mut primary = primary_connection(&topo);
+    let (acquired_tx, acquired) = mpsc::channel();
+    let lock = waiter_client.fair_lock(NAME);
+    let waiter = thread::spawn(move || {
+        let guard = lock.lock().expect("waiter acquires");
+        acquired_tx.send(Instant::now()).unwrap();
+        guard.unlock().expect("waiter unlocks");
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || support::subscribers(
+            &mut primary,
+            lock_key(NAME)
+        ) > 0),
+        "the waiter subscribes on the primary"
+    );
+
+    // The first sentinel given, which has answered every question so far.
+    topo.sentinels()[0].freeze();
+    // The reader asks every 2 s and looks at least every 1 s: by now it has asked since
+    // the freeze, or is asking.
+    thread::sleep(Duration::from_millis(3_500));
+    let released = Instant::now();
+    held.unlock().expect("unlock");
+    let got = acquired.recv_timeout(Duration::from_secs(15));
+    topo.sentinels()[0].thaw();
+    let took = got.expect("the waiter never got the lock") - released;
+    println!("granted {took:?} after the release, one sentinel of three frozen");
+    assert!(
+        took < Duration::from_millis(1_500),
+        "the grant took {took:?}: the frozen sentinel held the reader up"
+    );
+    waiter.join().unwrap();
+}
+
+/// A reconnect of the pub/sub connection asks for the primary before it subscribes again;
+/// the sentinel first in the client's order is frozen. It costs the reconnect the short
+/// per-sentinel timeout (300 ms), not the command timeout (1.5 s here) or more: a release that went
+/// out while the waiter was not subscribed reaches it (the reconnect has it look again)
+/// within a bound.
+#[test]
+fn a_frozen_sentinel_does_not_hold_up_a_reconnect() {
+    const NAME: &str = "frozen-sentinel-reconnect";
+    let topo = Sentinels::new(1, 3);
+    let holder = sentinel_client(&topo).build().unwrap();
+    let waiter_client = sentinel_client(&topo)
+        .watchdog_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut primary = primary_connection(&topo);
+    let held = holder.fair_lock(NAME).lock().unwrap();
+    let (acquired_tx, acquired) = mpsc::channel();
+    let lock = waiter_client.fair_lock(NAME);
+    let waiter = thread::spawn(move || {
+        let guard = lock.lock().expect("waiter acquires");
+        acquired_tx.send(Instant::now()).unwrap();
+        guard.unlock().expect("waiter unlocks");
+    });
+    let queue = format!("redmutex:!queue:{{{NAME}}}");
+    assert!(
+        wait_until(Duration::from_secs(5), || redis::cmd("LLEN")
+            .arg(&queue)
+            .query::<i64>(&mut primary)
+            .unwrap()
+            == 1),
+        "the waiter queues"
+    );
+    // The first sentinel given, which has answered every question so far; the reconnect
+    // comes at once, before the reader's periodic asking could find the freeze.
+    topo.sentinels()[0].freeze();
+    // The sentinels' own pub/sub connections (named "sentinel-…") stay.
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut primary)
+        .unwrap();
+    let ours: Vec<&str> = list
+        .lines()
+        .filter(|l| !l.contains(" name=sentinel-"))
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .collect();
+    assert_eq!(ours.len(), 1, "the waiter's pub/sub connection: {list}");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(ours[0])
+        .query(&mut primary)
+        .unwrap();
+    assert_eq!(killed, 1);
+    let released = Instant::now();
+    held.unlock().expect("unlock");
+    let got = acquired.recv_timeout(Duration::from_secs(15));
+    topo.sentinels()[0].thaw();
+    let took = got.expect("the waiter never got the lock") - released;
+    println!("granted {took:?} after a release during a reconnect, one sentinel frozen");
+    // Reconnecting costs the frozen sentinel 300 ms, not the 1.5 s command timeout (twice:
+    // the connect waited for two setup replies with it in full; 3.1 s before the fix).
+    assert!(
+        took < Duration::from_millis(1_200),
+        "the grant took {took:?}: the frozen sentinel held the reconnect up"
+    );
+    waiter.join().unwrap();
+}

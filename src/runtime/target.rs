@@ -1,7 +1,7 @@
 //! Where a client's connections go: one server, or the primary the sentinels name.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
@@ -58,6 +58,11 @@ impl Cluster {
         }))
     }
 }
+
+/// How long a sentinel may take to connect and name the primary before the next one is
+/// asked: a sentinel answers in a millisecond or two, and one that is frozen (or whose
+/// host is cut off) would otherwise cost a whole connect timeout.
+const ASK_FIRST: Duration = Duration::from_millis(300);
 
 /// A service's primary as Redis Sentinel reports it.
 ///
@@ -175,7 +180,23 @@ impl Sentinel {
     }
 
     /// The primary's address as the first answering sentinel names it, and its generation.
+    /// Each sentinel is given [`ASK_FIRST`] before the next is asked, so one frozen or
+    /// unreachable sentinel costs that, not `timeout` (the pub/sub reader asks every few
+    /// seconds, and reads no grant meanwhile); only when none answered so quickly are
+    /// they asked again with `timeout` each.
     fn resolve(&self, timeout: Duration) -> RedisResult<(ConnectionAddr, u64)> {
+        let quick = timeout.min(ASK_FIRST);
+        match self.resolve_within(quick) {
+            Err(e) if quick < timeout => {
+                log::debug!("redmutex: no sentinel named the primary within {quick:?}: {e}");
+                self.resolve_within(timeout)
+            }
+            named => named,
+        }
+    }
+
+    /// [`resolve`](Sentinel::resolve) with `timeout` for each sentinel.
+    fn resolve_within(&self, timeout: Duration) -> RedisResult<(ConnectionAddr, u64)> {
         let sentinels = self.sentinels.lock().clone();
         let mut last = None;
         for (i, info) in sentinels.iter().enumerate() {
@@ -210,10 +231,18 @@ impl Sentinel {
         sentinel: &ConnectionInfo,
         timeout: Duration,
     ) -> RedisResult<Option<ConnectionAddr>> {
-        let mut con =
-            redis::Client::open(sentinel.clone())?.get_connection_with_timeout(timeout)?;
-        con.set_read_timeout(Some(timeout))?;
-        con.set_write_timeout(Some(timeout))?;
+        // `timeout` is for the whole question. redis-rs waits for CLIENT SETINFO's two
+        // replies when connecting, each with the timeout in full: a frozen sentinel cost
+        // twice that before the question was even asked. A sentinel has no use for it.
+        let started = Instant::now();
+        let settings = sentinel.redis_settings().clone().set_skip_set_lib_name();
+        let info = sentinel.clone().set_redis_settings(settings);
+        let mut con = redis::Client::open(info)?.get_connection_with_timeout(timeout)?;
+        let left = timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        con.set_read_timeout(Some(left))?;
+        con.set_write_timeout(Some(left))?;
         let named: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
             .arg(&self.service)
