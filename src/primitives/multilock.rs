@@ -50,9 +50,9 @@ const SPLIT_RETRIES: u32 = 6;
 /// come, so it costs about one round trip whatever N is; the calls to one server (several
 /// locks on one client) go as one `MULTI`/`EXEC` transaction. Releases and queue-leaving
 /// are always sent to every server, also to one that failed a call a moment ago (which
-/// acquisitions skip for a second). It is granted when the quorum
-/// granted within the lease's validity: the lease, less the time the round took, less
-/// an allowance for clock drift between the servers (1% of the lease plus 2 ms). Anything
+/// acquisitions skip for a second). It is granted when the quorum granted within the
+/// lease's validity: the lease, less the time the round took, less an allowance for
+/// clock drift between the servers (1% of the lease plus 2 ms). Anything
 /// less is given back at once (again to all servers at once), and the thread waits:
 /// queued on every server whose lock was held, woken by whichever release comes first
 /// (pub/sub, no polling), or by the end of a holder's lease.
