@@ -139,7 +139,7 @@ pub(crate) fn release_all(mut holds: Vec<LockGuard>, until: Instant) -> Vec<Resu
             cmd: release.cmd.clone(),
         })
         .collect();
-    let replies = fanout::run::<(i64, i64)>(&calls, until);
+    let replies = fanout::run_always::<(i64, i64)>(&calls, until);
     for ((i, release), reply) in pending.into_iter().zip(replies) {
         let reply = reply.map(|(left, served)| (left, served, None));
         results[i] = Some(holds[i].end_release(release.levels, reply));

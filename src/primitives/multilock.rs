@@ -29,6 +29,11 @@ const MEMBER_TIMEOUT: Duration = Duration::from_millis(250);
 /// split again and again.
 const SPLIT_PAUSE_MS: u64 = 1;
 
+/// How many more rounds a single try (`try_lock`) makes after rounds that split free locks
+/// with other tries of the same moment. Ten tries at once settle within two in tests;
+/// the bound keeps a try against a fresh holder short (six rounds, ~20 ms of pauses).
+const SPLIT_RETRIES: u32 = 6;
+
 /// One lock over several [`Lock`]s, each on its own [`Client`](crate::Client): held by a
 /// thread while a quorum of them is held by it.
 ///
@@ -42,9 +47,12 @@ const SPLIT_PAUSE_MS: u64 = 1;
 /// deployments) all at once, or none.
 ///
 /// Every acquisition sends its calls to all servers at once and reads the replies as they
-/// come, so it costs about one round trip whatever N is. It is granted when the quorum
-/// granted within the lease's validity: the lease, less the time the round took, less
-/// an allowance for clock drift between the servers (1% of the lease plus 2 ms). Anything
+/// come, so it costs about one round trip whatever N is; the calls to one server (several
+/// locks on one client) go as one `MULTI`/`EXEC` transaction. Releases and queue-leaving
+/// are always sent to every server, also to one that failed a call a moment ago (which
+/// acquisitions skip for a second). It is granted when the quorum granted within the
+/// lease's validity: the lease, less the time the round took, less an allowance for
+/// clock drift between the servers (1% of the lease plus 2 ms). Anything
 /// less is given back at once (again to all servers at once), and the thread waits:
 /// queued on every server whose lock was held, woken by whichever release comes first
 /// (pub/sub, no polling), or by the end of a holder's lease.
@@ -221,7 +229,11 @@ impl MultiLock {
             .expect("an acquisition without deadline only returns once acquired"))
     }
 
-    /// One round: the lock if a quorum granted it at once, else `None`.
+    /// The lock if it can be had at once, else `None`: one round, or a few more (a few
+    /// milliseconds) when the round split the locks with other tries of the same moment,
+    /// each holder's lease just granted, so that of several tries on free locks one gets
+    /// it. Locks that share a client are asked for in one transaction, so that on one
+    /// server no other call comes between them.
     pub fn try_lock(&self) -> Result<Option<MultiLockGuard>, Error> {
         self.acquire(Lease::Watchdog, Some(Instant::now()))
     }
@@ -313,7 +325,7 @@ impl MultiLock {
                 cmd: m.force_unlock_cmd(),
             })
             .collect();
-        let replies = fanout::run::<i64>(&calls, Instant::now() + self.member_timeout);
+        let replies = fanout::run_always::<i64>(&calls, Instant::now() + self.member_timeout);
         let reached = replies.iter().filter(|r| r.is_ok()).count();
         let freed = replies.iter().any(|r| matches!(r, Ok(1)));
         if reached >= self.quorum {
@@ -393,6 +405,7 @@ impl MultiWait<'_> {
         let lock = self.lock;
         let n = lock.members.len();
         let mut splits = 0u32;
+        let called = Instant::now();
         loop {
             let start = Instant::now();
             let (mut guards, seen) = self.round(start);
@@ -439,6 +452,16 @@ impl MultiWait<'_> {
                 continue;
             }
             if past(Instant::now()) {
+                if self.once && granted > 0 && self.split_among_contenders(&seen, called, splits) {
+                    // A try that split free locks with other tries of the same moment (each
+                    // got some, all gave theirs back): without another round none of them
+                    // would get the lock. Again after a random pause, so that one round runs
+                    // alone; whoever then finds the lock taken gets nothing and stops.
+                    let cap = (SPLIT_PAUSE_MS << splits.min(3)) * 1000;
+                    std::thread::sleep(Duration::from_micros(random() % cap));
+                    splits += 1;
+                    continue;
+                }
                 self.give_up();
                 return Ok(None);
             }
@@ -560,6 +583,28 @@ impl MultiWait<'_> {
         (valid > Instant::now()).then_some(valid)
     }
 
+    /// Whether the locks this round did not get were, as far as it can tell, taken by other
+    /// calls of the same moment rather than held: each holder's lease is (almost) whole,
+    /// so it was granted within the time a round and its giving back take (two member
+    /// timeouts; a hold renewed by a watchdog is a third of its lease old or more) and,
+    /// if it came with a split of its own, is being given back. At most `SPLIT_RETRIES`
+    /// times (`splits` so far) and within a member timeout of the call's start (`called`),
+    /// so that a try stays short: a holder of a quorum granted a moment ago, with another
+    /// lock free, looks the same.
+    fn split_among_contenders(&self, seen: &[Seen], called: Instant, splits: u32) -> bool {
+        let lock = self.lock;
+        if splits >= SPLIT_RETRIES || called.elapsed() >= lock.member_timeout {
+            return false;
+        }
+        let young = millis(lock.member_timeout * 2);
+        seen.iter().zip(lock.members.iter()).all(|(s, m)| match s {
+            Seen::Held(pttl) => {
+                *pttl >= 0 && (*pttl as u64).saturating_add(young) >= m.lease_ms(self.lease)
+            }
+            _ => true,
+        })
+    }
+
     /// When a round stops waiting for replies: a member timeout after its start, and for
     /// a single try not much past its deadline either.
     fn round_bound(&self, start: Instant) -> Instant {
@@ -629,7 +674,7 @@ impl MultiWait<'_> {
         if calls.is_empty() {
             return;
         }
-        let replies = fanout::run::<Vec<i64>>(&calls, Instant::now() + lock.member_timeout);
+        let replies = fanout::run_always::<Vec<i64>>(&calls, Instant::now() + lock.member_timeout);
         for (i, reply) in left.into_iter().zip(replies) {
             let m = &lock.members[i];
             let inner = &m.client.inner;

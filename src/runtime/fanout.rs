@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, FromRedisValue, Script};
+use redis::{Cmd, FromRedisValue, Script, Value};
 
 use crate::runtime::client::{time_left as left, Inner};
-use crate::runtime::pool::{self, Conn, Manager};
+use crate::runtime::pool::{self, Con, Conn, Manager};
 use crate::runtime::scripts;
 use crate::Error;
 
@@ -19,29 +19,62 @@ pub(crate) struct Call<'a> {
     pub(crate) cmd: Cmd,
 }
 
-/// How long a client whose server failed a call is skipped by the next calls: they fail
-/// at once instead of waiting for it, and after this it is tried again.
+/// How long a client whose server failed a call is skipped by the next acquisitions and
+/// reads: they fail at once instead of waiting for it, and after this it is tried again.
+/// Releases and queue-leaving are never skipped (see [`run_always`]).
 const SKIP_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
-/// The calls of one client that share a connection, written one after the other.
+/// The calls of one client that share a connection, written together.
 struct Lane {
     conn: r2d2::PooledConnection<Manager>,
     calls: Vec<usize>,
 }
 
-/// Runs every call and returns the outcomes in the order of `calls`. No call waits past
-/// `until` for a connection or a reply, so a server that is down or frozen costs the
-/// others nothing but that bound.
+/// What became of one reply.
+enum Outcome<T> {
+    Done(Result<T, Error>),
+    /// Refused before it ran (or perhaps not run at all): the client's ordinary path runs
+    /// it again.
+    Again,
+}
+
+/// Runs every call and returns the outcomes in the order of `calls`: for acquisitions and
+/// reads, which skip a server that failed a call a moment ago (see `SKIP_AFTER_FAILURE`)
+/// rather than wait for it again.
+pub(crate) fn run<T: FromRedisValue + Send>(
+    calls: &[Call<'_>],
+    until: Instant,
+) -> Vec<Result<T, Error>> {
+    run_calls(calls, until, true)
+}
+
+/// As [`run`], but every call is sent, whatever its server did a moment ago: releases,
+/// queue-leaving and force-unlocks, whose skipping would leave a level held (and no longer
+/// renewed) until its lease ends although the server may well be back.
+pub(crate) fn run_always<T: FromRedisValue + Send>(
+    calls: &[Call<'_>],
+    until: Instant,
+) -> Vec<Result<T, Error>> {
+    run_calls(calls, until, false)
+}
+
+/// No call waits past `until` for a connection or a reply, so a server that is down or
+/// frozen costs the others nothing but that bound.
 ///
 /// Calls to a client with an idle pooled connection are written to it at once, and the
 /// replies read afterwards. The others (no idle connection: a cold pool, a server down; a
 /// cluster; a connection that dropped; a script the server did not know) run through the
-/// client's ordinary path, which reconnects and retries, each on a thread of its own when
-/// there are several, so that they wait side by side. Every call sent here must be safe
-/// to repeat, as the scripts told how many levels the caller holds are.
-pub(crate) fn run<T: FromRedisValue + Send>(
+/// client's ordinary path, which reconnects and retries, each client's on a thread of its
+/// own when there are several, so that they wait side by side. Several calls to one
+/// server run as one `MULTI`/`EXEC` transaction: other callers' calls on the same locks
+/// cannot interleave with them, so that of several callers sending the same calls at the
+/// same moment one gets them all, instead of each some (a `MultiLock` of several locks on
+/// one server would then have no winner). Every call sent here must be safe to repeat,
+/// as the scripts told how many levels the caller holds are.
+fn run_calls<T: FromRedisValue + Send>(
     calls: &[Call<'_>],
     until: Instant,
+    skip_failed: bool,
 ) -> Vec<Result<T, Error>> {
     let mut results: Vec<Option<Result<T, Error>>> = calls.iter().map(|_| None).collect();
     let mut lanes: Vec<Lane> = Vec::new();
@@ -50,10 +83,12 @@ pub(crate) fn run<T: FromRedisValue + Send>(
     let now = Instant::now();
     for (i, call) in calls.iter().enumerate() {
         let client = Arc::as_ptr(call.client);
-        if let Some((until, why)) = &*call.client.unreachable.lock() {
-            if *until > now {
-                results[i] = Some(Err(skipped(why)));
-                continue;
+        if skip_failed {
+            if let Some((until, why)) = &*call.client.unreachable.lock() {
+                if *until > now {
+                    results[i] = Some(Err(skipped(why)));
+                    continue;
+                }
             }
         }
         if let Some(lane) = lanes
@@ -73,103 +108,137 @@ pub(crate) fn run<T: FromRedisValue + Send>(
             rest.push(i);
         }
     }
-    // Every command first, on every connection...
-    let mut sent: Vec<(Lane, usize)> = Vec::with_capacity(lanes.len());
+    // Every command first, on every connection (one write each)...
+    let mut sent: Vec<Lane> = Vec::with_capacity(lanes.len());
     for mut lane in lanes {
         let conn: &mut Conn = &mut lane.conn;
-        let mut written = 0;
-        if conn.set_timeout(left(until)).is_ok() {
-            for &i in &lane.calls {
-                let c = conn.single().expect("lanes are single-server connections");
-                match c.send_packed_command(&calls[i].cmd.get_packed_command()) {
-                    Ok(()) => written += 1,
-                    Err(e) => {
-                        // Perhaps partly written: nothing more goes on this connection.
-                        conn.failed(&e);
-                        conn.mark_broken();
-                        break;
-                    }
-                }
-            }
-        }
-        rest.extend(&lane.calls[written..]);
-        sent.push((lane, written));
-    }
-    // ... then every reply.
-    for (mut lane, written) in sent {
-        let conn: &mut Conn = &mut lane.conn;
-        // The connection failed before these replies came: a timeout (the commands may
-        // have run), or a close (they did not run; the ordinary path retries them).
-        let mut broken: Option<redis::RedisError> = None;
-        for &i in &lane.calls[..written] {
-            if let Some(e) = &broken {
-                if e.is_timeout() {
-                    results[i] = Some(Err(clone_error(e)));
-                } else {
-                    rest.push(i);
-                }
-                continue;
-            }
-            let reply = conn
-                .set_timeout(left(until))
-                .and_then(|()| {
-                    conn.single()
-                        .expect("lanes are single-server connections")
-                        .recv_response()
-                })
-                .and_then(|value| value.extract_error())
-                .and_then(|value| Ok(redis::from_redis_value::<T>(value)?));
-            match reply {
-                Ok(value) => results[i] = Some(Ok(value)),
-                // Refused before it ran: the ordinary path loads the script, or waits for
-                // the deployment to settle, or finds the new primary.
-                Err(e) if scripts::is_noscript(&e) || pool::is_settling(&e) => rest.push(i),
-                Err(e) if pool::is_readonly(&e) => {
-                    conn.failed(&e);
-                    rest.push(i);
-                }
-                // The server closed the connection (a restart, a killed client): the
-                // command may not have run; the ordinary path retries it on another.
-                Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
+        let packed = match lane.calls[..] {
+            [i] => calls[i].cmd.get_packed_command(),
+            _ => transaction(lane.calls.iter().map(|&i| &calls[i].cmd)),
+        };
+        let written = conn.set_timeout(left(until)).is_ok()
+            && match conn
+                .single()
+                .expect("lanes are single-server connections")
+                .send_packed_command(&packed)
+            {
+                Ok(()) => true,
+                Err(e) => {
+                    // Perhaps partly written, so not run (a transaction without its EXEC
+                    // runs nothing): nothing more goes on this connection.
                     conn.failed(&e);
                     conn.mark_broken();
-                    rest.push(i);
-                    broken = Some(e);
+                    false
                 }
-                Err(e) => {
-                    conn.failed(&e);
-                    if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
-                        conn.mark_broken();
-                        broken = Some(redis::RedisError::from(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            e.to_string(),
-                        )));
+            };
+        if written {
+            sent.push(lane);
+        } else {
+            rest.extend(&lane.calls);
+        }
+    }
+    // ... then every reply.
+    for mut lane in sent {
+        let conn: &mut Conn = &mut lane.conn;
+        let n = lane.calls.len();
+        let reply = conn.set_timeout(left(until)).and_then(|()| {
+            let c = conn.single().expect("lanes are single-server connections");
+            if n == 1 {
+                c.recv_response().map(|value| vec![value])
+            } else {
+                recv_transaction(c, n)
+            }
+        });
+        let values = match reply {
+            Ok(values) => values,
+            Err(e) => match settle::<T>(conn, Err(e)) {
+                Outcome::Again => {
+                    rest.extend(&lane.calls);
+                    continue;
+                }
+                Outcome::Done(Ok(_)) => unreachable!("settled an error"),
+                Outcome::Done(Err(e)) => {
+                    // A timeout: the calls may have run (all of them or none).
+                    for &i in &lane.calls {
+                        results[i] = Some(Err(copy_error(&e)));
                     }
-                    results[i] = Some(Err(e.into()));
+                    continue;
                 }
+            },
+        };
+        let outcomes: Vec<Outcome<T>> = values
+            .into_iter()
+            .map(|value| settle(conn, value.extract_error()))
+            .collect();
+        if outcomes.iter().any(|o| matches!(o, Outcome::Again)) {
+            // Run again, all together: those that ran repeat harmlessly.
+            rest.extend(&lane.calls);
+            continue;
+        }
+        for (&i, outcome) in lane.calls.iter().zip(outcomes) {
+            if let Outcome::Done(result) = outcome {
+                results[i] = Some(result);
             }
         }
     }
-    let one = |i: usize| -> Result<T, Error> {
-        let call = &calls[i];
-        call.client.run_until(Some(until), |con| match call.script {
-            Some(script) => scripts::eval(con, script, &call.cmd),
-            None => call.cmd.query(con),
-        })
+    // The rest: one job per client (one per call on a cluster, whose keys are on
+    // different nodes and so cannot share a transaction).
+    let mut jobs: Vec<Vec<usize>> = Vec::new();
+    for &i in &rest {
+        let client = calls[i].client;
+        let shared = (!client.is_cluster())
+            .then(|| {
+                jobs.iter_mut()
+                    .find(|j| Arc::ptr_eq(calls[j[0]].client, client))
+            })
+            .flatten();
+        match shared {
+            Some(job) => job.push(i),
+            None => jobs.push(vec![i]),
+        }
+    }
+    let job = |job: &[usize]| -> Vec<Result<T, Error>> {
+        let client = calls[job[0]].client;
+        if let [i] = job {
+            let call = &calls[*i];
+            return vec![client.run_until(Some(until), |con| match call.script {
+                Some(script) => scripts::eval(con, script, &call.cmd),
+                None => call.cmd.query(con),
+            })];
+        }
+        match client.run_until(Some(until), |con| together(con, calls, job)) {
+            Ok(values) => values
+                .into_iter()
+                .map(|value| Ok(parse::<T>(value.extract_error()?)?))
+                .collect(),
+            Err(e) => {
+                let mut errors: Vec<Result<T, Error>> =
+                    job[1..].iter().map(|_| Err(copy_error(&e))).collect();
+                errors.insert(0, Err(e));
+                errors
+            }
+        }
     };
-    match rest.len() {
+    match jobs.len() {
         0 => {}
-        1 => results[rest[0]] = Some(one(rest[0])),
+        1 => {
+            for (&i, result) in jobs[0].iter().zip(job(&jobs[0])) {
+                results[i] = Some(result);
+            }
+        }
         _ => thread::scope(|scope| {
-            let running: Vec<_> = rest
+            let running: Vec<_> = jobs
                 .iter()
-                .map(|&i| (i, scope.spawn(move || one(i))))
+                .map(|j| (j, scope.spawn(move || job(j))))
                 .collect();
-            for (i, handle) in running {
-                results[i] = Some(match handle.join() {
-                    Ok(result) => result,
+            for (j, handle) in running {
+                let outcomes = match handle.join() {
+                    Ok(outcomes) => outcomes,
                     Err(panic) => std::panic::resume_unwind(panic),
-                });
+                };
+                for (&i, result) in j.iter().zip(outcomes) {
+                    results[i] = Some(result);
+                }
             }
         }),
     }
@@ -191,6 +260,126 @@ pub(crate) fn run<T: FromRedisValue + Send>(
         }
     }
     results
+}
+
+/// What one reply read from a lane's connection means, retiring the connection when it
+/// may be out of step with the server.
+fn settle<T: FromRedisValue>(conn: &mut Conn, reply: redis::RedisResult<Value>) -> Outcome<T> {
+    match reply {
+        Ok(value) => Outcome::Done(parse(value).map_err(Error::from)),
+        // Refused before it ran: the ordinary path loads the script, or waits for the
+        // deployment to settle, or finds the new primary.
+        Err(e) if scripts::is_noscript(&e) || pool::is_settling(&e) => Outcome::Again,
+        Err(e) if pool::is_readonly(&e) => {
+            conn.failed(&e);
+            Outcome::Again
+        }
+        // The server closed the connection (a restart, a killed client): the command may
+        // not have run; the ordinary path runs it again on another.
+        Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
+            conn.failed(&e);
+            conn.mark_broken();
+            Outcome::Again
+        }
+        Err(e) => {
+            conn.failed(&e);
+            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+                conn.mark_broken();
+                // The call may have run: a timeout, whatever the I/O failure was.
+                return Outcome::Done(Err(clone_error(&e)));
+            }
+            Outcome::Done(Err(e.into()))
+        }
+    }
+}
+
+fn parse<T: FromRedisValue>(value: Value) -> redis::RedisResult<T> {
+    Ok(redis::from_redis_value::<T>(value)?)
+}
+
+/// `cmds` in one `MULTI`/`EXEC` transaction, packed for one write.
+fn transaction<'a>(cmds: impl Iterator<Item = &'a Cmd>) -> Vec<u8> {
+    let mut packed = redis::cmd("MULTI").get_packed_command();
+    for cmd in cmds {
+        packed.extend(cmd.get_packed_command());
+    }
+    packed.extend(redis::cmd("EXEC").get_packed_command());
+    packed
+}
+
+/// Reads the replies to a `transaction` of `n` commands: the reply of each (a server's
+/// refusal of one as a `Value::ServerError`), or the error that refused them all.
+fn recv_transaction(c: &mut redis::Connection, n: usize) -> redis::RedisResult<Vec<Value>> {
+    let multi = c.recv_response()?.extract_error();
+    let mut queued = Vec::with_capacity(n);
+    for _ in 0..n {
+        queued.push(c.recv_response()?);
+    }
+    let exec = c.recv_response()?;
+    if multi.is_err() {
+        // No transaction was opened (hardly possible): each command ran on its own, and
+        // its reply is its outcome; EXEC was refused.
+        return Ok(queued);
+    }
+    match exec {
+        Value::Array(values) if values.len() == n => Ok(values),
+        exec => {
+            // Refused as a whole (EXECABORT): nothing ran. The refusal of a command when
+            // it was queued says why.
+            let why = queued
+                .into_iter()
+                .find_map(|q| q.extract_error().err())
+                .or_else(|| exec.extract_error().err());
+            Err(why.unwrap_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Parse, "unexpected reply to EXEC"))
+            }))
+        }
+    }
+}
+
+/// Runs the calls `job` of one client on one connection as one transaction, loading the
+/// scripts the server lacks and running it again (the calls repeat harmlessly). A
+/// refusal the client's retries wait out (settling, a demoted primary) fails it all.
+fn together(con: &mut Con, calls: &[Call<'_>], job: &[usize]) -> redis::RedisResult<Vec<Value>> {
+    let Con::Single(c) = con else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "a transaction over a cluster's calls",
+        )));
+    };
+    let packed = transaction(job.iter().map(|&i| &calls[i].cmd));
+    let mut loaded = false;
+    loop {
+        c.send_packed_command(&packed)?;
+        let values = match recv_transaction(c, job.len()) {
+            Err(e) if scripts::is_noscript(&e) && !loaded => Vec::new(),
+            reply => reply?,
+        };
+        let refusals: Vec<redis::RedisError> = values
+            .iter()
+            .filter_map(|v| v.clone().extract_error().err())
+            .collect();
+        if !loaded && (values.is_empty() || refusals.iter().any(scripts::is_noscript)) {
+            let mut scripts: Vec<&Script> = Vec::new();
+            for script in job.iter().filter_map(|&i| calls[i].script) {
+                if !scripts.iter().any(|s| s.get_hash() == script.get_hash()) {
+                    scripts.push(script);
+                }
+            }
+            for script in scripts {
+                script.load(c)?;
+            }
+            loaded = true;
+            continue;
+        }
+        if let Some(e) = refusals
+            .into_iter()
+            .find(|e| pool::is_settling(e) || pool::is_readonly(e))
+        {
+            return Err(e);
+        }
+        return Ok(values);
+    }
 }
 
 /// Whether `e` says the server could not be reached or did not answer in time.
@@ -220,4 +409,22 @@ fn clone_error(e: &redis::RedisError) -> Error {
         std::io::ErrorKind::TimedOut,
         e.to_string(),
     )))
+}
+
+/// The same failure for another call of the same transaction: unreachable stays
+/// unreachable (the call may have run), anything else is told as it was.
+fn copy_error(e: &Error) -> Error {
+    match e {
+        Error::Timeout(r) => clone_error(r),
+        Error::Redis(r) if r.is_io_error() || r.is_timeout() => clone_error(r),
+        Error::Pool(p) => clone_error(&redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            p.to_string(),
+        ))),
+        other => Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "failed with the other calls of its transaction",
+            other.to_string(),
+        ))),
+    }
 }
