@@ -151,8 +151,8 @@ fn a_freeze_longer_than_the_lease_is_reported() {
 /// The guard counts its lease from when the last renewal was sent, Redis from when it ran
 /// it, so the loss may show a little before the key's expiry (by the renewal's one-way
 /// latency, which load stretches): the bounds are a fraction of the lease on both sides.
-/// Redis is frozen right after a renewal landed, so that no renewal lands between reading
-/// the key's expiry and the freeze.
+/// Redis is frozen right after a renewal landed (and its reply went out), so that no
+/// renewal lands between reading the key's expiry and the freeze.
 #[test]
 fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
     const WATCHDOG: Duration = Duration::from_millis(1_500);
@@ -185,6 +185,9 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
         "the watchdog never renewed the lease"
     );
     let (seen, left) = renewed.expect("set above");
+    // Redis may write the renewal's reply after this connection's (both in one round of
+    // its event loop): one more round trip makes sure it went out before the freeze.
+    let _: String = redis::cmd("PING").query(&mut con).expect("PING");
     server.freeze();
     let frozen = seen.elapsed();
     assert!(

@@ -954,3 +954,59 @@ fn lagging<G>(
     proxy.delay_requests_containing("EVALSHA", Duration::ZERO);
     (said, unlock(guard))
 }
+
+/// Issue 17, item 1, in the scripts: a cancel told fewer levels than the thread holds by
+/// more than the one an attempt can add takes nothing (the caller miscounted), and a
+/// cancel told one level fewer still gives back just that ghost level.
+#[test]
+fn a_cancel_never_takes_levels_the_thread_holds() {
+    const NAME: &str = "cancel-miscounted";
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client_3s(&server);
+    let lock = c.lock(NAME);
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(key(NAME)).query(&mut con).unwrap();
+    let holder = fields.into_iter().find(|f| !f.starts_with('~')).unwrap();
+    let cancel = |expected: u32| -> Vec<i64> {
+        redis::Script::new(&support::queued_script(include_str!("../lua/cancel.lua")))
+            .key(key(NAME))
+            .key(format!("{PREFIX}!fence:{{{NAME}}}"))
+            .key(format!("{PREFIX}!queue:{{{NAME}}}"))
+            .key(format!("{PREFIX}!waiters:{{{NAME}}}"))
+            .arg(&holder)
+            .arg(expected)
+            .arg(3_000)
+            .arg(0)
+            .arg(format!("{}:to:", key(NAME)))
+            .arg(1_000)
+            .arg(10)
+            .invoke(&mut server.connection())
+            .expect("cancel")
+    };
+    let count = |con: &mut redis::Connection| -> Option<i64> {
+        redis::cmd("HGET")
+            .arg(key(NAME))
+            .arg(&holder)
+            .query(con)
+            .unwrap()
+    };
+    // Told none of the two levels: nothing taken.
+    assert_eq!(cancel(0), vec![0, 0]);
+    assert_eq!(
+        count(&mut con),
+        Some(2),
+        "a miscounted cancel took held levels"
+    );
+    // Told one: the level beyond it (a ghost, as far as the script can tell) goes.
+    assert_eq!(cancel(1), vec![0, 0]);
+    assert_eq!(count(&mut con), Some(1));
+    assert!(
+        pttl(&mut con, &key(NAME)) > 2_000,
+        "the remaining level keeps its lease"
+    );
+    assert!(!outer.is_lease_lost());
+    drop(inner);
+    outer.unlock().unwrap();
+}

@@ -1647,3 +1647,65 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
     write.unlock().expect("write unlock");
     assert!(!exists(&mut con, &key(LOCK)));
 }
+
+/// Issue 17, item 1, in the scripts: a read-write lock's cancel told fewer read levels
+/// than the thread holds by more than the one an attempt can add takes nothing.
+#[test]
+fn a_cancel_never_takes_read_levels_the_thread_holds() {
+    const LOCK: &str = "cancel-miscounted";
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client(&server.url(), Duration::from_secs(3));
+    let rw = c.read_write_lock(LOCK);
+    let outer = rw.read().lock().unwrap();
+    let inner = rw.read().lock().unwrap();
+    let field = field_of(&mut con, LOCK, "r", c.id()).expect("read hold");
+    let holder = field["r:".len()..].to_owned();
+    let cancel = |expected: u32| -> Vec<i64> {
+        redis::Script::new(
+            &[
+                QUEUE_LUA,
+                LEASES_LUA,
+                RW_LUA,
+                include_str!("../lua/leased_cancel.lua"),
+            ]
+            .concat(),
+        )
+        .key(key(LOCK))
+        .key(format!("{PREFIX}!fence:!rw:{{{LOCK}}}"))
+        .key(queue_key(LOCK))
+        .key(waiters_key(LOCK))
+        .key(leases_key(LOCK))
+        .arg(&holder)
+        .arg(expected)
+        .arg(3_000)
+        .arg(0)
+        .arg(format!("{}:to:", key(LOCK)))
+        .arg(1_000)
+        .arg(10)
+        .arg(5)
+        .invoke(&mut server.connection())
+        .expect("cancel")
+    };
+    assert_eq!(cancel(0), vec![0, 0]);
+    assert_eq!(
+        holds(&mut con, LOCK).get(&field).map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(cancel(1), vec![0, 0]);
+    assert_eq!(
+        holds(&mut con, LOCK).get(&field).map(String::as_str),
+        Some("1")
+    );
+    let other = client(&server.url(), Duration::from_secs(3));
+    assert!(other
+        .read_write_lock(LOCK)
+        .write()
+        .try_lock()
+        .unwrap()
+        .is_none());
+    assert!(!outer.is_lease_lost());
+    drop(inner);
+    outer.unlock().unwrap();
+    assert!(!exists(&mut con, &key(LOCK)));
+}
