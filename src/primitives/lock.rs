@@ -406,7 +406,7 @@ impl<K: Kind> Lock<K> {
                     // A read hold whose lease ran out here may live a moment longer on the
                     // server (its lease counts from when Redis ran the acquire), where it
                     // would refuse this write: it is given back first.
-                    self.give_back_read(token)?;
+                    self.give_back_read(token, self.io_until(deadline))?;
                 }
             }
         }
@@ -444,7 +444,7 @@ impl<K: Kind> Lock<K> {
 
     /// Gives back this thread's read hold of a read-write lock (`self` is its write side)
     /// whose lease is over here, in case Redis still keeps it a moment longer.
-    fn give_back_read(&self, token: u64) -> Result<(), Error> {
+    fn give_back_read(&self, token: u64, until: Option<Instant>) -> Result<(), Error> {
         let keys = &self.keys;
         let read = &scripts::READ;
         let holder = holder_id(&self.client.inner.id, token);
@@ -461,7 +461,7 @@ impl<K: Kind> Lock<K> {
         let reply: Vec<i64> = self
             .client
             .inner
-            .run(|con| scripts::eval(con, read.cancel, &cancel))?;
+            .run_until(until, |con| scripts::eval(con, read.cancel, &cancel))?;
         if reply[..] == [0, 1] {
             self.client
                 .inner
