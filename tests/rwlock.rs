@@ -1698,6 +1698,8 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
         Some("1")
     );
     let other = client(&server.url(), Duration::from_secs(3));
+    // A pooled connection first: a single try has no time to connect on a busy machine.
+    assert!(other.read_write_lock(LOCK).read().is_locked().unwrap());
     assert!(other
         .read_write_lock(LOCK)
         .write()
