@@ -1012,3 +1012,41 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     drop(inner);
     outer.unlock().unwrap();
 }
+
+/// Issue 17, item 1: a re-entry never queues, but a thread whose hold is gone on the server
+/// is not re-entering: its attempt, refused, marks the old hold lost at once, and the call
+/// waits as a new acquisition (in the queue, woken by the release).
+#[test]
+fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
+    const NAME: &str = "reentry-gone";
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let (a, b) = (client_3s(&server), client_3s(&server));
+    let lock = a.lock(NAME);
+    let outer = lock.lock().expect("outer");
+    assert!(b.lock(NAME).force_unlock().unwrap());
+    let (held_tx, held) = mpsc::channel();
+    let theirs = b.lock(NAME);
+    let url = server.url();
+    let other = thread::spawn(move || {
+        let g = theirs.lock().expect("the other client's lock");
+        held_tx.send(()).unwrap();
+        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        // Released once the first client's thread waits in the queue.
+        let queued = support::wait_until(Duration::from_secs(5), || queue_len(&mut con, NAME) == 1);
+        g.unlock().expect("the other client's unlock");
+        queued
+    });
+    held.recv().unwrap();
+    let again = lock
+        .try_lock_for(Duration::from_secs(5))
+        .expect("try_lock_for")
+        .expect("acquired after the other client's release");
+    assert!(other.join().unwrap(), "the thread never queued");
+    assert!(outer.is_lease_lost(), "the old hold was not reported lost");
+    assert_eq!(lock.hold_count().unwrap(), 1, "one level: the new hold");
+    assert!(matches!(outer.unlock(), Err(Error::LeaseLost)));
+    assert_eq!(lock.hold_count().unwrap(), 1, "the old guard took nothing");
+    again.unlock().expect("unlock");
+    assert!(!exists(&mut con, &key(NAME)));
+}
