@@ -14,9 +14,12 @@
 --
 -- Returns {1, count, token}  ARGV[4] was 1 and the caller holds a level more than ARGV[2]
 --                            (token: the hold's fencing token, 0 when none)
---         {0, w}             the caller is out of the queue and holds ARGV[2] levels at
---                            most; w is 1 when the lock was handed on to a waiter
+--         {0, w}             the caller is out of the queue; w is 1 when the lock was
+--                            handed on to a waiter
 -- Repeating a call changes nothing more: the count is set from ARGV[2], never decremented.
+-- Levels the caller holds are never taken: one attempt (or handoff) adds one level at
+-- most, so a count above ARGV[2] + 1 means the caller miscounted what it holds, and the
+-- count is left alone (a ghost level then ends with its lease).
 local holder = ARGV[1]
 local expected = tonumber(ARGV[2])
 local held = tonumber(redis.call('hget', KEYS[1], holder) or '0')
@@ -25,6 +28,9 @@ if held > expected then
     if ARGV[4] == '1' then
         local token = redis.call('hget', KEYS[1], '~fence') or 0
         return {1, held, tonumber(token)}
+    end
+    if held > expected + 1 then
+        return {0, 0}
     end
     local need = tonumber(ARGV[3])
     if expected > 0 and need > 0 then

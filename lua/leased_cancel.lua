@@ -13,18 +13,26 @@
 -- ARGV[8]  flags of the hold (4: a read hold)
 --
 -- Returns {1, count, 0}  ARGV[4] was 1 and the caller holds a level more than ARGV[2]
---         {0, w}         the caller is out of the queue and holds ARGV[2] levels at most;
---                        w is 1 when a waiter was handed a share
+--         {0, w}         the caller is out of the queue; w is 1 when a waiter was handed a
+--                        share
+-- Levels a read-write lock's caller holds are never taken: one attempt (or handoff) adds
+-- one level at most, so a count above ARGV[2] + 1 means the caller miscounted what it
+-- holds, and the count is left alone (a ghost level then ends with its lease). A
+-- semaphore's hold counts permits, not levels, and belongs to one call: it goes whole.
 local now = Q.now()
 Q.purge(now)
 local holder = ARGV[1]
 local field = M.field(holder, tonumber(ARGV[8]))
 local expected = tonumber(ARGV[2])
 local held = tonumber(redis.call('hget', KEYS[1], field) or '0')
+local levels = KEYS[6] == nil
 Q.remove(holder)
 if held > expected then
     if ARGV[4] == '1' then
         return {1, held, 0}
+    end
+    if levels and held > expected + 1 then
+        return {0, 0}
     end
     local need = tonumber(ARGV[3])
     if expected > 0 and need > 0 then

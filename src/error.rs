@@ -31,8 +31,9 @@ pub enum Error {
     /// lease expired, or someone called `force_unlock`.
     #[error("the lock is not held by this thread")]
     NotHeld,
-    /// The watchdog found this lock's lease gone before it was released: another client may
-    /// have held the lock since.
+    /// The lock's lease was known lost before it was released (the guard's
+    /// `is_lease_lost` was true: the watchdog found it gone or could not renew it in time,
+    /// or a fixed lease ran out): another client may have held the lock since.
     #[error("the lock's lease was lost before it was released")]
     LeaseLost,
     /// Fewer replicas than [`sync_replicas`](crate::ClientBuilder::sync_replicas) asks for

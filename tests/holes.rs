@@ -9,12 +9,13 @@
 
 mod support;
 
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
-use support::RedisServer;
+use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "holes:";
 const ROLE: &str = "REDMUTEX_HOLES_CHILD_ROLE";
@@ -726,4 +727,326 @@ fn try_lock_for_duration_max_waits_for_a_held_lock() {
         got.saturating_duration_since(released)
     );
     g.unlock().expect("unlock");
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 17: the lock's own hold bookkeeping
+// ---------------------------------------------------------------------------------------
+
+fn sha(script: &str) -> String {
+    redis::Script::new(script).get_hash().to_owned()
+}
+
+fn queue_len(con: &mut redis::Connection, name: &str) -> i64 {
+    redis::cmd("LLEN")
+        .arg(format!("{PREFIX}!queue:{{{name}}}"))
+        .query(con)
+        .expect("LLEN")
+}
+
+/// Issue 17, item 1: a thread holds a lock while another thread of its client waits for it
+/// (so the client listens on the lock's channel, and a new call of the holder queues with
+/// its first attempt). The holder's nested `try_lock_for` fails (its acquire answered with
+/// an error). Before the fix the failed call, marked queued, left with a cancel that said
+/// the thread held no level: `cancel.lua` deleted the outer hold and handed the lock to the
+/// waiting thread while the outer guard still said it held the lock.
+#[test]
+fn a_failed_re_entry_keeps_the_outer_hold() {
+    const NAME: &str = "reentry-fails";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let mut con = server.connection();
+    let a = client(&proxy.url(), Duration::from_secs(3), Duration::from_secs(1));
+    a.lock("warm-up").lock().unwrap().unlock().unwrap();
+    let b = client_3s(&server);
+    // A pooled connection first: a single try has no time to connect on a busy machine.
+    assert!(!b.lock(NAME).is_locked().unwrap());
+    let lock = a.lock(NAME);
+    let outer = lock.lock().expect("outer");
+
+    let (tx, got) = mpsc::channel();
+    let other = lock.clone();
+    let waiter = thread::spawn(move || {
+        let g = other.lock();
+        tx.send(()).unwrap();
+        g.map(|g| g.unlock())
+    });
+    assert!(
+        support::wait_until(Duration::from_secs(5), || queue_len(&mut con, NAME) == 1),
+        "the other thread never queued"
+    );
+
+    let acquire = sha(&support::queued_script(include_str!("../lua/acquire.lua")));
+    proxy.fail_next_request_with(&acquire, "-ERR injected\r\n");
+    let r = lock.try_lock_for(Duration::from_millis(300));
+    assert!(matches!(r, Err(Error::Redis(_))), "{r:?}");
+    assert_eq!(proxy.failed_requests(), 1, "the fault was injected");
+
+    // Before the fix the clean-up ran within a watchdog round (1 s) and handed the lock on.
+    assert!(
+        got.recv_timeout(Duration::from_millis(1_500)).is_err(),
+        "the waiting thread got the lock while the outer guard held it"
+    );
+    assert!(
+        b.lock(NAME).try_lock().unwrap().is_none(),
+        "another client got in"
+    );
+    assert!(!outer.is_lease_lost(), "the outer guard lost its hold");
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        1,
+        "the outer level is held once"
+    );
+    assert_eq!(queue_len(&mut con, NAME), 1, "the waiter kept its place");
+
+    outer.unlock().expect("outer unlock");
+    got.recv_timeout(Duration::from_secs(2))
+        .expect("the waiter got the lock once the outer guard released it");
+    waiter
+        .join()
+        .unwrap()
+        .expect("waiter lock")
+        .expect("waiter unlock");
+    assert!(!exists(&mut con, &key(NAME)), "fully released");
+}
+
+/// Issue 17, item 13: once a guard says its lease is lost, `unlock()` says `LeaseLost`,
+/// whatever Redis still holds (and the hold, still ours, is given back). Each guard's
+/// acquisition reaches Redis 1 s after it was sent (the proxy holds every script call
+/// back), so its hold on the server outlives what the guard can vouch for by that much:
+/// the guard reports the loss at its lease (2.5 s) after sending, while Redis keeps the
+/// hold until 3.5 s. Before the fix the release, sent inside that window, found the hold and
+/// returned `Ok`.
+#[test]
+fn a_guard_that_said_lost_never_unlocks_ok() {
+    const LEASE: Duration = Duration::from_millis(2_500);
+    const LAG: Duration = Duration::from_secs(1);
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let mut con = server.connection();
+    let c = client(&proxy.url(), LEASE, Duration::from_secs(2));
+    // Every script loaded before the faults begin.
+    c.lock("warm-up").lock().unwrap().unlock().unwrap();
+    let rw = c.read_write_lock("warm-up");
+    rw.read().lock().unwrap().unlock().unwrap();
+    rw.write().lock().unwrap().unlock().unwrap();
+    c.semaphore("warm-up", 1)
+        .acquire()
+        .unwrap()
+        .release()
+        .unwrap();
+
+    let check = |what: &str, (said, r): (Duration, Result<(), Error>)| {
+        eprintln!("{what}: lost after {said:?}, unlock {r:?}");
+        // Not before its lease, and well before the hold ends on the server (3.5 s).
+        assert!(
+            said >= LEASE - Duration::from_millis(50) && said < LEASE + LAG,
+            "{what}: the loss showed after {said:?}"
+        );
+        assert!(matches!(r, Err(Error::LeaseLost)), "{what}: {r:?}");
+    };
+
+    // A plain lock, renewed by the watchdog, and with a fixed lease.
+    let lock = c.lock("lagging");
+    check(
+        "watchdog lock",
+        lagging(
+            &proxy,
+            LAG,
+            || lock.lock(),
+            |g| g.is_lease_lost(),
+            |g| g.unlock(),
+        ),
+    );
+    assert!(
+        !exists(&mut con, &key("lagging")),
+        "the hold, still ours, was given back"
+    );
+    check(
+        "fixed lock",
+        lagging(
+            &proxy,
+            LAG,
+            || lock.lock_with_lease(LEASE),
+            |g| g.is_lease_lost(),
+            |g| g.unlock(),
+        ),
+    );
+    assert!(!exists(&mut con, &key("lagging")));
+
+    // The read and write sides of a read-write lock.
+    let rw = c.read_write_lock("lagging");
+    check(
+        "read guard",
+        lagging(
+            &proxy,
+            LAG,
+            || rw.read().lock_with_lease(LEASE),
+            |g| g.is_lease_lost(),
+            |g| g.unlock(),
+        ),
+    );
+    check(
+        "write guard",
+        lagging(
+            &proxy,
+            LAG,
+            || rw.write().lock(),
+            |g| g.is_lease_lost(),
+            |g| g.unlock(),
+        ),
+    );
+    assert!(
+        rw.write().try_lock().unwrap().is_some(),
+        "the rw lock is free"
+    );
+
+    // A semaphore's permit.
+    let sem = c.semaphore("lagging", 1);
+    check(
+        "permit",
+        lagging(
+            &proxy,
+            LAG,
+            || sem.acquire(),
+            |p| p.is_lease_lost(),
+            |p| p.release(),
+        ),
+    );
+    assert_eq!(sem.available_permits().unwrap(), 1, "the permit came back");
+
+    // A MultiLock with a fixed lease (its validity ends before its members' holds).
+    // Its members on two clients, so that their calls lag side by side, not in turn.
+    let c2 = client(&proxy.url(), LEASE, Duration::from_secs(2));
+    c2.lock("warm-up").lock().unwrap().unlock().unwrap();
+    let multi = MultiLock::new([c.lock("lagging-1"), c2.lock("lagging-2")])
+        .unwrap()
+        .with_member_timeout(Duration::from_secs(2))
+        .unwrap();
+    let (said, r) = lagging(
+        &proxy,
+        LAG,
+        || multi.lock_with_lease(LEASE),
+        |g| g.is_lease_lost(),
+        |g| g.unlock(),
+    );
+    eprintln!("multi: lost after {said:?}, unlock {r:?}");
+    assert!(said < LEASE + LAG, "the loss showed after {said:?}");
+    assert!(matches!(r, Err(Error::LeaseLost)), "multi: {r:?}");
+}
+
+/// Takes a guard through `proxy` with every script call held back `lag`, waits for the
+/// guard to say its lease is lost, lifts the lag and unlocks: how long after sending the
+/// acquisition the loss showed, and what unlocking said.
+fn lagging<G>(
+    proxy: &FaultProxy,
+    lag: Duration,
+    take: impl FnOnce() -> Result<G, Error>,
+    lost: impl Fn(&G) -> bool,
+    unlock: impl FnOnce(G) -> Result<(), Error>,
+) -> (Duration, Result<(), Error>) {
+    proxy.delay_requests_containing("EVALSHA", lag);
+    let sent = Instant::now();
+    let guard = take().expect("acquired");
+    assert!(
+        support::wait_until(Duration::from_secs(5), || lost(&guard)),
+        "the guard never said its lease was lost"
+    );
+    let said = sent.elapsed();
+    proxy.delay_requests_containing("EVALSHA", Duration::ZERO);
+    (said, unlock(guard))
+}
+
+/// Issue 17, item 1, in the scripts: a cancel told fewer levels than the thread holds by
+/// more than the one an attempt can add takes nothing (the caller miscounted), and a
+/// cancel told one level fewer still gives back just that ghost level.
+#[test]
+fn a_cancel_never_takes_levels_the_thread_holds() {
+    const NAME: &str = "cancel-miscounted";
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client_3s(&server);
+    let lock = c.lock(NAME);
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(key(NAME)).query(&mut con).unwrap();
+    let holder = fields.into_iter().find(|f| !f.starts_with('~')).unwrap();
+    let cancel = |expected: u32| -> Vec<i64> {
+        redis::Script::new(&support::queued_script(include_str!("../lua/cancel.lua")))
+            .key(key(NAME))
+            .key(format!("{PREFIX}!fence:{{{NAME}}}"))
+            .key(format!("{PREFIX}!queue:{{{NAME}}}"))
+            .key(format!("{PREFIX}!waiters:{{{NAME}}}"))
+            .arg(&holder)
+            .arg(expected)
+            .arg(3_000)
+            .arg(0)
+            .arg(format!("{}:to:", key(NAME)))
+            .arg(1_000)
+            .arg(10)
+            .invoke(&mut server.connection())
+            .expect("cancel")
+    };
+    let count = |con: &mut redis::Connection| -> Option<i64> {
+        redis::cmd("HGET")
+            .arg(key(NAME))
+            .arg(&holder)
+            .query(con)
+            .unwrap()
+    };
+    // Told none of the two levels: nothing taken.
+    assert_eq!(cancel(0), vec![0, 0]);
+    assert_eq!(
+        count(&mut con),
+        Some(2),
+        "a miscounted cancel took held levels"
+    );
+    // Told one: the level beyond it (a ghost, as far as the script can tell) goes.
+    assert_eq!(cancel(1), vec![0, 0]);
+    assert_eq!(count(&mut con), Some(1));
+    assert!(
+        pttl(&mut con, &key(NAME)) > 2_000,
+        "the remaining level keeps its lease"
+    );
+    assert!(!outer.is_lease_lost());
+    drop(inner);
+    outer.unlock().unwrap();
+}
+
+/// Issue 17, item 1: a re-entry never queues, but a thread whose hold is gone on the server
+/// is not re-entering: its attempt, refused, marks the old hold lost at once, and the call
+/// waits as a new acquisition (in the queue, woken by the release).
+#[test]
+fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
+    const NAME: &str = "reentry-gone";
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let (a, b) = (client_3s(&server), client_3s(&server));
+    let lock = a.lock(NAME);
+    let outer = lock.lock().expect("outer");
+    assert!(b.lock(NAME).force_unlock().unwrap());
+    let (held_tx, held) = mpsc::channel();
+    let theirs = b.lock(NAME);
+    let url = server.url();
+    let other = thread::spawn(move || {
+        let g = theirs.lock().expect("the other client's lock");
+        held_tx.send(()).unwrap();
+        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        // Released once the first client's thread waits in the queue.
+        let queued = support::wait_until(Duration::from_secs(5), || queue_len(&mut con, NAME) == 1);
+        g.unlock().expect("the other client's unlock");
+        queued
+    });
+    held.recv().unwrap();
+    let again = lock
+        .try_lock_for(Duration::from_secs(5))
+        .expect("try_lock_for")
+        .expect("acquired after the other client's release");
+    assert!(other.join().unwrap(), "the thread never queued");
+    assert!(outer.is_lease_lost(), "the old hold was not reported lost");
+    assert_eq!(lock.hold_count().unwrap(), 1, "one level: the new hold");
+    assert!(matches!(outer.unlock(), Err(Error::LeaseLost)));
+    assert_eq!(lock.hold_count().unwrap(), 1, "the old guard took nothing");
+    again.unlock().expect("unlock");
+    assert!(!exists(&mut con, &key(NAME)));
 }

@@ -347,7 +347,8 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     let other_lock = other.lock("lease");
     let theirs = other_lock.try_lock().unwrap().expect("free after expiry");
     assert_eq!(other_lock.hold_count().unwrap(), 1);
-    assert!(matches!(guard.unlock(), Err(Error::NotHeld)));
+    // The guard said its lease was lost: so does its unlock (issue 17, item 13).
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
     assert_eq!(other_lock.hold_count().unwrap(), 1);
     assert_eq!(hvals(&mut con, &key), vec![1]);
     assert!(pttl(&mut con, &key) > 0);
@@ -910,6 +911,7 @@ fn a_bounded_wait_with_an_explicit_lease_gets_that_lease() {
     );
     let left = pttl(&mut con, &key_of("bounded"));
     assert!(left > 4_000 && left <= 5_000, "{left} ms");
-    assert!(matches!(held.unlock(), Err(Error::NotHeld)));
+    // Its fixed lease ran out: the guard says lost (issue 17, item 13).
+    assert!(matches!(held.unlock(), Err(Error::LeaseLost)));
     guard.unlock().unwrap();
 }

@@ -1050,7 +1050,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
 
 /// A read hold with a fixed lease of 300 ms: a writer waiting for it gets in when the
 /// lease ends (not before, and within 400 ms after); the read guard then reports its
-/// lease lost, and its `unlock()` fails with `NotHeld` without touching the writer's hold.
+/// lease lost, and its `unlock()` fails with `LeaseLost` without touching the writer's hold.
 #[test]
 fn a_fixed_read_lease_that_ends_is_lost() {
     const LOCK: &str = "fixed";
@@ -1086,7 +1086,7 @@ fn a_fixed_read_lease_that_ends_is_lost() {
     );
     assert!(g.is_lease_lost(), "the read lease ended");
     let writer_hold = holds(&mut con, LOCK);
-    assert!(matches!(g.unlock(), Err(Error::NotHeld)));
+    assert!(matches!(g.unlock(), Err(Error::LeaseLost)));
     assert_eq!(
         holds(&mut con, LOCK),
         writer_hold,
@@ -1529,5 +1529,185 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     assert!(field_of(&mut con, LOCK, "w", writer.id()).is_some());
     go.send(()).unwrap();
     t.join().unwrap().unwrap().unwrap();
+    assert!(!exists(&mut con, &key(LOCK)));
+}
+
+/// Issue 17, item 1: a reader's nested read fails while another thread of its client waits
+/// to write (so the client listens on the lock, and the nested call queues with its first
+/// attempt). Before the fix the failed call left with a cancel that said the thread held
+/// no read level: `leased_cancel.lua` dropped the outer read hold and handed the lock to
+/// the waiting writer, which wrote beside the reader.
+#[test]
+fn a_failed_nested_read_keeps_the_outer_read_hold() {
+    const LOCK: &str = "nested-read-fails";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let mut con = server.connection();
+    let c = support::client(
+        &proxy.url(),
+        PREFIX,
+        Duration::from_secs(3),
+        Duration::from_secs(1),
+    );
+    let rw = c.read_write_lock("warm-up");
+    rw.read().lock().unwrap().unlock().unwrap();
+    rw.write().lock().unwrap().unlock().unwrap();
+    let rw = c.read_write_lock(LOCK);
+    let read = rw.read().lock().expect("outer read");
+
+    let (tx, got) = mpsc::channel();
+    let write = rw.write();
+    let writer = thread::spawn(move || {
+        let w = write.lock();
+        tx.send(()).unwrap();
+        w.map(|w| w.unlock())
+    });
+    await_queued(&mut con, LOCK, 1, "the writer");
+
+    proxy.fail_next_request_with(&rw_acquire_sha(), "-ERR injected\r\n");
+    let r = rw.read().try_lock_for(Duration::from_millis(300));
+    assert!(matches!(r, Err(Error::Redis(_))), "{r:?}");
+    assert_eq!(proxy.failed_requests(), 1, "the fault was injected");
+
+    // Before the fix the clean-up ran within a watchdog round (1 s) and let the writer in.
+    assert!(
+        got.recv_timeout(Duration::from_millis(1_500)).is_err(),
+        "a writer got in beside the reader"
+    );
+    assert!(!read.is_lease_lost(), "the outer read guard lost its hold");
+    assert_eq!(rw.read().hold_count().unwrap(), 1);
+    assert!(
+        field_of(&mut con, LOCK, "r", c.id()).is_some(),
+        "the read hold is gone"
+    );
+    assert_eq!(
+        llen(&mut con, &queue_key(LOCK)),
+        1,
+        "the writer kept its place"
+    );
+
+    read.unlock().expect("outer read unlock");
+    got.recv_timeout(Duration::from_secs(2))
+        .expect("the writer got the lock once the reader left");
+    writer
+        .join()
+        .unwrap()
+        .expect("writer lock")
+        .expect("writer unlock");
+    assert!(!exists(&mut con, &key(LOCK)));
+}
+
+/// Issue 17, item 5 (Redisson's testReadLockLeaseTimeout): a read hold with a fixed lease
+/// that ran out while its guard is alive no longer counts: the same thread may then take
+/// the write lock. Before the fix the stale local registration made it `WouldDeadlock` at
+/// once, though Redis held nothing. A live read hold still refuses the write at once.
+#[test]
+fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
+    const LOCK: &str = "read-lease-out";
+    const LEASE: Duration = Duration::from_secs(1);
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client(&server.url(), Duration::from_secs(3));
+    let rw = c.read_write_lock(LOCK);
+    let taken = Instant::now();
+    let read = rw
+        .read()
+        .try_lock_with_lease_for(Duration::from_secs(1), LEASE)
+        .unwrap()
+        .expect("read");
+    let r = rw.write().try_lock_for(Duration::from_millis(100));
+    assert!(matches!(r, Err(Error::WouldDeadlock)), "{r:?}");
+    assert!(
+        taken.elapsed() < LEASE,
+        "the check came too late to mean anything"
+    );
+    assert!(!read.is_lease_lost());
+
+    assert!(
+        wait_until(LEASE * 3, || read.is_lease_lost()),
+        "the read guard never said its lease ran out"
+    );
+    let said = taken.elapsed();
+    assert!(
+        said >= LEASE - Duration::from_millis(50) && said <= LEASE + Duration::from_millis(500),
+        "the read lease showed lost after {said:?}"
+    );
+    assert_eq!(rw.read().hold_count().unwrap(), 0);
+    let write = rw
+        .write()
+        .try_lock_for(Duration::from_secs(1))
+        .expect("the write lock after the read lease ran out")
+        .expect("acquired");
+    assert_eq!(rw.write().hold_count().unwrap(), 1);
+    assert!(field_of(&mut con, LOCK, "w", c.id()).is_some());
+    assert!(field_of(&mut con, LOCK, "r", c.id()).is_none());
+    // The read guard's hold is over: its unlock says so and leaves the write hold alone.
+    assert!(matches!(read.unlock(), Err(Error::LeaseLost)));
+    assert_eq!(rw.write().hold_count().unwrap(), 1);
+    write.unlock().expect("write unlock");
+    assert!(!exists(&mut con, &key(LOCK)));
+}
+
+/// Issue 17, item 1, in the scripts: a read-write lock's cancel told fewer read levels
+/// than the thread holds by more than the one an attempt can add takes nothing.
+#[test]
+fn a_cancel_never_takes_read_levels_the_thread_holds() {
+    const LOCK: &str = "cancel-miscounted";
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    let c = client(&server.url(), Duration::from_secs(3));
+    let rw = c.read_write_lock(LOCK);
+    let outer = rw.read().lock().unwrap();
+    let inner = rw.read().lock().unwrap();
+    let field = field_of(&mut con, LOCK, "r", c.id()).expect("read hold");
+    let holder = field["r:".len()..].to_owned();
+    let cancel = |expected: u32| -> Vec<i64> {
+        redis::Script::new(
+            &[
+                QUEUE_LUA,
+                LEASES_LUA,
+                RW_LUA,
+                include_str!("../lua/leased_cancel.lua"),
+            ]
+            .concat(),
+        )
+        .key(key(LOCK))
+        .key(format!("{PREFIX}!fence:!rw:{{{LOCK}}}"))
+        .key(queue_key(LOCK))
+        .key(waiters_key(LOCK))
+        .key(leases_key(LOCK))
+        .arg(&holder)
+        .arg(expected)
+        .arg(3_000)
+        .arg(0)
+        .arg(format!("{}:to:", key(LOCK)))
+        .arg(1_000)
+        .arg(10)
+        .arg(5)
+        .invoke(&mut server.connection())
+        .expect("cancel")
+    };
+    assert_eq!(cancel(0), vec![0, 0]);
+    assert_eq!(
+        holds(&mut con, LOCK).get(&field).map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(cancel(1), vec![0, 0]);
+    assert_eq!(
+        holds(&mut con, LOCK).get(&field).map(String::as_str),
+        Some("1")
+    );
+    let other = client(&server.url(), Duration::from_secs(3));
+    // A pooled connection first: a single try has no time to connect on a busy machine.
+    assert!(other.read_write_lock(LOCK).read().is_locked().unwrap());
+    assert!(other
+        .read_write_lock(LOCK)
+        .write()
+        .try_lock()
+        .unwrap()
+        .is_none());
+    assert!(!outer.is_lease_lost());
+    drop(inner);
+    outer.unlock().unwrap();
     assert!(!exists(&mut con, &key(LOCK)));
 }

@@ -110,10 +110,14 @@ impl<K: Kind> LockGuard<K> {
 
     /// Releases this level of the lock and reports the outcome.
     ///
-    /// Fails with [`Error::NotHeld`] when the lock was no longer held by this thread (a
-    /// fixed lease ran out, or `force_unlock`), with [`Error::LeaseLost`] when the watchdog
-    /// had already found the lease gone or a failover (Sentinel) lost the hold, or with a
-    /// Redis error; the lock then frees itself when its lease ends.
+    /// Fails with [`Error::LeaseLost`] whenever [`is_lease_lost`](LockGuard::is_lease_lost)
+    /// is true by then (its fixed lease ran out, the watchdog found the lease gone or could
+    /// not renew it in time, a failover lost the hold), whatever Redis still holds: the
+    /// hold is given back if it is still this thread's, but the guard cannot vouch for the
+    /// time in between. Fails with [`Error::NotHeld`] when Redis no longer had the hold
+    /// although nothing had told the guard (`force_unlock`, a data loss the watchdog had
+    /// not seen yet), or with a Redis error; the lock then frees itself when its lease
+    /// ends.
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
@@ -139,10 +143,7 @@ impl<K: Kind> LockGuard<K> {
         match self.lease {
             Lease::Fixed(ms) => {
                 self.acquired.elapsed() >= Duration::from_millis(ms)
-                    && !self
-                        .inner
-                        .watchdog
-                        .covered(&self.keys.hold, self.token, &self.lost)
+                    && watchdog.lease_over(&self.keys.hold, self.token, &self.lost)
             }
             Lease::Watchdog => watchdog.lease_expired(&self.keys.hold, self.token, &self.lost),
         }
@@ -177,17 +178,10 @@ impl<K: Kind> LockGuard<K> {
         inner.check_process()?;
         let keys = &self.keys;
         let watchdog_ms = millis(inner.config.watchdog_timeout);
-        // A handed-over hold whose window ended unextended is gone: say so below.
-        inner
-            .watchdog
-            .pickup_lapsed(&keys.hold, self.token, &self.lost);
-        // So is a renewed one whose renewals stopped reaching Redis for longer than its
-        // lease. (A fixed lease that ran out is simply no longer held: `NotHeld`.)
-        if self.lease == Lease::Watchdog {
-            inner
-                .watchdog
-                .lease_expired(&keys.hold, self.token, &self.lost);
-        }
+        // Whatever made the guard say (or would make it say) its lease is lost marks the
+        // hold lost here, before anything is sent: the release below still gives the hold
+        // back if Redis has it, but its outcome is `LeaseLost` (see `end_release`).
+        self.is_lease_lost();
         let Some((need, held)) =
             inner
                 .watchdog
@@ -218,6 +212,11 @@ impl<K: Kind> LockGuard<K> {
         if served == 1 {
             // A waiter was told its turn: make sure it took it once its window is over.
             inner.watchdog.handed_on(inner, keys);
+        }
+        if self.lost.load(Ordering::SeqCst) {
+            // Said lost before the release was sent (or found so meanwhile): whatever the
+            // script found, the hold was not vouched for until now.
+            return Err(Error::LeaseLost);
         }
         if left < 0 {
             return Err(self.not_held());

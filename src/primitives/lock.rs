@@ -162,7 +162,8 @@ impl<K: Kind> Lock<K> {
 
     /// Blocks until this thread holds the lock for `lease`. The lease is never renewed:
     /// after it the lock is free for others whether or not the guard was released, and the
-    /// old guard's [`unlock`](LockGuard::unlock) then fails with [`Error::NotHeld`].
+    /// old guard's [`is_lease_lost`](LockGuard::is_lease_lost) says so and its
+    /// [`unlock`](LockGuard::unlock) fails with [`Error::LeaseLost`].
     ///
     /// Fails with [`Error::InvalidArgument`] for a zero or absurdly long (over ten years)
     /// lease.
@@ -397,10 +398,16 @@ impl<K: Kind> Lock<K> {
         if let Some(read_hold) = &keys.read_hold {
             // Reading without writing: asking to write would wait for itself. (A writer
             // that also reads, mid-downgrade, may re-enter the write side.)
-            if inner.watchdog.holds_locally(read_hold, token)
-                && !inner.watchdog.holds_locally(&keys.hold, token)
-            {
-                return Err(Error::WouldDeadlock);
+            if !inner.watchdog.holds_locally(&keys.hold, token) {
+                if inner.watchdog.holds_locally(read_hold, token) {
+                    return Err(Error::WouldDeadlock);
+                }
+                if inner.watchdog.forget_over(read_hold, token) {
+                    // A read hold whose lease ran out here may live a moment longer on the
+                    // server (its lease counts from when Redis ran the acquire), where it
+                    // would refuse this write: it is given back first.
+                    self.give_back_read(token, self.io_until(deadline))?;
+                }
             }
         }
         if lease == Lease::Watchdog {
@@ -408,6 +415,10 @@ impl<K: Kind> Lock<K> {
             inner.watchdog.ensure_running(inner)?;
         }
         let once = deadline.is_some_and(|d| d <= Instant::now());
+        // A thread that holds the lock re-enters at once (the scripts grant a re-entry
+        // whoever waits): it never queues, so that leaving the call can never give up a
+        // level it holds.
+        let reentry = inner.watchdog.holds_locally(&keys.hold, token);
         let mut wait = Wait {
             lock: self,
             token,
@@ -418,6 +429,7 @@ impl<K: Kind> Lock<K> {
             once,
             amount,
             ticket: NEXT_TICKET.fetch_add(1, Ordering::Relaxed),
+            reentry,
             queued: false,
             // A process that listens on this lock already (others of its threads wait, or
             // did a moment ago) queues with its first attempt: no extra round trip.
@@ -428,6 +440,35 @@ impl<K: Kind> Lock<K> {
             },
         };
         wait.run()
+    }
+
+    /// Gives back this thread's read hold of a read-write lock (`self` is its write side)
+    /// whose lease is over here, in case Redis still keeps it a moment longer.
+    fn give_back_read(&self, token: u64, until: Option<Instant>) -> Result<(), Error> {
+        let keys = &self.keys;
+        let read = &scripts::READ;
+        let holder = holder_id(&self.client.inner.id, token);
+        let mut cancel = queue::command(read.cancel, keys);
+        cancel
+            .arg(&holder)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(keys.inbox.as_slice())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms())
+            .arg(read.flags);
+        let reply: Vec<i64> = self
+            .client
+            .inner
+            .run_until(until, |con| scripts::eval(con, read.cancel, &cancel))?;
+        if reply[..] == [0, 1] {
+            self.client
+                .inner
+                .watchdog
+                .handed_on(&self.client.inner, keys);
+        }
+        Ok(())
     }
 
     /// Runs the acquire script: `Ok(grant)` when granted, `Err(pttl)` when held elsewhere.
@@ -633,6 +674,8 @@ struct Wait<'a, K: Kind> {
     // The permits asked for (1 for the locks).
     amount: u32,
     ticket: u64,
+    // The thread held the lock when the call began: its attempts never queue.
+    reentry: bool,
     // An attempt of this call may have queued the thread: leaving, it must leave the queue.
     queued: bool,
     sub: Option<Subscription>,
@@ -732,7 +775,8 @@ impl<K: Kind> Wait<'_, K> {
     fn attempt(&mut self) -> Result<Result<Grant, i64>, Error> {
         let lock = self.lock;
         let inner = &lock.client.inner;
-        let join = !self.once && self.sub.as_ref().is_some_and(|s| s.is_confirmed());
+        let join =
+            !self.once && !self.reentry && self.sub.as_ref().is_some_and(|s| s.is_confirmed());
         let join = join.then(|| {
             let watchdog_ms = millis(inner.config.watchdog_timeout);
             (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
@@ -752,9 +796,17 @@ impl<K: Kind> Wait<'_, K> {
             join,
             lock.io_until(self.deadline),
         )?;
-        if outcome.is_ok() {
+        match outcome {
             // The script took the thread out of the queue with the grant.
-            self.left_queue();
+            Ok(_) => self.left_queue(),
+            Err(_) if self.reentry => {
+                // A re-entry is granted while the hold stands: it is gone on the server
+                // (expired, force-unlocked, lost). Its guards must say so, and from here on
+                // the call is an ordinary acquisition, which may queue.
+                self.reentry = false;
+                inner.watchdog.hold_gone(&lock.keys.hold, self.token);
+            }
+            Err(_) => {}
         }
         Ok(outcome)
     }
@@ -780,8 +832,16 @@ impl<K: Kind> Wait<'_, K> {
         let lock = self.lock;
         let inner = &lock.client.inner;
         let keys = &lock.keys;
+        // The levels the thread holds (none: a thread that held the lock never queued),
+        // never fewer: leaving must not give one of them up.
+        let held = inner.watchdog.levels_now(&keys.hold, self.token);
+        let need = inner.watchdog.need_ms(
+            &keys.hold,
+            self.token,
+            millis(inner.config.watchdog_timeout),
+        );
         let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
-            let cancel = queue::cancel(keys, &self.holder, 0, 0, true);
+            let cancel = queue::cancel(keys, &self.holder, held, need, true);
             scripts::eval(con, keys.ops.cancel, &cancel)
         })?;
         self.left_queue();
@@ -837,10 +897,14 @@ impl<K: Kind> Drop for Wait<'_, K> {
             // Left with an error: the thread's entry (and a grant it may have been made
             // meanwhile) is given up by the watchdog thread, off this caller's path.
             let inner = &self.lock.client.inner;
-            inner.watchdog.done_waiting(&self.lock.keys.key, self.token);
+            let keys = &self.lock.keys;
+            inner.watchdog.done_waiting(&keys.key, self.token);
+            // Told the levels the thread holds (none: a thread that held the lock never
+            // queued), so that the clean-up can never take one of them.
+            let held = inner.watchdog.levels_now(&keys.hold, self.token);
             inner
                 .watchdog
-                .doubt(inner, &self.lock.keys, self.token, &self.holder, 0);
+                .doubt(inner, keys, self.token, &self.holder, held);
         }
     }
 }

@@ -78,6 +78,23 @@ struct Hold {
 }
 
 impl Hold {
+    /// The levels this hold counts at `now`: none once it is known lost, or once no level
+    /// needs the key any more (fixed leases all over: the server drops the hold by itself).
+    /// Such a hold is marked lost on the way, so that its guards say so from now on and a
+    /// later acquisition never counts its levels again.
+    fn live_levels(&self, now: Instant) -> usize {
+        if self.lost.load(Ordering::SeqCst) {
+            return 0;
+        }
+        if self.levels.iter().any(|l| l.needs_at(now)) {
+            return self.levels.len();
+        }
+        if !self.levels.is_empty() {
+            self.lost.store(true, Ordering::SeqCst);
+        }
+        0
+    }
+
     fn has_watchdog_level(&self) -> bool {
         self.levels.iter().any(|l| l.lease == Lease::Watchdog)
     }
@@ -481,22 +498,61 @@ impl Watchdog {
         holds
             .get(key)
             .and_then(|by_token| by_token.get(&token))
-            .filter(|hold| !hold.lost.load(Ordering::SeqCst))
-            .map_or(0, |hold| hold.levels.len())
+            .map_or(0, |hold| hold.live_levels(Instant::now()))
     }
 
-    /// Whether this thread has a live (not known lost) hold of the lock here.
+    /// Whether this thread has a live hold of the lock here: not known lost, and with a
+    /// level whose lease is not over.
     pub(crate) fn holds_locally(&self, key: &[u8], token: u64) -> bool {
         self.levels_now(key, token) > 0
     }
 
-    fn levels_now(&self, key: &[u8], token: u64) -> usize {
+    /// [`levels`](Watchdog::levels) without waiting for a renewal round in flight.
+    pub(crate) fn levels_now(&self, key: &[u8], token: u64) -> usize {
         let holds = self.holds.lock();
         holds
             .get(key)
             .and_then(|by_token| by_token.get(&token))
-            .filter(|hold| !hold.lost.load(Ordering::SeqCst))
-            .map_or(0, |hold| hold.levels.len())
+            .map_or(0, |hold| hold.live_levels(Instant::now()))
+    }
+
+    /// Forgets this thread's hold of the lock if it is over here (lost, or every lease of
+    /// it ran out) while guards of it live: true if there was one. Redis may still keep it
+    /// for a moment (a fixed lease ends there a little later than here); its guards report
+    /// it lost, and their releases find nothing to release.
+    pub(crate) fn forget_over(&self, key: &[u8], token: u64) -> bool {
+        let now = Instant::now();
+        let mut holds = self.holds.lock();
+        let Some(by_token) = holds.get_mut(key) else {
+            return false;
+        };
+        let over = by_token
+            .get(&token)
+            .is_some_and(|hold| !hold.levels.is_empty() && hold.live_levels(now) == 0);
+        if over {
+            by_token.remove(&token);
+            if by_token.is_empty() {
+                holds.remove(key);
+            }
+        }
+        over
+    }
+
+    /// Marks this thread's hold of the lock lost and forgets it: the server showed it gone.
+    pub(crate) fn hold_gone(&self, key: &[u8], token: u64) {
+        let mut holds = self.holds.lock();
+        if let Some(by_token) = holds.get_mut(key) {
+            if let Some(hold) = by_token.remove(&token) {
+                hold.lost.store(true, Ordering::SeqCst);
+                log::warn!(
+                    "redmutex: lease of lock {:?} was lost before this thread took it again",
+                    String::from_utf8_lossy(&hold.keys.key)
+                );
+            }
+            if by_token.is_empty() {
+                holds.remove(key);
+            }
+        }
     }
 
     /// The lease in ms the levels this thread now holds need (0 for none): what a rolled
@@ -509,16 +565,21 @@ impl Watchdog {
             .map_or(0, |hold| hold.need_ms(watchdog_ms, Instant::now()))
     }
 
-    /// Whether the hold `lost` belongs to still has a level that needs the lock now: a
-    /// fixed level whose own lease is over is still covered by such a level.
-    pub(crate) fn covered(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
+    /// For a fixed level whose own lease is over: whether the hold `lost` belongs to is
+    /// over too (no level of it needs the lock now; a level that does covers this one).
+    /// Marks it lost if so, so that it says so from now on.
+    pub(crate) fn lease_over(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
         let now = Instant::now();
         let holds = self.holds.lock();
-        holds
+        let covered = holds
             .get(key)
             .and_then(|by_token| by_token.get(&token))
             .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
-            .is_some_and(|hold| hold.levels.iter().any(|l| l.needs_at(now)))
+            .is_some_and(|hold| hold.live_levels(now) > 0);
+        if !covered {
+            lost.store(true, Ordering::SeqCst);
+        }
+        !covered
     }
 
     /// Forgets the guard `level`; after this returns the watchdog never renews on its
@@ -565,6 +626,11 @@ impl Watchdog {
         let mut watched = Vec::new();
         for (key, by_token) in holds.iter_mut() {
             for (&token, hold) in by_token.iter_mut() {
+                if hold.lost.load(Ordering::SeqCst) {
+                    // Its guards say it is lost: a renewal must not keep it going.
+                    hold.extend_at = None;
+                    continue;
+                }
                 let due = hold.extend_at.is_some_and(|at| full || at <= now);
                 if due || (full && hold.has_watchdog_level()) {
                     hold.extend_at = None;
@@ -861,6 +927,9 @@ fn clean_doubtful(inner: &Inner) {
     } in batch
     {
         let need = watchdog.need_ms(&keys.hold, token, watchdog_ms);
+        // Never fewer levels than the thread holds now: a clean-up must not take one of
+        // them, whatever the attempt was told (its thread cannot attempt meanwhile).
+        let expected = expected.max(watchdog.levels_now(&keys.hold, token));
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = catch_unwind(AssertUnwindSafe(|| {
             inner.run_until(Some(until), |con| {
