@@ -620,18 +620,44 @@ fn unlock_force_frees_every_kind_status_shows_held() {
     assert!(r2.unlock().is_err());
     assert!(held_kinds(&server, "rw").is_empty());
 
-    // A semaphore: every permit held is given back; its number of permits stays.
+    // A semaphore: every permit held is given back (to a waiter first); its number of
+    // permits stays.
     let sem = c.semaphore("sem", 2);
     let p = sem.acquire_many(2).unwrap();
     assert_eq!(held_kinds(&server, "sem"), ["semaphore"]);
+    let waiter_client = client(&server);
+    let (took_tx, took) = std::sync::mpsc::channel();
+    let (done_tx, done) = std::sync::mpsc::channel::<()>();
+    let waiter = thread::spawn(move || {
+        let permit = waiter_client.semaphore("sem", 2).acquire().unwrap();
+        took_tx.send(()).unwrap();
+        done.recv().unwrap();
+        permit.release().unwrap();
+    });
+    assert!(support::wait_until(Duration::from_secs(5), || c
+        .inspect("sem")
+        .unwrap()
+        .iter()
+        .any(|i| i.kind == "semaphore" && i.waiters.len() == 1)));
     let out = output(redmutex(&server).args(["unlock", "--force", "sem"]));
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{said}");
-    assert!(said.contains("semaphore"), "{said}");
+    assert!(
+        said.contains("semaphore") && said.contains(c.id()),
+        "{said}"
+    );
+    took.recv_timeout(Duration::from_secs(2))
+        .expect("the waiter was not handed a freed permit");
+    assert_eq!(sem.available_permits().unwrap(), 1);
+    done_tx.send(()).unwrap();
+    waiter.join().unwrap();
     assert!(held_kinds(&server, "sem").is_empty());
     assert_eq!(sem.available_permits().unwrap(), 2);
     assert_eq!(sem.permits().unwrap(), 2);
-    drop(p);
+    assert!(
+        p.release().is_err(),
+        "the forced permits' release succeeded"
+    );
     assert_eq!(
         sem.available_permits().unwrap(),
         2,
@@ -680,4 +706,84 @@ fn unlock_force_frees_every_kind_status_shows_held() {
     let out = output(redmutex(&server).args(["unlock", "--force", "nothing"]));
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing removed"));
+}
+
+/// SIGKILLs the processes when dropped, so that a failing test leaves none behind.
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The state letter of the process `pid` (`T` stopped, `Z` zombie, …), or `X` if gone.
+fn state(pid: i32) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.trim_start().chars().next()
+        })
+        .unwrap_or('X')
+}
+
+#[test]
+fn ctrl_z_stops_the_command_with_redmutex_and_fg_continues_both() {
+    let server = RedisServer::new();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let tick = dir.path().join("tick");
+    let ticks = || {
+        std::fs::read_to_string(&tick)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let script = format!(
+        "echo $$ > {d}/sh.pid; echo ready; while :; do echo x >> {d}/tick; sleep 0.05; done"
+    );
+    let mut run = redmutex(&server)
+        .args(["run", "--lease", "6s", "job", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let sh: i32 = std::fs::read_to_string(dir.path().join("sh.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let me = nix::unistd::Pid::from_raw(run.id() as i32);
+    let _cleanup = KillOnDrop(vec![sh, me.as_raw()]);
+    // What a terminal's Ctrl-Z sends to redmutex's group.
+    nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGTSTP).unwrap();
+    assert!(
+        support::wait_until(Duration::from_secs(5), || state(sh) == 'T'
+            && state(me.as_raw()) == 'T'),
+        "command {}, redmutex {}",
+        state(sh),
+        state(me.as_raw())
+    );
+    let stopped_at = ticks();
+    // Time is the subject: a stopped command writes nothing for a while.
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        ticks() <= stopped_at + 1,
+        "the command ran on while stopped"
+    );
+    // `fg`: SIGCONT to redmutex's group.
+    nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(support::wait_until(Duration::from_secs(5), || ticks() > stopped_at + 2));
+    assert_ne!(state(sh), 'T');
+    nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(128 + 15));
+    assert!(!locked(&client(&server), "job"));
 }

@@ -112,9 +112,11 @@ Examples:
 The lock is renewed while the command runs, so a long command keeps it. The command
 runs in a process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT that reach
 redmutex (from kill, or from the terminal: Ctrl-C) are passed on to that whole group, and
-the lock is released once the command exits. As the command is not the terminal's
-foreground job, a command that reads the terminal is stopped (SIGTTIN); run unattended
-commands, or give them their input otherwise.
+the lock is released once the command exits. Ctrl-Z stops the command, then redmutex
+(which then renews nothing: the lease may run out while stopped, and is then reported as
+lost on `fg`); `fg` and `bg` continue both. As the command is not the terminal's
+foreground job, a command that reads the terminal is stopped (SIGTTIN): give it its
+input otherwise.
 
 How each death ends:
   the command exits           the lock is released; its exit code is redmutex's

@@ -15,11 +15,11 @@ use clap::Args;
 use crossbeam_channel::{after, bounded, select, unbounded, Receiver};
 use nix::errno::Errno;
 use nix::sys::prctl::set_pdeathsig;
-use nix::sys::signal::{killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
-use nix::unistd::{getpgrp, getppid, Pid};
+use nix::unistd::{getpgrp, getpid, getppid, Pid};
 use redmutex::{Error, Fair, FencedGuard, Kind, Lock, LockGuard};
-use signal_hook::consts::{FORBIDDEN, SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::consts::{FORBIDDEN, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::{Handle, Signals};
 
 use crate::{connect, duration, fail, warn, Connection, LEASE_LOST, NOT_ACQUIRED};
@@ -117,10 +117,15 @@ fn take<K: Kind>(lock: Lock<K>, args: &RunArgs) -> Result<Option<LockGuard<K>>, 
     }
 }
 
-/// [`CAUGHT`] as a signal set.
+/// Job control from the terminal (Ctrl-Z, `fg`, `bg`), which the command's group would
+/// not see: passed on while the command runs.
+const JOB: [i32; 2] = [SIGTSTP, SIGCONT];
+
+/// The signals blocked in every thread of redmutex but the one that catches them:
+/// [`CAUGHT`] and [`JOB`].
 fn caught_set() -> SigSet {
     let mut set = SigSet::empty();
-    for sig in CAUGHT {
+    for sig in CAUGHT.into_iter().chain(JOB) {
         set.add(Signal::try_from(sig).expect("a valid signal"));
     }
     set
@@ -323,6 +328,24 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
         ));
         return Err(128u8.wrapping_add(sig as u8));
     }
+    // Ctrl-Z stops redmutex's group, the terminal's foreground job, and not the
+    // command's: it is passed on, then redmutex stops itself (and so stops renewing, as
+    // a stopped `flock` would not, but the command is stopped too); `fg` or `bg`
+    // continues redmutex, which continues the command.
+    let (job_tx, job) = unbounded();
+    let mut job_signals = Signals::new(JOB).map_err(|e| {
+        warn(format_args!("redmutex: cannot catch job control: {e}"));
+        71u8
+    })?;
+    let job_handle = job_signals.handle();
+    thread::spawn(move || {
+        for sig in job_signals.forever() {
+            if job_tx.send(sig).is_err() {
+                return;
+            }
+        }
+    });
+    let _closes_job = Closes(job_handle);
     // /proc/self/exe, not a path: the very binary running, even if replaced on disk since.
     let mut command = Command::new("/proc/self/exe");
     command
@@ -385,6 +408,14 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                     signal(group, sig);
                 }
             }
+            recv(job) -> sig => {
+                if sig == Ok(SIGTSTP) {
+                    signal(group, Signal::SIGTSTP);
+                    let _ = kill(getpid(), Signal::SIGSTOP);
+                } else {
+                    signal(group, Signal::SIGCONT);
+                }
+            }
             recv(after(LEASE_CHECK)) -> _ => {
                 if !lost && held.is_lease_lost() {
                     lost = true;
@@ -399,6 +430,15 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                 }
             }
         }
+    }
+}
+
+/// Closes a signal iterator when dropped, ending the thread that reads it.
+struct Closes(Handle);
+
+impl Drop for Closes {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
