@@ -2,6 +2,13 @@
 
 #![forbid(unsafe_code)]
 
+// `run` binds the command to redmutex's life with Linux's parent-death signal and
+// waitid(WNOWAIT), and restarts itself through /proc/self/exe.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "the redmutex command (feature `cli`) runs on Linux only; the library does not need it"
+);
+
 mod run;
 mod show;
 
