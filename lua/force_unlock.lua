@@ -4,7 +4,9 @@
 --
 -- KEYS[1]  the lock hash          KEYS[2]  the lock's fencing-token counter
 -- KEYS[3]  the lock's queue       KEYS[4]  the lock's waiters
--- KEYS[5]  the holds' leases (read-write locks: every reader and the writer are freed)
+-- KEYS[5]  the holds' leases (read-write locks: every reader and the writer are freed;
+--          semaphores: every permit held is given back)
+-- KEYS[6]  the semaphore's number of permits (semaphores: kept as it is)
 -- ARGV[1]  inbox prefix      ARGV[2]  pickup window, ms      ARGV[3]  starvation bound, ms
 --
 -- Returns 1 when a lock was deleted, 0 when it was not locked; a WRONGTYPE error, with

@@ -366,3 +366,424 @@ fn bad_input_fails_with_a_clear_message_and_no_panic() {
     );
     assert!(!String::from_utf8_lossy(&help.stdout).contains("s3cret"));
 }
+
+/// Whether the process `pid` has ended (gone, or a zombie nobody reaped yet: an orphan
+/// whose new parent does not reap it promptly).
+fn ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[test]
+fn a_sigkilled_redmutex_takes_its_command_and_the_commands_children_with_it() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // A shell with a background loop of its own (a grandchild of redmutex, with children
+    // of its own) that writes a tick every 50 ms for as long as it lives.
+    let script = format!(
+        "(while :; do date +%s%N >> {d}/tick; sleep 0.05; done) & echo $! > {d}/loop.pid; \
+         echo $$ > {d}/sh.pid; echo ready; wait"
+    );
+    let mut run = redmutex(&server)
+        .args(["run", "--lease", "2s", "orphan", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = |f: &str| -> i32 {
+        std::fs::read_to_string(dir.path().join(f))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (sh, lp) = (pid("sh.pid"), pid("loop.pid"));
+    assert!(!ended(sh) && !ended(lp));
+    assert!(support::wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(dir.path().join("tick")).is_ok_and(|t| t.lines().count() >= 2)
+    }));
+    run.kill().unwrap();
+    let killed = Instant::now();
+    run.wait().unwrap();
+    let died = support::wait_until(Duration::from_secs(3), || ended(sh) && ended(lp));
+    let alive = (!ended(sh), !ended(lp));
+    if !died {
+        // Leave nothing behind: the orphans' process group is the shell's, or redmutex's.
+        for pid in [sh, lp] {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    assert!(
+        died,
+        "the command (alive: {}) or its child (alive: {}) outlived redmutex",
+        alive.0, alive.1
+    );
+    let gone = killed.elapsed();
+    eprintln!("the command and its children ended {gone:?} after redmutex was SIGKILLed");
+    assert!(gone < Duration::from_secs(1), "{gone:?}");
+    // The lock is still held by the dead run until its lease ends; the next run starts
+    // after that, and nothing of the first run's command writes any more.
+    let second = output(redmutex(&server).args([
+        "run",
+        "orphan",
+        "--",
+        "sh",
+        "-c",
+        &format!("date +%s%N > {d}/second.start; sleep 0.3"),
+    ]));
+    assert!(second.status.success());
+    let start = read_ns(&dir.path().join("second.start"));
+    let last_tick: u128 = std::fs::read_to_string(dir.path().join("tick"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .max()
+        .expect("ticks");
+    assert!(
+        last_tick < start,
+        "the first run's command ticked {} ms after the second started",
+        (last_tick - start) / 1_000_000
+    );
+    assert!(!locked(&c, "orphan"));
+}
+
+#[test]
+fn a_signal_while_the_lock_is_being_acquired_releases_it_at_once() {
+    let server = RedisServer::new();
+    let proxy = support::FaultProxy::new(server.port());
+    let c = client(&server);
+    // The acquisition's requests reach Redis 100 ms late each: a SIGTERM sent meanwhile
+    // arrives while the lock is being taken. Redis then grants it; redmutex must give it
+    // back at once rather than die and leave it held for the 6 s lease. (--wait, not
+    // --no-wait: a single attempt's reply is not waited for that long.)
+    let marker = "{around}";
+    proxy.delay_requests_containing(marker, Duration::from_millis(100));
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let run = Command::new(BIN)
+        .env_remove("REDIS_URL")
+        .args(["--url", &proxy.url(), "--prefix", PREFIX])
+        .args([
+            "run", "--wait", "5s", "--lease", "6s", "around", "--", "touch",
+        ])
+        .arg(&ran)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(proxy.wait_seen(marker, 1, Duration::from_secs(5)));
+    let signalled = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = run.wait_with_output().unwrap();
+    let exited = signalled.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(128 + 15), "{stderr}");
+    assert!(stderr.contains("released"), "{stderr}");
+    assert!(!ran.exists(), "the command ran after the signal");
+    // The request did reach Redis (it took the lock); by the time redmutex exited, the
+    // lock was free again.
+    assert!(proxy.wait_forwarded(marker, 1, Duration::from_secs(5)));
+    let held = locked(&c, "around");
+    eprintln!("redmutex exited {exited:?} after the signal; lock still held: {held}");
+    assert!(!held, "the lock was left held until its lease ends");
+    // Within the 1 s a signal waits for an acquisition, plus the release.
+    assert!(exited < Duration::from_millis(2000), "{exited:?}");
+}
+
+#[test]
+fn a_signal_while_waiting_ends_the_wait_and_takes_nothing() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    for (name, args) in [
+        (
+            "queue-run",
+            &["run", "--lease", "6s", "queue-run", "--", "true"][..],
+        ),
+        ("queue-wait", &["wait", "queue-wait"]),
+    ] {
+        let guard = c.lock(name).lock().unwrap();
+        let run = redmutex(&server)
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        queued(&server, name);
+        let signalled = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(run.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        let out = run.wait_with_output().unwrap();
+        let took = signalled.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + 2), "{args:?}: {stderr}");
+        // It waits up to 1 s for an acquisition under way to return.
+        assert!(took < Duration::from_millis(2000), "{args:?}: {took:?}");
+        assert!(stderr.contains("not acquired"), "{stderr}");
+        // The holder's hold is untouched.
+        assert_eq!(c.lock(name).hold_count().unwrap(), 1);
+        guard.unlock().unwrap();
+    }
+}
+
+#[test]
+fn status_and_list_into_a_closed_pipe_exit_quietly() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let _guard = c.lock("piped").lock().unwrap();
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["status", "piped"],
+        &["status", "--json", "piped"],
+    ] {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        // Like `redmutex list | head -0`: the reader is gone before anything is written.
+        drop(read);
+        let out = output(
+            redmutex(&server)
+                .args(args)
+                .stdout(Stdio::from(write))
+                .stderr(Stdio::piped()),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+        // As a tool ended by SIGPIPE reports in a shell: 128 + 13.
+        assert_eq!(out.status.code(), Some(141), "{args:?}");
+    }
+}
+
+/// The kinds `status --json name` shows as held (with at least one holder).
+fn held_kinds(server: &RedisServer, name: &str) -> Vec<String> {
+    let out = output(redmutex(server).args(["status", "--json", name]));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    json.as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| !o["holders"].as_array().unwrap().is_empty())
+        .map(|o| o["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn unlock_force_frees_every_kind_status_shows_held() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let other = client(&server);
+
+    // A read-write lock held by two readers, with a writer waiting behind them.
+    let rw = c.read_write_lock("rw");
+    let r1 = rw.read().lock().unwrap();
+    let r2 = other.read_write_lock("rw").read().lock().unwrap();
+    assert_eq!(held_kinds(&server, "rw"), ["read-write lock"]);
+    let writer_client = client(&server);
+    let writer = thread::spawn(move || {
+        let w = writer_client.read_write_lock("rw").write().lock().unwrap();
+        w.unlock().unwrap();
+    });
+    assert!(support::wait_until(Duration::from_secs(5), || c
+        .inspect("rw")
+        .unwrap()
+        .iter()
+        .any(|i| i.kind == "read-write lock" && i.waiters.len() == 1)));
+    let out = output(redmutex(&server).args(["unlock", "--force", "rw"]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("read-write lock") && said.contains(c.id()),
+        "{said}"
+    );
+    // The writer that waited got it (it was handed on), and released it.
+    writer.join().unwrap();
+    assert!(
+        r1.unlock().is_err(),
+        "the forced reader still thinks it holds"
+    );
+    assert!(r2.unlock().is_err());
+    assert!(held_kinds(&server, "rw").is_empty());
+
+    // A semaphore: every permit held is given back (to a waiter first); its number of
+    // permits stays.
+    let sem = c.semaphore("sem", 2);
+    let p = sem.acquire_many(2).unwrap();
+    assert_eq!(held_kinds(&server, "sem"), ["semaphore"]);
+    let waiter_client = client(&server);
+    let (took_tx, took) = std::sync::mpsc::channel();
+    let (done_tx, done) = std::sync::mpsc::channel::<()>();
+    let waiter = thread::spawn(move || {
+        let permit = waiter_client.semaphore("sem", 2).acquire().unwrap();
+        took_tx.send(()).unwrap();
+        done.recv().unwrap();
+        permit.release().unwrap();
+    });
+    assert!(support::wait_until(Duration::from_secs(5), || c
+        .inspect("sem")
+        .unwrap()
+        .iter()
+        .any(|i| i.kind == "semaphore" && i.waiters.len() == 1)));
+    let out = output(redmutex(&server).args(["unlock", "--force", "sem"]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("semaphore") && said.contains(c.id()),
+        "{said}"
+    );
+    took.recv_timeout(Duration::from_secs(2))
+        .expect("the waiter was not handed a freed permit");
+    assert_eq!(sem.available_permits().unwrap(), 1);
+    done_tx.send(()).unwrap();
+    waiter.join().unwrap();
+    assert!(held_kinds(&server, "sem").is_empty());
+    assert_eq!(sem.available_permits().unwrap(), 2);
+    assert_eq!(sem.permits().unwrap(), 2);
+    assert!(
+        p.release().is_err(),
+        "the forced permits' release succeeded"
+    );
+    assert_eq!(
+        sem.available_permits().unwrap(),
+        2,
+        "a forced permit came back twice"
+    );
+
+    // Fair and fenced locks are the lock of the name.
+    for (name, guard) in [
+        (
+            "fair",
+            c.fair_lock("fair")
+                .lock()
+                .map(|g| Box::new(g) as Box<dyn std::any::Any>),
+        ),
+        (
+            "fenced",
+            c.fenced_lock("fenced")
+                .lock()
+                .map(|g| Box::new(g) as Box<dyn std::any::Any>),
+        ),
+    ] {
+        let _guard = guard.unwrap();
+        assert_eq!(held_kinds(&server, name), ["lock"]);
+        let out = output(redmutex(&server).args(["unlock", "--force", name]));
+        assert!(out.status.success());
+        assert!(held_kinds(&server, name).is_empty(), "{name}");
+    }
+
+    // Two kinds under one name: both freed.
+    let _l = c.lock("both").lock().unwrap();
+    let _w = c.read_write_lock("both").write().lock().unwrap();
+    assert_eq!(held_kinds(&server, "both").len(), 2);
+    let out = output(redmutex(&server).args(["unlock", "--force", "both"]));
+    assert!(out.status.success());
+    assert!(held_kinds(&server, "both").is_empty());
+
+    // A count-down latch has no holder to free: refused, left as it is, not 0.
+    let latch = c.count_down_latch("gate");
+    assert!(latch.try_set_count(3, Duration::from_secs(60)).unwrap());
+    let out = output(redmutex(&server).args(["unlock", "--force", "gate"]));
+    assert_eq!(out.status.code(), Some(65));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("latch"));
+    assert_eq!(latch.count().unwrap(), 3);
+
+    // Nothing at all of the name: nothing to do, and it says so.
+    let out = output(redmutex(&server).args(["unlock", "--force", "nothing"]));
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing removed"));
+}
+
+/// SIGKILLs the processes when dropped, so that a failing test leaves none behind.
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The state letter of the process `pid` (`T` stopped, `Z` zombie, …), or `X` if gone.
+fn state(pid: i32) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.trim_start().chars().next()
+        })
+        .unwrap_or('X')
+}
+
+#[test]
+fn ctrl_z_stops_the_command_with_redmutex_and_fg_continues_both() {
+    let server = RedisServer::new();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let tick = dir.path().join("tick");
+    let ticks = || {
+        std::fs::read_to_string(&tick)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let script = format!(
+        "echo $$ > {d}/sh.pid; echo ready; while :; do echo x >> {d}/tick; sleep 0.05; done"
+    );
+    let mut run = redmutex(&server)
+        .args(["run", "--lease", "6s", "job", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let sh: i32 = std::fs::read_to_string(dir.path().join("sh.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let me = nix::unistd::Pid::from_raw(run.id() as i32);
+    let _cleanup = KillOnDrop(vec![sh, me.as_raw()]);
+    // What a terminal's Ctrl-Z sends to redmutex's group.
+    nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGTSTP).unwrap();
+    assert!(
+        support::wait_until(Duration::from_secs(5), || state(sh) == 'T'
+            && state(me.as_raw()) == 'T'),
+        "command {}, redmutex {}",
+        state(sh),
+        state(me.as_raw())
+    );
+    let stopped_at = ticks();
+    // Time is the subject: a stopped command writes nothing for a while.
+    thread::sleep(Duration::from_millis(300));
+    assert!(
+        ticks() <= stopped_at + 1,
+        "the command ran on while stopped"
+    );
+    // `fg`: SIGCONT to redmutex's group.
+    nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(support::wait_until(Duration::from_secs(5), || ticks() > stopped_at + 2));
+    assert_ne!(state(sh), 'T');
+    nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(run.wait().unwrap().code(), Some(128 + 15));
+    assert!(!locked(&client(&server), "job"));
+}

@@ -390,6 +390,32 @@ impl Client {
         Ok(out)
     }
 
+    /// Frees every object called `name` that can be held, whoever holds it: its lock
+    /// (plain, fair or fenced holds), every reader and the writer of its read-write lock,
+    /// and every permit held of its semaphore (its number of permits stays), each handed
+    /// on to its first waiters. Returns the kinds that were held, as [`LockInfo::kind`]
+    /// names them; empty when none was. A count-down latch has no holder and is left as it
+    /// is. An administrative operation (what `redmutex unlock --force` runs), like
+    /// [`Lock::force_unlock`]: the former holders are not stopped, their releases later
+    /// fail. Each kind is freed in one script of its own; a key holding someone else's
+    /// data fails with a `WRONGTYPE` error and is left as it is, and then the kinds after
+    /// it (in the order above) are not tried.
+    pub fn force_unlock(&self, name: impl LockName) -> Result<Vec<&'static str>, Error> {
+        let name = name.into_name();
+        let mut freed = Vec::new();
+        if self.lock(name.clone()).force_unlock()? {
+            freed.push("lock");
+        }
+        if self.read_write_lock(name.clone()).write().force_unlock()? {
+            freed.push("read-write lock");
+        }
+        let permits: Lock<crate::primitives::kind::Permits> = self.handle(name, Object::Semaphore);
+        if permits.force_unlock()? {
+            freed.push("semaphore");
+        }
+        Ok(freed)
+    }
+
     /// This client's random id: the first half of the holder ids it writes into lock hashes.
     pub fn id(&self) -> &str {
         &self.inner.id

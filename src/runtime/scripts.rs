@@ -48,6 +48,12 @@ static SEM_CANCEL: LazyLock<Script> = script!(
     "leased_cancel.lua"
 );
 static SEM_KICK: LazyLock<Script> = script!("queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
+static SEM_FORCE_UNLOCK: LazyLock<Script> = script!(
+    "queue.lua",
+    "leases.lua",
+    "semaphore.lua",
+    "force_unlock.lua"
+);
 pub(crate) static SEM_PERMITS: LazyLock<Script> = script!(
     "queue.lua",
     "leases.lua",
@@ -125,8 +131,8 @@ pub(crate) static PERMITS: Ops = Ops {
     release: &SEM_RELEASE,
     cancel: &SEM_CANCEL,
     kick: &SEM_KICK,
-    // A semaphore has nothing to force open; never run.
-    force_unlock: &SEM_KICK,
+    // Every permit held is given back; the number of permits stays.
+    force_unlock: &SEM_FORCE_UNLOCK,
     flags: 1,
     field_prefix: Some(""),
     per_call: true,

@@ -2,9 +2,18 @@
 
 #![forbid(unsafe_code)]
 
+// `run` binds the command to redmutex's life with Linux's parent-death signal and
+// waitid(WNOWAIT), and restarts itself through /proc/self/exe.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "the redmutex command (feature `cli`) runs on Linux only; the library does not need it"
+);
+
 mod run;
 mod show;
 
+use std::fmt;
+use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -21,12 +30,20 @@ pub(crate) const UNAVAILABLE: u8 = 69;
 pub(crate) const USAGE: u8 = 64;
 /// The key holds something that is not a redmutex lock: EX_DATAERR.
 pub(crate) const NOT_A_LOCK: u8 = 65;
+/// Standard output was closed by its reader (`redmutex list | head -1`): what a shell
+/// reports for a tool ended by SIGPIPE, 128 + 13.
+pub(crate) const CLOSED_OUTPUT: u8 = 141;
+/// Standard output could not be written for another reason (a full disk): EX_IOERR.
+pub(crate) const OUTPUT_FAILED: u8 = 74;
 
 const EXIT_CODES: &str = "\
 Exit codes: the command's own with `run` (128 + n when a signal n ended it); 75 when the
 lock was not acquired in time; 76 when its lease was lost while the command ran; 69 when
-Redis could not be reached or refused; 65 when a key holds something that is not a lock;
-64 for a bad name or value; 2 for bad usage.";
+Redis could not be reached or refused; 65 when a key holds something that is not a lock
+(or, with unlock --force, only a count-down latch); 64 for a bad name or value; 141 when
+standard output was closed by its reader (as `| head` does), 74 when it could not be
+written; 128 + n when signal n ended redmutex before the command started; 2 for bad
+usage.";
 
 /// A distributed flock(1) on Redis: reentrant hash locks, leases renewed by a watchdog
 /// while held, and waiting by pub/sub.
@@ -99,12 +116,28 @@ Examples:
   redmutex run --wait 10m --lease 1m backup -- pg_dump -f /backup/db.sql
   redmutex run --token-env FENCE ledger -- ./apply.sh  # $FENCE: a fencing token
 
-The lock is renewed while the command runs, so a long command keeps it. If redmutex
-dies (SIGKILL, a crashed host), the lock frees itself within --lease. SIGINT, SIGTERM,
-SIGHUP and SIGQUIT sent to redmutex are passed on to the command; the lock is released
-once it exits. If the lease is lost meanwhile (Redis lost it, or could not be reached
-for a whole lease), another holder may start: the command gets --on-lost (SIGTERM by
-default) and redmutex exits with 76 whatever the command's status.")]
+The lock is renewed while the command runs, so a long command keeps it. The command
+runs in a process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT that reach
+redmutex (from kill, or from the terminal: Ctrl-C) are passed on to that whole group, and
+the lock is released once the command exits. Ctrl-Z stops the command, then redmutex
+(which then renews nothing: the lease may run out while stopped, and is then reported as
+lost on `fg`); `fg` and `bg` continue both. As the command is not the terminal's
+foreground job, a command that reads the terminal is stopped (SIGTTIN): give it its
+input otherwise.
+
+How each death ends:
+  the command exits           the lock is released; its exit code is redmutex's
+  redmutex gets SIGTERM etc.  passed on; released once the command exits
+  a signal while waiting      not acquired (or released at once if it just was), the
+                              command never starts; exit 128 + n
+  redmutex is SIGKILLed       the command's whole process group gets SIGKILL at once;
+                              the lock frees itself within --lease, after they died
+  the host dies               the lock frees itself within --lease
+  the lease is lost           (Redis lost it, or was unreachable for a whole lease)
+                              another holder may start: the command gets --on-lost
+                              (SIGTERM by default) and redmutex exits with 76
+Processes the command started in a process group or session of their own (setsid,
+daemons), or left running after it exited, are not the command's and are not stopped.")]
     Run(run::RunArgs),
     /// Show who holds locks, for how long, and who waits.
     #[command(after_help = "\
@@ -137,8 +170,12 @@ Examples:
 Example:
   redmutex unlock --force nightly-report
 
-The former holder is not stopped; its own release later fails. A key that is not a
-redmutex lock is refused and left as it is (exit 65).")]
+It frees every kind `status` shows held under the name: the lock (plain, fair or fenced
+holds), every reader and the writer of the read-write lock, every permit held of the
+semaphore (its number of permits stays); each is handed on to its waiters. The former
+holders are not stopped; their own releases later fail. A count-down latch has no holder
+and is left as it is (exit 65 when it is all the name has). A key that is not a redmutex
+object is refused and nothing is changed (exit 65).")]
     Unlock {
         /// Required: freeing someone else's lock is a deliberate act.
         #[arg(long, required = true)]
@@ -146,6 +183,10 @@ redmutex lock is refused and left as it is (exit 65).")]
         /// The lock name.
         name: String,
     },
+    /// (Internal) what `run` starts: runs the command in its process group and kills
+    /// that group if redmutex dies.
+    #[command(name = "__guard", hide = true)]
+    Guard(run::GuardArgs),
     /// Block until a lock is free (pub/sub, no polling), then exit 0.
     #[command(after_help = "\
 Examples:
@@ -172,51 +213,79 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Run(args) => run::run(&cli.connection, args),
+        Command::Guard(args) => Ok(run::guard(args)),
         Command::Status { names, json } => connect(&cli.connection, None).and_then(|c| {
             let mut found = Vec::new();
             for name in &names {
                 let info = c.inspect(name.as_str())?;
                 found.push((name.clone(), info));
             }
-            show::status(&found, json);
-            Ok(0)
+            Ok(print(&show::status(&found, json)))
         }),
         Command::List { pattern, json } => connect(&cli.connection, None).and_then(|c| {
             let found = c.list(&pattern)?;
-            show::list(&found, json);
-            Ok(0)
+            Ok(print(&show::list(&found, json)))
         }),
-        Command::Unlock { name, .. } => connect(&cli.connection, None).and_then(|c| {
-            let before = c.inspect(name.as_str())?;
-            if c.lock(name.as_str()).force_unlock()? {
-                show::removed(&name, &before);
-            } else {
-                println!("{name}: not locked; nothing removed");
-            }
-            Ok(0)
-        }),
-        Command::Wait { name, wait } => connect(&cli.connection, None).and_then(|c| {
-            let lock = c.lock(name.as_str());
-            let guard = match wait {
-                Some(wait) => lock.try_lock_for(wait)?,
-                None => Some(lock.lock()?),
-            };
-            match guard {
-                Some(guard) => {
-                    guard.unlock()?;
-                    Ok(0)
-                }
-                None => {
-                    eprintln!(
-                        "redmutex: {name} was still held after {}",
-                        humantime::format_duration(wait.unwrap_or_default())
-                    );
-                    Ok(NOT_ACQUIRED)
-                }
-            }
-        }),
+        Command::Unlock { name, .. } => {
+            connect(&cli.connection, None).and_then(|c| unlock(&c, &name))
+        }
+        Command::Wait { name, wait } => run::wait(&cli.connection, &name, wait),
     };
     ExitCode::from(outcome.unwrap_or_else(|e| fail(&e)))
+}
+
+/// `unlock --force`: frees every kind of `name` that can be held.
+fn unlock(c: &Client, name: &str) -> Result<u8, Error> {
+    let before = c.inspect(name)?;
+    if let Some(foreign) = before.iter().find(|i| i.kind == "foreign") {
+        // Refused before anything is freed (each script would refuse it too).
+        warn(format_args!(
+            "redmutex: WRONGTYPE {} holds data that is not a redmutex lock; nothing was changed",
+            foreign.key
+        ));
+        return Ok(NOT_A_LOCK);
+    }
+    let freed = c.force_unlock(name)?;
+    let latch = before.iter().find(|i| i.kind == "count-down latch");
+    if freed.is_empty() {
+        if let Some(latch) = latch {
+            warn(format_args!(
+                "redmutex: {name} is a count-down latch (count {}), which has no holder to \
+                 free; left as it is",
+                latch.count.unwrap_or(0)
+            ));
+            return Ok(NOT_A_LOCK);
+        }
+        return Ok(print(&format!("{name}: not locked; nothing removed\n")));
+    }
+    let mut text = show::removed(name, &freed, &before);
+    if let Some(latch) = latch {
+        text.push_str(&format!(
+            "{name}: count-down latch (count {}) left as it is\n",
+            latch.count.unwrap_or(0)
+        ));
+    }
+    Ok(print(&text))
+}
+
+/// Writes `text` to standard output: 0, or the exit code when it could not (quietly for a
+/// reader that went away, as `| head` does).
+pub(crate) fn print(text: &str) -> u8 {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => CLOSED_OUTPUT,
+        Err(e) => {
+            warn(format_args!("redmutex: writing the output failed: {e}"));
+            OUTPUT_FAILED
+        }
+    }
+}
+
+/// Writes a line to standard error, or nothing if it is closed: a message must never end
+/// redmutex (`eprintln!` would panic), least of all while it holds a lock.
+pub(crate) fn warn(message: fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{message}");
 }
 
 /// A client for `connection`, with `lease` as its watchdog timeout when given.
@@ -242,7 +311,7 @@ pub(crate) fn connect(connection: &Connection, lease: Option<Duration>) -> Resul
 
 /// Reports `e` and returns the exit code for it.
 pub(crate) fn fail(e: &Error) -> u8 {
-    eprintln!("redmutex: {e}");
+    warn(format_args!("redmutex: {e}"));
     match e {
         Error::InvalidName(_) | Error::InvalidArgument(_) => USAGE,
         Error::Redis(r) if r.code() == Some("WRONGTYPE") => NOT_A_LOCK,

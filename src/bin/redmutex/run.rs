@@ -1,26 +1,37 @@
-//! `redmutex run`: a command run as a child while the lock is held.
+//! `redmutex run`: a command run while the lock is held, through `__guard`, a small
+//! process in between that puts the command in a process group of its own and kills that
+//! group when redmutex dies, however it dies.
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus};
 use std::str::FromStr;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
 use clap::Args;
-use crossbeam_channel::{after, select, unbounded};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use crossbeam_channel::{after, bounded, select, unbounded, Receiver};
+use nix::errno::Errno;
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::{getpgrp, getpid, getppid, Pid};
 use redmutex::{Error, Fair, FencedGuard, Kind, Lock, LockGuard};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
-use signal_hook::iterator::exfiltrator::WithOrigin;
-use signal_hook::iterator::SignalsInfo;
+use signal_hook::consts::{FORBIDDEN, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
+use signal_hook::iterator::{Handle, Signals};
 
-use crate::{connect, duration, fail, Connection, LEASE_LOST, NOT_ACQUIRED};
+use crate::{connect, duration, fail, warn, Connection, LEASE_LOST, NOT_ACQUIRED};
 
 /// How often the lease is looked at while the command runs: a local check, no traffic.
 const LEASE_CHECK: Duration = Duration::from_millis(100);
+/// The signals redmutex answers (passing them on once the command runs).
+const CAUGHT: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
+/// How long a signal that arrives while the lock is being taken waits for the call to
+/// return before redmutex exits: a round trip under way ends well within it, and if it
+/// took the lock, the lock is given back at once instead of staying held for a lease.
+const ACQUIRE_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Args)]
 pub(crate) struct RunArgs {
@@ -106,39 +117,148 @@ fn take<K: Kind>(lock: Lock<K>, args: &RunArgs) -> Result<Option<LockGuard<K>>, 
     }
 }
 
+/// Job control from the terminal (Ctrl-Z, `fg`, `bg`), which the command's group would
+/// not see: passed on while the command runs.
+const JOB: [i32; 2] = [SIGTSTP, SIGCONT];
+
+/// The signals blocked in every thread of redmutex but the one that catches them:
+/// [`CAUGHT`] and [`JOB`].
+fn caught_set() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in CAUGHT.into_iter().chain(JOB) {
+        set.add(Signal::try_from(sig).expect("a valid signal"));
+    }
+    set
+}
+
+/// Where the acquisition is: shared by the thread that takes the lock and the one that
+/// catches signals.
+enum Phase {
+    /// Being taken; the first signal that arrived meanwhile.
+    Acquiring(Option<i32>),
+    /// Taken or not: signals go to the channel from now on.
+    Settled,
+}
+
+/// Catches [`CAUGHT`] from before the lock is taken to after it is released, so that no
+/// signal ends redmutex while it holds the lock.
+pub(crate) struct Catcher {
+    /// The signals that arrived once the acquisition was settled.
+    signals: Receiver<i32>,
+    handle: Handle,
+    phase: Arc<(Mutex<Phase>, Condvar)>,
+}
+
+impl Catcher {
+    /// Catches from now on. Until [`settle`](Catcher::settle), a signal waits up to
+    /// `grace` for the acquisition to return (its outcome then decides), and ends redmutex
+    /// with 128 + n if it has not: a wait may last forever, and a wait that has not returned
+    /// holds nothing that outlives the process, short of a reply still under way.
+    pub(crate) fn install(name: &str, grace: Duration) -> Result<Catcher, Error> {
+        let mut caught = Signals::new(CAUGHT).map_err(Error::Thread)?;
+        let handle = caught.handle();
+        let phase = Arc::new((Mutex::new(Phase::Acquiring(None)), Condvar::new()));
+        let (tx, signals) = unbounded();
+        let shared = Arc::clone(&phase);
+        let name = name.to_owned();
+        thread::spawn(move || {
+            for sig in caught.forever() {
+                let (lock, settled) = &*shared;
+                let mut phase = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Phase::Acquiring(first) = &mut *phase {
+                    let sig = *first.get_or_insert(sig);
+                    let (phase, _) = settled
+                        .wait_timeout_while(phase, grace, |p| matches!(p, Phase::Acquiring(_)))
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if matches!(*phase, Phase::Acquiring(_)) {
+                        warn(format_args!(
+                            "redmutex: signal {sig} while waiting for {name}; not acquired"
+                        ));
+                        std::process::exit(128 + sig);
+                    }
+                    // The acquiring thread took the signal over with the outcome.
+                    continue;
+                }
+                drop(phase);
+                if tx.send(sig).is_err() {
+                    return;
+                }
+            }
+        });
+        // Every other thread, this one and those it starts (the client's), blocks them:
+        // a signal handled on a thread interrupts its blocking call, and a Redis read with a
+        // timeout then fails with EINTR whatever SA_RESTART says. A child inherits the
+        // mask: the guard unblocks them before it starts the command.
+        pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&caught_set()), None)
+            .map_err(|e| Error::Thread(std::io::Error::from(e)))?;
+        Ok(Catcher {
+            signals,
+            handle,
+            phase,
+        })
+    }
+
+    /// The acquisition returned: the signal that arrived while it ran, if any (later ones
+    /// come through `signals`).
+    pub(crate) fn settle(&self) -> Option<u8> {
+        let (lock, settled) = &*self.phase;
+        let mut phase = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = match *phase {
+            Phase::Acquiring(first) => first,
+            Phase::Settled => None,
+        };
+        *phase = Phase::Settled;
+        settled.notify_all();
+        first.map(|sig| 128u8.wrapping_add(sig as u8))
+    }
+}
+
+impl Drop for Catcher {
+    fn drop(&mut self) {
+        self.handle.close();
+    }
+}
+
 pub(crate) fn run(connection: &Connection, args: RunArgs) -> Result<u8, Error> {
+    // Caught before the lock is taken: a signal that arrives as it is taken must find
+    // redmutex able to give it back, not end it with the lock held for a lease.
+    let catcher = Catcher::install(&args.name, (args.lease / 3).min(ACQUIRE_GRACE))?;
     let client = connect(connection, Some(args.lease))?;
     let name = args.name.as_str();
     let held = if args.token_env.is_some() {
-        take(client.fenced_lock(name), &args)?.map(Held::Fenced)
+        take(client.fenced_lock(name), &args).map(|h| h.map(Held::Fenced))
     } else if args.fair {
-        take(client.fair_lock(name), &args)?.map(Held::Fair)
+        take(client.fair_lock(name), &args).map(|h| h.map(Held::Fair))
     } else {
-        take(client.lock(name), &args)?.map(Held::Plain)
+        take(client.lock(name), &args).map(|h| h.map(Held::Plain))
     };
+    let signalled = catcher.settle();
+    let held = held?;
     let Some(held) = held else {
+        if let Some(code) = signalled {
+            return Ok(code);
+        }
         let within = match args.wait {
             Some(wait) => format!("within {}", humantime::format_duration(wait)),
             None => "at once (--no-wait)".to_owned(),
         };
-        eprintln!("redmutex: {name} is held by another; not acquired {within}");
+        warn(format_args!(
+            "redmutex: {name} is held by another; not acquired {within}"
+        ));
         return Ok(NOT_ACQUIRED);
     };
-    // From here on a signal must not end redmutex before the lock is released: it is
-    // passed on to the command, and redmutex waits for the command.
-    let (signal_tx, signals) = unbounded();
-    let mut catcher = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
-        .map_err(Error::Thread)?;
-    let catching = catcher.handle();
-    thread::spawn(move || {
-        for origin in catcher.forever() {
-            if signal_tx.send(origin).is_err() {
-                return;
-            }
+    if let Some(code) = signalled {
+        warn(format_args!(
+            "redmutex: a signal arrived as {name} was acquired; released, the command not run"
+        ));
+        if let Err(e) = held.unlock() {
+            fail(&e);
         }
-    });
-    let outcome = supervise(&args, &held, &signals);
-    catching.close();
+        return Ok(code);
+    }
+    // From here on a signal is passed on to the command, and redmutex waits for it.
+    let outcome = supervise(&args, &held, &catcher.signals);
+    drop(catcher);
     let released = held.unlock();
     let code = match outcome {
         Ok(code) => code,
@@ -156,88 +276,156 @@ pub(crate) fn run(connection: &Connection, args: RunArgs) -> Result<u8, Error> {
         Err(e) => {
             // The command ran under the lock; only the release failed (it ends with its
             // lease): the command's status still tells what happened.
-            eprintln!("redmutex: releasing {name} failed: {e}");
+            warn(format_args!("redmutex: releasing {name} failed: {e}"));
             Ok(code)
         }
     }
 }
 
-/// Starts the command and waits for it, passing signals on and watching the lease. The
-/// exit code, or `Err(code)` when the command could not be started.
-fn supervise(
-    args: &RunArgs,
-    held: &Held,
-    signals: &crossbeam_channel::Receiver<signal_hook::iterator::exfiltrator::origin::Origin>,
-) -> Result<u8, u8> {
-    if let Ok(origin) = signals.try_recv() {
-        // Asked to stop before the command started: it never will.
-        eprintln!(
-            "redmutex: signal {} before the command started",
-            origin.signal
-        );
-        return Err(128 + origin.signal as u8);
+/// `redmutex wait`: takes the lock and gives it back at once, with signals caught around
+/// the acquisition as `run` does, so that a Ctrl-C never leaves the lock held.
+pub(crate) fn wait(
+    connection: &Connection,
+    name: &str,
+    wait: Option<Duration>,
+) -> Result<u8, Error> {
+    let catcher = Catcher::install(name, ACQUIRE_GRACE)?;
+    let client = connect(connection, None)?;
+    let lock = client.lock(name);
+    let guard = match wait {
+        Some(wait) => lock.try_lock_for(wait),
+        None => lock.lock().map(Some),
+    };
+    let signalled = catcher.settle();
+    match guard? {
+        Some(guard) => {
+            guard.unlock()?;
+            Ok(signalled.unwrap_or(0))
+        }
+        None => {
+            if let Some(code) = signalled {
+                return Ok(code);
+            }
+            warn(format_args!(
+                "redmutex: {name} was still held after {}",
+                humantime::format_duration(wait.unwrap_or_default())
+            ));
+            Ok(NOT_ACQUIRED)
+        }
     }
-    let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut command = Command::new(program);
-    command.args(rest);
+}
+
+/// Starts the command (through `__guard`) and waits for it, passing signals on and
+/// watching the lease. The exit code, or `Err(code)` when it was not started.
+///
+/// Runs on the main thread: the guard's parent-death signal fires when the thread that
+/// started it ends, and only the main thread lives as long as redmutex.
+fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8, u8> {
+    if let Ok(sig) = signals.try_recv() {
+        // Asked to stop before the command started: it never will.
+        warn(format_args!(
+            "redmutex: signal {sig} before the command started"
+        ));
+        return Err(128u8.wrapping_add(sig as u8));
+    }
+    // Ctrl-Z stops redmutex's group, the terminal's foreground job, and not the
+    // command's: it is passed on, then redmutex stops itself (and so stops renewing, as
+    // a stopped `flock` would not, but the command is stopped too); `fg` or `bg`
+    // continues redmutex, which continues the command.
+    let (job_tx, job) = unbounded();
+    let mut job_signals = Signals::new(JOB).map_err(|e| {
+        warn(format_args!("redmutex: cannot catch job control: {e}"));
+        71u8
+    })?;
+    let job_handle = job_signals.handle();
+    thread::spawn(move || {
+        for sig in job_signals.forever() {
+            if job_tx.send(sig).is_err() {
+                return;
+            }
+        }
+    });
+    let _closes_job = Closes(job_handle);
+    // /proc/self/exe, not a path: the very binary running, even if replaced on disk since.
+    let mut command = Command::new("/proc/self/exe");
+    command
+        .arg0("redmutex")
+        .arg("__guard")
+        .arg("--parent")
+        .arg(std::process::id().to_string());
+    if let Lost(Some(sig)) = args.on_lost {
+        command.arg("--catch").arg(sig.as_str());
+    }
+    command.arg("--").args(&args.command).process_group(0);
     if let (Some(var), Held::Fenced(guard)) = (&args.token_env, held) {
         command.env(var, guard.token().to_string());
     }
-    let mut child = match command.spawn() {
+    let mut guard = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            eprintln!("redmutex: cannot run {}: {e}", program.to_string_lossy());
-            // As shells do: 127 not found, 126 found but not runnable.
-            return Err(if e.kind() == ErrorKind::NotFound {
-                127
-            } else {
-                126
-            });
+            warn(format_args!("redmutex: cannot start the command: {e}"));
+            return Err(126);
         }
     };
-    let pid = Pid::from_raw(child.id() as i32);
-    let (done_tx, done) = unbounded();
-    thread::spawn(move || {
-        let _ = done_tx.send(child.wait());
+    // The guard leads the command's process group: its pid is the group's id.
+    let group = Pid::from_raw(guard.id() as i32);
+    let (done_tx, done) = bounded(1);
+    thread::spawn(move || loop {
+        // Waits without reaping: until the loop below reaps it, after its last signal,
+        // the guard's pid (the group's id) cannot be given to another process.
+        match waitid(Id::Pid(group), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Err(Errno::EINTR) => continue,
+            _ => {
+                let _ = done_tx.send(());
+                return;
+            }
+        }
     });
     let mut lost = false;
     loop {
         select! {
-            recv(done) -> status => {
-                let status = status.expect("the waiting thread sends once");
-                let code = match status {
+            recv(done) -> _ => {
+                // The one place that reaps: no signal is sent from here on.
+                let code = match guard.wait() {
                     Ok(status) => code_of(status),
                     Err(e) => {
-                        eprintln!("redmutex: waiting for the command failed: {e}");
+                        warn(format_args!("redmutex: waiting for the command failed: {e}"));
                         1
                     }
                 };
                 if lost {
-                    eprintln!("redmutex: the command exited with {code} after the lease was lost");
+                    warn(format_args!(
+                        "redmutex: the command exited with {code} after the lease was lost"
+                    ));
                     return Ok(LEASE_LOST);
                 }
                 return Ok(code);
             }
-            recv(signals) -> origin => {
-                let Ok(origin) = origin else { continue };
-                // A terminal's Ctrl-C reaches the whole process group, the command
-                // included: only a signal sent to redmutex alone is passed on.
-                if origin.process.is_some() {
-                    if let Ok(sig) = Signal::try_from(origin.signal) {
-                        signal(pid, sig);
-                    }
+            recv(signals) -> sig => {
+                // The command is not in the terminal's foreground group, so a Ctrl-C
+                // reaches only redmutex: every signal caught is passed on.
+                if let Ok(Ok(sig)) = sig.map(Signal::try_from) {
+                    signal(group, sig);
+                }
+            }
+            recv(job) -> sig => {
+                if sig == Ok(SIGTSTP) {
+                    signal(group, Signal::SIGTSTP);
+                    let _ = kill(getpid(), Signal::SIGSTOP);
+                } else {
+                    signal(group, Signal::SIGCONT);
                 }
             }
             recv(after(LEASE_CHECK)) -> _ => {
                 if !lost && held.is_lease_lost() {
                     lost = true;
-                    eprintln!(
+                    warn(format_args!(
                         "redmutex: the lease of {} was lost while the command ran; another \
                          holder may run now",
                         args.name
-                    );
+                    ));
                     if let Lost(Some(sig)) = args.on_lost {
-                        signal(pid, sig);
+                        signal(group, sig);
                     }
                 }
             }
@@ -245,12 +433,138 @@ fn supervise(
     }
 }
 
-/// Sends `sig` to the command; one that has just exited (and not been waited for yet)
-/// is no failure.
-fn signal(pid: Pid, sig: Signal) {
-    if let Err(e) = kill(pid, sig) {
-        if e != nix::errno::Errno::ESRCH {
-            eprintln!("redmutex: could not send {sig} to the command: {e}");
+/// Closes a signal iterator when dropped, ending the thread that reads it.
+struct Closes(Handle);
+
+impl Drop for Closes {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Sends `sig` to the command's process group (the command, what it started, and the
+/// guard, which survives the signals it is told of).
+fn signal(group: Pid, sig: Signal) {
+    if let Err(e) = killpg(group, sig) {
+        if e != Errno::ESRCH {
+            warn(format_args!(
+                "redmutex: could not send {sig} to the command: {e}"
+            ));
+        }
+    }
+}
+
+/// `redmutex __guard`: started by `run` as the leader of a new process group; runs the
+/// command in that group and exits with its status.
+#[derive(Args)]
+pub(crate) struct GuardArgs {
+    /// The pid of the redmutex that started it.
+    #[arg(long)]
+    parent: i32,
+    /// A signal besides INT, TERM, HUP and QUIT that redmutex may send the group (its
+    /// --on-lost), which the guard must survive.
+    #[arg(long, value_parser = on_lost)]
+    catch: Option<Lost>,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    command: Vec<OsString>,
+}
+
+/// The guard: the command must not outlive the redmutex that holds its lock, since once
+/// the lock's lease ends another run may start. redmutex's death, whatever killed it,
+/// reaches the guard as its parent-death signal (SIGTERM; the kernel sends it), and the
+/// guard then SIGKILLs the whole group, itself included: the command and every process it
+/// started in it (a shell's pipeline). SIGKILL, not a polite signal, because nothing is
+/// left to wait for a command that lingers: the lock is already running out, and a
+/// command that outlived it would run beside the next holder.
+pub(crate) fn guard(args: GuardArgs) -> u8 {
+    let mut caught = CAUGHT.to_vec();
+    if let Some(Lost(Some(sig))) = args.catch {
+        let sig = sig as i32;
+        if !FORBIDDEN.contains(&sig) && !caught.contains(&sig) {
+            caught.push(sig);
+        }
+    }
+    // Caught, not ignored: a signal redmutex sends the group reaches the command and
+    // leaves the guard in place, while the command starts with the default actions (exec
+    // resets caught signals, not ignored ones).
+    let mut signals = match Signals::new(&caught) {
+        Ok(signals) => signals,
+        Err(e) => {
+            warn(format_args!("redmutex: cannot catch signals: {e}"));
+            return 71;
+        }
+    };
+    // Blocked in redmutex's threads (see Catcher::install), and so here: unblocked, for
+    // the guard to get them and the command to start as if run from a shell.
+    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&caught_set()), None) {
+        warn(format_args!("redmutex: cannot unblock signals: {e}"));
+        return 71;
+    }
+    if let Err(e) = set_pdeathsig(Signal::SIGTERM) {
+        warn(format_args!(
+            "redmutex: cannot watch for redmutex's death: {e}"
+        ));
+        return 71;
+    }
+    let parent = Pid::from_raw(args.parent);
+    if getppid() != parent {
+        // redmutex died before the line above, so the signal will never come: the
+        // command must not start.
+        return 128 + 9;
+    }
+    if let Some(sig) = signals.pending().next() {
+        // redmutex passed a signal on before the command started: it never will.
+        return 128u8.wrapping_add(sig as u8);
+    }
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut child = match Command::new(program).args(rest).spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            warn(format_args!(
+                "redmutex: cannot run {}: {e}",
+                program.to_string_lossy()
+            ));
+            // As shells do: 127 not found, 126 found but not runnable.
+            return if e.kind() == ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+        }
+    };
+    let (done_tx, done) = bounded(1);
+    thread::spawn(move || {
+        let _ = done_tx.send(child.wait());
+    });
+    let (signal_tx, caught) = unbounded();
+    let handle = signals.handle();
+    thread::spawn(move || {
+        for sig in signals.forever() {
+            if signal_tx.send(sig).is_err() {
+                return;
+            }
+        }
+    });
+    loop {
+        select! {
+            recv(done) -> status => {
+                handle.close();
+                return match status.expect("the waiting thread sends once") {
+                    Ok(status) => code_of(status),
+                    Err(e) => {
+                        warn(format_args!("redmutex: waiting for the command failed: {e}"));
+                        1
+                    }
+                };
+            }
+            recv(caught) -> _ => {
+                // Passed on by redmutex (the command has it too, and decides), unless
+                // redmutex is gone: then its parent is another process now.
+                if getppid() != parent {
+                    let _ = killpg(getpgrp(), Signal::SIGKILL);
+                }
+            }
         }
     }
 }

@@ -1,5 +1,7 @@
 //! What `status`, `list` and `unlock --force` print: a table for people, JSON for scripts.
 
+use std::fmt::Write;
+
 use redmutex::LockInfo;
 use serde_json::{json, Value};
 
@@ -83,7 +85,7 @@ fn rows(info: &LockInfo, out: &mut Vec<[String; 6]>) {
     }
 }
 
-fn print_table(rows: &[[String; 6]]) {
+fn table(rows: &[[String; 6]]) -> String {
     let header = [
         "NAME",
         "KIND",
@@ -98,18 +100,20 @@ fn print_table(rows: &[[String; 6]]) {
             *w = (*w).max(cell.chars().count());
         }
     }
+    let mut out = String::new();
     for row in std::iter::once(&header.map(str::to_owned)).chain(rows) {
         let line: Vec<String> = row
             .iter()
             .zip(widths)
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
-        println!("{}", line.join("  ").trim_end());
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
+    out
 }
 
 /// `status`: every object of each name, or "free".
-pub(crate) fn status(found: &[(String, Vec<LockInfo>)], json: bool) {
+pub(crate) fn status(found: &[(String, Vec<LockInfo>)], json: bool) -> String {
     if json {
         let all: Vec<Value> = found
             .iter()
@@ -121,13 +125,12 @@ pub(crate) fn status(found: &[(String, Vec<LockInfo>)], json: bool) {
                 }
             })
             .collect();
-        println!("{}", Value::Array(all));
-        return;
+        return format!("{}\n", Value::Array(all));
     }
-    let mut table = Vec::new();
+    let mut found_rows = Vec::new();
     for (name, infos) in found {
         if infos.is_empty() {
-            table.push([
+            found_rows.push([
                 name.clone(),
                 "free".to_owned(),
                 "-".to_owned(),
@@ -137,36 +140,44 @@ pub(crate) fn status(found: &[(String, Vec<LockInfo>)], json: bool) {
             ]);
         }
         for info in infos {
-            rows(info, &mut table);
+            rows(info, &mut found_rows);
         }
     }
-    print_table(&table);
+    table(&found_rows)
 }
 
 /// `list`: the objects found.
-pub(crate) fn list(found: &[LockInfo], json: bool) {
+pub(crate) fn list(found: &[LockInfo], json: bool) -> String {
     if json {
-        println!("{}", Value::Array(found.iter().map(to_json).collect()));
-        return;
+        return format!("{}\n", Value::Array(found.iter().map(to_json).collect()));
     }
-    let mut table = Vec::new();
+    let mut found_rows = Vec::new();
     for info in found {
-        rows(info, &mut table);
+        rows(info, &mut found_rows);
     }
-    print_table(&table);
+    table(&found_rows)
 }
 
-/// `unlock --force`: what the lock held before it was freed.
-pub(crate) fn removed(name: &str, before: &[LockInfo]) {
-    let holders: Vec<String> = before
-        .iter()
-        .filter(|i| i.kind == "lock")
-        .flat_map(|i| i.holders.iter())
-        .map(|(id, count)| format!("{id} (count {count})"))
-        .collect();
-    if holders.is_empty() {
-        println!("{name}: freed");
-    } else {
-        println!("{name}: freed; removed holder {}", holders.join(", "));
+/// `unlock --force`: what each kind freed held before (`freed`: the kinds the library
+/// freed, as `LockInfo::kind` names them).
+pub(crate) fn removed(name: &str, freed: &[&str], before: &[LockInfo]) -> String {
+    let mut out = String::new();
+    for kind in freed {
+        let holders: Vec<String> = before
+            .iter()
+            .filter(|i| i.kind == *kind)
+            .flat_map(|i| i.holders.iter())
+            .map(|(id, count)| format!("{id} (count {count})"))
+            .collect();
+        if holders.is_empty() {
+            let _ = writeln!(out, "{name}: {kind} freed");
+        } else {
+            let _ = writeln!(
+                out,
+                "{name}: {kind} freed; removed holder {}",
+                holders.join(", ")
+            );
+        }
     }
+    out
 }
