@@ -281,3 +281,200 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
     }
     held.unlock().expect("unlock");
 }
+
+// ---------------------------------------------------------------------------------------
+// Issue 17, item 1: a nested call of a thread that holds the MultiLock
+// ---------------------------------------------------------------------------------------
+
+fn queue_len(server: &RedisServer, name: &str) -> i64 {
+    redis::cmd("LLEN")
+        .arg(format!("{PREFIX}!queue:{{{name}}}"))
+        .query(&mut server.connection())
+        .expect("LLEN")
+}
+
+/// A thread holds `lock` (its members on `servers`, `name` on each, or `names` on the one
+/// server) while another thread of the same clients waits for it, queued on every member
+/// (so each client listens on the locks' channels). The holder's nested try fails: its
+/// fixed lease of 1 ms leaves no validity, so every round gives its re-entries back until
+/// the wait is over. The outer hold must still stand on every member, once, and keep
+/// everyone else out; the waiter gets the lock only from the outer guard's release.
+fn nested_failure_keeps_the_outer_hold(
+    what: &str,
+    lock: &MultiLock,
+    others: &MultiLock,
+    queues: &[(&RedisServer, &str)],
+) {
+    let outer = lock.lock().expect("outer");
+    let (tx, got) = std::sync::mpsc::channel();
+    let waiting = lock.clone();
+    let waiter = thread::spawn(move || {
+        let g = waiting.lock();
+        tx.send(()).unwrap();
+        g.map(|g| g.unlock())
+    });
+    assert!(
+        support::wait_until(Duration::from_secs(5), || queues
+            .iter()
+            .all(|(s, name)| queue_len(s, name) == 1)),
+        "{what}: the other thread never queued on every member"
+    );
+
+    let nested = lock.try_lock_with_lease_for(Duration::from_millis(300), Duration::from_millis(1));
+    assert!(matches!(nested, Ok(None)), "{what}: nested {nested:?}");
+
+    assert!(
+        got.recv_timeout(Duration::from_millis(1_500)).is_err(),
+        "{what}: the waiting thread got the lock while the outer guard held it"
+    );
+    for (i, m) in lock.locks().iter().enumerate() {
+        assert_eq!(
+            m.hold_count().unwrap(),
+            1,
+            "{what}: member {i} is not held once by the outer guard"
+        );
+    }
+    assert!(
+        others.try_lock().unwrap().is_none(),
+        "{what}: another client got in"
+    );
+    assert!(
+        !outer.is_lease_lost(),
+        "{what}: the outer guard lost its hold"
+    );
+    assert_eq!(outer.held_on(), lock.locks().len(), "{what}");
+    assert!(
+        queues.iter().all(|(s, name)| queue_len(s, name) == 1),
+        "{what}: the waiter lost its place"
+    );
+
+    outer.unlock().expect("outer unlock");
+    got.recv_timeout(Duration::from_secs(3))
+        .unwrap_or_else(|_| panic!("{what}: the waiter never got the released lock"));
+    waiter
+        .join()
+        .unwrap()
+        .expect("waiter lock")
+        .expect("waiter unlock");
+}
+
+#[test]
+fn a_failed_nested_try_keeps_the_outer_hold_on_every_member() {
+    let long = |s: &RedisServer| {
+        support::client(
+            &s.url(),
+            PREFIX,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+        )
+    };
+    // Three locks on one server, of one client.
+    let server = RedisServer::new();
+    let (c, x) = (long(&server), long(&server));
+    let names = ["nested-1", "nested-2", "nested-3"];
+    let make = |c: &Client| MultiLock::new(names.iter().map(|n| c.lock(*n))).unwrap();
+    let queues: Vec<(&RedisServer, &str)> = names.iter().map(|n| (&server, *n)).collect();
+    nested_failure_keeps_the_outer_hold("new, one server", &make(&c), &make(&x), &queues);
+
+    // RedLock over three servers.
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
+    let cs: Vec<Client> = servers.iter().map(long).collect();
+    let xs: Vec<Client> = servers.iter().map(long).collect();
+    let red = |cs: &[Client]| MultiLock::red_lock(cs.iter().map(|c| c.lock("nested-red"))).unwrap();
+    let queues: Vec<(&RedisServer, &str)> = servers.iter().map(|s| (s, "nested-red")).collect();
+    nested_failure_keeps_the_outer_hold("red_lock", &red(&cs), &red(&xs), &queues);
+}
+
+/// A nested call whose re-entry on a member is refused (the hold is gone there: the
+/// server lost it, and another client took the lock) learns that the outer hold is gone
+/// on that member: its guard says so at once, rather than at the next renewal (a third of
+/// the lease, 10 s here), and a later grant there is a new hold, not the old one brought
+/// back. With every lock needed (`new`) the outer guard is then lost; a RedLock keeps its
+/// quorum on the others.
+#[test]
+fn a_refused_nested_re_entry_marks_that_member_lost() {
+    let long = |s: &RedisServer| {
+        support::client(
+            &s.url(),
+            PREFIX,
+            Duration::from_secs(30),
+            Duration::from_secs(2),
+        )
+    };
+    let del = |s: &RedisServer, name: &str| {
+        let n: i64 = redis::cmd("DEL")
+            .arg(key(name))
+            .query(&mut s.connection())
+            .expect("DEL");
+        assert_eq!(n, 1, "{name} was held");
+    };
+
+    // Every lock needed, on one server.
+    let server = RedisServer::new();
+    let (c, x) = (long(&server), long(&server));
+    let all = MultiLock::new([c.lock("refused-1"), c.lock("refused-2")]).unwrap();
+    let outer = all.lock().expect("outer");
+    del(&server, "refused-2");
+    let taken = x
+        .lock("refused-2")
+        .lock()
+        .expect("the other client takes it");
+    let nested = all.try_lock_for(Duration::from_millis(300));
+    assert!(matches!(nested, Ok(None)), "{nested:?}");
+    assert!(
+        outer.is_lease_lost(),
+        "the outer guard still says it holds every lock (held on {})",
+        outer.held_on()
+    );
+    assert_eq!(outer.held_on(), 1);
+    taken.unlock().expect("the other client's unlock");
+    // The lock is free now: a new hold of this thread, one level, on each member.
+    let again = all
+        .try_lock_for(Duration::from_secs(2))
+        .unwrap()
+        .expect("again");
+    assert_eq!(
+        all.locks()[1].hold_count().unwrap(),
+        1,
+        "a new hold, not two levels"
+    );
+    assert_eq!(
+        all.locks()[0].hold_count().unwrap(),
+        2,
+        "re-entered where still held"
+    );
+    again.unlock().expect("unlock again");
+    assert!(matches!(outer.unlock(), Err(redmutex::Error::LeaseLost)));
+    assert!(!exists(&server, "refused-1") && !exists(&server, "refused-2"));
+
+    // RedLock over three servers: the loss of one leaves the quorum.
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
+    let cs: Vec<Client> = servers.iter().map(long).collect();
+    let red = MultiLock::red_lock(cs.iter().map(|c| c.lock("refused-red"))).unwrap();
+    let outer = red.lock().expect("outer");
+    assert_eq!(outer.held_on(), 3);
+    del(&servers[2], "refused-red");
+    let other = long(&servers[2]);
+    let taken = other
+        .lock("refused-red")
+        .lock()
+        .expect("taken on one master");
+    let nested = red
+        .try_lock_for(Duration::from_millis(300))
+        .unwrap()
+        .expect("nested: a quorum of re-entries");
+    assert_eq!(nested.held_on(), 2);
+    assert_eq!(
+        outer.held_on(),
+        2,
+        "the outer guard still counts the lost master"
+    );
+    assert!(!outer.is_lease_lost());
+    nested.unlock().expect("nested unlock");
+    for (i, m) in red.locks().iter().enumerate().take(2) {
+        assert_eq!(m.hold_count().unwrap(), 1, "master {i}");
+    }
+    taken.unlock().expect("unlock on one master");
+    outer.unlock().expect("outer unlock");
+    assert!(servers.iter().all(|s| !exists(s, "refused-red")));
+}

@@ -360,6 +360,14 @@ impl MultiLock {
         }
         let token = thread_token();
         let n = self.members.len();
+        // Where this thread holds a member already, the call re-enters it (the scripts
+        // grant a re-entry whoever waits): it never queues there, so that leaving the call
+        // can never give up a level the thread holds.
+        let reentry = self
+            .members
+            .iter()
+            .map(|m| m.client.inner.watchdog.holds_locally(&m.keys.hold, token))
+            .collect();
         let mut wait = MultiWait {
             lock: self,
             token,
@@ -373,6 +381,7 @@ impl MultiLock {
             once: deadline.is_some_and(|d| d <= Instant::now()),
             ticket: NEXT_TICKET.fetch_add(1, Ordering::Relaxed),
             subs: (0..n).map(|_| None).collect(),
+            reentry,
             queued: vec![false; n],
         };
         wait.run()
@@ -389,6 +398,8 @@ struct MultiWait<'a> {
     once: bool,
     ticket: u64,
     subs: Vec<Option<Subscription>>,
+    // The thread held that lock when the call began: its attempts there never queue.
+    reentry: Vec<bool>,
     // In the queue of that lock (its client keeps the entry alive).
     queued: Vec<bool>,
 }
@@ -527,7 +538,9 @@ impl MultiWait<'_> {
         let mut calls = Vec::new();
         for (i, m) in lock.members.iter().enumerate() {
             let inner = &m.client.inner;
-            let join = !self.once && self.subs[i].as_ref().is_some_and(|s| s.is_confirmed());
+            let join = !self.once
+                && !self.reentry[i]
+                && self.subs[i].as_ref().is_some_and(|s| s.is_confirmed());
             let join = join.then(|| {
                 let watchdog_ms = millis(inner.config.watchdog_timeout);
                 (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
@@ -560,7 +573,17 @@ impl MultiWait<'_> {
                     guards[i] =
                         Some(m.granted(self.token, holder, grant, self.lease, start, false));
                 }
-                Ok(Err(pttl)) => seen[i] = Seen::Held(pttl),
+                Ok(Err(pttl)) => {
+                    if self.reentry[i] {
+                        // A re-entry is granted while the hold stands: it is gone there
+                        // (expired, force-unlocked, lost by the server). Its guards must
+                        // say so, and from here on this lock is an ordinary acquisition,
+                        // which may queue; a grant there is a new hold.
+                        self.reentry[i] = false;
+                        m.client.inner.watchdog.hold_gone(&m.keys.hold, self.token);
+                    }
+                    seen[i] = Seen::Held(pttl);
+                }
                 Err(e) => seen[i] = Seen::Failed(e),
             }
         }
@@ -736,9 +759,12 @@ impl Drop for MultiWait<'_> {
                 let m = &self.lock.members[i];
                 let inner = &m.client.inner;
                 inner.watchdog.done_waiting(&m.keys.key, self.token);
+                // Told the levels the thread holds there (none: a thread that held the
+                // lock never queued on it), so that the clean-up can never take one.
+                let held = inner.watchdog.levels_now(&m.keys.hold, self.token);
                 inner
                     .watchdog
-                    .doubt(inner, &m.keys, self.token, &self.holders[i], 0);
+                    .doubt(inner, &m.keys, self.token, &self.holders[i], held);
             }
         }
     }
