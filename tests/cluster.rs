@@ -423,3 +423,171 @@ fn a_primary_failover_is_survived() {
     println!("waiter woke {:?} after the release", woke_at - released);
     waiter.join().unwrap();
 }
+
+/// What one call of a thread in `calls_on_a_failing_over_primary_wait_it_out` returned.
+struct Call {
+    what: &'static str,
+    started: Instant,
+    ended: Instant,
+    outcome: Result<(), String>,
+}
+
+/// An unlock's outcome: a hold the failover lost (taken on the old primary and not yet
+/// replicated) is reported, and that is no failure.
+fn unlocked(r: Result<(), redmutex::Error>) -> Result<(), String> {
+    match r {
+        Err(redmutex::Error::NotHeld | redmutex::Error::LeaseLost) => Ok(()),
+        r => r.map_err(|e| e.to_string()),
+    }
+}
+
+/// Issue 17, item 11: between a primary's death and its replica's promotion, calls on its
+/// slots wait the failover out instead of failing with "Connection refused": `lock()` and
+/// `unlock()` return once the replica serves the slots, a `try_lock_for` returns
+/// `None` or `Timeout` only past its deadline, and every thread proceeds after.
+#[test]
+fn calls_on_a_failing_over_primary_wait_it_out() {
+    const TRY_WAIT: Duration = Duration::from_millis(300);
+    // A bounded call returns by its deadline plus 250 ms; the rest is room for a loaded
+    // machine.
+    const TRY_BOUND: Duration = Duration::from_millis(300 + 250 + 700);
+    let mut cluster = Cluster::new(3, 1);
+    let primary = cluster.primaries()[1];
+    let mut names = (0..)
+        .map(|i| format!("settle-{i}"))
+        .filter(|n| cluster.node_for_key(lock_key(n)) == primary);
+    let client = cluster_client(&cluster);
+    // A hold taken (and replicated) before the kill, released during the failover.
+    let across = client.lock(names.next().unwrap());
+    let (taken_tx, taken) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let unlocker = thread::spawn(move || {
+        let held = across.lock().unwrap();
+        taken_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        let r = held.unlock();
+        (r.map_err(|e| e.to_string()), Instant::now())
+    });
+    taken.recv().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, calls) = mpsc::channel::<(usize, Call)>();
+    let mut threads = Vec::new();
+    for t in 0..4 {
+        let (lock, stop, tx) = (client.lock(names.next().unwrap()), stop.clone(), tx.clone());
+        threads.push(thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let (what, outcome) = if t < 2 {
+                    match lock.lock() {
+                        Ok(g) => {
+                            let locked = Instant::now();
+                            let call = Call {
+                                what: "lock",
+                                started,
+                                ended: locked,
+                                outcome: Ok(()),
+                            };
+                            tx.send((t, call)).unwrap();
+                            let r = unlocked(g.unlock());
+                            let call = Call {
+                                what: "unlock",
+                                started: locked,
+                                ended: Instant::now(),
+                                outcome: r,
+                            };
+                            tx.send((t, call)).unwrap();
+                            continue;
+                        }
+                        Err(e) => ("lock", Err(e.to_string())),
+                    }
+                } else {
+                    match lock.try_lock_for(TRY_WAIT) {
+                        Ok(Some(g)) => ("try_lock_for", unlocked(g.unlock())),
+                        Ok(None) => ("try_lock_for", Err("none".to_owned())),
+                        // What a bounded call may say once its deadline passed.
+                        Err(redmutex::Error::Timeout(_) | redmutex::Error::Pool(_)) => {
+                            ("try_lock_for", Err("timeout".to_owned()))
+                        }
+                        Err(e) => ("try_lock_for", Err(e.to_string())),
+                    }
+                };
+                let call = Call {
+                    what,
+                    started,
+                    ended: Instant::now(),
+                    outcome,
+                };
+                tx.send((t, call)).unwrap();
+            }
+        }));
+    }
+    drop(tx);
+    cluster.wait_replicas_synced(Duration::from_secs(5));
+    thread::sleep(Duration::from_millis(300));
+    let killed_at = Instant::now();
+    cluster.kill_primary(primary);
+    thread::sleep(Duration::from_millis(100));
+    go.send(()).unwrap();
+    let promoted = cluster.wait_for_failover(primary, Duration::from_secs(20));
+    let promoted_at = Instant::now();
+    println!(
+        "node {primary} failed over to {promoted} in {:?}",
+        promoted_at - killed_at
+    );
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let (unlocked, unlocked_at) = unlocker.join().unwrap();
+    println!(
+        "the hold taken before the kill was released {:?} after it",
+        unlocked_at - killed_at
+    );
+
+    let mut failures = Vec::new();
+    if let Err(e) = unlocked {
+        failures.push(format!(
+            "unlock of the hold taken before the kill failed: {e}"
+        ));
+    }
+    let mut after_promotion = [0; 4];
+    let mut in_window = 0;
+    let mut longest = Duration::ZERO;
+    for (t, call) in calls.iter() {
+        let took = call.ended - call.started;
+        if call.ended > killed_at && call.started < promoted_at {
+            in_window += 1;
+            longest = longest.max(took);
+        }
+        match &call.outcome {
+            Ok(()) => {
+                if call.started > promoted_at {
+                    after_promotion[t] += 1;
+                }
+            }
+            // A bounded call may give up, but only once its deadline passed, and
+            // within the grace.
+            Err(e) if (e == "none" || e == "timeout") && call.what == "try_lock_for" => {
+                if took < TRY_WAIT || took > TRY_BOUND {
+                    failures.push(format!("{} {e} after {took:?}", call.what));
+                }
+            }
+            Err(e) => failures.push(format!(
+                "{} failed {:?} after the kill: {e}",
+                call.what,
+                call.ended.saturating_duration_since(killed_at)
+            )),
+        }
+    }
+    println!("{in_window} calls overlapped the failover, the longest took {longest:?}");
+    assert!(
+        failures.is_empty(),
+        "{} failures: {failures:?}",
+        failures.len()
+    );
+    assert!(
+        after_promotion.iter().all(|&n| n > 0),
+        "every thread proceeds after the promotion: {after_promotion:?}"
+    );
+}

@@ -21,6 +21,11 @@ use crate::{
 const SETTLE_PAUSE: Duration = Duration::from_millis(2);
 const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
 
+/// The same for a cluster node that refuses connections (killed, its replica not yet
+/// promoted): a failover takes seconds, so the pauses start and end longer.
+const DOWN_PAUSE: Duration = Duration::from_millis(10);
+const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
+
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
 
@@ -480,6 +485,14 @@ impl Inner {
         }
     }
 
+    /// Whether `e` is a cluster node refusing connections: a primary killed, its slots
+    /// not yet taken over. redis-rs reports it once its own reconnects failed; the
+    /// command reached no server then, unless an earlier attempt of redis-rs's own did, so
+    /// only a call that may run twice waits it out.
+    fn is_node_down(&self, e: &redis::RedisError) -> bool {
+        self.target.is_cluster() && e.is_connection_refusal()
+    }
+
     /// Whether any `Client` (or `Lock`) of this client is still alive.
     pub(crate) fn has_handles(&self) -> bool {
         self.handles.load(Ordering::Acquire) > 0
@@ -528,6 +541,9 @@ impl Inner {
     /// crate makes can be repeated: reads, renewals, and acquire and release scripts that
     /// are told how many levels the thread holds, so a repeated one changes nothing.
     /// Timeouts are not retried: they surface as `Error::Timeout` at `command_timeout`.
+    /// A settling deployment (see `pool::is_settling`, and a cluster node refusing
+    /// connections until its replica is promoted) is waited out for up to
+    /// `connect_timeout`, and never past `until`, where it gives `Error::Timeout`.
     pub(crate) fn run_until<T>(
         &self,
         until: Option<Instant>,
@@ -577,20 +593,32 @@ impl Inner {
                 continue;
             }
             match conn.run(io, &mut f) {
-                // Refused before it ran: a slot mid-migration, a failover under way. The
-                // call waits it out, with a growing pause, for as long as a connection
-                // to a new primary would be waited for, and never past its deadline.
-                Err(e) if pool::is_settling(&e) => {
+                // Refused before it ran: a slot mid-migration, a failover under way (the
+                // slot's primary dead and its replica not yet promoted: its connections
+                // refused, or CLUSTERDOWN). The call waits it out, with a growing pause,
+                // for as long as a connection to a new primary would be waited for, and
+                // never past its deadline: a call stopped by its deadline says `Timeout`.
+                Err(e) if pool::is_settling(&e) || (repeatable && self.is_node_down(&e)) => {
+                    let down = self.is_node_down(&e);
                     let (give_up, pause) = settling.get_or_insert_with(|| {
-                        (Instant::now() + config.connect_timeout, SETTLE_PAUSE)
+                        let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
+                        (Instant::now() + config.connect_timeout, first)
                     });
-                    let stop = until.map_or(*give_up, |u| u.min(*give_up));
-                    if Instant::now() + *pause >= stop {
+                    let now = Instant::now();
+                    if now + *pause >= *give_up {
                         return Err(e.into());
+                    }
+                    if until.is_some_and(|u| now + *pause >= u) {
+                        return Err(Error::Timeout(e));
                     }
                     log::debug!("redmutex: retrying in {pause:?}: {e}");
                     std::thread::sleep(*pause);
-                    *pause = (*pause * 2).min(MAX_SETTLE_PAUSE);
+                    let most = if down {
+                        MAX_DOWN_PAUSE
+                    } else {
+                        MAX_SETTLE_PAUSE
+                    };
+                    *pause = (*pause * 2).min(most).max(*pause);
                 }
                 // A demoted primary refused the write: nothing happened, so even a call
                 // that must not run twice may run again, on a connection to the new one.
