@@ -57,8 +57,9 @@ impl CountDownLatch {
     /// and nothing changes). The latch expires `expire_after` from now whatever its count:
     /// then it reads 0 and its waiters return.
     ///
-    /// Fails with [`Error::InvalidArgument`] for a zero count or expiry, or an expiry over
-    /// ten years.
+    /// Any count from 1 to `i64::MAX` is kept exactly (Redis integers, never a Lua double).
+    /// Fails with [`Error::InvalidArgument`] for a zero count or one above `i64::MAX`, a
+    /// zero expiry, or an expiry over ten years.
     pub fn try_set_count(&self, count: u64, expire_after: Duration) -> Result<bool, Error> {
         self.check_name()?;
         if count == 0 || count > i64::MAX as u64 {
