@@ -19,6 +19,11 @@ const PREFIX: &str = "latch:";
 const NAME: &str = "jobs";
 /// Waiters wake within this of the count-down that opened the latch.
 const WAKE_BOUND: Duration = Duration::from_millis(500);
+/// The set script as the client sends it (its rules file first).
+const SET: &str = concat!(
+    include_str!("../lua/latch.lua"),
+    include_str!("../lua/latch_set.lua")
+);
 /// The count-down script as the client sends it (its rules file first).
 const COUNT_DOWN: &str = concat!(
     include_str!("../lua/latch.lua"),
@@ -371,4 +376,63 @@ fn large_counts_are_exact() {
             .unwrap();
         assert_eq!(stored, (count - 2).to_string(), "as Redis holds it");
     }
+}
+
+/// Issue 17, item 10: a `try_set_count` whose reply is lost is sent again by the client
+/// (it may run twice); the repeat recognizes the set its first run made and answers
+/// `true`, not "someone else set it", and the count is the one set.
+#[test]
+fn a_set_whose_reply_is_lost_answers_that_it_set() {
+    let server = RedisServer::new();
+    let proxy = support::FaultProxy::new(server.port());
+    let c = client(&proxy.url());
+    let latch = c.count_down_latch("lost-set");
+    let sha = redis::Script::new(SET).get_hash().to_owned();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SET)
+        .query(&mut server.connection())
+        .unwrap();
+    proxy.lose_next_reply_to(&sha);
+    let r = latch.try_set_count(3, Duration::from_secs(30));
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    assert!(proxy.seen(&sha) >= 2, "the call was repeated");
+    assert!(r.unwrap(), "its own set, found by the repeat");
+    assert_eq!(latch.count().unwrap(), 3);
+
+    // A latch opened between the first run and the repeat is not set again by the
+    // repeat: the first run set it, and the answer says so. (Both runs reach Redis a
+    // second late; the latch is counted down in between.)
+    let delay = Duration::from_secs(1);
+    proxy.delay_requests_containing(&sha, delay);
+    proxy.lose_next_reply_to(&sha);
+    let setter = c.count_down_latch("lost-set-opened");
+    let call = thread::spawn(move || setter.try_set_count(1, Duration::from_secs(30)));
+    let direct = client(&server.url()).count_down_latch("lost-set-opened");
+    assert!(wait_until(Duration::from_secs(10), || direct
+        .count()
+        .unwrap()
+        == 1));
+    assert_eq!(
+        direct.count_down().unwrap(),
+        0,
+        "opened before the repeat ran"
+    );
+    let r = call.join().unwrap();
+    assert_eq!(proxy.lost_replies(), 2);
+    assert!(proxy.forwarded(&sha) >= 4, "the call was repeated");
+    assert!(r.unwrap(), "its own set, found by the repeat");
+    assert_eq!(
+        direct.count().unwrap(),
+        0,
+        "the repeat did not set it again"
+    );
+    proxy.delay_requests_containing(&sha, Duration::ZERO);
+
+    // Another caller's set still answers false.
+    assert!(!c
+        .count_down_latch("lost-set")
+        .try_set_count(5, Duration::from_secs(30))
+        .unwrap());
+    assert_eq!(latch.count().unwrap(), 3);
 }

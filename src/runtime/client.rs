@@ -26,6 +26,11 @@ const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
 const DOWN_PAUSE: Duration = Duration::from_millis(10);
 const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
 
+/// How long a script that must recognize its own repeat (`latch_set.lua`,
+/// `force_unlock.lua`) remembers the id of the call that ran it. The client repeats such a
+/// call only within half of it, so the first run is always still remembered.
+pub(crate) const CALL_MEMORY: Duration = Duration::from_secs(60);
+
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
 
@@ -550,6 +555,34 @@ impl Inner {
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.run_with(until, true, f)
+    }
+
+    /// A new id for one call whose script records it (see [`CALL_MEMORY`]): the client's
+    /// id and a random part, so no two calls anywhere share one.
+    pub(crate) fn call_id(&self) -> String {
+        format!("{}:{}", self.id, uuid::Uuid::new_v4())
+    }
+
+    /// Runs `f` like [`run`](Inner::run), for a call whose script records the call's id for
+    /// [`CALL_MEMORY`] and answers a repeat of the same id with what the first run did.
+    /// A repeat after half of that (the first run might be forgotten by the time it
+    /// lands) is not sent: the call fails with `Error::Timeout`, its outcome unknown.
+    pub(crate) fn run_remembered<T>(
+        &self,
+        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        let started = Instant::now();
+        let mut runs = 0;
+        self.run(|con| {
+            runs += 1;
+            if runs > 1 && started.elapsed() > CALL_MEMORY / 2 {
+                return Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the reply was lost, and too long ago to repeat the call safely",
+                )));
+            }
+            f(con)
+        })
     }
 
     /// Runs `f` once on a pooled connection: for a call that must not run twice (it is not
