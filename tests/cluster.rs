@@ -640,3 +640,70 @@ fn calls_on_a_failing_over_primary_wait_it_out() {
         "every thread proceeds after the promotion: {after_promotion:?}"
     );
 }
+
+/// Issue 17, item 11 (the other side): calls wait a dead node out, but not one by one: a
+/// primary killed for good (no replica, and a cluster that serves its other slots) must
+/// not make the watchdog's round, which renews lock after lock, wait for each of the dead
+/// node's locks in turn while the leases of locks elsewhere run out.
+#[test]
+fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
+    const WATCHDOG: Duration = Duration::from_secs(6);
+    let mut cluster = Cluster::new(3, 0);
+    for i in 0..3 {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut cluster.node(i).connection())
+            .unwrap();
+    }
+    let (dead, alive) = (cluster.primaries()[1], cluster.primaries()[2]);
+    let on = |cluster: &Cluster, node: usize, prefix: &str| -> Vec<String> {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|n| cluster.node_for_key(lock_key(n)) == node)
+            .take(4)
+            .collect()
+    };
+    let (doomed_names, names) = (on(&cluster, dead, "doomed"), on(&cluster, alive, "kept"));
+    let client = Client::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let doomed: Vec<_> = doomed_names
+        .iter()
+        .map(|n| client.lock(n).lock().unwrap())
+        .collect();
+    let kept: Vec<_> = names
+        .iter()
+        .map(|n| client.lock(n).lock().unwrap())
+        .collect();
+    cluster.kill_primary(dead);
+    let killed = Instant::now();
+    let mut con = cluster.node(alive).connection();
+    let mut lowest = i64::MAX;
+    while killed.elapsed() < WATCHDOG * 2 {
+        for n in &names {
+            let pttl: i64 = redis::cmd("PTTL").arg(lock_key(n)).query(&mut con).unwrap();
+            lowest = lowest.min(pttl);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    println!("the lowest lease left on the live node: {lowest} ms");
+    assert!(
+        kept.iter().all(|g| !g.is_lease_lost()),
+        "a hold on the live node was lost"
+    );
+    // Renewed every 2 s: a lease of 6 s never falls under 2 s with room to spare.
+    assert!(
+        lowest > 1_000,
+        "renewals on the live node starved: {lowest} ms left"
+    );
+    for g in kept {
+        g.unlock().unwrap();
+    }
+    drop(doomed);
+}

@@ -101,6 +101,11 @@ pub(crate) struct Inner {
     // its server just failed one (down, unreachable, frozen), and waiting for it again in
     // every round would cost each acquisition the whole member timeout.
     pub(crate) unreachable: parking_lot::Mutex<Option<(Instant, String)>>,
+    // Since when, and until when last, calls found a cluster node refusing connections
+    // (see `is_node_down`). Calls wait such a node out only until `connect_timeout` after
+    // the first refusal, together: one after another (the watchdog renews lock after
+    // lock) they would otherwise each wait the whole time, while leases elsewhere ran out.
+    node_down: parking_lot::Mutex<Option<(Instant, Instant)>>,
     // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
     // lock any more, and the watchdog stops renewing.
     handles: AtomicUsize,
@@ -445,6 +450,7 @@ impl Client {
                 watchdog: Watchdog::new(),
                 handles: AtomicUsize::new(1),
                 unreachable: parking_lot::Mutex::new(None),
+                node_down: parking_lot::Mutex::new(None),
                 subscriber,
                 config,
                 pool,
@@ -496,6 +502,20 @@ impl Inner {
     /// only a call that may run twice waits it out.
     fn is_node_down(&self, e: &redis::RedisError) -> bool {
         self.target.is_cluster() && e.is_connection_refusal()
+    }
+
+    /// Records a refusal by a node that is down (see `node_down`) seen at `now`, and
+    /// returns since when the outage lasts: a refusal after a quiet spell of
+    /// `connect_timeout` starts a new one.
+    fn node_down_since(&self, now: Instant) -> Instant {
+        let mut down = self.node_down.lock();
+        let quiet = self.config.connect_timeout;
+        let (since, last) = match *down {
+            Some((since, last)) if now.saturating_duration_since(last) < quiet => (since, now),
+            _ => (now, now),
+        };
+        *down = Some((since, last));
+        since
     }
 
     /// Whether any `Client` (or `Lock`) of this client is still alive.
@@ -603,8 +623,8 @@ impl Inner {
         self.check_process()?;
         let config = &self.config;
         let mut retries = 0;
-        // While the deployment settles (see `pool::is_settling`): when to stop retrying,
-        // and the next pause.
+        // While the deployment settles (see `pool::is_settling`): since when, and the
+        // next pause.
         let mut settling: Option<(Instant, Duration)> = None;
         loop {
             let (checkout, io) = match until {
@@ -633,12 +653,22 @@ impl Inner {
                 // never past its deadline: a call stopped by its deadline says `Timeout`.
                 Err(e) if pool::is_settling(&e) || (repeatable && self.is_node_down(&e)) => {
                     let down = self.is_node_down(&e);
-                    let (give_up, pause) = settling.get_or_insert_with(|| {
+                    let (began, pause) = settling.get_or_insert_with(|| {
                         let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
-                        (Instant::now() + config.connect_timeout, first)
+                        (Instant::now(), first)
                     });
                     let now = Instant::now();
-                    if now + *pause >= *give_up {
+                    let give_up = if down {
+                        // Past the outage's bound a call still gets a few quick tries:
+                        // a refusal may come from a slot-map refresh on the way to a
+                        // node that is up.
+                        (*began + config.connect_timeout)
+                            .min(self.node_down_since(now) + config.connect_timeout)
+                            .max(*began + DOWN_PAUSE * 7)
+                    } else {
+                        *began + config.connect_timeout
+                    };
+                    if now + *pause >= give_up {
                         return Err(e.into());
                     }
                     if until.is_some_and(|u| now + *pause >= u) {
