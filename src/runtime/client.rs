@@ -505,11 +505,13 @@ impl Inner {
     }
 
     /// Records a refusal by a node that is down (see `node_down`) seen at `now`, and
-    /// returns since when the outage lasts: a refusal after a quiet spell of
-    /// `connect_timeout` starts a new one.
+    /// returns since when the outage lasts: a refusal after a quiet spell starts a new
+    /// one. The spell is longer than a watchdog timeout, so that a node down for good,
+    /// whose holds the watchdog tries to renew every third of one, costs each round a few
+    /// quick tries, not `connect_timeout` again.
     fn node_down_since(&self, now: Instant) -> Instant {
         let mut down = self.node_down.lock();
-        let quiet = self.config.connect_timeout;
+        let quiet = self.config.connect_timeout + self.config.watchdog_timeout;
         let (since, last) = match *down {
             Some((since, last)) if now.saturating_duration_since(last) < quiet => (since, now),
             _ => (now, now),
