@@ -564,7 +564,9 @@ fn calls_on_a_failing_over_primary_wait_it_out() {
         "node {primary} failed over to {promoted} in {:?}",
         promoted_at - killed_at
     );
-    thread::sleep(Duration::from_millis(1500));
+    // Time for every thread to go on, past the clean-up of a doubtful attempt of its own
+    // (a watchdog round away).
+    thread::sleep(Duration::from_secs(3));
     stop.store(true, Ordering::SeqCst);
     for t in threads {
         t.join().unwrap();
