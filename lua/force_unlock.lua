@@ -7,10 +7,20 @@
 -- KEYS[5]  the holds' leases (read-write locks: every reader and the writer are freed;
 --          semaphores: every permit held is given back)
 -- KEYS[6]  the semaphore's number of permits (semaphores: kept as it is)
+-- KEYS[#KEYS] (last, after the leases and permits where there are some)  the id of the
+--          call that force-unlocked the lock last (a string, kept ARGV[5] ms)
 -- ARGV[1]  inbox prefix      ARGV[2]  pickup window, ms      ARGV[3]  starvation bound, ms
+-- ARGV[4]  this call's id: the same for each run of one call (the client repeats a call
+--          whose reply was lost), different for every call
+-- ARGV[5]  how long to remember the id, ms
 --
--- Returns 1 when a lock was deleted, 0 when it was not locked; a WRONGTYPE error, with
--- nothing changed, when the key holds something that is not a lock (someone's data).
+-- Returns 1 when a lock was deleted (by this run, or by an earlier run of the same call:
+-- then nothing changes), 0 when it was not locked; a WRONGTYPE error, with nothing
+-- changed, when the key holds something that is not a lock (someone's data).
+local forced = KEYS[#KEYS]
+if redis.call('get', forced) == ARGV[4] then
+    return 1
+end
 local kind = redis.call('type', KEYS[1])['ok']
 if kind == 'none' then
     return 0
@@ -29,4 +39,5 @@ if not ok then
 end
 Q.clear()
 Q.hand_on(Q.now(), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), false, nil)
+redis.call('set', forced, ARGV[4], 'px', ARGV[5])
 return 1

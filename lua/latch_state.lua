@@ -1,14 +1,16 @@
 -- latch_state.lua: a latch's count and how long it has to live, read together.
+-- (latch.lua is prepended: see it for how counts are read exactly)
 --
 -- KEYS[1]  the latch (a string: the count)
 --
--- Returns {count, pttl}: count 0 and pttl -2 when the latch is not counting (opened,
--- expired, never set); pttl -1 if the key somehow has no expiry.
-local current = redis.call('get', KEYS[1])
-if current and not tonumber(current) then
-    return redis.error_reply('WRONGTYPE the key holds a value that is not a latch count; nothing was changed')
+-- Returns {count, pttl}: count as a decimal string (exact up to 2^63 - 1), 0 and pttl -2
+-- when the latch is not counting (opened, expired, never set); pttl -1 if the key somehow
+-- has no expiry.
+local current, refused = L.read(KEYS[1])
+if refused then
+    return refused
 end
-if not current then
+if current == nil then
     return {0, -2}
 end
-return {tonumber(current), redis.call('pttl', KEYS[1])}
+return {current, redis.call('pttl', KEYS[1])}

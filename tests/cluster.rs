@@ -423,3 +423,289 @@ fn a_primary_failover_is_survived() {
     println!("waiter woke {:?} after the release", woke_at - released);
     waiter.join().unwrap();
 }
+
+/// What one call of a thread in `calls_on_a_failing_over_primary_wait_it_out` returned.
+struct Call {
+    what: &'static str,
+    started: Instant,
+    ended: Instant,
+    outcome: Result<(), String>,
+}
+
+/// An unlock's outcome: a hold the failover lost (taken on the old primary and not yet
+/// replicated) is reported, and that is no failure.
+fn unlocked(r: Result<(), redmutex::Error>) -> Result<(), String> {
+    match r {
+        Err(redmutex::Error::NotHeld | redmutex::Error::LeaseLost) => Ok(()),
+        r => r.map_err(|e| e.to_string()),
+    }
+}
+
+/// Issue 17, item 11: between a primary's death and its replica's promotion, calls on its
+/// slots wait the failover out instead of failing with "Connection refused": `lock()` and
+/// `unlock()` return once the replica serves the slots, a `try_lock_for` returns
+/// `None` or `Timeout` only past its deadline, and every thread proceeds after.
+#[test]
+fn calls_on_a_failing_over_primary_wait_it_out() {
+    const TRY_WAIT: Duration = Duration::from_millis(300);
+    // A bounded call returns by its deadline plus 250 ms; the rest is room for a loaded
+    // machine.
+    const TRY_BOUND: Duration = Duration::from_millis(300 + 250 + 700);
+    let mut cluster = Cluster::new(3, 1);
+    let primary = cluster.primaries()[1];
+    let mut names = (0..)
+        .map(|i| format!("settle-{i}"))
+        .filter(|n| cluster.node_for_key(lock_key(n)) == primary);
+    let client = cluster_client(&cluster);
+    // A hold taken (and replicated) before the kill, released during the failover.
+    let across_name = names.next().unwrap();
+    let across = client.lock(&across_name);
+    let (taken_tx, taken) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let unlocker = thread::spawn(move || {
+        let held = across.lock().unwrap();
+        taken_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        let r = held.unlock();
+        (r.map_err(|e| e.to_string()), Instant::now())
+    });
+    taken.recv().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, calls) = mpsc::channel::<(usize, Call)>();
+    let mut threads = Vec::new();
+    // Threads 0-1 lock() and unlock() names of their own; 2-3 try_lock_for() a new name
+    // each time (an attempt that timed out leaves a doubt that the next attempt of the
+    // same thread on the same name waits for); 4-5 try_lock_for() the name held across
+    // the kill: they are in bounded calls throughout the failover.
+    for t in 0..6 {
+        let own: Vec<String> = match t {
+            0 | 1 => vec![names.next().unwrap()],
+            2 | 3 => names.by_ref().take(300).collect(),
+            _ => vec![across_name.clone()],
+        };
+        let (stop, tx, client) = (stop.clone(), tx.clone(), client.clone());
+        threads.push(thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let lock = client.lock(&own[i % own.len()]);
+                i += 1;
+                let started = Instant::now();
+                let (what, outcome) = if t < 2 {
+                    match lock.lock() {
+                        Ok(g) => {
+                            let locked = Instant::now();
+                            let call = Call {
+                                what: "lock",
+                                started,
+                                ended: locked,
+                                outcome: Ok(()),
+                            };
+                            tx.send((t, call)).unwrap();
+                            let r = unlocked(g.unlock());
+                            let call = Call {
+                                what: "unlock",
+                                started: locked,
+                                ended: Instant::now(),
+                                outcome: r,
+                            };
+                            tx.send((t, call)).unwrap();
+                            continue;
+                        }
+                        Err(e) => ("lock", Err(e.to_string())),
+                    }
+                } else {
+                    match lock.try_lock_for(TRY_WAIT) {
+                        Ok(Some(g)) => {
+                            let locked = Instant::now();
+                            let call = Call {
+                                what: "try_lock_for",
+                                started,
+                                ended: locked,
+                                outcome: Ok(()),
+                            };
+                            tx.send((t, call)).unwrap();
+                            let call = Call {
+                                what: "unlock",
+                                started: locked,
+                                outcome: unlocked(g.unlock()),
+                                ended: Instant::now(),
+                            };
+                            tx.send((t, call)).unwrap();
+                            continue;
+                        }
+                        Ok(None) => ("try_lock_for", Err("none".to_owned())),
+                        // What a bounded call may say once its deadline passed.
+                        Err(redmutex::Error::Timeout(_) | redmutex::Error::Pool(_)) => {
+                            ("try_lock_for", Err("timeout".to_owned()))
+                        }
+                        Err(e) => ("try_lock_for", Err(e.to_string())),
+                    }
+                };
+                let call = Call {
+                    what,
+                    started,
+                    ended: Instant::now(),
+                    outcome,
+                };
+                tx.send((t, call)).unwrap();
+            }
+        }));
+    }
+    drop(tx);
+    cluster.wait_replicas_synced(Duration::from_secs(5));
+    thread::sleep(Duration::from_millis(300));
+    let killed_at = Instant::now();
+    cluster.kill_primary(primary);
+    thread::sleep(Duration::from_millis(100));
+    go.send(()).unwrap();
+    let promoted = cluster.wait_for_failover(primary, Duration::from_secs(20));
+    let promoted_at = Instant::now();
+    println!(
+        "node {primary} failed over to {promoted} in {:?}",
+        promoted_at - killed_at
+    );
+    // Time for every thread to go on, past the clean-up of a doubtful attempt of its own
+    // (a watchdog round away).
+    thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let (unlocked, unlocked_at) = unlocker.join().unwrap();
+    println!(
+        "the hold taken before the kill was released {:?} after it",
+        unlocked_at - killed_at
+    );
+
+    let mut failures = Vec::new();
+    if let Err(e) = unlocked {
+        failures.push(format!(
+            "unlock of the hold taken before the kill failed: {e}"
+        ));
+    }
+    let mut after_promotion = [0; 6];
+    let mut in_window = 0;
+    let mut longest = Duration::ZERO;
+    let mut longest_try = [Duration::ZERO; 2];
+    for (t, call) in calls.iter() {
+        let took = call.ended - call.started;
+        if call.ended > killed_at && call.started < promoted_at {
+            in_window += 1;
+            longest = longest.max(took);
+            if call.what == "try_lock_for" {
+                longest_try[usize::from(t >= 4)] = longest_try[usize::from(t >= 4)].max(took);
+            }
+        }
+        // However it ended, a bounded call ends by its deadline plus the grace; on the
+        // held name, add the wait for the clean-up of the thread's previous doubtful
+        // attempt (the watchdog's, bounded by a third of its timeout).
+        let bound = if t < 4 {
+            TRY_BOUND
+        } else {
+            TRY_BOUND + WATCHDOG / 3
+        };
+        if call.what == "try_lock_for" && took > bound {
+            failures.push(format!("try_lock_for({TRY_WAIT:?}) took {took:?}"));
+        }
+        match &call.outcome {
+            Ok(()) => {
+                if call.started > promoted_at {
+                    after_promotion[t] += 1;
+                }
+            }
+            // A bounded call may give up, but only once its deadline passed, and
+            // within the grace.
+            Err(e) if (e == "none" || e == "timeout") && call.what == "try_lock_for" => {
+                if took < TRY_WAIT {
+                    failures.push(format!("{} {e} after {took:?}", call.what));
+                }
+            }
+            Err(e) => failures.push(format!(
+                "{} failed {:?} after the kill: {e}",
+                call.what,
+                call.ended.saturating_duration_since(killed_at)
+            )),
+        }
+    }
+    println!(
+        "{in_window} calls overlapped the failover, the longest took {longest:?}, the \
+         longest try_lock_for({TRY_WAIT:?}) {:?} (on the held name {:?})",
+        longest_try[0], longest_try[1]
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures: {failures:?}",
+        failures.len()
+    );
+    assert!(
+        after_promotion.iter().all(|&n| n > 0),
+        "every thread proceeds after the promotion: {after_promotion:?}"
+    );
+}
+
+/// Issue 17, item 11 (the other side): calls wait a dead node out, but not one by one: a
+/// primary killed for good (no replica, and a cluster that serves its other slots) must
+/// not make the watchdog's round, which renews lock after lock, wait for each of the dead
+/// node's locks in turn while the leases of locks elsewhere run out.
+#[test]
+fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
+    const WATCHDOG: Duration = Duration::from_secs(6);
+    let mut cluster = Cluster::new(3, 0);
+    for i in 0..3 {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut cluster.node(i).connection())
+            .unwrap();
+    }
+    let (dead, alive) = (cluster.primaries()[1], cluster.primaries()[2]);
+    let on = |cluster: &Cluster, node: usize, prefix: &str| -> Vec<String> {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|n| cluster.node_for_key(lock_key(n)) == node)
+            .take(4)
+            .collect()
+    };
+    let (doomed_names, names) = (on(&cluster, dead, "doomed"), on(&cluster, alive, "kept"));
+    let client = Client::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let doomed: Vec<_> = doomed_names
+        .iter()
+        .map(|n| client.lock(n).lock().unwrap())
+        .collect();
+    let kept: Vec<_> = names
+        .iter()
+        .map(|n| client.lock(n).lock().unwrap())
+        .collect();
+    cluster.kill_primary(dead);
+    let killed = Instant::now();
+    let mut con = cluster.node(alive).connection();
+    let mut lowest = i64::MAX;
+    while killed.elapsed() < WATCHDOG * 2 {
+        for n in &names {
+            let pttl: i64 = redis::cmd("PTTL").arg(lock_key(n)).query(&mut con).unwrap();
+            lowest = lowest.min(pttl);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    println!("the lowest lease left on the live node: {lowest} ms");
+    assert!(
+        kept.iter().all(|g| !g.is_lease_lost()),
+        "a hold on the live node was lost"
+    );
+    // Renewed every 2 s: a lease of 6 s never falls under 2 s with room to spare.
+    assert!(
+        lowest > 1_000,
+        "renewals on the live node starved: {lowest} ms left"
+    );
+    for g in kept {
+        g.unlock().unwrap();
+    }
+    drop(doomed);
+}

@@ -19,6 +19,16 @@ const PREFIX: &str = "latch:";
 const NAME: &str = "jobs";
 /// Waiters wake within this of the count-down that opened the latch.
 const WAKE_BOUND: Duration = Duration::from_millis(500);
+/// The set script as the client sends it (its rules file first).
+const SET: &str = concat!(
+    include_str!("../lua/latch.lua"),
+    include_str!("../lua/latch_set.lua")
+);
+/// The count-down script as the client sends it (its rules file first).
+const COUNT_DOWN: &str = concat!(
+    include_str!("../lua/latch.lua"),
+    include_str!("../lua/latch_count_down.lua")
+);
 
 fn client(url: &str) -> Client {
     Client::builder()
@@ -277,6 +287,25 @@ fn bad_input_changes_nothing() {
     assert_eq!(value, "not a number");
     let pttl: i64 = redis::cmd("PTTL").arg(key("bad")).query(&mut con).unwrap();
     assert!(pttl > 50_000, "TTL untouched: {pttl}");
+
+    // Numbers that are not Redis integers (a count is never rounded through a double).
+    for foreign in [
+        "1e3",
+        "007",
+        "9223372036854775808",
+        "99999999999999999999",
+        " 5",
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg(key("bad"))
+            .arg(foreign)
+            .query(&mut con)
+            .unwrap();
+        assert!(latch.count_down().is_err(), "count_down on {foreign:?}");
+        assert!(latch.count().is_err(), "count of {foreign:?}");
+        let value: String = redis::cmd("GET").arg(key("bad")).query(&mut con).unwrap();
+        assert_eq!(value, foreign);
+    }
 }
 
 /// A count-down whose reply is lost is not repeated by the client (a repeat would count
@@ -289,13 +318,11 @@ fn a_count_down_whose_reply_is_lost_counts_once() {
     let c = client(&proxy.url());
     let latch = c.count_down_latch("lost");
     assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
-    let sha = redis::Script::new(include_str!("../lua/latch_count_down.lua"))
-        .get_hash()
-        .to_owned();
+    let sha = redis::Script::new(COUNT_DOWN).get_hash().to_owned();
     // Loaded first, so the fault hits the real call, not a NOSCRIPT round.
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(include_str!("../lua/latch_count_down.lua"))
+        .arg(COUNT_DOWN)
         .query(&mut server.connection())
         .unwrap();
     proxy.lose_next_reply_to(&sha);
@@ -303,4 +330,109 @@ fn a_count_down_whose_reply_is_lost_counts_once() {
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(r.is_err(), "a lost reply is reported, not retried: {r:?}");
     assert_eq!(latch.count().unwrap(), 2, "counted once");
+}
+
+/// Issue 17, item 9: counts are exact over the whole range the API accepts (Lua numbers
+/// are doubles: exact only up to 2^53), and a count near `i64::MAX` does not open the
+/// latch at once.
+#[test]
+fn large_counts_are_exact() {
+    let server = RedisServer::new();
+    let c = client(&server.url());
+    let two_53 = 1u64 << 53;
+    for (i, count) in [
+        i64::MAX as u64,
+        i64::MAX as u64 - 1,
+        two_53 + 1,
+        two_53 + 2,
+        two_53,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let latch = c.count_down_latch(format!("large-{i}"));
+        assert!(latch.try_set_count(count, Duration::from_secs(30)).unwrap());
+        assert_eq!(latch.count().unwrap(), count, "read back");
+        assert!(
+            !latch.wait_for(Duration::ZERO).unwrap(),
+            "a latch counting {count} is not open"
+        );
+        assert_eq!(
+            latch.count_down().unwrap(),
+            count - 1,
+            "counted down from {count}"
+        );
+        assert_eq!(latch.count().unwrap(), count - 1);
+        assert_eq!(latch.count_down().unwrap(), count - 2);
+        assert!(
+            !latch.try_set_count(5, Duration::from_secs(30)).unwrap(),
+            "still counting"
+        );
+        let info = c.inspect(format!("large-{i}")).unwrap();
+        assert_eq!(info[0].count, Some(count - 2), "as inspect reports it");
+        let stored: String = redis::cmd("GET")
+            .arg(key(&format!("large-{i}")))
+            .query(&mut server.connection())
+            .unwrap();
+        assert_eq!(stored, (count - 2).to_string(), "as Redis holds it");
+    }
+}
+
+/// Issue 17, item 10: a `try_set_count` whose reply is lost is sent again by the client
+/// (it may run twice); the repeat recognizes the set its first run made and answers
+/// `true`, not "someone else set it", and the count is the one set.
+#[test]
+fn a_set_whose_reply_is_lost_answers_that_it_set() {
+    let server = RedisServer::new();
+    let proxy = support::FaultProxy::new(server.port());
+    let c = client(&proxy.url());
+    let latch = c.count_down_latch("lost-set");
+    let sha = redis::Script::new(SET).get_hash().to_owned();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SET)
+        .query(&mut server.connection())
+        .unwrap();
+    proxy.lose_next_reply_to(&sha);
+    let r = latch.try_set_count(3, Duration::from_secs(30));
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    assert!(proxy.seen(&sha) >= 2, "the call was repeated");
+    assert!(r.unwrap(), "its own set, found by the repeat");
+    assert_eq!(latch.count().unwrap(), 3);
+
+    // A latch opened between the first run and the repeat is not set again by the
+    // repeat: the first run set it, and the answer says so. (Both runs reach Redis a
+    // second late; the latch is counted down in between.)
+    let delay = Duration::from_secs(1);
+    proxy.delay_requests_containing(&sha, delay);
+    proxy.lose_next_reply_to(&sha);
+    let setter = c.count_down_latch("lost-set-opened");
+    let call = thread::spawn(move || setter.try_set_count(1, Duration::from_secs(30)));
+    let direct = client(&server.url()).count_down_latch("lost-set-opened");
+    assert!(wait_until(Duration::from_secs(10), || direct
+        .count()
+        .unwrap()
+        == 1));
+    assert_eq!(
+        direct.count_down().unwrap(),
+        0,
+        "opened before the repeat ran"
+    );
+    let r = call.join().unwrap();
+    assert_eq!(proxy.lost_replies(), 2);
+    assert!(proxy.seen(&sha) >= 4, "the call was repeated");
+    assert!(r.unwrap(), "its own set, found by the repeat");
+    assert_eq!(
+        direct.count().unwrap(),
+        0,
+        "the repeat did not set it again"
+    );
+    proxy.delay_requests_containing(&sha, Duration::ZERO);
+
+    // Another caller's set still answers false.
+    assert!(!c
+        .count_down_latch("lost-set")
+        .try_set_count(5, Duration::from_secs(30))
+        .unwrap());
+    assert_eq!(latch.count().unwrap(), 3);
 }

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::primitives::lock::{millis, IO_GRACE, MAX_LEASE};
+use crate::runtime::client::CALL_MEMORY;
 use crate::runtime::keys::{thread_token, LockKeys};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::BROADCAST;
@@ -39,6 +40,8 @@ pub struct CountDownLatch {
     // in the name's hash slot and a namespace no lock name reaches.
     key: Vec<u8>,
     channel: Vec<u8>,
+    // The id of the call that last set the count (see `lua/latch_set.lua`).
+    setter: Vec<u8>,
 }
 
 impl CountDownLatch {
@@ -50,6 +53,7 @@ impl CountDownLatch {
             name: keys.name,
             key: keys.latch,
             channel,
+            setter: keys.latch_setter,
         }
     }
 
@@ -57,8 +61,12 @@ impl CountDownLatch {
     /// and nothing changes). The latch expires `expire_after` from now whatever its count:
     /// then it reads 0 and its waiters return.
     ///
-    /// Fails with [`Error::InvalidArgument`] for a zero count or expiry, or an expiry over
-    /// ten years.
+    /// A call whose reply was lost is sent again, and the repeat recognizes the set its
+    /// first run made: `Ok(true)`, never "someone else set it", and never a second set.
+    ///
+    /// Any count from 1 to `i64::MAX` is kept exactly (Redis integers, never a Lua double).
+    /// Fails with [`Error::InvalidArgument`] for a zero count or one above `i64::MAX`, a
+    /// zero expiry, or an expiry over ten years.
     pub fn try_set_count(&self, count: u64, expire_after: Duration) -> Result<bool, Error> {
         self.check_name()?;
         if count == 0 || count > i64::MAX as u64 {
@@ -72,12 +80,18 @@ impl CountDownLatch {
                 "a latch expiry must be longer than zero and at most ten years, not {expire_after:?}"
             )));
         }
-        let key = self.key.as_slice();
-        let set: i64 = self.client.inner.run(|con| {
+        let inner = &self.client.inner;
+        let (key, setter, id) = (self.key.as_slice(), self.setter.as_slice(), inner.call_id());
+        // A repeat after a lost reply finds its own id and answers that it set the count,
+        // even if the latch opened in between (it is not set again).
+        let set: i64 = inner.run_remembered(|con| {
             scripts::LATCH_SET
                 .key(key)
+                .key(setter)
                 .arg(count)
                 .arg(millis(expire_after))
+                .arg(id.as_str())
+                .arg(millis(CALL_MEMORY))
                 .invoke(con)
         })?;
         Ok(set == 1)

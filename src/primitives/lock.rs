@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
+use crate::runtime::client::CALL_MEMORY;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::scripts;
@@ -341,6 +342,9 @@ impl<K: Kind> Lock<K> {
     /// Frees the lock whoever holds it, waking its waiters; true if it was held. An
     /// administrative operation: the former holder is not stopped, its release later
     /// fails with [`Error::NotHeld`] (or [`Error::LeaseLost`] once its watchdog noticed).
+    ///
+    /// A call whose reply was lost is sent again, and the repeat recognizes what its first
+    /// run did: `Ok(true)` if that freed the lock, never "it was not locked".
     pub fn force_unlock(&self) -> Result<bool, Error> {
         self.check_name()?;
         let keys = &self.keys;
@@ -348,17 +352,35 @@ impl<K: Kind> Lock<K> {
         let deleted: i64 = self
             .client
             .inner
-            .run(|con| scripts::eval(con, keys.ops.force_unlock, &call))?;
+            .run_remembered(|con| scripts::eval(con, keys.ops.force_unlock, &call))?;
         Ok(deleted == 1)
     }
 
-    /// The force-unlock script's call (see `lua/force_unlock.lua`).
+    /// The force-unlock script's call (see `lua/force_unlock.lua`), with an id of its own
+    /// that each run of it sends.
     pub(crate) fn force_unlock_cmd(&self) -> redis::Cmd {
         let keys = &self.keys;
-        let mut call = queue::command(keys.ops.force_unlock, keys);
-        call.arg(keys.inbox.as_slice())
+        let extra = [&keys.leases, &keys.permits];
+        // queue::command's layout, and the call-id key last.
+        let count = 5 + extra.iter().filter(|k| !k.is_empty()).count();
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(keys.ops.force_unlock.get_hash())
+            .arg(count)
+            .arg(keys.key.as_slice())
+            .arg(keys.fence.as_slice())
+            .arg(keys.queue.as_slice())
+            .arg(keys.waiters.as_slice());
+        for key in extra {
+            if !key.is_empty() {
+                call.arg(key.as_slice());
+            }
+        }
+        call.arg(keys.forced.as_slice())
+            .arg(keys.inbox.as_slice())
             .arg(queue::pickup_ms())
-            .arg(queue::starve_ms());
+            .arg(queue::starve_ms())
+            .arg(self.client.inner.call_id())
+            .arg(millis(CALL_MEMORY));
         call
     }
 

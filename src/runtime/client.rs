@@ -21,6 +21,16 @@ use crate::{
 const SETTLE_PAUSE: Duration = Duration::from_millis(2);
 const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
 
+/// The same for a cluster node that refuses connections (killed, its replica not yet
+/// promoted): a failover takes seconds, so the pauses start and end longer.
+const DOWN_PAUSE: Duration = Duration::from_millis(10);
+const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a script that must recognize its own repeat (`latch_set.lua`,
+/// `force_unlock.lua`) remembers the id of the call that ran it. The client repeats such a
+/// call only within half of it, so the first run is always still remembered.
+pub(crate) const CALL_MEMORY: Duration = Duration::from_secs(60);
+
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
 
@@ -91,6 +101,11 @@ pub(crate) struct Inner {
     // its server just failed one (down, unreachable, frozen), and waiting for it again in
     // every round would cost each acquisition the whole member timeout.
     pub(crate) unreachable: parking_lot::Mutex<Option<(Instant, String)>>,
+    // Since when, and until when last, calls found a cluster node refusing connections
+    // (see `is_node_down`). Calls wait such a node out only until `connect_timeout` after
+    // the first refusal, together: one after another (the watchdog renews lock after
+    // lock) they would otherwise each wait the whole time, while leases elsewhere ran out.
+    node_down: parking_lot::Mutex<Option<(Instant, Instant)>>,
     // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
     // lock any more, and the watchdog stops renewing.
     handles: AtomicUsize,
@@ -461,6 +476,7 @@ impl Client {
                 watchdog: Watchdog::new(),
                 handles: AtomicUsize::new(1),
                 unreachable: parking_lot::Mutex::new(None),
+                node_down: parking_lot::Mutex::new(None),
                 subscriber,
                 config,
                 pool,
@@ -504,6 +520,30 @@ impl Inner {
         } else {
             0
         }
+    }
+
+    /// Whether `e` is a cluster node refusing connections: a primary killed, its slots
+    /// not yet taken over. redis-rs reports it once its own reconnects failed; the
+    /// command reached no server then, unless an earlier attempt of redis-rs's own did, so
+    /// only a call that may run twice waits it out.
+    fn is_node_down(&self, e: &redis::RedisError) -> bool {
+        self.target.is_cluster() && e.is_connection_refusal()
+    }
+
+    /// Records a refusal by a node that is down (see `node_down`) seen at `now`, and
+    /// returns since when the outage lasts: a refusal after a quiet spell starts a new
+    /// one. The spell is longer than a watchdog timeout, so that a node down for good,
+    /// whose holds the watchdog tries to renew every third of one, costs each round a few
+    /// quick tries, not `connect_timeout` again.
+    fn node_down_since(&self, now: Instant) -> Instant {
+        let mut down = self.node_down.lock();
+        let quiet = self.config.connect_timeout + self.config.watchdog_timeout;
+        let (since, last) = match *down {
+            Some((since, last)) if now.saturating_duration_since(last) < quiet => (since, now),
+            _ => (now, now),
+        };
+        *down = Some((since, last));
+        since
     }
 
     /// Whether any `Client` (or `Lock`) of this client is still alive.
@@ -554,12 +594,43 @@ impl Inner {
     /// crate makes can be repeated: reads, renewals, and acquire and release scripts that
     /// are told how many levels the thread holds, so a repeated one changes nothing.
     /// Timeouts are not retried: they surface as `Error::Timeout` at `command_timeout`.
+    /// A settling deployment (see `pool::is_settling`, and a cluster node refusing
+    /// connections until its replica is promoted) is waited out for up to
+    /// `connect_timeout`, and never past `until`, where it gives `Error::Timeout`.
     pub(crate) fn run_until<T>(
         &self,
         until: Option<Instant>,
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.run_with(until, true, f)
+    }
+
+    /// A new id for one call whose script records it (see [`CALL_MEMORY`]): the client's
+    /// id and a random part, so no two calls anywhere share one.
+    pub(crate) fn call_id(&self) -> String {
+        format!("{}:{}", self.id, uuid::Uuid::new_v4())
+    }
+
+    /// Runs `f` like [`run`](Inner::run), for a call whose script records the call's id for
+    /// [`CALL_MEMORY`] and answers a repeat of the same id with what the first run did.
+    /// A repeat after half of that (the first run might be forgotten by the time it
+    /// lands) is not sent: the call fails with `Error::Timeout`, its outcome unknown.
+    pub(crate) fn run_remembered<T>(
+        &self,
+        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        let started = Instant::now();
+        let mut runs = 0;
+        self.run(|con| {
+            runs += 1;
+            if runs > 1 && started.elapsed() > CALL_MEMORY / 2 {
+                return Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the reply was lost, and too long ago to repeat the call safely",
+                )));
+            }
+            f(con)
+        })
     }
 
     /// Runs `f` once on a pooled connection: for a call that must not run twice (it is not
@@ -580,8 +651,8 @@ impl Inner {
         self.check_process()?;
         let config = &self.config;
         let mut retries = 0;
-        // While the deployment settles (see `pool::is_settling`): when to stop retrying,
-        // and the next pause.
+        // While the deployment settles (see `pool::is_settling`): since when, and the
+        // next pause.
         let mut settling: Option<(Instant, Duration)> = None;
         loop {
             let (checkout, io) = match until {
@@ -603,20 +674,42 @@ impl Inner {
                 continue;
             }
             match conn.run(io, &mut f) {
-                // Refused before it ran: a slot mid-migration, a failover under way. The
-                // call waits it out, with a growing pause, for as long as a connection
-                // to a new primary would be waited for, and never past its deadline.
-                Err(e) if pool::is_settling(&e) => {
-                    let (give_up, pause) = settling.get_or_insert_with(|| {
-                        (Instant::now() + config.connect_timeout, SETTLE_PAUSE)
+                // Refused before it ran: a slot mid-migration, a failover under way (the
+                // slot's primary dead and its replica not yet promoted: its connections
+                // refused, or CLUSTERDOWN). The call waits it out, with a growing pause,
+                // for as long as a connection to a new primary would be waited for, and
+                // never past its deadline: a call stopped by its deadline says `Timeout`.
+                Err(e) if pool::is_settling(&e) || (repeatable && self.is_node_down(&e)) => {
+                    let down = self.is_node_down(&e);
+                    let (began, pause) = settling.get_or_insert_with(|| {
+                        let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
+                        (Instant::now(), first)
                     });
-                    let stop = until.map_or(*give_up, |u| u.min(*give_up));
-                    if Instant::now() + *pause >= stop {
+                    let now = Instant::now();
+                    let give_up = if down {
+                        // Past the outage's bound a call still gets a few quick tries:
+                        // a refusal may come from a slot-map refresh on the way to a
+                        // node that is up.
+                        (*began + config.connect_timeout)
+                            .min(self.node_down_since(now) + config.connect_timeout)
+                            .max(*began + DOWN_PAUSE * 7)
+                    } else {
+                        *began + config.connect_timeout
+                    };
+                    if now + *pause >= give_up {
                         return Err(e.into());
+                    }
+                    if until.is_some_and(|u| now + *pause >= u) {
+                        return Err(Error::Timeout(e));
                     }
                     log::debug!("redmutex: retrying in {pause:?}: {e}");
                     std::thread::sleep(*pause);
-                    *pause = (*pause * 2).min(MAX_SETTLE_PAUSE);
+                    let most = if down {
+                        MAX_DOWN_PAUSE
+                    } else {
+                        MAX_SETTLE_PAUSE
+                    };
+                    *pause = (*pause * 2).min(most).max(*pause);
                 }
                 // A demoted primary refused the write: nothing happened, so even a call
                 // that must not run twice may run again, on a connection to the new one.

@@ -48,6 +48,10 @@ pub(crate) struct LockKeys {
     pub(crate) waiters: Vec<u8>,
     /// The count-down latch of the same name (a different object).
     pub(crate) latch: Vec<u8>,
+    /// The id of the call that last set the latch, so that a repeat of it recognizes it.
+    pub(crate) latch_setter: Vec<u8>,
+    /// The id of the call that last force-unlocked the lock, for the same reason.
+    pub(crate) forced: Vec<u8>,
     /// The holds' own leases (read-write locks, semaphores); empty for a lock.
     pub(crate) leases: Vec<u8>,
     /// A semaphore's number of permits; empty for the others.
@@ -121,6 +125,8 @@ impl LockKeys {
             queue: aux_key(prefix, &key, b"queue"),
             waiters: aux_key(prefix, &key, b"waiters"),
             latch: aux_key(prefix, &key, b"latch"),
+            latch_setter: aux_key(prefix, &key, b"setter"),
+            forced: aux_key(prefix, &key, b"forced"),
             leases: if ops.field_prefix.is_some() {
                 aux_key(prefix, &key, b"leases")
             } else {
@@ -262,7 +268,7 @@ mod tests {
                     Some((object, false, name.clone()))
                 );
                 // (Channels are not keys: `SCAN` never shows them.)
-                for aux in [&k.queue, &k.fence, &k.waiters] {
+                for aux in [&k.queue, &k.fence, &k.waiters, &k.latch_setter, &k.forced] {
                     assert_eq!(
                         object_of(prefix, aux),
                         None,
@@ -366,7 +372,14 @@ mod tests {
             assert_eq!(lock_keys.len(), all.len(), "distinct names, distinct keys");
             for k in &all {
                 for aux in [
-                    &k.fence, &k.queue, &k.waiters, &k.latch, &k.leases, &k.permits,
+                    &k.fence,
+                    &k.queue,
+                    &k.waiters,
+                    &k.latch,
+                    &k.latch_setter,
+                    &k.forced,
+                    &k.leases,
+                    &k.permits,
                 ] {
                     if aux.is_empty() {
                         continue;

@@ -63,9 +63,9 @@ pub(crate) static SEM_PERMITS: LazyLock<Script> = script!(
 
 pub(crate) static RENEW: LazyLock<Script> = script!("renew.lua");
 pub(crate) static INSPECT: LazyLock<Script> = script!("inspect.lua");
-pub(crate) static LATCH_SET: LazyLock<Script> = script!("latch_set.lua");
-pub(crate) static LATCH_COUNT_DOWN: LazyLock<Script> = script!("latch_count_down.lua");
-pub(crate) static LATCH_STATE: LazyLock<Script> = script!("latch_state.lua");
+pub(crate) static LATCH_SET: LazyLock<Script> = script!("latch.lua", "latch_set.lua");
+pub(crate) static LATCH_COUNT_DOWN: LazyLock<Script> = script!("latch.lua", "latch_count_down.lua");
+pub(crate) static LATCH_STATE: LazyLock<Script> = script!("latch.lua", "latch_state.lua");
 
 /// What one kind of primitive runs and how its holds are kept: everything the shared
 /// acquisition, release, renewal and clean-up code needs to know about a kind. (`pub` only

@@ -1,0 +1,89 @@
+//! Calls the client sends again after a lost reply (issue 17, item 10): the repeat must
+//! answer what the first run did, never the opposite. Each reply is lost for real: a proxy
+//! lets the request reach Redis, then swallows the answer and closes the connection.
+
+mod support;
+
+use redmutex::{Client, Error};
+use support::{FaultProxy, RedisServer};
+
+const QUEUE: &str = include_str!("../lua/queue.lua");
+const FORCE_UNLOCK: &str = include_str!("../lua/force_unlock.lua");
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+/// Loads `script` on `server` (so that the fault hits the real call, not a NOSCRIPT round)
+/// and returns its SHA1, the marker of its calls.
+fn load(server: &RedisServer, script: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script)
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+/// `force_unlock` of a held lock whose reply is lost: the repeat finds the lock already
+/// gone, and still answers `true` (it freed it), so the CLI does not say "nothing
+/// removed" after removing a hold. A later call on the free lock answers `false`.
+#[test]
+fn a_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock() {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let holder = Client::open(server.url()).unwrap();
+    let admin = Client::open(proxy.url()).unwrap();
+    let script = [QUEUE, FORCE_UNLOCK].concat();
+    let sha = load(&server, &script);
+
+    let guard = holder.lock("held").lock().unwrap();
+    proxy.lose_next_reply_to(&sha);
+    let r = admin.lock("held").force_unlock();
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    assert!(proxy.seen(&sha) >= 2, "the call was repeated");
+    assert!(r.unwrap(), "the repeat answers that the lock was freed");
+    assert!(!exists(&server, "redmutex:{held}"), "freed");
+    assert!(matches!(
+        guard.unlock(),
+        Err(Error::NotHeld | Error::LeaseLost)
+    ));
+    assert!(
+        !admin.lock("held").force_unlock().unwrap(),
+        "a new call on the free lock"
+    );
+
+    // A lock that was free when the first run came answers false on the repeat too.
+    proxy.lose_next_reply_to(&sha);
+    assert!(!admin.lock("free").force_unlock().unwrap());
+    assert_eq!(proxy.lost_replies(), 2);
+}
+
+/// The same for a read-write lock held by readers.
+#[test]
+fn a_read_write_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock() {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let holder = Client::open(server.url()).unwrap();
+    let admin = Client::open(proxy.url()).unwrap();
+    let script = [
+        QUEUE,
+        include_str!("../lua/leases.lua"),
+        include_str!("../lua/rw.lua"),
+        FORCE_UNLOCK,
+    ]
+    .concat();
+    let sha = load(&server, &script);
+
+    let rw = holder.read_write_lock("shared");
+    let read = rw.read().lock().unwrap();
+    proxy.lose_next_reply_to(&sha);
+    let r = admin.read_write_lock("shared").write().force_unlock();
+    assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
+    assert!(proxy.seen(&sha) >= 2, "the call was repeated");
+    assert!(r.unwrap(), "the repeat answers that the lock was freed");
+    assert!(!exists(&server, "redmutex:!rw:{shared}"), "freed");
+    assert!(read.unlock().is_err(), "the reader's hold is gone");
+}
