@@ -1500,3 +1500,61 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
     assert_eq!(sa.available_permits().unwrap(), 2);
     assert!(queue(&server, NAME).is_empty());
 }
+
+/// Issue 17, item 2, for permits: a permit handed over by a release has a pickup window
+/// that starts at the release, on the server. A grant message that reaches the waiter
+/// after it (a slow link) finds the permit lapsed and given to another client: the waiter
+/// must not return it (two permits in use on a one-permit semaphore), but confirm it with
+/// the server first, and wait on when it is gone.
+#[test]
+fn a_permit_granted_after_its_pickup_window_is_not_returned_as_held() {
+    const NAME: &str = "late-permit";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let (holder, other) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let waiter = client(&proxy.url(), LONG);
+    let first = holder.semaphore(NAME, 1).acquire().expect("holder");
+    let other_holds = Arc::new(AtomicBool::new(false));
+    let (done, returned) = mpsc::channel();
+    let sem = waiter.semaphore(NAME, 1);
+    let flag = other_holds.clone();
+    let thread = thread::spawn(move || {
+        let p = sem.acquire().expect("waiter");
+        let beside_other = flag.load(Ordering::SeqCst);
+        let lost = p.is_lease_lost();
+        done.send(()).unwrap();
+        (beside_other, lost, p.release())
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || queue(&server, NAME).len() == 1),
+        "setup: the waiter never queued"
+    );
+    // From here on every message to the waiter's client arrives 1.5 s late.
+    proxy.delay_replies_containing("\r\nmessage\r\n", Duration::from_millis(1_500));
+    let released = Instant::now();
+    first.release().expect("holder release");
+    let taken = other
+        .semaphore(NAME, 1)
+        .try_acquire_for(Duration::from_secs(5))
+        .expect("other")
+        .expect("the lapsed grant never passed on");
+    other_holds.store(true, Ordering::SeqCst);
+    proxy.delay_replies_containing("\r\nmessage\r\n", Duration::ZERO);
+    let early = returned
+        .recv_timeout(
+            (released + Duration::from_millis(2_500)).saturating_duration_since(Instant::now()),
+        )
+        .is_ok();
+    let in_use = used(&server, NAME);
+    other_holds.store(false, Ordering::SeqCst);
+    taken.release().expect("other release");
+    let (beside_other, lost, released_ok) = thread.join().unwrap();
+    assert!(
+        !early && !beside_other,
+        "the waiter's acquire() returned a permit while another client held the only one \
+         ({in_use} in use, is_lease_lost {lost})"
+    );
+    assert!(!lost, "the waiter's confirmed permit looks lost");
+    released_ok.expect("the waiter releases its permit");
+    assert_eq!(used(&server, NAME), 0);
+}
