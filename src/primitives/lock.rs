@@ -71,15 +71,19 @@ pub struct Lock<K: Kind = Plain> {
 /// A thread that cannot take the lock at once joins a queue kept beside the lock in Redis,
 /// in the order its request reached the server. A release that finds waiters makes the
 /// first live one the holder inside the release script and sends one message to that
-/// waiter's client: the waiting thread returns holding the lock, with no further round
-/// trip, and no other thread wakes. Re-entries by the holding thread never queue; a
-/// `try_lock` returns `None` when the lock is free but others are queued.
+/// waiter's client, and no other thread wakes. The waiting thread confirms the hold with
+/// one round trip that also extends it to its lease (and, with
+/// [`sync_replicas`](crate::ClientBuilder::sync_replicas), waits for the replicas), then
+/// returns holding the lock. Re-entries by the holding thread never queue; a `try_lock`
+/// returns `None` when the lock is free but others are queued.
 ///
 /// A waiter whose process died is skipped by the release itself (its client no longer
 /// listens); a waiter whose deadline passed leaves the queue with its call (and if the lock
 /// was handed to it meanwhile, the call returns the guard); a grant that its waiter does not
-/// pick up (a frozen process) lapses after one second and passes on. See the README for
-/// the layout and the exact bounds.
+/// confirm within one second of the release (a frozen process, a message delayed on a slow
+/// link) lapses and passes on, and a confirmation that comes later is refused: the waiter
+/// queues again rather than return a hold it lost. See the README for the layout and the
+/// exact bounds.
 ///
 /// Guards are [`LockGuard`]s with the same semantics as a [`Lock`]'s: reentrant per
 /// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the
