@@ -174,6 +174,19 @@ mod tests {
             ))
         );
         assert_eq!(parse(b"w 7 12"), Some((7, Notice::Wake { ticket: 12 })));
+        // Tokens as the scripts write them: exact decimal text, however large.
+        assert_eq!(
+            parse(b"g 7 12 9223372036854775797"),
+            Some((
+                7,
+                Notice::Granted {
+                    ticket: 12,
+                    fence: 9_223_372_036_854_775_797
+                }
+            ))
+        );
+        // What Lua's `..` used to write from 10^14 on: not a token.
+        assert_eq!(parse(b"g 7 12 1e+14"), None);
         assert_eq!(parse(b"x 7 12"), None);
         assert_eq!(parse(b"g 7"), None);
         assert_eq!(parse(b"s"), None);
