@@ -4,10 +4,9 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, Script, ScriptInvocation};
 
-use crate::runtime::scripts;
-
 use crate::primitives::lock::{millis, IO_GRACE};
 use crate::runtime::keys::LockKeys;
+use crate::runtime::scripts;
 
 /// How long a hold handed to a waiter lasts until the waiter confirms it, counted from the
 /// release on the server: the waiting call extends it to its lease (`renew.lua`) before
