@@ -17,7 +17,8 @@
 -- ARGV[10] starvation bound, ms: a plain waiter queued this long is handed the lock directly
 --
 -- Returns {1, count, token}  granted; count is the caller's reentry count after this call,
---                            token the hold's fencing token (0 unless fenced)
+--                            token the hold's fencing token (0 unless fenced), in decimal
+--                            text: it may be beyond what a Lua number holds exactly
 --         {0, pttl}          not granted (queued if ARGV[5] is 1); pttl is the remaining
 --                            lease of the holder in ms (-1 when the key somehow has no TTL)
 --
@@ -43,7 +44,7 @@ if held then
         token = redis.call('hget', KEYS[1], '~fence')
         if not token then
             -- Outer levels taken through a plain Lock of the name.
-            token = redis.call('incr', KEYS[2])
+            token = Q.draw_fence()
             redis.call('hset', KEYS[1], '~fence', token)
         end
     end
@@ -51,7 +52,7 @@ if held then
     if redis.call('pttl', KEYS[1]) < lease then
         redis.call('pexpire', KEYS[1], lease)
     end
-    return {1, count, tonumber(token)}
+    return {1, count, token}
 end
 local now
 if redis.call('exists', KEYS[1]) == 0 then
@@ -74,7 +75,7 @@ if redis.call('exists', KEYS[1]) == 0 then
     if mine then
         local token = 0
         if fenced then
-            token = redis.call('incr', KEYS[2])
+            token = Q.draw_fence()
         end
         redis.call('hset', KEYS[1], holder, 1)
         if fenced then

@@ -13,7 +13,7 @@
 -- ARGV[5]  inbox prefix      ARGV[6]  pickup window, ms      ARGV[7]  starvation bound, ms
 --
 -- Returns {1, count, token}  ARGV[4] was 1 and the caller holds a level more than ARGV[2]
---                            (token: the hold's fencing token, 0 when none)
+--                            (token: the hold's fencing token as text, 0 when none)
 --         {0, w}             the caller is out of the queue; w is 1 when the lock was
 --                            handed on to a waiter
 -- Repeating a call changes nothing more: the count is set from ARGV[2], never decremented.
@@ -27,7 +27,7 @@ Q.remove(holder)
 if held > expected then
     if ARGV[4] == '1' then
         local token = redis.call('hget', KEYS[1], '~fence') or 0
-        return {1, held, tonumber(token)}
+        return {1, held, token}
     end
     if held > expected + 1 then
         return {0, 0}

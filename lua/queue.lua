@@ -39,10 +39,18 @@ function Q.fits(f, a, h)
     return redis.call('exists', KEYS[1]) == 0
 end
 
--- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (0: none).
+-- Draws the next fencing token, as the counter's own decimal text: INCR's reply reaches
+-- Lua as a double (exact only up to 2^53), and `..` would write 10^14 as "1e+14".
+function Q.draw_fence()
+    redis.call('incr', KEYS[2])
+    return redis.call('get', KEYS[2])
+end
+
+-- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (a string
+-- from Q.draw_fence; 0: none).
 function Q.take(h, lease, f, fence, a, now)
     redis.call('hset', KEYS[1], h, 1)
-    if fence > 0 then
+    if fence ~= 0 then
         redis.call('hset', KEYS[1], '~fence', fence)
     end
     redis.call('pexpire', KEYS[1], lease)
@@ -171,9 +179,9 @@ function Q.join(holder, now, ttl, lease, flags, ticket, amount)
         redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
         redis.call('hdel', KEYS[4], '~fair')
     end
+    -- Numbers as exact integers (`..` would write 10^14 and more in exponent form).
     redis.call('hset', KEYS[4], holder,
-        (now + ttl) .. ' ' .. since .. ' ' .. lease .. ' ' .. flags .. ' ' .. ticket .. ' ' ..
-        (amount or 1))
+        string.format('%d %d %d %d %s %d', now + ttl, since, lease, flags, ticket, amount or 1))
     -- The queue lives as long as its longest-lived entry, never forever.
     for i = 3, 4 do
         if redis.call('pttl', KEYS[i]) < ttl then
@@ -203,7 +211,7 @@ function Q.hand_on(now, inbox, pickup, starve, give, me)
         local msg
         if grant then
             if is_fenced(f) then
-                fence = redis.call('incr', KEYS[2])
+                fence = Q.draw_fence()
             end
             msg = 'g ' .. token .. ' ' .. t .. ' ' .. fence
         else

@@ -1,11 +1,12 @@
--- renew.lua: extend many watchdog leases, and keep many queue entries alive, in one call.
+-- renew.lua: extend many watchdog leases, and keep many queue entries alive, in one call;
+-- also how a waiter confirms a hold handed to it (one hold, no waiter).
 --
 -- ARGV[1]  n, the number of holds
 -- Then for each hold i, three ARGV (mode, field, lease in ms) and its keys, in order:
 --   mode 'k'  a lock: one key, the lock hash; the field is the holder id, and the lease is
 --             the key's expiry
 --   mode 'm'  a hold with a lease of its own (read-write locks, semaphores): two keys, the
---             holds hash and the leases ZSET (see leases.lua); the field is the hold's
+--             holds hash and the leases ZSET (see leases.lua); the field is the hold's field
 -- Then for each waiter j, two ARGV (holder id, how long its entry lives in ms) and two keys
 -- (the queue and the waiters hash of what it waits for).
 --
@@ -19,10 +20,10 @@ local function clock()
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Always a write, also when the expiry stays: a WAIT after this call (a handed-over hold
+-- confirmed with sync_replicas) must cover the grant that some other connection wrote.
 local function raise(key, lease)
-    if redis.call('pttl', key) < lease then
-        redis.call('pexpire', key, lease)
-    end
+    redis.call('pexpire', key, math.max(redis.call('pttl', key), lease))
 end
 
 local n = tonumber(ARGV[1])
@@ -64,7 +65,7 @@ while k + 1 <= #KEYS do
     if v then
         now = now or clock()
         local rest = string.match(v, '^%d+ (.*)$')
-        redis.call('hset', waiters, holder, (now + ttl) .. ' ' .. rest)
+        redis.call('hset', waiters, holder, string.format('%d', now + ttl) .. ' ' .. rest)
         raise(queue, ttl)
         raise(waiters, ttl)
     else

@@ -4,7 +4,7 @@
 mod support;
 
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::RedisServer;
@@ -161,6 +161,10 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
     let mut con = server.connection();
     // Loads the scripts: no NOSCRIPT round in the counts below.
     a.fenced_lock("handoff").lock().unwrap().unlock().unwrap();
+    let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
+        .prepare_invoke()
+        .load(&mut con)
+        .unwrap();
     for _ in 0..3 {
         let held = a.fenced_lock("handoff").lock().unwrap();
         let before = held.token();
@@ -193,12 +197,84 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         let after = server.command_calls().get("evalsha").copied().unwrap_or(0);
         assert_eq!(
             after,
-            calls + 1,
-            "handed over by the release, no further request"
+            calls + 2,
+            "handed over by the release, confirmed by one request of the waiter"
         );
         assert!(token > before, "token {token} after {before}");
         assert_eq!(token, stored, "the guard's token is the hold's");
         release.send(()).unwrap();
         waiter.join().unwrap().unwrap();
+    }
+}
+
+/// Issue 17, item 8: Lua numbers are doubles, and `..` writes 10^14 as `1e+14`. Tokens
+/// of 10^14 and more broke the grant messages (the waiter dropped them and waited for the
+/// lease), and tokens above 2^53 could not be exact. A counter set near those values must
+/// give exact tokens to a direct grant, a handoff (promptly) and a re-entry that draws one.
+#[test]
+fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
+    let server = RedisServer::new();
+    let (a, b) = (open(&server), open(&server));
+    let mut con = server.connection();
+    let starts: [u64; 5] = [
+        99_999_999_999_999,
+        (1 << 53) - 1,
+        1 << 53,
+        100_000_000_000_000_000,
+        i64::MAX as u64 - 10,
+    ];
+    for (i, start) in starts.into_iter().enumerate() {
+        let name = format!("huge{i}");
+        let _: () = redis::cmd("SET")
+            .arg(format!("fenced:!fence:{{{name}}}"))
+            .arg(start)
+            .query(&mut con)
+            .unwrap();
+        let first = a.fenced_lock(&name).lock().unwrap();
+        assert_eq!(first.token(), start + 1, "a direct grant after {start}");
+
+        let lock = b.fenced_lock(&name);
+        let waiter = thread::spawn(move || {
+            let g = lock
+                .try_lock_for(Duration::from_secs(3))
+                .unwrap()
+                .map(|g| g.token());
+            (g, Instant::now())
+        });
+        let queue = format!("fenced:!queue:{{{name}}}");
+        assert!(
+            support::wait_until(Duration::from_secs(5), || {
+                redis::cmd("LLEN")
+                    .arg(&queue)
+                    .query::<i64>(&mut con)
+                    .unwrap()
+                    == 1
+            }),
+            "setup: the waiter never queued"
+        );
+        // Past the starvation bound (10 ms), the release hands the lock over (a grant
+        // message with the token) rather than waking the waiter to try.
+        thread::sleep(Duration::from_millis(100));
+        let released = Instant::now();
+        first.unlock().unwrap();
+        let (token, at) = waiter.join().unwrap();
+        assert_eq!(token, Some(start + 2), "the handoff after {}", start + 1);
+        let took = at - released;
+        assert!(
+            took < Duration::from_secs(1),
+            "the handoff of token {} took {took:?}",
+            start + 2
+        );
+        // Free (the waiter's guard is gone): a plain outer hold, then a fenced re-entry.
+        let outer = a.lock(&name).lock().unwrap();
+        let inner = a.fenced_lock(&name).lock().unwrap();
+        assert_eq!(
+            inner.token(),
+            start + 3,
+            "a re-entry's token after {}",
+            start + 2
+        );
+        drop(inner);
+        drop(outer);
     }
 }

@@ -132,3 +132,63 @@ fn bad_sync_settings_are_refused() {
         assert!(matches!(built, Err(Error::InvalidArgument(_))), "{n} {t:?}");
     }
 }
+
+/// Issue 17, item 3: a hold handed over by a release starts with the 1 s pickup window as
+/// its lease; a failover takes longer than that. With `sync_replicas`, `lock()` returns a
+/// handed-over hold only once it is extended to its full lease and the replicas confirmed
+/// it: the replica has the hold, with (about) the whole lease, the moment `lock()` returns.
+#[test]
+fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
+    let primary = primary();
+    let replica = synced_replica(&primary);
+    let (holder, waiter) = (client(&primary, 1), client(&primary, 1));
+    for (name, lease) in [("handed-watchdog", None), ("handed-fixed", Some(5_000))] {
+        let key = format!("replicas:{{{name}}}");
+        let queue = format!("replicas:!queue:{{{name}}}");
+        let full = lease.map_or(30_000, |ms: u64| ms as i64);
+        let guard = holder.fair_lock(name).lock().expect("holder");
+        let lock = waiter.fair_lock(name);
+        let mut on_replica = replica.connection();
+        let key_in = key.clone();
+        let thread = std::thread::spawn(move || {
+            let g = match lease {
+                None => lock.lock(),
+                Some(ms) => lock.lock_with_lease(Duration::from_millis(ms)),
+            }
+            .expect("waiter");
+            // Read at once: what a failover right now would find on the replica.
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&key_in)
+                .query(&mut on_replica)
+                .unwrap();
+            let fields: Vec<String> = redis::cmd("HKEYS")
+                .arg(&key_in)
+                .query(&mut on_replica)
+                .unwrap();
+            (pttl, fields, g.unlock())
+        });
+        let mut con = primary.connection();
+        assert!(
+            support::wait_until(Duration::from_secs(5), || {
+                redis::cmd("LLEN")
+                    .arg(&queue)
+                    .query::<i64>(&mut con)
+                    .unwrap()
+                    == 1
+            }),
+            "{name}: setup: the waiter never queued"
+        );
+        guard.unlock().expect("holder unlock");
+        let (pttl, fields, unlocked) = thread.join().unwrap();
+        let holders: Vec<&String> = fields.iter().filter(|f| !f.starts_with('~')).collect();
+        assert!(
+            holders.len() == 1 && holders[0].starts_with(waiter.id()),
+            "{name}: the replica does not have the handed-over hold: {fields:?}"
+        );
+        assert!(
+            pttl >= full - 1_000,
+            "{name}: the replica's lease of a handed-over hold is {pttl} ms, not ~{full} ms"
+        );
+        unlocked.expect("waiter unlock");
+    }
+}

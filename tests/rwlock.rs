@@ -1461,7 +1461,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
 /// A writer blocked behind a reader sends nothing while it waits (counted with INFO
 /// commandstats over 800 ms once it settled in the queue), and the reader's release
 /// hands it the lock: from the release to the writer holding, the server sees the
-/// release script and at most one more top-level command.
+/// release script and at most one more top-level command (the writer's confirmation).
 #[test]
 fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     const LOCK: &str = "quiet";
@@ -1474,6 +1474,11 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     // round.
     let warm = reader.read_write_lock("warm-up");
     warm.read().lock().unwrap().unlock().unwrap();
+    // And the renewal script, with which the writer confirms the hold handed to it.
+    let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
+        .prepare_invoke()
+        .load(&mut con)
+        .unwrap();
     let r = reader.read_write_lock(LOCK).read().lock().unwrap();
     let write = writer.read_write_lock(LOCK).write();
     let (tx, got) = mpsc::channel();

@@ -48,6 +48,15 @@ fn permits_sha() -> String {
     sem_sha(include_str!("../lua/sem_permits.lua"))
 }
 
+/// Loads the renewal script, which admitted waiters run to confirm their permits: the
+/// windows measured below then hold no NOSCRIPT round.
+fn load_renew(server: &RedisServer) {
+    let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
+        .prepare_invoke()
+        .load(&mut server.connection())
+        .expect("SCRIPT LOAD");
+}
+
 fn renew_sha() -> String {
     redis::Script::new(include_str!("../lua/renew.lua"))
         .get_hash()
@@ -651,6 +660,7 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
     let ops = operator.semaphore(NAME, 1);
     // Loads the operators' script, so the window below holds the add and nothing else.
     assert_eq!(ops.permits().unwrap(), 1);
+    load_renew(&server);
     let channel = format!("{}:to:", key(NAME));
     assert_eq!(support::subscribers(&mut server.connection(), &channel), 1);
 
@@ -836,8 +846,8 @@ fn a_large_request_at_the_head_is_not_passed_by_smaller_ones() {
 }
 
 /// Issue 8: one release covering several head waiters admits them all at once (no acquire
-/// script runs; each is admitted within 100 ms), and stops at the first it cannot cover,
-/// whom the waiter behind it does not pass.
+/// script runs: each confirms its permits with one renewal call, and is admitted within
+/// 100 ms), and stops at the first it cannot cover, whom the waiter behind it does not pass.
 #[test]
 fn a_release_admits_every_head_waiter_it_covers_at_once() {
     const NAME: &str = "batch";
@@ -846,6 +856,7 @@ fn a_release_admits_every_head_waiter_it_covers_at_once() {
     let (sa, sb) = (a.semaphore(NAME, 4), b.semaphore(NAME, 4));
     // Loads the release script, so the window below holds the release and nothing else.
     sa.acquire().unwrap().release().unwrap();
+    load_renew(&server);
     let all = sa.acquire_many(4).unwrap();
     let (got_tx, got) = mpsc::channel();
     let wants: [(&Semaphore, &str, u32); 5] = [
@@ -1435,6 +1446,8 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
     let server = RedisServer::new();
     let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
     let (sa, sb) = (a.semaphore(NAME, 2), b.semaphore(NAME, 2));
+    // The admitted waiter's confirmation below is then one round trip, not a NOSCRIPT round.
+    load_renew(&server);
     let held = sa.acquire_many(2).unwrap();
     for n in [1, 2] {
         let t = Instant::now();
@@ -1622,4 +1635,62 @@ fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
     big_thread.join().unwrap();
     assert!(queue(&server, NAME).is_empty());
     one.release().unwrap();
+}
+
+/// Issue 17, item 2, for permits: a permit handed over by a release has a pickup window
+/// that starts at the release, on the server. A grant message that reaches the waiter
+/// after it (a slow link) finds the permit lapsed and given to another client: the waiter
+/// must not return it (two permits in use on a one-permit semaphore), but confirm it with
+/// the server first, and wait on when it is gone.
+#[test]
+fn a_permit_granted_after_its_pickup_window_is_not_returned_as_held() {
+    const NAME: &str = "late-permit";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let (holder, other) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let waiter = client(&proxy.url(), LONG);
+    let first = holder.semaphore(NAME, 1).acquire().expect("holder");
+    let other_holds = Arc::new(AtomicBool::new(false));
+    let (done, returned) = mpsc::channel();
+    let sem = waiter.semaphore(NAME, 1);
+    let flag = other_holds.clone();
+    let thread = thread::spawn(move || {
+        let p = sem.acquire().expect("waiter");
+        let beside_other = flag.load(Ordering::SeqCst);
+        let lost = p.is_lease_lost();
+        done.send(()).unwrap();
+        (beside_other, lost, p.release())
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || queue(&server, NAME).len() == 1),
+        "setup: the waiter never queued"
+    );
+    // From here on every message to the waiter's client arrives 1.5 s late.
+    proxy.delay_replies_containing("\r\nmessage\r\n", Duration::from_millis(1_500));
+    let released = Instant::now();
+    first.release().expect("holder release");
+    let taken = other
+        .semaphore(NAME, 1)
+        .try_acquire_for(Duration::from_secs(5))
+        .expect("other")
+        .expect("the lapsed grant never passed on");
+    other_holds.store(true, Ordering::SeqCst);
+    proxy.delay_replies_containing("\r\nmessage\r\n", Duration::ZERO);
+    let early = returned
+        .recv_timeout(
+            (released + Duration::from_millis(2_500)).saturating_duration_since(Instant::now()),
+        )
+        .is_ok();
+    let in_use = used(&server, NAME);
+    other_holds.store(false, Ordering::SeqCst);
+    taken.release().expect("other release");
+    let (beside_other, lost, released_ok) = thread.join().unwrap();
+    assert!(
+        !early && !beside_other,
+        "the waiter's acquire() returned a permit while another client held the only one \
+         ({in_use} in use, is_lease_lost {lost})"
+    );
+    assert!(!lost, "the waiter's confirmed permit looks lost");
+    released_ok.expect("the waiter releases its permit");
+    assert_eq!(used(&server, NAME), 0);
 }

@@ -72,15 +72,19 @@ pub struct Lock<K: Kind = Plain> {
 /// A thread that cannot take the lock at once joins a queue kept beside the lock in Redis,
 /// in the order its request reached the server. A release that finds waiters makes the
 /// first live one the holder inside the release script and sends one message to that
-/// waiter's client: the waiting thread returns holding the lock, with no further round
-/// trip, and no other thread wakes. Re-entries by the holding thread never queue; a
-/// `try_lock` returns `None` when the lock is free but others are queued.
+/// waiter's client, and no other thread wakes. The waiting thread confirms the hold with
+/// one round trip that also extends it to its lease (and, with
+/// [`sync_replicas`](crate::ClientBuilder::sync_replicas), waits for the replicas), then
+/// returns holding the lock. Re-entries by the holding thread never queue; a `try_lock`
+/// returns `None` when the lock is free but others are queued.
 ///
 /// A waiter whose process died is skipped by the release itself (its client no longer
 /// listens); a waiter whose deadline passed leaves the queue with its call (and if the lock
 /// was handed to it meanwhile, the call returns the guard); a grant that its waiter does not
-/// pick up (a frozen process) lapses after one second and passes on. See the README for
-/// the layout and the exact bounds.
+/// confirm within one second of the release (a frozen process, a message delayed on a slow
+/// link) lapses and passes on, and a confirmation that comes later is refused: the waiter
+/// queues again rather than return a hold it lost. See the README for the layout and the
+/// exact bounds.
 ///
 /// Guards are [`LockGuard`]s with the same semantics as a [`Lock`]'s: reentrant per
 /// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the
@@ -633,6 +637,36 @@ impl<K: Kind> Lock<K> {
         })
     }
 
+    /// Confirms the hold a release handed to `holder` (see `Wait::pick_up`): true when it
+    /// was still held, now with a lease of `lease_ms` from this call on; false when it had
+    /// lapsed (nothing changed). With `sync_replicas`, a hold the replicas did not confirm
+    /// is given back (and handed on), and the call fails as an acquisition would.
+    fn pick_up(&self, holder: &str, lease_ms: u64, until: Option<Instant>) -> Result<bool, Error> {
+        let inner = &self.client.inner;
+        let keys = &self.keys;
+        let call = queue::confirm(keys, holder, lease_ms);
+        let outcome = inner.run_until(until, |con| {
+            let (lost, _): (Vec<i64>, Vec<i64>) = call.invoke(con)?;
+            if !lost.is_empty() {
+                return Ok(Ok(false));
+            }
+            // The renewal always writes, so this WAIT covers the grant written before it.
+            let failure = match inner.await_replicas(con, &keys.key) {
+                Ok(None) => return Ok(Ok(true)),
+                Ok(Some(shortfall)) => Ok(shortfall),
+                Err(e) => Err(e),
+            };
+            let rollback: redis::RedisResult<(i64, i64)> =
+                scripts::eval(con, keys.ops.release, &queue::release(keys, holder, 0, 1));
+            match (failure, rollback) {
+                (Ok(shortfall), Ok(_)) => Ok(Err(shortfall)),
+                (Ok(_), Err(e)) => Err(e),
+                (Err(e), _) => Err(e),
+            }
+        });
+        outcome.and_then(|confirmed| confirmed)
+    }
+
     pub(crate) fn wait_bound(&self, pttl: i64) -> Duration {
         match pttl {
             // No expiry at all (someone wrote the key by hand): look again after a lease
@@ -709,7 +743,7 @@ impl<K: Kind> Wait<'_, K> {
         let inner = &lock.client.inner;
         let mut sent = Instant::now();
         let mut pttl = match self.attempt()? {
-            Ok(grant) => return Ok(Some(self.granted(grant, sent, false))),
+            Ok(grant) => return Ok(Some(self.granted(grant, sent))),
             Err(pttl) => pttl,
         };
         if let Some(s) = &self.sub {
@@ -752,7 +786,11 @@ impl<K: Kind> Wait<'_, K> {
             } else if self.queued {
                 match s.wait(until) {
                     Some(Notice::Granted { ticket, fence }) if ticket == self.ticket => {
-                        return Ok(Some(self.handed(fence)));
+                        if let Some(guard) = self.pick_up(fence)? {
+                            return Ok(Some(guard));
+                        }
+                        // The grant lapsed before it could be confirmed (the message came
+                        // late): this turn is over, and the try below queues again.
                     }
                     Some(Notice::Wake { ticket }) if ticket == self.ticket => {}
                     Some(Notice::Recheck) => {}
@@ -773,7 +811,7 @@ impl<K: Kind> Wait<'_, K> {
                         // The others of this process now wait for our release (or lease).
                         s.saw_lease_end(sent + Duration::from_millis(self.lease_ms));
                     }
-                    return Ok(Some(self.granted(grant, sent, false)));
+                    return Ok(Some(self.granted(grant, sent)));
                 }
                 Ok(Err(left)) => {
                     pttl = left;
@@ -866,10 +904,16 @@ impl<K: Kind> Wait<'_, K> {
             let cancel = queue::cancel(keys, &self.holder, held, need, true);
             scripts::eval(con, keys.ops.cancel, &cancel)
         })?;
-        self.left_queue();
         match reply[..] {
-            [1, _, fence] => Ok(Some(self.handed(fence as u64))),
+            [1, _, fence] => {
+                // Handed over meanwhile: ours if still within its pickup window. (Still
+                // marked queued until then: a failure leaves the level to the watchdog.)
+                let guard = self.pick_up(fence as u64)?;
+                self.left_queue();
+                Ok(guard)
+            }
             [0, served] => {
+                self.left_queue();
                 if served == 1 {
                     inner.watchdog.handed_on(inner, keys);
                 }
@@ -882,17 +926,35 @@ impl<K: Kind> Wait<'_, K> {
         }
     }
 
-    /// The lock was handed to this thread by a release: it holds one level, with a lease
-    /// of at most the pickup window until the watchdog extends it.
-    fn handed(&mut self, fence: u64) -> LockGuard<K> {
+    /// The lock was handed to this thread by a release (`fence`: the token the release
+    /// drew): confirms the hold with the server before it is returned, `None` when its
+    /// pickup window was over first.
+    ///
+    /// The window (a lease of at most [`queue::PICKUP`]) starts at the release, on the
+    /// server, and nothing here can tell how long the message took: a grant that arrived
+    /// late may have lapsed and passed on. One renewal-script call settles it: it extends
+    /// the hold to this call's lease if it is still ours (the extension the watchdog would
+    /// otherwise make a third into the window), and with `sync_replicas` its `WAIT`
+    /// confirms the hold on the replicas before the guard exists.
+    fn pick_up(&mut self, fence: u64) -> Result<Option<LockGuard<K>>, Error> {
+        let lock = self.lock;
+        let sent = Instant::now();
+        let held = lock.pick_up(&self.holder, self.lease_ms, lock.io_until(self.deadline))?;
+        if !held {
+            return Ok(None);
+        }
+        if let Some(s) = &self.sub {
+            // The others of this process now wait for our release (or lease).
+            s.saw_lease_end(sent + Duration::from_millis(self.lease_ms));
+        }
         let grant = Grant {
             count: 1,
             fence: kind::is_fenced::<K>().then_some(fence),
         };
-        self.granted(grant, Instant::now(), true)
+        Ok(Some(self.granted(grant, sent)))
     }
 
-    fn granted(&mut self, grant: Grant, sent: Instant, handoff: bool) -> LockGuard<K> {
+    fn granted(&mut self, grant: Grant, sent: Instant) -> LockGuard<K> {
         self.left_queue();
         self.lock.granted(
             self.token,
@@ -900,7 +962,7 @@ impl<K: Kind> Wait<'_, K> {
             grant,
             self.lease,
             sent,
-            handoff,
+            false,
         )
     }
 

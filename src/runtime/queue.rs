@@ -6,11 +6,13 @@ use redis::{Cmd, Script, ScriptInvocation};
 
 use crate::primitives::lock::{millis, IO_GRACE};
 use crate::runtime::keys::LockKeys;
+use crate::runtime::scripts;
 
-/// How long a hold handed to a waiter lasts until the waiter's client confirms it (the
-/// watchdog extends it to the waiter's lease a third of the way in). A waiter that cannot
-/// (its process froze, or died right after the grant) stalls the lock this long, then the
-/// lock passes on.
+/// How long a hold handed to a waiter lasts until the waiter confirms it, counted from the
+/// release on the server: the waiting call extends it to its lease (`renew.lua`) before
+/// it returns, and a grant it hears of only after the window is refused there. A waiter
+/// that cannot (its process froze, or died right after the grant) stalls the lock this
+/// long, then the lock passes on.
 pub(crate) const PICKUP: Duration = Duration::from_secs(1);
 
 /// How long after a handoff the releasing client makes sure the lock did not lapse with
@@ -107,11 +109,28 @@ pub(crate) fn cancel(keys: &LockKeys, holder: &str, expected: usize, need: u64, 
     cmd
 }
 
+/// Confirms the hold handed to `holder` on the lock `keys` and extends it to `lease_ms`:
+/// the renewal script with this one hold (`renew.lua`), whose reply lists it as lost when
+/// its pickup window was over first.
+pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptInvocation<'static> {
+    let ops = keys.ops;
+    let mut call = scripts::RENEW.prepare_invoke();
+    call.arg(1).key(keys.key.as_slice());
+    if ops.field_prefix.is_some() {
+        call.key(keys.leases.as_slice()).arg("m");
+    } else {
+        call.arg("k");
+    }
+    call.arg(ops.field(holder)).arg(lease_ms);
+    call
+}
+
 /// What a script told a waiting thread of its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Notice {
-    /// The thread holds the lock now (one level, a lease of at most [`PICKUP`]); `fence`
-    /// is the hold's fencing token, 0 when the waiter is not fenced.
+    /// The thread was made the holder (one level, a lease of at most [`PICKUP`] from the
+    /// release, to be confirmed); `fence` is the hold's fencing token, 0 when the waiter
+    /// is not fenced.
     Granted { ticket: u64, fence: u64 },
     /// The lock is free and it is this thread's turn to try.
     Wake { ticket: u64 },
@@ -154,6 +173,19 @@ mod tests {
             ))
         );
         assert_eq!(parse(b"w 7 12"), Some((7, Notice::Wake { ticket: 12 })));
+        // Tokens as the scripts write them: exact decimal text, however large.
+        assert_eq!(
+            parse(b"g 7 12 9223372036854775797"),
+            Some((
+                7,
+                Notice::Granted {
+                    ticket: 12,
+                    fence: 9_223_372_036_854_775_797
+                }
+            ))
+        );
+        // What Lua's `..` used to write from 10^14 on: not a token.
+        assert_eq!(parse(b"g 7 12 1e+14"), None);
         assert_eq!(parse(b"x 7 12"), None);
         assert_eq!(parse(b"g 7"), None);
         assert_eq!(parse(b"s"), None);

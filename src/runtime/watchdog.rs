@@ -339,7 +339,9 @@ impl Watchdog {
     /// acquiring thread before the guard exists, so a lock is never held unregistered.
     /// `sent` is when the acquire script was sent: a fixed lease is counted from there.
     /// `handoff`: a release handed the lock over, with a lease of at most the pickup
-    /// window; it is extended a third of the way in (then `sent` is when the message came).
+    /// window, and nothing confirmed it yet (a `MultiLock` member found handed over as its
+    /// call leaves the queue; a `Lock`'s waiter confirms its hold before registering it);
+    /// it is extended a third of the way in (then `sent` is when the reply came).
     pub(crate) fn acquired(
         &self,
         keys: &Arc<LockKeys>,

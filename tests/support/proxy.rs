@@ -8,7 +8,9 @@
 //! - fail a request: it never reaches Redis, the proxy answers it with an error of its own
 //!   ([`FaultProxy::fail_next_request_with`]);
 //! - delay requests: they reach Redis late, as over a slow link
-//!   ([`FaultProxy::delay_requests_containing`]).
+//!   ([`FaultProxy::delay_requests_containing`]);
+//! - delay replies and pushed messages (server → client), e.g. pub/sub messages that reach
+//!   a subscriber late ([`FaultProxy::delay_replies_containing`]).
 //!
 //! Every marker given to one of these (or to [`FaultProxy::watch`]) is counted, when a
 //! request containing it is read from the client ([`FaultProxy::seen`]) and when it has been
@@ -54,6 +56,8 @@ struct Rules {
     fail: Option<(Vec<u8>, Vec<u8>)>,
     // Requests containing a marker are held back that long.
     delays: Vec<(Vec<u8>, Duration)>,
+    // Server → client chunks containing a marker are held back that long.
+    reply_delays: Vec<(Vec<u8>, Duration)>,
     watches: Vec<Watch>,
 }
 
@@ -114,6 +118,16 @@ impl Rules {
             .max()
             .unwrap_or_default();
         Action::Forward { delay, swallow }
+    }
+
+    /// How long a server → client chunk is held back.
+    fn reply_delay(&self, chunk: &[u8]) -> Duration {
+        self.reply_delays
+            .iter()
+            .filter(|(m, _)| contains(chunk, m))
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or_default()
     }
 
     fn on_forwarded(&mut self, chunk: &[u8]) {
@@ -205,6 +219,17 @@ impl FaultProxy {
         rules.delays.retain(|(m, _)| m != marker.as_bytes());
         if !delay.is_zero() {
             rules.delays.push((marker.as_bytes().to_vec(), delay));
+        }
+    }
+
+    /// From now on, what the server sends that contains `marker` (a reply, a pub/sub
+    /// message) reaches the client `delay` late; what follows on that connection waits
+    /// behind it. `Duration::ZERO` lifts the delay for chunks read from then on.
+    pub fn delay_replies_containing(&self, marker: &str, delay: Duration) {
+        let mut rules = self.shared.lock();
+        rules.reply_delays.retain(|(m, _)| m != marker.as_bytes());
+        if !delay.is_zero() {
+            rules.reply_delays.push((marker.as_bytes().to_vec(), delay));
         }
     }
 
@@ -422,6 +447,10 @@ fn pump_replies(
         }
         if swallow.load(Ordering::SeqCst) {
             shared.dropped.fetch_add(1, Ordering::SeqCst);
+            break;
+        }
+        let delay = shared.lock().reply_delay(&buf[..n]);
+        if !delay.is_zero() && !shared.hold_back(delay) {
             break;
         }
         let mut out = c_out.lock().unwrap_or_else(|e| e.into_inner());
