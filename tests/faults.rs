@@ -503,3 +503,57 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
     guard.unlock().expect("the holder's lock was untouched");
     assert!(!exists(&server, &key(NAME)), "no ghost hold");
 }
+
+/// A bounded call stays bounded even while the clean-up of the same thread's earlier
+/// doubtful attempt on the lock is stuck (Redis slow to answer it): the call used to wait
+/// for that clean-up, up to its own bound (a sixth of the watchdog timeout, 5 s here),
+/// before sending anything.
+#[test]
+fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
+    const NAME: &str = "stuck-clean-up";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let client = through(&proxy);
+    let lock = client.lock(NAME);
+    lock.lock().unwrap().unlock().unwrap();
+    let acquire = sha(&support::queued_script(include_str!("../lua/acquire.lua")));
+    let cancel = sha(&support::queued_script(include_str!("../lua/cancel.lua")));
+    proxy.watch(&cancel);
+    // The attempt reaches Redis only after its call gave up: its outcome is unknown, and
+    // the watchdog's clean-up of it is held up 3 s by the proxy.
+    proxy.delay_requests_containing(&acquire, Duration::from_secs(1));
+    proxy.delay_requests_containing(&cancel, Duration::from_secs(3));
+    let first = lock.try_lock_for(Duration::from_millis(50));
+    assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+    assert!(
+        proxy.wait_seen(&cancel, 1, Duration::from_secs(5)),
+        "the clean-up was never sent"
+    );
+    proxy.delay_requests_containing(&acquire, Duration::ZERO);
+    let started = Instant::now();
+    let second = lock.try_lock_for(Duration::from_millis(100));
+    let took = started.elapsed();
+    println!("try_lock_for(100ms) beside a stuck clean-up: {took:?}, {second:?}");
+    // Its deadline (100 ms) + the 250 ms grace, with room for a loaded machine; waiting
+    // for the clean-up takes the rest of its 3 s.
+    assert!(
+        took < Duration::from_millis(1500),
+        "try_lock_for(100ms) took {took:?} ({second:?})"
+    );
+    match second {
+        Err(Error::Timeout(_)) => {}
+        // The clean-up may have ended meanwhile on a slow machine; then the lock is free.
+        Ok(Some(guard)) => guard.unlock().unwrap(),
+        other => panic!("{other:?}"),
+    }
+    proxy.delay_requests_containing(&cancel, Duration::ZERO);
+    // Nothing taken in doubt is left behind, and the lock works.
+    assert!(support::wait_until(Duration::from_secs(10), || {
+        !exists(&server, &key(NAME))
+    }));
+    lock.try_lock_for(Duration::from_secs(5))
+        .unwrap()
+        .expect("the lock afterwards")
+        .unlock()
+        .unwrap();
+}

@@ -510,7 +510,7 @@ impl<K: Kind> Lock<K> {
         let inner = &self.client.inner;
         let keys = &self.keys;
         let ops = keys.ops;
-        let held = inner.watchdog.begin_attempt(&keys.hold, token);
+        let held = inner.watchdog.begin_attempt(&keys.hold, token, until)?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join);
         let outcome = inner.run_until(until, |con| {
             let reply: Vec<i64> = scripts::eval(con, ops.acquire, &call)?;

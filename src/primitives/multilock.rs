@@ -536,6 +536,7 @@ impl MultiWait<'_> {
         let mut seen: Vec<Seen> = (0..n).map(|_| Seen::Granted).collect();
         let mut tried = Vec::new();
         let mut calls = Vec::new();
+        let bound = self.round_bound(start);
         for (i, m) in lock.members.iter().enumerate() {
             let inner = &m.client.inner;
             let join = !self.once
@@ -551,7 +552,17 @@ impl MultiWait<'_> {
                     .watchdog
                     .waiting(&m.keys, self.token, &self.holders[i], self.deadline);
             }
-            let held = inner.watchdog.begin_attempt(&m.keys.hold, self.token);
+            let held = match inner
+                .watchdog
+                .begin_attempt(&m.keys.hold, self.token, Some(bound))
+            {
+                Ok(held) => held,
+                // This member sends nothing this round: it counts as failed.
+                Err(e) => {
+                    seen[i] = Seen::Failed(e);
+                    continue;
+                }
+            };
             let cmd = m.acquire_cmd(&self.holders[i], m.lease_ms(self.lease), held, 1, join);
             tried.push((i, held, join.is_some()));
             calls.push(Call {
@@ -560,7 +571,6 @@ impl MultiWait<'_> {
                 cmd,
             });
         }
-        let bound = self.round_bound(start);
         let replies = fanout::run::<Vec<i64>>(&calls, bound);
         for ((i, held, joined), reply) in tried.into_iter().zip(replies) {
             let m = &lock.members[i];

@@ -417,15 +417,35 @@ impl Watchdog {
     /// Starts an acquire attempt of this thread on the lock: waits for a clean-up of an
     /// earlier doubtful attempt that is in flight, and keeps new ones from starting until
     /// [`end_attempt`](Watchdog::end_attempt), since this attempt may adopt the level.
-    /// Returns the levels this thread holds, for the script.
-    pub(crate) fn begin_attempt(&self, key: &[u8], token: u64) -> usize {
+    /// Returns the levels this thread holds, for the script. A bounded call waits for
+    /// the clean-up only until `until`, its I/O bound (the clean-up itself may be stuck
+    /// behind a failover): then it fails with `Error::Timeout`, having sent nothing.
+    pub(crate) fn begin_attempt(
+        &self,
+        key: &[u8],
+        token: u64,
+        until: Option<Instant>,
+    ) -> Result<usize, Error> {
         let mut doubts = self.doubts.lock();
         if !doubts.is_empty() {
             while doubts
                 .iter()
                 .any(|d| d.in_flight && d.token == token && d.keys.hold == key)
             {
-                self.cleaned.wait(&mut doubts);
+                match until {
+                    None => self.cleaned.wait(&mut doubts),
+                    Some(until) => {
+                        if self.cleaned.wait_until(&mut doubts, until).timed_out() {
+                            return Err(Error::Timeout(redis::RedisError::from(
+                                std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "the clean-up of an earlier attempt on this lock is \
+                                     still waiting for Redis",
+                                ),
+                            )));
+                        }
+                    }
+                }
             }
             for d in doubts.iter_mut() {
                 if d.token == token && d.keys.hold == key {
@@ -434,7 +454,7 @@ impl Watchdog {
             }
         }
         drop(doubts);
-        self.levels(key, token)
+        Ok(self.levels(key, token))
     }
 
     /// Ends an attempt begun with [`begin_attempt`](Watchdog::begin_attempt). A grant
