@@ -810,14 +810,31 @@ fn one_release_wakes_one_waiting_thread_per_process() {
             })
         })
         .collect();
-    // Each waiter tries, subscribes, tries again, then sleeps (30 s of lease left).
-    let slept = wait_until(Duration::from_secs(5), || {
-        script_calls(&server) >= before + 6
+    // Each waiter tries, subscribes, tries again (a thread starting once the process's
+    // subscription is confirmed queues with its first try), then sleeps in the queue (30 s
+    // of lease left). All three queued is the signal: how many tried twice is scheduling.
+    let mut con = server.connection();
+    let queued = wait_until(Duration::from_secs(5), || {
+        redis::cmd("LLEN")
+            .arg("redmutex:!queue:{herd}")
+            .query::<i64>(&mut con)
+            .unwrap()
+            == 3
     });
-    thread::sleep(Duration::from_millis(100));
+    assert!(queued, "the waiters never queued");
     let asleep = script_calls(&server);
-    assert!(slept, "the waiters never went to sleep");
-    assert_eq!(asleep, before + 6, "the waiters must sleep, not poll");
+    assert!(
+        (before + 3..=before + 6).contains(&asleep),
+        "{} attempts by 3 waiters: one or two each",
+        asleep - before
+    );
+    // Then they sleep: nothing runs for a while.
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        script_calls(&server),
+        asleep,
+        "the waiters must sleep, not poll"
+    );
 
     guard.unlock().unwrap();
     acquired.recv_timeout(Duration::from_secs(5)).unwrap();

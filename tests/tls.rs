@@ -144,10 +144,17 @@ fn an_untrusted_certificate_is_refused() {
     let client = Client::builder()
         .url(format!("rediss://127.0.0.1:{tls_port}/"))
         .tls_ca_certificate(wrong_ca)
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(3))
         .build()
         .unwrap();
-    let err = client.lock("tls").try_lock().expect_err("untrusted server");
+    // Not `try_lock()`: its 250 ms budget includes making the first connection, and a TLS
+    // connect costs 250-600 ms here (redis-rs reads every system CA on each connect), so
+    // the pool could give up before the handshake failed and name no cause. With time
+    // to spare, the pool's wait ends with the handshake's own error.
+    let err = client
+        .lock("tls")
+        .try_lock_for(Duration::from_secs(3))
+        .expect_err("untrusted server");
     assert!(matches!(err, Error::Pool(_) | Error::Redis(_)), "{err:?}");
     assert!(err.to_string().contains("certificate"), "{err}");
     let n: i64 = redis::cmd("DBSIZE")

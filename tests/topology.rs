@@ -188,10 +188,26 @@ fn a_frozen_sentinel_primary_is_failed_over_and_rejoins_as_a_replica() {
          primary {:?} later",
         thawed_at.elapsed()
     );
-    assert!(topo
-        .events()
-        .iter()
-        .any(|e| e.channel == "+convert-to-slave" && e.at >= thawed_at));
+    // Waited for, not looked up: the node can follow before the event log's listener has
+    // read the sentinel's message (seen under load).
+    let converted = topo.wait_event(Duration::from_secs(5), |e| {
+        e.channel == "+convert-to-slave" && e.at >= thawed_at
+    });
+    assert!(
+        converted.is_some(),
+        "no +convert-to-slave after the thaw; events (ms from the thaw): {:?}",
+        topo.events()
+            .iter()
+            .map(|e| {
+                let ms = if e.at >= thawed_at {
+                    (e.at - thawed_at).as_millis() as i64
+                } else {
+                    -((thawed_at - e.at).as_millis() as i64)
+                };
+                (ms, e.sentinel, e.channel.clone())
+            })
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
