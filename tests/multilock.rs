@@ -104,19 +104,40 @@ fn try_lock_on_free_locks_of_one_server_with_new_clients_has_exactly_one_winner(
     assert_one_winner_each_round("new clients", &winners);
 }
 
+/// Clients of `servers`, one set per thread, each with a connection open already: the
+/// question here is who wins, not how fast a loaded machine connects (a member's first
+/// connection counts against its member timeout).
+fn connected_sets(servers: &[RedisServer]) -> Vec<Vec<Client>> {
+    (0..THREADS)
+        .map(|_| {
+            servers
+                .iter()
+                .map(|s| {
+                    let c = client(s);
+                    c.lock("warm-up").is_locked().expect("warm-up");
+                    c
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Room for a loaded machine in each member's round: a slow reply is not what is tested.
+const MEMBER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Several names on each of three servers, all of them needed: one winner each round.
 #[test]
 fn try_lock_on_several_names_on_three_servers_has_exactly_one_winner() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let sets: Vec<Vec<Client>> = (0..THREADS)
-        .map(|_| servers.iter().map(client).collect())
-        .collect();
+    let sets = connected_sets(&servers);
     let winners = race(|t, round| {
         MultiLock::new(
             sets[t]
                 .iter()
                 .flat_map(|c| (0..2).map(move |i| c.lock(format!("names-{round}-{i}")))),
         )
+        .unwrap()
+        .with_member_timeout(MEMBER_TIMEOUT)
         .unwrap()
     });
     assert_one_winner_each_round("two names on three servers", &winners);
@@ -126,11 +147,12 @@ fn try_lock_on_several_names_on_three_servers_has_exactly_one_winner() {
 #[test]
 fn red_lock_try_lock_on_free_masters_has_exactly_one_winner() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let sets: Vec<Vec<Client>> = (0..THREADS)
-        .map(|_| servers.iter().map(client).collect())
-        .collect();
+    let sets = connected_sets(&servers);
     let winners = race(|t, round| {
-        MultiLock::red_lock(sets[t].iter().map(|c| c.lock(format!("red-{round}")))).unwrap()
+        MultiLock::red_lock(sets[t].iter().map(|c| c.lock(format!("red-{round}"))))
+            .unwrap()
+            .with_member_timeout(MEMBER_TIMEOUT)
+            .unwrap()
     });
     assert_one_winner_each_round("RedLock on three masters", &winners);
 }
@@ -450,7 +472,11 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
     // RedLock over three servers: the loss of one leaves the quorum.
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
     let cs: Vec<Client> = servers.iter().map(long).collect();
-    let red = MultiLock::red_lock(cs.iter().map(|c| c.lock("refused-red"))).unwrap();
+    // Every master must grant the outer hold, however loaded the machine.
+    let red = MultiLock::red_lock(cs.iter().map(|c| c.lock("refused-red")))
+        .unwrap()
+        .with_member_timeout(MEMBER_TIMEOUT)
+        .unwrap();
     let outer = red.lock().expect("outer");
     assert_eq!(outer.held_on(), 3);
     del(&servers[2], "refused-red");
