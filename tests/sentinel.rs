@@ -122,8 +122,13 @@ fn the_client_finds_the_primary_and_follows_a_failover() {
 
 #[test]
 fn with_sync_replicas_no_acquired_lock_is_lost_in_a_failover() {
+    // A lease longer than any failover the test accepts: a hold no renewal reached for a
+    // whole lease is rightly reported lost, and a loaded machine's failover can take
+    // longer than the usual 6 s. (FAILOVER_BOUND is 15 s.)
+    const WATCHDOG: Duration = Duration::from_secs(16);
     let mut topo = Sentinels::new(2, 3);
     let client = sentinel_client(&topo)
+        .watchdog_timeout(WATCHDOG)
         .sync_replicas(1, Duration::from_millis(1000))
         .build()
         .unwrap();
