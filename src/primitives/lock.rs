@@ -364,23 +364,9 @@ impl<K: Kind> Lock<K> {
     /// that each run of it sends.
     pub(crate) fn force_unlock_cmd(&self) -> redis::Cmd {
         let keys = &self.keys;
-        let extra = [&keys.leases, &keys.permits];
-        // queue::command's layout, and the call-id key last.
-        let count = 5 + extra.iter().filter(|k| !k.is_empty()).count();
-        let mut call = redis::cmd("EVALSHA");
-        call.arg(keys.ops.force_unlock.get_hash())
-            .arg(count)
-            .arg(keys.key.as_slice())
-            .arg(keys.fence.as_slice())
-            .arg(keys.queue.as_slice())
-            .arg(keys.waiters.as_slice());
-        for key in extra {
-            if !key.is_empty() {
-                call.arg(key.as_slice());
-            }
-        }
-        call.arg(keys.forced.as_slice())
-            .arg(keys.inbox.as_slice())
+        // The call-id key last.
+        let mut call = queue::command_with(keys.ops.force_unlock, keys, &[&keys.forced]);
+        call.arg(keys.inbox.as_slice())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms())
             .arg(self.client.inner.call_id())

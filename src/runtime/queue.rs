@@ -62,8 +62,14 @@ pub(crate) fn invoke<'a>(script: &'a Script, keys: &LockKeys) -> ScriptInvocatio
 /// to add arguments to and run with `scripts::eval`, or to send to several servers at
 /// once (`fanout`).
 pub(crate) fn command(script: &Script, keys: &LockKeys) -> Cmd {
+    command_with(script, keys, &[])
+}
+
+/// [`command`]'s call with `more` keys after the object's own (a script that names its
+/// last key `KEYS[#KEYS]`, as `force_unlock.lua` does).
+pub(crate) fn command_with(script: &Script, keys: &LockKeys, more: &[&[u8]]) -> Cmd {
     let extra = [&keys.leases, &keys.permits];
-    let count = 4 + extra.iter().filter(|k| !k.is_empty()).count();
+    let count = 4 + extra.iter().filter(|k| !k.is_empty()).count() + more.len();
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
         .arg(count)
@@ -75,6 +81,9 @@ pub(crate) fn command(script: &Script, keys: &LockKeys) -> Cmd {
         if !key.is_empty() {
             cmd.arg(key.as_slice());
         }
+    }
+    for key in more {
+        cmd.arg(*key);
     }
     cmd
 }
