@@ -4,13 +4,13 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, MultiLock};
-use support::RedisServer;
+use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "multi:";
 const ROUNDS: usize = 30;
@@ -503,4 +503,180 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
     taken.unlock().expect("unlock on one master");
     outer.unlock().expect("outer unlock");
     assert!(servers.iter().all(|s| !exists(s, "refused-red")));
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 17, item 2: a lock handed over while the call leaves its queue
+// ---------------------------------------------------------------------------------------
+
+/// How the cancel script answers a caller the lock was handed to meanwhile (`{1, count,
+/// token}`, one level): the bytes the proxy holds back.
+const HANDED_REPLY: &str = "*3\r\n:1\r\n:1\r\n";
+
+fn sha(script: &str) -> String {
+    redis::Script::new(script).get_hash().to_owned()
+}
+
+/// What the waiting thread is asked to do with its guard.
+enum Ask {
+    Report,
+    Unlock,
+}
+
+/// A `MultiLock` of three locks on one server with a quorum of two (`a`, `b`, `c`), its
+/// client behind a proxy, waits queued on `b` and `c`, both held by another client. `b` is
+/// released and handed to it: with the free `a`, a quorum, so it leaves `c`'s queue. The
+/// proxy holds that cancel up 600 ms, and meanwhile `c` is released too and handed to the
+/// waiter: the cancel finds it handed over. With `late`, the cancel's reply reaches the
+/// client 1.5 s after that: the handed hold's pickup window (1 s from the release, on the
+/// server) is over by then, and a third client takes `c`. The returned guard must not
+/// count `c` then, and must count it, for a full lease, when the reply comes in time.
+fn handed_while_leaving(name: &str, late: bool) {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let long =
+        |url: &str| support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(5));
+    let (holder, other, waiter) = (long(&server.url()), long(&server.url()), long(&proxy.url()));
+    let names: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|m| format!("{name}-{m}"))
+        .collect();
+    // Loaded beforehand, so that the cancel is one EVALSHA the proxy can hold up.
+    let cancel_script = support::queued_script(include_str!("../lua/cancel.lua"));
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(&cancel_script)
+        .query(&mut server.connection())
+        .expect("SCRIPT LOAD");
+    let cancel = sha(&cancel_script);
+    proxy.delay_requests_containing(&cancel, Duration::from_millis(600));
+    let multi = MultiLock::new(names.iter().map(|n| waiter.lock(n.as_str())))
+        .unwrap()
+        .with_quorum(2)
+        .unwrap()
+        // Above the proxy's delays: the replies are late, not lost.
+        .with_member_timeout(Duration::from_secs(5))
+        .unwrap();
+    let b = holder.lock(names[1].as_str()).lock().expect("b");
+    let c = holder.lock(names[2].as_str()).lock().expect("c");
+
+    let other_holds = Arc::new(AtomicBool::new(false));
+    let (report, reported) = mpsc::channel();
+    let (ask, asked) = mpsc::channel();
+    let flag = other_holds.clone();
+    thread::spawn(move || {
+        let guard = multi.lock().expect("the waiter's lock()");
+        let beside_other = flag.load(Ordering::SeqCst);
+        let _ = report.send((guard.held_on(), guard.is_lease_lost(), beside_other));
+        while let Ok(Ask::Report) = asked.recv_timeout(Duration::from_secs(20)) {
+            let _ = report.send((guard.held_on(), guard.is_lease_lost(), false));
+        }
+        let _ = report.send((usize::from(guard.unlock().is_ok()), false, false));
+    });
+    assert!(
+        support::wait_until(Duration::from_secs(5), || {
+            queue_len(&server, &names[1]) == 1 && queue_len(&server, &names[2]) == 1
+        }),
+        "the waiter never queued on b and c"
+    );
+    // A plain lock is handed to a waiter that waited 10 ms (its starvation bound), and
+    // only woken before that.
+    thread::sleep(Duration::from_millis(50));
+    b.unlock().expect("b's release");
+    assert!(
+        proxy.wait_seen(&cancel, 1, Duration::from_secs(5)),
+        "the waiter never left c's queue"
+    );
+    if late {
+        proxy.delay_replies_containing(HANDED_REPLY, Duration::from_millis(1_500));
+    }
+    c.unlock().expect("c's release");
+    assert_eq!(
+        proxy.forwarded(&cancel),
+        0,
+        "the cancel ran before c was released: nothing was handed over"
+    );
+    assert!(exists(&server, &names[2]), "c was not handed to the waiter");
+
+    // A third client wants c: it gets it once the waiter's hold lapses, or is released.
+    let (got, other_got) = mpsc::channel();
+    let (free, other_free) = mpsc::channel::<()>();
+    let wanted = other.lock(names[2].as_str());
+    thread::spawn(move || {
+        let guard = wanted.lock().expect("the other client's lock()");
+        other_holds.store(true, Ordering::SeqCst);
+        let _ = got.send(None);
+        let _ = other_free.recv_timeout(Duration::from_secs(20));
+        let lost = guard.is_lease_lost();
+        let _ = got.send(Some((lost, guard.unlock().is_ok())));
+    });
+
+    let (held_on, lost, beside_other) = reported
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter's lock() never returned");
+    proxy.delay_replies_containing(HANDED_REPLY, Duration::ZERO);
+    proxy.delay_requests_containing(&cancel, Duration::ZERO);
+    assert!(!lost, "a quorum (a and b) was held");
+    if late {
+        assert!(
+            beside_other,
+            "the other client did not take c before the late reply came in"
+        );
+        assert_eq!(
+            held_on, 2,
+            "the guard counts c, which the other client holds since its pickup window ended"
+        );
+        assert_eq!(other_got.recv_timeout(Duration::from_secs(1)), Ok(None));
+    } else {
+        assert!(!beside_other, "the other client got c beside the waiter");
+        assert_eq!(held_on, 3, "c, handed over in time, is not counted");
+        // Past the pickup window: the waiter's hold of c stands, the other still waits.
+        assert!(
+            other_got
+                .recv_timeout(Duration::from_millis(1_500))
+                .is_err(),
+            "the other client got c while the waiter's guard held it"
+        );
+        ask.send(Ask::Report).unwrap();
+        let (held_on, lost, _) = reported.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            (held_on, lost),
+            (3, false),
+            "c's hold lapsed after its handoff"
+        );
+    }
+    ask.send(Ask::Unlock).unwrap();
+    let (unlocked, _, _) = reported.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(unlocked, 1, "the waiter's unlock failed");
+    if !late {
+        assert_eq!(
+            other_got.recv_timeout(Duration::from_secs(5)),
+            Ok(None),
+            "the other client never got c after the waiter's release"
+        );
+    }
+    // The other client's hold of c was never touched.
+    assert!(exists(&server, &names[2]));
+    free.send(()).unwrap();
+    let done = other_got.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        done,
+        Some((false, true)),
+        "the other client's hold of c (lost, unlocked)"
+    );
+    assert!(!exists(&server, &names[0]) && !exists(&server, &names[1]));
+}
+
+/// The handed hold's pickup window ran out before the cancel's reply came in, and another
+/// client took the lock: the `MultiLock` guard must not count it (it holds `a` and `b`).
+#[test]
+fn a_member_handed_over_too_late_while_leaving_its_queue_is_not_counted() {
+    handed_while_leaving("handed-late", true);
+}
+
+/// The handed hold is confirmed in time: the guard counts it, and it outlasts the pickup
+/// window.
+#[test]
+fn a_member_handed_over_while_leaving_its_queue_is_counted_and_kept() {
+    handed_while_leaving("handed-in-time", false);
 }

@@ -623,11 +623,17 @@ impl<K: Kind> Lock<K> {
         })
     }
 
-    /// Confirms the hold a release handed to `holder` (see `Wait::pick_up`): true when it
+    /// Confirms the hold a release handed to `holder` (see `Wait::pick_up`; a `MultiLock`
+    /// confirms a member handed over as its call left the queue the same way): true when it
     /// was still held, now with a lease of `lease_ms` from this call on; false when it had
     /// lapsed (nothing changed). With `sync_replicas`, a hold the replicas did not confirm
     /// is given back (and handed on), and the call fails as an acquisition would.
-    fn pick_up(&self, holder: &str, lease_ms: u64, until: Option<Instant>) -> Result<bool, Error> {
+    pub(crate) fn pick_up(
+        &self,
+        holder: &str,
+        lease_ms: u64,
+        until: Option<Instant>,
+    ) -> Result<bool, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
         let call = queue::confirm(keys, holder, lease_ms);

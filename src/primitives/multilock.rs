@@ -423,7 +423,7 @@ impl MultiWait<'_> {
             let granted = guards.iter().flatten().count();
             let validity = self.validity(start);
             if granted >= lock.quorum && validity.is_some() {
-                self.leave_queues(&mut guards);
+                self.leave_queues(&mut guards, true);
                 let valid_until = match self.lease {
                     Lease::Fixed(_) => validity,
                     Lease::Watchdog => None,
@@ -682,8 +682,10 @@ impl MultiWait<'_> {
     }
 
     /// Leaves the queues of the locks not held, all at once; a lock handed over meanwhile
-    /// is kept (in `guards`).
-    fn leave_queues(&mut self, guards: &mut [Option<LockGuard>]) {
+    /// is kept (in `guards`). With `confirm`, a kept lock is first confirmed with its
+    /// server (see [`confirm_handed`](MultiWait::confirm_handed)); without, it is
+    /// registered as handed over, for a caller that gives it straight back.
+    fn leave_queues(&mut self, guards: &mut [Option<LockGuard>], confirm: bool) {
         let lock = self.lock;
         let mut left = Vec::new();
         let mut calls = Vec::new();
@@ -713,7 +715,12 @@ impl MultiWait<'_> {
             let inner = &m.client.inner;
             self.left_queue(i);
             match reply.as_deref() {
+                Ok(&[1, count, _]) if confirm => {
+                    guards[i] = self.confirm_handed(i, count);
+                }
                 Ok(&[1, count, _]) => {
+                    // Given straight back: the release takes the hold if it still stands,
+                    // and never another holder's.
                     let grant = Grant { count, fence: None };
                     let holder = self.holders[i].clone();
                     guards[i] = Some(m.granted(
@@ -738,10 +745,48 @@ impl MultiWait<'_> {
         }
     }
 
-    /// The deadline passed: leave every queue; what was handed over meanwhile goes back.
+    /// Lock `i` was handed to this thread by a release while its call left the queue
+    /// (`count`: the levels the cancel found): confirms the hold with the server before
+    /// it is counted. `None` when its pickup window was over first.
+    ///
+    /// The window starts at the release, on the server, up to a whole window before the
+    /// cancel's reply arrives (the handoff may have come during the round before it):
+    /// counted from the reply, a hold that lapsed and passed to another client would be
+    /// counted as held until the watchdog's extension found it gone. One renewal call
+    /// settles it (as a `Lock`'s waiter does), bounded by the member timeout; it extends
+    /// the hold to this call's lease, which then counts from the confirmation's start.
+    fn confirm_handed(&self, i: usize, count: i64) -> Option<LockGuard> {
+        let m = &self.lock.members[i];
+        let inner = &m.client.inner;
+        let holder = &self.holders[i];
+        let sent = Instant::now();
+        let until = sent + self.lock.member_timeout;
+        match m.pick_up(holder, m.lease_ms(self.lease), Some(until)) {
+            Ok(true) => {
+                let grant = Grant { count, fence: None };
+                Some(m.granted(self.token, holder.clone(), grant, self.lease, sent, false))
+            }
+            // Lapsed, and handed on or taken by another client: not ours to count.
+            Ok(false) => None,
+            Err(e) => {
+                // The renewal may have run and extended the hold to a whole lease: the
+                // watchdog gives back any level beyond those the thread holds (none here:
+                // a thread that held the lock never queued on it), off this path.
+                log::debug!("redmutex: confirming a MultiLock member handed over failed: {e}");
+                let levels = inner.watchdog.levels_now(&m.keys.hold, self.token);
+                inner
+                    .watchdog
+                    .doubt(inner, &m.keys, self.token, holder, levels);
+                None
+            }
+        }
+    }
+
+    /// The deadline passed: leave every queue; what was handed over meanwhile goes back
+    /// (unconfirmed: its release removes the hold if it still stands, and only then).
     fn give_up(&mut self) {
         let mut handed: Vec<Option<LockGuard>> = self.lock.members.iter().map(|_| None).collect();
-        self.leave_queues(&mut handed);
+        self.leave_queues(&mut handed, false);
         let taken: Vec<LockGuard> = handed.into_iter().flatten().collect();
         if !taken.is_empty() {
             release_all(taken, Instant::now() + self.lock.member_timeout);

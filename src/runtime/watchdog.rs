@@ -340,7 +340,8 @@ impl Watchdog {
     /// `sent` is when the acquire script was sent: a fixed lease is counted from there.
     /// `handoff`: a release handed the lock over, with a lease of at most the pickup
     /// window, and nothing confirmed it yet (a `MultiLock` member found handed over as its
-    /// call leaves the queue; a `Lock`'s waiter confirms its hold before registering it);
+    /// call gives up at its deadline, about to be given back; a waiter that keeps a
+    /// handed hold confirms it before registering it);
     /// it is extended a third of the way in (then `sent` is when the reply came).
     pub(crate) fn acquired(
         &self,
