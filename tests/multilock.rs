@@ -680,3 +680,129 @@ fn a_member_handed_over_too_late_while_leaving_its_queue_is_not_counted() {
 fn a_member_handed_over_while_leaving_its_queue_is_counted_and_kept() {
     handed_while_leaving("handed-in-time", false);
 }
+
+/// As `handed_while_leaving`, but the waiter gives up at its deadline: its cancel (of `b`'s
+/// and `c`'s queues, held up 300 ms by the proxy) finds `c` handed over, and gives it back
+/// unconfirmed. In time, the release hands `c` on at once (the other client gets it well
+/// before the pickup window would have run out); with `late`, the hold lapsed and the
+/// other client took `c` before the reply came, and the release must leave that hold alone.
+fn handed_while_giving_up(name: &str, late: bool) {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let long =
+        |url: &str| support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(5));
+    let (holder, other, waiter) = (long(&server.url()), long(&server.url()), long(&proxy.url()));
+    let names: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|m| format!("{name}-{m}"))
+        .collect();
+    let cancel_script = support::queued_script(include_str!("../lua/cancel.lua"));
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(&cancel_script)
+        .query(&mut server.connection())
+        .expect("SCRIPT LOAD");
+    let cancel = sha(&cancel_script);
+    proxy.delay_requests_containing(&cancel, Duration::from_millis(300));
+    let multi = MultiLock::new(names.iter().map(|n| waiter.lock(n.as_str())))
+        .unwrap()
+        .with_quorum(2)
+        .unwrap()
+        .with_member_timeout(Duration::from_secs(5))
+        .unwrap();
+    let b = holder.lock(names[1].as_str()).lock().expect("b");
+    let c = holder.lock(names[2].as_str()).lock().expect("c");
+
+    let other_holds = Arc::new(AtomicBool::new(false));
+    let (report, reported) = mpsc::channel();
+    let flag = other_holds.clone();
+    thread::spawn(move || {
+        let got = multi.try_lock_for(Duration::from_secs(1));
+        let _ = report.send((
+            format!("{:?}", got.map(|g| g.is_some())),
+            flag.load(Ordering::SeqCst),
+        ));
+    });
+    assert!(
+        support::wait_until(Duration::from_secs(5), || {
+            queue_len(&server, &names[1]) == 1 && queue_len(&server, &names[2]) == 1
+        }),
+        "the waiter never queued on b and c"
+    );
+    assert!(
+        proxy.wait_seen(&cancel, 1, Duration::from_secs(5)),
+        "the waiter never left the queues"
+    );
+    if late {
+        proxy.delay_replies_containing(HANDED_REPLY, Duration::from_millis(1_500));
+    }
+    c.unlock().expect("c's release");
+    let released = Instant::now();
+    assert_eq!(
+        proxy.forwarded(&cancel),
+        0,
+        "the cancel ran before c was released: nothing was handed over"
+    );
+    assert!(exists(&server, &names[2]), "c was not handed to the waiter");
+
+    let (got, other_got) = mpsc::channel();
+    let (free, other_free) = mpsc::channel::<()>();
+    let wanted = other.lock(names[2].as_str());
+    thread::spawn(move || {
+        let guard = wanted.lock().expect("the other client's lock()");
+        other_holds.store(true, Ordering::SeqCst);
+        let _ = got.send(None);
+        let _ = other_free.recv_timeout(Duration::from_secs(20));
+        let lost = guard.is_lease_lost();
+        let _ = got.send(Some((lost, guard.unlock().is_ok())));
+    });
+
+    let (outcome, beside_other) = reported
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter's try_lock_for never returned");
+    proxy.delay_replies_containing(HANDED_REPLY, Duration::ZERO);
+    proxy.delay_requests_containing(&cancel, Duration::ZERO);
+    assert_eq!(outcome, "Ok(false)");
+    assert_eq!(
+        other_got.recv_timeout(Duration::from_secs(5)),
+        Ok(None),
+        "the other client never got c"
+    );
+    let took = released.elapsed();
+    if late {
+        assert!(
+            beside_other,
+            "the other client did not take c before the late reply came in"
+        );
+    } else {
+        // Given back by the waiter (after about the proxy's 300 ms), not left to lapse
+        // (1 s from the release, then the releasing client's check 50 ms later).
+        eprintln!("c reached the other client {took:?} after its release");
+        assert!(
+            took < Duration::from_millis(900),
+            "c was not given back: the other client got it {took:?} after its release"
+        );
+    }
+    // The other client's hold of c stands, untouched by the waiter's release.
+    assert!(exists(&server, &names[2]));
+    free.send(()).unwrap();
+    assert_eq!(
+        other_got.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Some((false, true)),
+        "the other client's hold of c (lost, unlocked)"
+    );
+    b.unlock().expect("b's release");
+    assert!(!names.iter().any(|n| exists(&server, n)));
+}
+
+/// Given up at its deadline with `c` handed over meanwhile: what was handed over goes back.
+#[test]
+fn a_member_handed_over_as_the_call_gives_up_is_given_back() {
+    handed_while_giving_up("given-back", false);
+}
+
+/// Given up with `c` handed over too late: the other client that took it keeps it.
+#[test]
+fn a_member_handed_over_too_late_as_the_call_gives_up_is_left_to_its_new_holder() {
+    handed_while_giving_up("given-back-late", true);
+}
