@@ -7,30 +7,31 @@
 //!    with `REDMUTEX_CONTENTION_SPIN=1`) →
 //!    release, on one lock, for `REDMUTEX_CONTENTION_SECS` seconds (default 10) per kind.
 //!    Reported: acquisitions/s, acquisitions per process (least, most, least/most, Jain
-//!    index), requests per acquisition, cross-process handoff p50/p99 and the fraction of
-//!    handoffs that went to another process.
+//!    index), cross-process handoff p50/p99, the fraction of handoffs that went to
+//!    another process, and the server cost per acquisition.
 //! 2. Drain: 4 processes × 8 threads wait on a lock the parent holds for 2 s; once all 32
 //!    are visibly waiting the parent releases; each waiter holds 1 ms once and releases.
-//!    Reported: release → first acquisition, release → 32nd release, and the requests the
-//!    waiters sent between "all visibly waiting" and the release.
+//!    Reported: release → first acquisition, release → 32nd release, the requests the
+//!    waiters sent between "all visibly waiting" and the release, and the drain's server
+//!    cost per acquisition.
 //! 3. Floors, measured in the same run with raw Redis commands: a PUBLISH received by a
 //!    subscriber in another process, one EVALSHA round trip, and the 1 ms hold itself.
 //!
 //! The naive lock is `SET key token NX PX 30000`, retried every 10 ms while it fails, and
 //! released by a compare-and-delete script (EVALSHA).
 //!
-//! Requests are counted with MONITOR: one connection runs it for the whole bench and counts
-//! the commands clients send (script-internal commands, shown as `[0 lua]`, are counted
-//! apart); the parent writes `ECHO` markers that cut the stream into phases, and its own
-//! connection's commands are left out. MONITOR costs Redis a little per command, the same
-//! for every kind. Timestamps come from `CLOCK_MONOTONIC`, which is one clock for every
+//! What each run costs the Redis server (issue 18) comes from two `INFO all` snapshots
+//! around it (`ServerSnapshot` in `benches/common`): Redis process CPU (user + sys),
+//! commands executed by name (script-internal ones included) and requests (socket reads),
+//! each per acquisition, beside the naive lock's from the same run. No MONITOR runs: it
+//! would cost Redis CPU per executed command and so weigh on the kinds that run more.
+//! Timestamps come from `CLOCK_MONOTONIC`, which is one clock for every
 //! process on Linux, so times measured in different processes can be subtracted.
 //!
 //! Re-executes itself as the worker processes (role chosen by an environment variable).
 //! Prints a table with PASS/FAIL per target and exits 0 either way: it measures, it does
 //! not gate. Command-line arguments (cargo's `--bench`, filters) are ignored.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
@@ -75,8 +76,6 @@ const QUIET: Duration = Duration::from_millis(20);
 const WAITING_TIMEOUT: Duration = Duration::from_secs(10);
 
 const LOCK_NAME: &str = "contended";
-/// `ECHO` argument prefix of the parent's phase markers in the MONITOR stream.
-const MARK: &str = "redmutex-contention-mark:";
 /// Waits on other processes never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(30);
 
@@ -134,7 +133,6 @@ fn parent_main() {
     };
     let (url, server) = support::redis_url_or_spawn();
     let mut admin = Admin::new(&url);
-    let monitor = support::Monitor::start(&url, Phases::new(&admin.addr));
     let version = admin.redis_version();
     let started = Instant::now();
 
@@ -158,7 +156,7 @@ fn parent_main() {
     );
 
     eprintln!("[1/3] floors: PUBLISH -> receive across processes, EVALSHA, sleep(1 ms) ...");
-    let floor = floors(&url, &mut admin);
+    let floor = floors(&url);
     let mut contention = Vec::new();
     for kind in KINDS {
         eprintln!(
@@ -175,15 +173,14 @@ fn parent_main() {
         );
         drains.push(drain(&url, kind, &mut admin));
     }
-    let segments = monitor.stop().counts;
     let elapsed = started.elapsed();
-    report(&floor, &contention, &drains, &segments, secs, elapsed);
+    report(&floor, &contention, &drains, secs, elapsed);
 }
 
 // ---------------------------------------------------------------------------------------
 // Floors.
 
-fn floors(url: &str, admin: &mut Admin) -> Floor {
+fn floors(url: &str) -> Floor {
     let prefix = unique_prefix("contention", "floor");
     let child = ChildProc::spawn(
         "floor",
@@ -195,10 +192,7 @@ fn floors(url: &str, admin: &mut Admin) -> Floor {
         ],
     );
     child.expect("ready");
-    admin.mark("floor");
-    let out = measure_floor(url, &format!("{prefix}channel"), child, hold);
-    admin.mark("idle-floor");
-    out
+    measure_floor(url, &format!("{prefix}channel"), child, hold)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -209,7 +203,8 @@ struct Contention {
     /// Per process: (acquired, release started) in CLOCK_MONOTONIC ns.
     events: Vec<Vec<(u64, u64)>>,
     start: u64,
-    segment: String,
+    /// What the run cost Redis, from `go` to the last worker's exit.
+    cost: ServerCost,
 }
 
 impl Contention {
@@ -281,8 +276,7 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Contention {
     for c in &children {
         c.expect("ready");
     }
-    let segment = format!("contend-{}", kind.name());
-    admin.mark(&segment);
+    let before = ServerSnapshot::take(&mut admin.con);
     let start = mono_ns() + 50_000_000;
     let end = start + (secs * 1e9) as u64;
     for c in &mut children {
@@ -308,12 +302,12 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Contention {
         c.wait_success();
         events.push(mine);
     }
-    admin.mark(&format!("idle-{segment}"));
+    let cost = ServerSnapshot::take(&mut admin.con).since(&before);
     Contention {
         kind,
         events,
         start,
-        segment,
+        cost,
     }
 }
 
@@ -330,8 +324,10 @@ struct Drain {
     waited_by: String,
     /// From "all visibly waiting" to the release, the window whose requests count.
     window: Duration,
-    waiting_segment: String,
-    drain_segment: String,
+    /// What Redis did in that window.
+    waiting: ServerCost,
+    /// What the drain cost Redis: the parent's release to the last waiter's exit.
+    draining: ServerCost,
 }
 
 impl Drain {
@@ -422,14 +418,13 @@ fn drain(url: &str, kind: Kind, admin: &mut Admin) -> Drain {
             )
         }
     };
-    let waiting_segment = format!("drain-waiting-{}", kind.name());
-    admin.mark(&waiting_segment);
+    let waiting_from = ServerSnapshot::take(&mut admin.con);
     let waiting_since = Instant::now();
     if let Some(left) = DRAIN_HELD.checked_sub(held_at.elapsed()) {
         thread::sleep(left);
     }
-    let drain_segment = format!("drain-{}", kind.name());
-    admin.mark(&drain_segment);
+    let drain_from = ServerSnapshot::take(&mut admin.con);
+    let waiting = drain_from.since(&waiting_from);
     let window = waiting_since.elapsed();
     let released = mono_ns();
     parent.release(held);
@@ -451,7 +446,7 @@ fn drain(url: &str, kind: Kind, admin: &mut Admin) -> Drain {
         }
         c.wait_success();
     }
-    admin.mark(&format!("idle-{drain_segment}"));
+    let draining = ServerSnapshot::take(&mut admin.con).since(&drain_from);
     drop(parent);
     drop(client);
     Drain {
@@ -460,8 +455,8 @@ fn drain(url: &str, kind: Kind, admin: &mut Admin) -> Drain {
         released,
         waited_by,
         window,
-        waiting_segment,
-        drain_segment,
+        waiting,
+        draining,
     }
 }
 
@@ -658,87 +653,15 @@ impl Handle {
 }
 
 // ---------------------------------------------------------------------------------------
-// MONITOR: top-level commands per phase.
-
-#[derive(Default, Clone)]
-struct Counts {
-    /// Top-level commands sent by clients, by name.
-    top: BTreeMap<String, u64>,
-    /// Commands run inside scripts.
-    lua: u64,
-}
-
-impl Counts {
-    fn requests(&self) -> u64 {
-        self.top.values().sum()
-    }
-
-    fn summary(&self) -> String {
-        let parts: Vec<String> = self.top.iter().map(|(c, n)| format!("{c}={n}")).collect();
-        if parts.is_empty() {
-            "none".to_owned()
-        } else {
-            parts.join(", ")
-        }
-    }
-}
-
-/// Counts the MONITOR lines per phase: the parent's `ECHO` markers start a phase, and
-/// its own other commands are left out.
-struct Phases {
-    /// ` <addr>]`: how the parent's admin connection shows in a line.
-    own: String,
-    current: String,
-    counts: HashMap<String, Counts>,
-}
-
-impl Phases {
-    fn new(admin: &str) -> Phases {
-        Phases {
-            own: format!(" {admin}"),
-            current: String::from("start"),
-            counts: HashMap::new(),
-        }
-    }
-}
-
-impl support::Sink for Phases {
-    fn line(&mut self, line: &str) {
-        // `<time> [<db> <addr>] "<command>" "<arg>" ...`; scripts show as `[0 lua]`.
-        let Some((client, rest)) = line.split_once("] ") else {
-            return;
-        };
-        let counts = self.counts.entry(self.current.clone()).or_default();
-        if client.ends_with(" lua") {
-            counts.lua += 1;
-            return;
-        }
-        let mut quoted = rest.split('"').skip(1).step_by(2);
-        let cmd = quoted.next().unwrap_or("").to_ascii_lowercase();
-        if client.ends_with(&self.own) {
-            if cmd == "echo" {
-                if let Some(mark) = quoted.next().and_then(|a| a.strip_prefix(MARK)) {
-                    self.current = mark.to_owned();
-                }
-            }
-            return;
-        }
-        *counts.top.entry(cmd).or_insert(0) += 1;
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Report.
 
 fn report(
     floor: &Floor,
     contention: &[Contention],
     drains: &[Drain],
-    segments: &HashMap<String, Counts>,
     secs: f64,
     elapsed: Duration,
 ) {
-    let seg = |name: &str| segments.get(name).cloned().unwrap_or_default();
     let by_kind = |k: Kind| contention.iter().find(|c| c.kind == k).expect("every kind");
     let drain_of = |k: Kind| drains.iter().find(|d| d.kind == k).expect("every kind");
 
@@ -771,14 +694,6 @@ fn report(
     t.row("least/most", col(&|c| f2(least_most(&c.counts()))));
     t.row("Jain index", col(&|c| f3(jain(&c.counts()))));
     t.row(
-        "requests/acq (MONITOR, top level)",
-        col(&|c| f2(seg(&c.segment).requests() as f64 / c.total().max(1) as f64)),
-    );
-    t.row(
-        "commands inside scripts/acq",
-        col(&|c| f2(seg(&c.segment).lua as f64 / c.total().max(1) as f64)),
-    );
-    t.row(
         "handoffs to another process",
         col(&|c| {
             let (cross, n, _) = c.handoffs();
@@ -801,13 +716,26 @@ fn report(
         "overlapping holds (must be 0)",
         col(&|c| c.handoffs().2.to_string()),
     );
+    let naive_run = by_kind(Kind::Naive);
+    server_cost_rows(
+        &mut t,
+        &KINDS
+            .iter()
+            .map(|&k| (&by_kind(k).cost, by_kind(k).total()))
+            .collect::<Vec<_>>(),
+        Some((&naive_run.cost, naive_run.total())),
+    );
     let _ = write!(out, "{}", t.render());
+    let _ = writeln!(
+        out,
+        "  executed commands per acquisition, by name (INFO commandstats, scripts included):"
+    );
     for c in contention {
         let _ = writeln!(
             out,
-            "  {} requests: {}",
+            "  {:<8} {}",
             c.kind.name(),
-            seg(&c.segment).summary()
+            c.cost.breakdown(c.total())
         );
     }
 
@@ -829,16 +757,25 @@ fn report(
         col(&|d| f2(d.total_us() / 1e3)),
     );
     t.row(
-        "requests while all waiting",
-        col(&|d| seg(&d.waiting_segment).requests().to_string()),
+        "socket reads while all waiting",
+        col(&|d| d.waiting.reads.to_string()),
+    );
+    t.row(
+        "executed commands while all waiting",
+        col(&|d| d.waiting.executed_total().to_string()),
     );
     t.row(
         "  over a window of ms",
         col(&|d| f1(d.window.as_secs_f64() * 1e3)),
     );
-    t.row(
-        "requests/acq during the drain",
-        col(&|d| f2(seg(&d.drain_segment).requests() as f64 / d.events.len().max(1) as f64)),
+    let naive_drain = drain_of(Kind::Naive);
+    server_cost_rows(
+        &mut t,
+        &KINDS
+            .iter()
+            .map(|&k| (&drain_of(k).draining, drain_of(k).events.len() as u64))
+            .collect::<Vec<_>>(),
+        Some((&naive_drain.draining, naive_drain.events.len() as u64)),
     );
     t.row(
         "overlapping holds (must be 0)",
@@ -848,11 +785,11 @@ fn report(
     for d in drains {
         let _ = writeln!(
             out,
-            "  {}: all waiting by {}; while waiting: {}; drain: {}",
+            "  {}: all waiting by {}; executed while waiting: {}; per acquisition during the drain: {}",
             d.kind.name(),
             d.waited_by,
-            seg(&d.waiting_segment).summary(),
-            seg(&d.drain_segment).summary()
+            d.waiting.breakdown(1),
+            d.draining.breakdown(d.events.len() as u64)
         );
     }
 
@@ -925,12 +862,31 @@ fn report(
         jain(&fair.counts()) >= 0.99,
         "",
     );
-    let fair_req = seg(&fair.segment).requests() as f64 / fair.total().max(1) as f64;
+    let fair_req = fair.cost.requests_per(fair.total());
     t.check(
         "FairLock requests/acq",
         f2(fair_req),
         "<= 2.2",
         fair_req <= 2.2,
+        "",
+    );
+    let naive_cpu = naive.cost.cpu_per(naive.total());
+    for c in [lock, fair] {
+        let cpu = c.cost.cpu_per(c.total());
+        t.check(
+            &format!("{} Redis CPU µs/acq", c.kind.name()),
+            f1(cpu),
+            &format!("<= {:.1}", 1.2 * naive_cpu),
+            cpu <= 1.2 * naive_cpu,
+            &format!("1.2 x naive's {naive_cpu:.1} (issue 18)"),
+        );
+    }
+    let lock_req = lock.cost.requests_per(lock.total());
+    t.check(
+        "Lock requests/acq",
+        f2(lock_req),
+        "<= 2.2",
+        lock_req <= 2.2,
         "",
     );
     t.check(
@@ -986,9 +942,11 @@ fn report(
         total <= 40.0,
         &format!("floor {:.2}", drain_floor / 1e3),
     );
-    let waiting = seg(&fair_drain.waiting_segment).requests();
+    // Executed commands, not socket reads: a read that runs nothing (a pooled connection
+    // closing) is no request.
+    let waiting = fair_drain.waiting.executed_total();
     t.check(
-        "FairLock drain: requests while waiting",
+        "FairLock drain: commands while waiting",
         waiting.to_string(),
         "== 0",
         waiting == 0,
@@ -1011,38 +969,20 @@ fn report(
 // ---------------------------------------------------------------------------------------
 // Shared helpers.
 
-/// The parent's one admin connection; its address is left out of MONITOR's counts.
+/// The parent's one admin connection, also the one that takes the server snapshots.
 struct Admin {
     con: redis::Connection,
-    addr: String,
 }
 
 impl Admin {
     fn new(url: &str) -> Admin {
-        let mut con = connect(url);
+        let con = connect(url);
         con.set_read_timeout(Some(STUCK)).expect("set read timeout");
-        let info: String = redis::cmd("CLIENT")
-            .arg("INFO")
-            .query(&mut con)
-            .expect("CLIENT INFO");
-        let addr = info
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("addr="))
-            .expect("addr= in CLIENT INFO")
-            .to_owned();
-        Admin { con, addr }
+        Admin { con }
     }
 
     fn redis_version(&mut self) -> String {
         support::redis_version(&mut self.con)
-    }
-
-    /// Starts phase `name` in the MONITOR stream.
-    fn mark(&mut self, name: &str) {
-        let _: String = redis::cmd("ECHO")
-            .arg(format!("{MARK}{name}"))
-            .query(&mut self.con)
-            .expect("ECHO marker");
     }
 
     fn calls(&mut self, cmd: &str) -> u64 {
