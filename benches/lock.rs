@@ -79,16 +79,18 @@ fn parent_main() {
     let version = admin.redis_version();
     let started = Instant::now();
 
-    eprintln!("[1-3/6] PING, uncontended and nested lock()+drop ...");
+    eprintln!("[1-3/7] PING, uncontended and nested lock()+drop ...");
     let cheap = cheap_latencies(&url);
-    eprintln!("[4/6] blocked waiter: commands in {BLOCKED_FOR:?} ...");
+    eprintln!("[4/7] blocked waiter: commands in {BLOCKED_FOR:?} ...");
     let blocked = blocked_waiter_commands(&url, &mut admin);
-    eprintln!("[5/6] contended handoff across processes: redmutex, then naive ...");
+    eprintln!("[5/7] contended handoff across processes: redmutex, then naive ...");
     let redmutex_handoff = handoff(&url, Mode::Redmutex, &mut admin);
     let naive = handoff(&url, Mode::Naive, &mut admin);
     let floor = handoff(&url, Mode::Floor, &mut admin);
-    eprintln!("[6/6] {MANY_LOCKS} watchdog locks held by one client ...");
+    eprintln!("[6/7] {MANY_LOCKS} watchdog locks held by one client ...");
     let many = many_locks(&url, &mut admin);
+    eprintln!("[7/7] server cost of an uncontended lock + unlock pair, redmutex and naive ...");
+    let pair_cost = pair_server_cost(&url, &mut admin);
 
     let ping = median(&cheap.ping);
     let mut details = String::new();
@@ -142,6 +144,7 @@ fn parent_main() {
         started.elapsed().as_secs_f64()
     );
     println!("\n{details}");
+    print!("{}", pair_cost.render());
 
     let mut table = Table::new(format!("redmutex bench (redis {version}, one run)"));
     table.row("PING (pooled)", us(ping), "1.00x".into(), "", None);
@@ -719,6 +722,111 @@ fn naive_release(con: &mut redis::Connection, key: &str) {
         .arg(key)
         .query::<()>(con)
         .expect("DEL naive lock");
+}
+
+// ---------------------------------------------------------------------------------------
+// 7: what an uncontended lock + unlock pair costs the Redis server (issue 18).
+
+/// Pairs per kind, in chunks that alternate between the kinds.
+const PAIR_CHUNKS: usize = 5;
+const PAIRS_PER_CHUNK: usize = 1_000;
+
+/// The rslock-style release: delete the key only while it holds our token.
+const COMPARE_AND_DELETE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+struct PairCost {
+    redmutex: common::ServerCost,
+    naive: common::ServerCost,
+    pairs: u64,
+}
+
+impl PairCost {
+    fn render(&self) -> String {
+        let n = self.pairs;
+        let mut out = format!(
+            "\nserver cost of an uncontended pair ({n} per kind, in {PAIR_CHUNKS} alternating \
+             chunks; INFO snapshots):\n"
+        );
+        let mut grid = common::Grid::new(&["", "Lock lock()+unlock()", "naive SET NX PX + CAD"]);
+        common::server_cost_rows(
+            &mut grid,
+            &[(&self.redmutex, n), (&self.naive, n)],
+            Some((&self.naive, n)),
+        );
+        out.push_str(&grid.render());
+        let _ = writeln!(
+            out,
+            "  Lock  executed per pair: {}",
+            self.redmutex.breakdown(n)
+        );
+        let _ = writeln!(
+            out,
+            "  naive executed per pair: {}",
+            self.naive.breakdown(n)
+        );
+        let mut t = common::Targets::default();
+        let (cpu, floor) = (self.redmutex.cpu_per(n), self.naive.cpu_per(n));
+        t.check(
+            "uncontended pair Redis CPU µs",
+            common::f1(cpu),
+            &format!("<= {:.1}", 1.1 * floor),
+            cpu <= 1.1 * floor,
+            &format!("1.1 x naive's {floor:.1} (issue 18)"),
+        );
+        out.push_str(&t.render());
+        out
+    }
+}
+
+fn pair_server_cost(url: &str, admin: &mut Admin) -> PairCost {
+    let prefix = unique_prefix("lock", "pair-cost");
+    let client = bench_client(url, &prefix).build().expect("build client");
+    let lock = client.lock("pair");
+    let mut con = connect(url);
+    let key = format!("{prefix}naive-pair");
+    let cad = redis::Script::new(COMPARE_AND_DELETE);
+    let mut token = 0u64;
+    let mut naive_pair = |con: &mut redis::Connection| {
+        token += 1;
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(NAIVE_LEASE_MS)
+            .query(con)
+            .expect("SET NX PX");
+        assert!(set.is_some(), "the uncontended naive lock was taken");
+        let deleted: i64 = cad.key(&key).arg(token).invoke(con).expect("CAD");
+        assert_eq!(deleted, 1, "the naive lock was not ours any more");
+    };
+    let redmutex_pair = || lock.lock().expect("lock").unlock().expect("unlock");
+    // Warm up: scripts loaded, connections open, outside the measured chunks.
+    for _ in 0..WARMUP_OPS {
+        redmutex_pair();
+        naive_pair(&mut con);
+    }
+    let mut out = PairCost {
+        redmutex: common::ServerCost::default(),
+        naive: common::ServerCost::default(),
+        pairs: (PAIR_CHUNKS * PAIRS_PER_CHUNK) as u64,
+    };
+    for _ in 0..PAIR_CHUNKS {
+        let (cost, ()) = common::ServerCost::measure(&mut admin.con, || {
+            (0..PAIRS_PER_CHUNK).for_each(|_| redmutex_pair())
+        });
+        out.redmutex.add(&cost);
+        let (cost, ()) = common::ServerCost::measure(&mut admin.con, || {
+            (0..PAIRS_PER_CHUNK).for_each(|_| naive_pair(&mut con))
+        });
+        out.naive.add(&cost);
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------

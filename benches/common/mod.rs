@@ -419,6 +419,17 @@ impl ServerCost {
         (ServerSnapshot::take(con).since(&before), out)
     }
 
+    /// Adds `other`'s run to this one (runs measured in chunks, interleaved with another
+    /// kind's so that a slow phase of a busy machine weighs on both alike).
+    pub fn add(&mut self, other: &ServerCost) {
+        self.cpu_us += other.cpu_us;
+        for (name, n) in &other.executed {
+            *self.executed.entry(name.clone()).or_insert(0) += n;
+        }
+        self.commands += other.commands;
+        self.reads += other.reads;
+    }
+
     pub fn executed_total(&self) -> u64 {
         self.executed.values().sum()
     }
