@@ -19,6 +19,10 @@
 //!    the commands scripts run: those are told apart by name, from the bundled scripts).
 //!    Also reported: acquisitions/s, per process (least/most, Jain index), and for every
 //!    run the most and mean holds at once and how busy the scripts kept Redis.
+//!    Then a naive mutex (`SET NX PX`, polled every 10 ms, compare-and-delete release) on
+//!    the `Lock`'s 8 threads: the floor of what a lock costs Redis. For every run, what it
+//!    cost the server per acquisition (`ServerSnapshot` in `benches/common`: Redis CPU,
+//!    executed commands by name, requests) beside the naive lock's (issue 18).
 //! 4. Floors, measured in the same run: the 1 ms section as `thread::sleep` really lasts
 //!    here, and a PUBLISH received by a subscriber in another process (plus one EVALSHA
 //!    round trip). From them: the readers' ceiling 8 / (hold + one uncontended read pair),
@@ -158,9 +162,20 @@ enum Kind {
     Read,
     Lock,
     Sem,
+    /// The floor of what a mutex costs Redis: `SET NX PX`, polled every 10 ms while it
+    /// fails, released by a compare-and-delete script; the `Lock`'s threads.
+    Naive,
 }
 
-const KINDS: [Kind; 3] = [Kind::Read, Kind::Lock, Kind::Sem];
+const KINDS: [Kind; 4] = [Kind::Read, Kind::Lock, Kind::Sem, Kind::Naive];
+const NAIVE_POLL: Duration = Duration::from_millis(10);
+/// The naive lock's release: delete the key only while it holds our token.
+const COMPARE_AND_DELETE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
 
 impl Kind {
     fn name(self) -> &'static str {
@@ -168,6 +183,7 @@ impl Kind {
             Kind::Read => "read",
             Kind::Lock => "Lock",
             Kind::Sem => "Semaphore",
+            Kind::Naive => "naive",
         }
     }
 
@@ -175,12 +191,12 @@ impl Kind {
         KINDS
             .into_iter()
             .find(|k| k.name() == s)
-            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected read, Lock or Semaphore"))
+            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected read, Lock, Semaphore or naive"))
     }
 
     fn threads(self) -> usize {
         match self {
-            Kind::Read | Kind::Lock => READER_THREADS,
+            Kind::Read | Kind::Lock | Kind::Naive => READER_THREADS,
             Kind::Sem => SEM_THREADS,
         }
     }
@@ -278,6 +294,7 @@ impl Keys {
             Kind::Lock => "",
             Kind::Read => "!rw:",
             Kind::Sem => "!sem:",
+            Kind::Naive => unreachable!("the naive lock has no redmutex keys"),
         };
         let rest = format!("{object}{{{name}}}");
         let key = format!("{prefix}{rest}");
@@ -313,6 +330,7 @@ impl HandRun {
             Kind::Lock => (LOCK_ACQUIRE, LOCK_RELEASE, PLAIN_FLAGS),
             Kind::Read => (RW_ACQUIRE, RW_RELEASE, READ_FLAGS),
             Kind::Sem => (SEM_ACQUIRE, SEM_RELEASE, PERMIT_FLAGS),
+            Kind::Naive => unreachable!("the naive lock has no redmutex scripts"),
         };
         HandRun {
             kind,
@@ -492,6 +510,8 @@ struct Run {
     calls: HashMap<String, u64>,
     /// EVALSHA and EVAL during the run: calls and Redis's time running the scripts.
     scripts: Stat,
+    /// What the run cost the Redis server (CPU, executed commands, requests).
+    cost: ServerCost,
 }
 
 impl Run {
@@ -600,6 +620,7 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
         c.expect("ready");
     }
     let before = admin.commandstats();
+    let cost_from = ServerSnapshot::take(&mut admin.con);
     let start = mono_ns() + 50_000_000;
     let end = start + (secs * 1e9) as u64;
     for c in &mut children {
@@ -626,6 +647,7 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
         c.wait_success();
         events.push(mine);
     }
+    let cost = ServerSnapshot::take(&mut admin.con).since(&cost_from);
     let after = admin.commandstats();
     let calls = after
         .iter()
@@ -644,6 +666,7 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
         start,
         calls,
         scripts,
+        cost,
     }
 }
 
@@ -666,17 +689,33 @@ enum Handle {
     Read(redmutex::ReadLock),
     Lock(redmutex::Lock),
     Sem(redmutex::Semaphore),
+    Naive(Arc<Naive>),
 }
 
 enum Held {
     Read(redmutex::ReadGuard),
     Lock(redmutex::LockGuard),
     Sem(redmutex::Permit),
+    Naive(Arc<Naive>, String),
+}
+
+/// One thread's naive lock: its own connection, its token counter.
+struct Naive {
+    con: Mutex<(redis::Connection, u64)>,
+    key: String,
+    token: String,
+    release: redis::Script,
 }
 
 impl Handle {
-    fn new(kind: Kind, client: &Client) -> Handle {
+    fn new(kind: Kind, client: &Client, url: &str, prefix: &str) -> Handle {
         match kind {
+            Kind::Naive => Handle::Naive(Arc::new(Naive {
+                con: Mutex::new((connect(url), 0)),
+                key: format!("{prefix}naive:{NAME}"),
+                token: format!("{}:{:?}", std::process::id(), thread::current().id()),
+                release: redis::Script::new(COMPARE_AND_DELETE),
+            })),
             Kind::Read => Handle::Read(client.read_write_lock(NAME).read()),
             Kind::Lock => Handle::Lock(client.lock(NAME)),
             Kind::Sem => Handle::Sem(client.semaphore(NAME, SEM_PERMITS)),
@@ -688,6 +727,24 @@ impl Handle {
             Handle::Read(l) => Held::Read(l.lock().expect("read lock")),
             Handle::Lock(l) => Held::Lock(l.lock().expect("lock")),
             Handle::Sem(s) => Held::Sem(s.acquire().expect("acquire a permit")),
+            Handle::Naive(n) => loop {
+                let mut con = n.con.lock().expect("naive connection");
+                con.1 += 1;
+                let mine = format!("{}:{}", n.token, con.1);
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(&n.key)
+                    .arg(&mine)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(LEASE_MS)
+                    .query(&mut con.0)
+                    .expect("SET NX PX");
+                drop(con);
+                if set.is_some() {
+                    break Held::Naive(n.clone(), mine);
+                }
+                thread::sleep(NAIVE_POLL);
+            },
         }
     }
 }
@@ -699,6 +756,16 @@ impl Held {
             Held::Read(g) => g.unlock().expect("read unlock"),
             Held::Lock(g) => g.unlock().expect("unlock"),
             Held::Sem(p) => p.release().expect("release the permit"),
+            Held::Naive(n, mine) => {
+                let mut con = n.con.lock().expect("naive connection");
+                let deleted: i64 = n
+                    .release
+                    .key(&n.key)
+                    .arg(mine)
+                    .invoke(&mut con.0)
+                    .expect("naive release");
+                assert_eq!(deleted, 1, "the naive lock was not ours any more");
+            }
         }
     }
 }
@@ -714,11 +781,11 @@ fn child_contend(kind: Kind, url: &str, prefix: &str) {
     let results = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = (0..threads)
         .map(|_| {
-            let client = client.clone();
+            let (client, url, prefix) = (client.clone(), url.to_owned(), prefix.to_owned());
             let (ready, go, window) = (ready.clone(), go.clone(), window.clone());
             let (results, one_at_a_time) = (results.clone(), one_at_a_time.clone());
             thread::spawn(move || {
-                let handle = Handle::new(kind, &client);
+                let handle = Handle::new(kind, &client, &url, &prefix);
                 {
                     let _turn = one_at_a_time.lock().expect("warm-up turn");
                     handle.acquire().release();
@@ -829,7 +896,7 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
          Lock: {PROCESSES} processes x {READER_THREADS} threads; Semaphore({SEM_PERMITS}): \
          {PROCESSES} x {SEM_THREADS}"
     );
-    let mut t = Grid::new(&["", "read-write (read)", "Lock", "Semaphore(4)"]);
+    let mut t = Grid::new(&["", "read-write (read)", "Lock", "Semaphore(4)", "naive"]);
     let col = |f: &dyn Fn(&Run) -> String| -> Vec<String> { runs.iter().map(f).collect() };
     t.row("acquisitions/s", col(&|r| f1(r.rate())));
     t.row("acquisitions", col(&|r| r.total().to_string()));
@@ -864,7 +931,21 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
     );
     t.row(
         "ceiling acquisitions/s",
-        vec![f1(read_ceiling), f1(mutex_ceiling), f1(sem_ceiling)],
+        vec![
+            f1(read_ceiling),
+            f1(mutex_ceiling),
+            f1(sem_ceiling),
+            f1(mutex_ceiling),
+        ],
+    );
+    let naive = by_kind(Kind::Naive);
+    server_cost_rows(
+        &mut t,
+        &runs
+            .iter()
+            .map(|r| (&r.cost, r.total()))
+            .collect::<Vec<_>>(),
+        Some((&naive.cost, naive.total())),
     );
     let _ = write!(out, "{}", t.render());
     let _ = writeln!(
@@ -878,6 +959,18 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
             "  {} requests: {}",
             r.kind.name(),
             r.calls_summary(true)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  executed commands per acquisition, by name (INFO commandstats, scripts included):"
+    );
+    for r in runs {
+        let _ = writeln!(
+            out,
+            "  {:<9} {}",
+            r.kind.name(),
+            r.cost.breakdown(r.total())
         );
     }
 
