@@ -14,6 +14,10 @@
 //! - wake-ups: the time from a holder's release to a blocked waiter's return from
 //!   `lock()`, for the RedLock and for a plain lock on one master.
 //!
+//! - what an uncontended pair costs the Redis servers (CPU, executed commands, requests;
+//!   summed over the masters), beside a naive RedLock (`SET NX PX` on each master, then a
+//!   compare-and-delete on each) and, on one master, a plain lock beside the naive lock.
+//!
 //! Medians over interleaved rounds, so a slow phase of a noisy machine hits every figure
 //! alike. It prints tables and exits 0: it measures, it does not gate.
 
@@ -56,6 +60,7 @@ fn main() {
         "uncontended, loopback",
         (WARMUP, ROUNDS, OPS_PER_ROUND),
     );
+    server_cost(&urls);
     if !servers.is_empty() {
         // On loopback a round trip is mostly the servers' CPU, which 5 servers share with
         // the client on a small machine: what concurrency saves there is hidden. With a
@@ -115,6 +120,106 @@ fn main() {
 }
 
 /// The uncontended table on `urls`: `(warm-up, rounds, operations per round)`.
+/// Pairs per kind in the server-cost table, in alternating chunks.
+const COST_CHUNKS: usize = 5;
+const COST_PAIRS_PER_CHUNK: usize = 300;
+const NAIVE_LEASE_MS: u64 = 30_000;
+/// The naive lock's release: delete the key only while it holds our token.
+const COMPARE_AND_DELETE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// What an uncontended pair costs the Redis servers, summed over the masters (issue 18):
+/// the RedLock and a naive RedLock (`SET NX PX` on each master in turn, then a
+/// compare-and-delete on each), and on one master a plain lock and the naive lock.
+fn server_cost(urls: &[String]) {
+    let prefix = unique_prefix("redlock", "cost");
+    let clients: Vec<Client> = urls
+        .iter()
+        .map(|u| common::bench_client(u, &prefix))
+        .collect();
+    let red = MultiLock::red_lock(clients.iter().map(|c| c.lock("cost"))).unwrap();
+    let single = clients[0].lock("cost-single");
+    let mut cons: Vec<redis::Connection> = urls.iter().map(|u| connect(u)).collect();
+    let mut admins: Vec<redis::Connection> = urls.iter().map(|u| connect(u)).collect();
+    let cad = redis::Script::new(COMPARE_AND_DELETE);
+    let key = format!("{prefix}naive");
+    let mut token = 0u64;
+    let mut naive = |cons: &mut [redis::Connection]| {
+        token += 1;
+        for con in cons.iter_mut() {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(NAIVE_LEASE_MS)
+                .query(con)
+                .unwrap();
+            assert!(set.is_some(), "the uncontended naive lock was taken");
+        }
+        for con in cons.iter_mut() {
+            let deleted: i64 = cad.key(&key).arg(token).invoke(con).unwrap();
+            assert_eq!(deleted, 1, "the naive lock was not ours any more");
+        }
+    };
+    let red_pair = || red.lock().unwrap().unlock().unwrap();
+    let single_pair = || single.lock().unwrap().unlock().unwrap();
+    for _ in 0..WARMUP {
+        red_pair();
+        single_pair();
+        naive(&mut cons);
+        naive(&mut cons[..1]);
+    }
+    let mut costs = vec![common::ServerCost::default(); 4];
+    for _ in 0..COST_CHUNKS {
+        for (i, cost) in costs.iter_mut().enumerate() {
+            let (c, ()) = common::ServerCost::measure_all(&mut admins, || {
+                for _ in 0..COST_PAIRS_PER_CHUNK {
+                    match i {
+                        0 => red_pair(),
+                        1 => naive(&mut cons),
+                        2 => single_pair(),
+                        _ => naive(&mut cons[..1]),
+                    }
+                }
+            });
+            cost.add(&c);
+        }
+    }
+    let n = (COST_CHUNKS * COST_PAIRS_PER_CHUNK) as u64;
+    let mut grid = Grid::new(&[
+        "",
+        "RedLock",
+        "naive RedLock",
+        "Lock, 1 master",
+        "naive, 1 master",
+    ]);
+    let columns: Vec<(&common::ServerCost, u64)> = costs.iter().map(|c| (c, n)).collect();
+    common::server_cost_rows(&mut grid, &columns, None);
+    grid.row(
+        "  x its naive (Redis CPU)",
+        vec![
+            format!("{:.2}x", costs[0].cpu_per(n) / costs[1].cpu_per(n)),
+            "1.00x".to_owned(),
+            format!("{:.2}x", costs[2].cpu_per(n) / costs[3].cpu_per(n)),
+            "1.00x".to_owned(),
+        ],
+    );
+    println!(
+        "\nserver cost of an uncontended lock + unlock pair, summed over the {} masters \
+         ({n} pairs per kind in {COST_CHUNKS} alternating chunks; INFO snapshots):",
+        urls.len()
+    );
+    print!("{}", grid.render());
+    for (name, c) in ["RedLock", "naive RedLock"].iter().zip(&costs) {
+        println!("  {name:<13} executed per pair: {}", c.breakdown(n));
+    }
+}
+
 fn pairs(urls: &[String], title: &str, (warmup, rounds, per_round): (usize, usize, usize)) {
     let prefix = unique_prefix("redlock", "pair");
     let clients: Vec<Client> = urls

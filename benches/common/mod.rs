@@ -419,6 +419,21 @@ impl ServerCost {
         (ServerSnapshot::take(con).since(&before), out)
     }
 
+    /// [`ServerCost::measure`] over several servers (a RedLock's masters): their costs
+    /// summed.
+    pub fn measure_all<T>(
+        cons: &mut [redis::Connection],
+        f: impl FnOnce() -> T,
+    ) -> (ServerCost, T) {
+        let before: Vec<ServerSnapshot> = cons.iter_mut().map(ServerSnapshot::take).collect();
+        let out = f();
+        let mut sum = ServerCost::default();
+        for (con, b) in cons.iter_mut().zip(&before) {
+            sum.add(&ServerSnapshot::take(con).since(b));
+        }
+        (sum, out)
+    }
+
     /// Adds `other`'s run to this one (runs measured in chunks, interleaved with another
     /// kind's so that a slow phase of a busy machine weighs on both alike).
     pub fn add(&mut self, other: &ServerCost) {
