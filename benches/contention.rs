@@ -79,14 +79,6 @@ const LOCK_NAME: &str = "contended";
 /// Waits on other processes never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(30);
 
-/// Compare-and-delete: the naive lock's release (and the floor's one script round trip).
-const NAIVE_RELEASE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"#;
-
 fn main() {
     match std::env::var(ROLE_ENV) {
         Ok(role) => child_main(&role),
@@ -557,10 +549,11 @@ fn child_drain(kind: Kind, url: &str, prefix: &str) {
 }
 
 fn child_floor(url: &str, prefix: &str) {
-    let script = redis::Script::new(NAIVE_RELEASE);
+    // The naive lock's release script, on a key that does not exist: one EVALSHA.
+    let naive = common::NaiveLock::new();
     let key = format!("{prefix}none");
     serve_floor(url, &format!("{prefix}channel"), |con| {
-        let _: i64 = script.key(&key).arg("token").invoke(con).expect("EVALSHA");
+        naive.compare_and_delete(con, &key, "token");
     });
 }
 
@@ -573,7 +566,7 @@ enum Handle {
         key: String,
         token: String,
         n: u64,
-        release: redis::Script,
+        naive: common::NaiveLock,
     },
 }
 
@@ -598,7 +591,7 @@ impl Handle {
                     mono_ns()
                 ),
                 n: 0,
-                release: redis::Script::new(NAIVE_RELEASE),
+                naive: common::NaiveLock::new(),
             },
         }
     }
@@ -608,24 +601,18 @@ impl Handle {
             Handle::Lock(lock) => Held::Guard(lock.lock().expect("Lock::lock")),
             Handle::Fair(lock) => Held::Fair(lock.lock().expect("FairLock::lock")),
             Handle::Naive {
-                con, key, token, n, ..
+                con,
+                key,
+                token,
+                n,
+                naive,
             } => {
                 *n += 1;
                 let mine = format!("{token}:{n}");
-                loop {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&*key)
-                        .arg(&mine)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(NAIVE_LEASE_MS)
-                        .query(con)
-                        .expect("SET NX");
-                    if set.is_some() {
-                        return Held::Naive(mine);
-                    }
+                while !naive.try_lock(con, key, &mine, NAIVE_LEASE_MS) {
                     thread::sleep(NAIVE_POLL);
                 }
+                Held::Naive(mine)
             }
         }
     }
@@ -636,17 +623,10 @@ impl Handle {
             (Handle::Fair(_), Held::Fair(g)) => g.unlock().expect("unlock"),
             (
                 Handle::Naive {
-                    con, key, release, ..
+                    con, key, naive, ..
                 },
                 Held::Naive(mine),
-            ) => {
-                let deleted: i64 = release
-                    .key(&*key)
-                    .arg(mine)
-                    .invoke(con)
-                    .expect("naive release");
-                assert_eq!(deleted, 1, "the naive lock was not ours any more");
-            }
+            ) => naive.unlock(con, key, mine),
             _ => unreachable!("a hold of another kind"),
         }
     }

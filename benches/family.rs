@@ -169,13 +169,6 @@ enum Kind {
 
 const KINDS: [Kind; 4] = [Kind::Read, Kind::Lock, Kind::Sem, Kind::Naive];
 const NAIVE_POLL: Duration = Duration::from_millis(10);
-/// The naive lock's release: delete the key only while it holds our token.
-const COMPARE_AND_DELETE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"#;
 
 impl Kind {
     fn name(self) -> &'static str {
@@ -704,7 +697,7 @@ struct Naive {
     con: Mutex<(redis::Connection, u64)>,
     key: String,
     token: String,
-    release: redis::Script,
+    lock: common::NaiveLock,
 }
 
 impl Handle {
@@ -714,7 +707,7 @@ impl Handle {
                 con: Mutex::new((connect(url), 0)),
                 key: format!("{prefix}naive:{NAME}"),
                 token: format!("{}:{:?}", std::process::id(), thread::current().id()),
-                release: redis::Script::new(COMPARE_AND_DELETE),
+                lock: common::NaiveLock::new(),
             })),
             Kind::Read => Handle::Read(client.read_write_lock(NAME).read()),
             Kind::Lock => Handle::Lock(client.lock(NAME)),
@@ -731,16 +724,9 @@ impl Handle {
                 let mut con = n.con.lock().expect("naive connection");
                 con.1 += 1;
                 let mine = format!("{}:{}", n.token, con.1);
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(&n.key)
-                    .arg(&mine)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(LEASE_MS)
-                    .query(&mut con.0)
-                    .expect("SET NX PX");
+                let taken = n.lock.try_lock(&mut con.0, &n.key, &mine, LEASE_MS);
                 drop(con);
-                if set.is_some() {
+                if taken {
                     break Held::Naive(n.clone(), mine);
                 }
                 thread::sleep(NAIVE_POLL);
@@ -758,13 +744,7 @@ impl Held {
             Held::Sem(p) => p.release().expect("release the permit"),
             Held::Naive(n, mine) => {
                 let mut con = n.con.lock().expect("naive connection");
-                let deleted: i64 = n
-                    .release
-                    .key(&n.key)
-                    .arg(mine)
-                    .invoke(&mut con.0)
-                    .expect("naive release");
-                assert_eq!(deleted, 1, "the naive lock was not ours any more");
+                n.lock.unlock(&mut con.0, &n.key, mine);
             }
         }
     }

@@ -731,14 +731,6 @@ fn naive_release(con: &mut redis::Connection, key: &str) {
 const PAIR_CHUNKS: usize = 5;
 const PAIRS_PER_CHUNK: usize = 1_000;
 
-/// The rslock-style release: delete the key only while it holds our token.
-const COMPARE_AND_DELETE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"#;
-
 struct PairCost {
     redmutex: common::ServerCost,
     naive: common::ServerCost,
@@ -789,21 +781,15 @@ fn pair_server_cost(url: &str, admin: &mut Admin) -> PairCost {
     let lock = client.lock("pair");
     let mut con = connect(url);
     let key = format!("{prefix}naive-pair");
-    let cad = redis::Script::new(COMPARE_AND_DELETE);
+    let naive = common::NaiveLock::new();
     let mut token = 0u64;
     let mut naive_pair = |con: &mut redis::Connection| {
         token += 1;
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(NAIVE_LEASE_MS)
-            .query(con)
-            .expect("SET NX PX");
-        assert!(set.is_some(), "the uncontended naive lock was taken");
-        let deleted: i64 = cad.key(&key).arg(token).invoke(con).expect("CAD");
-        assert_eq!(deleted, 1, "the naive lock was not ours any more");
+        assert!(
+            naive.try_lock(con, &key, token, NAIVE_LEASE_MS),
+            "the uncontended naive lock was taken"
+        );
+        naive.unlock(con, &key, token);
     };
     let redmutex_pair = || lock.lock().expect("lock").unlock().expect("unlock");
     // Warm up: scripts loaded, connections open, outside the measured chunks.

@@ -124,13 +124,6 @@ fn main() {
 const COST_CHUNKS: usize = 5;
 const COST_PAIRS_PER_CHUNK: usize = 300;
 const NAIVE_LEASE_MS: u64 = 30_000;
-/// The naive lock's release: delete the key only while it holds our token.
-const COMPARE_AND_DELETE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"#;
 
 /// What an uncontended pair costs the Redis servers, summed over the masters (issue 18):
 /// the RedLock and a naive RedLock (`SET NX PX` on each master in turn, then a
@@ -145,25 +138,19 @@ fn server_cost(urls: &[String]) {
     let single = clients[0].lock("cost-single");
     let mut cons: Vec<redis::Connection> = urls.iter().map(|u| connect(u)).collect();
     let mut admins: Vec<redis::Connection> = urls.iter().map(|u| connect(u)).collect();
-    let cad = redis::Script::new(COMPARE_AND_DELETE);
+    let lock = common::NaiveLock::new();
     let key = format!("{prefix}naive");
     let mut token = 0u64;
     let mut naive = |cons: &mut [redis::Connection]| {
         token += 1;
         for con in cons.iter_mut() {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg(token)
-                .arg("NX")
-                .arg("PX")
-                .arg(NAIVE_LEASE_MS)
-                .query(con)
-                .unwrap();
-            assert!(set.is_some(), "the uncontended naive lock was taken");
+            assert!(
+                lock.try_lock(con, &key, token, NAIVE_LEASE_MS),
+                "the uncontended naive lock was taken"
+            );
         }
         for con in cons.iter_mut() {
-            let deleted: i64 = cad.key(&key).arg(token).invoke(con).unwrap();
-            assert_eq!(deleted, 1, "the naive lock was not ours any more");
+            lock.unlock(con, &key, token);
         }
     };
     let red_pair = || red.lock().unwrap().unlock().unwrap();

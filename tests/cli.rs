@@ -583,6 +583,23 @@ fn held_kinds(server: &RedisServer, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// Once `name`'s `kind` has a waiter, `redmutex unlock --force name` succeeds and says it
+/// freed that kind, held by `holder`.
+fn force_unlock_with_a_waiter(server: &RedisServer, holder: &Client, name: &str, kind: &str) {
+    assert!(
+        support::wait_until(Duration::from_secs(5), || holder
+            .inspect(name)
+            .unwrap()
+            .iter()
+            .any(|i| i.kind == kind && i.waiters.len() == 1)),
+        "nobody waits on {name}"
+    );
+    let out = output(redmutex(server).args(["unlock", "--force", name]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains(kind) && said.contains(holder.id()), "{said}");
+}
+
 #[test]
 fn unlock_force_frees_every_kind_status_shows_held() {
     let server = RedisServer::new();
@@ -599,18 +616,7 @@ fn unlock_force_frees_every_kind_status_shows_held() {
         let w = writer_client.read_write_lock("rw").write().lock().unwrap();
         w.unlock().unwrap();
     });
-    assert!(support::wait_until(Duration::from_secs(5), || c
-        .inspect("rw")
-        .unwrap()
-        .iter()
-        .any(|i| i.kind == "read-write lock" && i.waiters.len() == 1)));
-    let out = output(redmutex(&server).args(["unlock", "--force", "rw"]));
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}");
-    assert!(
-        said.contains("read-write lock") && said.contains(c.id()),
-        "{said}"
-    );
+    force_unlock_with_a_waiter(&server, &c, "rw", "read-write lock");
     // The writer that waited got it (it was handed on), and released it.
     writer.join().unwrap();
     assert!(
@@ -634,18 +640,7 @@ fn unlock_force_frees_every_kind_status_shows_held() {
         done.recv().unwrap();
         permit.release().unwrap();
     });
-    assert!(support::wait_until(Duration::from_secs(5), || c
-        .inspect("sem")
-        .unwrap()
-        .iter()
-        .any(|i| i.kind == "semaphore" && i.waiters.len() == 1)));
-    let out = output(redmutex(&server).args(["unlock", "--force", "sem"]));
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}");
-    assert!(
-        said.contains("semaphore") && said.contains(c.id()),
-        "{said}"
-    );
+    force_unlock_with_a_waiter(&server, &c, "sem", "semaphore");
     took.recv_timeout(Duration::from_secs(2))
         .expect("the waiter was not handed a freed permit");
     assert_eq!(sem.available_permits().unwrap(), 1);

@@ -523,6 +523,85 @@ enum Ask {
     Unlock,
 }
 
+/// The stage of the handoff-while-leaving tests: a `MultiLock` of three locks on one
+/// server with a quorum of two (`a`, `b`, `c`), its client behind a proxy that holds each
+/// cancel (loaded beforehand: one EVALSHA it can hold up) for `cancel_delay`, members
+/// given 5 s (the replies are late, not lost); `b` and `c` held by another client.
+struct Scene {
+    server: RedisServer,
+    proxy: FaultProxy,
+    _holder: Client,
+    other: Client,
+    names: Vec<String>,
+    cancel: String,
+    multi: MultiLock,
+    b: redmutex::LockGuard,
+    c: redmutex::LockGuard,
+}
+
+impl Scene {
+    fn new(name: &str, cancel_delay: Duration) -> Scene {
+        let server = RedisServer::new();
+        let proxy = FaultProxy::new(server.port());
+        let long = |url: &str| {
+            support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(5))
+        };
+        let (holder, other, waiter) =
+            (long(&server.url()), long(&server.url()), long(&proxy.url()));
+        let names: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|m| format!("{name}-{m}"))
+            .collect();
+        let cancel_script = support::queued_script(include_str!("../lua/cancel.lua"));
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&cancel_script)
+            .query(&mut server.connection())
+            .expect("SCRIPT LOAD");
+        let cancel = sha(&cancel_script);
+        proxy.delay_requests_containing(&cancel, cancel_delay);
+        let multi = MultiLock::new(names.iter().map(|n| waiter.lock(n.as_str())))
+            .unwrap()
+            .with_quorum(2)
+            .unwrap()
+            .with_member_timeout(Duration::from_secs(5))
+            .unwrap();
+        let b = holder.lock(names[1].as_str()).lock().expect("b");
+        let c = holder.lock(names[2].as_str()).lock().expect("c");
+        Scene {
+            server,
+            proxy,
+            _holder: holder,
+            other,
+            names,
+            cancel,
+            multi,
+            b,
+            c,
+        }
+    }
+}
+
+/// A third client that wants `lock`, on a thread of its own: once it holds it, it sets
+/// `holds` and sends `None`; then, told to (the returned sender), it sends whether its
+/// guard said lost and whether its unlock succeeded.
+fn wants(
+    lock: redmutex::Lock,
+    holds: Arc<AtomicBool>,
+) -> (mpsc::Receiver<Option<(bool, bool)>>, mpsc::Sender<()>) {
+    let (got, other_got) = mpsc::channel();
+    let (free, other_free) = mpsc::channel::<()>();
+    thread::spawn(move || {
+        let guard = lock.lock().expect("the other client's lock()");
+        holds.store(true, Ordering::SeqCst);
+        let _ = got.send(None);
+        let _ = other_free.recv_timeout(Duration::from_secs(20));
+        let lost = guard.is_lease_lost();
+        let _ = got.send(Some((lost, guard.unlock().is_ok())));
+    });
+    (other_got, free)
+}
+
 /// A `MultiLock` of three locks on one server with a quorum of two (`a`, `b`, `c`), its
 /// client behind a proxy, waits queued on `b` and `c`, both held by another client. `b` is
 /// released and handed to it: with the free `a`, a quorum, so it leaves `c`'s queue. The
@@ -532,33 +611,17 @@ enum Ask {
 /// server) is over by then, and a third client takes `c`. The returned guard must not
 /// count `c` then, and must count it, for a full lease, when the reply comes in time.
 fn handed_while_leaving(name: &str, late: bool) {
-    let server = RedisServer::new();
-    let proxy = FaultProxy::new(server.port());
-    let long =
-        |url: &str| support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(5));
-    let (holder, other, waiter) = (long(&server.url()), long(&server.url()), long(&proxy.url()));
-    let names: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|m| format!("{name}-{m}"))
-        .collect();
-    // Loaded beforehand, so that the cancel is one EVALSHA the proxy can hold up.
-    let cancel_script = support::queued_script(include_str!("../lua/cancel.lua"));
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(&cancel_script)
-        .query(&mut server.connection())
-        .expect("SCRIPT LOAD");
-    let cancel = sha(&cancel_script);
-    proxy.delay_requests_containing(&cancel, Duration::from_millis(600));
-    let multi = MultiLock::new(names.iter().map(|n| waiter.lock(n.as_str())))
-        .unwrap()
-        .with_quorum(2)
-        .unwrap()
-        // Above the proxy's delays: the replies are late, not lost.
-        .with_member_timeout(Duration::from_secs(5))
-        .unwrap();
-    let b = holder.lock(names[1].as_str()).lock().expect("b");
-    let c = holder.lock(names[2].as_str()).lock().expect("c");
+    let Scene {
+        server,
+        proxy,
+        _holder,
+        other,
+        names,
+        cancel,
+        multi,
+        b,
+        c,
+    } = Scene::new(name, Duration::from_millis(600));
 
     let other_holds = Arc::new(AtomicBool::new(false));
     let (report, reported) = mpsc::channel();
@@ -599,17 +662,7 @@ fn handed_while_leaving(name: &str, late: bool) {
     assert!(exists(&server, &names[2]), "c was not handed to the waiter");
 
     // A third client wants c: it gets it once the waiter's hold lapses, or is released.
-    let (got, other_got) = mpsc::channel();
-    let (free, other_free) = mpsc::channel::<()>();
-    let wanted = other.lock(names[2].as_str());
-    thread::spawn(move || {
-        let guard = wanted.lock().expect("the other client's lock()");
-        other_holds.store(true, Ordering::SeqCst);
-        let _ = got.send(None);
-        let _ = other_free.recv_timeout(Duration::from_secs(20));
-        let lost = guard.is_lease_lost();
-        let _ = got.send(Some((lost, guard.unlock().is_ok())));
-    });
+    let (other_got, free) = wants(other.lock(names[2].as_str()), other_holds);
 
     let (held_on, lost, beside_other) = reported
         .recv_timeout(Duration::from_secs(10))
@@ -687,31 +740,17 @@ fn a_member_handed_over_while_leaving_its_queue_is_counted_and_kept() {
 /// before the pickup window would have run out); with `late`, the hold lapsed and the
 /// other client took `c` before the reply came, and the release must leave that hold alone.
 fn handed_while_giving_up(name: &str, late: bool) {
-    let server = RedisServer::new();
-    let proxy = FaultProxy::new(server.port());
-    let long =
-        |url: &str| support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(5));
-    let (holder, other, waiter) = (long(&server.url()), long(&server.url()), long(&proxy.url()));
-    let names: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|m| format!("{name}-{m}"))
-        .collect();
-    let cancel_script = support::queued_script(include_str!("../lua/cancel.lua"));
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(&cancel_script)
-        .query(&mut server.connection())
-        .expect("SCRIPT LOAD");
-    let cancel = sha(&cancel_script);
-    proxy.delay_requests_containing(&cancel, Duration::from_millis(300));
-    let multi = MultiLock::new(names.iter().map(|n| waiter.lock(n.as_str())))
-        .unwrap()
-        .with_quorum(2)
-        .unwrap()
-        .with_member_timeout(Duration::from_secs(5))
-        .unwrap();
-    let b = holder.lock(names[1].as_str()).lock().expect("b");
-    let c = holder.lock(names[2].as_str()).lock().expect("c");
+    let Scene {
+        server,
+        proxy,
+        _holder,
+        other,
+        names,
+        cancel,
+        multi,
+        b,
+        c,
+    } = Scene::new(name, Duration::from_millis(300));
 
     let other_holds = Arc::new(AtomicBool::new(false));
     let (report, reported) = mpsc::channel();
@@ -745,17 +784,7 @@ fn handed_while_giving_up(name: &str, late: bool) {
     );
     assert!(exists(&server, &names[2]), "c was not handed to the waiter");
 
-    let (got, other_got) = mpsc::channel();
-    let (free, other_free) = mpsc::channel::<()>();
-    let wanted = other.lock(names[2].as_str());
-    thread::spawn(move || {
-        let guard = wanted.lock().expect("the other client's lock()");
-        other_holds.store(true, Ordering::SeqCst);
-        let _ = got.send(None);
-        let _ = other_free.recv_timeout(Duration::from_secs(20));
-        let lost = guard.is_lease_lost();
-        let _ = got.send(Some((lost, guard.unlock().is_ok())));
-    });
+    let (other_got, free) = wants(other.lock(names[2].as_str()), other_holds);
 
     let (outcome, beside_other) = reported
         .recv_timeout(Duration::from_secs(10))

@@ -278,6 +278,35 @@ fn every_kind_of_primitive_works_on_a_sentinel_primary() {
     permit.release().unwrap();
 }
 
+/// `name`'s fair lock held by one client, and a thread of another client blocked in
+/// `lock()` on it, which sends the instant it got the lock, then releases it. The waiting
+/// client's watchdog looks at its queue entry only every 10 s, which would otherwise pass
+/// a grant on too. Returns the hold, the instant's receiver, the thread and the clients.
+fn held_and_waited_for(
+    topo: &Sentinels,
+    name: &'static str,
+) -> (
+    redmutex::LockGuard<redmutex::Fair>,
+    mpsc::Receiver<Instant>,
+    thread::JoinHandle<()>,
+    (Client, Client),
+) {
+    let holder = sentinel_client(topo).build().unwrap();
+    let waiter_client = sentinel_client(topo)
+        .watchdog_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = holder.fair_lock(name).lock().unwrap();
+    let (acquired_tx, acquired) = mpsc::channel();
+    let lock = waiter_client.fair_lock(name);
+    let waiter = thread::spawn(move || {
+        let guard = lock.lock().expect("waiter acquires");
+        acquired_tx.send(Instant::now()).unwrap();
+        guard.unlock().expect("waiter unlocks");
+    });
+    (held, acquired, waiter, (holder, waiter_client))
+}
+
 /// A frozen sentinel (SIGSTOP: it accepts connections and answers nothing) first in the
 /// client's order costs the pub/sub reader's periodic asking for the primary (every 2 s)
 /// at most a short per-sentinel timeout, then the next sentinel answers: a grant published
@@ -287,21 +316,8 @@ fn every_kind_of_primitive_works_on_a_sentinel_primary() {
 fn a_frozen_sentinel_does_not_hold_up_grants() {
     const NAME: &str = "frozen-sentinel";
     let topo = Sentinels::new(1, 3);
-    let holder = sentinel_client(&topo).build().unwrap();
-    // Its watchdog looks at its queue entry every 10 s, which would pass the grant on too.
-    let waiter_client = sentinel_client(&topo)
-        .watchdog_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let held = holder.fair_lock(NAME).lock().unwrap();
     let mut primary = primary_connection(&topo);
-    let (acquired_tx, acquired) = mpsc::channel();
-    let lock = waiter_client.fair_lock(NAME);
-    let waiter = thread::spawn(move || {
-        let guard = lock.lock().expect("waiter acquires");
-        acquired_tx.send(Instant::now()).unwrap();
-        guard.unlock().expect("waiter unlocks");
-    });
+    let (held, acquired, waiter, _clients) = held_and_waited_for(&topo, NAME);
     assert!(
         wait_until(Duration::from_secs(5), || support::subscribers(
             &mut primary,
@@ -337,20 +353,8 @@ fn a_frozen_sentinel_does_not_hold_up_grants() {
 fn a_frozen_sentinel_does_not_hold_up_a_reconnect() {
     const NAME: &str = "frozen-sentinel-reconnect";
     let topo = Sentinels::new(1, 3);
-    let holder = sentinel_client(&topo).build().unwrap();
-    let waiter_client = sentinel_client(&topo)
-        .watchdog_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
     let mut primary = primary_connection(&topo);
-    let held = holder.fair_lock(NAME).lock().unwrap();
-    let (acquired_tx, acquired) = mpsc::channel();
-    let lock = waiter_client.fair_lock(NAME);
-    let waiter = thread::spawn(move || {
-        let guard = lock.lock().expect("waiter acquires");
-        acquired_tx.send(Instant::now()).unwrap();
-        guard.unlock().expect("waiter unlocks");
-    });
+    let (held, acquired, waiter, _clients) = held_and_waited_for(&topo, NAME);
     let queue = format!("redmutex:!queue:{{{NAME}}}");
     assert!(
         wait_until(Duration::from_secs(5), || redis::cmd("LLEN")

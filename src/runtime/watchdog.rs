@@ -121,6 +121,25 @@ pub(crate) struct Registration {
 
 type Holds = HashMap<Vec<u8>, HashMap<u64, Hold>>;
 
+/// The levels `token`'s hold of the lock `key` counts now (see [`Hold::live_levels`]).
+fn live_levels(holds: &Holds, key: &[u8], token: u64) -> usize {
+    holds
+        .get(key)
+        .and_then(|by_token| by_token.get(&token))
+        .map_or(0, |hold| hold.live_levels(Instant::now()))
+}
+
+/// Takes `token`'s hold of the lock `key` out of the table, and the lock's entry with it
+/// once no thread holds it.
+fn remove_hold(holds: &mut Holds, key: &[u8], token: u64) -> Option<Hold> {
+    let by_token = holds.get_mut(key)?;
+    let hold = by_token.remove(&token);
+    if by_token.is_empty() {
+        holds.remove(key);
+    }
+    hold
+}
+
 /// An acquire attempt whose outcome is unknown (it timed out, or its connection failed
 /// after sending): Redis may have run it, or may still run it, leaving a level nobody
 /// holds. The watchdog thread gives such a level back (twice, in case the script ran
@@ -517,11 +536,7 @@ impl Watchdog {
     /// The levels this thread holds of the lock, as far as this process knows: what the
     /// acquire script is told, so that a repeated call cannot count a level twice.
     pub(crate) fn levels(&self, key: &[u8], token: u64) -> usize {
-        let holds = self.settled(key, token);
-        holds
-            .get(key)
-            .and_then(|by_token| by_token.get(&token))
-            .map_or(0, |hold| hold.live_levels(Instant::now()))
+        live_levels(&self.settled(key, token), key, token)
     }
 
     /// Whether this thread has a live hold of the lock here: not known lost, and with a
@@ -532,11 +547,7 @@ impl Watchdog {
 
     /// [`levels`](Watchdog::levels) without waiting for a renewal round in flight.
     pub(crate) fn levels_now(&self, key: &[u8], token: u64) -> usize {
-        let holds = self.holds.lock();
-        holds
-            .get(key)
-            .and_then(|by_token| by_token.get(&token))
-            .map_or(0, |hold| hold.live_levels(Instant::now()))
+        live_levels(&self.holds.lock(), key, token)
     }
 
     /// Forgets this thread's hold of the lock if it is over here (lost, or every lease of
@@ -546,35 +557,25 @@ impl Watchdog {
     pub(crate) fn forget_over(&self, key: &[u8], token: u64) -> bool {
         let now = Instant::now();
         let mut holds = self.holds.lock();
-        let Some(by_token) = holds.get_mut(key) else {
-            return false;
-        };
-        let over = by_token
-            .get(&token)
+        let over = holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
             .is_some_and(|hold| !hold.levels.is_empty() && hold.live_levels(now) == 0);
         if over {
-            by_token.remove(&token);
-            if by_token.is_empty() {
-                holds.remove(key);
-            }
+            remove_hold(&mut holds, key, token);
         }
         over
     }
 
     /// Marks this thread's hold of the lock lost and forgets it: the server showed it gone.
     pub(crate) fn hold_gone(&self, key: &[u8], token: u64) {
-        let mut holds = self.holds.lock();
-        if let Some(by_token) = holds.get_mut(key) {
-            if let Some(hold) = by_token.remove(&token) {
-                hold.lost.store(true, Ordering::SeqCst);
-                log::warn!(
-                    "redmutex: lease of lock {:?} was lost before this thread took it again",
-                    String::from_utf8_lossy(&hold.keys.key)
-                );
-            }
-            if by_token.is_empty() {
-                holds.remove(key);
-            }
+        let gone = remove_hold(&mut self.holds.lock(), key, token);
+        if let Some(hold) = gone {
+            hold.lost.store(true, Ordering::SeqCst);
+            log::warn!(
+                "redmutex: lease of lock {:?} was lost before this thread took it again",
+                String::from_utf8_lossy(&hold.keys.key)
+            );
         }
     }
 
