@@ -106,6 +106,15 @@ impl Error {
     }
 }
 
+/// A redis-rs timeout error saying `what`: for a call this crate gave up on itself (its
+/// outcome unknown, like a command that timed out), so that it reads and is handled as one.
+pub(crate) fn timed_out(what: impl Into<String>) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        what.into(),
+    ))
+}
+
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {

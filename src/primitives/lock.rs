@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
 use crate::runtime::client::CALL_MEMORY;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
+use crate::runtime::pool::Con;
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscription;
@@ -504,31 +505,16 @@ impl<K: Kind> Lock<K> {
                 Ok(Ok(grant)) => grant,
                 other => return Ok(other),
             };
-            // With sync_replicas, a grant the replicas did not confirm, or a WAIT that
-            // failed (an ACL without +wait, a proxy without WAIT), is given back on the
-            // same connection: a lock the caller is told it did not get must not stay
-            // taken for a whole lease.
-            let failure = match inner.await_replicas(con, &keys.key) {
-                Ok(None) => return Ok(Ok(Ok(grant))),
-                Ok(Some(shortfall)) => Ok(shortfall),
-                Err(e) => Err(e),
+            let need = || {
+                let watchdog_ms = millis(inner.config.watchdog_timeout);
+                inner.watchdog.need_ms(&keys.hold, token, watchdog_ms)
             };
-            let need =
-                inner
-                    .watchdog
-                    .need_ms(&keys.hold, token, millis(inner.config.watchdog_timeout));
-            let rollback: redis::RedisResult<(i64, i64)> = scripts::eval(
-                con,
-                ops.release,
-                &queue::release(keys, holder, need, grant.count as usize),
-            );
-            match (failure, rollback) {
-                (Ok(shortfall), Ok(_)) => Ok(Err(shortfall)),
-                // The rollback's own failure is the one to report: the level may remain
-                // until its lease ends (or this thread's next acquisition adopts it).
-                (Ok(_), Err(e)) => Err(e),
-                (Err(e), _) => Err(e),
-            }
+            Ok(
+                match self.replicated(con, holder, need, grant.count as usize)? {
+                    None => Ok(Ok(grant)),
+                    Some(shortfall) => Err(shortfall),
+                },
+            )
         });
         let outcome = outcome.and_then(|refused| refused);
         self.settle_attempt((token, holder), held, join.is_some(), outcome)
@@ -642,21 +628,44 @@ impl<K: Kind> Lock<K> {
             if !lost.is_empty() {
                 return Ok(Ok(false));
             }
-            // The renewal always writes, so this WAIT covers the grant written before it.
-            let failure = match inner.await_replicas(con, &keys.key) {
-                Ok(None) => return Ok(Ok(true)),
-                Ok(Some(shortfall)) => Ok(shortfall),
-                Err(e) => Err(e),
-            };
-            let rollback: redis::RedisResult<(i64, i64)> =
-                scripts::eval(con, keys.ops.release, &queue::release(keys, holder, 0, 1));
-            match (failure, rollback) {
-                (Ok(shortfall), Ok(_)) => Ok(Err(shortfall)),
-                (Ok(_), Err(e)) => Err(e),
-                (Err(e), _) => Err(e),
-            }
+            // The renewal always writes, so its WAIT covers the grant written before it.
+            Ok(match self.replicated(con, holder, || 0, 1)? {
+                None => Ok(true),
+                Some(shortfall) => Err(shortfall),
+            })
         });
         outcome.and_then(|confirmed| confirmed)
+    }
+
+    /// With `sync_replicas`, after a script on `con` gave `holder` a level (it now holds
+    /// `held`): `None` once the replicas confirmed it (or none are asked for). A grant the
+    /// replicas did not confirm, or a WAIT that failed (an ACL without +wait, a proxy
+    /// without WAIT), is given back on the same connection (the levels left need `need()`
+    /// ms), since a lock the caller is told it did not get must not stay taken for a whole
+    /// lease: `Some(why)`. The give-back's own failure is the one reported: the level may
+    /// then remain until its lease ends (or the thread's next acquisition adopts it).
+    fn replicated(
+        &self,
+        con: &mut Con,
+        holder: &str,
+        need: impl FnOnce() -> u64,
+        held: usize,
+    ) -> redis::RedisResult<Option<Error>> {
+        let keys = &self.keys;
+        let failure = match self.client.inner.await_replicas(con, &keys.key) {
+            Ok(None) => return Ok(None),
+            Ok(Some(shortfall)) => Ok(shortfall),
+            Err(e) => Err(e),
+        };
+        let rollback: redis::RedisResult<(i64, i64)> = scripts::eval(
+            con,
+            keys.ops.release,
+            &queue::release(keys, holder, need(), held),
+        );
+        match (failure, rollback) {
+            (Ok(shortfall), Ok(_)) => Ok(Some(shortfall)),
+            (Ok(_), Err(e)) | (Err(e), _) => Err(e),
+        }
     }
 
     pub(crate) fn wait_bound(&self, pttl: i64) -> Duration {

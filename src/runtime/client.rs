@@ -624,10 +624,9 @@ impl Inner {
         self.run(|con| {
             runs += 1;
             if runs > 1 && started.elapsed() > CALL_MEMORY / 2 {
-                return Err(redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
+                return Err(crate::error::timed_out(
                     "the reply was lost, and too long ago to repeat the call safely",
-                )));
+                ));
             }
             f(con)
         })

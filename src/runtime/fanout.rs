@@ -405,10 +405,7 @@ fn skipped(why: &str) -> Error {
 
 /// The failure of a connection, for each call whose reply it lost: the call may have run.
 fn clone_error(e: &redis::RedisError) -> Error {
-    Error::from(redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        e.to_string(),
-    )))
+    Error::from(crate::error::timed_out(e.to_string()))
 }
 
 /// The same failure for another call of the same transaction: unreachable stays
@@ -417,10 +414,7 @@ fn copy_error(e: &Error) -> Error {
     match e {
         Error::Timeout(r) => clone_error(r),
         Error::Redis(r) if r.is_io_error() || r.is_timeout() => clone_error(r),
-        Error::Pool(p) => clone_error(&redis::RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            p.to_string(),
-        ))),
+        Error::Pool(p) => clone_error(&crate::error::timed_out(p.to_string())),
         other => Error::Redis(redis::RedisError::from((
             redis::ErrorKind::Client,
             "failed with the other calls of its transaction",

@@ -456,12 +456,9 @@ impl Watchdog {
                     None => self.cleaned.wait(&mut doubts),
                     Some(until) => {
                         if self.cleaned.wait_until(&mut doubts, until).timed_out() {
-                            return Err(Error::Timeout(redis::RedisError::from(
-                                std::io::Error::new(
-                                    std::io::ErrorKind::TimedOut,
-                                    "the clean-up of an earlier attempt on this lock is \
-                                     still waiting for Redis",
-                                ),
+                            return Err(Error::Timeout(crate::error::timed_out(
+                                "the clean-up of an earlier attempt on this lock is still \
+                                 waiting for Redis",
                             )));
                         }
                     }
