@@ -704,3 +704,62 @@ fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
     }
     drop(doomed);
 }
+
+/// Script calls (EVALSHA and FCALL) the node at `con` has run so far.
+fn script_calls(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_fcall:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Issue 18: a script may touch the keys of one slot only, so the watchdog's renewals go
+/// one call per slot per round, not one per lock: three held locks whose keys share a
+/// slot are renewed together.
+#[test]
+fn held_locks_in_one_slot_are_renewed_in_one_call_per_round() {
+    const WATCHDOG: Duration = Duration::from_millis(1500);
+    let cluster = Cluster::new(3, 0);
+    let (first, second, slot) = two_names_in_one_slot();
+    let third = (0..)
+        .map(|i| format!("also-same-slot-{i}"))
+        .find(|n| key_slot(lock_key(n)) == slot)
+        .unwrap();
+    let client = Client::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let guards: Vec<_> = [&first, &second, &third]
+        .iter()
+        .map(|n| client.lock(n.as_str()).lock().unwrap())
+        .collect();
+    let mut con = cluster.connection_for_key(lock_key(&first));
+    let before = script_calls(&mut con);
+    let started = Instant::now();
+    thread::sleep(Duration::from_millis(2_500));
+    let calls = script_calls(&mut con) - before;
+    let elapsed = started.elapsed();
+    // A round every 500 ms: about elapsed / 500 ms + 1 rounds fell in the window; one
+    // more for a round run late and the next on time. One call per lock would be three.
+    let rounds = elapsed.as_millis() as u64 / 500 + 2;
+    println!("{calls} script calls in {elapsed:?} (at most {rounds} rounds)");
+    assert!(calls >= 1, "nothing was renewed in {elapsed:?}");
+    assert!(
+        calls <= rounds,
+        "{calls} renewal calls for three locks of one slot in at most {rounds} rounds"
+    );
+    assert!(guards.iter().all(|g| !g.is_lease_lost()));
+    for g in guards {
+        g.unlock().unwrap();
+    }
+}

@@ -1007,15 +1007,16 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
     } else {
         Vec::new()
     };
-    // On a cluster one script may only touch keys of one slot: a batch is one lock's keys
-    // (its hash tag), and the batches are sorted so that each lock's holds and queue
-    // entries are neighbours. Elsewhere every lock shares one batch.
+    // On a cluster one script may only touch keys of one slot: a batch is one slot's
+    // holds and queue entries (locks of different names share a call when their tags
+    // hash alike), sorted so that they are neighbours. Elsewhere every lock shares one
+    // batch.
     let cluster = inner.is_cluster();
-    let group = |key: &[u8]| -> Vec<u8> {
+    let group = |key: &[u8]| -> u16 {
         if cluster {
-            hash_tag(key).to_vec()
+            slot(key)
         } else {
-            Vec::new()
+            0
         }
     };
     if cluster {
@@ -1103,6 +1104,11 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         }
         inner.watchdog.renewed(batch);
     }
+}
+
+/// The Redis Cluster slot of `key`.
+fn slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16384
 }
 
 /// The part of `key` Redis Cluster hashes to find its slot: between the first `{` and
