@@ -66,8 +66,14 @@ while k + 1 <= #KEYS do
         now = now or clock()
         local rest = string.match(v, '^%d+ (.*)$')
         redis.call('hset', waiters, holder, string.format('%d', now + ttl) .. ' ' .. rest)
-        raise(queue, ttl)
-        raise(waiters, ttl)
+        -- As queue.lua's Q.outlive: the entry is a field of the waiters hash, which the
+        -- list needs to outlive, no more.
+        if redis.call('pttl', waiters) < ttl then
+            redis.call('pexpire', waiters, ttl)
+            redis.call('pexpire', queue, ttl)
+        elseif redis.call('pttl', queue) < ttl then
+            redis.call('pexpire', queue, ttl)
+        end
     else
         gone[#gone + 1] = j
     end
