@@ -97,7 +97,7 @@ if pttl == -2 then
             mine = not fair and not fairs and now - since < tonumber(ARGV[10])
             if not mine then
                 mine = not Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true,
-                    holder)
+                    holder, true)
             end
             if mine then
                 Q.remove(holder)

@@ -92,6 +92,11 @@ function M.soonest(now)
     return math.max(tonumber(first[2]) - now, 0)
 end
 
+-- Shares: after a grant, the next waiter may fit too.
+function Q.sole(f)
+    return false
+end
+
 function Q.clear()
     redis.call('del', KEYS[1], KEYS[5])
 end

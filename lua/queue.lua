@@ -16,7 +16,8 @@
 -- What a hold is differs by primitive, so the queue reaches the hold only through three
 -- hooks, defined here for a lock (the hash is the hold, its expiry the lease) and redefined
 -- by leases.lua, rw.lua and semaphore.lua, which come after this file: Q.fits (may the
--- waiter hold now), Q.take (make it the holder), Q.clear (free everything).
+-- waiter hold now), Q.take (make it the holder), Q.sole (does that holder exclude all
+-- others), Q.clear (free everything).
 --
 -- A waiter is told its turn on the channel <inbox><client id> (its holder id is
 -- "<client id>:<thread token>"): "g <token> <ticket> <fence>" when the lock was handed to
@@ -59,6 +60,12 @@ function Q.take(h, lease, f, fence, a, now)
         redis.call('hset', KEYS[1], h, 1)
     end
     redis.call('pexpire', KEYS[1], lease)
+end
+
+-- Whether the holder `h` made with flags f excludes everyone else (a lock does): then a
+-- handoff ends with its grant, without looking at the next waiter.
+function Q.sole(f)
+    return true
 end
 
 -- Frees the lock whoever holds it.
@@ -237,13 +244,14 @@ end
 -- process died) is dropped and the next one served; one listening on another cluster node
 -- is taken at its word (a dead one there costs the pickup window). Returns the last holder id served, or
 -- nil when nobody (but `me`) waits or fits. `now` may be nil: the clock is then read only
--- if someone waits.
-function Q.hand_on(now, inbox, pickup, starve, give, me)
+-- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
+-- that the first waiter fits without asking (and the handoff ends with its grant).
+function Q.hand_on(now, inbox, pickup, starve, give, me, free)
     local served
     while true do
         local h, s, l, f, t, a, fairs
         h, s, l, f, t, a, now, fairs = Q.head(now)
-        if not h or h == me or not Q.fits(f, a, h) then
+        if not h or h == me or not (free or Q.fits(f, a, h)) then
             return served
         end
         local client, token = string.match(h, '^(.*):(%d+)$')
@@ -267,6 +275,9 @@ function Q.hand_on(now, inbox, pickup, starve, give, me)
         if heard then
             Q.take(h, math.min(l, pickup), f, fence, a, now)
             served = h
+            if Q.sole(f) then
+                return served
+            end
         end
     end
 end

@@ -43,6 +43,11 @@ function Q.fits(f, a, h)
     return RW.compatible(h, f)
 end
 
+-- A writer excludes everyone; readers after a reader may fit.
+function Q.sole(f)
+    return not RW.is_read(f)
+end
+
 function Q.take(h, lease, f, fence, a, now)
     local field = M.field(h, f)
     if RW.is_read(f) then

@@ -79,9 +79,11 @@ fn uncontended_lock_pair_executes_few_commands() {
     let (total, _) = per_op(&server, "Lock lock+unlock", 200, |_| {
         drop(lock.lock().unwrap());
     });
-    // 2 EVALSHA + acquire (EXISTS of the lock and its queue, HSET, PEXPIRE) + release
-    // (HGET, DEL, EXISTS of the queue). Every script-internal command costs Redis ~2 µs.
-    assert!(total <= 8.0, "an uncontended Lock pair executed {total:.2} commands");
+    // 2 EVALSHA + acquire (one EXISTS of the lock and its queue, HSET, PEXPIRE) + release
+    // (HGET, DEL, LINDEX of the queue: no clock read while nobody waits). Every
+    // script-internal command costs Redis ~2 µs. (Before issue 18: 10.) The half command
+    // of slack is for a watchdog renewal that might fall into the run, never a whole one.
+    assert!(total <= 8.5, "an uncontended Lock pair executed {total:.2} commands");
 }
 
 #[test]
@@ -92,13 +94,14 @@ fn uncontended_fair_and_fenced_pairs_execute_few_commands() {
     let (total, _) = per_op(&server, "FairLock lock+unlock", 200, |_| {
         drop(fair.lock().unwrap());
     });
-    assert!(total <= 8.0, "an uncontended FairLock pair executed {total:.2} commands");
+    assert!(total <= 8.5, "an uncontended FairLock pair executed {total:.2} commands");
     let fenced = client.fenced_lock("fenced");
     let (total, _) = per_op(&server, "FencedLock lock+unlock", 200, |_| {
         drop(fenced.lock().unwrap());
     });
-    // The token's INCR + GET and its HSET on top of a Lock pair's.
-    assert!(total <= 11.0, "an uncontended FencedLock pair executed {total:.2} commands");
+    // The token's INCR on top of a Lock pair's (its text is read back from the counter
+    // only past 2^53, and written with the hold in one HSET).
+    assert!(total <= 9.5, "an uncontended FencedLock pair executed {total:.2} commands");
 }
 
 #[test]
@@ -110,7 +113,8 @@ fn uncontended_reentry_executes_few_commands() {
     let (total, _) = per_op(&server, "Lock re-entry + release of the level", 200, |_| {
         drop(lock.lock().unwrap());
     });
-    assert!(total <= 10.0, "a re-entry pair executed {total:.2} commands");
+    // HGET, HINCRBY, PTTL (PEXPIRE when the lease grows); HGET, HSET, PEXPIRE.
+    assert!(total <= 9.5, "a re-entry pair executed {total:.2} commands");
 }
 
 #[test]
@@ -128,9 +132,10 @@ fn uncontended_read_write_and_semaphore_pairs() {
     let (permit, _) = per_op(&server, "Semaphore acquire+release", 200, |_| {
         drop(sem.acquire().unwrap());
     });
-    assert!(read <= 30.0, "a read pair executed {read:.2} commands");
-    assert!(write <= 30.0, "a write pair executed {write:.2} commands");
-    assert!(permit <= 32.0, "a semaphore pair executed {permit:.2} commands");
+    // Before issue 18: 25, 29 and 28.
+    assert!(read <= 19.5, "a read pair executed {read:.2} commands");
+    assert!(write <= 20.5, "a write pair executed {write:.2} commands");
+    assert!(permit <= 21.5, "a semaphore pair executed {permit:.2} commands");
 }
 
 /// Threads taking turns on one lock, `rounds` acquisitions each, holding it `hold`.
@@ -209,13 +214,14 @@ fn contended_scenarios_print_their_cost() {
             drop(p);
         })
     });
-    // Loose bounds: a figure several times these means a regression, not scheduling.
+    // Loose bounds (half as much again as measured on a quiet machine): how often a
+    // waiter is woken to find the lock taken depends on the scheduling.
     for (what, n, most) in [
-        ("Lock", plain, 80.0),
-        ("FairLock", fair, 80.0),
-        ("ping-pong", ping_pong, 80.0),
-        ("readers", readers, 60.0),
-        ("semaphore", permits, 100.0),
+        ("Lock", plain, 45.0),
+        ("FairLock", fair, 48.0),
+        ("ping-pong", ping_pong, 42.0),
+        ("readers", readers, 30.0),
+        ("semaphore", permits, 70.0),
     ] {
         assert!(n <= most, "{what}: {n:.2} executed commands per acquisition");
     }
@@ -279,6 +285,9 @@ fn renewal_cost_per_hold() {
     let before = server.command_calls();
     refresh(&mut con);
     let (entries, _) = report("renew.lua, per waiter entry", &delta(&server, &before), N);
+    // HEXISTS, PTTL, PEXPIRE (always a write: see renew.lua).
     assert!(holds <= 3.1, "{holds:.2} commands per renewed hold");
-    assert!(entries <= 6.1, "{entries:.2} commands per refreshed entry");
+    // HGET, HSET, the waiters' PTTL, the queue's PTTL (no PEXPIRE while both live long
+    // enough). Before issue 18: 6.
+    assert!(entries <= 4.1, "{entries:.2} commands per refreshed entry");
 }
