@@ -14,7 +14,8 @@
 -- lost: expired, force-unlocked, or Redis lost its data; they are left untouched, so a
 -- renewal can never resurrect or extend a hold someone else now has), and the indices j
 -- of waiters no longer queued (dropped as dead, or lapsed): they must ask again.
--- A renewal only raises an expiry: a nested level with a longer fixed lease keeps it.
+-- A renewal only raises a hold's expiry: a nested level with a longer fixed lease keeps it.
+-- A queue's keys live as long as its longest-lived entry (queue.lua's Q.outlive).
 local function clock()
     local t = redis.call('time')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

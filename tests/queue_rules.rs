@@ -29,11 +29,20 @@ fn eval(con: &mut Connection, body: &str, args: &[String]) -> Vec<redis::Value> 
 
 /// One attempt of `holder` (flags: 1 fair) that queues with an entry living `ttl` ms.
 fn attempt(con: &mut Connection, holder: &str, flags: u8, ttl: u64) -> Vec<redis::Value> {
-    let args = [holder, "30000", "0", &flags.to_string(), "1", &ttl.to_string(), "7", INBOX]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["1000".to_string(), "10".to_string()])
-        .collect::<Vec<_>>();
+    let args = [
+        holder,
+        "30000",
+        "0",
+        &flags.to_string(),
+        "1",
+        &ttl.to_string(),
+        "7",
+        INBOX,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["1000".to_string(), "10".to_string()])
+    .collect::<Vec<_>>();
     eval(con, include_str!("../lua/acquire.lua"), &args)
 }
 
@@ -126,7 +135,10 @@ fn the_fair_count_follows_every_join_change_and_leave() {
     // it is dropped), then to "d:1" (fair, made the holder; unheard too, and dropped):
     // every entry goes, and the count with them.
     let _: () = redis::cmd("DEL").arg(LOCK).query(&mut con).unwrap();
-    let kick: Vec<String> = [INBOX, "1000", "10"].iter().map(|s| s.to_string()).collect();
+    let kick: Vec<String> = [INBOX, "1000", "10"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     eval(&mut con, include_str!("../lua/kick.lua"), &kick);
     assert_count_exact(&mut con);
     let n: i64 = redis::cmd("EXISTS")

@@ -63,7 +63,10 @@ fn report(label: &str, calls: &HashMap<String, u64>, ops: usize) -> (f64, Vec<(S
         .iter()
         .map(|(cmd, n)| format!("{cmd} {n:.2}"))
         .collect();
-    eprintln!("{label}: {total:.2} executed commands per op ({})", parts.join(", "));
+    eprintln!(
+        "{label}: {total:.2} executed commands per op ({})",
+        parts.join(", ")
+    );
     (total, by_name)
 }
 
@@ -83,7 +86,10 @@ fn uncontended_lock_pair_executes_few_commands() {
     // (HGET, DEL, LINDEX of the queue: no clock read while nobody waits). Every
     // script-internal command costs Redis ~2 µs. (Before issue 18: 10.) The half command
     // of slack is for a watchdog renewal that might fall into the run, never a whole one.
-    assert!(total <= 8.5, "an uncontended Lock pair executed {total:.2} commands");
+    assert!(
+        total <= 8.5,
+        "an uncontended Lock pair executed {total:.2} commands"
+    );
 }
 
 #[test]
@@ -94,14 +100,20 @@ fn uncontended_fair_and_fenced_pairs_execute_few_commands() {
     let (total, _) = per_op(&server, "FairLock lock+unlock", 200, |_| {
         drop(fair.lock().unwrap());
     });
-    assert!(total <= 8.5, "an uncontended FairLock pair executed {total:.2} commands");
+    assert!(
+        total <= 8.5,
+        "an uncontended FairLock pair executed {total:.2} commands"
+    );
     let fenced = client.fenced_lock("fenced");
     let (total, _) = per_op(&server, "FencedLock lock+unlock", 200, |_| {
         drop(fenced.lock().unwrap());
     });
     // The token's INCR on top of a Lock pair's (its text is read back from the counter
     // only past 2^53, and written with the hold in one HSET).
-    assert!(total <= 9.5, "an uncontended FencedLock pair executed {total:.2} commands");
+    assert!(
+        total <= 9.5,
+        "an uncontended FencedLock pair executed {total:.2} commands"
+    );
 }
 
 #[test]
@@ -135,7 +147,10 @@ fn uncontended_read_write_and_semaphore_pairs() {
     // Before issue 18: 25, 29 and 28.
     assert!(read <= 19.5, "a read pair executed {read:.2} commands");
     assert!(write <= 20.5, "a write pair executed {write:.2} commands");
-    assert!(permit <= 21.5, "a semaphore pair executed {permit:.2} commands");
+    assert!(
+        permit <= 21.5,
+        "a semaphore pair executed {permit:.2} commands"
+    );
 }
 
 /// Threads taking turns on one lock, `rounds` acquisitions each, holding it `hold`.
@@ -184,24 +199,38 @@ fn contended_scenarios_print_their_cost() {
             drop(g);
         })
     });
-    let fair = contend(&server, "FairLock, 4 threads, 1 ms holds", 4, 100, hold, |c| {
-        let lock = c.fair_lock("fair");
-        Box::new(move || {
-            let g = lock.lock().unwrap();
-            thread::sleep(Duration::from_millis(1));
-            drop(g);
-        })
-    });
+    let fair = contend(
+        &server,
+        "FairLock, 4 threads, 1 ms holds",
+        4,
+        100,
+        hold,
+        |c| {
+            let lock = c.fair_lock("fair");
+            Box::new(move || {
+                let g = lock.lock().unwrap();
+                thread::sleep(Duration::from_millis(1));
+                drop(g);
+            })
+        },
+    );
     // Two threads of two clients on a fair lock, no pause between holds: every
     // acquisition but the first is a handoff.
-    let ping_pong = contend(&server, "FairLock handoff ping-pong", 2, 200, Duration::ZERO, |c| {
-        let lock = c.fair_lock("pingpong");
-        Box::new(move || {
-            let g = lock.lock().unwrap();
-            thread::sleep(Duration::from_millis(1));
-            drop(g);
-        })
-    });
+    let ping_pong = contend(
+        &server,
+        "FairLock handoff ping-pong",
+        2,
+        200,
+        Duration::ZERO,
+        |c| {
+            let lock = c.fair_lock("pingpong");
+            Box::new(move || {
+                let g = lock.lock().unwrap();
+                thread::sleep(Duration::from_millis(1));
+                drop(g);
+            })
+        },
+    );
     let readers = contend(&server, "ReadWriteLock, 4 readers", 4, 100, hold, |c| {
         let rw = c.read_write_lock("readers");
         Box::new(move || drop(rw.read().lock().unwrap()))
@@ -223,7 +252,10 @@ fn contended_scenarios_print_their_cost() {
         ("readers", readers, 30.0),
         ("semaphore", permits, 70.0),
     ] {
-        assert!(n <= most, "{what}: {n:.2} executed commands per acquisition");
+        assert!(
+            n <= most,
+            "{what}: {n:.2} executed commands per acquisition"
+        );
     }
 }
 
@@ -264,7 +296,11 @@ fn renewal_cost_per_hold() {
 
     // Waiters' queue entries: one queue of N waiters.
     for i in 0..N {
-        let _: () = redis::cmd("RPUSH").arg("q").arg(format!("c:{i}")).query(&mut con).unwrap();
+        let _: () = redis::cmd("RPUSH")
+            .arg("q")
+            .arg(format!("c:{i}"))
+            .query(&mut con)
+            .unwrap();
         let _: () = redis::cmd("HSET")
             .arg("w")
             .arg(format!("c:{i}"))
