@@ -50,8 +50,12 @@ for i = 1, n do
             if ends < now + lease then
                 redis.call('zadd', leases, now + lease, field)
             end
-            raise(holds, lease)
-            raise(leases, lease)
+            -- The two keys expire together (leases.lua sets them alike, by the holds'
+            -- expiry), and the holds go with the earlier of them: one expiry read serves
+            -- both. (Always written, as raise does.)
+            local ms = math.max(redis.call('pttl', holds), lease)
+            redis.call('pexpire', holds, ms)
+            redis.call('pexpire', leases, ms)
         else
             lost[#lost + 1] = i
         end

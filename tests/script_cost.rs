@@ -294,6 +294,52 @@ fn renewal_cost_per_hold() {
     renew(&mut con);
     let (holds, _) = report("renew.lua, per held lock", &delta(&server, &before), N);
 
+    // Holds with a lease of their own (a read-write lock's read holds): N of them.
+    let time: Vec<String> = redis::cmd("TIME").query(&mut con).unwrap();
+    let now_ms = time[0].parse::<u64>().unwrap() * 1000 + time[1].parse::<u64>().unwrap() / 1000;
+    for i in 0..N {
+        let _: () = redis::cmd("HSET")
+            .arg(format!("rw{i}"))
+            .arg("r:c:1")
+            .arg(1)
+            .query(&mut con)
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg(format!("rw{i}:leases"))
+            .arg(now_ms + 30_000)
+            .arg("r:c:1")
+            .query(&mut con)
+            .unwrap();
+        for key in [format!("rw{i}"), format!("rw{i}:leases")] {
+            let _: () = redis::cmd("PEXPIRE")
+                .arg(key)
+                .arg(30_000)
+                .query(&mut con)
+                .unwrap();
+        }
+    }
+    let renew_shared = |con: &mut redis::Connection| {
+        let mut call = script.prepare_invoke();
+        call.arg(N);
+        for i in 0..N {
+            call.key(format!("rw{i}"))
+                .key(format!("rw{i}:leases"))
+                .arg("m")
+                .arg("r:c:1")
+                .arg(60_000);
+        }
+        let (lost, gone): (Vec<i64>, Vec<i64>) = call.invoke(con).unwrap();
+        assert!(lost.is_empty() && gone.is_empty());
+    };
+    renew_shared(&mut con);
+    let before = server.command_calls();
+    renew_shared(&mut con);
+    let (shared, _) = report(
+        "renew.lua, per hold with a lease of its own",
+        &delta(&server, &before),
+        N,
+    );
+
     // Waiters' queue entries: one queue of N waiters.
     for i in 0..N {
         let _: () = redis::cmd("RPUSH")
@@ -323,6 +369,11 @@ fn renewal_cost_per_hold() {
     let (entries, _) = report("renew.lua, per waiter entry", &delta(&server, &before), N);
     // HEXISTS, PTTL, PEXPIRE (always a write: see renew.lua).
     assert!(holds <= 3.1, "{holds:.2} commands per renewed hold");
+    // ZSCORE, HEXISTS, ZADD, one PTTL, PEXPIRE of both keys. Before issue 18: 7.
+    assert!(
+        shared <= 6.1,
+        "{shared:.2} commands per renewed shared hold"
+    );
     // HGET, HSET, the waiters' PTTL, the queue's PTTL (no PEXPIRE while both live long
     // enough). Before issue 18: 6.
     assert!(entries <= 4.1, "{entries:.2} commands per refreshed entry");
