@@ -44,9 +44,11 @@ if got[1] then
     return {1, 1, 0}
 end
 local used = tonumber(got[2] or '0')
-local first, _, f, fairs
-first, _, _, f, _, _, _, fairs = Q.head(now)
-if first and first ~= holder then
+local first, _, f, wants, fairs
+first, _, _, f, _, wants, _, fairs = Q.head(now)
+-- Those ahead that fit now go first (Q.fits of the first waiter, with the permits known
+-- here: when it does not fit, Q.hand_on would hand nothing on).
+if first and first ~= holder and total - used >= wants then
     Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
     first, _, _, f, _, _, _, fairs = Q.head(now)
     used = S.used()
