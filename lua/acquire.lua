@@ -34,11 +34,13 @@
 -- grants that level instead of adding another.
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
+local expected = tonumber(ARGV[3])
 local flags = tonumber(ARGV[4])
 local fair = flags % 2 == 1
 local fenced = math.floor(flags / 2) % 2 == 1
-local held = redis.call('hget', KEYS[1], holder)
-if held then
+
+-- A level more of the caller's hold, which has `held` levels.
+local function reenter(held)
     local token = 0
     if fenced then
         token = redis.call('hget', KEYS[1], '~fence')
@@ -48,38 +50,70 @@ if held then
             redis.call('hset', KEYS[1], '~fence', token)
         end
     end
-    local count = Q.reenter(holder, tonumber(held), tonumber(ARGV[3]))
+    local count = Q.reenter(holder, tonumber(held), expected)
     if redis.call('pttl', KEYS[1]) < lease then
         redis.call('pexpire', KEYS[1], lease)
     end
     return {1, count, token}
 end
+
+-- A caller that believes it holds levels is most likely right: its hold is looked at first.
+if expected > 0 then
+    local held = redis.call('hget', KEYS[1], holder)
+    if held then
+        return reenter(held)
+    end
+end
+-- Neither the lock nor a queue (the uncontended case): one call tells, no clock is read.
+local queued = false
+local pttl = -2
+if redis.call('exists', KEYS[1], KEYS[3]) > 0 then
+    pttl = redis.call('pttl', KEYS[1])
+    if pttl == -2 then
+        queued = true
+    elseif expected == 0 then
+        -- Held: maybe by the caller, through a call whose reply was lost.
+        local held = redis.call('hget', KEYS[1], holder)
+        if held then
+            return reenter(held)
+        end
+    end
+end
 local now
-if redis.call('exists', KEYS[1]) == 0 then
-    -- Nobody queued (the uncontended case): no clock, no queue to look at.
-    local mine = redis.call('exists', KEYS[3]) == 0
-    if not mine then
-        now = Q.now()
-        local first, since = Q.head(now)
-        if not first or first == holder then
+if pttl == -2 then
+    local mine = not queued
+    if queued then
+        local first, since, _, f, fairs
+        first, since, _, f, _, _, now, fairs = Q.head(nil)
+        if not first then
+            -- Only lapsed entries were queued, the caller's own among them if it had one.
             mine = true
-        elseif not fair and not Q.has_fair() and now - since < tonumber(ARGV[10]) then
+        elseif first == holder then
+            Q.remove_head(holder, f, fairs)
             mine = true
         else
-            mine = not Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
-        end
-        if mine then
-            Q.remove(holder)
+            -- A plain caller may barge while no fair waiter is queued (fairs: the count
+            -- of them, false when none) and the first waiter is younger than the bound.
+            mine = not fair and not fairs and now - since < tonumber(ARGV[10])
+            if not mine then
+                mine = not Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true,
+                    holder, true)
+            end
+            if mine then
+                Q.remove(holder)
+            else
+                -- Handed on: the lease reported is the new holder's.
+                pttl = redis.call('pttl', KEYS[1])
+            end
         end
     end
     if mine then
         local token = 0
         if fenced then
             token = Q.draw_fence()
-        end
-        redis.call('hset', KEYS[1], holder, 1)
-        if fenced then
-            redis.call('hset', KEYS[1], '~fence', token)
+            redis.call('hset', KEYS[1], holder, 1, '~fence', token)
+        else
+            redis.call('hset', KEYS[1], holder, 1)
         end
         redis.call('pexpire', KEYS[1], lease)
         return {1, 1, token}
@@ -88,4 +122,4 @@ end
 if ARGV[5] == '1' then
     Q.join(holder, now or Q.now(), tonumber(ARGV[6]), lease, flags, ARGV[7])
 end
-return {0, redis.call('pttl', KEYS[1])}
+return {0, pttl}

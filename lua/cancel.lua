@@ -43,5 +43,6 @@ end
 if redis.call('exists', KEYS[1]) == 1 then
     return {0, 0}
 end
-local served = Q.hand_on(Q.now(), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), false, nil)
+local served = Q.hand_on(nil, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]),
+    false, nil, true)
 return {0, served and 1 or 0}

@@ -39,7 +39,7 @@ if held > expected then
         redis.call('hset', KEYS[1], field, expected)
         M.set(field, now + need, now)
     else
-        M.drop(field)
+        M.drop(field, held)
         M.fit(now)
     end
 end

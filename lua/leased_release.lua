@@ -21,13 +21,13 @@
 local now = Q.now()
 Q.purge(now)
 local field = M.field(ARGV[1], tonumber(ARGV[7]))
-local reply = Q.release(field, function(ms)
+local reply, held = Q.release(field, function(ms)
     M.set(field, now + ms, now)
 end)
 if reply then
     return reply
 end
-M.drop(field)
+M.drop(field, held)
 M.fit(now)
 local served = Q.hand_on(now, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), false, nil)
 return {0, served and 1 or 0}

@@ -17,14 +17,28 @@ function M.field(holder, flags)
 end
 
 -- What dropping `field`, which held `n`, changes besides the two keys (a primitive's rules
--- redefine it: the writer mark, the permits in use).
+-- redefine it: the permits in use).
 function M.dropped(field, n)
 end
 
--- Drops `field`'s hold; the keys' expiry is the caller's to fit.
-function M.drop(field)
-    local n = redis.call('hget', KEYS[1], field)
-    redis.call('hdel', KEYS[1], field)
+-- A field of the holds that goes with `field`'s hold, nil when none (a primitive's rules
+-- redefine it: the writer mark).
+function M.companion(field)
+    return nil
+end
+
+-- Drops `field`'s hold, which holds `n` (nil: not known, read here); the keys' expiry is
+-- the caller's to fit.
+function M.drop(field, n)
+    n = n or redis.call('hget', KEYS[1], field)
+    if n then
+        local other = M.companion(field)
+        if other then
+            redis.call('hdel', KEYS[1], field, other)
+        else
+            redis.call('hdel', KEYS[1], field)
+        end
+    end
     redis.call('zrem', KEYS[5], field)
     if n then
         M.dropped(field, tonumber(n))
@@ -59,9 +73,8 @@ end
 
 -- Makes `field`'s lease end no earlier than `ends`.
 function M.raise(field, ends, now)
-    local cur = redis.call('zscore', KEYS[5], field)
-    if not cur or tonumber(cur) < ends then
-        redis.call('zadd', KEYS[5], ends, field)
+    -- GT (Redis 6.2): a lease is only ever raised here; CH: 1 when it was added or raised.
+    if redis.call('zadd', KEYS[5], 'GT', 'CH', ends, field) == 1 then
         if redis.call('pttl', KEYS[1]) < ends - now then
             redis.call('pexpire', KEYS[1], ends - now)
             redis.call('pexpire', KEYS[5], ends - now)
@@ -77,6 +90,11 @@ function M.soonest(now)
         return -1
     end
     return math.max(tonumber(first[2]) - now, 0)
+end
+
+-- Shares: after a grant, the next waiter may fit too.
+function Q.sole(f)
+    return false
 end
 
 function Q.clear()

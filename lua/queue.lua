@@ -16,7 +16,8 @@
 -- What a hold is differs by primitive, so the queue reaches the hold only through three
 -- hooks, defined here for a lock (the hash is the hold, its expiry the lease) and redefined
 -- by leases.lua, rw.lua and semaphore.lua, which come after this file: Q.fits (may the
--- waiter hold now), Q.take (make it the holder), Q.clear (free everything).
+-- waiter hold now), Q.take (make it the holder), Q.sole (does that holder exclude all
+-- others), Q.clear (free everything).
 --
 -- A waiter is told its turn on the channel <inbox><client id> (its holder id is
 -- "<client id>:<thread token>"): "g <token> <ticket> <fence>" when the lock was handed to
@@ -40,20 +41,31 @@ function Q.fits(f, a, h)
 end
 
 -- Draws the next fencing token, as the counter's own decimal text: INCR's reply reaches
--- Lua as a double (exact only up to 2^53), and `..` would write 10^14 as "1e+14".
+-- Lua as a double, exact only below 2^53 (and `..` would write 10^14 as "1e+14"), so
+-- beyond that the text is read back.
 function Q.draw_fence()
-    redis.call('incr', KEYS[2])
+    local n = redis.call('incr', KEYS[2])
+    if n < 9007199254740992 then
+        return string.format('%d', n)
+    end
     return redis.call('get', KEYS[2])
 end
 
 -- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (a string
 -- from Q.draw_fence; 0: none).
 function Q.take(h, lease, f, fence, a, now)
-    redis.call('hset', KEYS[1], h, 1)
     if fence ~= 0 then
-        redis.call('hset', KEYS[1], '~fence', fence)
+        redis.call('hset', KEYS[1], h, 1, '~fence', fence)
+    else
+        redis.call('hset', KEYS[1], h, 1)
     end
     redis.call('pexpire', KEYS[1], lease)
+end
+
+-- Whether the holder `h` made with flags f excludes everyone else (a lock does): then a
+-- handoff ends with its grant, without looking at the next waiter.
+function Q.sole(f)
+    return true
 end
 
 -- Frees the lock whoever holds it.
@@ -76,7 +88,8 @@ end
 -- levels need and ARGV[3] the levels it believes it holds (see release.lua). Returns the
 -- script's reply when the caller holds nothing ({-1, 0}), when this release already took
 -- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}; `keep(ms)` gives
--- them their lease); nil when the hold is over and the caller must free it.
+-- them their lease); nil and the levels held when the hold is over and the caller must
+-- free it.
 function Q.release(field, keep)
     local held = redis.call('hget', KEYS[1], field)
     if not held then
@@ -94,7 +107,7 @@ function Q.release(field, keep)
         keep(need)
         return {left, 0}
     end
-    return nil
+    return nil, held
 end
 
 -- Drops holds whose own lease ended (none for a lock: its expiry is Redis's).
@@ -109,52 +122,67 @@ local function is_fenced(flags)
     return math.floor(flags / 2) % 2 == 1
 end
 
--- Drops holder's waiter data (its LIST entry is the caller's to remove).
 local function listens_elsewhere(flags)
     return math.floor(flags / 8) % 2 == 1
 end
 
-local function forget(holder, flags)
-    redis.call('hdel', KEYS[4], holder)
-    if is_fair(flags) and redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
-        redis.call('hdel', KEYS[4], '~fair')
+-- Drops holder's waiter data (its LIST entry is the caller's to remove). `fairs` is the
+-- '~fair' count when the caller read it along with the entry (false: none), nil when not.
+local function forget(holder, flags, fairs)
+    if not is_fair(flags) then
+        redis.call('hdel', KEYS[4], holder)
+        return
+    end
+    -- The last fair waiter takes the count with it in one call.
+    if fairs ~= nil and (tonumber(fairs) or 0) <= 1 then
+        redis.call('hdel', KEYS[4], holder, '~fair')
+    elseif redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
+        redis.call('hdel', KEYS[4], holder, '~fair')
+    else
+        redis.call('hdel', KEYS[4], holder)
     end
 end
 
--- The first live waiter (holder, since, lease, flags, ticket, amount), dropping the lapsed
--- ones in front of it (a process that stopped refreshing, a deadline passed); nil when
--- none waits.
+-- The first live waiter, dropping the lapsed ones in front of it (a process that stopped
+-- refreshing, a deadline passed): holder, since, lease, flags, ticket, amount, then `now`
+-- and the '~fair' count (false when no fair waiter is queued); nil when none waits. The
+-- clock is read only when someone is queued: `now` may be nil, and the time read is
+-- returned for the caller to go on with.
 function Q.head(now)
     while true do
         local h = redis.call('lindex', KEYS[3], 0)
         if not h then
             return nil
         end
-        local v = redis.call('hget', KEYS[4], h)
+        local got = redis.call('hmget', KEYS[4], h, '~fair')
+        local v = got[1]
         if v then
             local e, s, l, f, t, a = parse(v)
+            now = now or Q.now()
             if e > now then
-                return h, s, l, f, t, a
+                return h, s, l, f, t, a, now, got[2]
             end
-            forget(h, f)
+            forget(h, f, got[2])
         end
         redis.call('lpop', KEYS[3])
     end
 end
 
--- Whether a fair waiter is queued: then nobody may take the lock past the queue.
-function Q.has_fair()
-    return redis.call('hexists', KEYS[4], '~fair') == 1
+-- Takes the first waiter, `holder` with `flags` and the '~fair' count `fairs` as Q.head
+-- just returned them, out of the queue.
+function Q.remove_head(holder, flags, fairs)
+    forget(holder, flags, fairs)
+    redis.call('lpop', KEYS[3])
 end
 
 -- Takes holder out of the queue wherever it is; true if it was queued.
 function Q.remove(holder)
-    local v = redis.call('hget', KEYS[4], holder)
-    if not v then
+    local got = redis.call('hmget', KEYS[4], holder, '~fair')
+    if not got[1] then
         return false
     end
-    local _, _, _, f = parse(v)
-    forget(holder, f)
+    local _, _, _, f = parse(got[1])
+    forget(holder, f, got[2])
     redis.call('lrem', KEYS[3], 1, holder)
     return true
 end
@@ -164,29 +192,47 @@ end
 -- wait's own: an entry left by an earlier wait of the thread (a plain one whose cancel
 -- was lost) must not make a fair wait plain or a fenced one tokenless.
 function Q.join(holder, now, ttl, lease, flags, ticket, amount)
-    local v = redis.call('hget', KEYS[4], holder)
+    local got = redis.call('hmget', KEYS[4], holder, '~fair')
+    local v = got[1]
+    local fairs = tonumber(got[2]) or 0
     local since = now
     local was_fair = false
+    -- A queue this call creates has no expiry yet: no need to ask for it.
+    local fresh = false
     if v then
         local _, s, _, f = parse(v)
         since, was_fair = s, is_fair(f)
     else
-        redis.call('rpush', KEYS[3], holder)
-    end
-    if is_fair(flags) and not was_fair then
-        redis.call('hincrby', KEYS[4], '~fair', 1)
-    elseif was_fair and not is_fair(flags) and
-        redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
-        redis.call('hdel', KEYS[4], '~fair')
+        fresh = redis.call('rpush', KEYS[3], holder) == 1
     end
     -- Numbers as exact integers (`..` would write 10^14 and more in exponent form).
-    redis.call('hset', KEYS[4], holder,
-        string.format('%d %d %d %d %s %d', now + ttl, since, lease, flags, ticket, amount or 1))
-    -- The queue lives as long as its longest-lived entry, never forever.
-    for i = 3, 4 do
-        if redis.call('pttl', KEYS[i]) < ttl then
-            redis.call('pexpire', KEYS[i], ttl)
+    local entry = string.format('%d %d %d %d %s %d', now + ttl, since, lease, flags, ticket,
+        amount or 1)
+    if is_fair(flags) and not was_fair then
+        redis.call('hset', KEYS[4], holder, entry, '~fair', fairs + 1)
+    elseif was_fair and not is_fair(flags) and fairs > 1 then
+        redis.call('hset', KEYS[4], holder, entry, '~fair', fairs - 1)
+    else
+        if was_fair and not is_fair(flags) then
+            redis.call('hdel', KEYS[4], '~fair')
         end
+        redis.call('hset', KEYS[4], holder, entry)
+    end
+    Q.outlive(KEYS[3], KEYS[4], ttl, fresh)
+end
+
+-- Makes a queue (LIST `queue`, HASH `waiters`) live `ttl` ms at least, and never forever:
+-- as long as its longest-lived entry. Entries are fields of the waiters hash, so none
+-- outlives it, and the list matters only while it does: when the hash must be raised,
+-- the list is set to the same expiry without asking for its own (that may shorten a list
+-- that outlived its entries, never one that lives less than the hash). `fresh`: the list
+-- was just created (it has no expiry yet). (renew.lua keeps a copy of these rules.)
+function Q.outlive(queue, waiters, ttl, fresh)
+    if redis.call('pttl', waiters) < ttl then
+        redis.call('pexpire', waiters, ttl)
+        redis.call('pexpire', queue, ttl)
+    elseif fresh or redis.call('pttl', queue) < ttl then
+        redis.call('pexpire', queue, ttl)
     end
 end
 
@@ -197,12 +243,15 @@ end
 -- told to try again. A waiter whose client no longer listens (PUBLISH reaches nobody: its
 -- process died) is dropped and the next one served; one listening on another cluster node
 -- is taken at its word (a dead one there costs the pickup window). Returns the last holder id served, or
--- nil when nobody (but `me`) waits or fits.
-function Q.hand_on(now, inbox, pickup, starve, give, me)
+-- nil when nobody (but `me`) waits or fits. `now` may be nil: the clock is then read only
+-- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
+-- that the first waiter fits without asking (and the handoff ends with its grant).
+function Q.hand_on(now, inbox, pickup, starve, give, me, free)
     local served
     while true do
-        local h, s, l, f, t, a = Q.head(now)
-        if not h or h == me or not Q.fits(f, a, h) then
+        local h, s, l, f, t, a, fairs
+        h, s, l, f, t, a, now, fairs = Q.head(now)
+        if not h or h == me or not (free or Q.fits(f, a, h)) then
             return served
         end
         local client, token = string.match(h, '^(.*):(%d+)$')
@@ -222,11 +271,13 @@ function Q.hand_on(now, inbox, pickup, starve, give, me)
         if heard and not grant then
             return h
         end
-        forget(h, f)
-        redis.call('lpop', KEYS[3])
+        Q.remove_head(h, f, fairs)
         if heard then
             Q.take(h, math.min(l, pickup), f, fence, a, now)
             served = h
+            if Q.sole(f) then
+                return served
+            end
         end
     end
 end

@@ -28,8 +28,7 @@ if reply then
     return reply
 end
 redis.call('del', KEYS[1])
-if redis.call('exists', KEYS[3]) == 0 then
-    return {0, 0}
-end
-local served = Q.hand_on(Q.now(), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), false, nil)
+-- No clock read unless someone waits; the lock is free.
+local served = Q.hand_on(nil, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]),
+    false, nil, true)
 return {0, served and 1 or 0}

@@ -14,7 +14,8 @@
 -- lost: expired, force-unlocked, or Redis lost its data; they are left untouched, so a
 -- renewal can never resurrect or extend a hold someone else now has), and the indices j
 -- of waiters no longer queued (dropped as dead, or lapsed): they must ask again.
--- A renewal only raises an expiry: a nested level with a longer fixed lease keeps it.
+-- A renewal only raises a hold's expiry: a nested level with a longer fixed lease keeps it.
+-- A queue's keys live as long as its longest-lived entry (queue.lua's Q.outlive).
 local function clock()
     local t = redis.call('time')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -49,8 +50,12 @@ for i = 1, n do
             if ends < now + lease then
                 redis.call('zadd', leases, now + lease, field)
             end
-            raise(holds, lease)
-            raise(leases, lease)
+            -- The two keys expire together (leases.lua sets them alike, by the holds'
+            -- expiry), and the holds go with the earlier of them: one expiry read serves
+            -- both. (Always written, as raise does.)
+            local ms = math.max(redis.call('pttl', holds), lease)
+            redis.call('pexpire', holds, ms)
+            redis.call('pexpire', leases, ms)
         else
             lost[#lost + 1] = i
         end
@@ -66,8 +71,14 @@ while k + 1 <= #KEYS do
         now = now or clock()
         local rest = string.match(v, '^%d+ (.*)$')
         redis.call('hset', waiters, holder, string.format('%d', now + ttl) .. ' ' .. rest)
-        raise(queue, ttl)
-        raise(waiters, ttl)
+        -- As queue.lua's Q.outlive: the entry is a field of the waiters hash, which the
+        -- list needs to outlive, no more.
+        if redis.call('pttl', waiters) < ttl then
+            redis.call('pexpire', waiters, ttl)
+            redis.call('pexpire', queue, ttl)
+        elseif redis.call('pttl', queue) < ttl then
+            redis.call('pexpire', queue, ttl)
+        end
     else
         gone[#gone + 1] = j
     end

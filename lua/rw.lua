@@ -20,30 +20,40 @@ function M.field(holder, flags)
     return (RW.is_read(flags) and 'r:' or 'w:') .. holder
 end
 
--- Whether `holder` may take the lock in the mode of `flags` as it is held now.
-function RW.compatible(holder, flags)
-    local writer = redis.call('hget', KEYS[1], '~writer')
+-- Whether `holder` may take the lock in the mode of `flags` as it is held now. `writer`:
+-- the '~writer' field when the caller read it already (false: none), nil when not.
+function RW.compatible(holder, flags, writer)
     if RW.is_read(flags) then
+        if writer == nil then
+            writer = redis.call('hget', KEYS[1], '~writer')
+        end
         return not writer or writer == holder
     end
     return redis.call('zcard', KEYS[5]) == 0
 end
 
-function M.dropped(field, n)
+function M.companion(field)
     if string.sub(field, 1, 2) == 'w:' then
-        redis.call('hdel', KEYS[1], '~writer')
+        return '~writer'
     end
+    return nil
 end
 
 function Q.fits(f, a, h)
     return RW.compatible(h, f)
 end
 
+-- A writer excludes everyone; readers after a reader may fit.
+function Q.sole(f)
+    return not RW.is_read(f)
+end
+
 function Q.take(h, lease, f, fence, a, now)
     local field = M.field(h, f)
-    redis.call('hset', KEYS[1], field, 1)
-    if not RW.is_read(f) then
-        redis.call('hset', KEYS[1], '~writer', h)
+    if RW.is_read(f) then
+        redis.call('hset', KEYS[1], field, 1)
+    else
+        redis.call('hset', KEYS[1], field, 1, '~writer', h)
     end
     M.raise(field, now + lease, now)
 end

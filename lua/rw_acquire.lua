@@ -21,25 +21,35 @@ local read = RW.is_read(flags)
 local field = M.field(holder, flags)
 local now = Q.now()
 Q.purge(now)
-local held = redis.call('hget', KEYS[1], field)
+-- The caller's hold in this mode, its read hold, and the writer, in one read.
+local got = redis.call('hmget', KEYS[1], field, 'r:' .. holder, '~writer')
+local held, writer = got[1], got[3]
 if held then
     local count = Q.reenter(field, tonumber(held), tonumber(ARGV[3]))
     M.raise(field, now + lease, now)
     return {1, count, 0}
 end
-if not read and redis.call('hexists', KEYS[1], 'r:' .. holder) == 1 then
+if not read and got[2] then
     return {-1}
 end
-if RW.compatible(holder, flags) then
-    local downgrade = read and redis.call('hget', KEYS[1], '~writer') == holder
-    local first = Q.head(now)
+if RW.compatible(holder, flags, writer) then
+    local downgrade = read and writer == holder
+    local first, _, f, fairs
+    first, _, _, f, _, _, _, fairs = Q.head(now)
+    local handed = false
     if first and first ~= holder and not downgrade then
         -- Those ahead that fit now go first (a free lock left with waiters: a lapsed grant).
         Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
-        first = Q.head(now)
+        first, _, _, f, _, _, _, fairs = Q.head(now)
+        handed = true
     end
-    if downgrade or ((not first or first == holder) and RW.compatible(holder, flags)) then
-        Q.remove(holder)
+    if downgrade or ((not first or first == holder) and
+        (not handed or RW.compatible(holder, flags))) then
+        if first == holder then
+            Q.remove_head(holder, f, fairs)
+        elseif first then
+            Q.remove(holder)
+        end
         Q.take(holder, lease, flags, 0, 1, now)
         return {1, 1, 0}
     end

@@ -19,7 +19,8 @@ local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
 local flags = tonumber(ARGV[4])
 local amount = tonumber(ARGV[11])
-local total = tonumber(redis.call('get', KEYS[6]) or ARGV[12])
+local stored = redis.call('get', KEYS[6])
+local total = tonumber(stored or ARGV[12])
 if amount > total and redis.call('hexists', KEYS[1], holder) == 0 then
     if redis.call('hexists', KEYS[4], holder) == 1 then
         local now = Q.now()
@@ -30,22 +31,36 @@ if amount > total and redis.call('hexists', KEYS[1], holder) == 0 then
     end
     return {-2, total}
 end
-redis.call('set', KEYS[6], ARGV[12], 'NX')
+if not stored then
+    redis.call('set', KEYS[6], ARGV[12], 'NX')
+end
 local now = Q.now()
 Q.purge(now)
-if redis.call('hexists', KEYS[1], holder) == 1 then
+-- The caller's hold (granted already to an earlier attempt) and the permits in use.
+local got = redis.call('hmget', KEYS[1], holder, '~used')
+if got[1] then
     Q.remove(holder)
     M.raise(holder, now + lease, now)
     return {1, 1, 0}
 end
-local first = Q.head(now)
-if first and first ~= holder then
+local used = tonumber(got[2] or '0')
+local first, _, f, wants, fairs
+first, _, _, f, _, wants, _, fairs = Q.head(now)
+-- Those ahead that fit now go first (Q.fits of the first waiter, with the permits known
+-- here: when it does not fit, Q.hand_on would hand nothing on).
+if first and first ~= holder and total - used >= wants then
     Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
-    first = Q.head(now)
+    first, _, _, f, _, _, _, fairs = Q.head(now)
+    used = S.used()
 end
-if (not first or first == holder) and Q.fits(flags, amount, holder) then
-    Q.remove(holder)
-    Q.take(holder, lease, flags, 0, amount, now)
+-- Q.fits, with the number of permits and those in use known here.
+if (not first or first == holder) and total - used >= amount then
+    if first then
+        Q.remove_head(holder, f, fairs)
+    end
+    -- Q.take, with the permits in use known: the hold and their sum in one write.
+    redis.call('hset', KEYS[1], holder, amount, '~used', used + amount)
+    M.raise(holder, now + lease, now)
     return {1, 1, 0}
 end
 if ARGV[5] == '1' then

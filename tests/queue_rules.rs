@@ -1,0 +1,266 @@
+//! The waiter queue's bookkeeping (`lua/queue.lua`), driven through the bundled acquire,
+//! cancel and release scripts by hand: the count of fair waiters and the queue keys'
+//! expiry, which the scripts keep with as few commands as they can (issue 18), must stay
+//! exact whichever way an entry comes and goes.
+
+mod support;
+
+use redis::Connection;
+use support::RedisServer;
+
+const LOCK: &str = "l";
+const FENCE: &str = "f";
+const QUEUE: &str = "q";
+const WAITERS: &str = "w";
+const INBOX: &str = "inbox:";
+
+fn eval(con: &mut Connection, body: &str, args: &[String]) -> Vec<redis::Value> {
+    redis::cmd("EVAL")
+        .arg(support::queued_script(body))
+        .arg(4)
+        .arg(LOCK)
+        .arg(FENCE)
+        .arg(QUEUE)
+        .arg(WAITERS)
+        .arg(args)
+        .query(con)
+        .expect("script")
+}
+
+/// One attempt of `holder` (flags: 1 fair) that queues with an entry living `ttl` ms.
+fn attempt(con: &mut Connection, holder: &str, flags: u8, ttl: u64) -> Vec<redis::Value> {
+    let args = [
+        holder,
+        "30000",
+        "0",
+        &flags.to_string(),
+        "1",
+        &ttl.to_string(),
+        "7",
+        INBOX,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["1000".to_string(), "10".to_string()])
+    .collect::<Vec<_>>();
+    eval(con, include_str!("../lua/acquire.lua"), &args)
+}
+
+fn leave(con: &mut Connection, holder: &str) {
+    let args: Vec<String> = [holder, "0", "0", "0", INBOX, "1000", "10"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    eval(con, include_str!("../lua/cancel.lua"), &args);
+}
+
+fn fair_count(con: &mut Connection) -> Option<i64> {
+    redis::cmd("HGET")
+        .arg(WAITERS)
+        .arg("~fair")
+        .query(con)
+        .unwrap()
+}
+
+/// The fair entries actually queued, counted from the entries' own flags.
+fn fair_entries(con: &mut Connection) -> i64 {
+    let all: Vec<(String, String)> = redis::cmd("HGETALL").arg(WAITERS).query(con).unwrap();
+    all.iter()
+        .filter(|(h, _)| !h.starts_with('~'))
+        .filter(|(_, v)| {
+            let flags: u64 = v.split(' ').nth(3).unwrap().parse().unwrap();
+            flags % 2 == 1
+        })
+        .count() as i64
+}
+
+fn pttl(con: &mut Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(con).unwrap()
+}
+
+fn hold_elsewhere(con: &mut Connection) {
+    let _: () = redis::cmd("HSET")
+        .arg(LOCK)
+        .arg("other:1")
+        .arg(1)
+        .query(con)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(LOCK)
+        .arg(60_000)
+        .query(con)
+        .unwrap();
+}
+
+#[track_caller]
+fn assert_count_exact(con: &mut Connection) {
+    let entries = fair_entries(con);
+    let count = fair_count(con);
+    let expected = (entries > 0).then_some(entries);
+    assert_eq!(count, expected, "'~fair' against the fair entries queued");
+}
+
+#[test]
+fn the_fair_count_follows_every_join_change_and_leave() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    hold_elsewhere(&mut con);
+    // Joins: two fair, one plain.
+    for (h, flags) in [("a:1", 1), ("b:1", 1), ("c:1", 0)] {
+        attempt(&mut con, h, flags, 30_000);
+        assert_count_exact(&mut con);
+    }
+    assert_eq!(fair_count(&mut con), Some(2));
+    // A fair entry becomes plain while another fair one stays: the count goes down.
+    attempt(&mut con, "a:1", 0, 30_000);
+    assert_count_exact(&mut con);
+    assert_eq!(fair_count(&mut con), Some(1));
+    // The last fair entry becomes plain: the count goes.
+    attempt(&mut con, "b:1", 0, 30_000);
+    assert_count_exact(&mut con);
+    // A refresh with the same flags changes nothing; a plain entry becomes fair.
+    attempt(&mut con, "c:1", 0, 30_000);
+    attempt(&mut con, "c:1", 1, 30_000);
+    attempt(&mut con, "c:1", 1, 30_000);
+    assert_count_exact(&mut con);
+    assert_eq!(fair_count(&mut con), Some(1));
+    attempt(&mut con, "d:1", 1, 30_000);
+    assert_eq!(fair_count(&mut con), Some(2));
+    // Leaving from the middle of the queue, then from its head.
+    leave(&mut con, "c:1");
+    assert_count_exact(&mut con);
+    leave(&mut con, "a:1");
+    assert_count_exact(&mut con);
+    // The lock goes; a kick hands it on: to "b:1" (plain, told to try; nobody listens, so
+    // it is dropped), then to "d:1" (fair, made the holder; unheard too, and dropped):
+    // every entry goes, and the count with them.
+    let _: () = redis::cmd("DEL").arg(LOCK).query(&mut con).unwrap();
+    let kick: Vec<String> = [INBOX, "1000", "10"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    eval(&mut con, include_str!("../lua/kick.lua"), &kick);
+    assert_count_exact(&mut con);
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(QUEUE)
+        .arg(WAITERS)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(n, 0, "an emptied queue leaves no keys behind");
+}
+
+#[test]
+fn a_waiter_taking_the_lock_from_the_head_takes_its_fair_count() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    hold_elsewhere(&mut con);
+    attempt(&mut con, "a:1", 1, 30_000);
+    attempt(&mut con, "b:1", 1, 30_000);
+    assert_eq!(fair_count(&mut con), Some(2));
+    let _: () = redis::cmd("DEL").arg(LOCK).query(&mut con).unwrap();
+    // "a:1" is first and the lock free: it takes it, leaving "b:1" counted.
+    let reply = attempt(&mut con, "a:1", 1, 30_000);
+    assert_eq!(reply[0], redis::Value::Int(1), "granted: {reply:?}");
+    assert_count_exact(&mut con);
+    assert_eq!(fair_count(&mut con), Some(1));
+    let _: () = redis::cmd("DEL").arg(LOCK).query(&mut con).unwrap();
+    let reply = attempt(&mut con, "b:1", 1, 30_000);
+    assert_eq!(reply[0], redis::Value::Int(1), "granted: {reply:?}");
+    assert_eq!(fair_count(&mut con), None);
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(QUEUE)
+        .arg(WAITERS)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(n, 0, "an emptied queue leaves no keys behind");
+}
+
+/// The queue lives as long as its longest-lived entry: the list never expires before an
+/// entry it orders (that waiter would never be served in turn), and neither key lives
+/// longer than the longest entry asked for.
+#[test]
+fn the_queue_outlives_each_entry_and_never_the_longest_by_much() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    hold_elsewhere(&mut con);
+    // A long entry, then short ones: the keys keep the long one's expiry.
+    attempt(&mut con, "a:1", 0, 20_000);
+    attempt(&mut con, "b:1", 0, 5_000);
+    for key in [QUEUE, WAITERS] {
+        let ms = pttl(&mut con, key);
+        assert!((15_000..=20_000).contains(&ms), "{key}: {ms} ms");
+    }
+    // The queue emptied and made again while the waiters hash lives on (a field left by
+    // hand keeps it): the new list lives as long as its entry.
+    leave(&mut con, "a:1");
+    leave(&mut con, "b:1");
+    let _: () = redis::cmd("HSET")
+        .arg(WAITERS)
+        .arg("~x")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(WAITERS)
+        .arg(20_000)
+        .query(&mut con)
+        .unwrap();
+    attempt(&mut con, "c:1", 0, 5_000);
+    let (list, hash) = (pttl(&mut con, QUEUE), pttl(&mut con, WAITERS));
+    assert!((4_000..=5_000).contains(&list), "list {list} ms");
+    assert!(hash > 15_000, "hash {hash} ms");
+    // A longer entry raises both; a list left longer than the hash is brought down to
+    // what the entries need.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(QUEUE)
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    attempt(&mut con, "d:1", 0, 40_000);
+    for key in [QUEUE, WAITERS] {
+        let ms = pttl(&mut con, key);
+        assert!((35_000..=40_000).contains(&ms), "{key}: {ms} ms");
+    }
+    // A refresh that needs no more time changes no expiry.
+    attempt(&mut con, "c:1", 0, 5_000);
+    for key in [QUEUE, WAITERS] {
+        let ms = pttl(&mut con, key);
+        assert!((35_000..=40_000).contains(&ms), "{key}: {ms} ms");
+    }
+}
+
+/// The renewal script keeps a waiter's entry alive by the same rule.
+#[test]
+fn a_refreshed_entry_keeps_its_queue_alive() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    hold_elsewhere(&mut con);
+    attempt(&mut con, "a:1", 0, 2_000);
+    let refresh = |con: &mut Connection, ttl: u64| -> (Vec<i64>, Vec<i64>) {
+        redis::Script::new(include_str!("../lua/renew.lua"))
+            .prepare_invoke()
+            .arg(0)
+            .key(QUEUE)
+            .key(WAITERS)
+            .arg("a:1")
+            .arg(ttl)
+            .invoke(con)
+            .unwrap()
+    };
+    let (lost, gone) = refresh(&mut con, 30_000);
+    assert!(lost.is_empty() && gone.is_empty());
+    for key in [QUEUE, WAITERS] {
+        let ms = pttl(&mut con, key);
+        assert!((25_000..=30_000).contains(&ms), "{key}: {ms} ms");
+    }
+    // The list alone left short (written by someone else): raised, the hash untouched.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(QUEUE)
+        .arg(1_000)
+        .query(&mut con)
+        .unwrap();
+    refresh(&mut con, 20_000);
+    let list = pttl(&mut con, QUEUE);
+    assert!((15_000..=20_000).contains(&list), "list {list} ms");
+    assert!(pttl(&mut con, WAITERS) > 25_000);
+}
