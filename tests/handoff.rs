@@ -267,3 +267,66 @@ fn a_handed_over_hold_extended_too_late_says_lost_before_another_holds() {
         "the waiter's release: {unlocked:?}"
     );
 }
+
+/// Every pub/sub message a client receives carries this (RESP: `*3 $7 message ...`).
+const PUSHED_MESSAGE: &str = "\r\nmessage\r\n";
+
+/// A grant for an earlier attempt of the same waiting call, delivered after a later
+/// attempt queued again, says nothing about that later attempt: it was made before it ran,
+/// and lapsed before it (or the later attempt would have found the thread holding). The
+/// waiter must not count its window from the later attempt.
+///
+/// The holder keeps the lock on a 3 s fixed lease and releases it 1 s in, while the
+/// waiter's grant messages are delayed 2.25 s: the grant lapses (2 s) and another client
+/// takes the lock; the waiter's timer for the holder's lease (3 s) makes it try again,
+/// which queues it behind that client; the stale grant arrives 0.25 s later. Its call's
+/// ticket alone would pass it as fresh.
+#[test]
+fn a_stale_grant_of_an_earlier_attempt_is_not_taken_for_a_fresh_one() {
+    const NAME: &str = "stale-grant";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let holder = client(&server.url(), Duration::from_secs(10));
+    let other = client(&server.url(), Duration::from_secs(10));
+    let waiter = client(&proxy.url(), Duration::from_secs(10));
+    let held_at = Instant::now();
+    let guard = holder
+        .fair_lock(NAME)
+        .lock_with_lease(Duration::from_secs(3))
+        .expect("holder");
+    let lock = waiter.fair_lock(NAME);
+    let other_holds = Arc::new(AtomicBool::new(false));
+    let flag = other_holds.clone();
+    let (done, returned) = mpsc::channel();
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        let beside_other = flag.load(Ordering::SeqCst);
+        let lost = g.is_lease_lost();
+        done.send(Instant::now()).unwrap();
+        (beside_other, lost, g.unlock())
+    });
+    await_queued(&server, NAME, 1);
+    proxy.delay_replies_containing(PUSHED_MESSAGE, Duration::from_millis(2_250));
+    thread::sleep((held_at + Duration::from_secs(1)).saturating_duration_since(Instant::now()));
+    guard.unlock().expect("holder unlock");
+    let taken = other
+        .fair_lock(NAME)
+        .try_lock_for(Duration::from_secs(5))
+        .expect("other")
+        .expect("the lapsed grant never passed on");
+    other_holds.store(true, Ordering::SeqCst);
+    // Past the stale grant's arrival (3.25 s) and the waiter's answer to it.
+    let early = returned
+        .recv_timeout((held_at + Duration::from_secs(4)).saturating_duration_since(Instant::now()))
+        .is_ok();
+    proxy.delay_replies_containing(PUSHED_MESSAGE, Duration::ZERO);
+    other_holds.store(false, Ordering::SeqCst);
+    taken.unlock().expect("other unlock");
+    let (beside_other, lost, unlocked) = thread.join().unwrap();
+    assert!(
+        !early && !beside_other,
+        "the waiter's lock() returned on a stale grant while another client held the lock"
+    );
+    assert!(!lost, "the waiter's hold looks lost");
+    unlocked.expect("the waiter releases its hold");
+}
