@@ -255,7 +255,7 @@ fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
             }),
             "setup: the waiter never queued"
         );
-        // Past the starvation bound (10 ms), the release hands the lock over (a grant
+        // Past the starvation bound (2 ms), the release hands the lock over (a grant
         // message with the token) rather than waking the waiter to try.
         thread::sleep(Duration::from_millis(100));
         let released = Instant::now();

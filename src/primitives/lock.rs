@@ -46,9 +46,12 @@ pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 /// lease runs out if the holder crashed.
 ///
 /// A running thread may take a free lock past sleeping waiters (cheaper than waking one),
-/// but only while the first of them has waited less than 10 ms: after that, releases hand
-/// the lock to the waiters in turn, so none starves. For strict first come, first served
-/// use [`FairLock`](crate::FairLock), the same lock without barging.
+/// but only while the first of them has waited less than 2 ms: until then a release wakes
+/// it to try, after that releases hand the lock to the waiters in turn, so none starves
+/// (under steady contention every handoff is direct, as with a `FairLock`). Also a
+/// `try_lock` that finds the lock free takes it past such a young waiter, where a
+/// `FairLock`'s returns `None`. For strict first come, first served use
+/// [`FairLock`](crate::FairLock), the same lock without barging.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
