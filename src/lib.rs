@@ -34,7 +34,7 @@
 //! of events has happened. A [`MultiLock`] holds a lock over several servers: RedLock
 //! across independent masters (held on a majority), or several locks all at once. A
 //! plain [`Lock`] lets a running thread barge past sleeping waiters only while the first
-//! of them has waited less than 10 ms, so nobody starves.
+//! of them has waited less than 2 ms, so nobody starves.
 //! The locks are one generic type, [`Lock<K>`](Lock) over the [`Kind`]s [`Plain`] (the
 //! default), [`Fair`], [`Fenced`], [`Read`] and [`Write`]: `FairLock` is `Lock<Fair>`,
 //! and a read-write lock's sides are a `Lock<Read>` and a `Lock<Write>`, with the very

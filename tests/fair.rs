@@ -1028,9 +1028,9 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
 }
 
 /// Issue 7: a hold handed over by a release starts with the short pickup window (1 s)
-/// as its lease, and is extended to the lease the waiter asked for (since issue 17,
-/// before `lock()` returns): a watchdog lease, and a fixed one longer than the window,
-/// both outlive it.
+/// as its lease, and is extended to the lease the waiter asked for (by the watchdog a
+/// third into the window when the waiter heard of it early, as here; issue 18): a
+/// watchdog lease, and a fixed one longer than the window, both outlive it.
 #[test]
 fn a_handed_over_hold_outlives_the_pickup_window() {
     let server = RedisServer::new();
@@ -1060,10 +1060,10 @@ fn a_handed_over_hold_outlives_the_pickup_window() {
             .arg(key(name))
             .query(&mut server.connection())
             .unwrap();
-        // Confirmed before lock() returned: the waiter's own lease, not the window.
+        // Held: the window's lease, or already the waiter's own.
         assert!(
-            pttl > 2_000,
-            "{name}: a handed-over hold came back unconfirmed (PTTL {pttl})"
+            pttl > 0,
+            "{name}: a handed-over hold came back free (PTTL {pttl})"
         );
         thread::sleep(Duration::from_millis(1_300));
         let pttl: i64 = redis::cmd("PTTL")
@@ -1085,17 +1085,20 @@ fn a_handed_over_hold_outlives_the_pickup_window() {
     }
 }
 
-/// Issue 7, "a lost hold always says so", as issue 17 made it: a handed-over hold is
-/// confirmed before `lock()` returns, so a confirmation that reaches Redis only after the
-/// pickup window (the waiter's requests delayed 1.5 s) is refused there: the lock has
-/// passed on, and the waiter waits its turn again instead of returning a hold it lost.
+/// Issue 7, "a lost hold always says so", as issue 17 made it: a handed-over hold heard
+/// of with less than half its window left by the waiter's clock (the grant message
+/// delayed 600 ms; issue 18) is confirmed before `lock()` returns, so a confirmation that
+/// reaches Redis only after the pickup window (the waiter's renewals delayed 1.5 s) is
+/// refused there: the lock has passed on, and the waiter waits its turn again instead of
+/// returning a hold it lost. (One heard of early is returned at once: tests/handoff.rs.)
 #[test]
 fn a_handed_over_hold_confirmed_too_late_is_not_returned() {
     let renew = redis::Script::new(include_str!("../lua/renew.lua"))
         .get_hash()
         .to_owned();
     late_pickup("late-confirm", |proxy, delay| {
-        proxy.delay_requests_containing(&renew, delay)
+        proxy.delay_requests_containing(&renew, delay);
+        proxy.delay_replies_containing(PUSHED_MESSAGE, delay * 2 / 5);
     });
 }
 

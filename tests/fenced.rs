@@ -172,7 +172,9 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         let (took, took_rx) = std::sync::mpsc::channel();
         let (release, release_rx) = std::sync::mpsc::channel::<()>();
         let waiter = thread::spawn(move || {
-            let g = lock.lock().unwrap();
+            // A lease no longer than the pickup window: the hold needs no extension, so
+            // the counts below are the handoff's alone.
+            let g = lock.lock_with_lease(Duration::from_secs(1)).unwrap();
             took.send(g.token()).unwrap();
             let _ = release_rx.recv_timeout(Duration::from_secs(10));
             g.unlock()
@@ -197,8 +199,9 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         let after = server.command_calls().get("evalsha").copied().unwrap_or(0);
         assert_eq!(
             after,
-            calls + 2,
-            "handed over by the release, confirmed by one request of the waiter"
+            calls + 1,
+            "handed over by the release; heard of early in its window, so not confirmed \
+             with a request of the waiter (issue 18)"
         );
         assert!(token > before, "token {token} after {before}");
         assert_eq!(token, stored, "the guard's token is the hold's");
@@ -255,7 +258,7 @@ fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
             }),
             "setup: the waiter never queued"
         );
-        // Past the starvation bound (10 ms), the release hands the lock over (a grant
+        // Past the starvation bound (2 ms), the release hands the lock over (a grant
         // message with the token) rather than waking the waiter to try.
         thread::sleep(Duration::from_millis(100));
         let released = Instant::now();

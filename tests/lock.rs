@@ -782,7 +782,8 @@ fn one_release_wakes_one_waiting_thread_per_process() {
     let waiters = open(&server);
     // Load the scripts, so that no NOSCRIPT retry shows up in the counts below.
     holder.lock("herd").lock().unwrap().unlock().unwrap();
-    // And the renewal script, with which the waiter confirms the hold handed to it.
+    // And the renewal script, with which the hold handed to the waiter is confirmed or
+    // extended.
     let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
         .prepare_invoke()
         .load(&mut server.connection())
@@ -852,7 +853,9 @@ fn one_release_wakes_one_waiting_thread_per_process() {
         calls,
         asleep + 2,
         "the release, which hands the lock to the first waiter (queued longer than the \
-         starvation bound), and that waiter's confirmation: nothing else"
+         starvation bound), and one renewal of that waiter's hold (its confirmation, or the \
+         watchdog's extension a third into the window, already due: the waiter queued over \
+         300 ms before): nothing else"
     );
     for t in threads {
         t.join().unwrap();

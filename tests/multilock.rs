@@ -642,7 +642,7 @@ fn handed_while_leaving(name: &str, late: bool) {
         }),
         "the waiter never queued on b and c"
     );
-    // A plain lock is handed to a waiter that waited 10 ms (its starvation bound), and
+    // A plain lock is handed to a waiter that waited 2 ms (its starvation bound), and
     // only woken before that.
     thread::sleep(Duration::from_millis(50));
     b.unlock().expect("b's release");

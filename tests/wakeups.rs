@@ -155,7 +155,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     );
     assert_eq!(numsub(&server, &channel(NAME)), 1, "waiters are subscribed");
     assert_eq!(proxy.seen(&acquire), 4, "setup: two attempts each, no more");
-    // A plain lock is handed straight to a waiter queued STARVATION_BOUND (10 ms) before
+    // A plain lock is handed straight to a waiter queued STARVATION_BOUND (2 ms) before
     // the release, and only one that queued later is woken to try: the case here. The
     // steps above take longer than that on a loaded machine, so the entries' queueing
     // time (queue.lua's entry: "<expiry> <since> ...") is moved past the test's end.

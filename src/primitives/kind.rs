@@ -23,7 +23,7 @@ pub trait Kind: sealed::Sealed + Send + Sync + 'static {
 }
 
 /// The default kind of [`Lock`](crate::Lock): a running thread may take a free lock past
-/// sleeping waiters while the first of them has waited less than 10 ms; after that the
+/// sleeping waiters while the first of them has waited less than 2 ms; after that the
 /// lock is handed to the waiters in turn.
 #[derive(Debug)]
 pub enum Plain {}

@@ -46,9 +46,12 @@ pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 /// lease runs out if the holder crashed.
 ///
 /// A running thread may take a free lock past sleeping waiters (cheaper than waking one),
-/// but only while the first of them has waited less than 10 ms: after that, releases hand
-/// the lock to the waiters in turn, so none starves. For strict first come, first served
-/// use [`FairLock`](crate::FairLock), the same lock without barging.
+/// but only while the first of them has waited less than 2 ms: until then a release wakes
+/// it to try, after that releases hand the lock to the waiters in turn, so none starves
+/// (under steady contention every handoff is direct, as with a `FairLock`). Also a
+/// `try_lock` that finds the lock free takes it past such a young waiter, where a
+/// `FairLock`'s returns `None`. For strict first come, first served use
+/// [`FairLock`](crate::FairLock), the same lock without barging.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -73,19 +76,27 @@ pub struct Lock<K: Kind = Plain> {
 /// A thread that cannot take the lock at once joins a queue kept beside the lock in Redis,
 /// in the order its request reached the server. A release that finds waiters makes the
 /// first live one the holder inside the release script and sends one message to that
-/// waiter's client, and no other thread wakes. The waiting thread confirms the hold with
-/// one round trip that also extends it to its lease (and, with
-/// [`sync_replicas`](crate::ClientBuilder::sync_replicas), waits for the replicas), then
-/// returns holding the lock. Re-entries by the holding thread never queue; a `try_lock`
-/// returns `None` when the lock is free but others are queued.
+/// waiter's client, and no other thread wakes. The hold starts with a lease of one second
+/// (the pickup window, or the waiter's lease if shorter) from the release. A waiting
+/// thread that hears of it within half a second of sending its last attempt (the grant
+/// cannot be older: it was made from the queue entry that attempt wrote) returns holding
+/// the lock with no further round trip, and its watchdog extends the hold to its lease a
+/// third into the window. One that hears later, or one whose client uses
+/// [`sync_replicas`](crate::ClientBuilder::sync_replicas), first confirms the hold with one
+/// round trip that also extends it (and waits for the replicas). Only this machine's
+/// elapsed time is used: the client's and the server's clocks are never compared.
+/// Re-entries by the holding thread never queue; a `try_lock` returns `None` when the lock
+/// is free but others are queued.
 ///
 /// A waiter whose process died is skipped by the release itself (its client no longer
 /// listens); a waiter whose deadline passed leaves the queue with its call (and if the lock
-/// was handed to it meanwhile, the call returns the guard); a grant that its waiter does not
-/// confirm within one second of the release (a frozen process, a message delayed on a slow
-/// link) lapses and passes on, and a confirmation that comes later is refused: the waiter
-/// queues again rather than return a hold it lost. See the README for the layout and the
-/// exact bounds.
+/// was handed to it meanwhile, the call returns the guard); a grant that is not extended
+/// within one second of the release (a frozen process, a message delayed on a slow link)
+/// lapses and passes on. A confirmation that comes later is refused, and the waiter queues
+/// again rather than return a hold it lost; a hold already returned whose extension comes
+/// too late says so ([`is_lease_lost`](LockGuard::is_lease_lost)) from the end of its
+/// window, counted from before the release. See the README for the layout and the exact
+/// bounds.
 ///
 /// Guards are [`LockGuard`]s with the same semantics as a [`Lock`]'s: reentrant per
 /// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the
@@ -432,6 +443,7 @@ impl<K: Kind> Lock<K> {
         // whoever waits): it never queues, so that leaving the call can never give up a
         // level it holds.
         let reentry = inner.watchdog.holds_locally(&keys.hold, token);
+        let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
         let mut wait = Wait {
             lock: self,
             token,
@@ -441,7 +453,9 @@ impl<K: Kind> Lock<K> {
             deadline,
             once,
             amount,
-            ticket: NEXT_TICKET.fetch_add(1, Ordering::Relaxed),
+            first_ticket: ticket,
+            ticket,
+            joined: None,
             reentry,
             queued: false,
             // A process that listens on this lock already (others of its threads wait, or
@@ -609,7 +623,7 @@ impl<K: Kind> Lock<K> {
         })
     }
 
-    /// Confirms the hold a release handed to `holder` (see `Wait::pick_up`; a `MultiLock`
+    /// Confirms the hold a release handed to `holder` (see `Wait::confirm`; a `MultiLock`
     /// confirms a member handed over as its call left the queue the same way): true when it
     /// was still held, now with a lease of `lease_ms` from this call on; false when it had
     /// lapsed (nothing changed). With `sync_replicas`, a hold the replicas did not confirm
@@ -730,7 +744,13 @@ struct Wait<'a, K: Kind> {
     once: bool,
     // The permits asked for (1 for the locks).
     amount: u32,
+    // The call's first ticket: every ticket of this call is at least this, every one of
+    // the thread's earlier calls below it.
+    first_ticket: u64,
+    // The ticket of the latest attempt that could queue, and when it was sent: a grant
+    // carrying it was made from the queue entry that attempt wrote, so after it ran.
     ticket: u64,
+    joined: Option<Instant>,
     // The thread held the lock when the call began: its attempts never queue.
     reentry: bool,
     // An attempt of this call may have queued the thread: leaving, it must leave the queue.
@@ -786,14 +806,14 @@ impl<K: Kind> Wait<'_, K> {
                 }
             } else if self.queued {
                 match s.wait(until) {
-                    Some(Notice::Granted { ticket, fence }) if ticket == self.ticket => {
-                        if let Some(guard) = self.pick_up(fence)? {
+                    Some(Notice::Granted { ticket, fence }) if ticket >= self.first_ticket => {
+                        if let Some(guard) = self.pick_up(ticket, fence)? {
                             return Ok(Some(guard));
                         }
                         // The grant lapsed before it could be confirmed (the message came
                         // late): this turn is over, and the try below queues again.
                     }
-                    Some(Notice::Wake { ticket }) if ticket == self.ticket => {}
+                    Some(Notice::Wake { ticket }) if ticket >= self.first_ticket => {}
                     Some(Notice::Recheck) => {}
                     // For an earlier call of this thread, long over.
                     Some(_) => continue,
@@ -839,6 +859,11 @@ impl<K: Kind> Wait<'_, K> {
         let join =
             !self.once && !self.reentry && self.sub.as_ref().is_some_and(|s| s.is_confirmed());
         let join = join.then(|| {
+            // A ticket of its own: a grant that echoes it was made after this attempt ran
+            // (see `pick_up`). The call's first attempt that queues keeps the first one.
+            if self.joined.is_some() {
+                self.ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
+            }
             let watchdog_ms = millis(inner.config.watchdog_timeout);
             (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
         });
@@ -849,6 +874,10 @@ impl<K: Kind> Wait<'_, K> {
             inner
                 .watchdog
                 .waiting(&lock.keys, self.token, &self.holder, self.deadline);
+        }
+        if join.is_some() {
+            // Before anything is sent, so before the script can have run.
+            self.joined = Some(Instant::now());
         }
         let outcome = lock.attempt(
             (self.token, &self.holder),
@@ -909,7 +938,7 @@ impl<K: Kind> Wait<'_, K> {
             [1, _, fence] => {
                 // Handed over meanwhile: ours if still within its pickup window. (Still
                 // marked queued until then: a failure leaves the level to the watchdog.)
-                let guard = self.pick_up(fence as u64)?;
+                let guard = self.confirm(fence as u64)?;
                 self.left_queue();
                 Ok(guard)
             }
@@ -927,17 +956,70 @@ impl<K: Kind> Wait<'_, K> {
         }
     }
 
-    /// The lock was handed to this thread by a release (`fence`: the token the release
-    /// drew): confirms the hold with the server before it is returned, `None` when its
-    /// pickup window was over first.
+    /// The lock was handed to this thread by a release, in a message with `ticket` and
+    /// `fence` (the token the release drew): the guard, or `None` when the grant's pickup
+    /// window was over first.
     ///
-    /// The window (a lease of at most [`queue::PICKUP`]) starts at the release, on the
-    /// server, and nothing here can tell how long the message took: a grant that arrived
+    /// The window (a lease of at most [`queue::PICKUP`], or the call's own lease if shorter)
+    /// starts at the release, on the server. A grant that carries the ticket of this call's
+    /// latest attempt that could queue was made from the queue entry that attempt wrote, so
+    /// after the attempt ran, so after it was sent: its lease ends no earlier than the send
+    /// time plus the window, by this machine's clock alone (no time of the server's is
+    /// read). While at least half of that is left the guard is returned at once, its lease
+    /// counted from that send time, and the watchdog extends the hold when the lease needs
+    /// more than the window. Otherwise ([`Wait::confirm`]) the grant may have lapsed and
+    /// passed on, and the server is asked.
+    fn pick_up(&mut self, ticket: u64, fence: u64) -> Result<Option<LockGuard<K>>, Error> {
+        let Some(since) = self.window_start(ticket) else {
+            return self.confirm(fence);
+        };
+        if let Some(s) = &self.sub {
+            // The others of this process now wait for our release (or lease).
+            s.saw_lease_end(Instant::now() + Duration::from_millis(self.lease_ms));
+        }
+        let grant = Grant {
+            count: 1,
+            fence: kind::is_fenced::<K>().then_some(fence),
+        };
+        self.left_queue();
+        let lock = self.lock;
+        Ok(Some(lock.granted(
+            self.token,
+            self.holder.clone(),
+            grant,
+            self.lease,
+            since,
+            true,
+        )))
+    }
+
+    /// When the pickup window of a grant with `ticket` began at the latest, by this
+    /// machine's clock, if that alone shows the grant still has half its window or more
+    /// left; `None` when it may not (the server must be asked), when the ticket is an
+    /// earlier attempt's (that grant lapsed before the later attempt ran, or the attempt
+    /// would have been granted), and with `sync_replicas` (the replicas must confirm it).
+    fn window_start(&self, ticket: u64) -> Option<Instant> {
+        if ticket != self.ticket || self.lock.client.inner.config.sync_replicas.is_some() {
+            return None;
+        }
+        let joined = self.joined?;
+        let window = Duration::from_millis(self.lease_ms).min(queue::PICKUP);
+        let left = joined
+            .checked_add(window)?
+            .checked_duration_since(Instant::now())?;
+        (left >= window / 2 + queue::pickup_margin(window)).then_some(joined)
+    }
+
+    /// Confirms a hold handed to this thread (`fence`: the token the release drew) with the
+    /// server before it is returned: `None` when its pickup window was over first.
+    ///
+    /// Nothing here can tell how long the grant's message took, or how long ago the grant
+    /// was written when the call's leave-the-queue script reports it: a grant that arrived
     /// late may have lapsed and passed on. One renewal-script call settles it: it extends
     /// the hold to this call's lease if it is still ours (the extension the watchdog would
     /// otherwise make a third into the window), and with `sync_replicas` its `WAIT`
     /// confirms the hold on the replicas before the guard exists.
-    fn pick_up(&mut self, fence: u64) -> Result<Option<LockGuard<K>>, Error> {
+    fn confirm(&mut self, fence: u64) -> Result<Option<LockGuard<K>>, Error> {
         let lock = self.lock;
         let sent = Instant::now();
         let held = lock.pick_up(&self.holder, self.lease_ms, lock.io_until(self.deadline))?;

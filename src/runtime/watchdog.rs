@@ -357,11 +357,12 @@ impl Watchdog {
     /// Records a granted acquisition whose reentry count is now `count`. Runs on the
     /// acquiring thread before the guard exists, so a lock is never held unregistered.
     /// `sent` is when the acquire script was sent: a fixed lease is counted from there.
-    /// `handoff`: a release handed the lock over, with a lease of at most the pickup
-    /// window, and nothing confirmed it yet (a `MultiLock` member found handed over as its
-    /// call gives up at its deadline, about to be given back; a waiter that keeps a
-    /// handed hold confirms it before registering it);
-    /// it is extended a third of the way in (then `sent` is when the reply came).
+    /// `handoff`: a release handed the lock over, with a lease of the pickup window (or
+    /// `lease_ms`, if shorter) from the release, and nothing confirmed it yet: a waiter
+    /// that heard of the grant early in its window (`Wait::pick_up`; `sent` is then an
+    /// instant known to precede the release), or a `MultiLock` member found handed over as
+    /// its call gives up, about to be given back. The window, the fixed leases and the
+    /// extension a third of the way in are all counted from `sent`.
     pub(crate) fn acquired(
         &self,
         keys: &Arc<LockKeys>,
@@ -412,7 +413,7 @@ impl Watchdog {
         });
         // A handed-over hold's lease is the pickup window until the watchdog extends it.
         let set = if handoff {
-            PICKUP
+            PICKUP.min(Duration::from_millis(lease_ms))
         } else {
             Duration::from_millis(lease_ms)
         };

@@ -1,0 +1,367 @@
+//! Issue 18: a hold handed to a waiter by a release, returned without a confirmation round
+//! trip when this machine's clock alone shows the grant still has most of its pickup
+//! window, then extended by the watchdog like any hold it keeps.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::{Client, Error, Kind, Lock};
+use support::{wait_until, FaultProxy, Monitor, RedisServer};
+
+const PREFIX: &str = "handoff:";
+
+/// How long setup steps (a waiter showing in the queue) may take before the test fails.
+const SETUP: Duration = Duration::from_secs(5);
+
+fn key(name: &str) -> String {
+    format!("{PREFIX}{{{name}}}")
+}
+
+fn queue(name: &str) -> String {
+    format!("{PREFIX}!queue:{{{name}}}")
+}
+
+fn client(url: &str, watchdog: Duration) -> Client {
+    support::client(url, PREFIX, watchdog, Duration::from_secs(2))
+}
+
+fn pttl(server: &RedisServer, name: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(key(name))
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+fn await_queued(server: &RedisServer, name: &str, n: i64) {
+    let mut con = server.connection();
+    let mut seen = 0;
+    let ok = wait_until(SETUP, || {
+        seen = redis::cmd("LLEN")
+            .arg(queue(name))
+            .query::<i64>(&mut con)
+            .unwrap();
+        seen == n
+    });
+    assert!(ok, "LLEN {} is {seen}, expected {n}", queue(name));
+}
+
+/// Whether a MONITOR line is a call of the renewal script on one lock hold (mode `k`, the
+/// way a waiter confirms a handed hold): no other script takes a bare `k` argument.
+fn is_hold_renewal(line: &str) -> bool {
+    line.contains(" \"k\" ")
+}
+
+/// Whether a MONITOR line is a script call a client sent.
+fn is_script_call(line: &str) -> bool {
+    let lower = line.to_ascii_lowercase();
+    ["\"evalsha\"", "\"eval\"", "\"fcall\"", "\"fcall_ro\""]
+        .iter()
+        .any(|c| lower.contains(c))
+}
+
+/// Two clients pass a `FairLock` back and forth (each: lock, 2 ms, unlock, again): every
+/// acquisition but the first is a handoff, whose waiter heard of it a few ms after its
+/// queued attempt, well inside the 1 s window. Each costs Redis the release and the
+/// releaser's next (queued) attempt, and no confirmation: no renewal call at all.
+#[test]
+fn a_handed_over_hold_costs_no_confirmation_call() {
+    ping_pong("ping-pong", true, Duration::from_millis(2), 20);
+}
+
+/// The same with a plain `Lock` and 8 ms holds: a waiter queued during a whole hold has
+/// waited past the starvation bound when the holder releases, so the release hands it the
+/// lock instead of waking it to try (a try the releaser, taking the lock straight back,
+/// would win: one wasted request per release, and the releaser served twice in a row).
+#[test]
+fn a_plain_lock_under_steady_contention_is_handed_over_in_turn() {
+    ping_pong("plain-ping-pong", false, Duration::from_millis(8), 12);
+}
+
+/// One client's side of a ping-pong: `rounds` times lock, note `i` in `order`, hold for
+/// `hold`, unlock.
+fn take_turns<K: Kind>(
+    lock: Lock<K>,
+    i: usize,
+    order: Arc<Mutex<Vec<usize>>>,
+    hold: Duration,
+    rounds: usize,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        for _ in 0..rounds {
+            let g = lock.lock().expect("lock");
+            order.lock().unwrap().push(i);
+            thread::sleep(hold);
+            g.unlock().expect("unlock");
+        }
+    })
+}
+
+/// Two clients, each looping `rounds` times on the lock `name` (fair or plain) with holds
+/// of `hold`: the lock goes back and forth, each handoff costing Redis two script calls
+/// (the release and the releaser's next, queued, attempt) and no renewal.
+fn ping_pong(name: &str, fair: bool, hold: Duration, rounds: usize) {
+    let server = RedisServer::new();
+    // A long watchdog: no renewal round falls inside the run.
+    let clients = [
+        client(&server.url(), Duration::from_secs(30)),
+        client(&server.url(), Duration::from_secs(30)),
+    ];
+    // Both start queued behind a third client's hold (so both listen on the lock, and the
+    // run starts with a handoff); the recording starts after their first attempts.
+    let holder = client(&server.url(), Duration::from_secs(30));
+    let guard = holder.lock(name).lock().expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let order = order.clone();
+            if fair {
+                take_turns(c.fair_lock(name), i, order, hold, rounds)
+            } else {
+                take_turns(c.lock(name), i, order, hold, rounds)
+            }
+        })
+        .collect();
+    await_queued(&server, name, 2);
+    let monitor = server.monitor();
+    guard.unlock().expect("holder unlock");
+    for t in threads {
+        t.join().unwrap();
+    }
+    let lines = monitor.stop();
+    let order = order.lock().unwrap().clone();
+    let handoffs = order.windows(2).filter(|w| w[0] != w[1]).count();
+    let top = Monitor::top_level(&lines);
+    let scripts = top.iter().filter(|l| is_script_call(l)).count();
+    let renewals: Vec<_> = top.iter().filter(|l| is_hold_renewal(l)).collect();
+    eprintln!(
+        "{name}: {} acquisitions, {handoffs} handoffs, {scripts} script calls",
+        order.len()
+    );
+    assert_eq!(order.len(), 2 * rounds);
+    assert!(
+        renewals.is_empty(),
+        "{name}: {} renewal calls for {handoffs} handoffs, e.g. {:?}",
+        renewals.len(),
+        renewals.first()
+    );
+    // Per acquisition: the acquirer's queued attempt and the release (the holder's
+    // release for the first).
+    assert!(
+        scripts <= 2 * order.len() + 2,
+        "{name}: {scripts} script calls for {} acquisitions ({handoffs} handoffs)",
+        order.len()
+    );
+    // Strict turns (the one left may run alone once the other is done).
+    assert!(
+        handoffs >= 2 * rounds - 3,
+        "{name}: only {handoffs} handoffs in {order:?}"
+    );
+}
+
+/// A hold handed over without confirmation and kept 2.5 s, past its 1 s pickup window:
+/// the watchdog extends it a third into the window, so its key never runs low, nobody
+/// else gets the lock meanwhile, and the guard never says it is lost. With a fixed lease
+/// longer than the window, the extension keeps exactly that lease, counted from before
+/// the grant (its waiter's queued attempt): not the window, not a lease restarted later.
+#[test]
+fn a_handed_over_hold_kept_past_its_window_is_extended() {
+    let server = RedisServer::new();
+    let (holder, waiter, other) = (
+        client(&server.url(), Duration::from_secs(10)),
+        client(&server.url(), Duration::from_secs(10)),
+        client(&server.url(), Duration::from_secs(10)),
+    );
+    for (name, lease) in [("kept-watchdog", None), ("kept-fixed", Some(5_000u64))] {
+        let guard = holder.fair_lock(name).lock().expect("holder");
+        let lock = waiter.fair_lock(name);
+        let (held_tx, held) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let thread = thread::spawn(move || {
+            let g = match lease {
+                None => lock.lock(),
+                Some(ms) => lock.lock_with_lease(Duration::from_millis(ms)),
+            }
+            .expect("waiter");
+            held_tx.send(Instant::now()).unwrap();
+            let _ = release_rx.recv_timeout(Duration::from_secs(20));
+            let lost = g.is_lease_lost();
+            (g.unlock(), lost)
+        });
+        await_queued(&server, name, 1);
+        let queued = Instant::now();
+        guard.unlock().expect("holder unlock");
+        let returned = held
+            .recv_timeout(Duration::from_millis(500))
+            .expect("the lock was not handed over");
+        // Another client waits meanwhile: it must not get the lock while the waiter keeps it.
+        let contender = other.fair_lock(name);
+        let contend = thread::spawn(move || {
+            contender
+                .try_lock_for(Duration::from_millis(2_000))
+                .map(|g| g.is_some())
+        });
+        for at in [1_300, 2_300] {
+            thread::sleep(
+                (returned + Duration::from_millis(at)).saturating_duration_since(Instant::now()),
+            );
+            let left = pttl(&server, name);
+            match lease {
+                None => assert!(
+                    left > 5_000,
+                    "{name}: {at} ms after the handoff the lease was not extended (PTTL {left})"
+                ),
+                Some(ms) => {
+                    // The lease counts from the waiter's queued attempt, at most `queued`
+                    // ago... and no earlier than the waiter's queued attempt (before
+                    // `queued`): within [ms - elapsed since queued, ms - at].
+                    let at_least = ms as i64 - queued.elapsed().as_millis() as i64 - 300;
+                    let at_most = ms as i64 - at as i64 + 50;
+                    assert!(
+                        (at_least..=at_most).contains(&left),
+                        "{name}: {at} ms after the handoff PTTL is {left}, expected the \
+                         fixed lease's rest, {at_least}..={at_most}"
+                    );
+                }
+            }
+        }
+        assert!(
+            !contend.join().unwrap().expect("contender"),
+            "{name}: another client took a lock still held"
+        );
+        release.send(()).unwrap();
+        let (unlocked, lost) = thread.join().unwrap();
+        assert!(!lost, "{name}: the extended hold looked lost");
+        unlocked.expect("the holder releases its extended hold");
+    }
+}
+
+/// A hold handed over without confirmation whose extension reaches Redis only after the
+/// pickup window (the waiter's renewals delayed 1.5 s): the grant lapses on the server
+/// and another client takes the lock. By then the waiter's guard must say its lease is
+/// lost (its window is counted from before the grant), and its release must fail so.
+#[test]
+fn a_handed_over_hold_extended_too_late_says_lost_before_another_holds() {
+    const NAME: &str = "late-extension";
+    let renew = redis::Script::new(include_str!("../lua/renew.lua"))
+        .get_hash()
+        .to_owned();
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let holder = client(&server.url(), Duration::from_secs(10));
+    let other = client(&server.url(), Duration::from_secs(10));
+    let waiter = client(&proxy.url(), Duration::from_secs(10));
+    let guard = holder.fair_lock(NAME).lock().expect("holder");
+    let lock = waiter.fair_lock(NAME);
+    let other_holds = Arc::new(AtomicBool::new(false));
+    let flag = other_holds.clone();
+    let (held_tx, held) = mpsc::channel();
+    let (check, check_rx) = mpsc::channel::<()>();
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        held_tx.send(()).unwrap();
+        let _ = check_rx.recv_timeout(Duration::from_secs(10));
+        // Told once the other client holds the lock.
+        let beside_other = flag.load(Ordering::SeqCst);
+        (beside_other, g.is_lease_lost(), g.unlock())
+    });
+    await_queued(&server, NAME, 1);
+    proxy.delay_requests_containing(&renew, Duration::from_millis(1_500));
+    let released = Instant::now();
+    guard.unlock().expect("holder unlock");
+    held.recv_timeout(Duration::from_millis(500))
+        .expect("the handed hold was not returned at once");
+    let taken = other
+        .fair_lock(NAME)
+        .try_lock_for(Duration::from_secs(5))
+        .expect("other")
+        .expect("the unextended grant never passed on");
+    let took = released.elapsed();
+    other_holds.store(true, Ordering::SeqCst);
+    check.send(()).unwrap();
+    let (beside_other, lost, unlocked) = thread.join().unwrap();
+    taken.unlock().expect("other unlock");
+    proxy.delay_requests_containing(&renew, Duration::ZERO);
+    eprintln!("the other client took the lock {took:?} after the release");
+    assert!(
+        beside_other,
+        "checked before the other client held the lock"
+    );
+    assert!(
+        took >= Duration::from_millis(900),
+        "the grant passed on {took:?} after the release, inside its window"
+    );
+    assert!(lost, "the waiter's guard did not say its lease was lost");
+    assert!(
+        matches!(unlocked, Err(Error::LeaseLost)),
+        "the waiter's release: {unlocked:?}"
+    );
+}
+
+/// Every pub/sub message a client receives carries this (RESP: `*3 $7 message ...`).
+const PUSHED_MESSAGE: &str = "\r\nmessage\r\n";
+
+/// A grant for an earlier attempt of the same waiting call, delivered after a later
+/// attempt queued again, says nothing about that later attempt: it was made before it ran,
+/// and lapsed before it (or the later attempt would have found the thread holding). The
+/// waiter must not count its window from the later attempt.
+///
+/// The holder keeps the lock on a 3 s fixed lease and releases it 1 s in, while the
+/// waiter's grant messages are delayed 2.25 s: the grant lapses (2 s) and another client
+/// takes the lock; the waiter's timer for the holder's lease (3 s) makes it try again,
+/// which queues it behind that client; the stale grant arrives 0.25 s later. Its call's
+/// ticket alone would pass it as fresh.
+#[test]
+fn a_stale_grant_of_an_earlier_attempt_is_not_taken_for_a_fresh_one() {
+    const NAME: &str = "stale-grant";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let holder = client(&server.url(), Duration::from_secs(10));
+    let other = client(&server.url(), Duration::from_secs(10));
+    let waiter = client(&proxy.url(), Duration::from_secs(10));
+    let held_at = Instant::now();
+    let guard = holder
+        .fair_lock(NAME)
+        .lock_with_lease(Duration::from_secs(3))
+        .expect("holder");
+    let lock = waiter.fair_lock(NAME);
+    let other_holds = Arc::new(AtomicBool::new(false));
+    let flag = other_holds.clone();
+    let (done, returned) = mpsc::channel();
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        let beside_other = flag.load(Ordering::SeqCst);
+        let lost = g.is_lease_lost();
+        done.send(Instant::now()).unwrap();
+        (beside_other, lost, g.unlock())
+    });
+    await_queued(&server, NAME, 1);
+    proxy.delay_replies_containing(PUSHED_MESSAGE, Duration::from_millis(2_250));
+    thread::sleep((held_at + Duration::from_secs(1)).saturating_duration_since(Instant::now()));
+    guard.unlock().expect("holder unlock");
+    let taken = other
+        .fair_lock(NAME)
+        .try_lock_for(Duration::from_secs(5))
+        .expect("other")
+        .expect("the lapsed grant never passed on");
+    other_holds.store(true, Ordering::SeqCst);
+    // Past the stale grant's arrival (3.25 s) and the waiter's answer to it.
+    let early = returned
+        .recv_timeout((held_at + Duration::from_secs(4)).saturating_duration_since(Instant::now()))
+        .is_ok();
+    proxy.delay_replies_containing(PUSHED_MESSAGE, Duration::ZERO);
+    other_holds.store(false, Ordering::SeqCst);
+    taken.unlock().expect("other unlock");
+    let (beside_other, lost, unlocked) = thread.join().unwrap();
+    assert!(
+        !early && !beside_other,
+        "the waiter's lock() returned on a stale grant while another client held the lock"
+    );
+    assert!(!lost, "the waiter's hold looks lost");
+    unlocked.expect("the waiter releases its hold");
+}
