@@ -53,6 +53,8 @@ pub struct RedisServer {
     password: Option<String>,
     /// The caller's extra arguments, replayed by `restart`.
     extra: Vec<String>,
+    /// The binary, when not the default one (see `server_binary`).
+    bin: Option<String>,
     /// Holds the log; declared last so it is removed after the process is dead.
     dir: tempfile::TempDir,
 }
@@ -85,6 +87,16 @@ impl RedisServer {
     /// `--port` pins the port (`--port 0` with `--tls-port P` gives a TLS-only
     /// server, probed by a bare TCP connect since the harness speaks no TLS).
     pub fn with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_binary(None, extra)
+    }
+
+    /// Spawns the server binary `bin` (another version than the default one) with the
+    /// harness defaults and `extra`, as [`with_args`](RedisServer::with_args) does.
+    pub fn with_binary(bin: &str, extra: &[&str]) -> RedisServer {
+        RedisServer::start_binary(Some(bin.to_owned()), extra)
+    }
+
+    fn start_binary(bin: Option<String>, extra: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let fixed_port = arg_value(&extra, "--port").map(|v| parse_port("--port", v));
         let tls_port = arg_value(&extra, "--tls-port")
@@ -103,6 +115,7 @@ impl RedisServer {
             tls_port,
             password,
             extra,
+            bin,
             dir,
         };
         // A caller-chosen port is part of the test's setup, so never swap it.
@@ -303,7 +316,7 @@ impl RedisServer {
     fn launch(&self) -> Result<Child, StartFailure> {
         let log = self.log_path();
         let log_start = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-        let bin = server_binary();
+        let bin = self.bin.clone().unwrap_or_else(server_binary);
         // A file rather than null keeps test output quiet without losing
         // argument errors, which Redis prints before the log file exists.
         let stderr = fs::OpenOptions::new()
@@ -461,6 +474,14 @@ fn server_binary() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// The Redis 6.2 server binary CI provides in `REDIS_6_SERVER_BIN` (6.2 has no functions,
+/// so the scripts run there with `EVALSHA`), if it is set.
+pub fn redis6_binary() -> Option<String> {
+    std::env::var("REDIS_6_SERVER_BIN")
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 /// Value of the last `flag value` pair, matching Redis's "last one wins".
