@@ -528,6 +528,52 @@ pub fn queued_script(script: &str) -> String {
     [include_str!("../../lua/queue.lua"), script].concat()
 }
 
+/// Script executions in `stats` (`INFO commandstats`): FCALLs of the library's functions,
+/// or EVALSHAs where a client runs the scripts as scripts of their own (and EVALs).
+pub fn script_calls(stats: &HashMap<String, u64>) -> u64 {
+    ["fcall", "evalsha", "eval"]
+        .iter()
+        .map(|c| stats.get(*c).copied().unwrap_or(0))
+        .sum()
+}
+
+impl RedisServer {
+    /// Script executions so far (see [`script_calls`]).
+    pub fn script_calls(&self) -> u64 {
+        script_calls(&self.command_calls())
+    }
+}
+
+/// The name of the function that runs the bundled script `script` ("acquire",
+/// "rw_release", "renew"...: the names `src/runtime/scripts.rs` gives them), as the
+/// clients of this build call it with `FCALL` on the server at `url`: it appears in their
+/// requests (which the proxy and MONITOR see) instead of an `EVALSHA`'s SHA-1. Loads the
+/// library there, as a client's first call would, so that calls counted afterwards
+/// include no load.
+pub fn function_name(url: &str, script: &str) -> String {
+    let client = redmutex::Client::open(url).expect("build client");
+    client.inspect("support:load").expect("inspect, which loads the library");
+    let info = url.into_connection_info().expect("valid redis url");
+    let mut con = redis::Client::open(info)
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let libraries: Vec<HashMap<String, redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg("redmutex_*")
+        .query(&mut con)
+        .expect("FUNCTION LIST");
+    let names: Vec<String> = libraries
+        .iter()
+        .filter_map(|l| match l.get("library_name") {
+            Some(redis::Value::BulkString(name)) => Some(String::from_utf8_lossy(name).into()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names.len(), 1, "one redmutex library expected: {names:?}");
+    format!("{}_{script}", names[0])
+}
+
 /// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and
 /// command timeouts are the test's to choose.
 pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) -> redmutex::Client {
