@@ -418,3 +418,44 @@ fn a_user_without_fcall_gets_evalsha() {
     assert!(calls(&stats, "evalsha") > 0, "{stats:?}");
     assert_eq!(calls(&stats, "function|load"), 0, "{stats:?}");
 }
+
+/// A cluster: each primary loads the library when a call first finds it missing there (a
+/// load goes to the node of the call's keys only), and again after it lost it.
+#[test]
+fn each_cluster_node_loads_the_library_when_it_lacks_it() {
+    let cluster = support::topology::Cluster::new(3, 0);
+    let client = Client::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_timeout(Duration::from_secs(6))
+        .command_timeout(Duration::from_millis(1_500))
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    // Names whose slots fall on every node (fixed: slots are a hash of the name).
+    let names: Vec<String> = (0..30).map(|i| format!("spread-{i}")).collect();
+    let run = || {
+        for name in &names {
+            let lock = client.lock(name.as_str());
+            let guard = lock.lock().unwrap();
+            assert!(lock.is_locked().unwrap());
+            guard.unlock().unwrap();
+        }
+    };
+    let loads = |n: u64| {
+        for node in cluster.nodes() {
+            let stats = node.server().command_calls();
+            assert_functions(&stats);
+            assert_eq!(calls(&stats, "function|load"), n, "{stats:?}");
+        }
+    };
+    run();
+    loads(1);
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(&mut node.server().connection())
+            .unwrap();
+    }
+    run();
+    loads(2);
+}
