@@ -226,11 +226,14 @@ fn script_flush_between_calls_changes_nothing() {
     let server = RedisServer::new();
     let c = client(&server, Duration::from_secs(5));
     let lock = c.lock("flushed");
+    // The scripts and the library (a restart without persistence loses both).
     let flush = || {
-        redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .exec(&mut server.connection())
-            .unwrap()
+        for what in ["SCRIPT", "FUNCTION"] {
+            redis::cmd(what)
+                .arg("FLUSH")
+                .exec(&mut server.connection())
+                .unwrap()
+        }
     };
     let outer = lock.lock().unwrap();
     flush();

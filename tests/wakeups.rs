@@ -124,7 +124,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
         "the first waiter never subscribed"
     );
     let second = spawn_waiter(2);
-    // Both queued: with their second attempts (an EVALSHA count could include the
+    // Both queued: with their second attempts (a script call count could include the
     // watchdog's keep-alive of the first one's queue entry).
     let queue = format!("{PREFIX}!queue:{{{NAME}}}");
     let llen = |con: &mut redis::Connection| -> i64 {
@@ -133,7 +133,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     let mut con = server.connection();
     assert!(
         support::wait_until(Duration::from_secs(5), || llen(&mut con) == 2),
-        "setup: expected both waiters queued, {} are ({} EVALSHAs)",
+        "setup: expected both waiters queued, {} are ({} script calls)",
         llen(&mut con),
         script_calls(&server) - calls
     );
