@@ -552,7 +552,9 @@ impl RedisServer {
 /// include no load.
 pub fn function_name(url: &str, script: &str) -> String {
     let client = redmutex::Client::open(url).expect("build client");
-    client.inspect("support:load").expect("inspect, which loads the library");
+    client
+        .inspect("support:load")
+        .expect("inspect, which loads the library");
     let info = url.into_connection_info().expect("valid redis url");
     let mut con = redis::Client::open(info)
         .and_then(|c| c.get_connection())
