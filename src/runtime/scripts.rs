@@ -39,7 +39,8 @@ macro_rules! script {
 macro_rules! function {
     ($function:literal, $flags:literal, $file:literal) => {
         concat!(
-            "register('",
+            // On a line of its own, whatever the file before ends with.
+            "\nregister('",
             $function,
             "', ",
             $flags,
