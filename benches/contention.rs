@@ -364,7 +364,7 @@ fn drain(url: &str, kind: Kind, admin: &mut Admin) -> Drain {
     let mut parent = Handle::new(kind, client.as_ref(), url, &prefix);
     let held = parent.acquire();
     let held_at = Instant::now();
-    let base_evalsha = admin.calls("evalsha");
+    let base_evalsha = admin.calls(common::script_command());
     for c in &mut children {
         c.send("go");
     }
@@ -387,7 +387,7 @@ fn drain(url: &str, kind: Kind, admin: &mut Admin) -> Drain {
             }
             // No queue (a redmutex without one): every process subscribed, every thread
             // made its attempt, and no attempt for 20 ms: all sleep until a release.
-            let calls = admin.calls("evalsha");
+            let calls = admin.calls(common::script_command());
             if calls != last.0 {
                 last = (calls, Instant::now());
             }

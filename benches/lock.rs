@@ -127,7 +127,7 @@ fn parent_main() {
     );
     let _ = writeln!(
         details,
-        "  {MANY_LOCKS} locks: acquired in {:.1} ms; evalsha over {MANY_PERIODS} periods of {:?}: \
+        "  {MANY_LOCKS} locks: acquired in {:.1} ms; script calls over {MANY_PERIODS} periods of {:?}: \
          {}; RSS {} -> {} KiB ({:+} KiB, {:.0} B/lock); leases lost: {}",
         many.acquire_time.as_secs_f64() * 1e3,
         MANY_WATCHDOG_TIMEOUT / 3,
@@ -466,7 +466,7 @@ impl Mode {
         match self {
             // Queued with its first try (its client still listens from the last round),
             // or tried, subscribed and queued with the second.
-            Mode::Redmutex => ("evalsha", 1),
+            Mode::Redmutex => (common::script_command(), 1),
             Mode::Naive => ("set", 1),
             Mode::Floor => ("subscribe", 0),
         }
@@ -861,9 +861,9 @@ fn many_locks(url: &str, admin: &mut Admin) -> Many {
     let watchdog_threads = watchdog_threads();
     let pubsub_connections = admin.pubsub_connections().saturating_sub(pubsub_before);
 
-    let before = admin.calls("evalsha");
+    let before = admin.calls(common::script_command());
     thread::sleep(MANY_WATCHDOG_TIMEOUT / 3 * MANY_PERIODS);
-    let renew_calls = admin.calls("evalsha") - before;
+    let renew_calls = admin.calls(common::script_command()) - before;
 
     let lost = guards.iter().filter(|g| g.is_lease_lost()).count();
     drop(guards);
@@ -952,7 +952,10 @@ impl Admin {
 }
 
 fn bench_client(url: &str, prefix: &str) -> redmutex::ClientBuilder {
-    Client::builder().url(url).key_prefix(prefix)
+    Client::builder()
+        .url(url)
+        .key_prefix(prefix)
+        .use_functions(common::use_functions())
 }
 
 /// The wait queue of lock `name` (a name without braces).

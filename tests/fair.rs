@@ -1093,10 +1093,8 @@ fn a_handed_over_hold_outlives_the_pickup_window() {
 /// returning a hold it lost. (One heard of early is returned at once: tests/handoff.rs.)
 #[test]
 fn a_handed_over_hold_confirmed_too_late_is_not_returned() {
-    let renew = redis::Script::new(include_str!("../lua/renew.lua"))
-        .get_hash()
-        .to_owned();
-    late_pickup("late-confirm", |proxy, delay| {
+    late_pickup("late-confirm", |server, proxy, delay| {
+        let renew = support::function_name(&server.url(), "renew");
         proxy.delay_requests_containing(&renew, delay);
         proxy.delay_replies_containing(PUSHED_MESSAGE, delay * 2 / 5);
     });
@@ -1110,7 +1108,7 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     let server = RedisServer::new();
     let (holder, waiter) = (client_10s(&server), client_10s(&server));
     let mut con = server.connection();
-    let scripts = |con: &mut redis::Connection| support::commandstats(con)["evalsha"];
+    let scripts = |con: &mut redis::Connection| support::script_calls(&support::commandstats(con));
     // An earlier wait, against a short lease, handed over.
     let guard = holder
         .fair_lock("stale-timer")
@@ -1303,7 +1301,7 @@ const PUSHED_MESSAGE: &str = "\r\nmessage\r\n";
 /// held, but confirm it with the server first, and wait on when it is gone.
 #[test]
 fn a_grant_that_arrives_after_its_pickup_window_is_not_returned_as_held() {
-    late_pickup("late-grant", |proxy, delay| {
+    late_pickup("late-grant", |_, proxy, delay| {
         proxy.delay_replies_containing(PUSHED_MESSAGE, delay)
     });
 }
@@ -1312,7 +1310,7 @@ fn a_grant_that_arrives_after_its_pickup_window_is_not_returned_as_held() {
 /// pickup (the grant message, or its confirmation); another client takes the lock once
 /// the 1 s window is over and holds it 2.5 s after the release. The waiter's `lock()` must
 /// not return while that client holds the lock, and must then return a hold that is real.
-fn late_pickup(name: &str, slow: impl Fn(&FaultProxy, Duration)) {
+fn late_pickup(name: &str, slow: impl Fn(&RedisServer, &FaultProxy, Duration)) {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let (holder, other) = (client_10s(&server), client_10s(&server));
@@ -1336,7 +1334,7 @@ fn late_pickup(name: &str, slow: impl Fn(&FaultProxy, Duration)) {
         (beside_other, count, lost, g.unlock())
     });
     await_queued(&mut con, name, 1, "the waiter");
-    slow(&proxy, Duration::from_millis(1_500));
+    slow(&server, &proxy, Duration::from_millis(1_500));
     let released = Instant::now();
     guard.unlock().expect("holder unlock");
     // The grant lapses unconfirmed after its 1 s window and passes on.
@@ -1348,7 +1346,7 @@ fn late_pickup(name: &str, slow: impl Fn(&FaultProxy, Duration)) {
     other_holds.store(true, Ordering::SeqCst);
     let took = released.elapsed();
     // What comes later is on time again; the slowed pickup is still on its way.
-    slow(&proxy, Duration::ZERO);
+    slow(&server, &proxy, Duration::ZERO);
     // Held well past the slowed pickup (1.5 s after the release).
     let early = returned
         .recv_timeout(

@@ -226,11 +226,14 @@ fn script_flush_between_calls_changes_nothing() {
     let server = RedisServer::new();
     let c = client(&server, Duration::from_secs(5));
     let lock = c.lock("flushed");
+    // The scripts and the library (a restart without persistence loses both).
     let flush = || {
-        redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .exec(&mut server.connection())
-            .unwrap()
+        for what in ["SCRIPT", "FUNCTION"] {
+            redis::cmd(what)
+                .arg("FLUSH")
+                .exec(&mut server.connection())
+                .unwrap()
+        }
     };
     let outer = lock.lock().unwrap();
     flush();
@@ -307,8 +310,10 @@ fn dropping_the_client_while_guards_live_lets_leases_expire() {
     );
 }
 
-fn sha(script: &str) -> String {
-    redis::Script::new(script).get_hash().to_owned()
+/// The function that runs the bundled script `script` (see `support::function_name`):
+/// what its requests carry.
+fn call(server: &RedisServer, script: &str) -> String {
+    support::function_name(&server.url(), script)
 }
 
 /// A client whose connections pass through `proxy`, with the scripts already loaded.
@@ -331,9 +336,7 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
 
-    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
-        "../lua/release.lua"
-    ))));
+    proxy.lose_next_reply_to(&call(&server, "release"));
     inner.unlock().expect("the retried release succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     // Released once: the outer level still holds the lock.
@@ -344,9 +347,7 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
 
     // The outermost release losing its reply: the retry finds the lock already free and
     // reports `NotHeld`, never success for a lock it cannot vouch for.
-    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
-        "../lua/release.lua"
-    ))));
+    proxy.lose_next_reply_to(&call(&server, "release"));
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 2);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld)), "{r:?}");
@@ -360,16 +361,12 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     let c = through(&proxy);
     let lock = c.lock("lost-acquire");
 
-    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
-        "../lua/acquire.lua"
-    ))));
+    proxy.lose_next_reply_to(&call(&server, "acquire"));
     let outer = lock.lock().expect("the retried acquire succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert_eq!(lock.hold_count().unwrap(), 1, "one level, not two");
 
-    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
-        "../lua/acquire.lua"
-    ))));
+    proxy.lose_next_reply_to(&call(&server, "acquire"));
     let inner = lock.lock().expect("the retried re-entry succeeds");
     assert_eq!(proxy.lost_replies(), 2);
     assert_eq!(lock.hold_count().unwrap(), 2, "two levels, not three");
@@ -381,9 +378,7 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     // Fenced: the retry keeps the token the lost call drew.
     let fenced = c.fenced_lock("lost-fenced");
     let first = fenced.lock().unwrap().token();
-    proxy.lose_next_reply_to(&sha(&support::queued_script(include_str!(
-        "../lua/acquire.lua"
-    ))));
+    proxy.lose_next_reply_to(&call(&server, "acquire"));
     let g = fenced.lock().unwrap();
     assert_eq!(proxy.lost_replies(), 3);
     assert_eq!(g.token(), first + 1, "one token drawn, not two");
@@ -445,7 +440,7 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         .expect("warm-up unlock");
 
     let guard = holder.fair_lock(NAME).lock().expect("holder again");
-    let acquire = sha(&support::queued_script(include_str!("../lua/acquire.lua")));
+    let acquire = call(&server, "acquire");
     proxy.lose_next_reply_to(&acquire);
     let lock = w.fair_lock(NAME);
     let (tx, rx) = mpsc::channel();
@@ -489,7 +484,7 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
     let w = through(&proxy);
     let holder = client(&server, Duration::from_secs(5));
     let guard = holder.fair_lock(NAME).lock().expect("holder");
-    let cancel = sha(&support::queued_script(include_str!("../lua/cancel.lua")));
+    let cancel = call(&server, "cancel");
     proxy.lose_next_reply_to(&cancel);
     let got = w
         .fair_lock(NAME)
@@ -516,8 +511,8 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
     let client = through(&proxy);
     let lock = client.lock(NAME);
     lock.lock().unwrap().unlock().unwrap();
-    let acquire = sha(&support::queued_script(include_str!("../lua/acquire.lua")));
-    let cancel = sha(&support::queued_script(include_str!("../lua/cancel.lua")));
+    let acquire = call(&server, "acquire");
+    let cancel = call(&server, "cancel");
     proxy.watch(&cancel);
     // The attempt reaches Redis only after its call gave up: its outcome is unknown, and
     // the watchdog's clean-up of it is held up 3 s by the proxy.

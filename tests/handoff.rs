@@ -248,10 +248,8 @@ fn a_handed_over_hold_kept_past_its_window_is_extended() {
 #[test]
 fn a_handed_over_hold_extended_too_late_says_lost_before_another_holds() {
     const NAME: &str = "late-extension";
-    let renew = redis::Script::new(include_str!("../lua/renew.lua"))
-        .get_hash()
-        .to_owned();
     let server = RedisServer::new();
+    let renew = support::function_name(&server.url(), "renew");
     let proxy = FaultProxy::new(server.port());
     let holder = client(&server.url(), Duration::from_secs(10));
     let other = client(&server.url(), Duration::from_secs(10));

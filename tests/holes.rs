@@ -733,8 +733,10 @@ fn try_lock_for_duration_max_waits_for_a_held_lock() {
 // Issue 17: the lock's own hold bookkeeping
 // ---------------------------------------------------------------------------------------
 
-fn sha(script: &str) -> String {
-    redis::Script::new(script).get_hash().to_owned()
+/// The function that runs the bundled script `script` (see `support::function_name`):
+/// what its requests carry.
+fn call(server: &RedisServer, script: &str) -> String {
+    support::function_name(&server.url(), script)
 }
 
 fn queue_len(con: &mut redis::Connection, name: &str) -> i64 {
@@ -776,7 +778,7 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         "the other thread never queued"
     );
 
-    let acquire = sha(&support::queued_script(include_str!("../lua/acquire.lua")));
+    let acquire = call(&server, "acquire");
     proxy.fail_next_request_with(&acquire, "-ERR injected\r\n");
     let r = lock.try_lock_for(Duration::from_millis(300));
     assert!(matches!(r, Err(Error::Redis(_))), "{r:?}");
@@ -945,6 +947,8 @@ fn lagging<G>(
     lost: impl Fn(&G) -> bool,
     unlock: impl FnOnce(G) -> Result<(), Error>,
 ) -> (Duration, Result<(), Error>) {
+    // Script calls as either command: a client whose server refused FCALL sends EVALSHA.
+    proxy.delay_requests_containing("FCALL", lag);
     proxy.delay_requests_containing("EVALSHA", lag);
     let sent = Instant::now();
     let guard = take().expect("acquired");
@@ -953,6 +957,7 @@ fn lagging<G>(
         "the guard never said its lease was lost"
     );
     let said = sent.elapsed();
+    proxy.delay_requests_containing("FCALL", Duration::ZERO);
     proxy.delay_requests_containing("EVALSHA", Duration::ZERO);
     (said, unlock(guard))
 }

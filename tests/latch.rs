@@ -19,17 +19,6 @@ const PREFIX: &str = "latch:";
 const NAME: &str = "jobs";
 /// Waiters wake within this of the count-down that opened the latch.
 const WAKE_BOUND: Duration = Duration::from_millis(500);
-/// The set script as the client sends it (its rules file first).
-const SET: &str = concat!(
-    include_str!("../lua/latch.lua"),
-    include_str!("../lua/latch_set.lua")
-);
-/// The count-down script as the client sends it (its rules file first).
-const COUNT_DOWN: &str = concat!(
-    include_str!("../lua/latch.lua"),
-    include_str!("../lua/latch_count_down.lua")
-);
-
 fn client(url: &str) -> Client {
     Client::builder()
         .url(url)
@@ -318,13 +307,8 @@ fn a_count_down_whose_reply_is_lost_counts_once() {
     let c = client(&proxy.url());
     let latch = c.count_down_latch("lost");
     assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
-    let sha = redis::Script::new(COUNT_DOWN).get_hash().to_owned();
-    // Loaded first, so the fault hits the real call, not a NOSCRIPT round.
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(COUNT_DOWN)
-        .query(&mut server.connection())
-        .unwrap();
+    // Loaded already (by the set), so the fault hits the real call, not a load round.
+    let sha = support::function_name(&server.url(), "latch_count_down");
     proxy.lose_next_reply_to(&sha);
     let r = latch.count_down();
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
@@ -387,12 +371,7 @@ fn a_set_whose_reply_is_lost_answers_that_it_set() {
     let proxy = support::FaultProxy::new(server.port());
     let c = client(&proxy.url());
     let latch = c.count_down_latch("lost-set");
-    let sha = redis::Script::new(SET).get_hash().to_owned();
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SET)
-        .query(&mut server.connection())
-        .unwrap();
+    let sha = support::function_name(&server.url(), "latch_set");
     proxy.lose_next_reply_to(&sha);
     let r = latch.try_set_count(3, Duration::from_secs(30));
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");

@@ -70,10 +70,14 @@ fn numsub(con: &mut redis::Connection, channel: &[u8]) -> i64 {
     support::subscribers(con, channel)
 }
 
-/// Script executions so far (EVALSHA, plus EVAL should the library ever fall back to it).
+/// Script executions so far (FCALL, or EVALSHA where functions are not used, plus EVAL
+/// should the library ever fall back to it).
 fn script_calls(server: &RedisServer) -> u64 {
     let calls = server.command_calls();
-    calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0)
+    ["fcall", "evalsha", "eval"]
+        .iter()
+        .map(|c| calls.get(*c).copied().unwrap_or(0))
+        .sum()
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

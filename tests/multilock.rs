@@ -286,10 +286,9 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
         assert!(lock.try_lock().unwrap().is_none());
         let took = t.elapsed();
         let after = servers[2].command_calls();
-        let evalsha = after.get("evalsha").copied().unwrap_or(0)
-            - before.get("evalsha").copied().unwrap_or(0);
+        let scripts = support::script_calls(&after) - support::script_calls(&before);
         // Each round: an acquisition and its giving back.
-        let rounds = evalsha / 2;
+        let rounds = scripts / 2;
         eprintln!("a try with a lease of {watchdog:?}: {rounds} rounds in {took:?}");
         assert!(
             (1..=at_most).contains(&rounds),
@@ -513,10 +512,6 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
 /// token}`, one level): the bytes the proxy holds back.
 const HANDED_REPLY: &str = "*3\r\n:1\r\n:1\r\n";
 
-fn sha(script: &str) -> String {
-    redis::Script::new(script).get_hash().to_owned()
-}
-
 /// What the waiting thread is asked to do with its guard.
 enum Ask {
     Report,
@@ -525,7 +520,7 @@ enum Ask {
 
 /// The stage of the handoff-while-leaving tests: a `MultiLock` of three locks on one
 /// server with a quorum of two (`a`, `b`, `c`), its client behind a proxy that holds each
-/// cancel (loaded beforehand: one EVALSHA it can hold up) for `cancel_delay`, members
+/// cancel (the library loaded beforehand: one FCALL it can hold up) for `cancel_delay`, members
 /// given 5 s (the replies are late, not lost); `b` and `c` held by another client.
 struct Scene {
     server: RedisServer,
@@ -552,13 +547,7 @@ impl Scene {
             .iter()
             .map(|m| format!("{name}-{m}"))
             .collect();
-        let cancel_script = support::queued_script(include_str!("../lua/cancel.lua"));
-        let _: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(&cancel_script)
-            .query(&mut server.connection())
-            .expect("SCRIPT LOAD");
-        let cancel = sha(&cancel_script);
+        let cancel = support::function_name(&server.url(), "cancel");
         proxy.delay_requests_containing(&cancel, cancel_delay);
         let multi = MultiLock::new(names.iter().map(|n| waiter.lock(n.as_str())))
             .unwrap()

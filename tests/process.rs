@@ -160,8 +160,9 @@ fn spawn(role: &str, server: &RedisServer) -> ChildProc {
     ChildProc::spawn("child_entry", &[(ROLE, role), (URL, &server.url())])
 }
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    server.command_calls().get("evalsha").copied().unwrap_or(0)
+/// Script calls (FCALL or EVALSHA) the server has executed so far.
+fn script_calls(server: &RedisServer) -> u64 {
+    server.script_calls()
 }
 
 /// Subscriptions to the lock's channels (`channel` is their common prefix).
@@ -218,7 +219,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
         "the waiter took a lock whose holder is alive"
     );
 
-    let before = evalsha_calls(&server);
+    let before = script_calls(&server);
     let killed = Instant::now();
     holder.child.kill().expect("SIGKILL the holder");
     let key = format!("{PREFIX}{{crash}}");
@@ -246,7 +247,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
     // holder may have renewed once more since the waiter last looked), a try at the real
     // end, the release of its own hold, and its watchdog's renewal of its queue entry
     // once per period (a third of the lease); a 10 ms poll would have made a hundred.
-    let calls = evalsha_calls(&server) - before;
+    let calls = script_calls(&server) - before;
     eprintln!(
         "acquired {after_kill:?} after the kill ({left} ms of lease left), {calls} script calls"
     );

@@ -7,9 +7,6 @@ mod support;
 use redmutex::{Client, Error};
 use support::{FaultProxy, RedisServer};
 
-const QUEUE: &str = include_str!("../lua/queue.lua");
-const FORCE_UNLOCK: &str = include_str!("../lua/force_unlock.lua");
-
 fn exists(server: &RedisServer, key: &str) -> bool {
     redis::cmd("EXISTS")
         .arg(key)
@@ -17,14 +14,10 @@ fn exists(server: &RedisServer, key: &str) -> bool {
         .unwrap()
 }
 
-/// Loads `script` on `server` (so that the fault hits the real call, not a NOSCRIPT round)
-/// and returns its SHA1, the marker of its calls.
+/// Loads the scripts on `server` (so that the fault hits the real call, not a load round)
+/// and returns the name of `script`'s function, the marker of its calls.
 fn load(server: &RedisServer, script: &str) -> String {
-    redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(script)
-        .query(&mut server.connection())
-        .unwrap()
+    support::function_name(&server.url(), script)
 }
 
 /// `force_unlock` of a held lock whose reply is lost: the repeat finds the lock already
@@ -36,8 +29,7 @@ fn a_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock() {
     let proxy = FaultProxy::new(server.port());
     let holder = Client::open(server.url()).unwrap();
     let admin = Client::open(proxy.url()).unwrap();
-    let script = [QUEUE, FORCE_UNLOCK].concat();
-    let sha = load(&server, &script);
+    let sha = load(&server, "force_unlock");
 
     let guard = holder.lock("held").lock().unwrap();
     proxy.lose_next_reply_to(&sha);
@@ -68,14 +60,7 @@ fn a_read_write_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock(
     let proxy = FaultProxy::new(server.port());
     let holder = Client::open(server.url()).unwrap();
     let admin = Client::open(proxy.url()).unwrap();
-    let script = [
-        QUEUE,
-        include_str!("../lua/leases.lua"),
-        include_str!("../lua/rw.lua"),
-        FORCE_UNLOCK,
-    ]
-    .concat();
-    let sha = load(&server, &script);
+    let sha = load(&server, "rw_force_unlock");
 
     let rw = holder.read_write_lock("shared");
     let read = rw.read().lock().unwrap();

@@ -237,34 +237,19 @@ fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     );
 }
 
-fn sha(parts: &[&str]) -> String {
-    redis::Script::new(&parts.concat()).get_hash().to_owned()
-}
-
 const QUEUE_LUA: &str = include_str!("../lua/queue.lua");
 const LEASES_LUA: &str = include_str!("../lua/leases.lua");
 const RW_LUA: &str = include_str!("../lua/rw.lua");
 
-fn rw_acquire_sha() -> String {
-    sha(&[
-        QUEUE_LUA,
-        LEASES_LUA,
-        RW_LUA,
-        include_str!("../lua/rw_acquire.lua"),
-    ])
+/// The function of the read-write lock's acquire script (see `support::function_name`).
+fn rw_acquire_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "rw_acquire")
 }
 
-fn rw_release_sha() -> String {
-    sha(&[
-        QUEUE_LUA,
-        LEASES_LUA,
-        RW_LUA,
-        include_str!("../lua/leased_release.lua"),
-    ])
+/// The function of its release script.
+fn rw_release_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "rw_release")
 }
-
-// ---------------------------------------------------------------------------------------
-// Child processes.
 
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
@@ -1207,8 +1192,8 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let c = through(&proxy);
     let other = client(&server.url(), Duration::from_secs(10));
     let rw = c.read_write_lock(LOCK);
-    let acquire = rw_acquire_sha();
-    let release = rw_release_sha();
+    let acquire = rw_acquire_call(&server);
+    let release = rw_release_call(&server);
 
     proxy.lose_next_reply_to(&acquire);
     let outer = rw.read().lock().expect("the repeated read acquire");
@@ -1318,7 +1303,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     warm.join().unwrap().unwrap().unwrap();
 
     let w = holder.read_write_lock(LOCK).write().lock().unwrap();
-    proxy.lose_next_reply_to(&rw_acquire_sha());
+    proxy.lose_next_reply_to(&rw_acquire_call(&server));
     let read = c.read_write_lock(LOCK).read();
     let (tx, rx) = mpsc::channel();
     let reader = thread::spawn(move || {
@@ -1470,8 +1455,7 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     let mut con = server.connection();
     let reader = client(&url, Duration::from_secs(30));
     let writer = client(&url, Duration::from_secs(30));
-    // The scripts are loaded first, so the release below is one EVALSHA, not a NOSCRIPT
-    // round.
+    // The scripts are loaded first, so the release below is one FCALL, not a load round.
     let warm = reader.read_write_lock("warm-up");
     warm.read().lock().unwrap().unlock().unwrap();
     // And the renewal script, with which the writer confirms the hold handed to it.
@@ -1521,7 +1505,10 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
                 .join(" ")
         })
         .collect();
-    let scripts = top.iter().filter(|l| l.starts_with("EVALSHA")).count();
+    let scripts = top
+        .iter()
+        .filter(|l| l.starts_with("FCALL") || l.starts_with("EVALSHA"))
+        .count();
     eprintln!(
         "quiet: writer in {:?} after the release; top-level commands meanwhile: {top:?}",
         at.saturating_duration_since(released)
@@ -1569,7 +1556,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
     });
     await_queued(&mut con, LOCK, 1, "the writer");
 
-    proxy.fail_next_request_with(&rw_acquire_sha(), "-ERR injected\r\n");
+    proxy.fail_next_request_with(&rw_acquire_call(&server), "-ERR injected\r\n");
     let r = rw.read().try_lock_for(Duration::from_millis(300));
     assert!(matches!(r, Err(Error::Redis(_))), "{r:?}");
     assert_eq!(proxy.failed_requests(), 1, "the fault was injected");

@@ -25,42 +25,28 @@ const PREFIX: &str = "sem:";
 /// A watchdog long enough that no renewal round falls inside a test's measurements.
 const LONG: Duration = Duration::from_secs(30);
 
-const QUEUE_LUA: &str = include_str!("../lua/queue.lua");
-const LEASES_LUA: &str = include_str!("../lua/leases.lua");
-const SEMAPHORE_LUA: &str = include_str!("../lua/semaphore.lua");
-
-/// The SHA1 of a semaphore script as the library runs it (the rules prepended).
-fn sem_sha(body: &str) -> String {
-    redis::Script::new(&[QUEUE_LUA, LEASES_LUA, SEMAPHORE_LUA, body].concat())
-        .get_hash()
-        .to_owned()
+/// The function that runs a semaphore script (see `support::function_name`): what its
+/// requests carry.
+fn acquire_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "sem_acquire")
 }
 
-fn acquire_sha() -> String {
-    sem_sha(include_str!("../lua/sem_acquire.lua"))
+fn release_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "sem_release")
 }
 
-fn release_sha() -> String {
-    sem_sha(include_str!("../lua/leased_release.lua"))
+fn permits_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "sem_permits")
 }
 
-fn permits_sha() -> String {
-    sem_sha(include_str!("../lua/sem_permits.lua"))
+fn renew_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "renew")
 }
 
-/// Loads the renewal script, which admitted waiters run to confirm their permits: the
-/// windows measured below then hold no NOSCRIPT round.
+/// Loads the scripts, the renewal one included, which admitted waiters run to confirm
+/// their permits: the windows measured below then hold no load round.
 fn load_renew(server: &RedisServer) {
-    let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
-        .prepare_invoke()
-        .load(&mut server.connection())
-        .expect("SCRIPT LOAD");
-}
-
-fn renew_sha() -> String {
-    redis::Script::new(include_str!("../lua/renew.lua"))
-        .get_hash()
-        .to_owned()
+    renew_call(server);
 }
 
 /// A client whose leases last `watchdog`; commands time out well within it.
@@ -147,11 +133,12 @@ fn end_lease(server: &RedisServer, name: &str, holder: &str) {
         .expect("ZADD");
 }
 
-/// How many top-level EVALSHA calls of `sha` the monitor saw.
-fn evalshas(lines: &[String], sha: &str) -> usize {
+/// How many top-level calls of the script `call` (its function, see `acquire_call`) the
+/// monitor saw.
+fn script_calls(lines: &[String], call: &str) -> usize {
     Monitor::top_level(lines)
         .iter()
-        .filter(|l| l.to_ascii_lowercase().contains("\"evalsha\"") && l.contains(sha))
+        .filter(|l| l.to_ascii_lowercase().contains("\"fcall\"") && l.contains(call))
         .count()
 }
 
@@ -700,15 +687,15 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
     ids.sort_unstable();
     assert_eq!(ids, [0, 1], "the first two in the queue are admitted");
     assert_eq!(
-        evalshas(&lines, &acquire_sha()),
+        script_calls(&lines, &acquire_call(&server)),
         0,
         "a waiter ran the acquire script"
     );
-    assert_eq!(evalshas(&lines, &permits_sha()), 1);
-    let renew = renew_sha();
+    assert_eq!(script_calls(&lines, &permits_call(&server)), 1);
+    let renew = renew_call(&server);
     let others: Vec<&String> = Monitor::top_level(&lines)
         .into_iter()
-        .filter(|l| !l.contains(&permits_sha()) && !l.contains(&renew))
+        .filter(|l| !l.contains(&permits_call(&server)) && !l.contains(&renew))
         .collect();
     assert!(others.is_empty(), "commands besides the add: {others:?}");
 
@@ -889,16 +876,16 @@ fn a_release_admits_every_head_waiter_it_covers_at_once() {
         );
     }
     assert_eq!(
-        evalshas(&lines, &acquire_sha()),
+        script_calls(&lines, &acquire_call(&server)),
         0,
         "a waiter ran the acquire script"
     );
-    let renew = renew_sha();
+    let renew = renew_call(&server);
     let top: Vec<&String> = Monitor::top_level(&lines)
         .into_iter()
         .filter(|l| !l.contains(&renew))
         .collect();
-    assert_eq!(evalshas(&lines, &release_sha()), 1);
+    assert_eq!(script_calls(&lines, &release_call(&server)), 1);
     assert_eq!(top.len(), 1, "commands besides the release: {top:?}");
     assert_eq!(
         queue(&server, NAME),
@@ -1339,7 +1326,7 @@ fn lost_replies_take_and_free_permits_once() {
     let other = client(&server.url(), LONG).semaphore(NAME, 4);
     let bystander = other.acquire().unwrap();
 
-    proxy.lose_next_reply_to(&acquire_sha());
+    proxy.lose_next_reply_to(&acquire_call(&server));
     let p = sem.acquire_many(2).expect("the repeated acquire succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert_eq!(p.permits(), 2);
@@ -1351,7 +1338,7 @@ fn lost_replies_take_and_free_permits_once() {
     );
     assert_eq!(sem.available_permits().unwrap(), 1);
 
-    proxy.lose_next_reply_to(&acquire_sha());
+    proxy.lose_next_reply_to(&acquire_call(&server));
     let q = sem
         .try_acquire()
         .unwrap()
@@ -1360,7 +1347,7 @@ fn lost_replies_take_and_free_permits_once() {
     assert_eq!(sem.available_permits().unwrap(), 0);
     q.release().unwrap();
 
-    proxy.lose_next_reply_to(&release_sha());
+    proxy.lose_next_reply_to(&release_call(&server));
     let r = p.release();
     assert_eq!(proxy.lost_replies(), 3, "the fault was injected");
     // The repeat finds the permits given back already: it cannot vouch for them.
@@ -1396,7 +1383,7 @@ fn permits_granted_to_an_acquisition_that_timed_out_are_given_back() {
 
     // Reaches Redis 450 ms late: after a try_acquire gave up (250 ms), before the
     // clean-up's second round.
-    let sha = acquire_sha();
+    let sha = acquire_call(&server);
     proxy.delay_requests_containing(&sha, Duration::from_millis(450));
     let t0 = Instant::now();
     let r = sem.try_acquire_many(2);

@@ -33,45 +33,29 @@ fn channel_of(name: &str, client: &redmutex::Client) -> String {
     format!("{}{}", channel(name), client.id())
 }
 
-fn sha(script: &str) -> String {
-    redis::Script::new(script).get_hash().to_owned()
+/// The function that runs the acquire script (see `support::function_name`): what its
+/// requests carry.
+fn acquire_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "acquire")
 }
 
-fn acquire_sha() -> String {
-    sha(&support::queued_script(include_str!("../lua/acquire.lua")))
-}
-
-fn renew_sha() -> String {
-    sha(include_str!("../lua/renew.lua"))
+fn renew_call(server: &RedisServer) -> String {
+    support::function_name(&server.url(), "renew")
 }
 
 fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
     support::client(url, PREFIX, watchdog, command)
 }
 
-/// Loads the scripts, so that every EVALSHA counted or trapped is the real call and not a
-/// NOSCRIPT round followed by a second one.
+/// Loads the scripts, so that every script call counted or trapped is the real call and
+/// not a load round followed by a second one.
 fn load_scripts(server: &RedisServer) {
-    let mut con = server.connection();
-    for script in [
-        support::queued_script(include_str!("../lua/acquire.lua")),
-        support::queued_script(include_str!("../lua/release.lua")),
-        support::queued_script(include_str!("../lua/cancel.lua")),
-        support::queued_script(include_str!("../lua/kick.lua")),
-        include_str!("../lua/renew.lua").to_owned(),
-        support::queued_script(include_str!("../lua/force_unlock.lua")),
-    ] {
-        let _: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script)
-            .query(&mut con)
-            .expect("SCRIPT LOAD");
-    }
+    acquire_call(server);
 }
 
-/// EVALSHA calls the server has executed so far.
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    server.command_calls().get("evalsha").copied().unwrap_or(0)
+/// Script calls (FCALL or EVALSHA) the server has executed so far.
+fn script_calls(server: &RedisServer) -> u64 {
+    server.script_calls()
 }
 
 /// Subscriptions to the lock's channels (`channel` is their common prefix).
@@ -106,7 +90,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
         Duration::from_secs(10),
         Duration::from_secs(1),
     );
-    let acquire = acquire_sha();
+    let acquire = acquire_call(&server);
     proxy.watch(&acquire);
     // Holding the subscription back makes both waiters subscribe before it is confirmed,
     // so each makes exactly two attempts (before and after the confirmation) in any code.
@@ -116,7 +100,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
         .lock(NAME)
         .lock_with_lease(Duration::from_secs(10))
         .expect("holder takes the lock");
-    let calls = evalsha_calls(&server);
+    let calls = script_calls(&server);
 
     let (tx, results) = mpsc::channel::<(usize, Result<(), String>, Instant)>();
     let spawn_waiter = |i: usize| {
@@ -140,7 +124,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
         "the first waiter never subscribed"
     );
     let second = spawn_waiter(2);
-    // Both queued: with their second attempts (an EVALSHA count could include the
+    // Both queued: with their second attempts (a script call count could include the
     // watchdog's keep-alive of the first one's queue entry).
     let queue = format!("{PREFIX}!queue:{{{NAME}}}");
     let llen = |con: &mut redis::Connection| -> i64 {
@@ -149,9 +133,9 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     let mut con = server.connection();
     assert!(
         support::wait_until(Duration::from_secs(5), || llen(&mut con) == 2),
-        "setup: expected both waiters queued, {} are ({} EVALSHAs)",
+        "setup: expected both waiters queued, {} are ({} script calls)",
         llen(&mut con),
-        evalsha_calls(&server) - calls
+        script_calls(&server) - calls
     );
     assert_eq!(numsub(&server, &channel(NAME)), 1, "waiters are subscribed");
     assert_eq!(proxy.seen(&acquire), 4, "setup: two attempts each, no more");
@@ -233,14 +217,14 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     let h1 = client(&server.url(), timeouts.0, timeouts.1);
     let h2 = client(&server.url(), timeouts.0, timeouts.1);
     let w = client(&proxy.url(), timeouts.0, timeouts.1);
-    let acquire = acquire_sha();
+    let acquire = acquire_call(&server);
     proxy.watch(&acquire);
 
     let g1 = h1
         .lock(NAME)
         .lock_with_lease(Duration::from_millis(500))
         .expect("H1 takes the lock");
-    let calls = evalsha_calls(&server);
+    let calls = script_calls(&server);
 
     // H2 waits too, subscribed directly: the release of H1 wakes it.
     let (h2_tx, h2_took) = mpsc::channel();
@@ -257,7 +241,7 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     });
     assert!(
         support::wait_until(Duration::from_secs(2), || {
-            numsub(&server, &channel(NAME)) == 1 && evalsha_calls(&server) >= calls + 2
+            numsub(&server, &channel(NAME)) == 1 && script_calls(&server) >= calls + 2
         }),
         "setup: H2 never blocked subscribed"
     );
@@ -438,7 +422,7 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
         Duration::from_millis(1500),
         Duration::from_millis(500),
     );
-    let renew = renew_sha();
+    let renew = renew_call(&server);
     proxy.delay_requests_containing(&renew, Duration::from_millis(200));
     let lock = c.lock(NAME);
 
@@ -652,11 +636,11 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     );
 
     // Attempts are the acquire script's calls on this lock: the watchdog's keep-alive
-    // of the queue entry (renew.lua) and the cancel of the give-up are EVALSHAs too.
+    // of the queue entry (renew.lua) and the cancel of the give-up are script calls too.
     let monitor = server.monitor();
     let r = lock.try_lock_with_lease_for(Duration::from_millis(500), Duration::from_secs(1));
     let lines = monitor.stop();
-    let (acquire, lock_key) = (acquire_sha(), format!("\"{}\"", key(NAME)));
+    let (acquire, lock_key) = (acquire_call(&server), format!("\"{}\"", key(NAME)));
     let attempts = support::Monitor::top_level(&lines)
         .into_iter()
         .filter(|l| l.contains(&acquire) && l.contains(&lock_key))
@@ -689,7 +673,7 @@ fn an_expired_lease_wakes_one_thread_per_process() {
         .lock(NAME)
         .lock_with_lease(lease)
         .expect("H takes the lock");
-    let calls = evalsha_calls(&server);
+    let calls = script_calls(&server);
 
     let (tx, granted) = mpsc::channel();
     let mut stops = Vec::new();
@@ -711,7 +695,7 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     }
     assert!(
         support::wait_until(Duration::from_millis(700), || {
-            numsub(&server, &channel(NAME)) == 1 && evalsha_calls(&server) >= calls + THREADS as u64
+            numsub(&server, &channel(NAME)) == 1 && script_calls(&server) >= calls + THREADS as u64
         }),
         "setup too slow: the waiters did not block well before the lease ran out"
     );
@@ -721,7 +705,7 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     );
     // Acquire attempts only: the watchdog's renewals (queue entries, the winner's
     // extension a third into its pickup window) may fall in the window too.
-    let acquire = redis::Script::new(&support::queued_script(include_str!("../lua/acquire.lua")));
+    let acquire = acquire_call(&server);
     let monitor = server.monitor();
     assert!(
         pttl(&server, &key(NAME)) > 20,
@@ -738,7 +722,7 @@ fn an_expired_lease_wakes_one_thread_per_process() {
         .iter()
         .filter(|l| {
             l.to_ascii_lowercase()
-                .contains(&format!("\"evalsha\" \"{}\"", acquire.get_hash()))
+                .contains(&format!("\"fcall\" \"{acquire}\""))
         })
         .count();
     drop(stops);

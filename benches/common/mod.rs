@@ -155,8 +155,24 @@ pub fn bench_client(url: &str, prefix: &str) -> Client {
     Client::builder()
         .url(url)
         .key_prefix(prefix)
+        .use_functions(use_functions())
         .build()
         .expect("build client")
+}
+
+/// Whether the benches' clients run the scripts as the library's functions (the default),
+/// or with EVALSHA when `REDMUTEX_BENCH_EVALSHA=1`: what the scripts cost sent either way.
+pub fn use_functions() -> bool {
+    std::env::var("REDMUTEX_BENCH_EVALSHA").map_or(true, |v| v != "1")
+}
+
+/// The command the benches' clients run their scripts with (see [`use_functions`]).
+pub fn script_command() -> &'static str {
+    if use_functions() {
+        "fcall"
+    } else {
+        "evalsha"
+    }
 }
 
 /// A key prefix of its own per phase, so a shared `REDIS_URL` server is harmless.

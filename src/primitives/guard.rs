@@ -11,7 +11,7 @@ use crate::primitives::lock::millis;
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::queue;
-use crate::runtime::scripts;
+use crate::runtime::scripts::ScriptCall;
 use crate::runtime::watchdog::{Lease, Registration};
 use crate::{Error, Lock};
 
@@ -157,7 +157,7 @@ impl<K: Kind> LockGuard<K> {
         let inner = &self.inner;
         let keys = &self.keys;
         let reply = inner.run(|con| {
-            let (left, served): (i64, i64) = scripts::eval(con, keys.ops.release, &held.cmd)?;
+            let (left, served): (i64, i64) = inner.eval(con, &held.cmd)?;
             let shortfall = if left >= 0 {
                 inner.await_replicas(con, &keys.key)?
             } else {
@@ -193,7 +193,6 @@ impl<K: Kind> LockGuard<K> {
             return Ok(Err(Err(self.not_held())));
         };
         Ok(Ok(Release {
-            script: keys.ops.release,
             cmd: queue::release(keys, &self.holder, need, held),
             levels: held,
         }))
@@ -245,8 +244,7 @@ impl<K: Kind> LockGuard<K> {
 
 /// A release under way: the script's call, and the levels it was told the thread holds.
 pub(crate) struct Release {
-    pub(crate) script: &'static redis::Script,
-    pub(crate) cmd: redis::Cmd,
+    pub(crate) cmd: ScriptCall,
     pub(crate) levels: usize,
 }
 

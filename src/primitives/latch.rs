@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::primitives::lock::{millis, IO_GRACE, MAX_LEASE};
 use crate::runtime::client::CALL_MEMORY;
 use crate::runtime::keys::{thread_token, LockKeys};
-use crate::runtime::scripts;
+use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::BROADCAST;
 use crate::{Client, Error};
 
@@ -84,16 +84,14 @@ impl CountDownLatch {
         let (key, setter, id) = (self.key.as_slice(), self.setter.as_slice(), inner.call_id());
         // A repeat after a lost reply finds its own id and answers that it set the count,
         // even if the latch opened in between (it is not set again).
-        let set: i64 = inner.run_remembered(|con| {
-            scripts::LATCH_SET
-                .key(key)
-                .key(setter)
-                .arg(count)
-                .arg(millis(expire_after))
-                .arg(id.as_str())
-                .arg(millis(CALL_MEMORY))
-                .invoke(con)
-        })?;
+        let mut call = ScriptCall::new(&scripts::LATCH_SET);
+        call.key(key)
+            .key(setter)
+            .arg(count)
+            .arg(millis(expire_after))
+            .arg(id.as_str())
+            .arg(millis(CALL_MEMORY));
+        let set: i64 = inner.run_remembered(|con| inner.eval(con, &call))?;
         Ok(set == 1)
     }
 
@@ -106,13 +104,10 @@ impl CountDownLatch {
     pub fn count_down(&self) -> Result<u64, Error> {
         self.check_name()?;
         let (key, channel) = (self.key.as_slice(), self.channel.as_slice());
-        let left: i64 = self.client.inner.run_once(|con| {
-            scripts::LATCH_COUNT_DOWN
-                .key(key)
-                .arg(channel)
-                .arg(BROADCAST)
-                .invoke(con)
-        })?;
+        let mut call = ScriptCall::new(&scripts::LATCH_COUNT_DOWN);
+        call.key(key).arg(channel).arg(BROADCAST);
+        let inner = &self.client.inner;
+        let left: i64 = inner.run_once(|con| inner.eval(con, &call))?;
         Ok(left.max(0) as u64)
     }
 
@@ -200,10 +195,10 @@ impl CountDownLatch {
     fn state(&self, until: Option<Instant>) -> Result<(u64, i64), Error> {
         self.check_name()?;
         let key = self.key.as_slice();
-        let (count, pttl): (i64, i64) = self
-            .client
-            .inner
-            .run_until(until, |con| scripts::LATCH_STATE.key(key).invoke(con))?;
+        let mut call = ScriptCall::new(&scripts::LATCH_STATE);
+        call.key(key);
+        let inner = &self.client.inner;
+        let (count, pttl): (i64, i64) = inner.run_until(until, |con| inner.eval(con, &call))?;
         Ok((count.max(0) as u64, pttl))
     }
 

@@ -13,7 +13,7 @@ use crate::runtime::client::CALL_MEMORY;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
 use crate::runtime::pool::Con;
 use crate::runtime::queue::{self, Notice};
-use crate::runtime::scripts;
+use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::watchdog::Lease;
 use crate::{Client, Error, LockGuard};
@@ -363,18 +363,15 @@ impl<K: Kind> Lock<K> {
     /// run did: `Ok(true)` if that freed the lock, never "it was not locked".
     pub fn force_unlock(&self) -> Result<bool, Error> {
         self.check_name()?;
-        let keys = &self.keys;
         let call = self.force_unlock_cmd();
-        let deleted: i64 = self
-            .client
-            .inner
-            .run_remembered(|con| scripts::eval(con, keys.ops.force_unlock, &call))?;
+        let inner = &self.client.inner;
+        let deleted: i64 = inner.run_remembered(|con| inner.eval(con, &call))?;
         Ok(deleted == 1)
     }
 
     /// The force-unlock script's call (see `lua/force_unlock.lua`), with an id of its own
     /// that each run of it sends.
-    pub(crate) fn force_unlock_cmd(&self) -> redis::Cmd {
+    pub(crate) fn force_unlock_cmd(&self) -> ScriptCall {
         let keys = &self.keys;
         // The call-id key last.
         let mut call = queue::command_with(keys.ops.force_unlock, keys, &[&keys.forced]);
@@ -485,10 +482,8 @@ impl<K: Kind> Lock<K> {
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms())
             .arg(read.flags);
-        let reply: Vec<i64> = self
-            .client
-            .inner
-            .run_until(until, |con| scripts::eval(con, read.cancel, &cancel))?;
+        let inner = &self.client.inner;
+        let reply: Vec<i64> = inner.run_until(until, |con| inner.eval(con, &cancel))?;
         if reply[..] == [0, 1] {
             self.client
                 .inner
@@ -510,11 +505,10 @@ impl<K: Kind> Lock<K> {
     ) -> Result<Result<Grant, i64>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
-        let ops = keys.ops;
         let held = inner.watchdog.begin_attempt(&keys.hold, token, until)?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join);
         let outcome = inner.run_until(until, |con| {
-            let reply: Vec<i64> = scripts::eval(con, ops.acquire, &call)?;
+            let reply: Vec<i64> = inner.eval(con, &call)?;
             let grant = match Self::grant_of(&reply)? {
                 Ok(Ok(grant)) => grant,
                 other => return Ok(other),
@@ -578,7 +572,7 @@ impl<K: Kind> Lock<K> {
         held: usize,
         amount: u32,
         join: Option<(u64, u64)>,
-    ) -> redis::Cmd {
+    ) -> ScriptCall {
         let keys = &self.keys;
         let ops = keys.ops;
         let (ticket, ttl) = join.unwrap_or((0, 0));
@@ -638,7 +632,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let call = queue::confirm(keys, holder, lease_ms);
         let outcome = inner.run_until(until, |con| {
-            let (lost, _): (Vec<i64>, Vec<i64>) = call.invoke(con)?;
+            let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
             if !lost.is_empty() {
                 return Ok(Ok(false));
             }
@@ -671,11 +665,10 @@ impl<K: Kind> Lock<K> {
             Ok(Some(shortfall)) => Ok(shortfall),
             Err(e) => Err(e),
         };
-        let rollback: redis::RedisResult<(i64, i64)> = scripts::eval(
-            con,
-            keys.ops.release,
-            &queue::release(keys, holder, need(), held),
-        );
+        let rollback: redis::RedisResult<(i64, i64)> = self
+            .client
+            .inner
+            .eval(con, &queue::release(keys, holder, need(), held));
         match (failure, rollback) {
             (Ok(shortfall), Ok(_)) => Ok(Some(shortfall)),
             (Ok(_), Err(e)) | (Err(e), _) => Err(e),
@@ -932,7 +925,7 @@ impl<K: Kind> Wait<'_, K> {
         );
         let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
             let cancel = queue::cancel(keys, &self.holder, held, need, true);
-            scripts::eval(con, keys.ops.cancel, &cancel)
+            inner.eval(con, &cancel)
         })?;
         match reply[..] {
             [1, _, fence] => {

@@ -133,11 +133,7 @@ pub(crate) fn release_all(mut holds: Vec<LockGuard>, until: Instant) -> Vec<Resu
     }
     let calls: Vec<Call<'_>> = pending
         .iter()
-        .map(|(i, release)| Call {
-            client: holds[*i].client(),
-            script: Some(release.script),
-            cmd: release.cmd.clone(),
-        })
+        .map(|(i, release)| Call::script(holds[*i].client(), release.cmd.clone()))
         .collect();
     let replies = fanout::run_always::<(i64, i64)>(&calls, until);
     for ((i, release), reply) in pending.into_iter().zip(replies) {

@@ -293,11 +293,7 @@ impl MultiLock {
             .map(|m| {
                 let mut cmd = redis::cmd("EXISTS");
                 cmd.arg(m.keys.key.as_slice());
-                Call {
-                    client: &m.client.inner,
-                    script: None,
-                    cmd,
-                }
+                Call::plain(&m.client.inner, cmd)
             })
             .collect();
         let replies = fanout::run::<bool>(&calls, Instant::now() + self.member_timeout);
@@ -319,11 +315,7 @@ impl MultiLock {
         let calls: Vec<Call<'_>> = self
             .members
             .iter()
-            .map(|m| Call {
-                client: &m.client.inner,
-                script: Some(m.keys.ops.force_unlock),
-                cmd: m.force_unlock_cmd(),
-            })
+            .map(|m| Call::script(&m.client.inner, m.force_unlock_cmd()))
             .collect();
         let replies = fanout::run_always::<i64>(&calls, Instant::now() + self.member_timeout);
         let reached = replies.iter().filter(|r| r.is_ok()).count();
@@ -565,11 +557,7 @@ impl MultiWait<'_> {
             };
             let cmd = m.acquire_cmd(&self.holders[i], m.lease_ms(self.lease), held, 1, join);
             tried.push((i, held, join.is_some()));
-            calls.push(Call {
-                client: inner,
-                script: Some(m.keys.ops.acquire),
-                cmd,
-            });
+            calls.push(Call::script(inner, cmd));
         }
         let replies = fanout::run::<Vec<i64>>(&calls, bound);
         for ((i, held, joined), reply) in tried.into_iter().zip(replies) {
@@ -700,11 +688,10 @@ impl MultiWait<'_> {
                 .watchdog
                 .need_ms(&m.keys.hold, self.token, watchdog_ms);
             left.push(i);
-            calls.push(Call {
-                client: inner,
-                script: Some(m.keys.ops.cancel),
-                cmd: queue::cancel(&m.keys, &self.holders[i], levels, need, true),
-            });
+            calls.push(Call::script(
+                inner,
+                queue::cancel(&m.keys, &self.holders[i], levels, need, true),
+            ));
         }
         if calls.is_empty() {
             return;

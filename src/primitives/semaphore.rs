@@ -196,17 +196,16 @@ impl Semaphore {
         let inner = &lock.client.inner;
         inner.check_process()?;
         let keys = &lock.keys;
-        let call = |con: &mut Con| {
-            queue::invoke(&scripts::SEM_PERMITS, keys)
-                .arg(op)
-                .arg(n)
-                .arg(lock.initial)
-                .arg(MAX_PERMITS)
-                .arg(keys.inbox.as_slice())
-                .arg(queue::pickup_ms())
-                .arg(queue::starve_ms())
-                .invoke(con)
-        };
+        let mut permits = queue::command(&scripts::SEM_PERMITS, keys);
+        permits
+            .arg(op)
+            .arg(n)
+            .arg(lock.initial)
+            .arg(MAX_PERMITS)
+            .arg(keys.inbox.as_slice())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms());
+        let call = |con: &mut Con| inner.eval(con, &permits);
         // Adding or taking away twice (a retry after a lost reply) would change the count
         // twice: those run once, and a dropped connection is the caller's error.
         let (first, second): (i64, i64) = match op {

@@ -34,6 +34,7 @@ pub struct ClientBuilder {
     tls_client: Option<(Vec<u8>, Vec<u8>)>,
     sentinel: Option<(Vec<String>, String)>,
     cluster: Option<Vec<String>>,
+    use_functions: bool,
 }
 
 impl Default for ClientBuilder {
@@ -50,6 +51,7 @@ impl Default for ClientBuilder {
             tls_client: None,
             sentinel: None,
             cluster: None,
+            use_functions: true,
         }
     }
 }
@@ -208,6 +210,22 @@ impl ClientBuilder {
         self
     }
 
+    /// Whether to run the bundled scripts as a function library (loaded once per server
+    /// with `FUNCTION LOAD`, each call an `FCALL`) on servers that have functions (Redis 7
+    /// and later, Valkey). A function costs the server less per call than the same script
+    /// sent with `EVALSHA`, which defines the rules every script shares anew on each call.
+    /// A server without functions (Redis 6.2, or a user whose ACL refuses `FCALL` or
+    /// `FUNCTION LOAD`) is noticed on the first call it refuses, which is sent again
+    /// with `EVALSHA`, as every call of the client is from then on. `false` sends
+    /// `EVALSHA` from the start: for a proxy in front of Redis that does not pass `FCALL`
+    /// on, or refuses it in a way that cannot be told from a script's own error.
+    ///
+    /// Defaults to `true`.
+    pub fn use_functions(mut self, enabled: bool) -> Self {
+        self.use_functions = enabled;
+        self
+    }
+
     /// For `rediss://` URLs: trust only the certificate authority in `pem` (PEM-encoded)
     /// instead of the system's trust store, e.g. a private CA that signed the server's
     /// certificate. Defaults to the system's trust store.
@@ -320,6 +338,7 @@ impl ClientBuilder {
                 command_timeout: self.command_timeout,
                 sync_replicas,
                 redacted_url: described,
+                use_functions: self.use_functions,
             },
         )
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::runtime::keys::{self, LockKeys, Object};
 use crate::runtime::pool::{self, Con, Conn, Manager};
-use crate::runtime::scripts;
+use crate::runtime::scripts::{self, ScriptCall, Scripting};
 use crate::runtime::subscriber::Subscriber;
 use crate::runtime::target::Target;
 use crate::runtime::watchdog::Watchdog;
@@ -86,6 +86,8 @@ pub(crate) struct Config {
     /// (replicas, timeout in ms) for `WAIT` after acquire and release scripts.
     pub(crate) sync_replicas: Option<(u32, u64)>,
     pub(crate) redacted_url: String,
+    /// Run the scripts as the library's functions where the server has them.
+    pub(crate) use_functions: bool,
 }
 
 pub(crate) struct Inner {
@@ -97,6 +99,8 @@ pub(crate) struct Inner {
     target: Arc<Target>,
     pub(crate) subscriber: Subscriber,
     pub(crate) watchdog: Watchdog,
+    /// How the scripts are sent (`FCALL` or `EVALSHA`): one choice for every call.
+    pub(crate) scripting: Scripting,
     // Until when calls sent to several clients at once (`fanout`) skip this one, and why:
     // its server just failed one (down, unreachable, frozen), and waiting for it again in
     // every round would cost each acquisition the whole member timeout.
@@ -271,19 +275,17 @@ impl Client {
             Object3,
             Option<(String, i64, Option<u64>)>,
         );
-        let (l, r, m, latch): Reply = self.inner.run(|con| {
-            scripts::INSPECT
-                .key(lock.key.as_slice())
-                .key(lock.queue.as_slice())
-                .key(lock.fence.as_slice())
-                .key(rw.key.as_slice())
-                .key(rw.queue.as_slice())
-                .key(sem.key.as_slice())
-                .key(sem.queue.as_slice())
-                .key(sem.permits.as_slice())
-                .key(lock.latch.as_slice())
-                .invoke(con)
-        })?;
+        let mut call = ScriptCall::new(&scripts::INSPECT);
+        call.key(lock.key.as_slice())
+            .key(lock.queue.as_slice())
+            .key(lock.fence.as_slice())
+            .key(rw.key.as_slice())
+            .key(rw.queue.as_slice())
+            .key(sem.key.as_slice())
+            .key(sem.queue.as_slice())
+            .key(sem.permits.as_slice())
+            .key(lock.latch.as_slice());
+        let (l, r, m, latch): Reply = self.inner.run(|con| self.inner.eval(con, &call))?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
         let mut out = Vec::new();
@@ -474,6 +476,7 @@ impl Client {
                 id,
                 pid: std::process::id(),
                 watchdog: Watchdog::new(),
+                scripting: Scripting::new(config.use_functions),
                 handles: AtomicUsize::new(1),
                 unreachable: parking_lot::Mutex::new(None),
                 node_down: parking_lot::Mutex::new(None),
@@ -487,6 +490,15 @@ impl Client {
 }
 
 impl Inner {
+    /// Runs the script call `call` on `con` (see `Scripting::run`).
+    pub(crate) fn eval<T: redis::FromRedisValue>(
+        &self,
+        con: &mut Con,
+        call: &ScriptCall,
+    ) -> redis::RedisResult<T> {
+        self.scripting.run(con, call)
+    }
+
     /// With `sync_replicas` set, WAITs for the replicas on `con` (right after a write on
     /// it) and returns the shortfall as an error to report, if any.
     pub(crate) fn await_replicas(
@@ -743,6 +755,7 @@ impl fmt::Debug for Client {
             .field("pool_size", &c.pool_size)
             .field("connect_timeout", &c.connect_timeout)
             .field("command_timeout", &c.command_timeout)
+            .field("use_functions", &c.use_functions)
             .finish()
     }
 }

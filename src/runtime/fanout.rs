@@ -5,18 +5,55 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, FromRedisValue, Script, Value};
+use redis::{Cmd, FromRedisValue, Value};
 
 use crate::runtime::client::{time_left as left, Inner};
 use crate::runtime::pool::{self, Con, Conn, Manager};
-use crate::runtime::scripts;
+use crate::runtime::scripts::{self, Recovered, ScriptCall};
 use crate::Error;
 
-/// One call, to the client that must run it: an `EVALSHA` of `script`, or a plain command.
+/// One call, to the client that must run it: a bundled script's, or a plain command.
 pub(crate) struct Call<'a> {
     pub(crate) client: &'a Arc<Inner>,
-    pub(crate) script: Option<&'a Script>,
-    pub(crate) cmd: Cmd,
+    what: What,
+}
+
+enum What {
+    Script(ScriptCall),
+    Plain(Cmd),
+}
+
+impl<'a> Call<'a> {
+    /// A call of a bundled script, sent as `client` sends scripts (`Scripting`).
+    pub(crate) fn script(client: &'a Arc<Inner>, call: ScriptCall) -> Call<'a> {
+        Call {
+            client,
+            what: What::Script(call),
+        }
+    }
+
+    /// A plain command.
+    pub(crate) fn plain(client: &'a Arc<Inner>, cmd: Cmd) -> Call<'a> {
+        Call {
+            client,
+            what: What::Plain(cmd),
+        }
+    }
+
+    /// The command, packed for its client.
+    fn packed(&self) -> Vec<u8> {
+        match &self.what {
+            What::Script(call) => self.client.scripting.command(call).get_packed_command(),
+            What::Plain(cmd) => cmd.get_packed_command(),
+        }
+    }
+
+    fn script_call(&self) -> Option<&ScriptCall> {
+        match &self.what {
+            What::Script(call) => Some(call),
+            What::Plain(_) => None,
+        }
+    }
 }
 
 /// How long a client whose server failed a call is skipped by the next acquisitions and
@@ -113,8 +150,8 @@ fn run_calls<T: FromRedisValue + Send>(
     for mut lane in lanes {
         let conn: &mut Conn = &mut lane.conn;
         let packed = match lane.calls[..] {
-            [i] => calls[i].cmd.get_packed_command(),
-            _ => transaction(lane.calls.iter().map(|&i| &calls[i].cmd)),
+            [i] => calls[i].packed(),
+            _ => transaction(lane.calls.iter().map(|&i| &calls[i])),
         };
         let written = conn.set_timeout(left(until)).is_ok()
             && match conn
@@ -201,9 +238,9 @@ fn run_calls<T: FromRedisValue + Send>(
         let client = calls[job[0]].client;
         if let [i] = job {
             let call = &calls[*i];
-            return vec![client.run_until(Some(until), |con| match call.script {
-                Some(script) => scripts::eval(con, script, &call.cmd),
-                None => call.cmd.query(con),
+            return vec![client.run_until(Some(until), |con| match &call.what {
+                What::Script(script) => client.eval(con, script),
+                What::Plain(cmd) => cmd.query(con),
             })];
         }
         match client.run_until(Some(until), |con| together(con, calls, job)) {
@@ -267,9 +304,10 @@ fn run_calls<T: FromRedisValue + Send>(
 fn settle<T: FromRedisValue>(conn: &mut Conn, reply: redis::RedisResult<Value>) -> Outcome<T> {
     match reply {
         Ok(value) => Outcome::Done(parse(value).map_err(Error::from)),
-        // Refused before it ran: the ordinary path loads the script, or waits for the
-        // deployment to settle, or finds the new primary.
-        Err(e) if scripts::is_noscript(&e) || pool::is_settling(&e) => Outcome::Again,
+        // Refused before it ran: the ordinary path loads the script or the library (or
+        // sends the script with EVALSHA from then on), or waits for the deployment to
+        // settle, or finds the new primary.
+        Err(e) if scripts::is_setup_refusal(&e) || pool::is_settling(&e) => Outcome::Again,
         Err(e) if pool::is_readonly(&e) => {
             conn.failed(&e);
             Outcome::Again
@@ -297,11 +335,11 @@ fn parse<T: FromRedisValue>(value: Value) -> redis::RedisResult<T> {
     Ok(redis::from_redis_value::<T>(value)?)
 }
 
-/// `cmds` in one `MULTI`/`EXEC` transaction, packed for one write.
-fn transaction<'a>(cmds: impl Iterator<Item = &'a Cmd>) -> Vec<u8> {
+/// `calls` in one `MULTI`/`EXEC` transaction, packed for one write.
+fn transaction<'a, 'b: 'a>(calls: impl Iterator<Item = &'a Call<'b>>) -> Vec<u8> {
     let mut packed = redis::cmd("MULTI").get_packed_command();
-    for cmd in cmds {
-        packed.extend(cmd.get_packed_command());
+    for call in calls {
+        packed.extend(call.packed());
     }
     packed.extend(redis::cmd("EXEC").get_packed_command());
     packed
@@ -337,40 +375,48 @@ fn recv_transaction(c: &mut redis::Connection, n: usize) -> redis::RedisResult<V
     }
 }
 
-/// Runs the calls `job` of one client on one connection as one transaction, loading the
-/// scripts the server lacks and running it again (the calls repeat harmlessly). A
-/// refusal the client's retries wait out (settling, a demoted primary) fails it all.
+/// Runs the calls `job` of one client on one connection as one transaction, getting over
+/// a refusal of its scripts (`Scripting::recover`: a script or the library the server
+/// lacks, a server without functions) and running it again (the calls repeat
+/// harmlessly). A refusal the client's retries wait out (settling, a demoted primary)
+/// fails it all.
 fn together(con: &mut Con, calls: &[Call<'_>], job: &[usize]) -> redis::RedisResult<Vec<Value>> {
-    let Con::Single(c) = con else {
-        return Err(redis::RedisError::from((
-            redis::ErrorKind::Client,
-            "a transaction over a cluster's calls",
-        )));
-    };
-    let packed = transaction(job.iter().map(|&i| &calls[i].cmd));
-    let mut loaded = false;
+    let client = calls[job[0]].client;
+    let scripts: Vec<&ScriptCall> = job.iter().filter_map(|&i| calls[i].script_call()).collect();
+    let mut recovered = Recovered::default();
     loop {
-        c.send_packed_command(&packed)?;
-        let values = match recv_transaction(c, job.len()) {
-            Err(e) if scripts::is_noscript(&e) && !loaded => Vec::new(),
-            reply => reply?,
+        let Con::Single(c) = &mut *con else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a transaction over a cluster's calls",
+            )));
         };
-        let refusals: Vec<redis::RedisError> = values
-            .iter()
-            .filter_map(|v| v.clone().extract_error().err())
-            .collect();
-        if !loaded && (values.is_empty() || refusals.iter().any(scripts::is_noscript)) {
-            let mut scripts: Vec<&Script> = Vec::new();
-            for script in job.iter().filter_map(|&i| calls[i].script) {
-                if !scripts.iter().any(|s| s.get_hash() == script.get_hash()) {
-                    scripts.push(script);
-                }
+        // Packed anew each round: a fall-back to EVALSHA changes the commands.
+        c.send_packed_command(&transaction(job.iter().map(|&i| &calls[i])))?;
+        let (values, refusals) = match recv_transaction(c, job.len()) {
+            Ok(values) => {
+                let refusals: Vec<redis::RedisError> = values
+                    .iter()
+                    .filter_map(|v| v.clone().extract_error().err())
+                    .collect();
+                (values, refusals)
             }
-            for script in scripts {
-                script.load(c)?;
+            // Refused as a whole: nothing ran (a command unknown to the server).
+            Err(e) if scripts::is_setup_refusal(&e) => (Vec::new(), vec![e]),
+            Err(e) => return Err(e),
+        };
+        let mut again = false;
+        for e in refusals.iter().filter(|e| scripts::is_setup_refusal(e)) {
+            if client.scripting.recover(con, e, &scripts, &mut recovered)? {
+                again = true;
+                break;
             }
-            loaded = true;
+        }
+        if again {
             continue;
+        }
+        if values.is_empty() {
+            return Err(refusals.into_iter().next().expect("a refusal"));
         }
         if let Some(e) = refusals
             .into_iter()

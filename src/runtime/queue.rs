@@ -2,11 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, Script, ScriptInvocation};
-
 use crate::primitives::lock::{millis, IO_GRACE};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::scripts;
+use crate::runtime::scripts::{self, Bundled, ScriptCall};
 
 /// How long a hold handed to a waiter lasts until it is extended, counted from the
 /// release on the server (a waiter with a shorter lease gets its own). A waiter that hears
@@ -57,12 +55,24 @@ pub(crate) fn entry_ttl_ms(deadline: Option<Instant>, watchdog_ms: u64) -> u64 {
     }
 }
 
-/// `script` with a primitive's keys (hash, fence counter, queue, waiters; then the holds'
-/// leases and the permits where it has them), the layout every script that can hand a
-/// primitive on expects.
-pub(crate) fn invoke<'a>(script: &'a Script, keys: &LockKeys) -> ScriptInvocation<'a> {
-    let mut call = script.key(keys.key.as_slice());
-    call.key(keys.fence.as_slice())
+/// A call of `script` with a primitive's keys (hash, fence counter, queue, waiters; then
+/// the holds' leases and the permits where it has them), the layout every script that can
+/// hand a primitive on expects, to add arguments to and run with `Scripting::run`, or to
+/// send to several servers at once (`fanout`).
+pub(crate) fn command(script: &'static Bundled, keys: &LockKeys) -> ScriptCall {
+    command_with(script, keys, &[])
+}
+
+/// [`command`]'s call with `more` keys after the object's own (a script that names its
+/// last key `KEYS[#KEYS]`, as `force_unlock.lua` does).
+pub(crate) fn command_with(
+    script: &'static Bundled,
+    keys: &LockKeys,
+    more: &[&[u8]],
+) -> ScriptCall {
+    let mut call = ScriptCall::new(script);
+    call.key(keys.key.as_slice())
+        .key(keys.fence.as_slice())
         .key(keys.queue.as_slice())
         .key(keys.waiters.as_slice());
     for extra in [&keys.leases, &keys.permits] {
@@ -70,42 +80,15 @@ pub(crate) fn invoke<'a>(script: &'a Script, keys: &LockKeys) -> ScriptInvocatio
             call.key(extra.as_slice());
         }
     }
-    call
-}
-
-/// The `EVALSHA` of `script` with a primitive's keys ([`invoke`]'s layout), as a command
-/// to add arguments to and run with `scripts::eval`, or to send to several servers at
-/// once (`fanout`).
-pub(crate) fn command(script: &Script, keys: &LockKeys) -> Cmd {
-    command_with(script, keys, &[])
-}
-
-/// [`command`]'s call with `more` keys after the object's own (a script that names its
-/// last key `KEYS[#KEYS]`, as `force_unlock.lua` does).
-pub(crate) fn command_with(script: &Script, keys: &LockKeys, more: &[&[u8]]) -> Cmd {
-    let extra = [&keys.leases, &keys.permits];
-    let count = 4 + extra.iter().filter(|k| !k.is_empty()).count() + more.len();
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash())
-        .arg(count)
-        .arg(keys.key.as_slice())
-        .arg(keys.fence.as_slice())
-        .arg(keys.queue.as_slice())
-        .arg(keys.waiters.as_slice());
-    for key in extra {
-        if !key.is_empty() {
-            cmd.arg(key.as_slice());
-        }
-    }
     for key in more {
-        cmd.arg(*key);
+        call.key(*key);
     }
-    cmd
+    call
 }
 
 /// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
 /// whose remaining levels need `need` ms (`release.lua`).
-pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> Cmd {
+pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> ScriptCall {
     let mut cmd = command(keys.ops.release, keys);
     cmd.arg(holder)
         .arg(need)
@@ -120,7 +103,13 @@ pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> 
 /// Leaves the queue of the lock `keys` as the thread `holder`, which holds `expected`
 /// levels: with `keep`, a level beyond them (the lock was handed over meanwhile) is kept
 /// and reported, otherwise given back, leaving `need` ms to the levels held (`cancel.lua`).
-pub(crate) fn cancel(keys: &LockKeys, holder: &str, expected: usize, need: u64, keep: bool) -> Cmd {
+pub(crate) fn cancel(
+    keys: &LockKeys,
+    holder: &str,
+    expected: usize,
+    need: u64,
+    keep: bool,
+) -> ScriptCall {
     let mut cmd = command(keys.ops.cancel, keys);
     cmd.arg(holder)
         .arg(expected)
@@ -136,9 +125,9 @@ pub(crate) fn cancel(keys: &LockKeys, holder: &str, expected: usize, need: u64, 
 /// Confirms the hold handed to `holder` on the lock `keys` and extends it to `lease_ms`:
 /// the renewal script with this one hold (`renew.lua`), whose reply lists it as lost when
 /// its pickup window was over first.
-pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptInvocation<'static> {
+pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCall {
     let ops = keys.ops;
-    let mut call = scripts::RENEW.prepare_invoke();
+    let mut call = ScriptCall::new(&scripts::RENEW);
     call.arg(1).key(keys.key.as_slice());
     if ops.field_prefix.is_some() {
         call.key(keys.leases.as_slice()).arg("m");

@@ -1,81 +1,176 @@
-//! The bundled Lua scripts, run with EVALSHA and loaded on NOSCRIPT by `redis::Script`, and
-//! the set each kind of primitive runs.
+//! The bundled Lua scripts and the set each kind of primitive runs. Each script runs as a
+//! function of one library (`FUNCTION LOAD`, called with `FCALL`) on servers that have
+//! functions (Redis 7 and later, Valkey), and as a script of its own (`EVALSHA`) on the
+//! others: a library defines the rules every script shares once, when it is loaded, where
+//! a script defines them again on every call.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::LazyLock;
 
-use redis::{Cmd, ConnectionLike, FromRedisValue, RedisResult, Script};
+use redis::{Cmd, ConnectionLike, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
-/// A script made of rule files and a body, in order: the queue's rules (`lua/queue.lua`)
-/// come first, then the rules of the primitive that redefine its hooks.
-macro_rules! script {
-    ($($file:literal),+) => {
-        LazyLock::new(|| Script::new(concat!($(include_str!(concat!("../../lua/", $file))),+)))
+use crate::runtime::pool::Con;
+
+/// The text of a file of `lua/`.
+macro_rules! lua {
+    ($file:literal) => {
+        include_str!(concat!("../../lua/", $file))
     };
 }
 
-static ACQUIRE: LazyLock<Script> = script!("queue.lua", "acquire.lua");
-static RELEASE: LazyLock<Script> = script!("queue.lua", "release.lua");
-static CANCEL: LazyLock<Script> = script!("queue.lua", "cancel.lua");
-static KICK: LazyLock<Script> = script!("queue.lua", "kick.lua");
-static FORCE_UNLOCK: LazyLock<Script> = script!("queue.lua", "force_unlock.lua");
+/// A bundled script: its rule files and body, in order (the queue's rules,
+/// `lua/queue.lua`, first, then those of the primitive that redefine its hooks), as a
+/// script of its own, and the name of its function in the library (where the same files
+/// make it, see [`LIBRARY_BODY`]).
+macro_rules! script {
+    ($function:literal: $($file:literal),+) => {
+        Bundled {
+            function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
+            script: LazyLock::new(|| Script::new(concat!($(lua!($file)),+))),
+        }
+    };
+}
 
-static RW_ACQUIRE: LazyLock<Script> =
-    script!("queue.lua", "leases.lua", "rw.lua", "rw_acquire.lua");
-static RW_RELEASE: LazyLock<Script> =
-    script!("queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
-static RW_CANCEL: LazyLock<Script> =
-    script!("queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
-static RW_KICK: LazyLock<Script> = script!("queue.lua", "leases.lua", "rw.lua", "kick.lua");
-static RW_FORCE_UNLOCK: LazyLock<Script> =
-    script!("queue.lua", "leases.lua", "rw.lua", "force_unlock.lua");
+/// One function of the library: `$file`, a script's body, as the function `$function`
+/// (named after the library), which runs it with the call's keys and arguments as `KEYS`
+/// and `ARGV`. `$flags`: `{}` for a script that may add data, which a server out of
+/// memory refuses at once (as it refuses a script's first such write), `{'allow-oom'}`
+/// for one that renews, reads, frees or hands on, which must not fail for it.
+macro_rules! function {
+    ($function:literal, $flags:literal, $file:literal) => {
+        concat!(
+            // On a line of its own, whatever the file before ends with.
+            "\nregister('",
+            $function,
+            "', ",
+            $flags,
+            ", function()\n",
+            lua!($file),
+            "\nend)\n"
+        )
+    };
+}
 
-static SEM_ACQUIRE: LazyLock<Script> = script!(
-    "queue.lua",
-    "leases.lua",
-    "semaphore.lua",
-    "sem_acquire.lua"
-);
-static SEM_RELEASE: LazyLock<Script> = script!(
-    "queue.lua",
-    "leases.lua",
-    "semaphore.lua",
-    "leased_release.lua"
-);
-static SEM_CANCEL: LazyLock<Script> = script!(
-    "queue.lua",
-    "leases.lua",
-    "semaphore.lua",
-    "leased_cancel.lua"
-);
-static SEM_KICK: LazyLock<Script> = script!("queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
-static SEM_FORCE_UNLOCK: LazyLock<Script> = script!(
-    "queue.lua",
-    "leases.lua",
-    "semaphore.lua",
-    "force_unlock.lua"
-);
-pub(crate) static SEM_PERMITS: LazyLock<Script> = script!(
-    "queue.lua",
-    "leases.lua",
-    "semaphore.lua",
-    "sem_permits.lua"
+/// The library's text after its name: each group of scripts that share rule files is a
+/// `do ... end` block of its own, with those files and then its functions, since a
+/// primitive's rules redefine the queue's hooks (`Q`) for its scripts only. The library's
+/// functions cannot see the `KEYS` and `ARGV` of a call as a script does: each call sets
+/// them, shared by the group's rules and its bodies (a server runs one call at a time).
+const LIBRARY_BODY: &str = concat!(
+    "local KEYS, ARGV\n",
+    "local function register(name, flags, body)\n",
+    "    redis.register_function{function_name = LIB .. '_' .. name, flags = flags,\n",
+    "        callback = function(keys, args) KEYS, ARGV = keys, args return body() end}\n",
+    "end\n",
+    "do\n",
+    lua!("queue.lua"),
+    function!("acquire", "{}", "acquire.lua"),
+    function!("release", "{'allow-oom'}", "release.lua"),
+    function!("cancel", "{'allow-oom'}", "cancel.lua"),
+    function!("kick", "{'allow-oom'}", "kick.lua"),
+    function!("force_unlock", "{'allow-oom'}", "force_unlock.lua"),
+    "end\ndo\n",
+    lua!("queue.lua"),
+    lua!("leases.lua"),
+    lua!("rw.lua"),
+    function!("rw_acquire", "{}", "rw_acquire.lua"),
+    function!("rw_release", "{'allow-oom'}", "leased_release.lua"),
+    function!("rw_cancel", "{'allow-oom'}", "leased_cancel.lua"),
+    function!("rw_kick", "{'allow-oom'}", "kick.lua"),
+    function!("rw_force_unlock", "{'allow-oom'}", "force_unlock.lua"),
+    "end\ndo\n",
+    lua!("queue.lua"),
+    lua!("leases.lua"),
+    lua!("semaphore.lua"),
+    function!("sem_acquire", "{}", "sem_acquire.lua"),
+    function!("sem_release", "{'allow-oom'}", "leased_release.lua"),
+    function!("sem_cancel", "{'allow-oom'}", "leased_cancel.lua"),
+    function!("sem_kick", "{'allow-oom'}", "kick.lua"),
+    function!("sem_force_unlock", "{'allow-oom'}", "force_unlock.lua"),
+    function!("sem_permits", "{}", "sem_permits.lua"),
+    "end\ndo\n",
+    lua!("latch.lua"),
+    function!("latch_set", "{}", "latch_set.lua"),
+    function!("latch_count_down", "{'allow-oom'}", "latch_count_down.lua"),
+    function!("latch_state", "{'allow-oom'}", "latch_state.lua"),
+    "end\ndo\n",
+    function!("renew", "{'allow-oom'}", "renew.lua"),
+    function!("inspect", "{'allow-oom'}", "inspect.lua"),
+    "end\n",
 );
 
-pub(crate) static RENEW: LazyLock<Script> = script!("renew.lua");
-pub(crate) static INSPECT: LazyLock<Script> = script!("inspect.lua");
-pub(crate) static LATCH_SET: LazyLock<Script> = script!("latch.lua", "latch_set.lua");
-pub(crate) static LATCH_COUNT_DOWN: LazyLock<Script> = script!("latch.lua", "latch_count_down.lua");
-pub(crate) static LATCH_STATE: LazyLock<Script> = script!("latch.lua", "latch_state.lua");
+/// The function library: its name and its text for `FUNCTION LOAD`.
+pub(crate) struct Library {
+    pub(crate) name: String,
+    pub(crate) text: String,
+}
+
+/// The library, named after a hash of its text (`redmutex_<12 hex digits>`, as are its
+/// functions, `redmutex_<hash>_acquire`...): two versions of redmutex using one server
+/// each load and call their own, side by side.
+pub(crate) fn library() -> &'static Library {
+    static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+        // The SHA-1 that `EVALSHA` would name the text by.
+        let hash = Script::new(LIBRARY_BODY).get_hash()[..12].to_owned();
+        let name = format!("redmutex_{hash}");
+        let text = format!("#!lua name={name}\nlocal LIB = '{name}'\n{LIBRARY_BODY}");
+        Library { name, text }
+    });
+    &LIBRARY
+}
+
+/// A bundled script: the library function that runs it, and the same code as a script of
+/// its own for servers without functions.
+pub(crate) struct Bundled {
+    function: LazyLock<String>,
+    script: LazyLock<Script>,
+}
+
+static ACQUIRE: Bundled = script!("acquire": "queue.lua", "acquire.lua");
+static RELEASE: Bundled = script!("release": "queue.lua", "release.lua");
+static CANCEL: Bundled = script!("cancel": "queue.lua", "cancel.lua");
+static KICK: Bundled = script!("kick": "queue.lua", "kick.lua");
+static FORCE_UNLOCK: Bundled = script!("force_unlock": "queue.lua", "force_unlock.lua");
+
+static RW_ACQUIRE: Bundled =
+    script!("rw_acquire": "queue.lua", "leases.lua", "rw.lua", "rw_acquire.lua");
+static RW_RELEASE: Bundled =
+    script!("rw_release": "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
+static RW_CANCEL: Bundled =
+    script!("rw_cancel": "queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
+static RW_KICK: Bundled = script!("rw_kick": "queue.lua", "leases.lua", "rw.lua", "kick.lua");
+static RW_FORCE_UNLOCK: Bundled =
+    script!("rw_force_unlock": "queue.lua", "leases.lua", "rw.lua", "force_unlock.lua");
+
+static SEM_ACQUIRE: Bundled =
+    script!("sem_acquire": "queue.lua", "leases.lua", "semaphore.lua", "sem_acquire.lua");
+static SEM_RELEASE: Bundled =
+    script!("sem_release": "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
+static SEM_CANCEL: Bundled =
+    script!("sem_cancel": "queue.lua", "leases.lua", "semaphore.lua", "leased_cancel.lua");
+static SEM_KICK: Bundled =
+    script!("sem_kick": "queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
+static SEM_FORCE_UNLOCK: Bundled =
+    script!("sem_force_unlock": "queue.lua", "leases.lua", "semaphore.lua", "force_unlock.lua");
+pub(crate) static SEM_PERMITS: Bundled =
+    script!("sem_permits": "queue.lua", "leases.lua", "semaphore.lua", "sem_permits.lua");
+
+pub(crate) static RENEW: Bundled = script!("renew": "renew.lua");
+pub(crate) static INSPECT: Bundled = script!("inspect": "inspect.lua");
+pub(crate) static LATCH_SET: Bundled = script!("latch_set": "latch.lua", "latch_set.lua");
+pub(crate) static LATCH_COUNT_DOWN: Bundled =
+    script!("latch_count_down": "latch.lua", "latch_count_down.lua");
+pub(crate) static LATCH_STATE: Bundled = script!("latch_state": "latch.lua", "latch_state.lua");
 
 /// What one kind of primitive runs and how its holds are kept: everything the shared
 /// acquisition, release, renewal and clean-up code needs to know about a kind. (`pub` only
 /// because the sealed `Kind` trait names it; nothing outside the crate can reach it.)
 pub struct Ops {
-    pub(crate) acquire: &'static LazyLock<Script>,
-    pub(crate) release: &'static LazyLock<Script>,
-    pub(crate) cancel: &'static LazyLock<Script>,
-    pub(crate) kick: &'static LazyLock<Script>,
-    pub(crate) force_unlock: &'static LazyLock<Script>,
+    pub(crate) acquire: &'static Bundled,
+    pub(crate) release: &'static Bundled,
+    pub(crate) cancel: &'static Bundled,
+    pub(crate) kick: &'static Bundled,
+    pub(crate) force_unlock: &'static Bundled,
     /// Flags of every hold and queue entry: 1 fair, 2 fenced, 4 a read hold.
     pub(crate) flags: u8,
     /// `None`: the hold is the lock hash's field `<holder>` and its lease the key's expiry.
@@ -138,24 +233,209 @@ pub(crate) static PERMITS: Ops = Ops {
     per_call: true,
 };
 
-/// Runs `cmd`, an `EVALSHA` of `script`, loading the script first if the server lacks it
-/// (a restart, `SCRIPT FLUSH`): `redis::Script::invoke` for a command built by hand, so
-/// that the same command can also be sent without waiting for its reply (`fanout`).
-pub(crate) fn eval<T: FromRedisValue>(
-    con: &mut dyn ConnectionLike,
-    script: &Script,
-    cmd: &Cmd,
-) -> RedisResult<T> {
-    match cmd.query(con) {
-        Err(e) if is_noscript(&e) => {
-            script.load(con)?;
-            cmd.query(con)
+/// One call of a bundled script: its keys and arguments, sent as an `FCALL` or an
+/// `EVALSHA` as the client's [`Scripting`] says when it is sent ([`Scripting::command`],
+/// the one place either command is built).
+#[derive(Clone)]
+pub(crate) struct ScriptCall {
+    script: &'static Bundled,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    pub(crate) fn new(script: &'static Bundled) -> ScriptCall {
+        ScriptCall {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
         }
-        result => result,
+    }
+
+    /// Adds a key (`KEYS[n]`).
+    pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut ScriptCall {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    /// Adds an argument (`ARGV[n]`).
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut ScriptCall {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+}
+
+/// How a client runs the bundled scripts: as the library's functions until a server shows
+/// it has none, then as scripts of their own.
+pub(crate) struct Scripting {
+    functions: AtomicBool,
+}
+
+/// The refusals a call gets over before it is sent again, each once.
+#[derive(Default)]
+pub(crate) struct Recovered {
+    fallen_back: bool,
+    loaded: bool,
+}
+
+impl Scripting {
+    /// `functions`: try the library first (the server may still turn out to lack it).
+    pub(crate) fn new(functions: bool) -> Scripting {
+        Scripting {
+            functions: AtomicBool::new(functions),
+        }
+    }
+
+    /// Whether calls are sent as `FCALL`s now.
+    pub(crate) fn uses_functions(&self) -> bool {
+        self.functions.load(Ordering::Relaxed)
+    }
+
+    /// The command that runs `call`: `FCALL <function> <numkeys> <keys> <args>`, or the same
+    /// with `EVALSHA <sha1>`.
+    pub(crate) fn command(&self, call: &ScriptCall) -> Cmd {
+        let mut cmd = if self.uses_functions() {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(call.script.function.as_str());
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(call.script.script.get_hash());
+            cmd
+        };
+        cmd.arg(call.keys.len());
+        for key in &call.keys {
+            cmd.arg(key.as_slice());
+        }
+        for arg in &call.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
+    }
+
+    /// Runs `call` on `con`. A server that lacks the script or the library (a restart
+    /// without persistence, `SCRIPT FLUSH`, `FUNCTION FLUSH`, a new cluster node) is given
+    /// it, and a server without functions (an older one, or a proxy or ACL that refuses
+    /// them) makes this client send `EVALSHA`s from then on; either way the call, which did
+    /// not run, is sent again.
+    pub(crate) fn run<T: FromRedisValue>(
+        &self,
+        con: &mut Con,
+        call: &ScriptCall,
+    ) -> RedisResult<T> {
+        let mut recovered = Recovered::default();
+        loop {
+            match self.command(call).query(&mut *con) {
+                Err(e) if self.recover(con, &e, &[call], &mut recovered)? => {}
+                result => return result,
+            }
+        }
+    }
+
+    /// Whether the refusal `e` of a command carrying `calls` is one to get over, and then
+    /// gets over it: true when the calls should be sent again (each refusal once, in
+    /// `recovered`).
+    pub(crate) fn recover(
+        &self,
+        con: &mut Con,
+        e: &RedisError,
+        calls: &[&ScriptCall],
+        recovered: &mut Recovered,
+    ) -> RedisResult<bool> {
+        if is_functions_refused(e) && !recovered.fallen_back {
+            self.fall_back(e);
+            recovered.fallen_back = true;
+            return Ok(true);
+        }
+        if !(is_noscript(e) || is_function_missing(e)) || recovered.loaded {
+            return Ok(false);
+        }
+        recovered.loaded = true;
+        if self.uses_functions() {
+            let key = calls.iter().find_map(|c| c.keys.first());
+            match load_library(con, key.map(Vec::as_slice)) {
+                Err(e) if is_functions_refused(&e) && !recovered.fallen_back => {
+                    self.fall_back(&e);
+                    recovered.fallen_back = true;
+                    // The scripts are loaded by the next refusal.
+                    recovered.loaded = false;
+                }
+                loaded => loaded?,
+            }
+        } else {
+            let mut loaded: Vec<&str> = Vec::new();
+            for call in calls {
+                let script = &*call.script.script;
+                if !loaded.contains(&script.get_hash()) {
+                    script.load(con)?;
+                    loaded.push(script.get_hash());
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn fall_back(&self, e: &RedisError) {
+        if self.functions.swap(false, Ordering::Relaxed) {
+            log::info!(
+                "redmutex: the server refused FCALL ({e}); running the scripts with EVALSHA"
+            );
+        }
+    }
+}
+
+/// Loads the library on the server `con` reaches (on a cluster, the node of `key`), where
+/// it may well be already: another client loaded it meanwhile.
+fn load_library(con: &mut Con, key: Option<&[u8]>) -> RedisResult<()> {
+    let mut load = redis::cmd("FUNCTION");
+    load.arg("LOAD").arg(library().text.as_str());
+    let loaded = match (con, key) {
+        (Con::Cluster(c), Some(key)) => {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let route = Route::with_key(key, SlotAddr::Master);
+            c.route_command(
+                &load,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+            .map(drop)
+        }
+        (con, _) => load.query::<()>(con as &mut dyn ConnectionLike),
+    };
+    match loaded {
+        Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => Ok(()),
+        loaded => loaded,
     }
 }
 
 /// Whether the server refused an `EVALSHA` for not knowing the script.
-pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+pub(crate) fn is_noscript(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Whether the server refused an `FCALL` for not knowing the function (it lacks the
+/// library).
+pub(crate) fn is_function_missing(e: &RedisError) -> bool {
+    e.detail()
+        .is_some_and(|d| d.eq_ignore_ascii_case("function not found"))
+}
+
+/// Whether the server refused `FCALL` (or `FUNCTION LOAD`) itself: a server without
+/// functions ("unknown command"; a function's own call of an unknown command is told
+/// otherwise), or a user not allowed them.
+pub(crate) fn is_functions_refused(e: &RedisError) -> bool {
+    let detail = e.detail().unwrap_or("").to_ascii_lowercase();
+    match e.code() {
+        Some("ERR") => {
+            detail.starts_with("unknown command")
+                && (detail.contains("fcall") || detail.contains("function"))
+        }
+        Some("NOPERM") => detail.contains("'fcall'") || detail.contains("'function"),
+        _ => false,
+    }
+}
+
+/// Whether a refusal of a script's command means it did not run and should be sent again
+/// by the client's ordinary path, which gets over it ([`Scripting::recover`]).
+pub(crate) fn is_setup_refusal(e: &RedisError) -> bool {
+    is_noscript(e) || is_function_missing(e) || is_functions_refused(e)
 }

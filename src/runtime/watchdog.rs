@@ -14,7 +14,7 @@ use crate::primitives::lock::millis;
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::queue::{self, KICK_AFTER, PICKUP};
-use crate::runtime::scripts;
+use crate::runtime::scripts::{self, ScriptCall};
 use crate::Error;
 
 /// Leases and queue entries renewed by one script call. Bounded so that one call never
@@ -894,13 +894,11 @@ fn kick_due(inner: &Inner) {
         // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
-        let result = inner.run_until(Some(until), |con| {
-            queue::invoke(keys.ops.kick, &keys)
-                .arg(keys.inbox.as_slice())
-                .arg(queue::pickup_ms())
-                .arg(queue::starve_ms())
-                .invoke::<(i64, i64)>(con)
-        });
+        let mut call = queue::command(keys.ops.kick, &keys);
+        call.arg(keys.inbox.as_slice())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms());
+        let result = inner.run_until(Some(until), |con| inner.eval::<(i64, i64)>(con, &call));
         match result {
             // It handed the lock on again: check that handoff in its turn.
             Ok((_, 1)) => kick.again(watchdog, KICK_TRIES),
@@ -956,7 +954,7 @@ fn clean_doubtful(inner: &Inner) {
         let result = catch_unwind(AssertUnwindSafe(|| {
             inner.run_until(Some(until), |con| {
                 let cancel = queue::cancel(&keys, &holder, expected, need, false);
-                scripts::eval::<Vec<i64>>(con, keys.ops.cancel, &cancel)
+                inner.eval::<Vec<i64>>(con, &cancel)
             })
         }));
         let mut doubts = watchdog.doubts.lock();
@@ -1048,7 +1046,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
             .count();
         let (wait_batch, rest) = waits.split_at(same);
         waits = rest;
-        let mut call = scripts::RENEW.prepare_invoke();
+        let mut call = ScriptCall::new(&scripts::RENEW);
         call.arg(batch.len());
         for w in batch {
             let ops = w.keys.ops;
@@ -1069,7 +1067,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         let sent = Instant::now();
         let until = sent + give_up_after;
         let result = inner.run_until(Some(until), |con| {
-            call.invoke::<(Vec<usize>, Vec<usize>)>(con)
+            inner.eval::<(Vec<usize>, Vec<usize>)>(con, &call)
         });
         match result {
             Ok((lost, gone)) => {

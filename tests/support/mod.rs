@@ -53,6 +53,8 @@ pub struct RedisServer {
     password: Option<String>,
     /// The caller's extra arguments, replayed by `restart`.
     extra: Vec<String>,
+    /// The binary, when not the default one (see `server_binary`).
+    bin: Option<String>,
     /// Holds the log; declared last so it is removed after the process is dead.
     dir: tempfile::TempDir,
 }
@@ -85,6 +87,16 @@ impl RedisServer {
     /// `--port` pins the port (`--port 0` with `--tls-port P` gives a TLS-only
     /// server, probed by a bare TCP connect since the harness speaks no TLS).
     pub fn with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_binary(None, extra)
+    }
+
+    /// Spawns the server binary `bin` (another version than the default one) with the
+    /// harness defaults and `extra`, as [`with_args`](RedisServer::with_args) does.
+    pub fn with_binary(bin: &str, extra: &[&str]) -> RedisServer {
+        RedisServer::start_binary(Some(bin.to_owned()), extra)
+    }
+
+    fn start_binary(bin: Option<String>, extra: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let fixed_port = arg_value(&extra, "--port").map(|v| parse_port("--port", v));
         let tls_port = arg_value(&extra, "--tls-port")
@@ -103,6 +115,7 @@ impl RedisServer {
             tls_port,
             password,
             extra,
+            bin,
             dir,
         };
         // A caller-chosen port is part of the test's setup, so never swap it.
@@ -303,7 +316,7 @@ impl RedisServer {
     fn launch(&self) -> Result<Child, StartFailure> {
         let log = self.log_path();
         let log_start = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-        let bin = server_binary();
+        let bin = self.bin.clone().unwrap_or_else(server_binary);
         // A file rather than null keeps test output quiet without losing
         // argument errors, which Redis prints before the log file exists.
         let stderr = fs::OpenOptions::new()
@@ -463,6 +476,14 @@ fn server_binary() -> String {
         .unwrap_or_else(|| "redis-server".to_string())
 }
 
+/// The Redis 6.2 server binary CI provides in `REDIS_6_SERVER_BIN` (6.2 has no functions,
+/// so the scripts run there with `EVALSHA`), if it is set.
+pub fn redis6_binary() -> Option<String> {
+    std::env::var("REDIS_6_SERVER_BIN")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
 /// Value of the last `flag value` pair, matching Redis's "last one wins".
 fn arg_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.windows(2)
@@ -505,6 +526,54 @@ pub fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
 /// release, cancel, kick, force_unlock): the queue's rules, `lua/queue.lua`, first.
 pub fn queued_script(script: &str) -> String {
     [include_str!("../../lua/queue.lua"), script].concat()
+}
+
+/// Script executions in `stats` (`INFO commandstats`): FCALLs of the library's functions,
+/// or EVALSHAs where a client runs the scripts as scripts of their own (and EVALs).
+pub fn script_calls(stats: &HashMap<String, u64>) -> u64 {
+    ["fcall", "evalsha", "eval"]
+        .iter()
+        .map(|c| stats.get(*c).copied().unwrap_or(0))
+        .sum()
+}
+
+impl RedisServer {
+    /// Script executions so far (see [`script_calls`]).
+    pub fn script_calls(&self) -> u64 {
+        script_calls(&self.command_calls())
+    }
+}
+
+/// The name of the function that runs the bundled script `script` ("acquire",
+/// "rw_release", "renew"...: the names `src/runtime/scripts.rs` gives them), as the
+/// clients of this build call it with `FCALL` on the server at `url`: it appears in their
+/// requests (which the proxy and MONITOR see) instead of an `EVALSHA`'s SHA-1. Loads the
+/// library there, as a client's first call would, so that calls counted afterwards
+/// include no load.
+pub fn function_name(url: &str, script: &str) -> String {
+    let client = redmutex::Client::open(url).expect("build client");
+    client
+        .inspect("support:load")
+        .expect("inspect, which loads the library");
+    let info = url.into_connection_info().expect("valid redis url");
+    let mut con = redis::Client::open(info)
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let libraries: Vec<HashMap<String, redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg("redmutex_*")
+        .query(&mut con)
+        .expect("FUNCTION LIST");
+    let names: Vec<String> = libraries
+        .iter()
+        .filter_map(|l| match l.get("library_name") {
+            Some(redis::Value::BulkString(name)) => Some(String::from_utf8_lossy(name).into()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names.len(), 1, "one redmutex library expected: {names:?}");
+    format!("{}_{script}", names[0])
 }
 
 /// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and

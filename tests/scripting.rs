@@ -1,0 +1,461 @@
+//! How the bundled scripts reach the server: as the functions of one library (`FCALL`) on
+//! servers that have functions, as scripts of their own (`EVALSHA`) on Redis 6.2 or when
+//! the client is told so. Every scripted operation runs on each path, and `INFO
+//! commandstats` shows which one carried it. Redis 6.2 comes from `REDIS_6_SERVER_BIN`
+//! (CI sets it; without it those tests say so and pass).
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redmutex::{Client, Error, MultiLock};
+use support::{wait_until, RedisServer};
+
+const WATCHDOG: Duration = Duration::from_millis(1_500);
+
+fn client(server: &RedisServer, functions: bool) -> Client {
+    Client::builder()
+        .url(server.url())
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_millis(700))
+        .use_functions(functions)
+        .build()
+        .expect("build client")
+}
+
+fn calls(stats: &HashMap<String, u64>, command: &str) -> u64 {
+    stats.get(command).copied().unwrap_or(0)
+}
+
+/// Waits (a bounded while) until `name`'s lock (or read-write lock, `kind`) has `n`
+/// waiters queued: another thread's call reached the queue.
+fn await_waiters(client: &Client, name: &str, kind: &str, n: usize) {
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            client
+                .inspect(name)
+                .unwrap()
+                .iter()
+                .any(|i| i.kind == kind && i.waiters.len() == n)
+        }),
+        "{n} waiter(s) never queued on {kind} {name}"
+    );
+}
+
+/// Runs every scripted operation once or more through `client`, checking each did its job.
+fn exercise(client: &Client) {
+    // A lock: taken, re-entered, inspected, released.
+    let lock = client.lock("plain");
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    assert!(lock.is_locked().unwrap());
+    let lease = lock.remaining_lease().unwrap().expect("a lease");
+    assert!(lease > Duration::ZERO && lease <= WATCHDOG, "{lease:?}");
+    let info = client.inspect("plain").unwrap();
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert_eq!(info[0].holders.len(), 1);
+    assert_eq!(info[0].holders[0].1, 2);
+    inner.unlock().unwrap();
+    outer.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap());
+
+    // A fair lock handed from this thread to a waiting one (the release grants it, the
+    // waiter confirms it with the renewal script; the watchdog kicks the handoff later).
+    let fair = client.fair_lock("fair");
+    let held = fair.lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiter = {
+        let fair = fair.clone();
+        thread::spawn(move || {
+            let guard = fair.lock().unwrap();
+            tx.send(fair.hold_count().unwrap()).unwrap();
+            guard.unlock().unwrap();
+        })
+    };
+    await_waiters(client, "fair", "lock", 1);
+    held.unlock().unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 1);
+    waiter.join().unwrap();
+
+    // Fenced: every hold a greater token.
+    let fenced = client.fenced_lock("fenced");
+    let first = fenced.lock().unwrap();
+    let token = first.token();
+    assert!(token > 0);
+    first.unlock().unwrap();
+    let second = fenced.lock().unwrap();
+    assert!(second.token() > token);
+    second.unlock().unwrap();
+
+    // A wait that times out leaves the queue (the cancel script).
+    let held = lock.lock().unwrap();
+    let other = lock.clone();
+    let timed_out = thread::spawn(move || {
+        other
+            .try_lock_for(Duration::from_millis(300))
+            .unwrap()
+            .is_none()
+    })
+    .join()
+    .unwrap();
+    assert!(timed_out);
+    let info = client.inspect("plain").unwrap();
+    assert!(info[0].waiters.is_empty(), "{info:?}");
+
+    // The watchdog renews the hold past its lease (the renewal script).
+    thread::sleep(WATCHDOG * 2);
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        1,
+        "the watchdog let the lease lapse"
+    );
+
+    // Force-unlocked: the holder learns it lost the lock.
+    assert!(client.lock("plain").force_unlock().unwrap());
+    assert!(matches!(
+        held.unlock(),
+        Err(Error::NotHeld | Error::LeaseLost)
+    ));
+
+    // A read-write lock: readers share, a writer waits for them and is handed the lock.
+    let rw = client.read_write_lock("rw");
+    let read = rw.read().lock().unwrap();
+    let refused = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            let writing = rw.write().try_lock_for(Duration::from_millis(200));
+            writing.unwrap().is_none()
+        })
+    };
+    assert!(refused.join().unwrap(), "a writer got in beside a reader");
+    let (tx, rx) = mpsc::channel();
+    let writer = {
+        let rw = rw.clone();
+        thread::spawn(move || {
+            let guard = rw.write().lock().unwrap();
+            tx.send(rw.write().hold_count().unwrap()).unwrap();
+            guard.unlock().unwrap();
+        })
+    };
+    await_waiters(client, "rw", "read-write lock", 1);
+    read.unlock().unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 1);
+    writer.join().unwrap();
+
+    // A semaphore: permits taken, refused, released, added.
+    let sem = client.semaphore("sem", 2);
+    let two = sem.acquire_many(2).unwrap();
+    assert!(sem
+        .try_acquire_for(Duration::from_millis(100))
+        .unwrap()
+        .is_none());
+    two.release().unwrap();
+    assert_eq!(sem.add_permits(1).unwrap(), 3);
+    assert_eq!(sem.available_permits().unwrap(), 3);
+    let one = sem.acquire().unwrap();
+    assert_eq!(sem.available_permits().unwrap(), 2);
+    one.release().unwrap();
+
+    // A count-down latch.
+    let latch = client.count_down_latch("latch");
+    assert!(latch.try_set_count(2, Duration::from_secs(60)).unwrap());
+    assert_eq!(latch.count_down().unwrap(), 1);
+    assert_eq!(latch.count().unwrap(), 1);
+    assert_eq!(latch.count_down().unwrap(), 0);
+    assert!(latch.wait_for(Duration::from_secs(1)).unwrap());
+
+    // Every kind force-unlocked at once (each kind's script).
+    let _lock = client.lock("all").lock().unwrap();
+    let _write = client.read_write_lock("all").write().lock().unwrap();
+    let _permit = client.semaphore("all", 1).acquire().unwrap();
+    assert_eq!(
+        client.force_unlock("all").unwrap(),
+        ["lock", "read-write lock", "semaphore"]
+    );
+
+    // A MultiLock over two locks of one server: their calls go as one transaction.
+    multilock(client);
+}
+
+/// A MultiLock over two locks of `client`'s server: taken, seen, released, force-unlocked.
+fn multilock(client: &Client) {
+    let both = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
+    let guard = both.lock().unwrap();
+    assert_eq!(guard.held_on(), 2);
+    assert!(both.is_locked().unwrap());
+    guard.unlock().unwrap();
+    let guard = both.lock().unwrap();
+    assert!(both.force_unlock().unwrap());
+    assert!(matches!(
+        guard.unlock(),
+        Err(Error::NotHeld | Error::LeaseLost | Error::NoQuorum { .. })
+    ));
+    assert!(!both.is_locked().unwrap());
+}
+
+/// Asserts that the scripts ran as functions on `server` (and never as EVALSHA).
+fn assert_functions(stats: &HashMap<String, u64>) {
+    assert!(calls(stats, "fcall") > 0, "no FCALL: {stats:?}");
+    assert_eq!(calls(stats, "evalsha"), 0, "EVALSHA sent: {stats:?}");
+    assert_eq!(calls(stats, "eval"), 0, "EVAL sent: {stats:?}");
+}
+
+/// Asserts that the scripts ran with EVALSHA on `server` (and never as functions).
+fn assert_evalsha(stats: &HashMap<String, u64>) {
+    assert!(calls(stats, "evalsha") > 0, "no EVALSHA: {stats:?}");
+    assert_eq!(calls(stats, "fcall"), 0, "FCALL sent: {stats:?}");
+    assert_eq!(
+        calls(stats, "function|load"),
+        0,
+        "FUNCTION LOAD sent: {stats:?}"
+    );
+}
+
+#[test]
+fn redis7_runs_every_script_as_a_function() {
+    let server = RedisServer::new();
+    let client = client(&server, true);
+    exercise(&client);
+    let stats = server.command_calls();
+    assert_functions(&stats);
+    // Loaded once, on the first call.
+    assert_eq!(calls(&stats, "function|load"), 1, "{stats:?}");
+}
+
+#[test]
+fn redis7_told_to_runs_every_script_with_evalsha() {
+    let server = RedisServer::new();
+    let client = client(&server, false);
+    exercise(&client);
+    assert_evalsha(&server.command_calls());
+    let functions: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(functions.is_empty(), "a library was loaded: {functions:?}");
+}
+
+/// The Redis 6.2 server, or `None` (with a note) when the environment names none.
+fn redis6() -> Option<RedisServer> {
+    match support::redis6_binary() {
+        Some(bin) => Some(RedisServer::with_binary(&bin, &[])),
+        None => {
+            eprintln!(
+                "note: REDIS_6_SERVER_BIN is not set; the Redis 6.2 (EVALSHA) path is not \
+                 tested here (.ci/run sets it)"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn redis6_runs_every_script_with_evalsha() {
+    let Some(server) = redis6() else { return };
+    assert!(support::redis_version(&mut server.connection()).starts_with("6."));
+    // The default client: it tries FCALL once, and is refused.
+    let client = client(&server, true);
+    exercise(&client);
+    assert_evalsha(&server.command_calls());
+}
+
+/// A server restarted on an older version (a failover to a Redis 6.2 replica): the first
+/// FCALL it refuses is sent again as EVALSHA, as every call after it is.
+#[test]
+fn a_server_without_functions_after_one_with_them_gets_evalsha() {
+    let Some(_) = support::redis6_binary() else {
+        let _ = redis6();
+        return;
+    };
+    let mut server = RedisServer::new();
+    let client = client(&server, true);
+    let lock = client.lock("moving");
+    lock.lock().unwrap().unlock().unwrap();
+    assert!(calls(&server.command_calls(), "fcall") > 0);
+    let port = server.port().to_string();
+    server.kill();
+    let old = RedisServer::with_binary(&support::redis6_binary().unwrap(), &["--port", &port]);
+    let guard = lock.lock().unwrap();
+    assert!(lock.is_locked().unwrap());
+    guard.unlock().unwrap();
+    multilock(&client);
+    assert_evalsha(&old.command_calls());
+}
+
+/// RedLock over masters of different versions: each client runs the scripts its own
+/// server's way, the fan-out's transactions included.
+#[test]
+fn redlock_over_masters_of_different_versions() {
+    let Some(old) = redis6() else { return };
+    let (a, b) = (RedisServer::new(), RedisServer::new());
+    let clients = [client(&a, true), client(&b, false), client(&old, true)];
+    let red = MultiLock::red_lock(clients.iter().map(|c| c.lock("red"))).unwrap();
+    for _ in 0..2 {
+        let guard = red.lock().unwrap();
+        assert_eq!(guard.held_on(), 3);
+        guard.unlock().unwrap();
+    }
+    assert!(!red.is_locked().unwrap());
+    assert_functions(&a.command_calls());
+    assert_evalsha(&b.command_calls());
+    assert_evalsha(&old.command_calls());
+}
+
+/// The library gone mid-run (`FUNCTION FLUSH`, as after a restart without persistence):
+/// the next call loads it again and goes on, a single call and a transaction alike.
+#[test]
+fn a_flushed_library_is_loaded_again() {
+    let server = RedisServer::new();
+    let client = client(&server, true);
+    let lock = client.lock("flushed");
+    lock.lock().unwrap().unlock().unwrap();
+    let flush = |server: &RedisServer| {
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(&mut server.connection())
+            .unwrap();
+    };
+    flush(&server);
+    let guard = lock.lock().unwrap();
+    assert_eq!(lock.hold_count().unwrap(), 1);
+    guard.unlock().unwrap();
+    assert_eq!(calls(&server.command_calls(), "function|load"), 2);
+    // The MultiLock's two calls go as one transaction, refused as a whole.
+    let both = MultiLock::new([client.lock("t1"), client.lock("t2")]).unwrap();
+    both.lock().unwrap().unlock().unwrap();
+    flush(&server);
+    let guard = both.lock().unwrap();
+    assert_eq!(guard.held_on(), 2);
+    guard.unlock().unwrap();
+    let stats = server.command_calls();
+    assert_eq!(calls(&stats, "function|load"), 3, "{stats:?}");
+    assert_functions(&stats);
+    // And with EVALSHA, SCRIPT FLUSH the same way.
+    let evalsha = self::client(&server, false);
+    let lock = evalsha.lock("flushed");
+    lock.lock().unwrap().unlock().unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    lock.lock().unwrap().unlock().unwrap();
+    let both = MultiLock::new([evalsha.lock("t1"), evalsha.lock("t2")]).unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    both.lock().unwrap().unlock().unwrap();
+}
+
+/// Two versions of redmutex on one server: each loads and calls its own library, named
+/// after its text, and neither replaces the other's.
+#[test]
+fn two_library_versions_share_a_server() {
+    let server = RedisServer::new();
+    let mut admin = server.connection();
+    // Another version's library: another text, so another name, also for its functions.
+    let other = "#!lua name=redmutex_000000000000\n\
+        redis.register_function('redmutex_000000000000_acquire', function() return 'other' end)";
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(other)
+        .query(&mut admin)
+        .unwrap();
+    let client = client(&server, true);
+    let lock = client.lock("shared");
+    let guard = lock.lock().unwrap();
+    assert!(lock.is_locked().unwrap());
+    guard.unlock().unwrap();
+    let libraries: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(libraries.len(), 2, "{libraries:?}");
+    let theirs: String = redis::cmd("FCALL")
+        .arg("redmutex_000000000000_acquire")
+        .arg(0)
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(theirs, "other");
+    // A second client of this version finds its library there and loads nothing: the
+    // loads were the other version's and the first client's.
+    let again = self::client(&server, true);
+    again.lock("shared").lock().unwrap().unlock().unwrap();
+    assert_eq!(calls(&server.command_calls(), "function|load"), 2);
+}
+
+/// A user whose ACL allows EVALSHA but not FCALL: the client notices the refusal once and
+/// runs its scripts with EVALSHA.
+#[test]
+fn a_user_without_fcall_gets_evalsha() {
+    let server = RedisServer::new();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locks")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-fcall")
+        .arg("-function")
+        .query(&mut server.connection())
+        .unwrap();
+    let client = Client::builder()
+        .url(format!("redis://locks:pw@127.0.0.1:{}/", server.port()))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let lock = client.lock("acl");
+    lock.lock().unwrap().unlock().unwrap();
+    multilock(&client);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let stats = server.command_calls();
+    assert!(calls(&stats, "evalsha") > 0, "{stats:?}");
+    assert_eq!(calls(&stats, "function|load"), 0, "{stats:?}");
+}
+
+/// A cluster: each primary loads the library when a call first finds it missing there (a
+/// load goes to the node of the call's keys only), and again after it lost it.
+#[test]
+fn each_cluster_node_loads_the_library_when_it_lacks_it() {
+    let cluster = support::topology::Cluster::new(3, 0);
+    let client = Client::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_timeout(Duration::from_secs(6))
+        .command_timeout(Duration::from_millis(1_500))
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    // Names whose slots fall on every node (fixed: slots are a hash of the name).
+    let names: Vec<String> = (0..30).map(|i| format!("spread-{i}")).collect();
+    let run = || {
+        for name in &names {
+            let lock = client.lock(name.as_str());
+            let guard = lock.lock().unwrap();
+            assert!(lock.is_locked().unwrap());
+            guard.unlock().unwrap();
+        }
+    };
+    let loads = |n: u64| {
+        for node in cluster.nodes() {
+            let stats = node.server().command_calls();
+            assert_functions(&stats);
+            assert_eq!(calls(&stats, "function|load"), n, "{stats:?}");
+        }
+    };
+    run();
+    loads(1);
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query(&mut node.server().connection())
+            .unwrap();
+    }
+    run();
+    loads(2);
+}
