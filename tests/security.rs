@@ -12,9 +12,10 @@ use support::RedisServer;
 
 /// The minimal ACL rule for the default prefix, as the README documents it.
 const ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@all \
-    +evalsha +script|load +exists +hget +pttl +subscribe +unsubscribe +publish +ping +wait \
-    +hincrby +hset +hexists +pexpire +del +incr +time +type +hkeys +hdel +rpush +lindex +lpop \
-    +lrem +get +set +decr +zadd +zscore +zrem +zcard +zrange +zrangebyscore";
+    +fcall +function|load +evalsha +script|load +exists +hget +hmget +hgetall +pttl +subscribe \
+    +unsubscribe +publish +ping +wait +hincrby +hset +hexists +pexpire +del +incr +time +type \
+    +hkeys +hdel +rpush +lindex +lpop +lrem +lrange +get +set +decr +zadd +zscore +zrem +zcard \
+    +zrange +zrangebyscore";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
