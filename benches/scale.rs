@@ -55,8 +55,16 @@ const DEFAULT_LOCKS: usize = 100_000;
 const WAITERS_ENV: &str = "REDMUTEX_SCALE_WAITERS";
 const DEFAULT_WAITERS: usize = 1_000;
 
-/// Short, so that renewal rounds (a third of it) come every second.
-const WATCHDOG_TIMEOUT: Duration = Duration::from_secs(3);
+/// The held locks' watchdog timeout, s; 10 unless set. Short, so that renewal rounds
+/// (a third of it) come often; not shorter by default, since renewing 100,000 leases
+/// takes this 2-core machine about a second of Redis CPU and half a second of the
+/// watchdog thread's (3 s, a round a second, loses leases here).
+const WATCHDOG_ENV: &str = "REDMUTEX_SCALE_WATCHDOG_SECS";
+const DEFAULT_WATCHDOG_SECS: usize = 10;
+/// Two threads of the holding client take turns on one `FairLock` for this long, each
+/// release handing it to the other: before the many locks are taken and while they are
+/// held, so that a cost per handoff that grows with the locks held shows.
+const HOT: Duration = Duration::from_millis(1_500);
 /// Renewal rounds measured while idle: twice the lease, so a missed renewal loses leases.
 const IDLE_ROUNDS: usize = 6;
 /// How often the server's script calls are polled to tell renewal rounds apart.
@@ -187,7 +195,14 @@ impl Many {
 }
 
 fn many_holds(url: &str, locks: usize) -> Many {
-    let prefix = unique_prefix("scale", "many");
+    // As long as the default prefix ("redmutex:", 9 bytes), and as unique as the bench
+    // needs on a shared server: each key name holds it, so its length weighs on the
+    // memory per lock on both sides.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos();
+    let prefix = format!("rm{:06x}:", nanos & 0xff_ffff);
     let child = ChildProc::spawn(
         "hold",
         &[
@@ -233,8 +248,8 @@ fn child_hold(url: &str, prefix: &str) {
     let client = Client::builder()
         .url(url)
         .key_prefix(prefix)
-        .watchdog_timeout(WATCHDOG_TIMEOUT)
-        .command_timeout(WATCHDOG_TIMEOUT / 3)
+        .watchdog_timeout(watchdog_timeout())
+        .command_timeout(watchdog_timeout() / 3)
         .build()
         .expect("build client");
     // Warm up: the scripts loaded, a pooled connection open, the watchdog thread started.
@@ -244,6 +259,19 @@ fn child_hold(url: &str, prefix: &str) {
         .expect("warm-up lock")
         .unlock()
         .expect("warm-up unlock");
+    hot(&client);
+    let (hot_n, hot_cpu) = hot(&client);
+    let say_hot = |what: &str, (n, cpu): (u64, u64)| {
+        say(&format!(
+            "hot_{what}_per_s={}",
+            n as f64 / HOT.as_secs_f64()
+        ));
+        say(&format!(
+            "hot_{what}_cpu_us={}",
+            cpu as f64 / 1e3 / n.max(1) as f64
+        ));
+    };
+    say_hot("empty", (hot_n, hot_cpu));
     let names: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
     let rss_before = rss_kib();
     let mem_before = used_memory(&mut admin);
@@ -265,7 +293,13 @@ fn child_hold(url: &str, prefix: &str) {
         last: 0,
         lengths: Vec::new(),
     };
+    // The handoffs while all are held, between two rounds (a round takes about a
+    // second of the period's 3.3 s here).
     poller.end_of_round();
+    say_hot("full", hot(&client));
+    poller.last = poller.script_calls();
+    poller.end_of_round();
+    let rss_idle = rss_kib();
     let before = ServerSnapshot::take(&mut admin);
     let polls_before = poller.polls;
     let cpu_before = watchdog_cpu_ns();
@@ -311,7 +345,7 @@ fn child_hold(url: &str, prefix: &str) {
     let mut executed = cost.executed.clone();
     executed.remove("info");
     let executed_total: u64 = executed.values().sum();
-    let script_calls_total: u64 = ["evalsha", "eval", "fcall"]
+    let script_calls_total: u64 = ["evalsha", "eval", "fcall", "script|load"]
         .iter()
         .map(|c| executed.get(*c).copied().unwrap_or(0))
         .sum();
@@ -320,6 +354,7 @@ fn child_hold(url: &str, prefix: &str) {
     figure("release_s", release_s);
     figure("rss_before_kib", rss_before as f64);
     figure("rss_after_kib", rss_after as f64);
+    figure("rss_idle_kib", rss_idle as f64);
     figure("mem_before", mem_before as f64);
     figure("mem_after", mem_after as f64);
     figure("idle_s", idle_s);
@@ -384,6 +419,37 @@ impl Poller {
             }
         }
     }
+}
+
+fn watchdog_timeout() -> Duration {
+    Duration::from_secs(env_usize(WATCHDOG_ENV, DEFAULT_WATCHDOG_SECS) as u64)
+}
+
+/// Two threads take turns on one `FairLock` for [`HOT`]: how many acquisitions, and the
+/// watchdog thread's CPU meanwhile (ns).
+fn hot(client: &Client) -> (u64, u64) {
+    let cpu = watchdog_cpu_ns();
+    let end = Instant::now() + HOT;
+    let n: u64 = thread::scope(|s| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let lock = client.fair_lock("hot");
+                    let mut n = 0;
+                    while Instant::now() < end {
+                        lock.lock().expect("hot lock").unlock().expect("hot unlock");
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("hot thread"))
+            .sum()
+    });
+    (n, watchdog_cpu_ns() - cpu)
 }
 
 fn rss_kib() -> u64 {
@@ -699,14 +765,17 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
         "\nmany holds: one client, {} locks with watchdog leases (watchdog_timeout {:?}: a \
          renewal round every {:?}), {} idle rounds ({:.1} s)",
         many.locks,
-        WATCHDOG_TIMEOUT,
-        WATCHDOG_TIMEOUT / 3,
+        watchdog_timeout(),
+        watchdog_timeout() / 3,
         rounds,
         many.get("idle_s")
     );
-    let rss_per = (many.get("rss_after_kib") - many.get("rss_before_kib")) * 1024.0 / n;
+    // The larger of right after the acquisitions and after the first idle rounds (the
+    // rounds' own buffers count too).
+    let rss_top = many.get("rss_after_kib").max(many.get("rss_idle_kib"));
+    let rss_per = (rss_top - many.get("rss_before_kib")) * 1024.0 / n;
     let mem_per = (many.get("mem_after") - many.get("mem_before")) / n;
-    let rtt = many.get("requests_per_round");
+    let rtt = many.get("script_calls_per_round");
     let rows: Vec<(&str, String)> = vec![
         (
             "time to acquire them s",
@@ -725,8 +794,11 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
             format!("{:.1} ({:.0} leases each)", rtt, n / rtt.max(1e-9)),
         ),
         (
-            "renew script calls per round",
-            f1(many.get("script_calls_per_round")),
+            "  socket reads per round",
+            format!(
+                "{:.1} (a call of 500 leases is ~40 KB: several reads)",
+                many.get("requests_per_round")
+            ),
         ),
         (
             "executed commands per round",
@@ -755,9 +827,10 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
         (
             "client RSS per held lock B",
             format!(
-                "{rss_per:.0} (VmRSS {} -> {} KiB)",
+                "{rss_per:.0} (VmRSS {} -> {} KiB acquired, {} KiB idle)",
                 many.get("rss_before_kib"),
-                many.get("rss_after_kib")
+                many.get("rss_after_kib"),
+                many.get("rss_idle_kib")
             ),
         ),
         ("Redis used_memory per held lock B", format!("{mem_per:.0}")),
@@ -771,6 +844,24 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
             ),
         ),
         ("time to release them s", f2(many.get("release_s"))),
+        (
+            "hot FairLock, 2 threads: acquisitions/s",
+            format!(
+                "{:.0} holding none, {:.0} holding {}",
+                many.get("hot_empty_per_s"),
+                many.get("hot_full_per_s"),
+                many.locks
+            ),
+        ),
+        (
+            "  watchdog thread CPU µs per acquisition",
+            format!(
+                "{:.2} holding none, {:.2} holding {}",
+                many.get("hot_empty_cpu_us"),
+                many.get("hot_full_cpu_us"),
+                many.locks
+            ),
+        ),
     ];
     let mut t = Grid::new(&["", ""]);
     for (name, v) in rows {
@@ -870,6 +961,14 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
         "<= 1024",
         rss_per <= 1024.0,
         "",
+    );
+    let (he, hf) = (many.get("hot_empty_per_s"), many.get("hot_full_per_s"));
+    t.check(
+        &format!("hot lock acq/s holding {}", many.locks),
+        format!("{hf:.0}"),
+        &format!(">= {:.0}", he / 1.2),
+        hf >= he / 1.2,
+        &format!("within 1.2x of holding none: {he:.0}"),
     );
     let lost = many.get("lost_guards") + many.get("missing_keys") + many.get("lost_at_unlock");
     t.check(

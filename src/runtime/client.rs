@@ -281,7 +281,7 @@ impl Client {
                 .key(sem.key.as_slice())
                 .key(sem.queue.as_slice())
                 .key(sem.permits.as_slice())
-                .key(lock.latch.as_slice())
+                .key(lock.latch().as_slice())
                 .invoke(con)
         })?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
@@ -333,7 +333,7 @@ impl Client {
                 } else {
                     "foreign"
                 },
-                key: text(&lock.latch),
+                key: text(&lock.latch()),
                 holders: Vec::new(),
                 remaining_lease: lease(pttl),
                 waiters: Vec::new(),
