@@ -133,7 +133,7 @@ fn parent_main() {
     let locks = env_usize(LOCKS_ENV, DEFAULT_LOCKS);
     let waiters = env_usize(WAITERS_ENV, DEFAULT_WAITERS);
     assert!(
-        waiters % PROCESSES == 0,
+        waiters.is_multiple_of(PROCESSES),
         "{WAITERS_ENV} must be a multiple of {PROCESSES}"
     );
     let (url, server) = support::redis_url_or_spawn();
@@ -371,8 +371,10 @@ fn child_hold(url: &str, prefix: &str) {
     figure("lost_guards", lost_guards as f64);
     figure("lost_at_unlock", lost_at_unlock as f64);
     figure("missing_keys", (n as u64 - present) as f64);
-    let mut per_round = ServerCost::default();
-    per_round.executed = executed;
+    let per_round = ServerCost {
+        executed,
+        ..Default::default()
+    };
     say(&format!(
         "executed {}",
         per_round.breakdown(IDLE_ROUNDS as u64)
@@ -477,6 +479,18 @@ fn used_memory(con: &mut redis::Connection) -> u64 {
 /// On-CPU time of this process's watchdog thread, ns (schedstat's first field: the
 /// scheduler's own account, finer than stat's clock ticks).
 fn watchdog_cpu_ns() -> u64 {
+    // A thread just started names itself a moment later.
+    let give_up = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(ns) = try_watchdog_cpu_ns() {
+            return ns;
+        }
+        assert!(Instant::now() < give_up, "no redmutex-watchdog thread");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn try_watchdog_cpu_ns() -> Option<u64> {
     let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
     let mut found = None;
     for task in tasks.flatten() {
@@ -488,7 +502,7 @@ fn watchdog_cpu_ns() -> u64 {
             found = stat.split_whitespace().next().map(parse_u64);
         }
     }
-    found.expect("no redmutex-watchdog thread")
+    found
 }
 
 // ---------------------------------------------------------------------------------------

@@ -464,7 +464,7 @@ mod tests {
                         continue;
                     }
                     assert!(
-                        !lock_keys.contains(&aux[..]),
+                        !lock_keys.contains(aux),
                         "an auxiliary key of {:?} is a lock key",
                         String::from_utf8_lossy(&k.name)
                     );

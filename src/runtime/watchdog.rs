@@ -1,7 +1,7 @@
 //! The per-client table of held locks, and the one thread that renews their leases.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -97,6 +97,42 @@ impl Hold {
         0
     }
 
+    /// Adds this hold (thread `token`'s) to a renewal round's `watched` and marks it as
+    /// being renewed, if the round is for it: in a `full` round when it has a watchdog
+    /// level or a pending extension, otherwise when its extension is due by `now`.
+    fn watch(
+        &mut self,
+        token: u64,
+        full: bool,
+        now: Instant,
+        watchdog_ms: u64,
+        watched: &mut Vec<Watched>,
+    ) {
+        if self.lost.load(Ordering::SeqCst) {
+            // Its guards say it is lost: a renewal must not keep it going.
+            self.extend_at = None;
+            return;
+        }
+        let due = self.extend_at.is_some_and(|at| full || at <= now);
+        if due || (full && self.has_watchdog_level()) {
+            self.extend_at = None;
+            let extension = self.pickup_ends.is_some();
+            let lease_ms = self.need_ms(watchdog_ms, now);
+            if lease_ms == 0 {
+                return;
+            }
+            self.renewing = true;
+            watched.push(Watched {
+                keys: self.keys.clone(),
+                token,
+                holder: self.holder.clone(),
+                lost: self.lost.clone(),
+                lease_ms,
+                extension,
+            });
+        }
+    }
+
     fn has_watchdog_level(&self) -> bool {
         self.levels.iter().any(|l| l.lease == Lease::Watchdog)
     }
@@ -123,6 +159,8 @@ pub(crate) struct Registration {
     pub(crate) holder: Arc<str>,
 }
 
+// (Clippy takes the `Arc` in `HoldKey` for a key that may change; it hashes and compares
+// by `LockKeys::hold`, which never changes.)
 type Holds = HashMap<HoldKey, ByToken>;
 
 /// A lock's name in the table ([`LockKeys::hold`]), read from the keys its holds share
@@ -160,6 +198,8 @@ const FEW_HOLDERS: usize = 8;
 /// read by many threads looks through all of them.
 enum ByToken {
     Few(Vec<(u64, Hold)>),
+    // Boxed so that the common case stays three words: the table has one per held lock.
+    #[allow(clippy::box_collection)]
     Many(Box<HashMap<u64, Hold>>),
 }
 
@@ -250,6 +290,7 @@ impl ByToken {
 }
 
 /// The levels `token`'s hold of the lock `key` counts now (see [`Hold::live_levels`]).
+#[allow(clippy::mutable_key_type)]
 fn live_levels(holds: &Holds, key: &[u8], token: u64) -> usize {
     holds
         .get(key)
@@ -259,6 +300,7 @@ fn live_levels(holds: &Holds, key: &[u8], token: u64) -> usize {
 
 /// Takes `token`'s hold of the lock `key` out of the table, and the lock's entry with it
 /// once no thread holds it.
+#[allow(clippy::mutable_key_type)]
 fn remove_hold(holds: &mut Holds, key: &[u8], token: u64) -> Option<Hold> {
     let by_token = holds.get_mut(key)?;
     let hold = by_token.remove(&token);
@@ -326,6 +368,12 @@ impl Kick {
 pub(crate) struct Watchdog {
     // lock key -> thread token -> hold.
     holds: Mutex<Holds>,
+    // The holds that may have an extension pending (`Hold::extend_at`): a superset, pruned
+    // as it is read. A hint, so that finding the next extension due looks at these few
+    // rather than at every hold: it is looked for on every wake-up of the thread, about
+    // one per handoff under contention, and a client may hold 100,000 locks. Locked after
+    // `holds`.
+    extending: Mutex<HashSet<(HoldKey, u64)>>,
     // Signalled when a renewal round is over, for threads waiting on `Hold::renewing`.
     renewed: Condvar,
     next_level: AtomicU64,
@@ -348,6 +396,7 @@ impl Watchdog {
     pub(crate) fn new() -> Watchdog {
         Watchdog {
             holds: Mutex::new(HashMap::new()),
+            extending: Mutex::new(HashSet::new()),
             renewed: Condvar::new(),
             next_level: AtomicU64::new(1),
             thread: Mutex::new(None),
@@ -436,11 +485,17 @@ impl Watchdog {
     fn next_due(&self) -> Option<Instant> {
         let kick = self.kicks.lock().values().map(|k| k.due).min();
         let holds = self.holds.lock();
-        let extend = holds
-            .values()
-            .flat_map(|by_token| by_token.values())
-            .filter_map(|hold| hold.extend_at)
-            .min();
+        let mut extend: Option<Instant> = None;
+        self.extending.lock().retain(|(key, token)| {
+            let at = holds
+                .get(key.0.hold.as_slice())
+                .and_then(|by_token| by_token.get(token))
+                .and_then(|hold| hold.extend_at);
+            if let Some(at) = at {
+                extend = Some(extend.map_or(at, |e| e.min(at)));
+            }
+            at.is_some()
+        });
         match (kick, extend) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -549,6 +604,7 @@ impl Watchdog {
         if extend.is_some() {
             hold.extend_at = extend;
             hold.pickup_ends = Some(sent + PICKUP);
+            self.extending.lock().insert((HoldKey(keys.clone()), token));
         }
         let registration = Registration {
             level,
@@ -772,33 +828,27 @@ impl Watchdog {
     fn watched(&self, full: bool, watchdog_ms: u64) -> Vec<Watched> {
         let now = Instant::now();
         let mut holds = self.holds.lock();
+        let mut extending = self.extending.lock();
         let mut watched = Vec::new();
-        for by_token in holds.values_mut() {
-            for (&token, hold) in by_token.iter_mut() {
-                if hold.lost.load(Ordering::SeqCst) {
-                    // Its guards say it is lost: a renewal must not keep it going.
-                    hold.extend_at = None;
-                    continue;
-                }
-                let due = hold.extend_at.is_some_and(|at| full || at <= now);
-                if due || (full && hold.has_watchdog_level()) {
-                    hold.extend_at = None;
-                    let extension = hold.pickup_ends.is_some();
-                    let lease_ms = hold.need_ms(watchdog_ms, now);
-                    if lease_ms == 0 {
-                        continue;
-                    }
-                    hold.renewing = true;
-                    watched.push(Watched {
-                        keys: hold.keys.clone(),
-                        token,
-                        holder: hold.holder.clone(),
-                        lost: hold.lost.clone(),
-                        lease_ms,
-                        extension,
-                    });
+        if full {
+            for by_token in holds.values_mut() {
+                for (&token, hold) in by_token.iter_mut() {
+                    hold.watch(token, true, now, watchdog_ms, &mut watched);
                 }
             }
+            // Every pending extension was taken (or dropped, its hold lost).
+            extending.clear();
+        } else {
+            extending.retain(|(key, token)| {
+                let Some(hold) = holds
+                    .get_mut(key.0.hold.as_slice())
+                    .and_then(|by_token| by_token.get_mut(token))
+                else {
+                    return false;
+                };
+                hold.watch(*token, false, now, watchdog_ms, &mut watched);
+                hold.extend_at.is_some()
+            });
         }
         watched
     }
@@ -907,6 +957,9 @@ impl Watchdog {
                 hold.pickup_ends = None;
             } else if hold.pickup_ends.is_some_and(|ends| ends > now) {
                 hold.extend_at = Some(now + EXTEND_RETRY);
+                self.extending
+                    .lock()
+                    .insert((HoldKey(w.keys.clone()), w.token));
             }
         }
     }
@@ -1347,6 +1400,7 @@ mod tests {
 
     /// The table is keyed by the hold's keys and looked up by name.
     #[test]
+    #[allow(clippy::mutable_key_type)]
     fn a_hold_key_is_found_by_its_name() {
         let keys = Arc::new(LockKeys::new(
             b"p:",
@@ -1360,12 +1414,75 @@ mod tests {
             .entry(HoldKey(keys.clone()))
             .or_default()
             .or_insert_with(1, || hold(&keys, 1));
-        assert!(holds.get(keys.hold.as_slice()).is_some());
-        assert!(holds.get(&b"xp:{other}"[..]).is_none());
+        assert!(holds.contains_key(keys.hold.as_slice()));
+        assert!(!holds.contains_key(&b"xp:{other}"[..]));
         assert_eq!(
             remove_hold(&mut holds, &keys.hold, 1).map(|h| h.levels[0].id),
             Some(1)
         );
         assert!(holds.is_empty());
+    }
+
+    fn keys_of(name: &str) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new(
+            b"p:",
+            name.as_bytes().to_vec(),
+            "c",
+            Object::Lock,
+            &scripts::PLAIN,
+        ))
+    }
+
+    /// Pending extensions are found through their own index, not by walking every hold:
+    /// the earliest due, only the due ones in a partial round, none once their holds are
+    /// gone, and every one in a full round.
+    #[test]
+    fn pending_extensions_are_found_without_walking_every_hold() {
+        let watchdog = Watchdog::new();
+        let now = Instant::now();
+        let watchdog_lease = (Lease::Watchdog, 30_000);
+        let plain = keys_of("plain");
+        let past = keys_of("due");
+        let later = keys_of("later");
+        for i in 0..1_000 {
+            // Holds with nothing pending: what a client holding many locks has most of.
+            let keys = keys_of(&format!("idle{i}"));
+            watchdog.acquired(&keys, 1, "c:1", 1, watchdog_lease, (now, false));
+        }
+        watchdog.acquired(&plain, 1, "c:1", 1, watchdog_lease, (now, false));
+        assert_eq!(watchdog.next_due(), None);
+        assert!(watchdog.extending.lock().is_empty());
+
+        // Handed over: extended a third of the way into the pickup window.
+        let sent = now.checked_sub(PICKUP).expect("an instant a second ago");
+        watchdog.acquired(&past, 2, "c:2", 1, watchdog_lease, (sent, true));
+        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true));
+        assert_eq!(watchdog.extending.lock().len(), 2);
+        assert_eq!(watchdog.next_due(), Some(sent + PICKUP / 3));
+
+        let round = watchdog.watched(false, 30_000);
+        let names: Vec<&[u8]> = round.iter().map(|w| w.keys.key.as_slice()).collect();
+        assert_eq!(names, [past.key.as_slice()], "only the extension due");
+        assert!(round[0].extension);
+        watchdog.renewed(&round);
+        assert_eq!(watchdog.next_due(), Some(now + PICKUP / 3));
+
+        // Released before its extension: its entry goes with it.
+        assert!(watchdog
+            .releasing(&later.hold, 3, r.level, 30_000)
+            .is_some());
+        assert_eq!(watchdog.next_due(), None);
+        assert!(watchdog.extending.lock().is_empty());
+
+        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true));
+        let round = watchdog.watched(true, 30_000);
+        assert_eq!(round.len(), 1_000 + 3, "a full round renews every hold");
+        assert!(round.iter().any(|w| w.keys.key == later.key && w.extension));
+        watchdog.renewed(&round);
+        assert!(watchdog.extending.lock().is_empty());
+        assert_eq!(watchdog.next_due(), None);
+        assert!(watchdog
+            .releasing(&later.hold, 3, r.level, 30_000)
+            .is_some());
     }
 }
