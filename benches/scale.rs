@@ -75,6 +75,9 @@ const ROUND_GAP: Duration = Duration::from_millis(150);
 const RENEW_BATCH: usize = 500;
 /// Linux truncates thread names to 15 bytes.
 const WATCHDOG_COMM: &str = "redmutex-watchd";
+const PUBSUB_COMM: &str = "redmutex-pubsub";
+/// Channels the holding client is left subscribed to for the hot lock's second run.
+const CHANNELS: usize = 1_000;
 
 const PROCESSES: usize = 4;
 /// Rounds of the short queue, so its handoffs are many.
@@ -272,6 +275,28 @@ fn child_hold(url: &str, prefix: &str) {
         ));
     };
     say_hot("empty", (hot_n, hot_cpu));
+    let pubsub_before = thread_cpu_ns(PUBSUB_COMM);
+    let (turns, _) = hot(&client);
+    say(&format!(
+        "hot_pubsub_empty_us={}",
+        (thread_cpu_ns(PUBSUB_COMM) - pubsub_before) as f64 / 1e3 / turns.max(1) as f64
+    ));
+    // The same while the client's pub/sub connection is subscribed to many channels
+    // (locks waited on a moment ago: each lingers a few seconds).
+    let channels = linger_channels(url, prefix, &client);
+    let pubsub_before = thread_cpu_ns(PUBSUB_COMM);
+    let (turns, _) = hot(&client);
+    say(&format!(
+        "hot_pubsub_channels_us={}",
+        (thread_cpu_ns(PUBSUB_COMM) - pubsub_before) as f64 / 1e3 / turns.max(1) as f64
+    ));
+    say(&format!(
+        "hot_channels_per_s={}",
+        turns as f64 / HOT.as_secs_f64()
+    ));
+    let lingering = support::subscribers(&mut admin, format!("{prefix}{{c"));
+    say(&format!("lingering_channels={channels}"));
+    say(&format!("lingering_at_end={lingering}"));
     let names: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
     let rss_before = rss_kib();
     let mem_before = used_memory(&mut admin);
@@ -478,25 +503,49 @@ fn used_memory(con: &mut redis::Connection) -> u64 {
 
 /// On-CPU time of this process's watchdog thread, ns (schedstat's first field: the
 /// scheduler's own account, finer than stat's clock ticks).
+/// Has the client wait a moment on each of [`CHANNELS`] locks another client holds, so
+/// that its pub/sub connection stays subscribed to their channels for a few seconds.
+fn linger_channels(url: &str, prefix: &str, client: &Client) -> usize {
+    let other = bench_client(url, prefix);
+    for i in 0..CHANNELS {
+        let name = format!("c{i}");
+        let held = other
+            .lock(name.as_str())
+            .lock_with_lease(Duration::from_secs(30))
+            .expect("hold a lock for another client");
+        let got = client
+            .lock(name.as_str())
+            .try_lock_for(Duration::from_millis(1))
+            .expect("wait a moment");
+        assert!(got.is_none(), "the lock was held by the other client");
+        held.unlock().expect("unlock");
+    }
+    CHANNELS
+}
+
 fn watchdog_cpu_ns() -> u64 {
+    thread_cpu_ns(WATCHDOG_COMM)
+}
+
+fn thread_cpu_ns(comm: &str) -> u64 {
     // A thread just started names itself a moment later.
     let give_up = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some(ns) = try_watchdog_cpu_ns() {
+        if let Some(ns) = try_thread_cpu_ns(comm) {
             return ns;
         }
-        assert!(Instant::now() < give_up, "no redmutex-watchdog thread");
+        assert!(Instant::now() < give_up, "no {comm} thread");
         thread::sleep(Duration::from_millis(10));
     }
 }
 
-fn try_watchdog_cpu_ns() -> Option<u64> {
+fn try_thread_cpu_ns(comm_of: &str) -> Option<u64> {
     let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
     let mut found = None;
     for task in tasks.flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() == WATCHDOG_COMM {
-            assert!(found.is_none(), "more than one watchdog thread");
+        if comm.trim_end() == comm_of {
+            assert!(found.is_none(), "more than one {comm_of} thread");
             let stat = std::fs::read_to_string(task.path().join("schedstat"))
                 .expect("/proc/self/task/<tid>/schedstat");
             found = stat.split_whitespace().next().map(parse_u64);
@@ -868,6 +917,18 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
             ),
         ),
         (
+            "  pub/sub thread CPU µs per acquisition",
+            format!(
+                "{:.2} with its one channel, {:.2} with {} more lingering ({:.0} acq/s; {} \
+                 subscribed at the end)",
+                many.get("hot_pubsub_empty_us"),
+                many.get("hot_pubsub_channels_us"),
+                many.get("lingering_channels"),
+                many.get("hot_channels_per_s"),
+                many.get("lingering_at_end")
+            ),
+        ),
+        (
             "  watchdog thread CPU µs per acquisition",
             format!(
                 "{:.2} holding none, {:.2} holding {}",
@@ -983,6 +1044,17 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
         &format!(">= {:.0}", he / 1.2),
         hf >= he / 1.2,
         &format!("within 1.2x of holding none: {he:.0}"),
+    );
+    let (pe, pc) = (
+        many.get("hot_pubsub_empty_us"),
+        many.get("hot_pubsub_channels_us"),
+    );
+    t.check(
+        &format!("hot lock pub/sub CPU µs/acq, {CHANNELS} channels"),
+        f2(pc),
+        &format!("<= {:.2}", 1.2 * pe),
+        pc <= 1.2 * pe,
+        &format!("1.2x with one channel: {pe:.2}"),
     );
     let lost = many.get("lost_guards") + many.get("missing_keys") + many.get("lost_at_unlock");
     t.check(
