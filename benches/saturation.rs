@@ -3,7 +3,8 @@
 //! (spawned here, or the one at `REDIS_URL`).
 //!
 //! 8 processes × 4 threads loop lock -> (no hold) -> unlock for `REDMUTEX_SATURATION_SECS`
-//! seconds (default 4) per run, over 1,000 lock names (each iteration a random one: little
+//! seconds (default 3) per run, in `REDMUTEX_SATURATION_PASSES` passes (default 2) over
+//! all runs whose figures are summed, over 1,000 lock names (each iteration a random one: little
 //! contention) and over 1 name (all contention). Runs, back to back: 1,000 names with
 //! `Lock` and the naive lock; 1 name with `Lock`, `FairLock` and the naive lock. Each
 //! process has one redmutex `Client` (its threads share it), or one connection per thread
@@ -42,9 +43,13 @@ const KIND_ENV: &str = "REDMUTEX_SATURATION_KIND";
 const URL_ENV: &str = "REDMUTEX_SATURATION_URL";
 const PREFIX_ENV: &str = "REDMUTEX_SATURATION_PREFIX";
 const NAMES_ENV: &str = "REDMUTEX_SATURATION_NAMES";
-/// Seconds per run (a float); 4 unless set.
+/// Seconds per run (a float); 3 unless set.
 const SECS_ENV: &str = "REDMUTEX_SATURATION_SECS";
-const DEFAULT_SECS: f64 = 4.0;
+const DEFAULT_SECS: f64 = 3.0;
+/// Passes over all the runs, their figures summed per run: a slow phase of a shared
+/// machine then weighs on every kind alike. 2 unless set.
+const PASSES_ENV: &str = "REDMUTEX_SATURATION_PASSES";
+const DEFAULT_PASSES: f64 = 2.0;
 /// The naive lock's sleep after a failed SET NX, ms (a float); 1 unless set.
 const POLL_ENV: &str = "REDMUTEX_SATURATION_POLL_MS";
 const DEFAULT_POLL_MS: f64 = 1.0;
@@ -119,6 +124,16 @@ impl Run {
         format!("{} x{}", self.kind.name(), self.names)
     }
 
+    /// Another pass of the same run.
+    fn add(&mut self, other: &Run) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.wall_s += other.wall_s;
+        self.cost.add(&other.cost);
+        self.client_cpu_s += other.client_cpu_s;
+    }
+
     fn redis_cpu_s(&self) -> f64 {
         self.cost.cpu_us / 1e6
     }
@@ -130,6 +145,7 @@ impl Run {
 
 fn parent_main() {
     let secs = env_f64(SECS_ENV, DEFAULT_SECS);
+    let passes = env_f64(PASSES_ENV, DEFAULT_PASSES) as usize;
     let poll_ms = env_f64(POLL_ENV, DEFAULT_POLL_MS);
     let (url, server) = support::redis_url_or_spawn();
     let mut admin = connect(&url);
@@ -140,7 +156,7 @@ fn parent_main() {
     let started = Instant::now();
 
     let mut command = String::new();
-    for var in ["REDIS_URL", SECS_ENV, POLL_ENV] {
+    for var in ["REDIS_URL", SECS_ENV, PASSES_ENV, POLL_ENV] {
         if let Ok(v) = std::env::var(var) {
             let _ = write!(command, "{var}={v} ");
         }
@@ -154,7 +170,8 @@ fn parent_main() {
     let cpus = thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "redis {version} ({origin}), {cpus} CPUs; {PROCESSES} processes x {THREADS} threads, \
-         lock -> unlock (no hold), {secs} s per run; naive polls every {poll_ms} ms"
+         lock -> unlock (no hold), {secs} s per run, {passes} passes (figures summed); \
+         naive polls every {poll_ms} ms"
     );
 
     let plan = [
@@ -164,15 +181,22 @@ fn parent_main() {
         (Kind::Fair, 1),
         (Kind::Naive, 1),
     ];
-    let mut runs = Vec::new();
-    for (i, &(kind, names)) in plan.iter().enumerate() {
-        eprintln!(
-            "[{}/{}] {} over {names} name(s), {secs} s ...",
-            i + 1,
-            plan.len(),
-            kind.name()
-        );
-        runs.push(run(&url, kind, names, secs, &mut admin));
+    let mut runs: Vec<Run> = Vec::new();
+    for pass in 0..passes {
+        for (i, &(kind, names)) in plan.iter().enumerate() {
+            eprintln!(
+                "[pass {}/{passes}, {}/{}] {} over {names} name(s), {secs} s ...",
+                pass + 1,
+                i + 1,
+                plan.len(),
+                kind.name()
+            );
+            let r = run(&url, kind, names, secs, &mut admin);
+            match runs.get_mut(i) {
+                Some(sum) => sum.add(&r),
+                None => runs.push(r),
+            }
+        }
     }
     report(&runs, started.elapsed());
 }
@@ -438,6 +462,19 @@ fn report(runs: &[Run], elapsed: Duration) {
             col(&|r| f2(least_most(&r.counts))),
         );
         let _ = write!(out, "{}", t.render());
+        let busiest = these
+            .iter()
+            .map(|r| r.redis_cpu_s() / r.wall_s)
+            .fold(0.0, f64::max);
+        let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+        let _ = writeln!(
+            out,
+            "  Redis {} the bottleneck: at most {busiest:.2} of a core busy (it is single-threaded), \
+             with {cpus} CPUs shared by it, the {} client threads and whatever else runs here; \
+             acquisitions per Redis CPU s is the figure that holds either way",
+            if busiest >= 0.9 { "was" } else { "was NOT" },
+            PROCESSES * THREADS
+        );
         for r in &these {
             let _ = writeln!(
                 out,
