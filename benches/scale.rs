@@ -7,7 +7,7 @@
 //!    the guards, and idles for 6 renewal rounds. Reported: time to acquire them, renewal
 //!    round trips per round (requests the server read while only the watchdog ran, from
 //!    the start of a round to the end of the 6th: rounds are told apart by polling the
-//!    server's script calls every 20 ms, a round being calls with no 150 ms gap), Redis CPU
+//!    server's script calls every 20 ms, a round being calls with no gap of a sixth of the period), Redis CPU
 //!    per round, the watchdog thread's CPU per round (`/proc/self/task/<tid>/schedstat`
 //!    of the thread named "redmutex-watchdog"), client RSS per held lock (VmRSS growth
 //!    over the acquisitions / N: Lock handles dropped, guards kept, the client's tables
@@ -63,14 +63,13 @@ const WATCHDOG_ENV: &str = "REDMUTEX_SCALE_WATCHDOG_SECS";
 const DEFAULT_WATCHDOG_SECS: usize = 10;
 /// Two threads of the holding client take turns on one `FairLock` for this long, each
 /// release handing it to the other: before the many locks are taken and while they are
-/// held, so that a cost per handoff that grows with the locks held shows.
+/// held, so that a cost per handoff that grows with the locks held shows (the watchdog
+/// thread's CPU per acquisition: the median over 100 ms slices).
 const HOT: Duration = Duration::from_millis(1_500);
 /// Renewal rounds measured while idle: twice the lease, so a missed renewal loses leases.
 const IDLE_ROUNDS: usize = 6;
 /// How often the server's script calls are polled to tell renewal rounds apart.
 const POLL: Duration = Duration::from_millis(20);
-/// No script call for this long: a renewal round is over.
-const ROUND_GAP: Duration = Duration::from_millis(150);
 /// The watchdog batches up to this many leases per call (src/runtime/watchdog.rs).
 const RENEW_BATCH: usize = 500;
 /// Linux truncates thread names to 15 bytes.
@@ -321,7 +320,15 @@ fn child_hold(url: &str, prefix: &str) {
     // The handoffs while all are held, between two rounds (a round takes about a
     // second of the period's 3.3 s here).
     poller.end_of_round();
-    say_hot("full", hot(&client));
+    let calls_before = poller.script_calls();
+    let full = hot(&client);
+    // A renewal round that overlapped the hot run would show as many more script calls
+    // than the hot lock's own three or so per acquisition.
+    say(&format!(
+        "hot_full_calls_per_acq={}",
+        (poller.script_calls() - calls_before) as f64 / full.0.max(1) as f64
+    ));
+    say_hot("full", full);
     poller.last = poller.script_calls();
     poller.end_of_round();
     let rss_idle = rss_kib();
@@ -440,7 +447,7 @@ impl Poller {
                 self.last = calls;
                 seen = seen.or(Some(Instant::now()));
                 quiet_since = Instant::now();
-            } else if let Some(first) = seen.filter(|_| quiet_since.elapsed() >= ROUND_GAP) {
+            } else if let Some(first) = seen.filter(|_| quiet_since.elapsed() >= round_gap()) {
                 self.lengths.push((quiet_since - first).as_secs_f64() * 1e3);
                 return;
             }
@@ -448,35 +455,49 @@ impl Poller {
     }
 }
 
+/// No script call for this long: a renewal round is over. A sixth of the period: a round
+/// of 100,000 leases on a busy machine can pause for a few hundred ms.
+fn round_gap() -> Duration {
+    watchdog_timeout() / 18
+}
+
 fn watchdog_timeout() -> Duration {
     Duration::from_secs(env_usize(WATCHDOG_ENV, DEFAULT_WATCHDOG_SECS) as u64)
 }
 
 /// Two threads take turns on one `FairLock` for [`HOT`]: how many acquisitions, and the
-/// watchdog thread's CPU meanwhile (ns).
+/// watchdog thread's CPU meanwhile (ns), estimated from its median per acquisition over
+/// 100 ms slices, so that a renewal round overlapping part of the run (a few slices) does
+/// not count as the handoffs' cost.
 fn hot(client: &Client) -> (u64, u64) {
-    let cpu = watchdog_cpu_ns();
     let end = Instant::now() + HOT;
-    let n: u64 = thread::scope(|s| {
-        let threads: Vec<_> = (0..2)
-            .map(|_| {
-                s.spawn(|| {
-                    let lock = client.fair_lock("hot");
-                    let mut n = 0;
-                    while Instant::now() < end {
-                        lock.lock().expect("hot lock").unlock().expect("hot unlock");
-                        n += 1;
-                    }
-                    n
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("hot thread"))
-            .sum()
+    let count = std::sync::atomic::AtomicU64::new(0);
+    let mut per_acq = Vec::new();
+    thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let lock = client.fair_lock("hot");
+                while Instant::now() < end {
+                    lock.lock().expect("hot lock").unlock().expect("hot unlock");
+                    count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        let mut last = (watchdog_cpu_ns(), 0);
+        while Instant::now() < end {
+            thread::sleep(Duration::from_millis(100));
+            let now = (
+                watchdog_cpu_ns(),
+                count.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            if now.1 > last.1 {
+                per_acq.push((now.0 - last.0) as f64 / (now.1 - last.1) as f64);
+            }
+            last = now;
+        }
     });
-    (n, watchdog_cpu_ns() - cpu)
+    let n = count.into_inner();
+    (n, (median(&per_acq) * n as f64) as u64)
 }
 
 fn rss_kib() -> u64 {
@@ -931,10 +952,11 @@ fn report(many: &Many, queues: &[Queue], elapsed: Duration) {
         (
             "  watchdog thread CPU µs per acquisition",
             format!(
-                "{:.2} holding none, {:.2} holding {}",
+                "{:.3} holding none, {:.3} holding {} ({:.2} script calls per acquisition)",
                 many.get("hot_empty_cpu_us"),
                 many.get("hot_full_cpu_us"),
-                many.locks
+                many.locks,
+                many.get("hot_full_calls_per_acq")
             ),
         ),
     ];
