@@ -866,3 +866,58 @@ fn a_stopped_and_continued_process_keeps_its_waiters_places() {
         "grants out of queue order"
     );
 }
+
+/// A channel nobody waits on any more stays subscribed a while (a lock waited on again
+/// soon costs no SUBSCRIBE), then goes, each in its own time: the reader looks for such
+/// channels only when one may be due (not on every message), and must still find each.
+#[test]
+fn lingering_channels_go_each_in_its_own_time() {
+    const LINGER: Duration = Duration::from_secs(5);
+    // The reader looks at most every 0.5 s, and may be blocked on the socket for its 1 s
+    // read tick; a busy machine adds to that.
+    const LATE: Duration = Duration::from_millis(3_000);
+    let server = RedisServer::new();
+    let url = server.url();
+    let holder = client(&url, Duration::from_secs(30), Duration::from_secs(5));
+    let waiter = client(&url, Duration::from_secs(30), Duration::from_secs(5));
+    let subscribed = |name: &str| numsub(&server, &channel_of(name, &waiter)) > 0;
+    let wait_once = |name: &str| -> Instant {
+        let held = holder
+            .lock(name)
+            .lock_with_lease(Duration::from_secs(60))
+            .expect("hold");
+        let got = waiter
+            .lock(name)
+            .try_lock_for(Duration::from_millis(300))
+            .expect("wait");
+        assert!(got.is_none(), "the lock is held by the other client");
+        let idle = Instant::now();
+        assert!(subscribed(name), "the waiter subscribed while it waited");
+        held.unlock().expect("unlock");
+        idle
+    };
+    let gone_after = |name: &str, idle: Instant| -> Duration {
+        assert!(
+            support::wait_until(LINGER + LATE + Duration::from_secs(2), || !subscribed(name)),
+            "{name}'s channel never went"
+        );
+        idle.elapsed()
+    };
+
+    let a = wait_once("a");
+    thread::sleep(Duration::from_secs(3));
+    let b = wait_once("b");
+    let a_after = gone_after("a", a);
+    assert!(
+        subscribed("b"),
+        "b's channel went with a's, {a_after:?} after a's wait"
+    );
+    let b_after = gone_after("b", b);
+    for (name, after) in [("a", a_after), ("b", b_after)] {
+        assert!(
+            after >= LINGER - Duration::from_millis(300) && after <= LINGER + LATE,
+            "{name}'s channel went {after:?} after its wait; expected {LINGER:?} to {:?}",
+            LINGER + LATE
+        );
+    }
+}

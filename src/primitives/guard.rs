@@ -45,7 +45,7 @@ pub struct LockGuard<K: Kind = Plain> {
     inner: Arc<Inner>,
     keys: Arc<LockKeys>,
     token: u64,
-    holder: String,
+    holder: Arc<str>,
     lease: Lease,
     acquired: Instant,
     level: u64,
@@ -92,11 +92,12 @@ impl<K: Kind> LockGuard<K> {
         registration: Registration,
         fence: Option<u64>,
     ) -> LockGuard<K> {
+        debug_assert_eq!(*registration.holder, holder, "one holder id per thread");
         LockGuard {
             inner: lock.client.inner.clone(),
             keys: lock.keys.clone(),
             token,
-            holder,
+            holder: registration.holder,
             lease,
             acquired,
             level: registration.level,

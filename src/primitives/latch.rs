@@ -46,14 +46,15 @@ pub struct CountDownLatch {
 
 impl CountDownLatch {
     pub(crate) fn new(client: Client, keys: LockKeys) -> CountDownLatch {
-        let mut channel = keys.latch.clone();
+        let key = keys.latch();
+        let mut channel = key.clone();
         channel.extend_from_slice(b":opened");
         CountDownLatch {
             client,
-            name: keys.name,
-            key: keys.latch,
+            setter: keys.latch_setter(),
+            name: keys.name.to_vec(),
+            key,
             channel,
-            setter: keys.latch_setter,
         }
     }
 

@@ -374,7 +374,7 @@ impl<K: Kind> Lock<K> {
     pub(crate) fn force_unlock_cmd(&self) -> ScriptCall {
         let keys = &self.keys;
         // The call-id key last.
-        let mut call = queue::command_with(keys.ops.force_unlock, keys, &[&keys.forced]);
+        let mut call = queue::command_with(keys.ops.force_unlock, keys, &[&keys.forced()]);
         call.arg(keys.inbox.as_slice())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms())

@@ -284,7 +284,7 @@ impl Client {
             .key(sem.key.as_slice())
             .key(sem.queue.as_slice())
             .key(sem.permits.as_slice())
-            .key(lock.latch.as_slice());
+            .key(lock.latch().as_slice());
         let (l, r, m, latch): Reply = self.inner.run(|con| self.inner.eval(con, &call))?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
@@ -335,7 +335,7 @@ impl Client {
                 } else {
                     "foreign"
                 },
-                key: text(&lock.latch),
+                key: text(&lock.latch()),
                 holders: Vec::new(),
                 remaining_lease: lease(pttl),
                 waiters: Vec::new(),

@@ -35,33 +35,85 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// One of a lock's names: a byte string sized to fit, a third smaller than a `Vec` (every
+/// held lock keeps a dozen of them).
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub(crate) struct Name(Box<[u8]>);
+
+impl Name {
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<Vec<u8>> for Name {
+    fn from(v: Vec<u8>) -> Name {
+        Name(v.into_boxed_slice())
+    }
+}
+
+impl PartialEq<Vec<u8>> for Name {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        *self.0 == other[..]
+    }
+}
+
+impl PartialEq<&[u8]> for Name {
+    fn eq(&self, other: &&[u8]) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl<const N: usize> PartialEq<&[u8; N]> for Name {
+    fn eq(&self, other: &&[u8; N]) -> bool {
+        *self.0 == other[..]
+    }
+}
+
+impl PartialEq<[u8]> for Name {
+    fn eq(&self, other: &[u8]) -> bool {
+        *self.0 == *other
+    }
+}
+
 /// The Redis names of one lock (or other primitive), and the kind of it a handle is.
 pub(crate) struct LockKeys {
-    pub(crate) name: Vec<u8>,
-    pub(crate) key: Vec<u8>,
+    pub(crate) name: Name,
+    pub(crate) key: Name,
     /// The prefix of every client's channel for this lock: `<key>:to:`.
-    pub(crate) inbox: Vec<u8>,
+    pub(crate) inbox: Name,
     /// This client's channel: where the scripts tell its waiting threads their turn.
-    pub(crate) channel: Vec<u8>,
-    pub(crate) fence: Vec<u8>,
-    pub(crate) queue: Vec<u8>,
-    pub(crate) waiters: Vec<u8>,
-    /// The count-down latch of the same name (a different object).
-    pub(crate) latch: Vec<u8>,
-    /// The id of the call that last set the latch, so that a repeat of it recognizes it.
-    pub(crate) latch_setter: Vec<u8>,
-    /// The id of the call that last force-unlocked the lock, for the same reason.
-    pub(crate) forced: Vec<u8>,
+    pub(crate) channel: Name,
+    pub(crate) fence: Name,
+    pub(crate) queue: Name,
+    pub(crate) waiters: Name,
     /// The holds' own leases (read-write locks, semaphores); empty for a lock.
-    pub(crate) leases: Vec<u8>,
+    pub(crate) leases: Name,
     /// A semaphore's number of permits; empty for the others.
-    pub(crate) permits: Vec<u8>,
+    pub(crate) permits: Name,
     /// What this process files a thread's hold under: the key, marked apart for read
     /// holds, which a thread may have beside a write hold of the same lock.
-    pub(crate) hold: Vec<u8>,
+    pub(crate) hold: Name,
     /// For a write handle, the read holds' `hold`: a thread with one must not wait to write.
-    pub(crate) read_hold: Option<Vec<u8>>,
+    pub(crate) read_hold: Option<Name>,
     pub(crate) ops: &'static Ops,
+    // Where the prefix ends in `key`: the names rarely used are made from it on demand
+    // rather than kept (every held lock keeps its names: they are most of its memory).
+    prefix_len: usize,
 }
 
 impl std::fmt::Debug for LockKeys {
@@ -83,6 +135,25 @@ pub(crate) enum Object {
 }
 
 impl LockKeys {
+    /// The count-down latch of the same name (a different object).
+    pub(crate) fn latch(&self) -> Vec<u8> {
+        self.aux(b"latch")
+    }
+
+    /// The id of the call that last set the latch, so that a repeat of it recognizes it.
+    pub(crate) fn latch_setter(&self) -> Vec<u8> {
+        self.aux(b"setter")
+    }
+
+    /// The id of the call that last force-unlocked the lock, for the same reason.
+    pub(crate) fn forced(&self) -> Vec<u8> {
+        self.aux(b"forced")
+    }
+
+    fn aux(&self, kind: &[u8]) -> Vec<u8> {
+        aux_key(&self.key[..self.prefix_len], &self.key, kind)
+    }
+
     /// Each of the three forms a key can take starts differently right after the prefix
     /// (`{`, `~`, `#`), and each keeps the whole name, so distinct names never share a key.
     /// The prefix is known to hold no brace, so the first `{` after it opens the tag.
@@ -113,41 +184,37 @@ impl LockKeys {
             Object::ReadWrite => aux_key(prefix, &key, b"rw"),
             Object::Semaphore => aux_key(prefix, &key, b"sem"),
         };
-        let mut inbox = key.clone();
-        inbox.extend_from_slice(INBOX_SUFFIX);
-        let mut channel = inbox.clone();
-        channel.extend_from_slice(client_id.as_bytes());
+        let inbox = [&key[..], INBOX_SUFFIX].concat();
+        let channel = [&inbox[..], client_id.as_bytes()].concat();
         // Names that never reach Redis: the first byte tells read holds from the others.
         let read_hold = [&[b'r'][..], &key].concat();
         let is_read = ops.flags & 4 != 0;
         LockKeys {
-            fence: aux_key(prefix, &key, b"fence"),
-            queue: aux_key(prefix, &key, b"queue"),
-            waiters: aux_key(prefix, &key, b"waiters"),
-            latch: aux_key(prefix, &key, b"latch"),
-            latch_setter: aux_key(prefix, &key, b"setter"),
-            forced: aux_key(prefix, &key, b"forced"),
+            fence: aux_key(prefix, &key, b"fence").into(),
+            queue: aux_key(prefix, &key, b"queue").into(),
+            waiters: aux_key(prefix, &key, b"waiters").into(),
+            prefix_len: prefix.len(),
             leases: if ops.field_prefix.is_some() {
-                aux_key(prefix, &key, b"leases")
+                aux_key(prefix, &key, b"leases").into()
             } else {
-                Vec::new()
+                Name::default()
             },
             permits: if object == Object::Semaphore {
-                aux_key(prefix, &key, b"permits")
+                aux_key(prefix, &key, b"permits").into()
             } else {
-                Vec::new()
+                Name::default()
             },
             hold: if is_read {
-                read_hold.clone()
+                read_hold.clone().into()
             } else {
-                [&[b'x'][..], &key].concat()
+                [&[b'x'][..], &key].concat().into()
             },
-            read_hold: (object == Object::ReadWrite && !is_read).then_some(read_hold),
+            read_hold: (object == Object::ReadWrite && !is_read).then(|| read_hold.into()),
             ops,
-            name,
-            key,
-            inbox,
-            channel,
+            name: name.into(),
+            key: key.into(),
+            inbox: inbox.into(),
+            channel: channel.into(),
         }
     }
 }
@@ -196,7 +263,11 @@ pub(crate) fn object_of(prefix: &[u8], key: &[u8]) -> Option<(Object, bool, Vec<
         object,
         &crate::runtime::scripts::PLAIN,
     );
-    let expected = if latch { made.latch } else { made.key };
+    let expected = if latch {
+        made.latch()
+    } else {
+        made.key.to_vec()
+    };
     (expected == key && !name.is_empty()).then_some((object, latch, name))
 }
 
@@ -268,7 +339,13 @@ mod tests {
                     Some((object, false, name.clone()))
                 );
                 // (Channels are not keys: `SCAN` never shows them.)
-                for aux in [&k.queue, &k.fence, &k.waiters, &k.latch_setter, &k.forced] {
+                for aux in [
+                    &k.queue[..],
+                    &k.fence,
+                    &k.waiters,
+                    &k.latch_setter(),
+                    &k.forced(),
+                ] {
                     assert_eq!(
                         object_of(prefix, aux),
                         None,
@@ -278,7 +355,7 @@ mod tests {
                 }
                 if object == Object::Lock {
                     assert_eq!(
-                        object_of(prefix, &k.latch),
+                        object_of(prefix, &k.latch()),
                         Some((object, true, name.clone()))
                     );
                 }
@@ -321,8 +398,10 @@ mod tests {
         let names: [&[u8]; 9] = [
             b"a", b"{a}", b"~{a}", b"}a", b"#{0}a", b"a}", b"{a", b"", b"{}",
         ];
-        let keys: std::collections::HashSet<Vec<u8>> =
-            names.iter().map(|n| lock_keys(b"p:", n).key).collect();
+        let keys: std::collections::HashSet<Vec<u8>> = names
+            .iter()
+            .map(|n| lock_keys(b"p:", n).key.to_vec())
+            .collect();
         assert_eq!(keys.len(), names.len());
     }
 
@@ -372,12 +451,12 @@ mod tests {
             assert_eq!(lock_keys.len(), all.len(), "distinct names, distinct keys");
             for k in &all {
                 for aux in [
-                    &k.fence,
+                    &k.fence[..],
                     &k.queue,
                     &k.waiters,
-                    &k.latch,
-                    &k.latch_setter,
-                    &k.forced,
+                    &k.latch(),
+                    &k.latch_setter(),
+                    &k.forced(),
                     &k.leases,
                     &k.permits,
                 ] {
@@ -385,7 +464,7 @@ mod tests {
                         continue;
                     }
                     assert!(
-                        !lock_keys.contains(aux.as_slice()),
+                        !lock_keys.contains(aux),
                         "an auxiliary key of {:?} is a lock key",
                         String::from_utf8_lossy(&k.name)
                     );
@@ -449,12 +528,18 @@ mod tests {
                 for (object, ops) in objects {
                     let k = LockKeys::new(prefix.as_bytes(), name.clone(), "c1", object, ops);
                     for key in [
-                        &k.key, &k.fence, &k.queue, &k.waiters, &k.latch, &k.leases, &k.permits,
+                        &k.key[..],
+                        &k.fence,
+                        &k.queue,
+                        &k.waiters,
+                        &k.latch(),
+                        &k.leases,
+                        &k.permits,
                     ] {
                         if key.is_empty() {
                             continue;
                         }
-                        let was = owner.insert(key.clone(), prefix);
+                        let was = owner.insert(key.to_vec(), prefix);
                         assert!(
                             was.is_none_or(|was| was == *prefix),
                             "{:?} is a key of prefixes {was:?} and {prefix:?}",

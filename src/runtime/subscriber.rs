@@ -21,6 +21,9 @@ const HEALTH_CHECK_AFTER: Duration = Duration::from_secs(10);
 /// How long a channel nobody waits on stays subscribed: a busy lock is waited on again
 /// and again, and each resubscription would cost two commands.
 const LINGER: Duration = Duration::from_secs(5);
+/// Lingering channels are looked through at most this often: the reader looks for them
+/// once per message, and a client may have waited on thousands of locks.
+const IDLE_CHECK_GAP: Duration = Duration::from_millis(500);
 const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 /// Under Sentinel, how often the reader asks the sentinels which node is the primary: a
 /// failover that left our connection up (to a node now demoted, or cut off) would
@@ -49,6 +52,9 @@ struct State {
     // Channels the reader must still SUBSCRIBE in the current session.
     pending: Vec<Vec<u8>>,
     connected: bool,
+    // When a channel nobody waits on may have lingered long enough, if any may: until
+    // then `take_idle` has nothing to look for.
+    next_idle_check: Option<Instant>,
 }
 
 struct Entry {
@@ -176,13 +182,19 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut state = self.shared.state.lock();
+        let mut idle_since = None;
         if let Some(entry) = state.channels.get_mut(&self.channel) {
             if Arc::ptr_eq(&entry.waiters, &self.waiters) {
                 entry.refs -= 1;
                 if entry.refs == 0 {
-                    entry.idle_since = Some(Instant::now());
+                    idle_since = Some(Instant::now());
+                    entry.idle_since = idle_since;
                 }
             }
+        }
+        if let Some(since) = idle_since {
+            let due = since + LINGER;
+            state.next_idle_check = Some(state.next_idle_check.map_or(due, |at| at.min(due)));
         }
         drop(state);
         self.waiters.slots.lock().remove(&self.token);
@@ -471,18 +483,27 @@ impl Shared {
 
     fn take_idle(&self) -> Vec<Vec<u8>> {
         let mut state = self.state.lock();
+        let now = Instant::now();
+        if state.next_idle_check.is_none_or(|at| at > now) {
+            return Vec::new();
+        }
         let mut idle = Vec::new();
-        state
-            .channels
-            .retain(|channel, entry| match entry.idle_since {
-                Some(since) if entry.refs == 0 && since.elapsed() >= LINGER => {
-                    if entry.requested {
-                        idle.push(channel.clone());
-                    }
-                    false
-                }
-                _ => true,
-            });
+        let mut next: Option<Instant> = None;
+        state.channels.retain(|channel, entry| {
+            let Some(since) = entry.idle_since.filter(|_| entry.refs == 0) else {
+                return true;
+            };
+            if now.saturating_duration_since(since) < LINGER {
+                let due = since + LINGER;
+                next = Some(next.map_or(due, |at| at.min(due)));
+                return true;
+            }
+            if entry.requested {
+                idle.push(channel.clone());
+            }
+            false
+        });
+        state.next_idle_check = next.map(|at| at.max(now + IDLE_CHECK_GAP));
         if !idle.is_empty() {
             state.pending.retain(|c| !idle.contains(c));
         }

@@ -1,6 +1,8 @@
 //! The per-client table of held locks, and the one thread that renews their leases.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -95,6 +97,42 @@ impl Hold {
         0
     }
 
+    /// Adds this hold (thread `token`'s) to a renewal round's `watched` and marks it as
+    /// being renewed, if the round is for it: in a `full` round when it has a watchdog
+    /// level or a pending extension, otherwise when its extension is due by `now`.
+    fn watch(
+        &mut self,
+        token: u64,
+        full: bool,
+        now: Instant,
+        watchdog_ms: u64,
+        watched: &mut Vec<Watched>,
+    ) {
+        if self.lost.load(Ordering::SeqCst) {
+            // Its guards say it is lost: a renewal must not keep it going.
+            self.extend_at = None;
+            return;
+        }
+        let due = self.extend_at.is_some_and(|at| full || at <= now);
+        if due || (full && self.has_watchdog_level()) {
+            self.extend_at = None;
+            let extension = self.pickup_ends.is_some();
+            let lease_ms = self.need_ms(watchdog_ms, now);
+            if lease_ms == 0 {
+                return;
+            }
+            self.renewing = true;
+            watched.push(Watched {
+                keys: self.keys.clone(),
+                token,
+                holder: self.holder.clone(),
+                lost: self.lost.clone(),
+                lease_ms,
+                extension,
+            });
+        }
+    }
+
     fn has_watchdog_level(&self) -> bool {
         self.levels.iter().any(|l| l.lease == Lease::Watchdog)
     }
@@ -117,11 +155,142 @@ impl Hold {
 pub(crate) struct Registration {
     pub(crate) level: u64,
     pub(crate) lost: Arc<AtomicBool>,
+    /// The hold's holder id, shared by its guards rather than copied into each.
+    pub(crate) holder: Arc<str>,
 }
 
-type Holds = HashMap<Vec<u8>, HashMap<u64, Hold>>;
+// (Clippy takes the `Arc` in `HoldKey` for a key that may change; it hashes and compares
+// by `LockKeys::hold`, which never changes.)
+type Holds = HashMap<HoldKey, ByToken>;
+
+/// A lock's name in the table ([`LockKeys::hold`]), read from the keys its holds share
+/// with their guards rather than copied: the table keeps an entry per held lock.
+struct HoldKey(Arc<LockKeys>);
+
+impl Hash for HoldKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As the `[u8]` it is borrowed as hashes, so lookups by name find it.
+        self.0.hold.as_slice().hash(state);
+    }
+}
+
+impl PartialEq for HoldKey {
+    fn eq(&self, other: &HoldKey) -> bool {
+        self.0.hold == other.0.hold
+    }
+}
+
+impl Eq for HoldKey {}
+
+impl Borrow<[u8]> for HoldKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0.hold
+    }
+}
+
+/// Past this many threads holding one lock in this process, its holds are kept in a map.
+const FEW_HOLDERS: usize = 8;
+
+/// One lock's holds in this process, by thread token. Nearly always one (the readers of a
+/// read-write lock or a semaphore's permits are the exception), so a short list: a map
+/// of its own costs several hundred bytes per held lock at its smallest, and a client may
+/// hold 100,000 locks. Many holders switch it to a map, so that no operation on a lock
+/// read by many threads looks through all of them.
+enum ByToken {
+    Few(Vec<(u64, Hold)>),
+    // Boxed so that the common case stays three words: the table has one per held lock.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashMap<u64, Hold>>),
+}
+
+impl Default for ByToken {
+    fn default() -> ByToken {
+        ByToken::Few(Vec::with_capacity(1))
+    }
+}
+
+impl ByToken {
+    fn get(&self, token: &u64) -> Option<&Hold> {
+        match self {
+            ByToken::Few(v) => v.iter().find(|(t, _)| t == token).map(|(_, h)| h),
+            ByToken::Many(m) => m.get(token),
+        }
+    }
+
+    fn get_mut(&mut self, token: &u64) -> Option<&mut Hold> {
+        match self {
+            ByToken::Few(v) => v.iter_mut().find(|(t, _)| t == token).map(|(_, h)| h),
+            ByToken::Many(m) => m.get_mut(token),
+        }
+    }
+
+    /// `token`'s hold, made by `fresh` if there is none.
+    fn or_insert_with(&mut self, token: u64, fresh: impl FnOnce() -> Hold) -> &mut Hold {
+        if let ByToken::Few(v) = self {
+            if v.len() >= FEW_HOLDERS && !v.iter().any(|(t, _)| *t == token) {
+                *self = ByToken::Many(Box::new(std::mem::take(v).into_iter().collect()));
+            }
+        }
+        match self {
+            ByToken::Few(v) => {
+                let at = match v.iter().position(|(t, _)| *t == token) {
+                    Some(at) => at,
+                    None => {
+                        v.push((token, fresh()));
+                        v.len() - 1
+                    }
+                };
+                &mut v[at].1
+            }
+            ByToken::Many(m) => m.entry(token).or_insert_with(fresh),
+        }
+    }
+
+    fn remove(&mut self, token: &u64) -> Option<Hold> {
+        match self {
+            ByToken::Few(v) => {
+                let at = v.iter().position(|(t, _)| t == token)?;
+                Some(v.swap_remove(at).1)
+            }
+            ByToken::Many(m) => m.remove(token),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            ByToken::Few(v) => v.is_empty(),
+            ByToken::Many(m) => m.is_empty(),
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Hold> {
+        let (few, many) = match self {
+            ByToken::Few(v) => (Some(v), None),
+            ByToken::Many(m) => (None, Some(m)),
+        };
+        let few = few.into_iter().flatten().map(|(_, h)| h);
+        few.chain(many.into_iter().flat_map(|m| m.values()))
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (&u64, &mut Hold)> {
+        let (few, many) = match self {
+            ByToken::Few(v) => (Some(v), None),
+            ByToken::Many(m) => (None, Some(m)),
+        };
+        let few = few.into_iter().flatten().map(|(t, h)| (&*t, h));
+        few.chain(many.into_iter().flat_map(|m| m.iter_mut()))
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&u64, &mut Hold) -> bool) {
+        match self {
+            ByToken::Few(v) => v.retain_mut(|(t, h)| keep(t, h)),
+            ByToken::Many(m) => m.retain(|t, h| keep(t, h)),
+        }
+    }
+}
 
 /// The levels `token`'s hold of the lock `key` counts now (see [`Hold::live_levels`]).
+#[allow(clippy::mutable_key_type)]
 fn live_levels(holds: &Holds, key: &[u8], token: u64) -> usize {
     holds
         .get(key)
@@ -131,6 +300,7 @@ fn live_levels(holds: &Holds, key: &[u8], token: u64) -> usize {
 
 /// Takes `token`'s hold of the lock `key` out of the table, and the lock's entry with it
 /// once no thread holds it.
+#[allow(clippy::mutable_key_type)]
 fn remove_hold(holds: &mut Holds, key: &[u8], token: u64) -> Option<Hold> {
     let by_token = holds.get_mut(key)?;
     let hold = by_token.remove(&token);
@@ -159,8 +329,7 @@ struct Doubtful {
 
 /// A hold as the watchdog thread snapshots it for one renewal round.
 struct Watched {
-    // The hold's name in this process (`LockKeys::hold`), and its keys.
-    key: Vec<u8>,
+    // Its keys; `keys.hold` is its name in this process.
     keys: Arc<LockKeys>,
     token: u64,
     holder: Arc<str>,
@@ -191,7 +360,7 @@ impl Kick {
     fn again(mut self, watchdog: &Watchdog, tries_left: u8) {
         self.due = Instant::now() + KICK_AFTER;
         self.tries_left = tries_left;
-        let key = self.keys.key.clone();
+        let key = self.keys.key.to_vec();
         watchdog.kicks.lock().entry(key).or_insert(self);
     }
 }
@@ -199,6 +368,12 @@ impl Kick {
 pub(crate) struct Watchdog {
     // lock key -> thread token -> hold.
     holds: Mutex<Holds>,
+    // The holds that may have an extension pending (`Hold::extend_at`): a superset, pruned
+    // as it is read. A hint, so that finding the next extension due looks at these few
+    // rather than at every hold: it is looked for on every wake-up of the thread, about
+    // one per handoff under contention, and a client may hold 100,000 locks. Locked after
+    // `holds`.
+    extending: Mutex<HashSet<(HoldKey, u64)>>,
     // Signalled when a renewal round is over, for threads waiting on `Hold::renewing`.
     renewed: Condvar,
     next_level: AtomicU64,
@@ -221,6 +396,7 @@ impl Watchdog {
     pub(crate) fn new() -> Watchdog {
         Watchdog {
             holds: Mutex::new(HashMap::new()),
+            extending: Mutex::new(HashSet::new()),
             renewed: Condvar::new(),
             next_level: AtomicU64::new(1),
             thread: Mutex::new(None),
@@ -260,7 +436,7 @@ impl Watchdog {
     ) {
         self.waiting
             .lock()
-            .entry((keys.key.clone(), token))
+            .entry((keys.key.to_vec(), token))
             .or_insert_with(|| Waiting {
                 keys: keys.clone(),
                 holder: holder.to_owned(),
@@ -290,9 +466,9 @@ impl Watchdog {
     fn schedule_kick(&self, keys: &Arc<LockKeys>) {
         let due = Instant::now() + KICK_AFTER;
         let mut kicks = self.kicks.lock();
-        let fresh = !kicks.contains_key(&keys.key);
+        let fresh = !kicks.contains_key(keys.key.as_slice());
         kicks.insert(
-            keys.key.clone(),
+            keys.key.to_vec(),
             Kick {
                 keys: keys.clone(),
                 due,
@@ -309,11 +485,17 @@ impl Watchdog {
     fn next_due(&self) -> Option<Instant> {
         let kick = self.kicks.lock().values().map(|k| k.due).min();
         let holds = self.holds.lock();
-        let extend = holds
-            .values()
-            .flat_map(|by_token| by_token.values())
-            .filter_map(|hold| hold.extend_at)
-            .min();
+        let mut extend: Option<Instant> = None;
+        self.extending.lock().retain(|(key, token)| {
+            let at = holds
+                .get(key.0.hold.as_slice())
+                .and_then(|by_token| by_token.get(token))
+                .and_then(|hold| hold.extend_at);
+            if let Some(at) = at {
+                extend = Some(extend.map_or(at, |e| e.min(at)));
+            }
+            at.is_some()
+        });
         match (kick, extend) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -377,10 +559,10 @@ impl Watchdog {
         let mut holds = self.settled(key, token);
         let by_token = match holds.get_mut(key) {
             Some(by_token) => by_token,
-            None => holds.entry(key.to_vec()).or_default(),
+            None => holds.entry(HoldKey(keys.clone())).or_default(),
         };
         let fresh = || Hold {
-            levels: Vec::with_capacity(2),
+            levels: Vec::with_capacity(1),
             holder: Arc::from(holder),
             keys: keys.clone(),
             lost: Arc::new(AtomicBool::new(false)),
@@ -389,7 +571,7 @@ impl Watchdog {
             pickup_ends: None,
             valid_until: None,
         };
-        let hold = by_token.entry(token).or_insert_with(fresh);
+        let hold = by_token.or_insert_with(token, fresh);
         if count == 1 && !hold.levels.is_empty() {
             // Redis shows no earlier level of ours: the hold those guards belong to was
             // gone on the server (expired, force-unlocked, lost in a restart or failover),
@@ -423,10 +605,12 @@ impl Watchdog {
         if extend.is_some() {
             hold.extend_at = extend;
             hold.pickup_ends = Some(sent + PICKUP);
+            self.extending.lock().insert((HoldKey(keys.clone()), token));
         }
         let registration = Registration {
             level,
             lost: hold.lost.clone(),
+            holder: hold.holder.clone(),
         };
         drop(holds);
         if let Some(due) = extend {
@@ -645,34 +829,27 @@ impl Watchdog {
     fn watched(&self, full: bool, watchdog_ms: u64) -> Vec<Watched> {
         let now = Instant::now();
         let mut holds = self.holds.lock();
+        let mut extending = self.extending.lock();
         let mut watched = Vec::new();
-        for (key, by_token) in holds.iter_mut() {
-            for (&token, hold) in by_token.iter_mut() {
-                if hold.lost.load(Ordering::SeqCst) {
-                    // Its guards say it is lost: a renewal must not keep it going.
-                    hold.extend_at = None;
-                    continue;
-                }
-                let due = hold.extend_at.is_some_and(|at| full || at <= now);
-                if due || (full && hold.has_watchdog_level()) {
-                    hold.extend_at = None;
-                    let extension = hold.pickup_ends.is_some();
-                    let lease_ms = hold.need_ms(watchdog_ms, now);
-                    if lease_ms == 0 {
-                        continue;
-                    }
-                    hold.renewing = true;
-                    watched.push(Watched {
-                        key: key.clone(),
-                        keys: hold.keys.clone(),
-                        token,
-                        holder: hold.holder.clone(),
-                        lost: hold.lost.clone(),
-                        lease_ms,
-                        extension,
-                    });
+        if full {
+            for by_token in holds.values_mut() {
+                for (&token, hold) in by_token.iter_mut() {
+                    hold.watch(token, true, now, watchdog_ms, &mut watched);
                 }
             }
+            // Every pending extension was taken (or dropped, its hold lost).
+            extending.clear();
+        } else {
+            extending.retain(|(key, token)| {
+                let Some(hold) = holds
+                    .get_mut(key.0.hold.as_slice())
+                    .and_then(|by_token| by_token.get_mut(token))
+                else {
+                    return false;
+                };
+                hold.watch(*token, false, now, watchdog_ms, &mut watched);
+                hold.extend_at.is_some()
+            });
         }
         watched
     }
@@ -749,7 +926,10 @@ impl Watchdog {
             if lost.contains(&i) {
                 continue;
             }
-            let Some(hold) = holds.get_mut(&w.key).and_then(|h| h.get_mut(&w.token)) else {
+            let Some(hold) = holds
+                .get_mut(w.keys.hold.as_slice())
+                .and_then(|h| h.get_mut(&w.token))
+            else {
                 continue;
             };
             if Arc::ptr_eq(&hold.lost, &w.lost) {
@@ -765,7 +945,10 @@ impl Watchdog {
         let now = Instant::now();
         let mut holds = self.holds.lock();
         for w in batch.iter().filter(|w| w.extension) {
-            let Some(hold) = holds.get_mut(&w.key).and_then(|h| h.get_mut(&w.token)) else {
+            let Some(hold) = holds
+                .get_mut(w.keys.hold.as_slice())
+                .and_then(|h| h.get_mut(&w.token))
+            else {
                 continue;
             };
             if !Arc::ptr_eq(&hold.lost, &w.lost) {
@@ -775,6 +958,9 @@ impl Watchdog {
                 hold.pickup_ends = None;
             } else if hold.pickup_ends.is_some_and(|ends| ends > now) {
                 hold.extend_at = Some(now + EXTEND_RETRY);
+                self.extending
+                    .lock()
+                    .insert((HoldKey(w.keys.clone()), w.token));
             }
         }
     }
@@ -783,7 +969,10 @@ impl Watchdog {
     fn renewed(&self, batch: &[Watched]) {
         let mut holds = self.holds.lock();
         for w in batch {
-            if let Some(hold) = holds.get_mut(&w.key).and_then(|h| h.get_mut(&w.token)) {
+            if let Some(hold) = holds
+                .get_mut(w.keys.hold.as_slice())
+                .and_then(|h| h.get_mut(&w.token))
+            {
                 hold.renewing = false;
             }
         }
@@ -1084,7 +1273,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                         String::from_utf8_lossy(&w.keys.key)
                     );
                     w.lost.store(true, Ordering::SeqCst);
-                    inner.watchdog.forget_lost(&w.key, &w.lost);
+                    inner.watchdog.forget_lost(&w.keys.hold, &w.lost);
                 }
                 for j in gone {
                     // Dropped from the queue (taken for dead while this client was
@@ -1133,5 +1322,172 @@ struct Round<'a> {
 impl Drop for Round<'_> {
     fn drop(&mut self) {
         self.watchdog.renewed(&self.watched);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::keys::Object;
+
+    fn hold(keys: &Arc<LockKeys>, level: u64) -> Hold {
+        Hold {
+            levels: vec![Level {
+                id: level,
+                lease: Lease::Watchdog,
+                ends: None,
+            }],
+            holder: Arc::from("c:1"),
+            keys: keys.clone(),
+            lost: Arc::new(AtomicBool::new(false)),
+            renewing: false,
+            extend_at: None,
+            pickup_ends: None,
+            valid_until: None,
+        }
+    }
+
+    /// Many threads of one process holding one lock (readers) move the holds from the short
+    /// list to a map; every operation finds the same holds either way.
+    #[test]
+    fn the_holds_of_one_lock_are_found_in_the_list_and_in_the_map() {
+        let keys = Arc::new(LockKeys::new(
+            b"p:",
+            b"n".to_vec(),
+            "c",
+            Object::Lock,
+            &scripts::PLAIN,
+        ));
+        let mut by_token = ByToken::default();
+        let n = 3 * FEW_HOLDERS as u64;
+        for token in 0..n {
+            assert!(matches!(by_token, ByToken::Few(_)) == (token <= FEW_HOLDERS as u64));
+            by_token.or_insert_with(token, || hold(&keys, 100 + token));
+            // Asking again for a token held gives that hold, not a new one.
+            let again = by_token.or_insert_with(token, || hold(&keys, 0));
+            assert_eq!(again.levels[0].id, 100 + token);
+        }
+        assert!(matches!(by_token, ByToken::Many(_)));
+        assert_eq!(by_token.values().count(), n as usize);
+        for token in 0..n {
+            assert_eq!(
+                by_token.get(&token).map(|h| h.levels[0].id),
+                Some(100 + token)
+            );
+        }
+        for (token, h) in by_token.iter_mut() {
+            assert_eq!(h.levels[0].id, 100 + token);
+            h.renewing = true;
+        }
+        assert!(by_token.values().all(|h| h.renewing));
+        by_token.retain(|token, _| token % 2 == 0);
+        assert_eq!(by_token.values().count(), (n / 2) as usize);
+        assert!(by_token.get(&1).is_none() && by_token.get(&2).is_some());
+        for token in (0..n).step_by(2) {
+            assert_eq!(
+                by_token.remove(&token).map(|h| h.levels[0].id),
+                Some(100 + token)
+            );
+            assert!(by_token.remove(&token).is_none());
+        }
+        assert!(by_token.is_empty());
+
+        let mut few = ByToken::default();
+        few.or_insert_with(7, || hold(&keys, 1));
+        few.or_insert_with(8, || hold(&keys, 2));
+        assert!(matches!(few, ByToken::Few(_)));
+        assert_eq!(few.get_mut(&8).map(|h| h.levels[0].id), Some(2));
+        assert_eq!(few.remove(&7).map(|h| h.levels[0].id), Some(1));
+        assert_eq!(few.values().count(), 1);
+        few.retain(|_, _| false);
+        assert!(few.is_empty());
+    }
+
+    /// The table is keyed by the hold's keys and looked up by name.
+    #[test]
+    #[allow(clippy::mutable_key_type)]
+    fn a_hold_key_is_found_by_its_name() {
+        let keys = Arc::new(LockKeys::new(
+            b"p:",
+            b"n".to_vec(),
+            "c",
+            Object::Lock,
+            &scripts::PLAIN,
+        ));
+        let mut holds = Holds::new();
+        holds
+            .entry(HoldKey(keys.clone()))
+            .or_default()
+            .or_insert_with(1, || hold(&keys, 1));
+        assert!(holds.contains_key(keys.hold.as_slice()));
+        assert!(!holds.contains_key(&b"xp:{other}"[..]));
+        assert_eq!(
+            remove_hold(&mut holds, &keys.hold, 1).map(|h| h.levels[0].id),
+            Some(1)
+        );
+        assert!(holds.is_empty());
+    }
+
+    fn keys_of(name: &str) -> Arc<LockKeys> {
+        Arc::new(LockKeys::new(
+            b"p:",
+            name.as_bytes().to_vec(),
+            "c",
+            Object::Lock,
+            &scripts::PLAIN,
+        ))
+    }
+
+    /// Pending extensions are found through their own index, not by walking every hold:
+    /// the earliest due, only the due ones in a partial round, none once their holds are
+    /// gone, and every one in a full round.
+    #[test]
+    fn pending_extensions_are_found_without_walking_every_hold() {
+        let watchdog = Watchdog::new();
+        let now = Instant::now();
+        let watchdog_lease = (Lease::Watchdog, 30_000);
+        let plain = keys_of("plain");
+        let past = keys_of("due");
+        let later = keys_of("later");
+        for i in 0..1_000 {
+            // Holds with nothing pending: what a client holding many locks has most of.
+            let keys = keys_of(&format!("idle{i}"));
+            watchdog.acquired(&keys, 1, "c:1", 1, watchdog_lease, (now, false));
+        }
+        watchdog.acquired(&plain, 1, "c:1", 1, watchdog_lease, (now, false));
+        assert_eq!(watchdog.next_due(), None);
+        assert!(watchdog.extending.lock().is_empty());
+
+        // Handed over: extended a third of the way into the pickup window.
+        let sent = now.checked_sub(PICKUP).expect("an instant a second ago");
+        watchdog.acquired(&past, 2, "c:2", 1, watchdog_lease, (sent, true));
+        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true));
+        assert_eq!(watchdog.extending.lock().len(), 2);
+        assert_eq!(watchdog.next_due(), Some(sent + PICKUP / 3));
+
+        let round = watchdog.watched(false, 30_000);
+        let names: Vec<&[u8]> = round.iter().map(|w| w.keys.key.as_slice()).collect();
+        assert_eq!(names, [past.key.as_slice()], "only the extension due");
+        assert!(round[0].extension);
+        watchdog.renewed(&round);
+        assert_eq!(watchdog.next_due(), Some(now + PICKUP / 3));
+
+        // Released before its extension: its entry goes with it.
+        assert!(watchdog
+            .releasing(&later.hold, 3, r.level, 30_000)
+            .is_some());
+        assert_eq!(watchdog.next_due(), None);
+        assert!(watchdog.extending.lock().is_empty());
+
+        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true));
+        let round = watchdog.watched(true, 30_000);
+        assert_eq!(round.len(), 1_000 + 3, "a full round renews every hold");
+        assert!(round.iter().any(|w| w.keys.key == later.key && w.extension));
+        watchdog.renewed(&round);
+        assert!(watchdog.extending.lock().is_empty());
+        assert_eq!(watchdog.next_due(), None);
+        assert!(watchdog
+            .releasing(&later.hold, 3, r.level, 30_000)
+            .is_some());
     }
 }
