@@ -734,7 +734,67 @@ const PAIRS_PER_CHUNK: usize = 1_000;
 struct PairCost {
     redmutex: common::ServerCost,
     naive: common::ServerCost,
+    hash: common::ServerCost,
     pairs: u64,
+}
+
+/// The floor of the design itself: the least a reentrant lock kept in a hash by Lua
+/// scripts can run (take: EXISTS, HINCRBY, PEXPIRE; give back: HEXISTS, HINCRBY, DEL,
+/// PUBLISH to wake waiters), no queue, no fencing, no fairness, as EVALSHA calls.
+struct HashLock {
+    take: redis::Script,
+    give: redis::Script,
+}
+
+impl HashLock {
+    fn new() -> HashLock {
+        HashLock {
+            take: redis::Script::new(
+                r#"
+if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+    redis.call('hincrby', KEYS[1], ARGV[2], 1)
+    redis.call('pexpire', KEYS[1], ARGV[1])
+    return nil
+end
+return redis.call('pttl', KEYS[1])
+"#,
+            ),
+            give: redis::Script::new(
+                r#"
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    return nil
+end
+if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return 0
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], 'free')
+return 1
+"#,
+            ),
+        }
+    }
+
+    fn pair(&self, con: &mut redis::Connection, key: &str, channel: &str) {
+        let taken: Option<i64> = self
+            .take
+            .key(key)
+            .arg(NAIVE_LEASE_MS)
+            .arg("holder:1")
+            .invoke(con)
+            .expect("hash lock take");
+        assert!(taken.is_none(), "the uncontended hash lock was taken");
+        let given: Option<i64> = self
+            .give
+            .key(key)
+            .key(channel)
+            .arg("holder:1")
+            .arg(NAIVE_LEASE_MS)
+            .invoke(con)
+            .expect("hash lock give");
+        assert_eq!(given, Some(1), "the hash lock was not ours any more");
+    }
 }
 
 impl PairCost {
@@ -744,10 +804,15 @@ impl PairCost {
             "\nserver cost of an uncontended pair ({n} per kind, in {PAIR_CHUNKS} alternating \
              chunks; INFO snapshots):\n"
         );
-        let mut grid = common::Grid::new(&["", "Lock lock()+unlock()", "naive SET NX PX + CAD"]);
+        let mut grid = common::Grid::new(&[
+            "",
+            "Lock lock()+unlock()",
+            "naive SET NX PX + CAD",
+            "floor: minimal hash lock",
+        ]);
         common::server_cost_rows(
             &mut grid,
-            &[(&self.redmutex, n), (&self.naive, n)],
+            &[(&self.redmutex, n), (&self.naive, n), (&self.hash, n)],
             Some((&self.naive, n)),
         );
         out.push_str(&grid.render());
@@ -761,6 +826,13 @@ impl PairCost {
             "  naive executed per pair: {}",
             self.naive.breakdown(n)
         );
+        let _ = writeln!(
+            out,
+            "  floor executed per pair: {} (a reentrant hash lock's least: two EVALSHAs of \
+             EXISTS+HINCRBY+PEXPIRE and HEXISTS+HINCRBY+DEL+PUBLISH; Lock / floor = {:.2}x)",
+            self.hash.breakdown(n),
+            self.redmutex.cpu_per(n) / self.hash.cpu_per(n)
+        );
         let mut t = common::Targets::default();
         let (cpu, floor) = (self.redmutex.cpu_per(n), self.naive.cpu_per(n));
         t.check(
@@ -768,7 +840,10 @@ impl PairCost {
             common::f1(cpu),
             &format!("<= {:.1}", 1.1 * floor),
             cpu <= 1.1 * floor,
-            &format!("1.1 x naive's {floor:.1} (issue 18)"),
+            &format!(
+                "1.1 x naive's {floor:.1} (issue 18); design floor (minimal hash lock) {:.1}",
+                self.hash.cpu_per(n)
+            ),
         );
         out.push_str(&t.render());
         out
@@ -792,14 +867,21 @@ fn pair_server_cost(url: &str, admin: &mut Admin) -> PairCost {
         naive.unlock(con, &key, token);
     };
     let redmutex_pair = || lock.lock().expect("lock").unlock().expect("unlock");
+    let hash = HashLock::new();
+    let (hash_key, hash_channel) = (
+        format!("{prefix}{{hash-pair}}"),
+        format!("{prefix}{{hash-pair}}:c"),
+    );
     // Warm up: scripts loaded, connections open, outside the measured chunks.
     for _ in 0..WARMUP_OPS {
         redmutex_pair();
         naive_pair(&mut con);
+        hash.pair(&mut con, &hash_key, &hash_channel);
     }
     let mut out = PairCost {
         redmutex: common::ServerCost::default(),
         naive: common::ServerCost::default(),
+        hash: common::ServerCost::default(),
         pairs: (PAIR_CHUNKS * PAIRS_PER_CHUNK) as u64,
     };
     for _ in 0..PAIR_CHUNKS {
@@ -811,6 +893,10 @@ fn pair_server_cost(url: &str, admin: &mut Admin) -> PairCost {
             (0..PAIRS_PER_CHUNK).for_each(|_| naive_pair(&mut con))
         });
         out.naive.add(&cost);
+        let (cost, ()) = common::ServerCost::measure(&mut admin.con, || {
+            (0..PAIRS_PER_CHUNK).for_each(|_| hash.pair(&mut con, &hash_key, &hash_channel))
+        });
+        out.hash.add(&cost);
     }
     out
 }

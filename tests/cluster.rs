@@ -763,3 +763,61 @@ fn held_locks_in_one_slot_are_renewed_in_one_call_per_round() {
         g.unlock().unwrap();
     }
 }
+
+/// Issue 18 (the function library): a node that never ran a script lacks the library.
+/// A call sent there by an ASK redirection (its slot half-way through a migration, every
+/// key of the lock already moved) must find it loaded, not fail with "Function not found"
+/// because the library went to the node that still owns the slot in the client's map
+/// (seen in the resharding test under load).
+#[test]
+fn a_call_redirected_to_a_node_without_the_library_gets_it_loaded() {
+    let cluster = Cluster::new(3, 0);
+    let (warm, fresh, slot) = two_names_in_one_slot();
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let client = cluster_client(&cluster);
+    // The library reaches `from` (and only the nodes this client called).
+    client.lock(&warm).lock().unwrap().unlock().unwrap();
+    let mut con = cluster.node(to).connection();
+    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut con).unwrap();
+    let migration = cluster.begin_migration(slot, from, to);
+    // Every key of `fresh` already on `to` (held by someone else, one waiter queued):
+    // `from` answers ASK, and `to` runs the call.
+    let tag = format!("{{{fresh}}}");
+    let mut pipe = redis::pipe();
+    for cmd in [
+        redis::cmd("HSET")
+            .arg(format!("redmutex:{tag}"))
+            .arg("other:1")
+            .arg(1)
+            .clone(),
+        redis::cmd("PEXPIRE")
+            .arg(format!("redmutex:{tag}"))
+            .arg(30_000)
+            .clone(),
+        redis::cmd("SET")
+            .arg(format!("redmutex:!fence:{tag}"))
+            .arg(7)
+            .clone(),
+        redis::cmd("RPUSH")
+            .arg(format!("redmutex:!queue:{tag}"))
+            .arg("gone:1")
+            .clone(),
+        redis::cmd("HSET")
+            .arg(format!("redmutex:!waiters:{tag}"))
+            .arg("x")
+            .arg("1")
+            .clone(),
+    ] {
+        pipe.cmd("ASKING").ignore().add_command(cmd).ignore();
+    }
+    let _: () = pipe.query(&mut con).unwrap();
+    let tried = client.lock(&fresh).try_lock();
+    migration.finish();
+    assert!(
+        tried
+            .expect("try_lock on a node without the library")
+            .is_none(),
+        "a lock held by someone else was granted"
+    );
+}

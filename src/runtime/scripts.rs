@@ -352,8 +352,7 @@ impl Scripting {
         }
         recovered.loaded = true;
         if self.uses_functions() {
-            let key = calls.iter().find_map(|c| c.keys.first());
-            match load_library(con, key.map(Vec::as_slice)) {
+            match load_library(con) {
                 Err(e) if is_functions_refused(&e) && !recovered.fallen_back => {
                     self.fall_back(&e);
                     recovered.fallen_back = true;
@@ -384,24 +383,22 @@ impl Scripting {
     }
 }
 
-/// Loads the library on the server `con` reaches (on a cluster, the node of `key`), where
-/// it may well be already: another client loaded it meanwhile.
-fn load_library(con: &mut Con, key: Option<&[u8]>) -> RedisResult<()> {
+/// Loads the library on the server `con` reaches, where it may well be already: another
+/// client loaded it meanwhile. On a cluster it goes to every primary (replacing the same
+/// text where it is): a call may reach a node other than its slot's owner in the client's
+/// map (an ASK redirection during a migration, a node just added), and that node must
+/// have it too.
+fn load_library(con: &mut Con) -> RedisResult<()> {
     let mut load = redis::cmd("FUNCTION");
-    load.arg("LOAD").arg(library().text.as_str());
-    let loaded = match (con, key) {
-        (Con::Cluster(c), Some(key)) => {
-            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-            let route = Route::with_key(key, SlotAddr::Master);
-            c.route_command(
-                &load,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-            )
-            .map(drop)
-        }
-        (con, _) => load.query::<()>(con as &mut dyn ConnectionLike),
-    };
-    match loaded {
+    load.arg("LOAD");
+    if matches!(con, Con::Cluster(_)) {
+        // Every primary must answer OK: one that has the library would refuse a plain
+        // LOAD. The library's name carries the hash of its text, so REPLACE swaps in the
+        // very same functions.
+        load.arg("REPLACE");
+    }
+    load.arg(library().text.as_str());
+    match load.query::<()>(con as &mut dyn ConnectionLike) {
         Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => Ok(()),
         loaded => loaded,
     }
