@@ -738,65 +738,6 @@ struct PairCost {
     pairs: u64,
 }
 
-/// The floor of the design itself: the least a reentrant lock kept in a hash by Lua
-/// scripts can run (take: EXISTS, HINCRBY, PEXPIRE; give back: HEXISTS, HINCRBY, DEL,
-/// PUBLISH to wake waiters), no queue, no fencing, no fairness, as EVALSHA calls.
-struct HashLock {
-    take: redis::Script,
-    give: redis::Script,
-}
-
-impl HashLock {
-    fn new() -> HashLock {
-        HashLock {
-            take: redis::Script::new(
-                r#"
-if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-    redis.call('hincrby', KEYS[1], ARGV[2], 1)
-    redis.call('pexpire', KEYS[1], ARGV[1])
-    return nil
-end
-return redis.call('pttl', KEYS[1])
-"#,
-            ),
-            give: redis::Script::new(
-                r#"
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-    return nil
-end
-if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
-    redis.call('pexpire', KEYS[1], ARGV[2])
-    return 0
-end
-redis.call('del', KEYS[1])
-redis.call('publish', KEYS[2], 'free')
-return 1
-"#,
-            ),
-        }
-    }
-
-    fn pair(&self, con: &mut redis::Connection, key: &str, channel: &str) {
-        let taken: Option<i64> = self
-            .take
-            .key(key)
-            .arg(NAIVE_LEASE_MS)
-            .arg("holder:1")
-            .invoke(con)
-            .expect("hash lock take");
-        assert!(taken.is_none(), "the uncontended hash lock was taken");
-        let given: Option<i64> = self
-            .give
-            .key(key)
-            .key(channel)
-            .arg("holder:1")
-            .arg(NAIVE_LEASE_MS)
-            .invoke(con)
-            .expect("hash lock give");
-        assert_eq!(given, Some(1), "the hash lock was not ours any more");
-    }
-}
-
 impl PairCost {
     fn render(&self) -> String {
         let n = self.pairs;
@@ -867,7 +808,7 @@ fn pair_server_cost(url: &str, admin: &mut Admin) -> PairCost {
         naive.unlock(con, &key, token);
     };
     let redmutex_pair = || lock.lock().expect("lock").unlock().expect("unlock");
-    let hash = HashLock::new();
+    let hash = common::HashLock::new();
     let (hash_key, hash_channel) = (
         format!("{prefix}{{hash-pair}}"),
         format!("{prefix}{{hash-pair}}:c"),
