@@ -138,15 +138,15 @@ impl<K: Kind> LockGuard<K> {
             return true;
         }
         let watchdog = &self.inner.watchdog;
-        if watchdog.pickup_lapsed(&self.keys.hold, self.token, &self.lost) {
+        if watchdog.pickup_lapsed(self.keys.hold(), self.token, &self.lost) {
             return true;
         }
         match self.lease {
             Lease::Fixed(ms) => {
                 self.acquired.elapsed() >= Duration::from_millis(ms)
-                    && watchdog.lease_over(&self.keys.hold, self.token, &self.lost)
+                    && watchdog.lease_over(self.keys.hold(), self.token, &self.lost)
             }
-            Lease::Watchdog => watchdog.lease_expired(&self.keys.hold, self.token, &self.lost),
+            Lease::Watchdog => watchdog.lease_expired(self.keys.hold(), self.token, &self.lost),
         }
     }
 
@@ -160,7 +160,7 @@ impl<K: Kind> LockGuard<K> {
         let reply = inner.run(|con| {
             let (left, served): (i64, i64) = inner.eval(con, &held.cmd)?;
             let shortfall = if left >= 0 {
-                inner.await_replicas(con, &keys.key)?
+                inner.await_replicas(con, keys.key())?
             } else {
                 None
             };
@@ -186,7 +186,7 @@ impl<K: Kind> LockGuard<K> {
         let Some((need, held)) =
             inner
                 .watchdog
-                .releasing(&keys.hold, self.token, self.level, watchdog_ms)
+                .releasing(keys.hold(), self.token, self.level, watchdog_ms)
         else {
             // The hold this guard belonged to is over (lost, or replaced by a newer
             // acquisition of this thread): releasing in Redis would take a level from
@@ -224,7 +224,7 @@ impl<K: Kind> LockGuard<K> {
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were
             // over (or the count was off); their guards must not look held.
-            inner.watchdog.hold_ended(&keys.hold, &self.lost);
+            inner.watchdog.hold_ended(keys.hold(), &self.lost);
         }
         shortfall.map_or(Ok(()), Err)
     }
@@ -255,7 +255,7 @@ impl<K: Kind> Drop for LockGuard<K> {
             if let Err(e) = self.release() {
                 log::warn!(
                     "redmutex: releasing lock {:?} on drop failed: {e}",
-                    String::from_utf8_lossy(&self.keys.name)
+                    String::from_utf8_lossy(self.keys.name())
                 );
             }
         }
@@ -266,7 +266,7 @@ impl<K: Kind> fmt::Debug for LockGuard<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("kind", &K::NAME)
-            .field("lock", &String::from_utf8_lossy(&self.keys.name))
+            .field("lock", &String::from_utf8_lossy(self.keys.name()))
             .field("holder", &self.holder)
             .field("lease", &self.lease)
             .field("lease_lost", &self.is_lease_lost())

@@ -52,7 +52,7 @@ impl CountDownLatch {
         CountDownLatch {
             client,
             setter: keys.latch_setter(),
-            name: keys.name.to_vec(),
+            name: keys.name().to_vec(),
             key,
             channel,
         }

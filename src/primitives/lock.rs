@@ -279,7 +279,7 @@ impl<K: Kind> Lock<K> {
     /// Whether any thread of any client holds the lock right now.
     pub fn is_locked(&self) -> Result<bool, Error> {
         self.check_name()?;
-        let key = self.keys.key.as_slice();
+        let key = self.keys.key();
         self.client
             .inner
             .run(|con| redis::cmd("EXISTS").arg(key).query(con))
@@ -304,17 +304,13 @@ impl<K: Kind> Lock<K> {
         let inner = &self.client.inner;
         inner.check_process()?;
         let keys = &self.keys;
-        if !inner.watchdog.holds_locally(&keys.hold, thread_token()) {
+        if !inner.watchdog.holds_locally(keys.hold(), thread_token()) {
             return Ok(0);
         }
         let field = keys.ops.field(&self.holder());
-        if keys.leases.is_empty() {
-            let count: Option<u32> = inner.run(|con| {
-                redis::cmd("HGET")
-                    .arg(keys.key.as_slice())
-                    .arg(&field)
-                    .query(con)
-            })?;
+        if !keys.has_leases() {
+            let count: Option<u32> =
+                inner.run(|con| redis::cmd("HGET").arg(keys.key()).arg(&field).query(con))?;
             return Ok(count.unwrap_or(0));
         }
         // A hold with a lease of its own counts until that lease ends, even before the
@@ -323,10 +319,10 @@ impl<K: Kind> Lock<K> {
             inner.run(|con| {
                 redis::pipe()
                     .cmd("HGET")
-                    .arg(keys.key.as_slice())
+                    .arg(keys.key())
                     .arg(&field)
                     .cmd("ZSCORE")
-                    .arg(keys.leases.as_slice())
+                    .arg(keys.leases().as_slice())
                     .arg(&field)
                     .cmd("TIME")
                     .query(con)
@@ -343,7 +339,7 @@ impl<K: Kind> Lock<K> {
     /// (`Some(Duration::MAX)` if the key somehow has no expiry.)
     pub fn remaining_lease(&self) -> Result<Option<Duration>, Error> {
         self.check_name()?;
-        let key = self.keys.key.as_slice();
+        let key = self.keys.key();
         let pttl: i64 = self
             .client
             .inner
@@ -375,7 +371,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         // The call-id key last.
         let mut call = queue::command_with(keys.ops.force_unlock, keys, &[&keys.forced()]);
-        call.arg(keys.inbox.as_slice())
+        call.arg(keys.inbox())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms())
             .arg(self.client.inner.call_id())
@@ -385,7 +381,7 @@ impl<K: Kind> Lock<K> {
 
     /// The name the lock was made with.
     pub fn name(&self) -> &[u8] {
-        &self.keys.name
+        self.keys.name()
     }
 
     fn holder(&self) -> String {
@@ -393,7 +389,7 @@ impl<K: Kind> Lock<K> {
     }
 
     pub(crate) fn check_name(&self) -> Result<(), Error> {
-        if self.keys.name.is_empty() {
+        if self.keys.name().is_empty() {
             return Err(Error::InvalidName("lock names must not be empty"));
         }
         Ok(())
@@ -416,14 +412,14 @@ impl<K: Kind> Lock<K> {
         } else {
             thread_token()
         };
-        if let Some(read_hold) = &keys.read_hold {
+        if let Some(read_hold) = keys.read_hold() {
             // Reading without writing: asking to write would wait for itself. (A writer
             // that also reads, mid-downgrade, may re-enter the write side.)
-            if !inner.watchdog.holds_locally(&keys.hold, token) {
-                if inner.watchdog.holds_locally(read_hold, token) {
+            if !inner.watchdog.holds_locally(keys.hold(), token) {
+                if inner.watchdog.holds_locally(&read_hold, token) {
                     return Err(Error::WouldDeadlock);
                 }
-                if inner.watchdog.forget_over(read_hold, token) {
+                if inner.watchdog.forget_over(&read_hold, token) {
                     // A read hold whose lease ran out here may live a moment longer on the
                     // server (its lease counts from when Redis ran the acquire), where it
                     // would refuse this write: it is given back first.
@@ -439,7 +435,7 @@ impl<K: Kind> Lock<K> {
         // A thread that holds the lock re-enters at once (the scripts grant a re-entry
         // whoever waits): it never queues, so that leaving the call can never give up a
         // level it holds.
-        let reentry = inner.watchdog.holds_locally(&keys.hold, token);
+        let reentry = inner.watchdog.holds_locally(keys.hold(), token);
         let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
         let mut wait = Wait {
             lock: self,
@@ -460,7 +456,7 @@ impl<K: Kind> Lock<K> {
             sub: if once {
                 None
             } else {
-                inner.subscriber.rejoin(&self.keys.channel, token)
+                inner.subscriber.rejoin(self.keys.channel(), token)
             },
         };
         wait.run()
@@ -478,7 +474,7 @@ impl<K: Kind> Lock<K> {
             .arg(0)
             .arg(0)
             .arg(0)
-            .arg(keys.inbox.as_slice())
+            .arg(keys.inbox())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms())
             .arg(read.flags);
@@ -505,7 +501,7 @@ impl<K: Kind> Lock<K> {
     ) -> Result<Result<Grant, i64>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
-        let held = inner.watchdog.begin_attempt(&keys.hold, token, until)?;
+        let held = inner.watchdog.begin_attempt(keys.hold(), token, until)?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join);
         let outcome = inner.run_until(until, |con| {
             let reply: Vec<i64> = inner.eval(con, &call)?;
@@ -515,7 +511,7 @@ impl<K: Kind> Lock<K> {
             };
             let need = || {
                 let watchdog_ms = millis(inner.config.watchdog_timeout);
-                inner.watchdog.need_ms(&keys.hold, token, watchdog_ms)
+                inner.watchdog.need_ms(keys.hold(), token, watchdog_ms)
             };
             Ok(
                 match self.replicated(con, holder, need, grant.count as usize)? {
@@ -544,7 +540,7 @@ impl<K: Kind> Lock<K> {
         let queued = joined && matches!(outcome, Ok(Err(_)));
         inner
             .watchdog
-            .end_attempt(&keys.hold, token, granted, queued);
+            .end_attempt(keys.hold(), token, granted, queued);
         if let Err(e) = &outcome {
             if e.outcome_unknown() {
                 // Redis may have run the script, or may still: a level nobody holds, or a
@@ -584,7 +580,7 @@ impl<K: Kind> Lock<K> {
             .arg(u8::from(join.is_some()))
             .arg(ttl)
             .arg(ticket)
-            .arg(keys.inbox.as_slice())
+            .arg(keys.inbox())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms());
         if ops.per_call {
@@ -660,7 +656,7 @@ impl<K: Kind> Lock<K> {
         held: usize,
     ) -> redis::RedisResult<Option<Error>> {
         let keys = &self.keys;
-        let failure = match self.client.inner.await_replicas(con, &keys.key) {
+        let failure = match self.client.inner.await_replicas(con, keys.key()) {
             Ok(None) => return Ok(None),
             Ok(Some(shortfall)) => Ok(shortfall),
             Err(e) => Err(e),
@@ -777,7 +773,7 @@ impl<K: Kind> Wait<'_, K> {
                 // before that would be lost, and this waiter taken for dead.
                 let s = inner.subscriber.subscribe(
                     inner,
-                    &lock.keys.channel,
+                    lock.keys.channel(),
                     self.token,
                     lock.io_until(self.deadline),
                 )?;
@@ -887,7 +883,7 @@ impl<K: Kind> Wait<'_, K> {
                 // (expired, force-unlocked, lost). Its guards must say so, and from here on
                 // the call is an ordinary acquisition, which may queue.
                 self.reentry = false;
-                inner.watchdog.hold_gone(&lock.keys.hold, self.token);
+                inner.watchdog.hold_gone(lock.keys.hold(), self.token);
             }
             Err(_) => {}
         }
@@ -917,9 +913,9 @@ impl<K: Kind> Wait<'_, K> {
         let keys = &lock.keys;
         // The levels the thread holds (none: a thread that held the lock never queued),
         // never fewer: leaving must not give one of them up.
-        let held = inner.watchdog.levels_now(&keys.hold, self.token);
+        let held = inner.watchdog.levels_now(keys.hold(), self.token);
         let need = inner.watchdog.need_ms(
-            &keys.hold,
+            keys.hold(),
             self.token,
             millis(inner.config.watchdog_timeout),
         );
@@ -1046,7 +1042,9 @@ impl<K: Kind> Wait<'_, K> {
         if self.queued {
             self.queued = false;
             let inner = &self.lock.client.inner;
-            inner.watchdog.done_waiting(&self.lock.keys.key, self.token);
+            inner
+                .watchdog
+                .done_waiting(self.lock.keys.key(), self.token);
         }
     }
 }
@@ -1058,10 +1056,10 @@ impl<K: Kind> Drop for Wait<'_, K> {
             // meanwhile) is given up by the watchdog thread, off this caller's path.
             let inner = &self.lock.client.inner;
             let keys = &self.lock.keys;
-            inner.watchdog.done_waiting(&keys.key, self.token);
+            inner.watchdog.done_waiting(keys.key(), self.token);
             // Told the levels the thread holds (none: a thread that held the lock never
             // queued), so that the clean-up can never take one of them.
-            let held = inner.watchdog.levels_now(&keys.hold, self.token);
+            let held = inner.watchdog.levels_now(keys.hold(), self.token);
             inner
                 .watchdog
                 .doubt(inner, keys, self.token, &self.holder, held);
@@ -1078,8 +1076,8 @@ pub(crate) struct Grant {
 impl<K: Kind> fmt::Debug for Lock<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(K::NAME)
-            .field("name", &String::from_utf8_lossy(&self.keys.name))
-            .field("key", &String::from_utf8_lossy(&self.keys.key))
+            .field("name", &String::from_utf8_lossy(self.keys.name()))
+            .field("key", &String::from_utf8_lossy(self.keys.key()))
             .finish()
     }
 }

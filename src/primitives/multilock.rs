@@ -119,10 +119,9 @@ impl MultiLock {
                      for replicas (RedLock's independent masters stand in for them)",
                 ));
             }
-            if members[..i]
-                .iter()
-                .any(|b| Arc::ptr_eq(&a.client.inner, &b.client.inner) && a.keys.key == b.keys.key)
-            {
+            if members[..i].iter().any(|b| {
+                Arc::ptr_eq(&a.client.inner, &b.client.inner) && a.keys.key() == b.keys.key()
+            }) {
                 return Err(invalid("a MultiLock cannot hold the same lock twice"));
             }
         }
@@ -292,7 +291,7 @@ impl MultiLock {
             .iter()
             .map(|m| {
                 let mut cmd = redis::cmd("EXISTS");
-                cmd.arg(m.keys.key.as_slice());
+                cmd.arg(m.keys.key());
                 Call::plain(&m.client.inner, cmd)
             })
             .collect();
@@ -358,7 +357,7 @@ impl MultiLock {
         let reentry = self
             .members
             .iter()
-            .map(|m| m.client.inner.watchdog.holds_locally(&m.keys.hold, token))
+            .map(|m| m.client.inner.watchdog.holds_locally(m.keys.hold(), token))
             .collect();
         let mut wait = MultiWait {
             lock: self,
@@ -490,7 +489,7 @@ impl MultiWait<'_> {
                     let until = self.deadline.map(|d| d.max(Instant::now()) + IO_GRACE);
                     self.subs[i] = Some(inner.subscriber.subscribe(
                         inner,
-                        &m.keys.channel,
+                        m.keys.channel(),
                         self.token,
                         until,
                     )?);
@@ -546,7 +545,7 @@ impl MultiWait<'_> {
             }
             let held = match inner
                 .watchdog
-                .begin_attempt(&m.keys.hold, self.token, Some(bound))
+                .begin_attempt(m.keys.hold(), self.token, Some(bound))
             {
                 Ok(held) => held,
                 // This member sends nothing this round: it counts as failed.
@@ -578,7 +577,7 @@ impl MultiWait<'_> {
                         // say so, and from here on this lock is an ordinary acquisition,
                         // which may queue; a grant there is a new hold.
                         self.reentry[i] = false;
-                        m.client.inner.watchdog.hold_gone(&m.keys.hold, self.token);
+                        m.client.inner.watchdog.hold_gone(m.keys.hold(), self.token);
                     }
                     seen[i] = Seen::Held(pttl);
                 }
@@ -683,10 +682,10 @@ impl MultiWait<'_> {
             }
             let inner = &m.client.inner;
             let watchdog_ms = millis(inner.config.watchdog_timeout);
-            let levels = inner.watchdog.levels(&m.keys.hold, self.token);
+            let levels = inner.watchdog.levels(m.keys.hold(), self.token);
             let need = inner
                 .watchdog
-                .need_ms(&m.keys.hold, self.token, watchdog_ms);
+                .need_ms(m.keys.hold(), self.token, watchdog_ms);
             left.push(i);
             calls.push(Call::script(
                 inner,
@@ -723,7 +722,7 @@ impl MultiWait<'_> {
                 Ok(_) => {}
                 Err(e) => {
                     log::debug!("redmutex: leaving a MultiLock queue failed: {e}");
-                    let levels = inner.watchdog.levels(&m.keys.hold, self.token);
+                    let levels = inner.watchdog.levels(m.keys.hold(), self.token);
                     inner
                         .watchdog
                         .doubt(inner, &m.keys, self.token, &self.holders[i], levels);
@@ -760,7 +759,7 @@ impl MultiWait<'_> {
                 // watchdog gives back any level beyond those the thread holds (none here:
                 // a thread that held the lock never queued on it), off this path.
                 log::debug!("redmutex: confirming a MultiLock member handed over failed: {e}");
-                let levels = inner.watchdog.levels_now(&m.keys.hold, self.token);
+                let levels = inner.watchdog.levels_now(m.keys.hold(), self.token);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.token, holder, levels);
@@ -787,7 +786,7 @@ impl MultiWait<'_> {
             m.client
                 .inner
                 .watchdog
-                .done_waiting(&m.keys.key, self.token);
+                .done_waiting(m.keys.key(), self.token);
         }
     }
 }
@@ -800,10 +799,10 @@ impl Drop for MultiWait<'_> {
                 // up by that client's watchdog thread, off this caller's path.
                 let m = &self.lock.members[i];
                 let inner = &m.client.inner;
-                inner.watchdog.done_waiting(&m.keys.key, self.token);
+                inner.watchdog.done_waiting(m.keys.key(), self.token);
                 // Told the levels the thread holds there (none: a thread that held the
                 // lock never queued on it), so that the clean-up can never take one.
-                let held = inner.watchdog.levels_now(&m.keys.hold, self.token);
+                let held = inner.watchdog.levels_now(m.keys.hold(), self.token);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.token, &self.holders[i], held);

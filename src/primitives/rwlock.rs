@@ -100,7 +100,7 @@ impl fmt::Debug for ReadWriteLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReadWriteLock")
             .field("name", &String::from_utf8_lossy(self.name()))
-            .field("key", &String::from_utf8_lossy(&self.read.keys.key))
+            .field("key", &String::from_utf8_lossy(self.read.keys.key()))
             .finish()
     }
 }

@@ -202,7 +202,7 @@ impl Semaphore {
             .arg(n)
             .arg(lock.initial)
             .arg(MAX_PERMITS)
-            .arg(keys.inbox.as_slice())
+            .arg(keys.inbox())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms());
         let call = |con: &mut Con| inner.eval(con, &permits);
@@ -237,7 +237,7 @@ impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Semaphore")
             .field("name", &String::from_utf8_lossy(self.name()))
-            .field("key", &String::from_utf8_lossy(&self.permits.keys.key))
+            .field("key", &String::from_utf8_lossy(self.permits.keys.key()))
             .field("permits", &self.permits.initial)
             .finish()
     }

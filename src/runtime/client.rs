@@ -276,14 +276,14 @@ impl Client {
             Option<(String, i64, Option<u64>)>,
         );
         let mut call = ScriptCall::new(&scripts::INSPECT);
-        call.key(lock.key.as_slice())
-            .key(lock.queue.as_slice())
-            .key(lock.fence.as_slice())
-            .key(rw.key.as_slice())
-            .key(rw.queue.as_slice())
-            .key(sem.key.as_slice())
-            .key(sem.queue.as_slice())
-            .key(sem.permits.as_slice())
+        call.key(lock.key())
+            .key(lock.queue().as_slice())
+            .key(lock.fence().as_slice())
+            .key(rw.key())
+            .key(rw.queue().as_slice())
+            .key(sem.key())
+            .key(sem.queue().as_slice())
+            .key(sem.permits().as_slice())
             .key(lock.latch().as_slice());
         let (l, r, m, latch): Reply = self.inner.run(|con| self.inner.eval(con, &call))?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
@@ -304,7 +304,7 @@ impl Client {
                 } else {
                     "foreign"
                 },
-                key: text(&keys.key),
+                key: text(keys.key()),
                 holders: Vec::new(),
                 remaining_lease: lease(pttl),
                 waiters: queue.iter().map(|w| text(w)).collect(),

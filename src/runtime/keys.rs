@@ -11,6 +11,13 @@ const INBOX_SUFFIX: &[u8] = b":to:";
 /// after the prefix. Every lock key starts with `{`, `~` or `#` there, so no lock name can
 /// produce an auxiliary key, whatever it ends with.
 const AUX_MARK: u8 = b'!';
+/// What follows the prefix in a read-write lock's key and in a semaphore's ([`aux_key`]'s
+/// form, of kinds `rw` and `sem`).
+const RW_MARK: &[u8] = b"!rw:";
+/// (See [`RW_MARK`].)
+const SEM_MARK: &[u8] = b"!sem:";
+/// The first byte of a read hold's name in this process (the others have `x`).
+const READ_MARK: u8 = b'r';
 
 /// The bytes a key prefix must not hold: those that start what follows the prefix in a
 /// key (`{`, `~`, `#` of the lock keys, [`AUX_MARK`] of the auxiliary keys), and `}`.
@@ -35,91 +42,25 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One of a lock's names: a byte string sized to fit, a third smaller than a `Vec` (every
-/// held lock keeps a dozen of them).
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub(crate) struct Name(Box<[u8]>);
-
-impl Name {
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Name {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
-    }
-}
-
-impl std::ops::Deref for Name {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl From<Vec<u8>> for Name {
-    fn from(v: Vec<u8>) -> Name {
-        Name(v.into_boxed_slice())
-    }
-}
-
-impl PartialEq<Vec<u8>> for Name {
-    fn eq(&self, other: &Vec<u8>) -> bool {
-        *self.0 == other[..]
-    }
-}
-
-impl PartialEq<&[u8]> for Name {
-    fn eq(&self, other: &&[u8]) -> bool {
-        *self.0 == **other
-    }
-}
-
-impl<const N: usize> PartialEq<&[u8; N]> for Name {
-    fn eq(&self, other: &&[u8; N]) -> bool {
-        *self.0 == other[..]
-    }
-}
-
-impl PartialEq<[u8]> for Name {
-    fn eq(&self, other: &[u8]) -> bool {
-        *self.0 == *other
-    }
-}
-
 /// The Redis names of one lock (or other primitive), and the kind of it a handle is.
+///
+/// Every held lock keeps these, so they are laid out for size: the names used on every
+/// call (hold, key, inbox, channel) are slices of one allocation, `<mark><key>:to:<client
+/// id>`, the name and the kind of object are read from the key, and the auxiliary keys
+/// are made on demand.
 pub(crate) struct LockKeys {
-    pub(crate) name: Name,
-    pub(crate) key: Name,
-    /// The prefix of every client's channel for this lock: `<key>:to:`.
-    pub(crate) inbox: Name,
-    /// This client's channel: where the scripts tell its waiting threads their turn.
-    pub(crate) channel: Name,
-    pub(crate) fence: Name,
-    pub(crate) queue: Name,
-    pub(crate) waiters: Name,
-    /// The holds' own leases (read-write locks, semaphores); empty for a lock.
-    pub(crate) leases: Name,
-    /// A semaphore's number of permits; empty for the others.
-    pub(crate) permits: Name,
-    /// What this process files a thread's hold under: the key, marked apart for read
-    /// holds, which a thread may have beside a write hold of the same lock.
-    pub(crate) hold: Name,
-    /// For a write handle, the read holds' `hold`: a thread with one must not wait to write.
-    pub(crate) read_hold: Option<Name>,
-    pub(crate) ops: &'static Ops,
-    // Where the prefix ends in `key`: the names rarely used are made from it on demand
-    // rather than kept (every held lock keeps its names: they are most of its memory).
+    // `x` (`r` for read holds) and the key, then the inbox suffix and the client id.
+    names: Box<[u8]>,
+    // Where the key ends in `names`, and where the prefix ends in the key.
+    key_end: usize,
     prefix_len: usize,
+    pub(crate) ops: &'static Ops,
 }
 
 impl std::fmt::Debug for LockKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockKeys")
-            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("key", &String::from_utf8_lossy(self.key()))
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +76,108 @@ pub(crate) enum Object {
 }
 
 impl LockKeys {
+    /// The name the handle was made for: the inverse of [`LockKeys::new`]'s key forms.
+    pub(crate) fn name(&self) -> &[u8] {
+        let rest = self.lock_part();
+        match rest.first() {
+            Some(b'{') => &rest[1..rest.len() - 1],
+            Some(b'~') => &rest[1..],
+            // "#{<16 hex digits>}" and the name.
+            _ => &rest[19..],
+        }
+    }
+
+    /// What the handle is an object of: a read-write lock's and a semaphore's keys are
+    /// auxiliary keys of the lock key of their name, which starts with `{`, `~` or `#`.
+    fn object(&self) -> Object {
+        let rest = &self.key()[self.prefix_len..];
+        if rest.starts_with(RW_MARK) {
+            Object::ReadWrite
+        } else if rest.starts_with(SEM_MARK) {
+            Object::Semaphore
+        } else {
+            Object::Lock
+        }
+    }
+
+    /// The key less the prefix and the object's mark: the lock key form of the name.
+    fn lock_part(&self) -> &[u8] {
+        let rest = &self.key()[self.prefix_len..];
+        let mark = match self.object() {
+            Object::Lock => 0,
+            Object::ReadWrite => RW_MARK.len(),
+            Object::Semaphore => SEM_MARK.len(),
+        };
+        &rest[mark..]
+    }
+
+    /// The object's own key.
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.names[1..self.key_end]
+    }
+
+    /// The prefix of every client's channel for this lock: `<key>:to:`.
+    pub(crate) fn inbox(&self) -> &[u8] {
+        &self.names[1..self.key_end + INBOX_SUFFIX.len()]
+    }
+
+    /// This client's channel: where the scripts tell its waiting threads their turn.
+    pub(crate) fn channel(&self) -> &[u8] {
+        &self.names[1..]
+    }
+
+    /// What this process files a thread's hold under: the key, marked apart for read
+    /// holds, which a thread may have beside a write hold of the same lock. Never reaches
+    /// Redis.
+    pub(crate) fn hold(&self) -> &[u8] {
+        &self.names[..self.key_end]
+    }
+
+    /// For a write handle of a read-write lock, the read holds' [`hold`](Self::hold): a
+    /// thread with one must not wait to write.
+    pub(crate) fn read_hold(&self) -> Option<Vec<u8>> {
+        (self.object() == Object::ReadWrite && self.names[0] != READ_MARK)
+            .then(|| [&[READ_MARK][..], self.key()].concat())
+    }
+
+    /// The fencing token counter.
+    pub(crate) fn fence(&self) -> Vec<u8> {
+        self.aux(b"fence")
+    }
+
+    /// The waiters' queue.
+    pub(crate) fn queue(&self) -> Vec<u8> {
+        self.aux(b"queue")
+    }
+
+    /// The waiters' deadlines.
+    pub(crate) fn waiters(&self) -> Vec<u8> {
+        self.aux(b"waiters")
+    }
+
+    /// Whether the holds have leases of their own (read-write locks, semaphores).
+    pub(crate) fn has_leases(&self) -> bool {
+        self.ops.field_prefix.is_some()
+    }
+
+    /// The holds' own leases (read-write locks, semaphores); empty for a lock.
+    pub(crate) fn leases(&self) -> Vec<u8> {
+        if self.has_leases() {
+            self.aux(b"leases")
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A semaphore's number of permits; empty for the others.
+    pub(crate) fn permits(&self) -> Vec<u8> {
+        if self.object() == Object::Semaphore {
+            self.aux(b"permits")
+        } else {
+            Vec::new()
+        }
+    }
+
     /// The count-down latch of the same name (a different object).
     pub(crate) fn latch(&self) -> Vec<u8> {
         self.aux(b"latch")
@@ -151,7 +194,8 @@ impl LockKeys {
     }
 
     fn aux(&self, kind: &[u8]) -> Vec<u8> {
-        aux_key(&self.key[..self.prefix_len], &self.key, kind)
+        let key = self.key();
+        aux_key(&key[..self.prefix_len], key, kind)
     }
 
     /// Each of the three forms a key can take starts differently right after the prefix
@@ -184,37 +228,14 @@ impl LockKeys {
             Object::ReadWrite => aux_key(prefix, &key, b"rw"),
             Object::Semaphore => aux_key(prefix, &key, b"sem"),
         };
-        let inbox = [&key[..], INBOX_SUFFIX].concat();
-        let channel = [&inbox[..], client_id.as_bytes()].concat();
         // Names that never reach Redis: the first byte tells read holds from the others.
-        let read_hold = [&[b'r'][..], &key].concat();
-        let is_read = ops.flags & 4 != 0;
+        let mark = if ops.flags & 4 != 0 { READ_MARK } else { b'x' };
+        let names = [&[mark][..], &key[..], INBOX_SUFFIX, client_id.as_bytes()].concat();
         LockKeys {
-            fence: aux_key(prefix, &key, b"fence").into(),
-            queue: aux_key(prefix, &key, b"queue").into(),
-            waiters: aux_key(prefix, &key, b"waiters").into(),
+            names: names.into_boxed_slice(),
+            key_end: 1 + key.len(),
             prefix_len: prefix.len(),
-            leases: if ops.field_prefix.is_some() {
-                aux_key(prefix, &key, b"leases").into()
-            } else {
-                Name::default()
-            },
-            permits: if object == Object::Semaphore {
-                aux_key(prefix, &key, b"permits").into()
-            } else {
-                Name::default()
-            },
-            hold: if is_read {
-                read_hold.clone().into()
-            } else {
-                [&[b'x'][..], &key].concat().into()
-            },
-            read_hold: (object == Object::ReadWrite && !is_read).then(|| read_hold.into()),
             ops,
-            name: name.into(),
-            key: key.into(),
-            inbox: inbox.into(),
-            channel: channel.into(),
         }
     }
 }
@@ -239,9 +260,9 @@ fn aux_key(prefix: &[u8], key: &[u8], kind: &[u8]) -> Vec<u8> {
 /// no name produces. The inverse of [`LockKeys::new`]'s key forms.
 pub(crate) fn object_of(prefix: &[u8], key: &[u8]) -> Option<(Object, bool, Vec<u8>)> {
     let rest = key.strip_prefix(prefix)?;
-    let (object, latch, rest) = if let Some(rest) = rest.strip_prefix(b"!rw:") {
+    let (object, latch, rest) = if let Some(rest) = rest.strip_prefix(RW_MARK) {
         (Object::ReadWrite, false, rest)
-    } else if let Some(rest) = rest.strip_prefix(b"!sem:") {
+    } else if let Some(rest) = rest.strip_prefix(SEM_MARK) {
         (Object::Semaphore, false, rest)
     } else if let Some(rest) = rest.strip_prefix(b"!latch:") {
         (Object::Lock, true, rest)
@@ -266,7 +287,7 @@ pub(crate) fn object_of(prefix: &[u8], key: &[u8]) -> Option<(Object, bool, Vec<
     let expected = if latch {
         made.latch()
     } else {
-        made.key.to_vec()
+        made.key().to_vec()
     };
     (expected == key && !name.is_empty()).then_some((object, latch, name))
 }
@@ -335,14 +356,14 @@ mod tests {
             for object in [Object::Lock, Object::ReadWrite, Object::Semaphore] {
                 let k = LockKeys::new(prefix, name.clone(), "c1", object, &scripts::PLAIN);
                 assert_eq!(
-                    object_of(prefix, &k.key),
+                    object_of(prefix, k.key()),
                     Some((object, false, name.clone()))
                 );
                 // (Channels are not keys: `SCAN` never shows them.)
                 for aux in [
-                    &k.queue[..],
-                    &k.fence,
-                    &k.waiters,
+                    &k.queue()[..],
+                    &k.fence(),
+                    &k.waiters(),
                     &k.latch_setter(),
                     &k.forced(),
                 ] {
@@ -364,19 +385,49 @@ mod tests {
         assert_eq!(object_of(prefix, b"other:{x}"), None);
     }
 
+    /// The names a handle reads back from its one allocation: the name and the kind of
+    /// object from the key, the others from where the key ends.
+    #[test]
+    fn every_name_is_read_back_from_the_key() {
+        for prefix in [&b"redmutex:"[..], b"", b"p:"] {
+            for name in adversarial_names() {
+                for (object, ops, hold) in [
+                    (Object::Lock, &scripts::PLAIN, b'x'),
+                    (Object::ReadWrite, &scripts::READ, b'r'),
+                    (Object::ReadWrite, &scripts::WRITE, b'x'),
+                    (Object::Semaphore, &scripts::PERMITS, b'x'),
+                ] {
+                    let k = LockKeys::new(prefix, name.clone(), "c1", object, ops);
+                    assert_eq!(k.name(), name);
+                    assert_eq!(k.object(), object);
+                    assert_eq!(k.inbox(), [k.key(), &b":to:"[..]].concat());
+                    assert_eq!(k.channel(), [k.key(), &b":to:c1"[..]].concat());
+                    assert_eq!(k.hold(), [&[hold][..], k.key()].concat());
+                    assert_eq!(
+                        k.read_hold(),
+                        (object == Object::ReadWrite && hold == b'x')
+                            .then(|| [&b"r"[..], k.key()].concat())
+                    );
+                    assert_eq!(k.has_leases(), !k.leases().is_empty());
+                    assert_eq!(object == Object::Semaphore, !k.permits().is_empty());
+                }
+            }
+        }
+    }
+
     #[test]
     fn plain_names_are_wrapped_in_a_tag() {
         let k = lock_keys(b"redmutex:", b"orders");
-        assert_eq!(k.key, b"redmutex:{orders}");
-        assert_eq!(k.channel, b"redmutex:{orders}:to:c1");
-        assert_eq!(k.queue, b"redmutex:!queue:{orders}");
+        assert_eq!(k.key(), b"redmutex:{orders}");
+        assert_eq!(k.channel(), b"redmutex:{orders}:to:c1");
+        assert_eq!(k.queue(), b"redmutex:!queue:{orders}");
     }
 
     #[test]
     fn names_with_a_tag_keep_it() {
         let k = lock_keys(b"p:", b"user:{42}:cart");
-        assert_eq!(k.key, b"p:~user:{42}:cart");
-        assert_eq!(tag_of(&k.channel), b"42");
+        assert_eq!(k.key(), b"p:~user:{42}:cart");
+        assert_eq!(tag_of(k.channel()), b"42");
     }
 
     #[test]
@@ -384,12 +435,12 @@ mod tests {
         for name in [&b"}x"[..], b"a{}b", b"{}", b"}{", b"x}{y}"] {
             let k = lock_keys(b"redmutex:", name);
             assert!(
-                has_hash_tag(&k.key),
+                has_hash_tag(k.key()),
                 "{:?}",
-                String::from_utf8_lossy(&k.key)
+                String::from_utf8_lossy(k.key())
             );
-            assert_eq!(tag_of(&k.key), tag_of(&k.channel));
-            assert!(k.key.ends_with(name));
+            assert_eq!(tag_of(k.key()), tag_of(k.channel()));
+            assert!(k.key().ends_with(name));
         }
     }
 
@@ -400,7 +451,7 @@ mod tests {
         ];
         let keys: std::collections::HashSet<Vec<u8>> = names
             .iter()
-            .map(|n| lock_keys(b"p:", n).key.to_vec())
+            .map(|n| lock_keys(b"p:", n).key().to_vec())
             .collect();
         assert_eq!(keys.len(), names.len());
     }
@@ -446,19 +497,18 @@ mod tests {
                     objects.map(|(object, ops)| LockKeys::new(prefix, n.clone(), "c1", object, ops))
                 })
                 .collect();
-            let lock_keys: std::collections::HashSet<&[u8]> =
-                all.iter().map(|k| k.key.as_slice()).collect();
+            let lock_keys: std::collections::HashSet<&[u8]> = all.iter().map(|k| k.key()).collect();
             assert_eq!(lock_keys.len(), all.len(), "distinct names, distinct keys");
             for k in &all {
                 for aux in [
-                    &k.fence[..],
-                    &k.queue,
-                    &k.waiters,
+                    &k.fence()[..],
+                    &k.queue(),
+                    &k.waiters(),
                     &k.latch(),
                     &k.latch_setter(),
                     &k.forced(),
-                    &k.leases,
-                    &k.permits,
+                    &k.leases(),
+                    &k.permits(),
                 ] {
                     if aux.is_empty() {
                         continue;
@@ -466,14 +516,14 @@ mod tests {
                     assert!(
                         !lock_keys.contains(aux),
                         "an auxiliary key of {:?} is a lock key",
-                        String::from_utf8_lossy(&k.name)
+                        String::from_utf8_lossy(k.name())
                     );
-                    assert_eq!(tag_of(aux), tag_of(&k.key), "same slot");
+                    assert_eq!(tag_of(aux), tag_of(k.key()), "same slot");
                     assert!(aux.starts_with(prefix));
                 }
             }
-            let counters: std::collections::HashSet<&[u8]> =
-                all.iter().map(|k| k.fence.as_slice()).collect();
+            let counters: std::collections::HashSet<Vec<u8>> =
+                all.iter().map(|k| k.fence()).collect();
             assert_eq!(
                 counters.len(),
                 all.len(),
@@ -528,13 +578,13 @@ mod tests {
                 for (object, ops) in objects {
                     let k = LockKeys::new(prefix.as_bytes(), name.clone(), "c1", object, ops);
                     for key in [
-                        &k.key[..],
-                        &k.fence,
-                        &k.queue,
-                        &k.waiters,
+                        k.key(),
+                        &k.fence(),
+                        &k.queue(),
+                        &k.waiters(),
                         &k.latch(),
-                        &k.leases,
-                        &k.permits,
+                        &k.leases(),
+                        &k.permits(),
                     ] {
                         if key.is_empty() {
                             continue;
@@ -551,7 +601,7 @@ mod tests {
         }
         // What the refusal prevents.
         let inner = lock_keys(b"a!queue:", b"x");
-        assert_eq!(inner.key, lock_keys(b"a", b"x").queue);
+        assert_eq!(inner.key(), lock_keys(b"a", b"x").queue());
     }
 
     #[test]

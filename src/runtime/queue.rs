@@ -71,11 +71,11 @@ pub(crate) fn command_with(
     more: &[&[u8]],
 ) -> ScriptCall {
     let mut call = ScriptCall::new(script);
-    call.key(keys.key.as_slice())
-        .key(keys.fence.as_slice())
-        .key(keys.queue.as_slice())
-        .key(keys.waiters.as_slice());
-    for extra in [&keys.leases, &keys.permits] {
+    call.key(keys.key())
+        .key(keys.fence().as_slice())
+        .key(keys.queue().as_slice())
+        .key(keys.waiters().as_slice());
+    for extra in [&keys.leases(), &keys.permits()] {
         if !extra.is_empty() {
             call.key(extra.as_slice());
         }
@@ -93,7 +93,7 @@ pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> 
     cmd.arg(holder)
         .arg(need)
         .arg(held)
-        .arg(keys.inbox.as_slice())
+        .arg(keys.inbox())
         .arg(pickup_ms())
         .arg(starve_ms())
         .arg(keys.ops.flags);
@@ -115,7 +115,7 @@ pub(crate) fn cancel(
         .arg(expected)
         .arg(need)
         .arg(u8::from(keep))
-        .arg(keys.inbox.as_slice())
+        .arg(keys.inbox())
         .arg(pickup_ms())
         .arg(starve_ms())
         .arg(keys.ops.flags);
@@ -128,9 +128,9 @@ pub(crate) fn cancel(
 pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCall {
     let ops = keys.ops;
     let mut call = ScriptCall::new(&scripts::RENEW);
-    call.arg(1).key(keys.key.as_slice());
+    call.arg(1).key(keys.key());
     if ops.field_prefix.is_some() {
-        call.key(keys.leases.as_slice()).arg("m");
+        call.key(keys.leases().as_slice()).arg("m");
     } else {
         call.arg("k");
     }

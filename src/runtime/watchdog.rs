@@ -170,13 +170,13 @@ struct HoldKey(Arc<LockKeys>);
 impl Hash for HoldKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
         // As the `[u8]` it is borrowed as hashes, so lookups by name find it.
-        self.0.hold.as_slice().hash(state);
+        self.0.hold().hash(state);
     }
 }
 
 impl PartialEq for HoldKey {
     fn eq(&self, other: &HoldKey) -> bool {
-        self.0.hold == other.0.hold
+        self.0.hold() == other.0.hold()
     }
 }
 
@@ -184,7 +184,7 @@ impl Eq for HoldKey {}
 
 impl Borrow<[u8]> for HoldKey {
     fn borrow(&self) -> &[u8] {
-        &self.0.hold
+        self.0.hold()
     }
 }
 
@@ -329,7 +329,7 @@ struct Doubtful {
 
 /// A hold as the watchdog thread snapshots it for one renewal round.
 struct Watched {
-    // Its keys; `keys.hold` is its name in this process.
+    // Its keys; `keys.hold()` is its name in this process.
     keys: Arc<LockKeys>,
     token: u64,
     holder: Arc<str>,
@@ -360,7 +360,7 @@ impl Kick {
     fn again(mut self, watchdog: &Watchdog, tries_left: u8) {
         self.due = Instant::now() + KICK_AFTER;
         self.tries_left = tries_left;
-        let key = self.keys.key.to_vec();
+        let key = self.keys.key().to_vec();
         watchdog.kicks.lock().entry(key).or_insert(self);
     }
 }
@@ -436,7 +436,7 @@ impl Watchdog {
     ) {
         self.waiting
             .lock()
-            .entry((keys.key.to_vec(), token))
+            .entry((keys.key().to_vec(), token))
             .or_insert_with(|| Waiting {
                 keys: keys.clone(),
                 holder: holder.to_owned(),
@@ -466,9 +466,9 @@ impl Watchdog {
     fn schedule_kick(&self, keys: &Arc<LockKeys>) {
         let due = Instant::now() + KICK_AFTER;
         let mut kicks = self.kicks.lock();
-        let fresh = !kicks.contains_key(keys.key.as_slice());
+        let fresh = !kicks.contains_key(keys.key());
         kicks.insert(
-            keys.key.to_vec(),
+            keys.key().to_vec(),
             Kick {
                 keys: keys.clone(),
                 due,
@@ -488,7 +488,7 @@ impl Watchdog {
         let mut extend: Option<Instant> = None;
         self.extending.lock().retain(|(key, token)| {
             let at = holds
-                .get(key.0.hold.as_slice())
+                .get(key.0.hold())
                 .and_then(|by_token| by_token.get(token))
                 .and_then(|hold| hold.extend_at);
             if let Some(at) = at {
@@ -554,7 +554,7 @@ impl Watchdog {
         (lease, lease_ms): (Lease, u64),
         (sent, handoff): (Instant, bool),
     ) -> Registration {
-        let key = keys.hold.as_slice();
+        let key = keys.hold();
         let level = self.next_level.fetch_add(1, Ordering::Relaxed);
         let mut holds = self.settled(key, token);
         let by_token = match holds.get_mut(key) {
@@ -578,7 +578,7 @@ impl Watchdog {
             // and someone else may have held the lock in between. They must say so.
             log::warn!(
                 "redmutex: lease of lock {:?} was lost before this thread took it again",
-                String::from_utf8_lossy(&keys.key)
+                String::from_utf8_lossy(keys.key())
             );
             hold.lost.store(true, Ordering::SeqCst);
             *hold = fresh();
@@ -635,7 +635,7 @@ impl Watchdog {
         if !doubts.is_empty() {
             while doubts
                 .iter()
-                .any(|d| d.in_flight && d.token == token && d.keys.hold == key)
+                .any(|d| d.in_flight && d.token == token && d.keys.hold() == key)
             {
                 match until {
                     None => self.cleaned.wait(&mut doubts),
@@ -650,7 +650,7 @@ impl Watchdog {
                 }
             }
             for d in doubts.iter_mut() {
-                if d.token == token && d.keys.hold == key {
+                if d.token == token && d.keys.hold() == key {
                     d.paused = true;
                 }
             }
@@ -668,10 +668,10 @@ impl Watchdog {
             return;
         }
         if granted || queued {
-            doubts.retain(|d| d.token != token || d.keys.hold != key);
+            doubts.retain(|d| d.token != token || d.keys.hold() != key);
         } else {
             for d in doubts.iter_mut() {
-                if d.token == token && d.keys.hold == key {
+                if d.token == token && d.keys.hold() == key {
                     d.paused = false;
                 }
             }
@@ -690,10 +690,9 @@ impl Watchdog {
     ) {
         {
             let mut doubts = self.doubts.lock();
-            if let Some(d) = doubts
-                .iter_mut()
-                .find(|d| d.token == token && d.expected == expected && d.keys.hold == keys.hold)
-            {
+            if let Some(d) = doubts.iter_mut().find(|d| {
+                d.token == token && d.expected == expected && d.keys.hold() == keys.hold()
+            }) {
                 d.runs_left = 2;
             } else {
                 doubts.push(Doubtful {
@@ -756,7 +755,7 @@ impl Watchdog {
             hold.lost.store(true, Ordering::SeqCst);
             log::warn!(
                 "redmutex: lease of lock {:?} was lost before this thread took it again",
-                String::from_utf8_lossy(&hold.keys.key)
+                String::from_utf8_lossy(hold.keys.key())
             );
         }
     }
@@ -842,7 +841,7 @@ impl Watchdog {
         } else {
             extending.retain(|(key, token)| {
                 let Some(hold) = holds
-                    .get_mut(key.0.hold.as_slice())
+                    .get_mut(key.0.hold())
                     .and_then(|by_token| by_token.get_mut(token))
                 else {
                     return false;
@@ -927,7 +926,7 @@ impl Watchdog {
                 continue;
             }
             let Some(hold) = holds
-                .get_mut(w.keys.hold.as_slice())
+                .get_mut(w.keys.hold())
                 .and_then(|h| h.get_mut(&w.token))
             else {
                 continue;
@@ -946,7 +945,7 @@ impl Watchdog {
         let mut holds = self.holds.lock();
         for w in batch.iter().filter(|w| w.extension) {
             let Some(hold) = holds
-                .get_mut(w.keys.hold.as_slice())
+                .get_mut(w.keys.hold())
                 .and_then(|h| h.get_mut(&w.token))
             else {
                 continue;
@@ -970,7 +969,7 @@ impl Watchdog {
         let mut holds = self.holds.lock();
         for w in batch {
             if let Some(hold) = holds
-                .get_mut(w.keys.hold.as_slice())
+                .get_mut(w.keys.hold())
                 .and_then(|h| h.get_mut(&w.token))
             {
                 hold.renewing = false;
@@ -1084,7 +1083,7 @@ fn kick_due(inner: &Inner) {
         let keys = kick.keys.clone();
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let mut call = queue::command(keys.ops.kick, &keys);
-        call.arg(keys.inbox.as_slice())
+        call.arg(keys.inbox())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms());
         let result = inner.run_until(Some(until), |con| inner.eval::<(i64, i64)>(con, &call));
@@ -1135,10 +1134,10 @@ fn clean_doubtful(inner: &Inner) {
         ..
     } in batch
     {
-        let need = watchdog.need_ms(&keys.hold, token, watchdog_ms);
+        let need = watchdog.need_ms(keys.hold(), token, watchdog_ms);
         // Never fewer levels than the thread holds now: a clean-up must not take one of
         // them, whatever the attempt was told (its thread cannot attempt meanwhile).
-        let expected = expected.max(watchdog.levels_now(&keys.hold, token));
+        let expected = expected.max(watchdog.levels_now(keys.hold(), token));
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = catch_unwind(AssertUnwindSafe(|| {
             inner.run_until(Some(until), |con| {
@@ -1157,7 +1156,7 @@ fn clean_doubtful(inner: &Inner) {
                     }
                     log::debug!(
                         "redmutex: cleaned up after a doubtful attempt on {:?} ({reply:?})",
-                        String::from_utf8_lossy(&keys.key)
+                        String::from_utf8_lossy(keys.key())
                     );
                     d.runs_left -= 1;
                     if d.runs_left == 0 {
@@ -1208,30 +1207,30 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         }
     };
     if cluster {
-        round.watched.sort_by_cached_key(|w| group(&w.keys.key));
-        waiters.sort_by_cached_key(|(keys, ..)| group(&keys.key));
+        round.watched.sort_by_cached_key(|w| group(w.keys.key()));
+        waiters.sort_by_cached_key(|(keys, ..)| group(keys.key()));
     }
     let give_up_after = inner.config.watchdog_timeout / 3;
     let mut holds: &[Watched] = &round.watched;
     let mut waits = waiters.as_slice();
     while !holds.is_empty() || !waits.is_empty() {
         let next = match (holds.first(), waits.first()) {
-            (Some(h), Some((w, ..))) => group(&h.keys.key).min(group(&w.key)),
-            (Some(h), None) => group(&h.keys.key),
-            (None, Some((w, ..))) => group(&w.key),
+            (Some(h), Some((w, ..))) => group(h.keys.key()).min(group(w.key())),
+            (Some(h), None) => group(h.keys.key()),
+            (None, Some((w, ..))) => group(w.key()),
             (None, None) => unreachable!(),
         };
         let same = holds
             .iter()
             .take(RENEW_BATCH)
-            .take_while(|h| group(&h.keys.key) == next)
+            .take_while(|h| group(h.keys.key()) == next)
             .count();
         let (batch, rest) = holds.split_at(same);
         holds = rest;
         let same = waits
             .iter()
             .take(RENEW_BATCH - batch.len())
-            .take_while(|(w, ..)| group(&w.key) == next)
+            .take_while(|(w, ..)| group(w.key()) == next)
             .count();
         let (wait_batch, rest) = waits.split_at(same);
         waits = rest;
@@ -1239,16 +1238,17 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
         call.arg(batch.len());
         for w in batch {
             let ops = w.keys.ops;
-            call.key(w.keys.key.as_slice());
+            call.key(w.keys.key());
             if ops.field_prefix.is_some() {
-                call.key(w.keys.leases.as_slice()).arg("m");
+                call.key(w.keys.leases().as_slice()).arg("m");
             } else {
                 call.arg("k");
             }
             call.arg(ops.field(&w.holder)).arg(w.lease_ms);
         }
         for (keys, ..) in wait_batch {
-            call.key(keys.queue.as_slice()).key(keys.waiters.as_slice());
+            call.key(keys.queue().as_slice())
+                .key(keys.waiters().as_slice());
         }
         for (_, _, holder, ttl) in wait_batch {
             call.arg(holder.as_str()).arg(*ttl);
@@ -1270,10 +1270,10 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                     };
                     log::warn!(
                         "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
-                        String::from_utf8_lossy(&w.keys.key)
+                        String::from_utf8_lossy(w.keys.key())
                     );
                     w.lost.store(true, Ordering::SeqCst);
-                    inner.watchdog.forget_lost(&w.keys.hold, &w.lost);
+                    inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
                 }
                 for j in gone {
                     // Dropped from the queue (taken for dead while this client was
@@ -1281,7 +1281,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                     if let Some((keys, token, ..)) =
                         j.checked_sub(1).and_then(|j| wait_batch.get(j))
                     {
-                        inner.subscriber.recheck(&keys.channel, *token);
+                        inner.subscriber.recheck(keys.channel(), *token);
                     }
                 }
             }
@@ -1419,10 +1419,10 @@ mod tests {
             .entry(HoldKey(keys.clone()))
             .or_default()
             .or_insert_with(1, || hold(&keys, 1));
-        assert!(holds.contains_key(keys.hold.as_slice()));
+        assert!(holds.contains_key(keys.hold()));
         assert!(!holds.contains_key(&b"xp:{other}"[..]));
         assert_eq!(
-            remove_hold(&mut holds, &keys.hold, 1).map(|h| h.levels[0].id),
+            remove_hold(&mut holds, keys.hold(), 1).map(|h| h.levels[0].id),
             Some(1)
         );
         assert!(holds.is_empty());
@@ -1466,15 +1466,15 @@ mod tests {
         assert_eq!(watchdog.next_due(), Some(sent + PICKUP / 3));
 
         let round = watchdog.watched(false, 30_000);
-        let names: Vec<&[u8]> = round.iter().map(|w| w.keys.key.as_slice()).collect();
-        assert_eq!(names, [past.key.as_slice()], "only the extension due");
+        let names: Vec<&[u8]> = round.iter().map(|w| w.keys.key()).collect();
+        assert_eq!(names, [past.key()], "only the extension due");
         assert!(round[0].extension);
         watchdog.renewed(&round);
         assert_eq!(watchdog.next_due(), Some(now + PICKUP / 3));
 
         // Released before its extension: its entry goes with it.
         assert!(watchdog
-            .releasing(&later.hold, 3, r.level, 30_000)
+            .releasing(later.hold(), 3, r.level, 30_000)
             .is_some());
         assert_eq!(watchdog.next_due(), None);
         assert!(watchdog.extending.lock().is_empty());
@@ -1482,12 +1482,14 @@ mod tests {
         let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true));
         let round = watchdog.watched(true, 30_000);
         assert_eq!(round.len(), 1_000 + 3, "a full round renews every hold");
-        assert!(round.iter().any(|w| w.keys.key == later.key && w.extension));
+        assert!(round
+            .iter()
+            .any(|w| w.keys.key() == later.key() && w.extension));
         watchdog.renewed(&round);
         assert!(watchdog.extending.lock().is_empty());
         assert_eq!(watchdog.next_due(), None);
         assert!(watchdog
-            .releasing(&later.hold, 3, r.level, 30_000)
+            .releasing(later.hold(), 3, r.level, 30_000)
             .is_some());
     }
 }
