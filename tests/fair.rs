@@ -1027,64 +1027,6 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     );
 }
 
-/// Issue 7: a hold handed over by a release starts with the short pickup window (1 s)
-/// as its lease, and is extended to the lease the waiter asked for (by the watchdog a
-/// third into the window when the waiter heard of it early, as here; issue 18): a
-/// watchdog lease, and a fixed one longer than the window, both outlive it.
-#[test]
-fn a_handed_over_hold_outlives_the_pickup_window() {
-    let server = RedisServer::new();
-    let (holder, waiter) = (client_10s(&server), client_10s(&server));
-    for (name, lease) in [("outlive-watchdog", None), ("outlive-fixed", Some(5_000))] {
-        let mut con = server.connection();
-        let guard = holder.fair_lock(name).lock().expect("holder");
-        let lock = waiter.fair_lock(name);
-        let (held_tx, held) = mpsc::channel();
-        let (release, release_rx) = mpsc::channel::<()>();
-        let thread = thread::spawn(move || {
-            let g = match lease {
-                None => lock.lock(),
-                Some(ms) => lock.lock_with_lease(Duration::from_millis(ms)),
-            }
-            .expect("waiter");
-            held_tx.send(()).unwrap();
-            let _ = release_rx.recv_timeout(Duration::from_secs(20));
-            let lost = g.is_lease_lost();
-            (g.unlock(), lost)
-        });
-        await_queued(&mut con, name, 1, "the waiter");
-        guard.unlock().expect("holder unlock");
-        held.recv_timeout(AT_ONCE)
-            .expect("the lock was not handed over");
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key(name))
-            .query(&mut server.connection())
-            .unwrap();
-        // Held: the window's lease, or already the waiter's own.
-        assert!(
-            pttl > 0,
-            "{name}: a handed-over hold came back free (PTTL {pttl})"
-        );
-        thread::sleep(Duration::from_millis(1_300));
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key(name))
-            .query(&mut server.connection())
-            .unwrap();
-        assert!(
-            pttl > 2_000,
-            "{name}: 1.3 s after the handoff the lease was not extended (PTTL {pttl})"
-        );
-        assert!(
-            holder.fair_lock(name).try_lock().unwrap().is_none(),
-            "{name}: another client took a lock still held"
-        );
-        release.send(()).unwrap();
-        let (unlocked, lost) = thread.join().unwrap();
-        assert!(!lost, "{name}: the extended hold looked lost");
-        unlocked.expect("the holder releases its extended hold");
-    }
-}
-
 /// Issue 7, "a lost hold always says so", as issue 17 made it: a handed-over hold heard
 /// of with less than half its window left by the waiter's clock (the grant message
 /// delayed 600 ms; issue 18) is confirmed before `lock()` returns, so a confirmation that

@@ -164,7 +164,8 @@ fn ping_pong(name: &str, fair: bool, hold: Duration, rounds: usize) {
     );
 }
 
-/// A hold handed over without confirmation and kept 2.5 s, past its 1 s pickup window:
+/// Issue 7's "a handed-over hold outlives the pickup window", as issue 18 made it: a
+/// hold handed over without confirmation and kept 2.5 s, past its 1 s pickup window:
 /// the watchdog extends it a third into the window, so its key never runs low, nobody
 /// else gets the lock meanwhile, and the guard never says it is lost. With a fixed lease
 /// longer than the window, the extension keeps exactly that lease, counted from before

@@ -141,12 +141,7 @@ fn the_fair_count_follows_every_join_change_and_leave() {
         .collect();
     eval(&mut con, include_str!("../lua/kick.lua"), &kick);
     assert_count_exact(&mut con);
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(QUEUE)
-        .arg(WAITERS)
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(n, 0, "an emptied queue leaves no keys behind");
+    assert_queue_gone(&mut con);
 }
 
 #[test]
@@ -167,12 +162,7 @@ fn a_waiter_taking_the_lock_from_the_head_takes_its_fair_count() {
     let reply = attempt(&mut con, "b:1", 1, 30_000);
     assert_eq!(reply[0], redis::Value::Int(1), "granted: {reply:?}");
     assert_eq!(fair_count(&mut con), None);
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(QUEUE)
-        .arg(WAITERS)
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(n, 0, "an emptied queue leaves no keys behind");
+    assert_queue_gone(&mut con);
 }
 
 /// The queue lives as long as its longest-lived entry: the list never expires before an
@@ -263,4 +253,14 @@ fn a_refreshed_entry_keeps_its_queue_alive() {
     let list = pttl(&mut con, QUEUE);
     assert!((15_000..=20_000).contains(&list), "list {list} ms");
     assert!(pttl(&mut con, WAITERS) > 25_000);
+}
+
+/// An emptied queue leaves neither of its keys behind.
+fn assert_queue_gone(con: &mut redis::Connection) {
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(QUEUE)
+        .arg(WAITERS)
+        .query(con)
+        .unwrap();
+    assert_eq!(n, 0, "an emptied queue leaves no keys behind");
 }

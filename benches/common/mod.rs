@@ -507,24 +507,27 @@ pub fn server_cost_rows(
     let col = |f: &dyn Fn(&ServerCost, u64) -> String| -> Vec<String> {
         columns.iter().map(|&(c, n)| f(c, n)).collect()
     };
-    grid.row("Redis CPU µs/op", col(&|c, n| f1(c.cpu_per(n))));
-    if let Some((fc, fn_)) = floor {
-        let base = fc.cpu_per(fn_);
-        grid.row(
+    type Per = fn(&ServerCost, u64) -> f64;
+    let rows: [(&str, &str, Per, usize); 2] = [
+        (
+            "Redis CPU µs/op",
             "  x naive (Redis CPU)",
-            col(&|c, n| format!("{:.2}x", c.cpu_per(n) / base)),
-        );
-    }
-    grid.row(
-        "executed commands/op (scripts incl.)",
-        col(&|c, n| f2(c.executed_per(n))),
-    );
-    if let Some((fc, fn_)) = floor {
-        let base = fc.executed_per(fn_);
-        grid.row(
+            ServerCost::cpu_per,
+            1,
+        ),
+        (
+            "executed commands/op (scripts incl.)",
             "  x naive (executed)",
-            col(&|c, n| format!("{:.2}x", c.executed_per(n) / base)),
-        );
+            ServerCost::executed_per,
+            2,
+        ),
+    ];
+    for (label, ratio, per, digits) in rows {
+        grid.row(label, col(&|c, n| format!("{:.*}", digits, per(c, n))));
+        if let Some((fc, fn_)) = floor {
+            let base = per(fc, fn_);
+            grid.row(ratio, col(&|c, n| format!("{:.2}x", per(c, n) / base)));
+        }
     }
     grid.row(
         "requests/op (socket reads)",

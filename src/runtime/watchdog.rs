@@ -80,6 +80,20 @@ struct Hold {
 }
 
 impl Hold {
+    /// A hold of `holder` on `keys` with no level yet, not lost, not being renewed.
+    fn new(keys: &Arc<LockKeys>, holder: &str) -> Hold {
+        Hold {
+            levels: Vec::with_capacity(1),
+            holder: Arc::from(holder),
+            keys: keys.clone(),
+            lost: Arc::new(AtomicBool::new(false)),
+            renewing: false,
+            extend_at: None,
+            pickup_ends: None,
+            valid_until: None,
+        }
+    }
+
     /// The levels this hold counts at `now`: none once it is known lost, or once no level
     /// needs the key any more (fixed leases all over: the server drops the hold by itself).
     /// Such a hold is marked lost on the way, so that its guards say so from now on and a
@@ -561,16 +575,7 @@ impl Watchdog {
             Some(by_token) => by_token,
             None => holds.entry(HoldKey(keys.clone())).or_default(),
         };
-        let fresh = || Hold {
-            levels: Vec::with_capacity(1),
-            holder: Arc::from(holder),
-            keys: keys.clone(),
-            lost: Arc::new(AtomicBool::new(false)),
-            renewing: false,
-            extend_at: None,
-            pickup_ends: None,
-            valid_until: None,
-        };
+        let fresh = || Hold::new(keys, holder);
         let hold = by_token.or_insert_with(token, fresh);
         if count == 1 && !hold.levels.is_empty() {
             // Redis shows no earlier level of ours: the hold those guards belong to was
@@ -1331,20 +1336,13 @@ mod tests {
     use crate::runtime::keys::Object;
 
     fn hold(keys: &Arc<LockKeys>, level: u64) -> Hold {
-        Hold {
-            levels: vec![Level {
-                id: level,
-                lease: Lease::Watchdog,
-                ends: None,
-            }],
-            holder: Arc::from("c:1"),
-            keys: keys.clone(),
-            lost: Arc::new(AtomicBool::new(false)),
-            renewing: false,
-            extend_at: None,
-            pickup_ends: None,
-            valid_until: None,
-        }
+        let mut hold = Hold::new(keys, "c:1");
+        hold.levels.push(Level {
+            id: level,
+            lease: Lease::Watchdog,
+            ends: None,
+        });
+        hold
     }
 
     /// Many threads of one process holding one lock (readers) move the holds from the short
