@@ -19,8 +19,10 @@
 -- Returns {1, count, token}  granted; count is the caller's reentry count after this call,
 --                            token the hold's fencing token (0 unless fenced), in decimal
 --                            text: it may be beyond what a Lua number holds exactly
---         {0, pttl}          not granted (queued if ARGV[5] is 1); pttl is the remaining
---                            lease of the holder in ms (-1 when the key somehow has no TTL)
+--         {0, pttl}          not granted; pttl is the remaining lease of the holder in ms
+--                            (-1 when the key somehow has no TTL)
+--         {0, pttl, now}     not granted and queued (ARGV[5] is 1); now is the server's
+--                            time of the entry, ms (a grant's message carries its own)
 --
 -- The checks, the grant and the lease are one atomic step: two callers can never both see
 -- the key free. A free lock goes to the caller when nobody waits, when the caller is first
@@ -120,6 +122,8 @@ if pttl == -2 then
     end
 end
 if ARGV[5] == '1' then
-    Q.join(holder, now or Q.now(), tonumber(ARGV[6]), lease, flags, ARGV[7])
+    now = now or Q.now()
+    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7])
+    return {0, pttl, now}
 end
 return {0, pttl}

@@ -20,8 +20,10 @@
 -- others), Q.clear (free everything).
 --
 -- A waiter is told its turn on the channel <inbox><client id> (its holder id is
--- "<client id>:<thread token>"): "g <token> <ticket> <fence>" when the lock was handed to
--- it (it is the holder now), "w <token> <ticket>" when it should try again.
+-- "<client id>:<thread token>"): "g <token> <ticket> <fence> <now>" when the lock was handed
+-- to it (it is the holder now; now: the server's time of the handoff, ms, which the waiter
+-- sets against the time its queued attempt's reply carried), "w <token> <ticket>" when it
+-- should try again.
 
 local Q = {}
 
@@ -262,7 +264,7 @@ function Q.hand_on(now, inbox, pickup, starve, give, me, free)
             if is_fenced(f) then
                 fence = Q.draw_fence()
             end
-            msg = 'g ' .. token .. ' ' .. t .. ' ' .. fence
+            msg = string.format('g %s %s %s %d', token, t, fence, now)
         else
             msg = 'w ' .. token .. ' ' .. t
         end

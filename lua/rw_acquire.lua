@@ -8,8 +8,9 @@
 --          are always fair)
 --
 -- Returns {1, count, 0}  granted; count is the caller's reentry count in this mode
---         {0, ms}        not granted (queued if ARGV[5] is 1); ms until the first hold's
---                        lease ends (-1 when nothing is held)
+--         {0, ms}        not granted; ms until the first hold's lease ends (-1 when
+--                        nothing is held)
+--         {0, ms, now}   not granted and queued (ARGV[5] is 1); now: the server's time, ms
 --         {-1}           refused: the caller holds a read hold and asks to write, which
 --                        would wait for itself forever
 -- A re-entry is always granted, even past waiters (they wait for this very hold), and so
@@ -56,5 +57,6 @@ if RW.compatible(holder, flags, writer) then
 end
 if ARGV[5] == '1' then
     Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1)
+    return {0, M.soonest(now), now}
 end
 return {0, M.soonest(now)}

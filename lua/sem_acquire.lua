@@ -9,8 +9,9 @@
 --
 -- Returns {1, 1, 0}  granted (or granted already, to an earlier attempt of this call whose
 --                    reply was lost: the holder id is the call's own)
---         {0, ms}    not granted (queued if ARGV[5] is 1); ms until the first hold's lease
---                    ends (-1 when nothing is held)
+--         {0, ms}    not granted; ms until the first hold's lease ends (-1 when nothing is
+--                    held)
+--         {0, ms, now} not granted and queued (ARGV[5] is 1); now: the server's time, ms
 --         {-2, total} refused: more permits asked for than the semaphore has (total), which
 --                    no release can ever cover. Nothing is written, but for a caller that
 --                    was queued (the number was changed under it): it leaves the queue,
@@ -65,5 +66,6 @@ if (not first or first == holder) and total - used >= amount then
 end
 if ARGV[5] == '1' then
     Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], amount)
+    return {0, M.soonest(now), now}
 end
 return {0, M.soonest(now)}

@@ -81,6 +81,89 @@ fn a_plain_lock_under_steady_contention_is_handed_over_in_turn() {
     ping_pong("plain-ping-pong", false, Duration::from_millis(8), 12);
 }
 
+/// A waiter queued longer than the pickup window (1.5 s behind a holder) is handed the
+/// lock: the grant carries the server's time of the handoff and the waiter's queued
+/// attempt learned the server's time when it joined, so the waiter can tell from its own
+/// clock that the grant is fresh however long it waited. No confirmation call is made, and
+/// the hold is sound: held on the server, not lost, released cleanly.
+#[test]
+fn a_waiter_queued_longer_than_the_window_takes_its_grant_without_a_call() {
+    let server = RedisServer::new();
+    let holder = client(&server.url(), Duration::from_secs(30));
+    let waiter = client(&server.url(), Duration::from_secs(30));
+    long_wait(&server, &holder, waiter.fair_lock("long-wait-fair"));
+    long_wait(&server, &holder, waiter.lock("long-wait-plain"));
+}
+
+fn long_wait<K: Kind>(server: &RedisServer, holder: &Client, lock: Lock<K>) {
+    let name = String::from_utf8_lossy(lock.name()).into_owned();
+    let guard = holder.lock(&name).lock().expect("holder");
+    let (held_tx, held) = mpsc::channel();
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        held_tx.send(g.is_lease_lost()).unwrap();
+        g.unlock()
+    });
+    await_queued(server, &name, 1);
+    // Time is the subject: the wait must outlast the pickup window (1 s).
+    thread::sleep(Duration::from_millis(1_500));
+    let monitor = server.monitor();
+    guard.unlock().expect("holder unlock");
+    let lost = held
+        .recv_timeout(SETUP)
+        .expect("the lock was not handed over");
+    let unlocked = thread.join().unwrap();
+    let lines = monitor.stop();
+    let renewals: Vec<_> = Monitor::top_level(&lines)
+        .into_iter()
+        .filter(|l| is_hold_renewal(l))
+        .collect();
+    assert!(
+        renewals.is_empty(),
+        "{name}: the handed-over hold was confirmed with a call: {:?}",
+        renewals.first()
+    );
+    assert!(!lost, "{name}: the handed-over hold looked lost");
+    unlocked.expect("the waiter releases the hold it was handed");
+}
+
+/// The other side of the rule: a grant whose message is delayed 700 ms (more than half
+/// the 1 s window) reaches a waiter whose clock and the grant's server time show less than
+/// half the window left. It must be confirmed with the server (one renewal call) before
+/// the guard exists, however fresh the waiter's queued attempt.
+#[test]
+fn a_grant_that_arrives_late_is_confirmed() {
+    const NAME: &str = "late-grant";
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let holder = client(&server.url(), Duration::from_secs(30));
+    let waiter = client(&proxy.url(), Duration::from_secs(30));
+    let guard = holder.fair_lock(NAME).lock().expect("holder");
+    let lock = waiter.fair_lock(NAME);
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        let lost = g.is_lease_lost();
+        (lost, g.unlock())
+    });
+    await_queued(&server, NAME, 1);
+    proxy.delay_replies_containing(PUSHED_MESSAGE, Duration::from_millis(700));
+    let monitor = server.monitor();
+    guard.unlock().expect("holder unlock");
+    let (lost, unlocked) = thread.join().unwrap();
+    proxy.delay_replies_containing(PUSHED_MESSAGE, Duration::ZERO);
+    let lines = monitor.stop();
+    let renewals = Monitor::top_level(&lines)
+        .into_iter()
+        .filter(|l| is_hold_renewal(l))
+        .count();
+    assert_eq!(
+        renewals, 1,
+        "a grant heard 700 ms late must be confirmed once before it is used"
+    );
+    assert!(!lost, "the confirmed hold looked lost");
+    unlocked.expect("the waiter releases the hold it confirmed");
+}
+
 /// One client's side of a ping-pong: `rounds` times lock, note `i` in `order`, hold for
 /// `hold`, unlock.
 fn take_turns<K: Kind>(

@@ -853,13 +853,15 @@ fn one_release_wakes_one_waiting_thread_per_process() {
         herd.is_err(),
         "a second waiter got the lock while the first held it"
     );
-    assert_eq!(
-        calls,
-        asleep + 2,
-        "the release, which hands the lock to the first waiter (queued longer than the \
-         starvation bound), and one renewal of that waiter's hold (its confirmation, or the \
-         watchdog's extension a third into the window, already due: the waiter queued over \
-         300 ms before): nothing else"
+    // The waiter takes its grant without a confirmation (the grant's server time shows it
+    // fresh); the watchdog extends it a third into the window, about when this count is
+    // taken, so that one renewal may or may not be in.
+    assert!(
+        (asleep + 1..=asleep + 2).contains(&calls),
+        "{} calls: the release, which hands the lock to the first waiter (queued longer \
+         than the starvation bound), and at most the watchdog's one extension of that \
+         waiter's hold: nothing else",
+        calls - asleep
     );
     for t in threads {
         t.join().unwrap();

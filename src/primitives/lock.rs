@@ -449,6 +449,7 @@ impl<K: Kind> Lock<K> {
             first_ticket: ticket,
             ticket,
             joined: None,
+            queued_at: None,
             reentry,
             queued: false,
             // A process that listens on this lock already (others of its threads wait, or
@@ -489,7 +490,7 @@ impl<K: Kind> Lock<K> {
         Ok(())
     }
 
-    /// Runs the acquire script: `Ok(grant)` when granted, `Err(pttl)` when held elsewhere.
+    /// Runs the acquire script: `Ok(grant)` when granted, `Err(refused)` when held elsewhere.
     /// With `join`, a thread not granted is queued (or its entry refreshed).
     fn attempt(
         &self,
@@ -498,7 +499,7 @@ impl<K: Kind> Lock<K> {
         amount: u32,
         join: Option<(u64, u64)>,
         until: Option<Instant>,
-    ) -> Result<Result<Grant, i64>, Error> {
+    ) -> Result<Result<Grant, Refused>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
         let held = inner.watchdog.begin_attempt(keys.hold(), token, until)?;
@@ -532,8 +533,8 @@ impl<K: Kind> Lock<K> {
         (token, holder): (u64, &str),
         held: usize,
         joined: bool,
-        outcome: Result<Result<Grant, i64>, Error>,
-    ) -> Result<Result<Grant, i64>, Error> {
+        outcome: Result<Result<Grant, Refused>, Error>,
+    ) -> Result<Result<Grant, Refused>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
         let granted = matches!(outcome, Ok(Ok(_)));
@@ -591,13 +592,22 @@ impl<K: Kind> Lock<K> {
 
     /// What the acquire script's reply says: granted, held elsewhere (the holder's
     /// remaining lease in ms), or refused.
-    pub(crate) fn grant_of(reply: &[i64]) -> redis::RedisResult<Result<Result<Grant, i64>, Error>> {
+    pub(crate) fn grant_of(
+        reply: &[i64],
+    ) -> redis::RedisResult<Result<Result<Grant, Refused>, Error>> {
         Ok(match *reply {
             [1, count, fence] => Ok(Ok(Grant {
                 count,
                 fence: kind::is_fenced::<K>().then_some(fence as u64),
             })),
-            [0, pttl] => Ok(Err(pttl)),
+            [0, pttl] => Ok(Err(Refused {
+                pttl,
+                queued_at: None,
+            })),
+            [0, pttl, at] => Ok(Err(Refused {
+                pttl,
+                queued_at: u64::try_from(at).ok(),
+            })),
             // Asked to write while holding a read hold: refused, nothing written.
             [-1] => Err(Error::WouldDeadlock),
             // A semaphore asked for more permits than it has: refused, nothing written.
@@ -740,6 +750,9 @@ struct Wait<'a, K: Kind> {
     // carrying it was made from the queue entry that attempt wrote, so after it ran.
     ticket: u64,
     joined: Option<Instant>,
+    // The server's time when that attempt queued the thread, from its reply: a grant's
+    // own server time is set against it (see `pick_up`).
+    queued_at: Option<u64>,
     // The thread held the lock when the call began: its attempts never queue.
     reentry: bool,
     // An attempt of this call may have queued the thread: leaving, it must leave the queue.
@@ -754,7 +767,7 @@ impl<K: Kind> Wait<'_, K> {
         let mut sent = Instant::now();
         let mut pttl = match self.attempt()? {
             Ok(grant) => return Ok(Some(self.granted(grant, sent))),
-            Err(pttl) => pttl,
+            Err(refused) => refused.pttl,
         };
         if let Some(s) = &self.sub {
             // Queued with the first try: the timer goes by the lease that try saw, not by
@@ -795,8 +808,8 @@ impl<K: Kind> Wait<'_, K> {
                 }
             } else if self.queued {
                 match s.wait(until) {
-                    Some(Notice::Granted { ticket, fence }) if ticket >= self.first_ticket => {
-                        if let Some(guard) = self.pick_up(ticket, fence)? {
+                    Some(Notice::Granted { ticket, fence, at }) if ticket >= self.first_ticket => {
+                        if let Some(guard) = self.pick_up(ticket, fence, at)? {
                             return Ok(Some(guard));
                         }
                         // The grant lapsed before it could be confirmed (the message came
@@ -823,8 +836,8 @@ impl<K: Kind> Wait<'_, K> {
                     }
                     return Ok(Some(self.granted(grant, sent)));
                 }
-                Ok(Err(left)) => {
-                    pttl = left;
+                Ok(Err(refused)) => {
+                    pttl = refused.pttl;
                     if let Some(s) = &self.sub {
                         s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
                     }
@@ -842,7 +855,7 @@ impl<K: Kind> Wait<'_, K> {
     }
 
     /// One attempt; it queues the thread when this client listens for its turn.
-    fn attempt(&mut self) -> Result<Result<Grant, i64>, Error> {
+    fn attempt(&mut self) -> Result<Result<Grant, Refused>, Error> {
         let lock = self.lock;
         let inner = &lock.client.inner;
         let join =
@@ -867,6 +880,7 @@ impl<K: Kind> Wait<'_, K> {
         if join.is_some() {
             // Before anything is sent, so before the script can have run.
             self.joined = Some(Instant::now());
+            self.queued_at = None;
         }
         let outcome = lock.attempt(
             (self.token, &self.holder),
@@ -875,6 +889,9 @@ impl<K: Kind> Wait<'_, K> {
             join,
             lock.io_until(self.deadline),
         )?;
+        if let (Some(_), Err(refused)) = (join, &outcome) {
+            self.queued_at = refused.queued_at;
+        }
         match outcome {
             // The script took the thread out of the queue with the grant.
             Ok(_) => self.left_queue(),
@@ -945,21 +962,28 @@ impl<K: Kind> Wait<'_, K> {
         }
     }
 
-    /// The lock was handed to this thread by a release, in a message with `ticket` and
-    /// `fence` (the token the release drew): the guard, or `None` when the grant's pickup
-    /// window was over first.
+    /// The lock was handed to this thread by a release, in a message with `ticket`,
+    /// `fence` (the token the release drew) and `at` (the server's time of the release):
+    /// the guard, or `None` when the grant's pickup window was over first.
     ///
     /// The window (a lease of at most [`queue::PICKUP`], or the call's own lease if shorter)
     /// starts at the release, on the server. A grant that carries the ticket of this call's
     /// latest attempt that could queue was made from the queue entry that attempt wrote, so
-    /// after the attempt ran, so after it was sent: its lease ends no earlier than the send
-    /// time plus the window, by this machine's clock alone (no time of the server's is
-    /// read). While at least half of that is left the guard is returned at once, its lease
-    /// counted from that send time, and the watchdog extends the hold when the lease needs
-    /// more than the window. Otherwise ([`Wait::confirm`]) the grant may have lapsed and
-    /// passed on, and the server is asked.
-    fn pick_up(&mut self, ticket: u64, fence: u64) -> Result<Option<LockGuard<K>>, Error> {
-        let Some(since) = self.window_start(ticket) else {
+    /// after the attempt ran, so after it was sent; and as much later than the attempt ran
+    /// as the server's clock says (`at` against the time the attempt's reply carried). So
+    /// its lease ends no earlier than the send time, plus that span, plus the window, by
+    /// this machine's clock: the message's own delay does not count, nor how long the
+    /// thread waited. While at least half the window is left the guard is returned at once,
+    /// its lease counted from that moment, and the watchdog extends the hold when the lease
+    /// needs more than the window. Otherwise ([`Wait::confirm`]) the grant may have lapsed
+    /// and passed on, and the server is asked.
+    fn pick_up(
+        &mut self,
+        ticket: u64,
+        fence: u64,
+        at: Option<u64>,
+    ) -> Result<Option<LockGuard<K>>, Error> {
+        let Some(since) = self.window_start(ticket, at) else {
             return self.confirm(fence);
         };
         if let Some(s) = &self.sub {
@@ -982,21 +1006,22 @@ impl<K: Kind> Wait<'_, K> {
         )))
     }
 
-    /// When the pickup window of a grant with `ticket` began at the latest, by this
-    /// machine's clock, if that alone shows the grant still has half its window or more
-    /// left; `None` when it may not (the server must be asked), when the ticket is an
-    /// earlier attempt's (that grant lapsed before the later attempt ran, or the attempt
-    /// would have been granted), and with `sync_replicas` (the replicas must confirm it).
-    fn window_start(&self, ticket: u64) -> Option<Instant> {
+    /// When the pickup window of a grant with `ticket` made at the server time `at` began
+    /// at the earliest, by this machine's clock, if that shows the grant still has half its
+    /// window or more left; `None` when it may not (the server must be asked), when the
+    /// ticket is an earlier attempt's (that grant lapsed before the later attempt ran, or
+    /// the attempt would have been granted), and with `sync_replicas` (the replicas must
+    /// confirm it).
+    fn window_start(&self, ticket: u64, at: Option<u64>) -> Option<Instant> {
         if ticket != self.ticket || self.lock.client.inner.config.sync_replicas.is_some() {
             return None;
         }
-        let joined = self.joined?;
+        let start = queue::grant_seen_from(self.joined?, self.queued_at, at);
         let window = Duration::from_millis(self.lease_ms).min(queue::PICKUP);
-        let left = joined
+        let left = start
             .checked_add(window)?
             .checked_duration_since(Instant::now())?;
-        (left >= window / 2 + queue::pickup_margin(window)).then_some(joined)
+        (left >= window / 2 + queue::pickup_margin(window)).then_some(start)
     }
 
     /// Confirms a hold handed to this thread (`fence`: the token the release drew) with the
@@ -1071,6 +1096,15 @@ impl<K: Kind> Drop for Wait<'_, K> {
 pub(crate) struct Grant {
     pub(crate) count: i64,
     pub(crate) fence: Option<u64>,
+}
+
+/// What an acquire script that did not grant reported.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Refused {
+    /// The holder's remaining lease in ms (-1: none known).
+    pub(crate) pttl: i64,
+    /// The server's time (ms) when the attempt queued the caller; `None` when it did not.
+    pub(crate) queued_at: Option<u64>,
 }
 
 impl<K: Kind> fmt::Debug for Lock<K> {

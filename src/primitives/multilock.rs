@@ -570,7 +570,7 @@ impl MultiWait<'_> {
                     guards[i] =
                         Some(m.granted(self.token, holder, grant, self.lease, start, false));
                 }
-                Ok(Err(pttl)) => {
+                Ok(Err(refused)) => {
                     if self.reentry[i] {
                         // A re-entry is granted while the hold stands: it is gone there
                         // (expired, force-unlocked, lost by the server). Its guards must
@@ -579,7 +579,7 @@ impl MultiWait<'_> {
                         self.reentry[i] = false;
                         m.client.inner.watchdog.hold_gone(m.keys.hold(), self.token);
                     }
-                    seen[i] = Seen::Held(pttl);
+                    seen[i] = Seen::Held(refused.pttl);
                 }
                 Err(e) => seen[i] = Seen::Failed(e),
             }

@@ -22,6 +22,27 @@ pub(crate) fn pickup_margin(window: Duration) -> Duration {
     Duration::from_millis(1) + window / 1000
 }
 
+/// The longest wait whose grant is placed on this machine's clock by the server's own
+/// times (see [`grant_seen_from`]): beyond it, a server clock running fast could move the
+/// grant later than it was by more than the margin allows for.
+const SERVER_SPAN_MAX_MS: u64 = 60_000;
+
+/// The earliest moment, by this machine's clock, at which a grant made at the server time
+/// `at` (ms) can have been made, for a waiter whose queued attempt was sent at `sent` and
+/// ran at the server time `queued_at`: the attempt ran after it was sent, and the grant
+/// `at - queued_at` later by the server's clock. Less TIME's millisecond rounding and a
+/// server clock running up to 0.1 % fast; `sent` when either time is unknown, the server's
+/// clock went back, or the wait was too long to place this way.
+pub(crate) fn grant_seen_from(sent: Instant, queued_at: Option<u64>, at: Option<u64>) -> Instant {
+    match (queued_at, at) {
+        (Some(queued), Some(at)) if at >= queued && at - queued <= SERVER_SPAN_MAX_MS => {
+            let span = Duration::from_millis(at - queued);
+            sent + span.saturating_sub(Duration::from_millis(1) + span / 1000)
+        }
+        _ => sent,
+    }
+}
+
 /// How long after a handoff the releasing client makes sure the lock did not lapse with
 /// nobody told: past the pickup window, with room for the grant's own round trip.
 pub(crate) const KICK_AFTER: Duration = Duration::from_millis(1_050);
@@ -143,8 +164,13 @@ pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCal
 pub(crate) enum Notice {
     /// The thread was made the holder (one level, a lease of at most [`PICKUP`] from the
     /// release, to be confirmed); `fence` is the hold's fencing token, 0 when the waiter
-    /// is not fenced.
-    Granted { ticket: u64, fence: u64 },
+    /// is not fenced; `at` the server's time of the handoff in ms (`None` from a script
+    /// that does not say).
+    Granted {
+        ticket: u64,
+        fence: u64,
+        at: Option<u64>,
+    },
     /// The lock is free and it is this thread's turn to try.
     Wake { ticket: u64 },
     /// The client's view may have missed a message (a reconnect, a dropped entry): try.
@@ -162,6 +188,10 @@ pub(crate) fn parse(payload: &[u8]) -> Option<(u64, Notice)> {
         "g" => Notice::Granted {
             ticket,
             fence: parts.next()?.parse().ok()?,
+            at: match parts.next() {
+                Some(at) => Some(at.parse().ok()?),
+                None => None,
+            },
         },
         "w" => Notice::Wake { ticket },
         _ => return None,
@@ -174,6 +204,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_grant_is_placed_no_later_than_it_can_have_been_made() {
+        let sent = Instant::now();
+        let at = |ms: u64| grant_seen_from(sent, Some(1_000_000), Some(1_000_000 + ms));
+        assert_eq!(at(0), sent);
+        // 2 s of the server's clock: no more than 2 s less 1 ms rounding and 2 ms drift.
+        assert_eq!(at(2_000), sent + Duration::from_millis(1_997));
+        assert_eq!(at(SERVER_SPAN_MAX_MS + 1), sent);
+        assert_eq!(grant_seen_from(sent, Some(5), Some(4)), sent);
+        assert_eq!(grant_seen_from(sent, None, Some(4)), sent);
+        assert_eq!(grant_seen_from(sent, Some(4), None), sent);
+    }
+
+    #[test]
     fn messages_parse() {
         assert_eq!(
             parse(b"g 7 12 0"),
@@ -181,10 +224,23 @@ mod tests {
                 7,
                 Notice::Granted {
                     ticket: 12,
-                    fence: 0
+                    fence: 0,
+                    at: None
                 }
             ))
         );
+        assert_eq!(
+            parse(b"g 7 12 0 1795608952791"),
+            Some((
+                7,
+                Notice::Granted {
+                    ticket: 12,
+                    fence: 0,
+                    at: Some(1_795_608_952_791)
+                }
+            ))
+        );
+        assert_eq!(parse(b"g 7 12 0 1.7e+12"), None);
         assert_eq!(parse(b"w 7 12"), Some((7, Notice::Wake { ticket: 12 })));
         // Tokens as the scripts write them: exact decimal text, however large.
         assert_eq!(
@@ -193,7 +249,8 @@ mod tests {
                 7,
                 Notice::Granted {
                     ticket: 12,
-                    fence: 9_223_372_036_854_775_797
+                    fence: 9_223_372_036_854_775_797,
+                    at: None
                 }
             ))
         );
