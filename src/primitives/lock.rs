@@ -9,24 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
-use crate::runtime::client::CALL_MEMORY;
+use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
+use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::Subscription;
-use crate::runtime::watchdog::Lease;
 use crate::{Client, Error, LockGuard};
-
-/// The longest lease accepted (ten years): anything longer is surely a mistake, and it keeps
-/// every deadline computed from a lease far from overflowing.
-pub(crate) const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-/// How long past its deadline a bounded call (`try_lock*`) waits for a round trip already
-/// under way: Redis's answer to an attempt sent just before the deadline. A server that
-/// does not answer by then (frozen, unreachable) fails the call with [`Error::Timeout`]
-/// or [`Error::Pool`] instead of holding it for the command or connect timeout.
-pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 
 /// A named distributed lock, reentrant per thread; one type over its kinds.
 ///
@@ -1080,29 +1070,4 @@ impl<K: Kind> fmt::Debug for Lock<K> {
             .field("key", &String::from_utf8_lossy(self.keys.key()))
             .finish()
     }
-}
-
-/// Whole milliseconds, rounded up so that a sub-millisecond duration is never zero.
-pub(crate) fn millis(d: Duration) -> u64 {
-    let ms = d.as_millis();
-    let ms = if d > Duration::from_millis(ms as u64) {
-        ms + 1
-    } else {
-        ms
-    };
-    u64::try_from(ms).unwrap_or(u64::MAX)
-}
-
-pub(crate) fn fixed(lease: Duration) -> Result<Lease, Error> {
-    if lease.is_zero() {
-        return Err(Error::InvalidArgument(
-            "a lease must be longer than zero".to_owned(),
-        ));
-    }
-    if lease > MAX_LEASE {
-        return Err(Error::InvalidArgument(format!(
-            "a lease of {lease:?} is longer than the maximum of ten years"
-        )));
-    }
-    Ok(Lease::Fixed(millis(lease)))
 }
