@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Select;
 
-use crate::primitives::lock::{Grant, NEXT_TICKET};
+use crate::primitives::lock::Grant;
 use crate::primitives::multi_guard::release_all;
+use crate::primitives::wait::NEXT_TICKET;
 use crate::runtime::client::IO_GRACE;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::keys::{holder_id, thread_token};
