@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
-use crate::primitives::lock::millis;
 use crate::runtime::client::Inner;
+use crate::runtime::holds::Registration;
 use crate::runtime::keys::LockKeys;
+use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
-use crate::runtime::watchdog::{Lease, Registration};
 use crate::{Error, Lock};
 
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).

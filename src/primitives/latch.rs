@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::primitives::lock::{millis, IO_GRACE, MAX_LEASE};
-use crate::runtime::client::CALL_MEMORY;
+use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
 use crate::runtime::keys::{thread_token, LockKeys};
+use crate::runtime::lease::{millis, MAX_LEASE};
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::BROADCAST;
 use crate::{Client, Error};

@@ -4,29 +4,19 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
-use crate::runtime::client::CALL_MEMORY;
+use crate::primitives::wait::{Wait, NEXT_TICKET};
+use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
+use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
-use crate::runtime::queue::{self, Notice};
+use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
-use crate::runtime::subscriber::Subscription;
-use crate::runtime::watchdog::Lease;
 use crate::{Client, Error, LockGuard};
-
-/// The longest lease accepted (ten years): anything longer is surely a mistake, and it keeps
-/// every deadline computed from a lease far from overflowing.
-pub(crate) const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-/// How long past its deadline a bounded call (`try_lock*`) waits for a round trip already
-/// under way: Redis's answer to an attempt sent just before the deadline. A server that
-/// does not answer by then (frozen, unreachable) fails the call with [`Error::Timeout`]
-/// or [`Error::Pool`] instead of holding it for the command or connect timeout.
-pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 
 /// A named distributed lock, reentrant per thread; one type over its kinds.
 ///
@@ -492,7 +482,7 @@ impl<K: Kind> Lock<K> {
 
     /// Runs the acquire script: `Ok(grant)` when granted, `Err(refused)` when held elsewhere.
     /// With `join`, a thread not granted is queued (or its entry refreshed).
-    fn attempt(
+    pub(super) fn attempt(
         &self,
         (token, holder): (u64, &str),
         lease_ms: u64,
@@ -717,378 +707,13 @@ impl<K: Kind> Lock<K> {
     /// The instant I/O of an attempt must give up at: none for unbounded calls, the
     /// deadline (or now, past it) plus a grace for the round trip under way for bounded
     /// ones, plus the replicas' WAIT when `sync_replicas` is on.
-    fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
+    pub(super) fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
         let deadline = deadline?;
         let mut grace = IO_GRACE;
         if let Some((_, wait_ms)) = self.client.inner.config.sync_replicas {
             grace += Duration::from_millis(wait_ms);
         }
         Some(deadline.max(Instant::now()) + grace)
-    }
-}
-
-/// Numbers each waiting call, so that a message meant for an earlier call of the same
-/// thread (one that already left the queue) is never taken for this one's.
-pub(crate) static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
-
-/// One call waiting for a lock: its attempts, its place in the queue, its subscription.
-struct Wait<'a, K: Kind> {
-    lock: &'a Lock<K>,
-    token: u64,
-    holder: String,
-    lease: Lease,
-    lease_ms: u64,
-    deadline: Option<Instant>,
-    // A single attempt (try_lock): it never queues.
-    once: bool,
-    // The permits asked for (1 for the locks).
-    amount: u32,
-    // The call's first ticket: every ticket of this call is at least this, every one of
-    // the thread's earlier calls below it.
-    first_ticket: u64,
-    // The ticket of the latest attempt that could queue, and when it was sent: a grant
-    // carrying it was made from the queue entry that attempt wrote, so after it ran.
-    ticket: u64,
-    joined: Option<Instant>,
-    // The server's time when that attempt queued the thread, from its reply: a grant's
-    // own server time is set against it (see `pick_up`).
-    queued_at: Option<u64>,
-    // The thread held the lock when the call began: its attempts never queue.
-    reentry: bool,
-    // An attempt of this call may have queued the thread: leaving, it must leave the queue.
-    queued: bool,
-    sub: Option<Subscription>,
-}
-
-impl<K: Kind> Wait<'_, K> {
-    fn run(&mut self) -> Result<Option<LockGuard<K>>, Error> {
-        let lock = self.lock;
-        let inner = &lock.client.inner;
-        let mut sent = Instant::now();
-        let mut pttl = match self.attempt()? {
-            Ok(grant) => return Ok(Some(self.granted(grant, sent))),
-            Err(refused) => refused.pttl,
-        };
-        if let Some(s) = &self.sub {
-            // Queued with the first try: the timer goes by the lease that try saw, not by
-            // one an earlier wait of this process left behind.
-            s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
-        }
-        loop {
-            let now = Instant::now();
-            if self.deadline.is_some_and(|d| now >= d) {
-                return self.give_up();
-            }
-            let Some(s) = &self.sub else {
-                // The queue needs the watchdog (its entries are kept alive each round).
-                inner.watchdog.ensure_running(inner)?;
-                // Subscribe, and queue only once the server confirmed it: a message sent
-                // before that would be lost, and this waiter taken for dead.
-                let s = inner.subscriber.subscribe(
-                    inner,
-                    lock.keys.channel(),
-                    self.token,
-                    lock.io_until(self.deadline),
-                )?;
-                s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
-                self.sub = Some(s);
-                continue;
-            };
-            // Never sleep past the holder's lease: a crashed holder hands nothing on.
-            let lease_end = s.next_try().unwrap_or(now);
-            let until = self.deadline.map_or(lease_end, |d| d.min(lease_end));
-            // Whether the try below is the process's one try on the lease timer.
-            let mut claimed = false;
-            if !s.is_confirmed() {
-                if !s.wait_confirmed(until) {
-                    if !self.timed_try(s)? {
-                        continue;
-                    }
-                    claimed = true;
-                }
-            } else if self.queued {
-                match s.wait(until) {
-                    Some(Notice::Granted { ticket, fence, at }) if ticket >= self.first_ticket => {
-                        if let Some(guard) = self.pick_up(ticket, fence, at)? {
-                            return Ok(Some(guard));
-                        }
-                        // The grant lapsed before it could be confirmed (the message came
-                        // late): this turn is over, and the try below queues again.
-                    }
-                    Some(Notice::Wake { ticket }) if ticket >= self.first_ticket => {}
-                    Some(Notice::Recheck) => {}
-                    // For an earlier call of this thread, long over.
-                    Some(_) => continue,
-                    None => {
-                        if !self.timed_try(s)? {
-                            continue;
-                        }
-                        claimed = true;
-                    }
-                }
-            }
-            sent = Instant::now();
-            match self.attempt() {
-                Ok(Ok(grant)) => {
-                    if let Some(s) = &self.sub {
-                        // The others of this process now wait for our release (or lease).
-                        s.saw_lease_end(sent + Duration::from_millis(self.lease_ms));
-                    }
-                    return Ok(Some(self.granted(grant, sent)));
-                }
-                Ok(Err(refused)) => {
-                    pttl = refused.pttl;
-                    if let Some(s) = &self.sub {
-                        s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
-                    }
-                }
-                Err(e) => {
-                    if claimed {
-                        if let Some(s) = &self.sub {
-                            s.unclaim();
-                        }
-                    }
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    /// One attempt; it queues the thread when this client listens for its turn.
-    fn attempt(&mut self) -> Result<Result<Grant, Refused>, Error> {
-        let lock = self.lock;
-        let inner = &lock.client.inner;
-        let join =
-            !self.once && !self.reentry && self.sub.as_ref().is_some_and(|s| s.is_confirmed());
-        let join = join.then(|| {
-            // A ticket of its own: a grant that echoes it was made after this attempt ran
-            // (see `pick_up`). The call's first attempt that queues keeps the first one.
-            if self.joined.is_some() {
-                self.ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
-            }
-            let watchdog_ms = millis(inner.config.watchdog_timeout);
-            (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
-        });
-        if join.is_some() && !self.queued {
-            // Entries are kept alive, and handed-over holds extended, by the watchdog.
-            inner.watchdog.ensure_running(inner)?;
-            self.queued = true;
-            inner
-                .watchdog
-                .waiting(&lock.keys, self.token, &self.holder, self.deadline);
-        }
-        if join.is_some() {
-            // Before anything is sent, so before the script can have run.
-            self.joined = Some(Instant::now());
-            self.queued_at = None;
-        }
-        let outcome = lock.attempt(
-            (self.token, &self.holder),
-            self.lease_ms,
-            self.amount,
-            join,
-            lock.io_until(self.deadline),
-        )?;
-        if let (Some(_), Err(refused)) = (join, &outcome) {
-            self.queued_at = refused.queued_at;
-        }
-        match outcome {
-            // The script took the thread out of the queue with the grant.
-            Ok(_) => self.left_queue(),
-            Err(_) if self.reentry => {
-                // A re-entry is granted while the hold stands: it is gone on the server
-                // (expired, force-unlocked, lost). Its guards must say so, and from here on
-                // the call is an ordinary acquisition, which may queue.
-                self.reentry = false;
-                inner.watchdog.hold_gone(lock.keys.hold(), self.token);
-            }
-            Err(_) => {}
-        }
-        Ok(outcome)
-    }
-
-    /// After a wait that ended without a message: whether this thread makes the process's
-    /// one try on the lease timer (false: another thread does, or the deadline passed;
-    /// the caller loops and sleeps again).
-    fn timed_try(&self, s: &Subscription) -> Result<bool, Error> {
-        let now = Instant::now();
-        if self.deadline.is_some_and(|d| now >= d) {
-            return Ok(false);
-        }
-        let window = self.lock.client.inner.config.command_timeout;
-        Ok(s.claim_try(now, window).is_ok())
-    }
-
-    /// The deadline passed: leave the queue, in one step with learning whether the lock
-    /// was handed to this thread meanwhile (then it is ours: `Some`).
-    fn give_up(&mut self) -> Result<Option<LockGuard<K>>, Error> {
-        if !self.queued {
-            return Ok(None);
-        }
-        let lock = self.lock;
-        let inner = &lock.client.inner;
-        let keys = &lock.keys;
-        // The levels the thread holds (none: a thread that held the lock never queued),
-        // never fewer: leaving must not give one of them up.
-        let held = inner.watchdog.levels_now(keys.hold(), self.token);
-        let need = inner.watchdog.need_ms(
-            keys.hold(),
-            self.token,
-            millis(inner.config.watchdog_timeout),
-        );
-        let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
-            let cancel = queue::cancel(keys, &self.holder, held, need, true);
-            inner.eval(con, &cancel)
-        })?;
-        match reply[..] {
-            [1, _, fence] => {
-                // Handed over meanwhile: ours if still within its pickup window. (Still
-                // marked queued until then: a failure leaves the level to the watchdog.)
-                let guard = self.confirm(fence as u64)?;
-                self.left_queue();
-                Ok(guard)
-            }
-            [0, served] => {
-                self.left_queue();
-                if served == 1 {
-                    inner.watchdog.handed_on(inner, keys);
-                }
-                Ok(None)
-            }
-            _ => Err(Error::Redis(redis::RedisError::from((
-                redis::ErrorKind::Parse,
-                "unexpected reply from the cancel script",
-            )))),
-        }
-    }
-
-    /// The lock was handed to this thread by a release, in a message with `ticket`,
-    /// `fence` (the token the release drew) and `at` (the server's time of the release):
-    /// the guard, or `None` when the grant's pickup window was over first.
-    ///
-    /// The window (a lease of at most [`queue::PICKUP`], or the call's own lease if shorter)
-    /// starts at the release, on the server. A grant that carries the ticket of this call's
-    /// latest attempt that could queue was made from the queue entry that attempt wrote, so
-    /// after the attempt ran, so after it was sent; and as much later than the attempt ran
-    /// as the server's clock says (`at` against the time the attempt's reply carried). So
-    /// its lease ends no earlier than the send time, plus that span, plus the window, by
-    /// this machine's clock: the message's own delay does not count, nor how long the
-    /// thread waited. While at least half the window is left the guard is returned at once,
-    /// its lease counted from that moment, and the watchdog extends the hold when the lease
-    /// needs more than the window. Otherwise ([`Wait::confirm`]) the grant may have lapsed
-    /// and passed on, and the server is asked.
-    fn pick_up(
-        &mut self,
-        ticket: u64,
-        fence: u64,
-        at: Option<u64>,
-    ) -> Result<Option<LockGuard<K>>, Error> {
-        let Some(since) = self.window_start(ticket, at) else {
-            return self.confirm(fence);
-        };
-        if let Some(s) = &self.sub {
-            // The others of this process now wait for our release (or lease).
-            s.saw_lease_end(Instant::now() + Duration::from_millis(self.lease_ms));
-        }
-        let grant = Grant {
-            count: 1,
-            fence: kind::is_fenced::<K>().then_some(fence),
-        };
-        self.left_queue();
-        let lock = self.lock;
-        Ok(Some(lock.granted(
-            self.token,
-            self.holder.clone(),
-            grant,
-            self.lease,
-            since,
-            true,
-        )))
-    }
-
-    /// When the pickup window of a grant with `ticket` made at the server time `at` began
-    /// at the earliest, by this machine's clock, if that shows the grant still has half its
-    /// window or more left; `None` when it may not (the server must be asked), when the
-    /// ticket is an earlier attempt's (that grant lapsed before the later attempt ran, or
-    /// the attempt would have been granted), and with `sync_replicas` (the replicas must
-    /// confirm it).
-    fn window_start(&self, ticket: u64, at: Option<u64>) -> Option<Instant> {
-        if ticket != self.ticket || self.lock.client.inner.config.sync_replicas.is_some() {
-            return None;
-        }
-        let start = queue::grant_seen_from(self.joined?, self.queued_at, at);
-        let window = Duration::from_millis(self.lease_ms).min(queue::PICKUP);
-        let left = start
-            .checked_add(window)?
-            .checked_duration_since(Instant::now())?;
-        (left >= window / 2 + queue::pickup_margin(window)).then_some(start)
-    }
-
-    /// Confirms a hold handed to this thread (`fence`: the token the release drew) with the
-    /// server before it is returned: `None` when its pickup window was over first.
-    ///
-    /// Nothing here can tell how long the grant's message took, or how long ago the grant
-    /// was written when the call's leave-the-queue script reports it: a grant that arrived
-    /// late may have lapsed and passed on. One renewal-script call settles it: it extends
-    /// the hold to this call's lease if it is still ours (the extension the watchdog would
-    /// otherwise make a third into the window), and with `sync_replicas` its `WAIT`
-    /// confirms the hold on the replicas before the guard exists.
-    fn confirm(&mut self, fence: u64) -> Result<Option<LockGuard<K>>, Error> {
-        let lock = self.lock;
-        let sent = Instant::now();
-        let held = lock.pick_up(&self.holder, self.lease_ms, lock.io_until(self.deadline))?;
-        if !held {
-            return Ok(None);
-        }
-        if let Some(s) = &self.sub {
-            // The others of this process now wait for our release (or lease).
-            s.saw_lease_end(sent + Duration::from_millis(self.lease_ms));
-        }
-        let grant = Grant {
-            count: 1,
-            fence: kind::is_fenced::<K>().then_some(fence),
-        };
-        Ok(Some(self.granted(grant, sent)))
-    }
-
-    fn granted(&mut self, grant: Grant, sent: Instant) -> LockGuard<K> {
-        self.left_queue();
-        self.lock.granted(
-            self.token,
-            self.holder.clone(),
-            grant,
-            self.lease,
-            sent,
-            false,
-        )
-    }
-
-    fn left_queue(&mut self) {
-        if self.queued {
-            self.queued = false;
-            let inner = &self.lock.client.inner;
-            inner
-                .watchdog
-                .done_waiting(self.lock.keys.key(), self.token);
-        }
-    }
-}
-
-impl<K: Kind> Drop for Wait<'_, K> {
-    fn drop(&mut self) {
-        if self.queued {
-            // Left with an error: the thread's entry (and a grant it may have been made
-            // meanwhile) is given up by the watchdog thread, off this caller's path.
-            let inner = &self.lock.client.inner;
-            let keys = &self.lock.keys;
-            inner.watchdog.done_waiting(keys.key(), self.token);
-            // Told the levels the thread holds (none: a thread that held the lock never
-            // queued), so that the clean-up can never take one of them.
-            let held = inner.watchdog.levels_now(keys.hold(), self.token);
-            inner
-                .watchdog
-                .doubt(inner, keys, self.token, &self.holder, held);
-        }
     }
 }
 
@@ -1114,29 +739,4 @@ impl<K: Kind> fmt::Debug for Lock<K> {
             .field("key", &String::from_utf8_lossy(self.keys.key()))
             .finish()
     }
-}
-
-/// Whole milliseconds, rounded up so that a sub-millisecond duration is never zero.
-pub(crate) fn millis(d: Duration) -> u64 {
-    let ms = d.as_millis();
-    let ms = if d > Duration::from_millis(ms as u64) {
-        ms + 1
-    } else {
-        ms
-    };
-    u64::try_from(ms).unwrap_or(u64::MAX)
-}
-
-pub(crate) fn fixed(lease: Duration) -> Result<Lease, Error> {
-    if lease.is_zero() {
-        return Err(Error::InvalidArgument(
-            "a lease must be longer than zero".to_owned(),
-        ));
-    }
-    if lease > MAX_LEASE {
-        return Err(Error::InvalidArgument(format!(
-            "a lease of {lease:?} is longer than the maximum of ten years"
-        )));
-    }
-    Ok(Lease::Fixed(millis(lease)))
 }

@@ -12,3 +12,4 @@ pub(crate) mod multilock;
 pub(crate) mod permit;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
+pub(crate) mod wait;

@@ -10,13 +10,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Select;
 
-use crate::primitives::lock::{fixed, millis, Grant, IO_GRACE, NEXT_TICKET};
+use crate::primitives::lock::Grant;
 use crate::primitives::multi_guard::release_all;
+use crate::primitives::wait::NEXT_TICKET;
+use crate::runtime::client::IO_GRACE;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::keys::{holder_id, thread_token};
+use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::subscriber::Subscription;
-use crate::runtime::watchdog::Lease;
 use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
 
 /// How long a round of calls waits for a server by default: far below any lease, so that

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::kind::Permits;
 use crate::runtime::keys::Object;
+use crate::runtime::lease::Lease;
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts;
-use crate::runtime::watchdog::Lease;
 use crate::{Client, Error, Lock, Permit};
 
 /// The most permits a semaphore may have.
@@ -164,6 +164,12 @@ impl Semaphore {
     /// The name the semaphore was made with.
     pub fn name(&self) -> &[u8] {
         self.permits.name()
+    }
+
+    /// Frees every permit whoever holds them (see [`Client::force_unlock`]): the client
+    /// frees a name's objects without knowing how a semaphore keeps its permits.
+    pub(crate) fn force_unlock(&self) -> Result<bool, Error> {
+        self.permits.force_unlock()
     }
 
     fn check(&self) -> Result<(), Error> {

@@ -269,7 +269,7 @@ impl ClientBuilder {
         if self.watchdog_timeout < Duration::from_millis(3) {
             return invalid("watchdog_timeout must be at least 3 ms");
         }
-        if self.watchdog_timeout > crate::primitives::lock::MAX_LEASE {
+        if self.watchdog_timeout > crate::runtime::lease::MAX_LEASE {
             return invalid("watchdog_timeout is too long");
         }
         if self.pool_size == 0 {
@@ -292,7 +292,7 @@ impl ClientBuilder {
                 Some((_, t)) if t.is_zero() || t >= self.command_timeout => return invalid(
                     "the sync_replicas timeout must be non-zero and shorter than command_timeout",
                 ),
-                Some((n, t)) => Some((n, crate::primitives::lock::millis(t))),
+                Some((n, t)) => Some((n, crate::runtime::lease::millis(t))),
             };
         let bad_url = |e: redis::RedisError| {
             Error::InvalidArgument(format!("bad redis url {}: {e}", redact_url(&self.url)))

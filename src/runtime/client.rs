@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::runtime::holds::HoldTable;
 use crate::runtime::keys::{self, LockKeys, Object};
 use crate::runtime::pool::{self, Con, Conn, Manager};
 use crate::runtime::scripts::{self, ScriptCall, Scripting};
 use crate::runtime::subscriber::Subscriber;
 use crate::runtime::target::Target;
-use crate::runtime::watchdog::Watchdog;
 use crate::{
     ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockInfo, LockName,
     ReadWriteLock, Semaphore,
@@ -30,6 +30,12 @@ const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
 /// `force_unlock.lua`) remembers the id of the call that ran it. The client repeats such a
 /// call only within half of it, so the first run is always still remembered.
 pub(crate) const CALL_MEMORY: Duration = Duration::from_secs(60);
+
+/// How long past its deadline a bounded call (`try_lock*`) waits for a round trip already
+/// under way: Redis's answer to an attempt sent just before the deadline. A server that
+/// does not answer by then (frozen, unreachable) fails the call with [`Error::Timeout`]
+/// or [`Error::Pool`] instead of holding it for the command or connect timeout.
+pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
@@ -98,7 +104,9 @@ pub(crate) struct Inner {
     pool: r2d2::Pool<Manager>,
     target: Arc<Target>,
     pub(crate) subscriber: Subscriber,
-    pub(crate) watchdog: Watchdog,
+    // What this process holds, with the thread that renews it (the field is named for
+    // that thread, the watchdog).
+    pub(crate) watchdog: HoldTable,
     /// How the scripts are sent (`FCALL` or `EVALSHA`): one choice for every call.
     pub(crate) scripting: Scripting,
     // Until when calls sent to several clients at once (`fanout`) skip this one, and why:
@@ -426,8 +434,7 @@ impl Client {
         if self.read_write_lock(name.clone()).write().force_unlock()? {
             freed.push("read-write lock");
         }
-        let permits: Lock<crate::primitives::kind::Permits> = self.handle(name, Object::Semaphore);
-        if permits.force_unlock()? {
+        if Semaphore::new(self, name, 0).force_unlock()? {
             freed.push("semaphore");
         }
         Ok(freed)
@@ -475,7 +482,7 @@ impl Client {
             inner: Arc::new(Inner {
                 id,
                 pid: std::process::id(),
-                watchdog: Watchdog::new(),
+                watchdog: HoldTable::new(),
                 scripting: Scripting::new(config.use_functions),
                 handles: AtomicUsize::new(1),
                 unreachable: parking_lot::Mutex::new(None),

@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::primitives::lock::{millis, IO_GRACE};
+use crate::runtime::client::IO_GRACE;
 use crate::runtime::keys::LockKeys;
+use crate::runtime::lease::millis;
 use crate::runtime::scripts::{self, Bundled, ScriptCall};
 
 /// How long a hold handed to a waiter lasts until it is extended, counted from the

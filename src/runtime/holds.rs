@@ -1,42 +1,28 @@
-//! The per-client table of held locks, and the one thread that renews their leases.
+//! The per-client table of what this process holds: each thread's levels and leases on each
+//! lock, and the attempts, doubts, waits and handed-on locks the watchdog thread looks after.
 
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-use std::thread::{self, JoinHandle};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::primitives::lock::millis;
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
+use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue::{self, KICK_AFTER, PICKUP};
-use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::renewer::Renewer;
 use crate::Error;
 
-/// Leases and queue entries renewed by one script call. Bounded so that one call never
-/// blocks Redis for long; 1,000 locks or waiters still take only two round trips.
-const RENEW_BATCH: usize = 500;
 /// How often a failing check of a handed-on lock is tried again before it is left to the
 /// waiters' own timers.
-const KICK_TRIES: u8 = 3;
+pub(super) const KICK_TRIES: u8 = 3;
 /// How soon a failed extension of a handed-over hold is tried again: several times
 /// within its pickup window.
 const EXTEND_RETRY: Duration = Duration::from_millis(100);
-
-/// How a level of a lock keeps its lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Lease {
-    /// Renewed by the watchdog while held.
-    Watchdog,
-    /// A fixed lease in milliseconds, never renewed.
-    Fixed(u64),
-}
 
 struct Level {
     id: u64,
@@ -328,27 +314,27 @@ fn remove_hold(holds: &mut Holds, key: &[u8], token: u64) -> Option<Hold> {
 /// after sending): Redis may have run it, or may still run it, leaving a level nobody
 /// holds. The watchdog thread gives such a level back (twice, in case the script ran
 /// late), unless this thread's next grant on the lock adopted it meanwhile.
-struct Doubtful {
-    id: u64,
-    keys: Arc<LockKeys>,
-    token: u64,
-    holder: String,
+pub(super) struct Doubtful {
+    pub(super) id: u64,
+    pub(super) keys: Arc<LockKeys>,
+    pub(super) token: u64,
+    pub(super) holder: String,
     // The levels the attempt was told the thread held: the ghost, if any, is one more.
-    expected: usize,
-    runs_left: u8,
-    in_flight: bool,
+    pub(super) expected: usize,
+    pub(super) runs_left: u8,
+    pub(super) in_flight: bool,
     // This thread is attempting on the lock right now: its attempt may adopt the level.
-    paused: bool,
+    pub(super) paused: bool,
 }
 
 /// A hold as the watchdog thread snapshots it for one renewal round.
-struct Watched {
+pub(super) struct Watched {
     // Its keys; `keys.hold()` is its name in this process.
-    keys: Arc<LockKeys>,
+    pub(super) keys: Arc<LockKeys>,
     token: u64,
-    holder: Arc<str>,
-    lost: Arc<AtomicBool>,
-    lease_ms: u64,
+    pub(super) holder: Arc<str>,
+    pub(super) lost: Arc<AtomicBool>,
+    pub(super) lease_ms: u64,
     // The first renewal of a handed-over hold: its lease is only the pickup window.
     extension: bool,
 }
@@ -362,16 +348,16 @@ struct Waiting {
 
 /// A lock this client handed on: checked once the pickup window is over, so that a grant
 /// nobody took (or a wake-up nobody acted on) does not leave it free with waiters asleep.
-struct Kick {
-    keys: Arc<LockKeys>,
+pub(super) struct Kick {
+    pub(super) keys: Arc<LockKeys>,
     due: Instant,
-    tries_left: u8,
+    pub(super) tries_left: u8,
 }
 
 impl Kick {
     /// Checks again after another pickup window, with `tries_left` tries (unless a newer
     /// handoff of the lock scheduled its own check meanwhile).
-    fn again(mut self, watchdog: &Watchdog, tries_left: u8) {
+    pub(super) fn again(mut self, watchdog: &HoldTable, tries_left: u8) {
         self.due = Instant::now() + KICK_AFTER;
         self.tries_left = tries_left;
         let key = self.keys.key().to_vec();
@@ -379,7 +365,10 @@ impl Kick {
     }
 }
 
-pub(crate) struct Watchdog {
+/// What this process holds, and what its watchdog thread looks after: every thread's
+/// levels and leases on every lock, acquire attempts in flight or in doubt, this client's
+/// queue entries, and the locks it handed on.
+pub(crate) struct HoldTable {
     // lock key -> thread token -> hold.
     holds: Mutex<Holds>,
     // The holds that may have an extension pending (`Hold::extend_at`): a superset, pruned
@@ -391,55 +380,35 @@ pub(crate) struct Watchdog {
     // Signalled when a renewal round is over, for threads waiting on `Hold::renewing`.
     renewed: Condvar,
     next_level: AtomicU64,
-    // The running thread, and the sender that wakes it early (a doubtful attempt to
-    // clean up); dropping the sender (with the client) stops the thread at once.
-    thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
-    doubts: Mutex<Vec<Doubtful>>,
+    pub(super) doubts: Mutex<Vec<Doubtful>>,
     // Signalled when a clean-up call is over, for attempts waiting on `in_flight`.
-    cleaned: Condvar,
+    pub(super) cleaned: Condvar,
     // (lock key, thread token) -> a queue entry of this client.
     waiting: Mutex<HashMap<(Vec<u8>, u64), Waiting>>,
     // lock key -> the check due after this client handed it on.
     kicks: Mutex<HashMap<Vec<u8>, Kick>>,
-    // When the thread wakes by itself next; `None` while it is awake (it will look at
-    // every extension and check before it sleeps again).
-    planned: Mutex<Option<Instant>>,
+    // The thread that renews what the table holds, checks handed-on locks and cleans up
+    // after doubtful attempts: the table wakes it when it has something due.
+    pub(super) renewer: Renewer,
 }
 
-impl Watchdog {
-    pub(crate) fn new() -> Watchdog {
-        Watchdog {
+impl HoldTable {
+    pub(crate) fn new() -> HoldTable {
+        HoldTable {
             holds: Mutex::new(HashMap::new()),
             extending: Mutex::new(HashSet::new()),
             renewed: Condvar::new(),
             next_level: AtomicU64::new(1),
-            thread: Mutex::new(None),
             doubts: Mutex::new(Vec::new()),
             cleaned: Condvar::new(),
             waiting: Mutex::new(HashMap::new()),
             kicks: Mutex::new(HashMap::new()),
-            planned: Mutex::new(None),
-        }
-    }
-
-    /// Wakes the thread if it would otherwise sleep past `due` (a handoff happens per
-    /// acquisition under contention: waking the thread for each would cost more than the
-    /// handoff itself).
-    fn nudge_for(&self, due: Instant) {
-        if self.planned.lock().is_none_or(|planned| due < planned) {
-            self.nudge();
-        }
-    }
-
-    /// Wakes the thread to look at its timers again (or clean up a doubtful attempt).
-    fn nudge(&self) {
-        if let Some((kick, _)) = &*self.thread.lock() {
-            let _ = kick.try_send(());
+            renewer: Renewer::new(),
         }
     }
 
     /// Keeps thread `token`'s queue entry for the lock alive until
-    /// [`done_waiting`](Watchdog::done_waiting); an entry lives a watchdog timeout unless
+    /// [`done_waiting`](HoldTable::done_waiting); an entry lives a watchdog timeout unless
     /// renewed, and no longer than `deadline` allows.
     pub(crate) fn waiting(
         &self,
@@ -477,7 +446,7 @@ impl Watchdog {
     }
 
     /// Schedules the check of a handed-on lock (the thread is known to run).
-    fn schedule_kick(&self, keys: &Arc<LockKeys>) {
+    pub(super) fn schedule_kick(&self, keys: &Arc<LockKeys>) {
         let due = Instant::now() + KICK_AFTER;
         let mut kicks = self.kicks.lock();
         let fresh = !kicks.contains_key(keys.key());
@@ -491,12 +460,12 @@ impl Watchdog {
         );
         drop(kicks);
         if fresh {
-            self.nudge_for(due);
+            self.renewer.nudge_for(due);
         }
     }
 
     /// The earliest extension or check due, if any.
-    fn next_due(&self) -> Option<Instant> {
+    pub(super) fn next_due(&self) -> Option<Instant> {
         let kick = self.kicks.lock().values().map(|k| k.due).min();
         let holds = self.holds.lock();
         let mut extend: Option<Instant> = None;
@@ -516,25 +485,11 @@ impl Watchdog {
         }
     }
 
-    /// Makes sure the renewal thread runs, starting it (again, if it died) when needed.
-    /// Called before a watchdog lease is taken, so that a thread that cannot be started
-    /// fails the acquisition before anything is written.
+    /// Makes sure the renewal thread runs (see [`Renewer::ensure_running`]). Called before
+    /// a watchdog lease is taken, so that a thread that cannot be started fails the
+    /// acquisition before anything is written.
     pub(crate) fn ensure_running(&self, client: &Arc<Inner>) -> Result<(), Error> {
-        let mut thread = self.thread.lock();
-        if let Some((_, handle)) = &*thread {
-            if !handle.is_finished() {
-                return Ok(());
-            }
-            log::warn!("redmutex: the watchdog thread had stopped; starting it again");
-        }
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let weak = Arc::downgrade(client);
-        let handle = thread::Builder::new()
-            .name("redmutex-watchdog".to_owned())
-            .spawn(move || run(weak, rx))
-            .map_err(Error::Thread)?;
-        *thread = Some((tx, handle));
-        Ok(())
+        self.renewer.ensure_running(client)
     }
 
     /// Blocks while a renewal round that includes this thread's hold is in flight.
@@ -619,14 +574,14 @@ impl Watchdog {
         };
         drop(holds);
         if let Some(due) = extend {
-            self.nudge_for(due);
+            self.renewer.nudge_for(due);
         }
         registration
     }
 
     /// Starts an acquire attempt of this thread on the lock: waits for a clean-up of an
     /// earlier doubtful attempt that is in flight, and keeps new ones from starting until
-    /// [`end_attempt`](Watchdog::end_attempt), since this attempt may adopt the level.
+    /// [`end_attempt`](HoldTable::end_attempt), since this attempt may adopt the level.
     /// Returns the levels this thread holds, for the script. A bounded call waits for
     /// the clean-up only until `until`, its I/O bound (the clean-up itself may be stuck
     /// behind a failover): then it fails with `Error::Timeout`, having sent nothing.
@@ -664,7 +619,7 @@ impl Watchdog {
         Ok(self.levels(key, token))
     }
 
-    /// Ends an attempt begun with [`begin_attempt`](Watchdog::begin_attempt). A grant
+    /// Ends an attempt begun with [`begin_attempt`](HoldTable::begin_attempt). A grant
     /// adopted any level a doubtful attempt left, and an attempt that queued owns the
     /// thread's queue entry again: nothing is left to clean up.
     pub(crate) fn end_attempt(&self, key: &[u8], token: u64, granted: bool, queued: bool) {
@@ -716,7 +671,7 @@ impl Watchdog {
             log::warn!("redmutex: cannot clean up a doubtful acquisition: {e}");
             return;
         }
-        self.nudge();
+        self.renewer.nudge();
     }
 
     /// The levels this thread holds of the lock, as far as this process knows: what the
@@ -731,7 +686,7 @@ impl Watchdog {
         self.levels_now(key, token) > 0
     }
 
-    /// [`levels`](Watchdog::levels) without waiting for a renewal round in flight.
+    /// [`levels`](HoldTable::levels) without waiting for a renewal round in flight.
     pub(crate) fn levels_now(&self, key: &[u8], token: u64) -> usize {
         live_levels(&self.holds.lock(), key, token)
     }
@@ -830,7 +785,7 @@ impl Watchdog {
     /// Snapshots the holds to renew and marks them as being renewed: in a full round every
     /// hold with a watchdog level or a pending extension, otherwise only the extensions
     /// due by now. Each with the lease its levels need.
-    fn watched(&self, full: bool, watchdog_ms: u64) -> Vec<Watched> {
+    pub(super) fn watched(&self, full: bool, watchdog_ms: u64) -> Vec<Watched> {
         let now = Instant::now();
         let mut holds = self.holds.lock();
         let mut extending = self.extending.lock();
@@ -859,7 +814,7 @@ impl Watchdog {
     }
 
     /// The queue entries of this client's waiting threads, each with how long it lives.
-    fn waiters(&self, watchdog_ms: u64) -> Vec<(Arc<LockKeys>, u64, String, u64)> {
+    pub(super) fn waiters(&self, watchdog_ms: u64) -> Vec<(Arc<LockKeys>, u64, String, u64)> {
         self.waiting
             .lock()
             .iter()
@@ -871,7 +826,7 @@ impl Watchdog {
     }
 
     /// Takes the checks of handed-on locks due by now.
-    fn due_kicks(&self) -> Vec<Kick> {
+    pub(super) fn due_kicks(&self) -> Vec<Kick> {
         let now = Instant::now();
         let mut kicks = self.kicks.lock();
         if kicks.is_empty() {
@@ -924,7 +879,7 @@ impl Watchdog {
 
     /// After a renewal call sent at `sent` that reached the server, the holds of `batch`
     /// not in `lost` (0-based) live at least their lease from then.
-    fn confirmed(&self, batch: &[Watched], sent: Instant, lost: &[usize]) {
+    pub(super) fn confirmed(&self, batch: &[Watched], sent: Instant, lost: &[usize]) {
         let mut holds = self.holds.lock();
         for (i, w) in batch.iter().enumerate() {
             if lost.contains(&i) {
@@ -945,7 +900,7 @@ impl Watchdog {
 
     /// After a renewal call: the handed-over holds in `batch` are extended (`ok`), or
     /// their extension is tried again soon while their pickup window lasts.
-    fn extended(&self, batch: &[Watched], ok: bool) {
+    pub(super) fn extended(&self, batch: &[Watched], ok: bool) {
         let now = Instant::now();
         let mut holds = self.holds.lock();
         for w in batch.iter().filter(|w| w.extension) {
@@ -970,7 +925,7 @@ impl Watchdog {
     }
 
     /// Ends a renewal round for `batch` and wakes the threads waiting for it.
-    fn renewed(&self, batch: &[Watched]) {
+    pub(super) fn renewed(&self, batch: &[Watched]) {
         let mut holds = self.holds.lock();
         for w in batch {
             if let Some(hold) = holds
@@ -984,7 +939,7 @@ impl Watchdog {
         self.renewed.notify_all();
     }
 
-    fn forget_lost(&self, key: &[u8], lost: &Arc<AtomicBool>) {
+    pub(super) fn forget_lost(&self, key: &[u8], lost: &Arc<AtomicBool>) {
         let mut holds = self.holds.lock();
         if let Some(by_token) = holds.get_mut(key) {
             by_token.retain(|_, h| !Arc::ptr_eq(&h.lost, lost));
@@ -996,7 +951,7 @@ impl Watchdog {
 
     /// The watchdog stops for good (every `Client` is gone): holds that relied on it will
     /// lapse, and their guards must say so rather than look held to the end.
-    fn abandon(&self) {
+    pub(super) fn abandon(&self) {
         let holds = self.holds.lock();
         let mut abandoned = 0;
         for hold in holds.values().flat_map(|by_token| by_token.values()) {
@@ -1013,327 +968,11 @@ impl Watchdog {
         }
     }
 }
-
-fn run(client: Weak<Inner>, wake: Receiver<()>) {
-    let mut next_round = Instant::now();
-    loop {
-        let clean_bound = match client.upgrade() {
-            Some(inner) => {
-                if next_round <= Instant::now() {
-                    next_round = Instant::now() + inner.config.watchdog_timeout / 3;
-                }
-                // Published before the dues are read: one added in between nudges.
-                let watchdog = &inner.watchdog;
-                *watchdog.planned.lock() = Some(next_round);
-                if let Some(due) = watchdog.next_due() {
-                    let mut planned = watchdog.planned.lock();
-                    *planned = planned.map(|p| p.min(due));
-                }
-                inner.config.watchdog_timeout / 6
-            }
-            None => return,
-        };
-        let wake_at = client
-            .upgrade()
-            .and_then(|inner| *inner.watchdog.planned.lock())
-            .unwrap_or(next_round);
-        let woken = wake.recv_deadline(wake_at);
-        if let Some(inner) = client.upgrade() {
-            *inner.watchdog.planned.lock() = None;
-        }
-        match woken {
-            Ok(()) => {
-                // Woken for a doubtful attempt, or a new extension or check to schedule.
-                // Renewals come first: clean up now only if that cannot delay the next
-                // round.
-                if next_round.saturating_duration_since(Instant::now()) > clean_bound {
-                    if let Some(inner) = client.upgrade() {
-                        clean_doubtful(&inner);
-                    }
-                }
-                continue;
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-        let Some(inner) = client.upgrade() else {
-            return;
-        };
-        let full = Instant::now() >= next_round;
-        if full && !inner.has_handles() {
-            // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
-            // Their leases run out within a watchdog timeout.
-            inner.watchdog.abandon();
-            return;
-        }
-        // A bug in one round must not end renewals for every lock of the client.
-        if catch_unwind(AssertUnwindSafe(|| renew_all(&inner, full))).is_err() {
-            log::error!("redmutex: a lease renewal round panicked; renewing again next round");
-        }
-        if catch_unwind(AssertUnwindSafe(|| kick_due(&inner))).is_err() {
-            log::error!("redmutex: a check of a handed-on lock panicked");
-        }
-        if full {
-            clean_doubtful(&inner);
-        }
-    }
-}
-
-/// Checks the locks this client handed on whose pickup window is over: a free lock with
-/// waiters goes to the next one (and is checked again after its window).
-fn kick_due(inner: &Inner) {
-    let watchdog = &inner.watchdog;
-    for kick in watchdog.due_kicks() {
-        // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
-        let keys = kick.keys.clone();
-        let until = Instant::now() + inner.config.watchdog_timeout / 6;
-        let mut call = queue::command(keys.ops.kick, &keys);
-        call.arg(keys.inbox())
-            .arg(queue::pickup_ms())
-            .arg(queue::starve_ms());
-        let result = inner.run_until(Some(until), |con| inner.eval::<(i64, i64)>(con, &call));
-        match result {
-            // It handed the lock on again: check that handoff in its turn.
-            Ok((_, 1)) => kick.again(watchdog, KICK_TRIES),
-            Ok(_) => {}
-            Err(e) => {
-                log::debug!("redmutex: checking a handed-on lock failed: {e}");
-                let tries_left = kick.tries_left - 1;
-                if tries_left > 0 {
-                    kick.again(watchdog, tries_left);
-                }
-            }
-        }
-    }
-}
-
-/// Gives back the levels doubtful attempts may have left. Each call is the release script
-/// told the thread held one level more than the attempt was told: if the attempt never ran
-/// it finds fewer and changes nothing; if the thread released or re-took the lock since,
-/// the count no longer matches either. Only this thread's own field is ever touched.
-fn clean_doubtful(inner: &Inner) {
-    let watchdog = &inner.watchdog;
-    let batch: Vec<Doubtful> = {
-        let mut doubts = watchdog.doubts.lock();
-        doubts
-            .iter_mut()
-            .filter(|d| !d.in_flight && !d.paused)
-            .map(|d| {
-                d.in_flight = true;
-                Doubtful {
-                    keys: d.keys.clone(),
-                    holder: d.holder.clone(),
-                    ..*d
-                }
-            })
-            .collect()
-    };
-    let watchdog_ms = millis(inner.config.watchdog_timeout);
-    let mut handed = Vec::new();
-    for Doubtful {
-        id,
-        keys,
-        token,
-        holder,
-        expected,
-        ..
-    } in batch
-    {
-        let need = watchdog.need_ms(keys.hold(), token, watchdog_ms);
-        // Never fewer levels than the thread holds now: a clean-up must not take one of
-        // them, whatever the attempt was told (its thread cannot attempt meanwhile).
-        let expected = expected.max(watchdog.levels_now(keys.hold(), token));
-        let until = Instant::now() + inner.config.watchdog_timeout / 6;
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            inner.run_until(Some(until), |con| {
-                let cancel = queue::cancel(&keys, &holder, expected, need, false);
-                inner.eval::<Vec<i64>>(con, &cancel)
-            })
-        }));
-        let mut doubts = watchdog.doubts.lock();
-        if let Some(at) = doubts.iter().position(|d| d.id == id) {
-            let d = &mut doubts[at];
-            d.in_flight = false;
-            match result {
-                Ok(Ok(reply)) => {
-                    if reply[..] == [0, 1] {
-                        handed.push(keys.clone());
-                    }
-                    log::debug!(
-                        "redmutex: cleaned up after a doubtful attempt on {:?} ({reply:?})",
-                        String::from_utf8_lossy(keys.key())
-                    );
-                    d.runs_left -= 1;
-                    if d.runs_left == 0 {
-                        doubts.remove(at);
-                    }
-                }
-                Ok(Err(e)) => log::debug!("redmutex: clean-up of a doubtful attempt failed: {e}"),
-                Err(_) => {
-                    log::error!("redmutex: clean-up of a doubtful attempt panicked");
-                    doubts.remove(at);
-                }
-            }
-        }
-        drop(doubts);
-        watchdog.cleaned.notify_all();
-    }
-    for keys in handed {
-        watchdog.schedule_kick(&keys);
-    }
-}
-
-/// One renewal round: every watchdog hold and every queue entry of this client (`full`),
-/// or just the handed-over holds due for extension, in batches of one script call each. A
-/// batch that fails (Redis unreachable) is simply tried again next round; its leases still
-/// have a third of their time left. Each call gives up after a third of the lease, so one
-/// slow round cannot use up the time of the next one.
-pub(crate) fn renew_all(inner: &Inner, full: bool) {
-    let watchdog_ms = millis(inner.config.watchdog_timeout);
-    let mut round = Round {
-        watchdog: &inner.watchdog,
-        watched: inner.watchdog.watched(full, watchdog_ms),
-    };
-    let mut waiters = if full {
-        inner.watchdog.waiters(watchdog_ms)
-    } else {
-        Vec::new()
-    };
-    // On a cluster one script may only touch keys of one slot: a batch is one slot's
-    // holds and queue entries (locks of different names share a call when their tags
-    // hash alike), sorted so that they are neighbours. Elsewhere every lock shares one
-    // batch.
-    let cluster = inner.is_cluster();
-    let group = |key: &[u8]| -> u16 {
-        if cluster {
-            slot(key)
-        } else {
-            0
-        }
-    };
-    if cluster {
-        round.watched.sort_by_cached_key(|w| group(w.keys.key()));
-        waiters.sort_by_cached_key(|(keys, ..)| group(keys.key()));
-    }
-    let give_up_after = inner.config.watchdog_timeout / 3;
-    let mut holds: &[Watched] = &round.watched;
-    let mut waits = waiters.as_slice();
-    while !holds.is_empty() || !waits.is_empty() {
-        let next = match (holds.first(), waits.first()) {
-            (Some(h), Some((w, ..))) => group(h.keys.key()).min(group(w.key())),
-            (Some(h), None) => group(h.keys.key()),
-            (None, Some((w, ..))) => group(w.key()),
-            (None, None) => unreachable!(),
-        };
-        let same = holds
-            .iter()
-            .take(RENEW_BATCH)
-            .take_while(|h| group(h.keys.key()) == next)
-            .count();
-        let (batch, rest) = holds.split_at(same);
-        holds = rest;
-        let same = waits
-            .iter()
-            .take(RENEW_BATCH - batch.len())
-            .take_while(|(w, ..)| group(w.key()) == next)
-            .count();
-        let (wait_batch, rest) = waits.split_at(same);
-        waits = rest;
-        let mut call = ScriptCall::new(&scripts::RENEW);
-        call.arg(batch.len());
-        for w in batch {
-            let ops = w.keys.ops;
-            call.key(w.keys.key());
-            if ops.field_prefix.is_some() {
-                call.key(w.keys.leases().as_slice()).arg("m");
-            } else {
-                call.arg("k");
-            }
-            call.arg(ops.field(&w.holder)).arg(w.lease_ms);
-        }
-        for (keys, ..) in wait_batch {
-            call.key(keys.queue().as_slice())
-                .key(keys.waiters().as_slice());
-        }
-        for (_, _, holder, ttl) in wait_batch {
-            call.arg(holder.as_str()).arg(*ttl);
-        }
-        let sent = Instant::now();
-        let until = sent + give_up_after;
-        let result = inner.run_until(Some(until), |con| {
-            inner.eval::<(Vec<usize>, Vec<usize>)>(con, &call)
-        });
-        match result {
-            Ok((lost, gone)) => {
-                // Those lost are forgotten below; the others are extended.
-                inner.watchdog.extended(batch, true);
-                let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
-                inner.watchdog.confirmed(batch, sent, &lost_at);
-                for i in lost {
-                    let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
-                        continue;
-                    };
-                    log::warn!(
-                        "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
-                        String::from_utf8_lossy(w.keys.key())
-                    );
-                    w.lost.store(true, Ordering::SeqCst);
-                    inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
-                }
-                for j in gone {
-                    // Dropped from the queue (taken for dead while this client was
-                    // disconnected, or lapsed): the thread must ask again.
-                    if let Some((keys, token, ..)) =
-                        j.checked_sub(1).and_then(|j| wait_batch.get(j))
-                    {
-                        inner.subscriber.recheck(keys.channel(), *token);
-                    }
-                }
-            }
-            Err(e) => {
-                log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
-                inner.watchdog.extended(batch, false);
-            }
-        }
-        inner.watchdog.renewed(batch);
-    }
-}
-
-/// The Redis Cluster slot of `key`.
-fn slot(key: &[u8]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16384
-}
-
-/// The part of `key` Redis Cluster hashes to find its slot: between the first `{` and
-/// the first `}` after it when that is not empty, else the whole key.
-fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
-        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
-}
-
-/// One renewal round's snapshot. Dropping it ends the round for every hold in it, even if
-/// the round panicked: threads waiting for it must never wait forever.
-struct Round<'a> {
-    watchdog: &'a Watchdog,
-    watched: Vec<Watched>,
-}
-
-impl Drop for Round<'_> {
-    fn drop(&mut self) {
-        self.watchdog.renewed(&self.watched);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::runtime::keys::Object;
+    use crate::runtime::scripts;
 
     fn hold(keys: &Arc<LockKeys>, level: u64) -> Hold {
         let mut hold = Hold::new(keys, "c:1");
@@ -1441,7 +1080,7 @@ mod tests {
     /// gone, and every one in a full round.
     #[test]
     fn pending_extensions_are_found_without_walking_every_hold() {
-        let watchdog = Watchdog::new();
+        let watchdog = HoldTable::new();
         let now = Instant::now();
         let watchdog_lease = (Lease::Watchdog, 30_000);
         let plain = keys_of("plain");

@@ -1,0 +1,392 @@
+//! The watchdog thread: renews the leases and queue entries in the holds table, checks the
+//! locks this client handed on, and cleans up after doubtful attempts.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::thread::{self, JoinHandle};
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+
+use crate::runtime::client::Inner;
+use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
+use crate::runtime::lease::millis;
+use crate::runtime::queue;
+use crate::runtime::scripts::{self, ScriptCall};
+use crate::Error;
+
+/// Leases and queue entries renewed by one script call. Bounded so that one call never
+/// blocks Redis for long; 1,000 locks or waiters still take only two round trips.
+const RENEW_BATCH: usize = 500;
+
+/// The handle of a client's watchdog thread, kept in its holds table.
+pub(crate) struct Renewer {
+    // The running thread, and the sender that wakes it early (a doubtful attempt to
+    // clean up); dropping the sender (with the client) stops the thread at once.
+    thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    // When the thread wakes by itself next; `None` while it is awake (it will look at
+    // every extension and check before it sleeps again).
+    planned: Mutex<Option<Instant>>,
+}
+
+impl Renewer {
+    pub(super) fn new() -> Renewer {
+        Renewer {
+            thread: Mutex::new(None),
+            planned: Mutex::new(None),
+        }
+    }
+
+    /// Wakes the thread if it would otherwise sleep past `due` (a handoff happens per
+    /// acquisition under contention: waking the thread for each would cost more than the
+    /// handoff itself).
+    pub(super) fn nudge_for(&self, due: Instant) {
+        if self.planned.lock().is_none_or(|planned| due < planned) {
+            self.nudge();
+        }
+    }
+
+    /// Wakes the thread to look at its timers again (or clean up a doubtful attempt).
+    pub(super) fn nudge(&self) {
+        if let Some((kick, _)) = &*self.thread.lock() {
+            let _ = kick.try_send(());
+        }
+    }
+
+    /// Makes sure the renewal thread runs, starting it (again, if it died) when needed.
+    pub(super) fn ensure_running(&self, client: &Arc<Inner>) -> Result<(), Error> {
+        let mut thread = self.thread.lock();
+        if let Some((_, handle)) = &*thread {
+            if !handle.is_finished() {
+                return Ok(());
+            }
+            log::warn!("redmutex: the watchdog thread had stopped; starting it again");
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let weak = Arc::downgrade(client);
+        let handle = thread::Builder::new()
+            .name("redmutex-watchdog".to_owned())
+            .spawn(move || run(weak, rx))
+            .map_err(Error::Thread)?;
+        *thread = Some((tx, handle));
+        Ok(())
+    }
+}
+
+fn run(client: Weak<Inner>, wake: Receiver<()>) {
+    let mut next_round = Instant::now();
+    loop {
+        let clean_bound = match client.upgrade() {
+            Some(inner) => {
+                if next_round <= Instant::now() {
+                    next_round = Instant::now() + inner.config.watchdog_timeout / 3;
+                }
+                // Published before the dues are read: one added in between nudges.
+                let watchdog = &inner.watchdog;
+                *watchdog.renewer.planned.lock() = Some(next_round);
+                if let Some(due) = watchdog.next_due() {
+                    let mut planned = watchdog.renewer.planned.lock();
+                    *planned = planned.map(|p| p.min(due));
+                }
+                inner.config.watchdog_timeout / 6
+            }
+            None => return,
+        };
+        let wake_at = client
+            .upgrade()
+            .and_then(|inner| *inner.watchdog.renewer.planned.lock())
+            .unwrap_or(next_round);
+        let woken = wake.recv_deadline(wake_at);
+        if let Some(inner) = client.upgrade() {
+            *inner.watchdog.renewer.planned.lock() = None;
+        }
+        match woken {
+            Ok(()) => {
+                // Woken for a doubtful attempt, or a new extension or check to schedule.
+                // Renewals come first: clean up now only if that cannot delay the next
+                // round.
+                if next_round.saturating_duration_since(Instant::now()) > clean_bound {
+                    if let Some(inner) = client.upgrade() {
+                        clean_doubtful(&inner);
+                    }
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let Some(inner) = client.upgrade() else {
+            return;
+        };
+        let full = Instant::now() >= next_round;
+        if full && !inner.has_handles() {
+            // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
+            // Their leases run out within a watchdog timeout.
+            inner.watchdog.abandon();
+            return;
+        }
+        // A bug in one round must not end renewals for every lock of the client.
+        if catch_unwind(AssertUnwindSafe(|| renew_all(&inner, full))).is_err() {
+            log::error!("redmutex: a lease renewal round panicked; renewing again next round");
+        }
+        if catch_unwind(AssertUnwindSafe(|| kick_due(&inner))).is_err() {
+            log::error!("redmutex: a check of a handed-on lock panicked");
+        }
+        if full {
+            clean_doubtful(&inner);
+        }
+    }
+}
+
+/// Checks the locks this client handed on whose pickup window is over: a free lock with
+/// waiters goes to the next one (and is checked again after its window).
+fn kick_due(inner: &Inner) {
+    let watchdog = &inner.watchdog;
+    for kick in watchdog.due_kicks() {
+        // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
+        let keys = kick.keys.clone();
+        let until = Instant::now() + inner.config.watchdog_timeout / 6;
+        let mut call = queue::command(keys.ops.kick, &keys);
+        call.arg(keys.inbox())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms());
+        let result = inner.run_until(Some(until), |con| inner.eval::<(i64, i64)>(con, &call));
+        match result {
+            // It handed the lock on again: check that handoff in its turn.
+            Ok((_, 1)) => kick.again(watchdog, KICK_TRIES),
+            Ok(_) => {}
+            Err(e) => {
+                log::debug!("redmutex: checking a handed-on lock failed: {e}");
+                let tries_left = kick.tries_left - 1;
+                if tries_left > 0 {
+                    kick.again(watchdog, tries_left);
+                }
+            }
+        }
+    }
+}
+
+/// Gives back the levels doubtful attempts may have left. Each call is the release script
+/// told the thread held one level more than the attempt was told: if the attempt never ran
+/// it finds fewer and changes nothing; if the thread released or re-took the lock since,
+/// the count no longer matches either. Only this thread's own field is ever touched.
+fn clean_doubtful(inner: &Inner) {
+    let watchdog = &inner.watchdog;
+    let batch: Vec<Doubtful> = {
+        let mut doubts = watchdog.doubts.lock();
+        doubts
+            .iter_mut()
+            .filter(|d| !d.in_flight && !d.paused)
+            .map(|d| {
+                d.in_flight = true;
+                Doubtful {
+                    keys: d.keys.clone(),
+                    holder: d.holder.clone(),
+                    ..*d
+                }
+            })
+            .collect()
+    };
+    let watchdog_ms = millis(inner.config.watchdog_timeout);
+    let mut handed = Vec::new();
+    for Doubtful {
+        id,
+        keys,
+        token,
+        holder,
+        expected,
+        ..
+    } in batch
+    {
+        let need = watchdog.need_ms(keys.hold(), token, watchdog_ms);
+        // Never fewer levels than the thread holds now: a clean-up must not take one of
+        // them, whatever the attempt was told (its thread cannot attempt meanwhile).
+        let expected = expected.max(watchdog.levels_now(keys.hold(), token));
+        let until = Instant::now() + inner.config.watchdog_timeout / 6;
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            inner.run_until(Some(until), |con| {
+                let cancel = queue::cancel(&keys, &holder, expected, need, false);
+                inner.eval::<Vec<i64>>(con, &cancel)
+            })
+        }));
+        let mut doubts = watchdog.doubts.lock();
+        if let Some(at) = doubts.iter().position(|d| d.id == id) {
+            let d = &mut doubts[at];
+            d.in_flight = false;
+            match result {
+                Ok(Ok(reply)) => {
+                    if reply[..] == [0, 1] {
+                        handed.push(keys.clone());
+                    }
+                    log::debug!(
+                        "redmutex: cleaned up after a doubtful attempt on {:?} ({reply:?})",
+                        String::from_utf8_lossy(keys.key())
+                    );
+                    d.runs_left -= 1;
+                    if d.runs_left == 0 {
+                        doubts.remove(at);
+                    }
+                }
+                Ok(Err(e)) => log::debug!("redmutex: clean-up of a doubtful attempt failed: {e}"),
+                Err(_) => {
+                    log::error!("redmutex: clean-up of a doubtful attempt panicked");
+                    doubts.remove(at);
+                }
+            }
+        }
+        drop(doubts);
+        watchdog.cleaned.notify_all();
+    }
+    for keys in handed {
+        watchdog.schedule_kick(&keys);
+    }
+}
+
+/// One renewal round: every watchdog hold and every queue entry of this client (`full`),
+/// or just the handed-over holds due for extension, in batches of one script call each. A
+/// batch that fails (Redis unreachable) is simply tried again next round; its leases still
+/// have a third of their time left. Each call gives up after a third of the lease, so one
+/// slow round cannot use up the time of the next one.
+pub(crate) fn renew_all(inner: &Inner, full: bool) {
+    let watchdog_ms = millis(inner.config.watchdog_timeout);
+    let mut round = Round {
+        watchdog: &inner.watchdog,
+        watched: inner.watchdog.watched(full, watchdog_ms),
+    };
+    let mut waiters = if full {
+        inner.watchdog.waiters(watchdog_ms)
+    } else {
+        Vec::new()
+    };
+    // On a cluster one script may only touch keys of one slot: a batch is one slot's
+    // holds and queue entries (locks of different names share a call when their tags
+    // hash alike), sorted so that they are neighbours. Elsewhere every lock shares one
+    // batch.
+    let cluster = inner.is_cluster();
+    let group = |key: &[u8]| -> u16 {
+        if cluster {
+            slot(key)
+        } else {
+            0
+        }
+    };
+    if cluster {
+        round.watched.sort_by_cached_key(|w| group(w.keys.key()));
+        waiters.sort_by_cached_key(|(keys, ..)| group(keys.key()));
+    }
+    let give_up_after = inner.config.watchdog_timeout / 3;
+    let mut holds: &[Watched] = &round.watched;
+    let mut waits = waiters.as_slice();
+    while !holds.is_empty() || !waits.is_empty() {
+        let next = match (holds.first(), waits.first()) {
+            (Some(h), Some((w, ..))) => group(h.keys.key()).min(group(w.key())),
+            (Some(h), None) => group(h.keys.key()),
+            (None, Some((w, ..))) => group(w.key()),
+            (None, None) => unreachable!(),
+        };
+        let same = holds
+            .iter()
+            .take(RENEW_BATCH)
+            .take_while(|h| group(h.keys.key()) == next)
+            .count();
+        let (batch, rest) = holds.split_at(same);
+        holds = rest;
+        let same = waits
+            .iter()
+            .take(RENEW_BATCH - batch.len())
+            .take_while(|(w, ..)| group(w.key()) == next)
+            .count();
+        let (wait_batch, rest) = waits.split_at(same);
+        waits = rest;
+        let mut call = ScriptCall::new(&scripts::RENEW);
+        call.arg(batch.len());
+        for w in batch {
+            let ops = w.keys.ops;
+            call.key(w.keys.key());
+            if ops.field_prefix.is_some() {
+                call.key(w.keys.leases().as_slice()).arg("m");
+            } else {
+                call.arg("k");
+            }
+            call.arg(ops.field(&w.holder)).arg(w.lease_ms);
+        }
+        for (keys, ..) in wait_batch {
+            call.key(keys.queue().as_slice())
+                .key(keys.waiters().as_slice());
+        }
+        for (_, _, holder, ttl) in wait_batch {
+            call.arg(holder.as_str()).arg(*ttl);
+        }
+        let sent = Instant::now();
+        let until = sent + give_up_after;
+        let result = inner.run_until(Some(until), |con| {
+            inner.eval::<(Vec<usize>, Vec<usize>)>(con, &call)
+        });
+        match result {
+            Ok((lost, gone)) => {
+                // Those lost are forgotten below; the others are extended.
+                inner.watchdog.extended(batch, true);
+                let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
+                inner.watchdog.confirmed(batch, sent, &lost_at);
+                for i in lost {
+                    let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
+                        continue;
+                    };
+                    log::warn!(
+                        "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
+                        String::from_utf8_lossy(w.keys.key())
+                    );
+                    w.lost.store(true, Ordering::SeqCst);
+                    inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
+                }
+                for j in gone {
+                    // Dropped from the queue (taken for dead while this client was
+                    // disconnected, or lapsed): the thread must ask again.
+                    if let Some((keys, token, ..)) =
+                        j.checked_sub(1).and_then(|j| wait_batch.get(j))
+                    {
+                        inner.subscriber.recheck(keys.channel(), *token);
+                    }
+                }
+            }
+            Err(e) => {
+                log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
+                inner.watchdog.extended(batch, false);
+            }
+        }
+        inner.watchdog.renewed(batch);
+    }
+}
+
+/// The Redis Cluster slot of `key`.
+fn slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16384
+}
+
+/// The part of `key` Redis Cluster hashes to find its slot: between the first `{` and
+/// the first `}` after it when that is not empty, else the whole key.
+fn hash_tag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+/// One renewal round's snapshot. Dropping it ends the round for every hold in it, even if
+/// the round panicked: threads waiting for it must never wait forever.
+struct Round<'a> {
+    watchdog: &'a HoldTable,
+    watched: Vec<Watched>,
+}
+
+impl Drop for Round<'_> {
+    fn drop(&mut self) {
+        self.watchdog.renewed(&self.watched);
+    }
+}
