@@ -70,7 +70,7 @@ const HOT: Duration = Duration::from_millis(1_500);
 const IDLE_ROUNDS: usize = 6;
 /// How often the server's script calls are polled to tell renewal rounds apart.
 const POLL: Duration = Duration::from_millis(20);
-/// The watchdog batches up to this many leases per call (src/runtime/watchdog.rs).
+/// The watchdog batches up to this many leases per call (src/runtime/renewer.rs).
 const RENEW_BATCH: usize = 500;
 /// Linux truncates thread names to 15 bytes.
 const WATCHDOG_COMM: &str = "redmutex-watchd";

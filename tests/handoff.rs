@@ -164,6 +164,67 @@ fn a_grant_that_arrives_late_is_confirmed() {
     unlocked.expect("the waiter releases the hold it confirmed");
 }
 
+/// A grant whose server time places it after its own arrival (as when the grant and the
+/// queued attempt were stamped by two servers whose clocks disagree, across a failover):
+/// the two readings cannot be set against each other, so the waiter confirms with the
+/// server instead of taking the hold on its word. Here the message is forged with a time
+/// 5 s ahead while another client still holds the lock: the confirmation finds nothing
+/// and the waiter waits on, until the real release.
+#[test]
+fn a_grant_stamped_after_its_arrival_is_confirmed() {
+    const NAME: &str = "ahead-grant";
+    let server = RedisServer::new();
+    let holder = client(&server.url(), Duration::from_secs(30));
+    let waiter = client(&server.url(), Duration::from_secs(30));
+    let guard = holder.fair_lock(NAME).lock().expect("holder");
+    let lock = waiter.fair_lock(NAME);
+    let (held_tx, held) = mpsc::channel();
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        held_tx.send(()).unwrap();
+        g.unlock()
+    });
+    await_queued(&server, NAME, 1);
+    let mut con = server.connection();
+    let entries: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(format!("{PREFIX}!waiters:{{{NAME}}}"))
+        .query(&mut con)
+        .unwrap();
+    let (id, entry) = entries
+        .into_iter()
+        .find(|(field, _)| !field.starts_with('~'))
+        .expect("the waiter's entry");
+    let (client_id, token) = id.rsplit_once(':').unwrap();
+    let ticket = entry.split(' ').nth(4).expect("the entry's ticket");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let ahead = secs * 1_000 + micros / 1_000 + 5_000;
+    let monitor = server.monitor();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(format!("{}:to:{client_id}", key(NAME)))
+        .arg(format!("g {token} {ticket} 0 {ahead}"))
+        .query(&mut con)
+        .unwrap();
+    let early = held.recv_timeout(Duration::from_millis(500)).is_ok();
+    let lines = monitor.stop();
+    assert!(
+        !early,
+        "the waiter's lock() returned on a grant stamped 5 s ahead while another client \
+         held the lock"
+    );
+    guard.unlock().expect("holder unlock");
+    held.recv_timeout(SETUP)
+        .expect("the waiter gets the lock at the real release");
+    thread.join().unwrap().expect("waiter unlock");
+    let renewals = Monitor::top_level(&lines)
+        .into_iter()
+        .filter(|l| is_hold_renewal(l))
+        .count();
+    assert_eq!(
+        renewals, 1,
+        "the forged grant is confirmed once, and refused"
+    );
+}
+
 /// One client's side of a ping-pong: `rounds` times lock, note `i` in `order`, hold for
 /// `hold`, unlock.
 fn take_turns<K: Kind>(

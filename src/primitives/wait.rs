@@ -301,10 +301,14 @@ impl<K: Kind> Wait<'_, K> {
             return None;
         }
         let start = queue::grant_seen_from(self.joined?, self.queued_at, at);
+        let now = Instant::now();
+        if start > now {
+            // A grant placed after its own arrival: the two times came from clocks that
+            // disagree (another server's, after a failover or a slot's move).
+            return None;
+        }
         let window = Duration::from_millis(self.lease_ms).min(queue::PICKUP);
-        let left = start
-            .checked_add(window)?
-            .checked_duration_since(Instant::now())?;
+        let left = start.checked_add(window)?.checked_duration_since(now)?;
         (left >= window / 2 + queue::pickup_margin(window)).then_some(start)
     }
 
