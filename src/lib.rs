@@ -50,6 +50,7 @@ mod runtime;
 
 pub use crate::{
     error::Error,
+    primitives::cancel::CancelToken,
     name::LockName,
     primitives::guard::{FencedGuard, LockGuard},
     primitives::info::LockInfo,
