@@ -50,8 +50,8 @@ mod runtime;
 
 pub use crate::{
     error::Error,
-    primitives::cancel::CancelToken,
     name::LockName,
+    primitives::cancel::CancelToken,
     primitives::guard::{FencedGuard, LockGuard},
     primitives::info::LockInfo,
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Write},

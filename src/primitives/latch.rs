@@ -167,7 +167,8 @@ impl CountDownLatch {
             // Read the count only once the subscription is confirmed: an opening between
             // the read and the confirmation would otherwise be missed. (Unconfirmed at the
             // latch's expiry, it reads the count anyway: an expiry publishes nothing.)
-            if !sub.is_confirmed() && !sub.wait_confirmed(wake_at, None) && Instant::now() < wake_at {
+            if !sub.is_confirmed() && !sub.wait_confirmed(wake_at, None) && Instant::now() < wake_at
+            {
                 continue;
             }
             let (count, pttl) = self.state(until)?;
