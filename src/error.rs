@@ -88,6 +88,11 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// The wait was cancelled through its [`CancelToken`](crate::CancelToken) (before it
+    /// began, or while it waited). The call holds nothing and has left the lock's queue:
+    /// a hold handed to it as it was cancelled was given back and the lock handed on.
+    #[error("the wait was cancelled")]
+    Cancelled,
     /// A duration or a configuration value is out of range (zero or overflowing durations,
     /// unparsable URLs, bad prefixes).
     #[error("invalid argument: {0}")]

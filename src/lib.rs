@@ -51,6 +51,7 @@ mod runtime;
 pub use crate::{
     error::Error,
     name::LockName,
+    primitives::cancel::CancelToken,
     primitives::guard::{FencedGuard, LockGuard},
     primitives::info::LockInfo,
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Write},

@@ -8,6 +8,12 @@
 //! was inside, and fencing tokens strictly increase; for read-write locks (`RW_WITNESS`),
 //! no writer is ever inside with anyone else, while readers may share.
 //!
+//! Half of the outer acquisitions can be cancelled (issue 19): a thread of each worker
+//! process cancels a random worker thread's token every few milliseconds, so waits are
+//! cancelled in the queue, just as the lock is handed to them, and at every other point;
+//! a cancelled call must hold nothing and leave nothing behind (the witness and the
+//! progress floors would see a hold or a queue entry left over).
+//!
 //! Some sections nest a short fixed lease inside the watchdog hold and outlast it (the
 //! lease rule: the inner level must not cut the outer hold), and some lock names are
 //! built to collide with another lock's auxiliary keys (`{x}` and `{x}:fence`): every
@@ -16,10 +22,11 @@
 mod support;
 
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Kind, Lock, LockGuard};
+use redmutex::{CancelToken, Client, Error, Kind, Lock, LockGuard};
 use support::child::{say, ChildProc};
 use support::RedisServer;
 
@@ -37,6 +44,8 @@ const THREADS: usize = 4;
 const RUN_FOR: Duration = Duration::from_secs(8);
 /// Short, so that a killed holder's lock frees itself quickly.
 const WATCHDOG: Duration = Duration::from_millis(1_000);
+/// How often, at most, a worker process cancels one of its threads' waits.
+const CANCEL_EVERY_MS: u64 = 6;
 /// Server freezes stay well below the lease: they must not cost anyone a lock.
 const FREEZE: Duration = Duration::from_millis(150);
 /// Progress of every name, from the lease rather than the machine's speed: a name whose
@@ -192,6 +201,28 @@ fn torture_entry() {
     let url = std::env::var(URL).expect("URL");
     let client = client(&url);
     say("started");
+    // Each thread's current token; the canceller cancels one and puts a fresh one there.
+    let tokens: Arc<Vec<Mutex<CancelToken>>> = Arc::new(
+        (0..THREADS)
+            .map(|_| Mutex::new(CancelToken::new()))
+            .collect(),
+    );
+    {
+        let tokens = tokens.clone();
+        thread::spawn(move || {
+            let mut rng = u64::from(std::process::id()) | 1;
+            loop {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                thread::sleep(Duration::from_millis(1 + rng % CANCEL_EVERY_MS));
+                let slot = &tokens[(rng >> 8) as usize % THREADS];
+                let mut token = slot.lock().unwrap();
+                token.cancel();
+                *token = CancelToken::new();
+            }
+        });
+    }
     let threads = match std::env::var(KIND).as_deref() {
         Ok("fair") => {
             let fair = Worker {
@@ -200,7 +231,7 @@ fn torture_entry() {
                 witness: WITNESS,
                 key: lock_key,
             };
-            fair.spawn(&client, &url, 0..THREADS)
+            fair.spawn(&client, &url, &tokens, 0..THREADS)
         }
         Ok("rw") => {
             let read = Worker {
@@ -215,8 +246,8 @@ fn torture_entry() {
                 witness: RW_WITNESS,
                 key: rw_key,
             };
-            let mut threads = read.spawn(&client, &url, 0..THREADS / 2);
-            threads.extend(write.spawn(&client, &url, THREADS / 2..THREADS));
+            let mut threads = read.spawn(&client, &url, &tokens, 0..THREADS / 2);
+            threads.extend(write.spawn(&client, &url, &tokens, THREADS / 2..THREADS));
             threads
         }
         _ => {
@@ -226,7 +257,7 @@ fn torture_entry() {
                 witness: WITNESS,
                 key: lock_key,
             };
-            fenced.spawn(&client, &url, 0..THREADS)
+            fenced.spawn(&client, &url, &tokens, 0..THREADS)
         }
     };
     for t in threads {
@@ -258,11 +289,19 @@ struct Worker<K: Kind> {
 
 impl<K: Kind> Worker<K> {
     /// Threads numbered `ids` (of a worker process) taking the locks nested two deep,
-    /// forever, each section checked by the witness.
-    fn spawn(&self, client: &Client, url: &str, ids: Range<usize>) -> Vec<JoinHandle<()>> {
+    /// forever, each section checked by the witness; thread `t`'s cancellable waits use
+    /// `tokens[t]`.
+    fn spawn(
+        &self,
+        client: &Client,
+        url: &str,
+        tokens: &Arc<Vec<Mutex<CancelToken>>>,
+        ids: Range<usize>,
+    ) -> Vec<JoinHandle<()>> {
         ids.map(|t| {
             let client = client.clone();
             let url = url.to_owned();
+            let tokens = tokens.clone();
             let (make, tag, witness, key) = (self.make, self.tag, self.witness, self.key);
             thread::spawn(move || {
                 let mut con = redis::Client::open(url)
@@ -280,7 +319,23 @@ impl<K: Kind> Worker<K> {
                     // Redis may be frozen or the scripts flushed: errors are retried,
                     // never fatal. What must never happen is a witnessed overlap.
                     let long = rng.is_multiple_of(LONG_EVERY);
-                    let Ok(outer) = lock.lock() else { continue };
+                    let outer = if rng & 2 == 0 {
+                        let token = tokens[t].lock().unwrap().clone();
+                        match lock.lock_cancellable(&token) {
+                            Err(Error::Cancelled) => {
+                                let _ = redis::cmd("HINCRBY")
+                                    .arg(witness_key(name))
+                                    .arg("cancelled")
+                                    .arg(1)
+                                    .query::<i64>(&mut con);
+                                continue;
+                            }
+                            other => other,
+                        }
+                    } else {
+                        lock.lock()
+                    };
+                    let Ok(outer) = outer else { continue };
                     let inner = if long {
                         lock.lock_with_lease(INNER_LEASE)
                     } else {
@@ -377,19 +432,24 @@ fn torture(kind: &str) {
 
     let mut con = server.connection();
     let (mut entries, mut takeovers, mut violations) = (0i64, 0i64, 0i64);
+    let mut cancelled = 0i64;
     let mut per_lock = Vec::new();
     let mut max_readers = 0i64;
     let mut starved = Vec::new();
     for name in LOCKS {
-        let (e, t, v, m): (Option<i64>, Option<i64>, Option<i64>, Option<i64>) =
-            redis::cmd("HMGET")
-                .arg(witness_key(name))
-                .arg("entries")
-                .arg("takeovers")
-                .arg("violations")
-                .arg("max_readers")
-                .query(&mut con)
-                .expect("witness figures");
+        let figures: Vec<Option<i64>> = redis::cmd("HMGET")
+            .arg(witness_key(name))
+            .arg("entries")
+            .arg("takeovers")
+            .arg("violations")
+            .arg("max_readers")
+            .arg("cancelled")
+            .query(&mut con)
+            .expect("witness figures");
+        let [e, t, v, m, c] = figures[..] else {
+            panic!("HMGET of five fields: {figures:?}");
+        };
+        cancelled += c.unwrap_or(0);
         let shared = match m {
             Some(m) => format!(", at most {m} readers inside at once"),
             None => String::new(),
@@ -408,7 +468,7 @@ fn torture(kind: &str) {
         "torture ({kind}): {WORKERS} processes x {THREADS} threads, {} locks, {:.1} s: \
          {entries} critical sections (each nested 2 deep), {kills} workers SIGKILLed and \
          restarted, {freezes} server freezes of {FREEZE:?}, {takeovers} takeovers from \
-         another holder, violations {violations}",
+         another holder, {cancelled} waits cancelled, violations {violations}",
         LOCKS.len(),
         started.elapsed().as_secs_f64()
     );
@@ -430,6 +490,7 @@ fn torture(kind: &str) {
         "{kind}: locks that made (almost) no progress (floor {MIN_SECTIONS_PER_LOCK}, or \
          {MIN_SHARE_OF_MEAN} of the mean {mean:.0}): {starved:?}"
     );
+    assert!(cancelled > 0, "{kind}: no wait was cancelled");
     assert!(
         kills >= 5 && freezes >= 2,
         "{kind}: {kills} kills, {freezes} freezes"

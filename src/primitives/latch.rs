@@ -167,7 +167,8 @@ impl CountDownLatch {
             // Read the count only once the subscription is confirmed: an opening between
             // the read and the confirmation would otherwise be missed. (Unconfirmed at the
             // latch's expiry, it reads the count anyway: an expiry publishes nothing.)
-            if !sub.is_confirmed() && !sub.wait_confirmed(wake_at) && Instant::now() < wake_at {
+            if !sub.is_confirmed() && !sub.wait_confirmed(wake_at, None) && Instant::now() < wake_at
+            {
                 continue;
             }
             let (count, pttl) = self.state(until)?;
@@ -178,7 +179,7 @@ impl CountDownLatch {
             if sub.is_confirmed() {
                 // Woken by the opening message (to every waiter of the latch), or at the
                 // expiry or the deadline: the loop reads the count again.
-                let _ = sub.wait(deadline.map_or(expires, |d| d.min(expires)));
+                let _ = sub.wait(deadline.map_or(expires, |d| d.min(expires)), None);
             }
         }
     }

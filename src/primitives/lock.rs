@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::primitives::cancel::CancelToken;
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
 use crate::primitives::wait::{Wait, NEXT_TICKET};
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
@@ -235,6 +236,39 @@ impl<K: Kind> Lock<K> {
         self.acquire(Lease::Watchdog, Some(deadline), 1)
     }
 
+    /// Blocks until this thread holds the lock, as [`lock`](Lock::lock), or until `cancel`
+    /// is cancelled (from any thread): then it leaves the lock's queue and fails with
+    /// [`Error::Cancelled`], holding nothing. A token cancelled before the call fails it
+    /// at once, with nothing sent. See [`CancelToken`] for the race with a grant.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let token = redmutex::CancelToken::new();
+    /// // token.cancel() from another thread stops the wait.
+    /// match client.lock("report").lock_cancellable(&token) {
+    ///     Ok(guard) => guard.unlock()?,
+    ///     Err(redmutex::Error::Cancelled) => println!("gave up waiting"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn lock_cancellable(&self, cancel: &CancelToken) -> Result<LockGuard<K>, Error> {
+        Ok(self
+            .acquire_cancellable(Lease::Watchdog, None, 1, Some(cancel))?
+            .expect("an acquisition without deadline only returns once acquired"))
+    }
+
+    /// Waits for the lock until `deadline` (`Ok(None)` if it was not acquired by then), as
+    /// [`try_lock_until`](Lock::try_lock_until), or until `cancel` is cancelled: then it
+    /// fails with [`Error::Cancelled`], as [`lock_cancellable`](Lock::lock_cancellable).
+    pub fn try_lock_until_cancellable(
+        &self,
+        deadline: Instant,
+        cancel: &CancelToken,
+    ) -> Result<Option<LockGuard<K>>, Error> {
+        self.acquire_cancellable(Lease::Watchdog, Some(deadline), 1, Some(cancel))
+    }
+
     /// Waits at most `wait` for the lock and holds it for a fixed `lease`, never renewed
     /// (Redisson's `tryLock(waitTime, leaseTime)`).
     ///
@@ -385,17 +419,32 @@ impl<K: Kind> Lock<K> {
         Ok(())
     }
 
-    /// The one acquisition path. `deadline` None waits forever; a deadline already past
-    /// makes exactly one attempt. `amount`: the permits asked for (1 for the locks).
+    /// [`acquire_cancellable`](Lock::acquire_cancellable) that nothing cancels.
     pub(crate) fn acquire(
         &self,
         lease: Lease,
         deadline: Option<Instant>,
         amount: u32,
     ) -> Result<Option<LockGuard<K>>, Error> {
+        self.acquire_cancellable(lease, deadline, amount, None)
+    }
+
+    /// The one acquisition path. `deadline` None waits forever; a deadline already past
+    /// makes exactly one attempt. `amount`: the permits asked for (1 for the locks).
+    /// `cancel`: a token that stops the wait (`Err(Cancelled)`, holding nothing).
+    pub(crate) fn acquire_cancellable(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+        amount: u32,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Option<LockGuard<K>>, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
         inner.check_process()?;
+        if cancel.is_some_and(CancelToken::is_cancelled) {
+            return Err(Error::Cancelled);
+        }
         let keys = &self.keys;
         let token = if keys.ops.per_call {
             fresh_token()
@@ -434,6 +483,7 @@ impl<K: Kind> Lock<K> {
             lease,
             lease_ms: self.lease_ms(lease),
             deadline,
+            cancel,
             once,
             amount,
             first_ticket: ticket,

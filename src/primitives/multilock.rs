@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Select;
 
+use crate::primitives::cancel::{self, CancelToken};
 use crate::primitives::lock::Grant;
 use crate::primitives::multi_guard::release_all;
 use crate::primitives::wait::NEXT_TICKET;
@@ -264,6 +265,39 @@ impl MultiLock {
         self.acquire(Lease::Watchdog, Some(deadline))
     }
 
+    /// Blocks until this thread holds the lock, as [`lock`](MultiLock::lock), or until
+    /// `cancel` is cancelled: then it leaves every queue, gives back whatever a release
+    /// handed it meanwhile, and fails with [`Error::Cancelled`], holding nothing (see
+    /// [`CancelToken`]).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let both = redmutex::MultiLock::new([client.lock("a"), client.lock("b")])?;
+    /// let token = redmutex::CancelToken::new();
+    /// match both.lock_cancellable(&token) {
+    ///     Ok(guard) => guard.unlock()?,
+    ///     Err(redmutex::Error::Cancelled) => println!("gave up waiting"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn lock_cancellable(&self, cancel: &CancelToken) -> Result<MultiLockGuard, Error> {
+        Ok(self
+            .acquire_cancellable(Lease::Watchdog, None, Some(cancel))?
+            .expect("an acquisition without deadline only returns once acquired"))
+    }
+
+    /// Waits until `deadline` for the lock (`None` if it was not acquired by then), as
+    /// [`try_lock_until`](MultiLock::try_lock_until), or until `cancel` is cancelled
+    /// ([`Error::Cancelled`]).
+    pub fn try_lock_until_cancellable(
+        &self,
+        deadline: Instant,
+        cancel: &CancelToken,
+    ) -> Result<Option<MultiLockGuard>, Error> {
+        self.acquire_cancellable(Lease::Watchdog, Some(deadline), Some(cancel))
+    }
+
     /// Waits up to `wait` for the lock and holds it for a fixed `lease`, never renewed.
     pub fn try_lock_with_lease_for(
         &self,
@@ -337,15 +371,30 @@ impl MultiLock {
         }
     }
 
-    /// The one acquisition path; `deadline` as in [`Lock`]'s.
+    /// [`acquire_cancellable`](MultiLock::acquire_cancellable) that nothing cancels.
     fn acquire(
         &self,
         lease: Lease,
         deadline: Option<Instant>,
     ) -> Result<Option<MultiLockGuard>, Error> {
+        self.acquire_cancellable(lease, deadline, None)
+    }
+
+    /// The one acquisition path; `deadline` and `cancel` as in [`Lock`]'s.
+    fn acquire_cancellable(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Option<MultiLockGuard>, Error> {
+        for m in self.members.iter() {
+            m.client.inner.check_process()?;
+        }
+        if cancel::is_cancelled(cancel) {
+            return Err(Error::Cancelled);
+        }
         for m in self.members.iter() {
             let inner = &m.client.inner;
-            inner.check_process()?;
             if lease == Lease::Watchdog {
                 // Before anything is written: a lease nobody renews must not be handed out.
                 inner.watchdog.ensure_running(inner)?;
@@ -371,6 +420,7 @@ impl MultiLock {
                 .collect(),
             lease,
             deadline,
+            cancel,
             once: deadline.is_some_and(|d| d <= Instant::now()),
             ticket: NEXT_TICKET.fetch_add(1, Ordering::Relaxed),
             subs: (0..n).map(|_| None).collect(),
@@ -388,6 +438,8 @@ struct MultiWait<'a> {
     holders: Vec<String>,
     lease: Lease,
     deadline: Option<Instant>,
+    // Another thread may stop the wait through it.
+    cancel: Option<&'a CancelToken>,
     once: bool,
     ticket: u64,
     subs: Vec<Option<Subscription>>,
@@ -411,6 +463,11 @@ impl MultiWait<'_> {
         let mut splits = 0u32;
         let called = Instant::now();
         loop {
+            if cancel::is_cancelled(self.cancel) {
+                // What was handed over meanwhile goes back with the queues left.
+                self.give_up();
+                return Err(Error::Cancelled);
+            }
             let start = Instant::now();
             let (mut guards, seen) = self.round(start);
             let granted = guards.iter().flatten().count();
@@ -452,7 +509,7 @@ impl MultiWait<'_> {
                     return Err(lock.no_quorum(n - failed, errors));
                 }
                 let next = (start + lock.member_timeout).min(self.deadline.unwrap_or(now));
-                std::thread::sleep(next.saturating_duration_since(now));
+                cancel::sleep_until(next, self.cancel);
                 continue;
             }
             if past(Instant::now()) {
@@ -512,8 +569,11 @@ impl MultiWait<'_> {
             if subscribed {
                 // Queue only once the server confirmed the subscription: a message sent
                 // before that would be lost. Then straight to the next round.
+                let signal = self.cancel.map(CancelToken::signal);
                 for s in self.subs.iter().flatten() {
-                    s.wait_confirmed(until);
+                    if !s.wait_confirmed(until, signal) {
+                        break;
+                    }
                 }
                 continue;
             }
@@ -647,10 +707,18 @@ impl MultiWait<'_> {
             for &i in &listening {
                 select.recv(self.subs[i].as_ref().expect("listening").notices());
             }
+            // Last: its index is past the listening locks'.
+            if let Some(c) = self.cancel {
+                select.recv(c.signal());
+            }
             let Ok(op) = select.select_deadline(until) else {
                 return;
             };
-            let i = listening[op.index()];
+            let Some(&i) = listening.get(op.index()) else {
+                // Cancelled: the loop leaves the queues.
+                let _ = op.recv(self.cancel.expect("selected").signal());
+                return;
+            };
             let sub = self.subs[i].as_ref().expect("listening");
             match op.recv(sub.notices()) {
                 // Handed the lock: the next round's attempt there finds it held by this

@@ -9,7 +9,7 @@ use crate::runtime::lease::Lease;
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts;
-use crate::{Client, Error, Lock, Permit};
+use crate::{CancelToken, Client, Error, Lock, Permit};
 
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = u32::MAX;
@@ -129,6 +129,49 @@ impl Semaphore {
         self.take(n, Some(deadline))
     }
 
+    /// Blocks until one permit is held, as [`acquire`](Semaphore::acquire), or until
+    /// `cancel` is cancelled: then it leaves the queue and fails with
+    /// [`Error::Cancelled`], holding nothing (see [`CancelToken`]).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let token = redmutex::CancelToken::new();
+    /// let permit = client.semaphore("encoders", 2).acquire_cancellable(&token)?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn acquire_cancellable(&self, cancel: &CancelToken) -> Result<Permit, Error> {
+        self.acquire_many_cancellable(1, cancel)
+    }
+
+    /// Blocks until `n` permits are held, as [`acquire_many`](Semaphore::acquire_many), or
+    /// until `cancel` is cancelled ([`Error::Cancelled`]).
+    pub fn acquire_many_cancellable(&self, n: u32, cancel: &CancelToken) -> Result<Permit, Error> {
+        Ok(self
+            .take_cancellable(n, None, Some(cancel))?
+            .expect("an acquisition without deadline only returns once acquired"))
+    }
+
+    /// Waits for one permit until `deadline` (`Ok(None)` if it was not had by then), or
+    /// until `cancel` is cancelled ([`Error::Cancelled`]).
+    pub fn try_acquire_until_cancellable(
+        &self,
+        deadline: Instant,
+        cancel: &CancelToken,
+    ) -> Result<Option<Permit>, Error> {
+        self.take_cancellable(1, Some(deadline), Some(cancel))
+    }
+
+    /// Waits for `n` permits until `deadline`, or until `cancel` is cancelled
+    /// ([`Error::Cancelled`]).
+    pub fn try_acquire_many_until_cancellable(
+        &self,
+        n: u32,
+        deadline: Instant,
+        cancel: &CancelToken,
+    ) -> Result<Option<Permit>, Error> {
+        self.take_cancellable(n, Some(deadline), Some(cancel))
+    }
+
     /// The permits free right now (the number of permits less those held; 0 when more are
     /// held than there are, after a [`reduce_permits`](Semaphore::reduce_permits)).
     pub fn available_permits(&self) -> Result<u32, Error> {
@@ -182,13 +225,24 @@ impl Semaphore {
     }
 
     fn take(&self, n: u32, deadline: Option<Instant>) -> Result<Option<Permit>, Error> {
+        self.take_cancellable(n, deadline, None)
+    }
+
+    fn take_cancellable(
+        &self,
+        n: u32,
+        deadline: Option<Instant>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Option<Permit>, Error> {
         self.check()?;
         if n == 0 {
             return Err(Error::InvalidArgument(
                 "acquire at least one permit".to_owned(),
             ));
         }
-        let guard = self.permits.acquire(Lease::Watchdog, deadline, n)?;
+        let guard = self
+            .permits
+            .acquire_cancellable(Lease::Watchdog, deadline, n, cancel)?;
         Ok(guard.map(|guard| Permit::new(guard, n)))
     }
 

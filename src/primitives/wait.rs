@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::primitives::cancel::{self, CancelToken};
 use crate::primitives::kind::{self, Kind};
 use crate::primitives::lock::{Grant, Lock, Refused};
 use crate::runtime::lease::{millis, Lease};
@@ -23,6 +24,8 @@ pub(super) struct Wait<'a, K: Kind> {
     pub(super) lease: Lease,
     pub(super) lease_ms: u64,
     pub(super) deadline: Option<Instant>,
+    // Another thread may stop the wait through it.
+    pub(super) cancel: Option<&'a CancelToken>,
     // A single attempt (try_lock): it never queues.
     pub(super) once: bool,
     // The permits asked for (1 for the locks).
@@ -59,6 +62,9 @@ impl<K: Kind> Wait<'_, K> {
             s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
         }
         loop {
+            if cancel::is_cancelled(self.cancel) {
+                return self.leave_cancelled();
+            }
             let now = Instant::now();
             if self.deadline.is_some_and(|d| now >= d) {
                 return self.give_up();
@@ -83,15 +89,16 @@ impl<K: Kind> Wait<'_, K> {
             let until = self.deadline.map_or(lease_end, |d| d.min(lease_end));
             // Whether the try below is the process's one try on the lease timer.
             let mut claimed = false;
+            let signal = self.cancel.map(CancelToken::signal);
             if !s.is_confirmed() {
-                if !s.wait_confirmed(until) {
+                if !s.wait_confirmed(until, signal) {
                     if !self.timed_try(s)? {
                         continue;
                     }
                     claimed = true;
                 }
             } else if self.queued {
-                match s.wait(until) {
+                match s.wait(until, signal) {
                     Some(Notice::Granted { ticket, fence, at }) if ticket >= self.first_ticket => {
                         if let Some(guard) = self.pick_up(ticket, fence, at)? {
                             return Ok(Some(guard));
@@ -196,7 +203,7 @@ impl<K: Kind> Wait<'_, K> {
     /// the caller loops and sleeps again).
     fn timed_try(&self, s: &Subscription) -> Result<bool, Error> {
         let now = Instant::now();
-        if self.deadline.is_some_and(|d| now >= d) {
+        if self.deadline.is_some_and(|d| now >= d) || cancel::is_cancelled(self.cancel) {
             return Ok(false);
         }
         let window = self.lock.client.inner.config.command_timeout;
@@ -206,6 +213,23 @@ impl<K: Kind> Wait<'_, K> {
     /// The deadline passed: leave the queue, in one step with learning whether the lock
     /// was handed to this thread meanwhile (then it is ours: `Some`).
     fn give_up(&mut self) -> Result<Option<LockGuard<K>>, Error> {
+        self.leave(true)
+    }
+
+    /// The call was cancelled: leave the queue, and in the same script give back the lock
+    /// if it was handed to this thread meanwhile, handing it on to the next waiter; the
+    /// caller holds nothing. (A failure leaves the entry, and any such hold, to the
+    /// watchdog's clean-up, as for any call that fails while queued.)
+    fn leave_cancelled(&mut self) -> Result<Option<LockGuard<K>>, Error> {
+        // Told not to keep, the script never reports a hold (`None`).
+        drop(self.leave(false)?);
+        Err(Error::Cancelled)
+    }
+
+    /// Leaves the queue, in one step with learning whether the lock was handed to this
+    /// thread meanwhile: with `keep` it is then ours (`Some`), otherwise given back and
+    /// handed on.
+    fn leave(&mut self, keep: bool) -> Result<Option<LockGuard<K>>, Error> {
         if !self.queued {
             return Ok(None);
         }
@@ -221,11 +245,11 @@ impl<K: Kind> Wait<'_, K> {
             millis(inner.config.watchdog_timeout),
         );
         let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
-            let cancel = queue::cancel(keys, &self.holder, held, need, true);
+            let cancel = queue::cancel(keys, &self.holder, held, need, keep);
             inner.eval(con, &cancel)
         })?;
         match reply[..] {
-            [1, _, fence] => {
+            [1, _, fence] if keep => {
                 // Handed over meanwhile: ours if still within its pickup window. (Still
                 // marked queued until then: a failure leaves the level to the watchdog.)
                 let guard = self.confirm(fence as u64)?;

@@ -133,15 +133,30 @@ impl Subscription {
         matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
     }
 
-    /// Blocks until the server confirmed the subscription (true) or `until` (false).
-    pub(crate) fn wait_confirmed(&self, until: Instant) -> bool {
+    /// Blocks until the server confirmed the subscription (true), or `until` or `cancel`
+    /// (false). `cancel`: a channel that becomes ready when the call is cancelled.
+    pub(crate) fn wait_confirmed(&self, until: Instant, cancel: Option<&Receiver<()>>) -> bool {
         let rx = self.waiters.confirmed.lock().1.clone();
-        matches!(rx.recv_deadline(until), Err(RecvTimeoutError::Disconnected))
+        let Some(cancel) = cancel else {
+            return matches!(rx.recv_deadline(until), Err(RecvTimeoutError::Disconnected));
+        };
+        crossbeam_channel::select! {
+            recv(rx) -> r => r.is_err(),
+            recv(cancel) -> _ => false,
+            default(until.saturating_duration_since(Instant::now())) => false,
+        }
     }
 
-    /// Blocks until a message for this thread arrives, or `until` (`None`).
-    pub(crate) fn wait(&self, until: Instant) -> Option<Notice> {
-        self.notices.recv_deadline(until).ok()
+    /// Blocks until a message for this thread arrives, or `until` or `cancel` (`None`).
+    pub(crate) fn wait(&self, until: Instant, cancel: Option<&Receiver<()>>) -> Option<Notice> {
+        let Some(cancel) = cancel else {
+            return self.notices.recv_deadline(until).ok();
+        };
+        crossbeam_channel::select! {
+            recv(self.notices) -> n => n.ok(),
+            recv(cancel) -> _ => None,
+            default(until.saturating_duration_since(Instant::now())) => None,
+        }
     }
 
     /// The channel this thread's messages arrive on, to wait on several at once.
