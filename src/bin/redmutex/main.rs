@@ -54,7 +54,7 @@ struct Cli {
     connection: Connection,
     /// Show what the library does on standard error: -v its acquisitions, releases and
     /// retries, -vv everything of every crate. Without -v or -q, RUST_LOG (e.g.
-    /// `RUST_LOG=redmutex=debug`) picks the messages; by default only warnings show.
+    /// `RUST_LOG=redmutex=debug`) picks the messages; by default only its warnings show.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     /// No messages from the library, not even warnings (redmutex's own errors still show).
@@ -212,6 +212,10 @@ once nobody held it for an instant, so a waiter queued before it goes first.")]
     },
 }
 
+/// By default the library's warnings only: not the pool's own reports of a refused
+/// connection, which the error redmutex prints already says.
+const QUIET_DEFAULT: &str = "redmutex=warn";
+
 /// Shows the library's `tracing` events and `log` records on standard error, as `-v`/`-q`
 /// or else RUST_LOG ask; by default its warnings only.
 fn messages(verbose: u8, quiet: bool) {
@@ -220,7 +224,7 @@ fn messages(verbose: u8, quiet: bool) {
     let flags = match (quiet, verbose) {
         (true, _) => Some("off"),
         (false, 0) => None,
-        (false, 1) => Some("warn,redmutex=debug"),
+        (false, 1) => Some("redmutex=debug"),
         (false, _) => Some("debug,redmutex=trace"),
     };
     let filter = match flags {
@@ -229,9 +233,9 @@ fn messages(verbose: u8, quiet: bool) {
             Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
                 .unwrap_or_else(|e| {
                     warn(format_args!("redmutex: ignoring RUST_LOG ({e})"));
-                    EnvFilter::new("warn")
+                    EnvFilter::new(QUIET_DEFAULT)
                 }),
-            _ => EnvFilter::new("warn"),
+            _ => EnvFilter::new(QUIET_DEFAULT),
         },
     };
     // (The fmt layer drops what stderr cannot take: a message never ends redmutex.)
