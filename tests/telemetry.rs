@@ -243,3 +243,37 @@ fn semaphore_and_read_write_acquisitions_are_told_apart_by_kind() {
         );
     }
 }
+
+#[test]
+fn a_fixed_lease_that_ran_out_is_lost_once_however_often_it_is_found() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let lock = c.lock("fixed");
+    let lease = Duration::from_secs(1);
+    let ((), captured, snapshotter) = observed(|| {
+        let old = lock.lock_with_lease(lease).unwrap();
+        assert!(!old.is_lease_lost());
+        // Time is the subject: the lease runs out (bounded from above with a margin).
+        assert!(wait_until(lease * 3, || old.is_lease_lost()));
+        // Taken again while the old guard lives: Redis shows no earlier level, which
+        // finds the old hold gone a second time.
+        let new = lock.lock().unwrap();
+        assert!(old.is_lease_lost());
+        assert!(matches!(old.unlock(), Err(redmutex::Error::LeaseLost)));
+        new.unlock().unwrap();
+    });
+    let m = metrics_of(&snapshotter);
+    assert_eq!(
+        counter(&m, "redmutex_lease_losses_total{reason=lease_over}"),
+        1,
+        "{m:?}"
+    );
+    assert_eq!(counter(&m, "redmutex_lease_losses_total{reason=gone}"), 0);
+    let lost = captured.events("lease lost");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].field("lock"), "fixed");
+    assert_eq!(lost[0].field("reason"), "lease_over");
+    let released = captured.events("released");
+    assert_eq!(released[0].field("outcome"), "lease_lost");
+    assert_eq!(released[1].field("outcome"), "released");
+}
