@@ -277,3 +277,64 @@ fn a_fixed_lease_that_ran_out_is_lost_once_however_often_it_is_found() {
     assert_eq!(released[0].field("outcome"), "lease_lost");
     assert_eq!(released[1].field("outcome"), "released");
 }
+
+#[test]
+fn a_multilock_acquisition_has_one_span_naming_its_locks() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let multi = redmutex::MultiLock::new([c.lock("m1"), c.lock("m2")]).unwrap();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let ((), captured, snapshotter) = observed(|| {
+        drop(multi.lock().unwrap());
+        let c = &c;
+        thread::scope(|s| {
+            s.spawn(move || {
+                let _g = c.lock("m2").lock().unwrap();
+                held_tx.send(()).unwrap();
+                done_rx.recv().unwrap();
+            });
+            held_rx.recv().unwrap();
+            // m2 held elsewhere: no quorum (both are needed) within the wait.
+            let none = multi.try_lock_for(Duration::from_millis(100)).unwrap();
+            assert!(none.is_none());
+            done_tx.send(()).unwrap();
+        });
+    });
+    let spans = captured.spans("redmutex.acquire");
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    assert_eq!(spans[0].field("lock"), "m1,m2");
+    assert_eq!(spans[0].field("kind"), "MultiLock");
+    assert_eq!(spans[0].field("outcome"), "acquired");
+    assert_eq!(spans[0].field("contended"), "false");
+    assert_eq!(spans[1].field("outcome"), "timed_out");
+    assert_eq!(spans[1].field("contended"), "true");
+    let m = metrics_of(&snapshotter);
+    assert_eq!(
+        counter(
+            &m,
+            "redmutex_acquisitions_total{kind=MultiLock,outcome=acquired}"
+        ),
+        1,
+        "{m:?}"
+    );
+    assert_eq!(counter(&m, "redmutex_waits_total{kind=MultiLock}"), 1);
+}
+
+#[test]
+fn the_metrics_are_described_with_their_units_to_the_recorder() {
+    let server = RedisServer::new();
+    let ((), _, snapshotter) = observed(|| {
+        // Described as the client is built: the recorder is installed by then.
+        let c = client(&server);
+        c.lock("described").lock().unwrap().unlock().unwrap();
+    });
+    let hold = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find(|(key, ..)| key.key().name() == "redmutex_hold_seconds")
+        .expect("a hold time recorded");
+    assert_eq!(hold.1, Some(metrics::Unit::Seconds));
+    assert!(hold.2.is_some_and(|help| help.contains("held")));
+}

@@ -451,7 +451,11 @@ impl<K: Kind> Lock<K> {
                 inner.subscriber.rejoin(self.keys.channel(), token)
             },
         };
-        telemetry::acquisition(K::NAME, keys, (&inner.id, token), || wait.run())
+        let (name, holder) = (
+            telemetry::Name(keys.name()),
+            telemetry::Holder(&inner.id, token),
+        );
+        telemetry::acquisition(K::NAME, &name, &holder, || wait.run())
     }
 
     /// Gives back this thread's read hold of a read-write lock (`self` is its write side)

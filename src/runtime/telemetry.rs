@@ -13,7 +13,7 @@
 //!
 //! | name | kind | fields |
 //! |---|---|---|
-//! | `redmutex.acquire` | span, one per acquisition call (`lock*`, `try_lock*`, `acquire*`, read and write sides) | `lock`, `kind`, `holder`, then recorded at the end: `outcome`, `waited_ms`, `contended`, `handoff` |
+//! | `redmutex.acquire` | span, one per acquisition call (`lock*`, `try_lock*`, `acquire*`, read and write sides, `MultiLock`) | `lock`, `kind`, `holder`, then recorded at the end: `outcome`, `waited_ms`, `contended`, `handoff` |
 //! | `acquired` / `not acquired` | event at the end of that span | `outcome`, `waited_ms`, `contended`, `handoff` |
 //! | `released` | event, one per guard or permit released (`unlock` or drop) | `lock`, `kind`, `holder`, `held_ms`, `outcome` |
 //! | `lease lost` | event (WARN), once per hold | `lock`, `kind`, `reason` |
@@ -24,8 +24,10 @@
 //! lock held), `cancelled` or `error` for an acquisition; `released`, `lease_lost`,
 //! `not_held` or `error` for a release. `contended`: the first attempt was refused and
 //! the call waited. `handoff`: a release handed the lock to this call while it waited.
-//! `lock` is the lock's name and `holder` the holder id (`<client uuid>:<n>`); the Redis
-//! URL and credentials are never part of any field.
+//! `lock` is the lock's name and `holder` the holder id (`<client uuid>:<n>`); for a
+//! `MultiLock`, its locks' names comma-separated and the holder id on the first one's
+//! client (its releases and the handoffs of its members are not reported, and its
+//! `handoff` is always false). The Redis URL and credentials are never part of any field.
 //!
 //! # Metrics (`metrics` facade)
 //!
@@ -41,7 +43,8 @@
 //! | `redmutex_lease_losses_total` | counter | `reason` | holds lost, once each |
 //! | `redmutex_cancellations_total` | counter | `kind` | waiting calls cancelled |
 //!
-//! `kind` is `Lock`, `FairLock`, `FencedLock`, `ReadLock`, `WriteLock` or `Semaphore`;
+//! `kind` is `Lock`, `FairLock`, `FencedLock`, `ReadLock`, `WriteLock`, `Semaphore` or
+//! `MultiLock`;
 //! `reason` is `gone` (Redis no longer had the hold: expired, force-unlocked, lost in a
 //! restart or failover), `lease_over` (a fixed lease ran out), `unrenewed` (no renewal
 //! or extension reached Redis before the lease could end) or `abandoned` (every `Client`
@@ -49,6 +52,7 @@
 //! names are often made of ids (`order:1234`), and a label per name would grow a time
 //! series per order in the recorder. The spans carry the name.
 
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -56,6 +60,88 @@ use crate::runtime::keys::LockKeys;
 #[cfg(feature = "tracing")]
 use crate::runtime::scripts::{self, Ops};
 use crate::Error;
+
+/// Describes the metrics (units, help texts) to the recorder installed by now: a recorder
+/// that exports them (Prometheus' HELP lines) shows what they mean. Once per client built.
+#[inline]
+pub(crate) fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use metrics::{describe_counter, describe_histogram, Unit};
+        describe_counter!(
+            "redmutex_acquisitions_total",
+            "Acquisition calls, by kind and outcome (acquired, timed_out, cancelled, error)"
+        );
+        describe_counter!(
+            "redmutex_waits_total",
+            "Acquisition calls whose first attempt was refused and that waited"
+        );
+        describe_histogram!(
+            "redmutex_wait_seconds",
+            Unit::Seconds,
+            "Time from the call to its outcome, of the calls that waited"
+        );
+        describe_histogram!(
+            "redmutex_hold_seconds",
+            Unit::Seconds,
+            "Time each guard or permit was held, at its release"
+        );
+        describe_counter!(
+            "redmutex_handoffs_total",
+            "Locks handed to a waiting call by a release"
+        );
+        describe_counter!(
+            "redmutex_renewals_total",
+            "Leases renewed by the watchdog (one per hold per round)"
+        );
+        describe_counter!(
+            "redmutex_renewal_failures_total",
+            "Leases whose renewal call failed (tried again next round)"
+        );
+        describe_counter!(
+            "redmutex_lease_losses_total",
+            "Holds lost, once each, by reason (gone, lease_over, unrenewed, abandoned)"
+        );
+        describe_counter!(
+            "redmutex_cancellations_total",
+            "Waiting acquisition calls cancelled"
+        );
+    }
+}
+
+/// A lock's name as a field: printed only when a subscriber takes it.
+pub(crate) struct Name<'a>(pub(crate) &'a [u8]);
+
+impl fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.0))
+    }
+}
+
+/// The names of a `MultiLock`'s locks, comma-separated.
+pub(crate) struct Names<I>(pub(crate) I);
+
+impl<'a, I: Iterator<Item = &'a [u8]> + Clone> fmt::Display for Names<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, name) in self.0.clone().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            fmt::Display::fmt(&Name(name), f)?;
+        }
+        Ok(())
+    }
+}
+
+/// A holder id (`<client id>:<token>`, as `keys::holder_id` makes it), formatted only
+/// when a subscriber takes it.
+pub(crate) struct Holder<'a>(pub(crate) &'a str, pub(crate) u64);
+
+impl fmt::Display for Holder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.0, self.1)
+    }
+}
 
 /// Why a hold was lost (the `reason` field and label).
 #[derive(Clone, Copy, Debug)]
@@ -103,13 +189,13 @@ fn flag(bit: u8) {
 #[inline]
 pub(crate) fn acquisition<G>(
     kind: &'static str,
-    keys: &LockKeys,
-    (client_id, token): (&str, u64),
+    lock: &dyn fmt::Display,
+    holder: &dyn fmt::Display,
     run: impl FnOnce() -> Result<Option<G>, Error>,
 ) -> Result<Option<G>, Error> {
     #[cfg(not(any(feature = "tracing", feature = "metrics")))]
     {
-        let _ = (kind, keys, client_id, token);
+        let _ = (kind, lock, holder);
         run()
     }
     #[cfg(any(feature = "tracing", feature = "metrics"))]
@@ -119,16 +205,16 @@ pub(crate) fn acquisition<G>(
         let span = tracing::debug_span!(
             target: "redmutex",
             "redmutex.acquire",
-            lock = %String::from_utf8_lossy(keys.name()),
+            %lock,
             %kind,
-            holder = %crate::runtime::keys::holder_id(client_id, token),
+            %holder,
             outcome = tracing::field::Empty,
             waited_ms = tracing::field::Empty,
             contended = tracing::field::Empty,
             handoff = tracing::field::Empty,
         );
         #[cfg(not(feature = "tracing"))]
-        let _ = (keys, client_id, token);
+        let _ = (lock, holder);
         // An acquisition never runs inside another on the same thread, but the flags are
         // kept as they were all the same.
         let outer = FLAGS.with(|f| f.replace(0));
