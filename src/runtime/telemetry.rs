@@ -4,10 +4,12 @@
 //! recorder installed, a call costs an atomic load or two (`tracing`'s interest cache, the
 //! `metrics` recorder slot): nothing is formatted, nothing is sent anywhere.
 //!
-//! The existing human-readable messages (retries, failovers, a renewal that failed) stay
-//! on the `log` facade, so programs that only use `log` keep seeing them; a `tracing`
-//! subscriber with `tracing-log` (as the CLI installs) shows both. What is here is
-//! structured: fields a program can filter and aggregate on.
+//! The existing human-readable messages (retries, failovers, a renewal that failed, a
+//! lease lost) stay on the `log` facade at their levels (WARN for a loss), so programs
+//! that only use `log` keep seeing them, and a `tracing` subscriber with `tracing-log`
+//! (tracing-subscriber's default, and the CLI's) shows them too. What is here is
+//! structured, fields a program can filter and aggregate on, and all at DEBUG: a loss or
+//! a failed renewal is not said twice at WARN.
 //!
 //! # Spans and events (`tracing`, target `redmutex`, level DEBUG)
 //!
@@ -16,8 +18,8 @@
 //! | `redmutex.acquire` | span, one per acquisition call (`lock*`, `try_lock*`, `acquire*`, read and write sides, `MultiLock`) | `lock`, `kind`, `holder`, then recorded at the end: `outcome`, `waited_ms`, `contended`, `handoff` |
 //! | `acquired` / `not acquired` | event at the end of that span | `outcome`, `waited_ms`, `contended`, `handoff` |
 //! | `released` | event, one per guard or permit released (`unlock` or drop) | `lock`, `kind`, `holder`, `held_ms`, `outcome` |
-//! | `lease lost` | event (WARN), once per hold | `lock`, `kind`, `reason` |
-//! | `lease renewal failed` | event (WARN) on the watchdog thread | `holds`, `error` |
+//! | `lease lost` | event, once per hold | `lock`, `kind`, `reason` |
+//! | `lease renewal failed` | event on the watchdog thread | `holds`, `error` |
 //! | `acquisition cancelled` | event | `lock`, `kind` |
 //!
 //! `outcome` is `acquired`, `timed_out` (the deadline passed, or a `try_lock` found the
@@ -347,7 +349,7 @@ pub(crate) fn mark_lost(lost: &AtomicBool, keys: &LockKeys, reason: Loss) {
         return;
     }
     #[cfg(feature = "tracing")]
-    tracing::warn!(
+    tracing::debug!(
         target: "redmutex",
         lock = %String::from_utf8_lossy(keys.name()),
         kind = %kind_of(keys.ops),
@@ -373,7 +375,7 @@ pub(crate) fn renewed(holds: usize) {
 #[inline]
 pub(crate) fn renewal_failed(holds: usize, e: &Error) {
     #[cfg(feature = "tracing")]
-    tracing::warn!(target: "redmutex", holds, error = %e, "lease renewal failed");
+    tracing::debug!(target: "redmutex", holds, error = %e, "lease renewal failed");
     #[cfg(feature = "metrics")]
     if holds > 0 {
         metrics::counter!("redmutex_renewal_failures_total").increment(holds as u64);
