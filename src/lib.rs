@@ -39,6 +39,14 @@
 //! default), [`Fair`], [`Fenced`], [`Read`] and [`Write`]: `FairLock` is `Lock<Fair>`,
 //! and a read-write lock's sides are a `Lock<Read>` and a `Lock<Write>`, with the very
 //! same surface and guards.
+//!
+//! What the locks do can be watched: with feature `tracing` (on by default) every
+//! acquisition is a `redmutex.acquire` span (lock name, kind, holder, outcome, time waited,
+//! handoff or not) and releases and lost leases are events, all at DEBUG under the target
+//! `redmutex`; with feature `metrics`, counters and histograms named `redmutex_*`
+//! (acquisitions, waits, wait and hold times, handoffs, renewals, renewal failures, lost
+//! leases) go to the recorder of the `metrics` facade. Without a subscriber or recorder
+//! they cost next to nothing. The README lists every name.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

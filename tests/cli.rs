@@ -367,6 +367,56 @@ fn bad_input_fails_with_a_clear_message_and_no_panic() {
     assert!(!String::from_utf8_lossy(&help.stdout).contains("s3cret"));
 }
 
+#[test]
+fn verbose_shows_the_library_events_and_quiet_silences_them() {
+    let server = RedisServer::new();
+    let stderr_of = |args: &[&str], rust_log: Option<&str>| {
+        let mut cmd = redmutex(&server);
+        match rust_log {
+            Some(filter) => cmd.env("RUST_LOG", filter),
+            None => cmd.env_remove("RUST_LOG"),
+        };
+        let out = output(cmd.args(args));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        stderr
+    };
+    let run = ["run", "shown", "--", "true"];
+
+    // -v: the acquisition's span with its fields, and the release.
+    let shown = stderr_of(&[&["-v"], &run[..]].concat(), None);
+    assert!(
+        shown.contains("redmutex.acquire{lock=shown kind=Lock"),
+        "{shown}"
+    );
+    assert!(shown.contains("outcome=acquired"), "{shown}");
+    assert!(shown.contains("released lock=shown"), "{shown}");
+    // RUST_LOG picks the same without -v.
+    let logged = stderr_of(&run, Some("redmutex=debug"));
+    assert!(logged.contains("released lock=shown"), "{logged}");
+    // -q silences them whatever RUST_LOG says; by default a run that goes well is silent.
+    assert_eq!(stderr_of(&[&["-q"], &run[..]].concat(), Some("debug")), "");
+    assert_eq!(stderr_of(&run, None), "");
+
+    // Everything of every crate, against a server that is not there: the password in the
+    // URL still never shows.
+    let out = output(Command::new(BIN).env_remove("REDIS_URL").args([
+        "-vv",
+        "--url",
+        "redis://user:s3cret@127.0.0.1:1/",
+        "--connect-timeout",
+        "300ms",
+        "status",
+        "x",
+    ]));
+    assert_eq!(out.status.code(), Some(69));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("s3cret"),
+        "the password was printed: {stderr}"
+    );
+}
+
 /// Whether the process `pid` has ended (gone, or a zombie nobody reaped yet: an orphan
 /// whose new parent does not reap it promptly).
 fn ended(pid: i32) -> bool {

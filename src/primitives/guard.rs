@@ -13,6 +13,7 @@ use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
+use crate::runtime::telemetry::{self, Loss};
 use crate::{Error, Lock};
 
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
@@ -151,6 +152,12 @@ impl<K: Kind> LockGuard<K> {
     }
 
     fn release(&mut self) -> Result<(), Error> {
+        let outcome = self.release_level();
+        telemetry::released(K::NAME, &self.keys, &self.holder, self.acquired, &outcome);
+        outcome
+    }
+
+    fn release_level(&mut self) -> Result<(), Error> {
         let held = match self.begin_release()? {
             Ok(call) => call,
             Err(done) => return done,
@@ -224,6 +231,7 @@ impl<K: Kind> LockGuard<K> {
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were
             // over (or the count was off); their guards must not look held.
+            telemetry::mark_lost(&self.lost, keys, Loss::LeaseOver);
             inner.watchdog.hold_ended(keys.hold(), &self.lost);
         }
         shortfall.map_or(Ok(()), Err)

@@ -17,6 +17,7 @@ use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::telemetry;
 use crate::{Client, Error, LockGuard};
 
 /// A named distributed lock, reentrant per thread; one type over its kinds.
@@ -500,7 +501,11 @@ impl<K: Kind> Lock<K> {
                 inner.subscriber.rejoin(self.keys.channel(), token)
             },
         };
-        wait.run()
+        let (name, holder) = (
+            telemetry::Name(keys.name()),
+            telemetry::Holder(&inner.id, token),
+        );
+        telemetry::acquisition(K::NAME, &name, &holder, || wait.run())
     }
 
     /// Gives back this thread's read hold of a read-write lock (`self` is its write side)

@@ -20,6 +20,7 @@ use crate::runtime::keys::{holder_id, thread_token};
 use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::subscriber::Subscription;
+use crate::runtime::telemetry;
 use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
 
 /// How long a round of calls waits for a server by default: far below any lease, so that
@@ -427,7 +428,9 @@ impl MultiLock {
             reentry,
             queued: vec![false; n],
         };
-        wait.run()
+        let names = telemetry::Names(self.members.iter().map(|m| m.name()));
+        let holder = telemetry::Holder(&self.members[0].client.inner.id, token);
+        telemetry::acquisition("MultiLock", &names, &holder, || wait.run())
     }
 }
 
@@ -493,6 +496,7 @@ impl MultiWait<'_> {
             {
                 log::debug!("redmutex: giving back a partial MultiLock hold failed: {e}");
             }
+            telemetry::waiting(self.once);
             let failed = seen.iter().filter(|s| matches!(s, Seen::Failed(_))).count();
             let past = |now: Instant| self.once || self.deadline.is_some_and(|d| now >= d);
             if failed > n - lock.quorum {

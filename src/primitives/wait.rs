@@ -10,6 +10,7 @@ use crate::primitives::lock::{Grant, Lock, Refused};
 use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::subscriber::Subscription;
+use crate::runtime::telemetry;
 use crate::{Error, LockGuard};
 
 /// Numbers each waiting call, so that a message meant for an earlier call of the same
@@ -56,6 +57,7 @@ impl<K: Kind> Wait<'_, K> {
             Ok(grant) => return Ok(Some(self.granted(grant, sent))),
             Err(refused) => refused.pttl,
         };
+        telemetry::waiting(self.once);
         if let Some(s) = &self.sub {
             // Queued with the first try: the timer goes by the lease that try saw, not by
             // one an earlier wait of this process left behind.
@@ -294,6 +296,7 @@ impl<K: Kind> Wait<'_, K> {
         let Some(since) = self.window_start(ticket, at) else {
             return self.confirm(fence);
         };
+        telemetry::handoff();
         if let Some(s) = &self.sub {
             // The others of this process now wait for our release (or lease).
             s.saw_lease_end(Instant::now() + Duration::from_millis(self.lease_ms));
@@ -352,6 +355,7 @@ impl<K: Kind> Wait<'_, K> {
         if !held {
             return Ok(None);
         }
+        telemetry::handoff();
         if let Some(s) = &self.sub {
             // The others of this process now wait for our release (or lease).
             s.saw_lease_end(sent + Duration::from_millis(self.lease_ms));

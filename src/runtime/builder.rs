@@ -262,6 +262,7 @@ impl ClientBuilder {
     /// zero durations, a zero pool size, or a `watchdog_timeout` not longer than the
     /// `command_timeout`.
     pub fn build(self) -> Result<Client, Error> {
+        crate::runtime::telemetry::describe();
         let invalid = |what: &str| Err(Error::InvalidArgument(what.to_owned()));
         if let Err(why) = crate::runtime::keys::check_prefix(&self.key_prefix) {
             return Err(Error::InvalidArgument(why));

@@ -15,6 +15,7 @@ use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue::{self, KICK_AFTER, PICKUP};
 use crate::runtime::renewer::Renewer;
+use crate::runtime::telemetry::{self, Loss};
 use crate::Error;
 
 /// How often a failing check of a handed-on lock is tried again before it is left to the
@@ -92,7 +93,7 @@ impl Hold {
             return self.levels.len();
         }
         if !self.levels.is_empty() {
-            self.lost.store(true, Ordering::SeqCst);
+            telemetry::mark_lost(&self.lost, &self.keys, Loss::LeaseOver);
         }
         0
     }
@@ -540,7 +541,7 @@ impl HoldTable {
                 "redmutex: lease of lock {:?} was lost before this thread took it again",
                 String::from_utf8_lossy(keys.key())
             );
-            hold.lost.store(true, Ordering::SeqCst);
+            telemetry::mark_lost(&hold.lost, keys, Loss::Gone);
             *hold = fresh();
         } else if count == 1 {
             *hold = fresh();
@@ -712,7 +713,7 @@ impl HoldTable {
     pub(crate) fn hold_gone(&self, key: &[u8], token: u64) {
         let gone = remove_hold(&mut self.holds.lock(), key, token);
         if let Some(hold) = gone {
-            hold.lost.store(true, Ordering::SeqCst);
+            telemetry::mark_lost(&hold.lost, &hold.keys, Loss::Gone);
             log::warn!(
                 "redmutex: lease of lock {:?} was lost before this thread took it again",
                 String::from_utf8_lossy(hold.keys.key())
@@ -865,14 +866,13 @@ impl HoldTable {
         when: impl Fn(&Hold) -> Option<Instant>,
     ) -> bool {
         let holds = self.holds.lock();
-        let passed = holds
+        let hold = holds
             .get(key)
             .and_then(|by_token| by_token.get(&token))
-            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
-            .and_then(when)
-            .is_some_and(|at| at <= Instant::now());
-        if passed {
-            lost.store(true, Ordering::SeqCst);
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost));
+        let passed = hold.and_then(when).is_some_and(|at| at <= Instant::now());
+        if let (true, Some(hold)) = (passed, hold) {
+            telemetry::mark_lost(lost, &hold.keys, Loss::Unrenewed);
         }
         passed
     }
@@ -956,7 +956,7 @@ impl HoldTable {
         let mut abandoned = 0;
         for hold in holds.values().flat_map(|by_token| by_token.values()) {
             if hold.has_watchdog_level() {
-                hold.lost.store(true, Ordering::SeqCst);
+                telemetry::mark_lost(&hold.lost, &hold.keys, Loss::Abandoned);
                 abandoned += 1;
             }
         }

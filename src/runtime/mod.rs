@@ -15,3 +15,4 @@ pub(crate) mod renewer;
 pub(crate) mod scripts;
 pub(crate) mod subscriber;
 pub(crate) mod target;
+pub(crate) mod telemetry;

@@ -2,7 +2,6 @@
 //! locks this client handed on, and cleans up after doubtful attempts.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
@@ -15,6 +14,7 @@ use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
 use crate::runtime::lease::millis;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::telemetry::{self, Loss};
 use crate::Error;
 
 /// Leases and queue entries renewed by one script call. Bounded so that one call never
@@ -328,6 +328,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
             Ok((lost, gone)) => {
                 // Those lost are forgotten below; the others are extended.
                 inner.watchdog.extended(batch, true);
+                telemetry::renewed(batch.len().saturating_sub(lost.len()));
                 let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
                 inner.watchdog.confirmed(batch, sent, &lost_at);
                 for i in lost {
@@ -338,7 +339,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                         "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
                         String::from_utf8_lossy(w.keys.key())
                     );
-                    w.lost.store(true, Ordering::SeqCst);
+                    telemetry::mark_lost(&w.lost, &w.keys, Loss::Gone);
                     inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
                 }
                 for j in gone {
@@ -353,6 +354,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
             }
             Err(e) => {
                 log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
+                telemetry::renewal_failed(batch.len(), &e);
                 inner.watchdog.extended(batch, false);
             }
         }

@@ -52,6 +52,14 @@ usage.";
 struct Cli {
     #[command(flatten)]
     connection: Connection,
+    /// Show what the library does on standard error: -v its acquisitions, releases and
+    /// retries, -vv everything of every crate. Without -v or -q, RUST_LOG (e.g.
+    /// `RUST_LOG=redmutex=debug`) picks the messages; by default only its warnings show.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// No messages from the library, not even warnings (redmutex's own errors still show).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -204,6 +212,42 @@ once nobody held it for an instant, so a waiter queued before it goes first.")]
     },
 }
 
+/// By default the library's warnings only: not the pool's own reports of a refused
+/// connection, which the error redmutex prints already says.
+const QUIET_DEFAULT: &str = "redmutex=warn";
+
+/// Shows the library's `tracing` events and `log` records on standard error, as `-v`/`-q`
+/// or else RUST_LOG ask; by default its warnings only.
+fn messages(verbose: u8, quiet: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let flags = match (quiet, verbose) {
+        (true, _) => Some("off"),
+        (false, 0) => None,
+        (false, 1) => Some("redmutex=debug"),
+        (false, _) => Some("debug,redmutex=trace"),
+    };
+    let filter = match flags {
+        Some(directives) => EnvFilter::new(directives),
+        None => match std::env::var("RUST_LOG") {
+            Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
+                .unwrap_or_else(|e| {
+                    warn(format_args!("redmutex: ignoring RUST_LOG ({e})"));
+                    EnvFilter::new(QUIET_DEFAULT)
+                }),
+            _ => EnvFilter::new(QUIET_DEFAULT),
+        },
+    };
+    // (The fmt layer drops what stderr cannot take: a message never ends redmutex.)
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .with_timer(tracing_subscriber::fmt::time::Uptime::default())
+        .with_env_filter(filter)
+        .try_init();
+}
+
 /// `500ms`, `30s`, `5m`, `1h 30m`: humantime's format.
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))
@@ -211,6 +255,7 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    messages(cli.verbose, cli.quiet);
     let outcome = match cli.command {
         Command::Run(args) => run::run(&cli.connection, args),
         Command::Guard(args) => Ok(run::guard(args)),

@@ -1,0 +1,407 @@
+//! What locks do, told to `tracing` (feature `tracing`, on by default) and to the `metrics`
+//! facade (feature `metrics`). Every call site elsewhere is one line; without the features
+//! these functions are empty and compile to nothing. With them but no subscriber or
+//! recorder installed, a call costs an atomic load or two (`tracing`'s interest cache, the
+//! `metrics` recorder slot): nothing is formatted, nothing is sent anywhere.
+//!
+//! The existing human-readable messages (retries, failovers, a renewal that failed, a
+//! lease lost) stay on the `log` facade at their levels (WARN for a loss), so programs
+//! that only use `log` keep seeing them, and a `tracing` subscriber with `tracing-log`
+//! (tracing-subscriber's default, and the CLI's) shows them too. What is here is
+//! structured, fields a program can filter and aggregate on, and all at DEBUG: a loss or
+//! a failed renewal is not said twice at WARN.
+//!
+//! # Spans and events (`tracing`, target `redmutex`, level DEBUG)
+//!
+//! | name | kind | fields |
+//! |---|---|---|
+//! | `redmutex.acquire` | span, one per acquisition call (`lock*`, `try_lock*`, `acquire*`, read and write sides, `MultiLock`) | `lock`, `kind`, `holder`, then recorded at the end: `outcome`, `waited_ms`, `contended`, `handoff` |
+//! | `acquired` / `not acquired` | event at the end of that span | `outcome`, `waited_ms`, `contended`, `handoff` |
+//! | `released` | event, one per guard or permit released (`unlock` or drop) | `lock`, `kind`, `holder`, `held_ms`, `outcome` |
+//! | `lease lost` | event, once per hold | `lock`, `kind`, `reason` |
+//! | `lease renewal failed` | event on the watchdog thread | `holds`, `error` |
+//! | `acquisition cancelled` | event | `lock`, `kind` |
+//!
+//! `outcome` is `acquired`, `timed_out` (the deadline passed, or a `try_lock` found the
+//! lock held), `cancelled` or `error` for an acquisition; `released`, `lease_lost`,
+//! `not_held` or `error` for a release. `contended`: the first attempt was refused and
+//! the call waited. `handoff`: a release handed the lock to this call while it waited.
+//! `lock` is the lock's name and `holder` the holder id (`<client uuid>:<n>`); for a
+//! `MultiLock`, its locks' names comma-separated and the holder id on the first one's
+//! client (its releases and the handoffs of its members are not reported, and its
+//! `handoff` is always false). The Redis URL and credentials are never part of any field.
+//!
+//! # Metrics (`metrics` facade)
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | `redmutex_acquisitions_total` | counter | `kind`, `outcome` | acquisition calls, by how they ended |
+//! | `redmutex_waits_total` | counter | `kind` | calls whose first attempt was refused and that waited |
+//! | `redmutex_wait_seconds` | histogram | `kind` | for those calls, the time from the call to its outcome |
+//! | `redmutex_hold_seconds` | histogram | `kind` | per guard released, the time it was held |
+//! | `redmutex_handoffs_total` | counter | `kind` | locks handed to a waiting call by a release |
+//! | `redmutex_renewals_total` | counter | | holds whose lease the watchdog renewed (one per hold per round) |
+//! | `redmutex_renewal_failures_total` | counter | | holds whose renewal call failed (retried next round) |
+//! | `redmutex_lease_losses_total` | counter | `reason` | holds lost, once each |
+//! | `redmutex_cancellations_total` | counter | `kind` | waiting calls cancelled |
+//!
+//! `kind` is `Lock`, `FairLock`, `FencedLock`, `ReadLock`, `WriteLock`, `Semaphore` or
+//! `MultiLock`;
+//! `reason` is `gone` (Redis no longer had the hold: expired, force-unlocked, lost in a
+//! restart or failover), `lease_over` (a fixed lease ran out), `unrenewed` (no renewal
+//! or extension reached Redis before the lease could end) or `abandoned` (every `Client`
+//! was dropped while a watchdog hold lived). The lock name is deliberately not a label:
+//! names are often made of ids (`order:1234`), and a label per name would grow a time
+//! series per order in the recorder. The spans carry the name.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::runtime::keys::LockKeys;
+#[cfg(feature = "tracing")]
+use crate::runtime::scripts::{self, Ops};
+use crate::Error;
+
+/// Describes the metrics (units, help texts) to the recorder installed by now: a recorder
+/// that exports them (Prometheus' HELP lines) shows what they mean. Once per client built.
+#[inline]
+pub(crate) fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        use metrics::{describe_counter, describe_histogram, Unit};
+        describe_counter!(
+            "redmutex_acquisitions_total",
+            "Acquisition calls, by kind and outcome (acquired, timed_out, cancelled, error)"
+        );
+        describe_counter!(
+            "redmutex_waits_total",
+            "Acquisition calls whose first attempt was refused and that waited"
+        );
+        describe_histogram!(
+            "redmutex_wait_seconds",
+            Unit::Seconds,
+            "Time from the call to its outcome, of the calls that waited"
+        );
+        describe_histogram!(
+            "redmutex_hold_seconds",
+            Unit::Seconds,
+            "Time each guard or permit was held, at its release"
+        );
+        describe_counter!(
+            "redmutex_handoffs_total",
+            "Locks handed to a waiting call by a release"
+        );
+        describe_counter!(
+            "redmutex_renewals_total",
+            "Leases renewed by the watchdog (one per hold per round)"
+        );
+        describe_counter!(
+            "redmutex_renewal_failures_total",
+            "Leases whose renewal call failed (tried again next round)"
+        );
+        describe_counter!(
+            "redmutex_lease_losses_total",
+            "Holds lost, once each, by reason (gone, lease_over, unrenewed, abandoned)"
+        );
+        describe_counter!(
+            "redmutex_cancellations_total",
+            "Waiting acquisition calls cancelled"
+        );
+    }
+}
+
+/// A lock's name as a field: printed only when a subscriber takes it.
+pub(crate) struct Name<'a>(pub(crate) &'a [u8]);
+
+impl fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.0))
+    }
+}
+
+/// The names of a `MultiLock`'s locks, comma-separated.
+pub(crate) struct Names<I>(pub(crate) I);
+
+impl<'a, I: Iterator<Item = &'a [u8]> + Clone> fmt::Display for Names<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, name) in self.0.clone().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            fmt::Display::fmt(&Name(name), f)?;
+        }
+        Ok(())
+    }
+}
+
+/// A holder id (`<client id>:<token>`, as `keys::holder_id` makes it), formatted only
+/// when a subscriber takes it.
+pub(crate) struct Holder<'a>(pub(crate) &'a str, pub(crate) u64);
+
+impl fmt::Display for Holder<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.0, self.1)
+    }
+}
+
+/// Why a hold was lost (the `reason` field and label).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Loss {
+    /// Redis no longer had the hold (expired, force-unlocked, lost by Redis).
+    Gone,
+    /// Its fixed lease ran out.
+    LeaseOver,
+    /// No renewal or extension reached Redis before its lease could end.
+    Unrenewed,
+    /// Every `Client` was dropped: nothing renews it any more.
+    Abandoned,
+}
+
+impl Loss {
+    #[cfg_attr(not(any(feature = "tracing", feature = "metrics")), allow(dead_code))]
+    fn as_str(self) -> &'static str {
+        match self {
+            Loss::Gone => "gone",
+            Loss::LeaseOver => "lease_over",
+            Loss::Unrenewed => "unrenewed",
+            Loss::Abandoned => "abandoned",
+        }
+    }
+}
+
+// What the Wait of the acquisition under way on this thread reported (bits below): read
+// and reset by `acquisition`, set by `waiting` and `handoff`.
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+thread_local! {
+    static FLAGS: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+const CONTENDED: u8 = 1;
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+const HANDOFF: u8 = 2;
+
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+fn flag(bit: u8) {
+    FLAGS.with(|f| f.set(f.get() | bit));
+}
+
+/// Runs one acquisition call `run` of a lock of kind `kind` inside its span, and records
+/// its outcome.
+#[inline]
+pub(crate) fn acquisition<G>(
+    kind: &'static str,
+    lock: &dyn fmt::Display,
+    holder: &dyn fmt::Display,
+    run: impl FnOnce() -> Result<Option<G>, Error>,
+) -> Result<Option<G>, Error> {
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    {
+        let _ = (kind, lock, holder);
+        run()
+    }
+    #[cfg(any(feature = "tracing", feature = "metrics"))]
+    {
+        let start = Instant::now();
+        #[cfg(feature = "tracing")]
+        let span = tracing::debug_span!(
+            target: "redmutex",
+            "redmutex.acquire",
+            %lock,
+            %kind,
+            %holder,
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+            contended = tracing::field::Empty,
+            handoff = tracing::field::Empty,
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = (lock, holder);
+        // An acquisition never runs inside another on the same thread, but the flags are
+        // kept as they were all the same.
+        let outer = FLAGS.with(|f| f.replace(0));
+        #[cfg(feature = "tracing")]
+        let result = span.in_scope(run);
+        #[cfg(not(feature = "tracing"))]
+        let result = run();
+        let flags = FLAGS.with(|f| f.replace(outer));
+        let waited = start.elapsed();
+        let outcome = match &result {
+            Ok(Some(_)) => "acquired",
+            Ok(None) => "timed_out",
+            Err(e) => error_outcome(e),
+        };
+        let contended = flags & CONTENDED != 0;
+        let handoff = flags & HANDOFF != 0;
+        #[cfg(feature = "tracing")]
+        {
+            span.record("outcome", tracing::field::display(outcome));
+            span.record("waited_ms", ms(waited));
+            span.record("contended", contended);
+            span.record("handoff", handoff);
+            // The fields are the span's: the event only marks the end.
+            let _in = span.enter();
+            if outcome == "acquired" {
+                tracing::debug!(target: "redmutex", "acquired");
+            } else {
+                tracing::debug!(target: "redmutex", "not acquired");
+            }
+        }
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!("redmutex_acquisitions_total", "kind" => kind, "outcome" => outcome)
+                .increment(1);
+            if contended {
+                metrics::counter!("redmutex_waits_total", "kind" => kind).increment(1);
+                metrics::histogram!("redmutex_wait_seconds", "kind" => kind)
+                    .record(waited.as_secs_f64());
+            }
+            if handoff {
+                metrics::counter!("redmutex_handoffs_total", "kind" => kind).increment(1);
+            }
+        }
+        result
+    }
+}
+
+/// The `outcome` of an acquisition that failed with `e`.
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+fn error_outcome(e: &Error) -> &'static str {
+    // The cancellation variant joins here once it exists ("cancelled").
+    let _ = e;
+    "error"
+}
+
+/// The acquisition under way on this thread found the lock held at its first attempt and
+/// goes on to wait (`once`: it is a single attempt, which never waits).
+#[inline]
+pub(crate) fn waiting(once: bool) {
+    #[cfg(any(feature = "tracing", feature = "metrics"))]
+    if !once {
+        flag(CONTENDED);
+    }
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    let _ = once;
+}
+
+/// A release handed the lock to the acquisition under way on this thread.
+#[inline]
+pub(crate) fn handoff() {
+    #[cfg(any(feature = "tracing", feature = "metrics"))]
+    flag(HANDOFF);
+}
+
+/// A waiting acquisition of a lock of kind `kind` was cancelled (its call site is the
+/// cancellation's; the acquisition's own outcome is counted by [`acquisition`]).
+#[inline]
+#[allow(dead_code)]
+pub(crate) fn cancelled(kind: &'static str, keys: &LockKeys) {
+    #[cfg(feature = "tracing")]
+    tracing::debug!(
+        target: "redmutex",
+        lock = %String::from_utf8_lossy(keys.name()),
+        %kind,
+        "acquisition cancelled"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redmutex_cancellations_total", "kind" => kind).increment(1);
+    let _ = (kind, keys);
+}
+
+/// A guard of a lock of kind `kind` taken at `acquired` was released with `outcome`.
+#[inline]
+pub(crate) fn released(
+    kind: &'static str,
+    keys: &LockKeys,
+    holder: &str,
+    acquired: Instant,
+    outcome: &Result<(), Error>,
+) {
+    #[cfg(any(feature = "tracing", feature = "metrics"))]
+    {
+        let held = acquired.elapsed();
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            target: "redmutex",
+            lock = %String::from_utf8_lossy(keys.name()),
+            %kind,
+            %holder,
+            held_ms = ms(held),
+            outcome = %match outcome {
+                Ok(()) => "released",
+                Err(Error::LeaseLost) => "lease_lost",
+                Err(Error::NotHeld) => "not_held",
+                Err(_) => "error",
+            },
+            "released"
+        );
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("redmutex_hold_seconds", "kind" => kind).record(held.as_secs_f64());
+    }
+    let _ = (kind, keys, holder, acquired, outcome);
+}
+
+/// Marks `lost` (a hold's flag) lost, and tells of it the first time only: a hold is
+/// counted lost once, whichever of its guards or the watchdog finds out first.
+#[inline]
+pub(crate) fn mark_lost(lost: &AtomicBool, keys: &LockKeys, reason: Loss) {
+    if lost.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    #[cfg(feature = "tracing")]
+    tracing::debug!(
+        target: "redmutex",
+        lock = %String::from_utf8_lossy(keys.name()),
+        kind = %kind_of(keys.ops),
+        reason = %reason.as_str(),
+        "lease lost"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redmutex_lease_losses_total", "reason" => reason.as_str()).increment(1);
+    let _ = (keys, reason);
+}
+
+/// A renewal call renewed `holds` leases.
+#[inline]
+pub(crate) fn renewed(holds: usize) {
+    #[cfg(feature = "metrics")]
+    if holds > 0 {
+        metrics::counter!("redmutex_renewals_total").increment(holds as u64);
+    }
+    let _ = holds;
+}
+
+/// A renewal call for `holds` leases failed with `e` (tried again next round).
+#[inline]
+pub(crate) fn renewal_failed(holds: usize, e: &Error) {
+    #[cfg(feature = "tracing")]
+    tracing::debug!(target: "redmutex", holds, error = %e, "lease renewal failed");
+    #[cfg(feature = "metrics")]
+    if holds > 0 {
+        metrics::counter!("redmutex_renewal_failures_total").increment(holds as u64);
+    }
+    let _ = (holds, e);
+}
+
+/// `d` in milliseconds, to the microsecond.
+#[cfg(feature = "tracing")]
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_micros() as f64 / 1e3
+}
+
+/// The kind of lock whose scripts are `ops` (for events that only have the keys).
+#[cfg(feature = "tracing")]
+fn kind_of(ops: &'static Ops) -> &'static str {
+    let kinds: [(&'static Ops, &'static str); 6] = [
+        (&scripts::PLAIN, "Lock"),
+        (&scripts::FAIR, "FairLock"),
+        (&scripts::FENCED, "FencedLock"),
+        (&scripts::READ, "ReadLock"),
+        (&scripts::WRITE, "WriteLock"),
+        (&scripts::PERMITS, "Semaphore"),
+    ];
+    kinds
+        .iter()
+        .find(|(o, _)| std::ptr::eq(*o, ops))
+        .map_or("other", |(_, name)| name)
+}
