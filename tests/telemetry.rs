@@ -159,6 +159,44 @@ fn a_try_lock_of_a_held_lock_is_timed_out_and_not_a_wait() {
 }
 
 #[test]
+fn a_cancelled_wait_is_counted_and_its_span_says_cancelled() {
+    let server = RedisServer::new();
+    let holder = client(&server);
+    let _held = holder.lock("cancelled").lock().unwrap();
+    let c = client(&server);
+    let lock = c.lock("cancelled");
+    let token = redmutex::CancelToken::new();
+    let (got, captured, snapshotter) = observed(|| {
+        thread::scope(|s| {
+            s.spawn(|| {
+                await_queued(&server, "cancelled", 1);
+                token.cancel();
+            });
+            // On the observed thread: its span and metrics are the ones captured.
+            let outcome = lock.lock_cancellable(&token).map(|_| ());
+            matches!(outcome, Err(redmutex::Error::Cancelled))
+        })
+    });
+    assert!(got, "the wait was not cancelled");
+    let spans = captured.spans("redmutex.acquire");
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    assert_eq!(spans[0].field("outcome"), "cancelled");
+    let m = metrics_of(&snapshotter);
+    assert_eq!(
+        counter(&m, "redmutex_cancellations_total{kind=Lock}"),
+        1,
+        "{m:?}"
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "redmutex_acquisitions_total{kind=Lock,outcome=cancelled}"
+        ),
+        1
+    );
+}
+
+#[test]
 fn a_contended_fair_lock_handed_over_says_so_in_its_span_and_counts_a_handoff() {
     let server = RedisServer::new();
     let c = client(&server);

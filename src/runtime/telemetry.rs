@@ -20,7 +20,6 @@
 //! | `released` | event, one per guard or permit released (`unlock` or drop) | `lock`, `kind`, `holder`, `held_ms`, `outcome` |
 //! | `lease lost` | event, once per hold | `lock`, `kind`, `reason` |
 //! | `lease renewal failed` | event on the watchdog thread | `holds`, `error` |
-//! | `acquisition cancelled` | event | `lock`, `kind` |
 //!
 //! `outcome` is `acquired`, `timed_out` (the deadline passed, or a `try_lock` found the
 //! lock held), `cancelled` or `error` for an acquisition; `released`, `lease_lost`,
@@ -259,6 +258,9 @@ pub(crate) fn acquisition<G>(
             if handoff {
                 metrics::counter!("redmutex_handoffs_total", "kind" => kind).increment(1);
             }
+            if outcome == "cancelled" {
+                metrics::counter!("redmutex_cancellations_total", "kind" => kind).increment(1);
+            }
         }
         result
     }
@@ -267,9 +269,10 @@ pub(crate) fn acquisition<G>(
 /// The `outcome` of an acquisition that failed with `e`.
 #[cfg(any(feature = "tracing", feature = "metrics"))]
 fn error_outcome(e: &Error) -> &'static str {
-    // The cancellation variant joins here once it exists ("cancelled").
-    let _ = e;
-    "error"
+    match e {
+        Error::Cancelled => "cancelled",
+        _ => "error",
+    }
 }
 
 /// The acquisition under way on this thread found the lock held at its first attempt and
@@ -289,23 +292,6 @@ pub(crate) fn waiting(once: bool) {
 pub(crate) fn handoff() {
     #[cfg(any(feature = "tracing", feature = "metrics"))]
     flag(HANDOFF);
-}
-
-/// A waiting acquisition of a lock of kind `kind` was cancelled (its call site is the
-/// cancellation's; the acquisition's own outcome is counted by [`acquisition`]).
-#[inline]
-#[allow(dead_code)]
-pub(crate) fn cancelled(kind: &'static str, keys: &LockKeys) {
-    #[cfg(feature = "tracing")]
-    tracing::debug!(
-        target: "redmutex",
-        lock = %String::from_utf8_lossy(keys.name()),
-        %kind,
-        "acquisition cancelled"
-    );
-    #[cfg(feature = "metrics")]
-    metrics::counter!("redmutex_cancellations_total", "kind" => kind).increment(1);
-    let _ = (kind, keys);
 }
 
 /// A guard of a lock of kind `kind` taken at `acquired` was released with `outcome`.
