@@ -56,6 +56,7 @@ pub use crate::{
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Write},
     primitives::latch::CountDownLatch,
     primitives::lock::{FairLock, FencedLock, Lock},
+    primitives::lost_lease::{LossReason, LostLease},
     primitives::multi_guard::MultiLockGuard,
     primitives::multilock::MultiLock,
     primitives::permit::Permit,

@@ -2,15 +2,17 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
 use crate::runtime::client::Inner;
 use crate::runtime::holds::Registration;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{millis, Lease};
+use crate::runtime::loss::{Loss, Watcher};
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
 use crate::{Error, Lock};
@@ -49,7 +51,9 @@ pub struct LockGuard<K: Kind = Plain> {
     lease: Lease,
     acquired: Instant,
     level: u64,
-    lost: Arc<AtomicBool>,
+    lost: Arc<Loss>,
+    // The receiver `lost()` hands out, made on its first call.
+    lost_rx: OnceLock<Receiver<()>>,
     fence: Option<u64>,
     // The primary it was granted on (see `Target::generation`): a hold missing after a
     // failover was lost by it, whatever its lease.
@@ -102,6 +106,7 @@ impl<K: Kind> LockGuard<K> {
             acquired,
             level: registration.level,
             lost: registration.lost,
+            lost_rx: OnceLock::new(),
             fence,
             generation: lock.client.inner.generation(),
             released: false,
@@ -134,7 +139,7 @@ impl<K: Kind> LockGuard<K> {
     /// cut off), so the key may have expired there. Another holder may then have entered
     /// the critical section. Never goes back to false.
     pub fn is_lease_lost(&self) -> bool {
-        if self.lost.load(Ordering::SeqCst) {
+        if self.lost.is_lost() {
             return true;
         }
         let watchdog = &self.inner.watchdog;
@@ -148,6 +153,81 @@ impl<K: Kind> LockGuard<K> {
             }
             Lease::Watchdog => watchdog.lease_expired(self.keys.hold(), self.token, &self.lost),
         }
+    }
+
+    /// A channel that becomes ready once this hold is lost, or once this guard is
+    /// released (unlocked or dropped), whichever comes first: wait for it in a
+    /// [`select!`](crossbeam_channel::select) beside your own work to stop as soon as the
+    /// lock is no longer yours, without polling
+    /// [`is_lease_lost`](LockGuard::is_lease_lost).
+    ///
+    /// No message is ever sent: the channel is *disconnected*, so `recv()` returns
+    /// `Err(RecvError)` and a `recv(lost) -> _` arm of `select!` fires, at once and on
+    /// every later try. It is ready within the same bound as `is_lease_lost()` turns true:
+    /// the instant a fixed lease runs out or a lease goes unrenewed for its whole length
+    /// (a thread of the client wakes for it; nobody needs to poll), or when a renewal, a
+    /// later acquisition or a release finds the hold gone. Every guard of a nested hold is
+    /// told of its loss; releasing one level readies only that guard's channel. Each call
+    /// returns a clone of the same receiver.
+    ///
+    /// ```no_run
+    /// use crossbeam_channel::{select, Receiver};
+    /// # fn work_items() -> Receiver<u32> { crossbeam_channel::never() }
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("ledger").lock()?;
+    /// let lost = guard.lost();
+    /// let items = work_items();
+    /// loop {
+    ///     select! {
+    ///         recv(items) -> item => match item {
+    ///             Ok(item) => { /* ... process item under the lock ... */ }
+    ///             Err(_) => break,
+    ///         },
+    ///         recv(lost) -> _ => {
+    ///             // The lock is no longer ours: another holder may run now. Stop.
+    ///             return Err(redmutex::Error::LeaseLost);
+    ///         }
+    ///     }
+    /// }
+    /// guard.unlock()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn lost(&self) -> Receiver<()> {
+        self.lost_rx
+            .get_or_init(|| {
+                let (tx, rx) = crossbeam_channel::bounded(0);
+                self.inner.watchdog.watch_loss(
+                    &self.inner,
+                    &self.keys,
+                    self.token,
+                    &self.lost,
+                    self.level,
+                    Watcher::Guard { _sender: tx },
+                );
+                rx
+            })
+            .clone()
+    }
+
+    /// Lets `watcher` know of this hold's loss (or of this guard's release).
+    pub(crate) fn watch(&self, watcher: Watcher) {
+        self.inner.watchdog.watch_loss(
+            &self.inner,
+            &self.keys,
+            self.token,
+            &self.lost,
+            self.level,
+            watcher,
+        );
+    }
+
+    /// Has the loss thread of this guard's client look at `what` at `at`.
+    pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::loss::Timed) {
+        let notifier = &self.inner.watchdog.notifier;
+        if let Err(e) = notifier.ensure_running(&self.inner) {
+            log::warn!("redmutex: cannot start the loss thread: {e}");
+        }
+        notifier.push(at, what);
     }
 
     fn release(&mut self) -> Result<(), Error> {
@@ -183,6 +263,8 @@ impl<K: Kind> LockGuard<K> {
         // hold lost here, before anything is sent: the release below still gives the hold
         // back if Redis has it, but its outcome is `LeaseLost` (see `end_release`).
         self.is_lease_lost();
+        // This level is over for whoever waits on `lost()`, whatever the release finds.
+        self.lost.released(self.level);
         let Some((need, held)) =
             inner
                 .watchdog
@@ -213,7 +295,7 @@ impl<K: Kind> LockGuard<K> {
             // A waiter was told its turn: make sure it took it once its window is over.
             inner.watchdog.handed_on(inner, keys);
         }
-        if self.lost.load(Ordering::SeqCst) {
+        if self.lost.is_lost() {
             // Said lost before the release was sent (or found so meanwhile): whatever the
             // script found, the hold was not vouched for until now.
             return Err(Error::LeaseLost);
@@ -235,7 +317,7 @@ impl<K: Kind> LockGuard<K> {
     }
 
     fn not_held(&self) -> Error {
-        if self.lost.load(Ordering::SeqCst) || self.generation != self.inner.generation() {
+        if self.lost.is_lost() || self.generation != self.inner.generation() {
             Error::LeaseLost
         } else {
             Error::NotHeld

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
 use crate::primitives::wait::{Wait, NEXT_TICKET};
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
+use crate::runtime::holds::Acquisition;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
 use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
@@ -58,6 +59,8 @@ pub struct Lock<K: Kind = Plain> {
     pub(crate) keys: Arc<LockKeys>,
     // A semaphore's permits when it does not exist yet (unused by the locks).
     pub(crate) initial: u32,
+    // How long the watchdog may renew a hold taken through this handle (`max_hold`).
+    max_hold: Option<Duration>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -136,6 +139,7 @@ impl<K: Kind> Clone for Lock<K> {
             client: self.client.clone(),
             keys: self.keys.clone(),
             initial: self.initial,
+            max_hold: self.max_hold,
             kind: PhantomData,
         }
     }
@@ -144,6 +148,7 @@ impl<K: Kind> Clone for Lock<K> {
 impl<K: Kind> Lock<K> {
     pub(crate) fn new(client: Client, keys: LockKeys) -> Lock<K> {
         Lock {
+            max_hold: client.inner.config.max_hold,
             client,
             keys: Arc::new(keys),
             initial: 0,
@@ -700,6 +705,11 @@ impl<K: Kind> Lock<K> {
             grant.count,
             (lease, self.lease_ms(lease)),
             (sent, handoff),
+            &Acquisition {
+                kind: K::NAME,
+                generation: self.client.inner.generation(),
+                max_hold: self.max_hold,
+            },
         );
         LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
     }

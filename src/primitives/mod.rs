@@ -7,6 +7,7 @@ pub(crate) mod info;
 pub(crate) mod kind;
 pub(crate) mod latch;
 pub(crate) mod lock;
+pub(crate) mod lost_lease;
 pub(crate) mod multi_guard;
 pub(crate) mod multilock;
 pub(crate) mod permit;

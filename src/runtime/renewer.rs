@@ -2,7 +2,6 @@
 //! locks this client handed on, and cleans up after doubtful attempts.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
@@ -338,7 +337,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                         "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
                         String::from_utf8_lossy(w.keys.key())
                     );
-                    w.lost.store(true, Ordering::SeqCst);
+                    w.lost.mark(w.lost.gone_reason(inner.generation()));
                     inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
                 }
                 for j in gone {
