@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
 use crate::runtime::client::Inner;
 use crate::runtime::holds::Registration;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{millis, Lease};
+use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::loss::{Loss, Watcher};
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
@@ -50,6 +51,8 @@ pub struct LockGuard<K: Kind = Plain> {
     holder: Arc<str>,
     lease: Lease,
     acquired: Instant,
+    // A fixed lease: how long after `acquired` it ends, in ms (`extend` moves it on).
+    fixed_ms: AtomicU64,
     level: u64,
     lost: Arc<Loss>,
     // The receiver `lost()` hands out, made on its first call.
@@ -104,6 +107,10 @@ impl<K: Kind> LockGuard<K> {
             holder: registration.holder,
             lease,
             acquired,
+            fixed_ms: AtomicU64::new(match lease {
+                Lease::Fixed(ms) => ms,
+                Lease::Watchdog => 0,
+            }),
             level: registration.level,
             lost: registration.lost,
             lost_rx: OnceLock::new(),
@@ -147,12 +154,72 @@ impl<K: Kind> LockGuard<K> {
             return true;
         }
         match self.lease {
-            Lease::Fixed(ms) => {
+            Lease::Fixed(_) => {
+                let ms = self.fixed_ms.load(Ordering::SeqCst);
                 self.acquired.elapsed() >= Duration::from_millis(ms)
                     && watchdog.lease_over(self.keys.hold(), self.token, &self.lost)
             }
             Lease::Watchdog => watchdog.lease_expired(self.keys.hold(), self.token, &self.lost),
         }
+    }
+
+    /// Extends this level's fixed lease to `lease` from now, if the hold is still this
+    /// thread's: one script on the server that raises the lock's expiry only if this
+    /// holder still has it, and never lowers it, so a longer lease another level of the
+    /// hold needs is kept (an extension to less than what is left changes nothing). The
+    /// guard then counts its lease from now ([`is_lease_lost`](LockGuard::is_lease_lost),
+    /// [`lost`](LockGuard::lost)).
+    ///
+    /// Fails with [`Error::InvalidArgument`] for a zero lease or one over ten years, and
+    /// for a guard whose lease the watchdog renews (there is nothing to extend: see
+    /// [`ClientBuilder::max_hold`](crate::ClientBuilder::max_hold) for the opposite); with
+    /// [`Error::LeaseLost`] when the hold is lost already (nothing is sent) or the server no
+    /// longer has it; nothing changes then. A Redis error leaves the lease as it was, or
+    /// extended if the script ran: the guard keeps counting from its old end, which is
+    /// never later than the lock's.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("import").lock_with_lease(Duration::from_secs(10))?;
+    /// // ... the import takes longer than planned ...
+    /// guard.extend(Duration::from_secs(10))?; // ten more seconds from now
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn extend(&self, lease: Duration) -> Result<(), Error> {
+        let Lease::Fixed(_) = self.lease else {
+            return Err(Error::InvalidArgument(
+                "extend is for a fixed lease; the watchdog renews this one".to_owned(),
+            ));
+        };
+        let Lease::Fixed(lease_ms) = fixed(lease)? else {
+            unreachable!("a fixed lease is fixed");
+        };
+        let inner = &self.inner;
+        inner.check_process()?;
+        if self.is_lease_lost() {
+            return Err(Error::LeaseLost);
+        }
+        let call = queue::confirm(&self.keys, &self.holder, lease_ms);
+        let sent = Instant::now();
+        let gone = inner.run(|con| {
+            let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
+            Ok(!lost.is_empty())
+        })?;
+        let watchdog = &inner.watchdog;
+        if gone {
+            let reason = self.lost.gone_reason(inner.generation());
+            watchdog.hold_lost(self.keys.hold(), &self.lost, reason);
+            return Err(Error::LeaseLost);
+        }
+        let ends = sent + Duration::from_millis(lease_ms);
+        if !watchdog.extended_level(&self.keys, self.token, &self.lost, self.level, ends) {
+            // Found lost meanwhile (its old lease ran out before the reply): that stands.
+            return Err(Error::LeaseLost);
+        }
+        let ms = millis(ends.saturating_duration_since(self.acquired));
+        self.fixed_ms.fetch_max(ms, Ordering::SeqCst);
+        Ok(())
     }
 
     /// A channel that becomes ready once this hold is lost, or once this guard is

@@ -156,6 +156,34 @@ impl<K: Kind> Lock<K> {
         }
     }
 
+    /// This handle with its own [`max_hold`](crate::ClientBuilder::max_hold) (the client's
+    /// otherwise): a watchdog hold taken through it is renewed for at most `max_hold` from
+    /// its acquisition, then reported lost once its lease runs out
+    /// ([`LossReason::MaxHold`](crate::LossReason::MaxHold)). A handle rather than a
+    /// variant of every `lock*` call: the cap is a property of the work a handle is for.
+    /// A nested level taken with a shorter cap brings the hold's cap nearer; fixed leases
+    /// are not affected. Fails with [`Error::InvalidArgument`] for a zero duration or one
+    /// over ten years.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("rebuild-index").with_max_hold(Duration::from_secs(600))?;
+    /// let guard = lock.lock()?;
+    /// // Renewed while held, but never past ten minutes: a stuck rebuild frees the lock.
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn with_max_hold(&self, max_hold: Duration) -> Result<Lock<K>, Error> {
+        fixed(max_hold).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "max_hold must be longer than zero and at most ten years, not {max_hold:?}"
+            ))
+        })?;
+        let mut lock = self.clone();
+        lock.max_hold = Some(max_hold);
+        Ok(lock)
+    }
+
     /// Blocks until this thread holds the lock. The lease is
     /// [`watchdog_timeout`](crate::ClientBuilder::watchdog_timeout) long and renewed by
     /// the watchdog until the guard is released, so a crashed holder frees the lock within

@@ -1043,6 +1043,48 @@ impl HoldTable {
         }
     }
 
+    /// The server no longer has the hold `lost` belongs to: marks it lost for `reason`
+    /// and forgets it.
+    pub(crate) fn hold_lost(&self, key: &[u8], lost: &Arc<Loss>, reason: LossReason) {
+        lost.mark(reason);
+        self.forget_lost(key, lost);
+    }
+
+    /// `extend` raised the key's expiry: the fixed level `level` of the hold `loss`
+    /// belongs to needs the lock until `ends` (never earlier than it did). False if that
+    /// hold is lost or over by now: the extension does not bring it back.
+    pub(crate) fn extended_level(
+        &self,
+        keys: &Arc<LockKeys>,
+        token: u64,
+        loss: &Arc<Loss>,
+        level: u64,
+        ends: Instant,
+    ) -> bool {
+        let now = Instant::now();
+        let mut holds = self.holds.lock();
+        let Some(hold) = holds
+            .get_mut(keys.hold())
+            .and_then(|by_token| by_token.get_mut(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, loss))
+        else {
+            return false;
+        };
+        if hold.live_levels(now) == 0 {
+            return false;
+        }
+        let Some(level) = hold.levels.iter_mut().find(|l| l.id == level) else {
+            return false;
+        };
+        // (No end is a lease too long to count: it stays endless.)
+        if let Some(old) = level.ends {
+            level.ends = Some(old.max(ends));
+        }
+        hold.valid_until = hold.valid_until.max(Some(ends));
+        // (A timer already kept for the hold finds the later end and waits for it.)
+        true
+    }
+
     /// For the loss thread: marks the hold `loss` belongs to lost if its time is up, or
     /// returns when to look again (`None` once it is lost or over).
     pub(crate) fn check_loss(
