@@ -143,8 +143,10 @@ impl<K: Kind> LockGuard<K> {
     /// lost); or the lock was handed to this thread by a release and its one-second
     /// pickup window ended before the watchdog could extend it (Redis unreachable); or no
     /// renewal reached Redis for as long as the lease lasts (Redis frozen, unreachable or
-    /// cut off), so the key may have expired there. Another holder may then have entered
-    /// the critical section. Never goes back to false.
+    /// cut off), so the key may have expired there; or it reached its
+    /// [`max_hold`](crate::ClientBuilder::max_hold) and its last lease ran out. Another
+    /// holder may then have entered the critical section. Never goes back to false.
+    /// [`lost`](LockGuard::lost) is told of the same, without polling.
     pub fn is_lease_lost(&self) -> bool {
         if self.lost.is_lost() {
             return true;

@@ -398,3 +398,80 @@ fn run(client: Weak<Inner>, wake: Receiver<()>, events: Option<Receiver<LostLeas
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::keys::Object;
+    use crate::runtime::scripts;
+    use crossbeam_channel::TryRecvError;
+
+    fn loss(events: Option<Sender<LostLease>>) -> Loss {
+        let keys = Arc::new(LockKeys::new(
+            b"p:",
+            b"n".to_vec(),
+            "c",
+            Object::Lock,
+            &scripts::PLAIN,
+        ));
+        Loss::new(&keys, "Lock", 1, events)
+    }
+
+    fn channel(loss: &Loss, level: u64) -> Receiver<()> {
+        let (tx, rx) = crossbeam_channel::bounded(0);
+        loss.watch(level, Watcher::Guard { _sender: tx });
+        rx
+    }
+
+    /// A loss tells every level's channel and the hook once; a release tells only its
+    /// own level's channel and never the hook; a channel asked for after the loss is
+    /// ready at once.
+    #[test]
+    fn a_loss_is_told_once_to_every_watcher_and_a_release_only_to_its_own() {
+        let (tx, events) = crossbeam_channel::unbounded();
+        let loss = loss(Some(tx));
+        let (outer, inner) = (channel(&loss, 1), channel(&loss, 2));
+        assert!(loss.is_watched());
+        loss.released(2);
+        assert_eq!(inner.try_recv(), Err(TryRecvError::Disconnected));
+        assert_eq!(outer.try_recv(), Err(TryRecvError::Empty));
+        assert!(events.try_recv().is_err(), "a release is no loss");
+
+        loss.mark(LossReason::Deleted);
+        loss.mark(LossReason::LeaseExpired);
+        assert_eq!(outer.try_recv(), Err(TryRecvError::Disconnected));
+        let told: Vec<LossReason> = events.try_iter().map(|l| l.reason()).collect();
+        assert_eq!(told, [LossReason::Deleted], "once, with the first reason");
+        let late = channel(&loss, 3);
+        assert_eq!(late.try_recv(), Err(TryRecvError::Disconnected));
+        assert_eq!(loss.gone_reason(1), LossReason::Deleted);
+        assert_eq!(loss.gone_reason(2), LossReason::ServerLost);
+    }
+
+    /// A quorum's channel is ready once fewer than the quorum of its members stand.
+    #[test]
+    fn a_quorum_is_lost_when_fewer_than_its_quorum_stand() {
+        let (tx, rx) = crossbeam_channel::bounded(0);
+        let quorum = Arc::new(Quorum::new(3, 2, tx));
+        let members: Vec<Loss> = (0..3).map(|_| loss(None)).collect();
+        for (level, m) in members.iter().enumerate() {
+            m.watch(level as u64, Watcher::Quorum(quorum.clone()));
+        }
+        members[0].mark(LossReason::Deleted);
+        assert_eq!(
+            rx.try_recv(),
+            Err(TryRecvError::Empty),
+            "two of three stand"
+        );
+        members[1].mark(LossReason::Deleted);
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+
+        let (tx, rx) = crossbeam_channel::bounded(0);
+        let _short = Quorum::new(1, 2, tx);
+        assert_eq!(
+            rx.try_recv(),
+            Err(TryRecvError::Disconnected),
+            "short from the start"
+        );
+    }
+}
