@@ -53,7 +53,10 @@ pub(crate) fn time_left(until: Instant) -> Duration {
 /// has a random id, so holder ids of different clients, even in one process, never meet.
 /// It owns a pool of command connections, at most one pub/sub connection (opened when a
 /// thread first has to wait) and at most one watchdog thread (started when the first
-/// watchdog lease is taken); both threads end once the last clone and guard are dropped.
+/// watchdog lease is taken), and at most one loss thread (started when a guard's `lost()`
+/// is first asked for, or at once with an
+/// [`on_lease_lost`](crate::ClientBuilder::on_lease_lost) hook); the threads end once the
+/// last clone and guard are dropped.
 ///
 /// ```no_run
 /// let client = redmutex::Client::open("redis://127.0.0.1/")?;
