@@ -54,6 +54,9 @@ struct Hold {
     // `max_hold`: past this instant the watchdog no longer renews the hold (the earliest
     // of its levels' caps).
     cap: Option<Instant>,
+    // When the loss thread's timer for this hold is due, if one is kept: one per hold,
+    // however often it is re-entered (others found in the heap are stale and dropped).
+    timer_at: Option<Instant>,
     // Part of a renewal script now in flight. This thread's acquisitions and releases of
     // the lock wait for it, so that a renewal taken from an older snapshot can never land
     // on a later hold (a fixed lease re-taken in between would be silently extended).
@@ -79,6 +82,7 @@ impl Hold {
             keys: keys.clone(),
             lost: Arc::new(loss),
             cap: None,
+            timer_at: None,
             renewing: false,
             extend_at: None,
             pickup_ends: None,
@@ -159,6 +163,25 @@ impl Hold {
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// Marks this hold lost if its time is up at `now`; otherwise makes sure the loss
+    /// thread looks at it then: the instant to keep a timer for, unless one is kept for
+    /// that instant or earlier already.
+    fn arm(&mut self, now: Instant) -> Option<Instant> {
+        if self.lost.is_lost() {
+            return None;
+        }
+        let (at, why) = self.loss_at()?;
+        if at <= now {
+            self.lost.mark(why);
+            return None;
+        }
+        if self.timer_at.is_some_and(|kept| kept <= at) {
+            return None;
+        }
+        self.timer_at = Some(at);
+        Some(at)
     }
 
     /// When this hold is lost by the clock alone, and why, if nothing renews it: a watchdog
@@ -638,11 +661,13 @@ impl HoldTable {
             holder: hold.holder.clone(),
         };
         // A level may bring the loss nearer (a watchdog level under a long fixed one).
-        let timer = (self.notifier.has_hook() || hold.lost.is_watched())
-            .then(|| hold.loss_at())
-            .flatten();
+        let timer = if self.notifier.has_hook() || hold.lost.is_watched() {
+            hold.arm(sent)
+        } else {
+            None
+        };
         drop(holds);
-        if let Some((at, _)) = timer {
+        if let Some(at) = timer {
             self.notifier.push(
                 at,
                 Timed::Hold {
@@ -1085,28 +1110,32 @@ impl HoldTable {
         true
     }
 
-    /// For the loss thread: marks the hold `loss` belongs to lost if its time is up, or
-    /// returns when to look again (`None` once it is lost or over).
+    /// Marks the hold `loss` belongs to lost if its time is up, or returns when the loss
+    /// thread must look again (`None` once it is lost or over, or when a timer is kept
+    /// for then already). `popped`: the instant of the timer the loss thread is handling,
+    /// which is no longer kept (a stale one, not the hold's own, changes nothing).
     pub(crate) fn check_loss(
         &self,
         keys: &LockKeys,
         token: u64,
         loss: &Arc<Loss>,
+        popped: Option<Instant>,
     ) -> Option<Instant> {
         if loss.is_lost() {
             return None;
         }
-        let holds = self.holds.lock();
+        let mut holds = self.holds.lock();
         let hold = holds
-            .get(keys.hold())
-            .and_then(|by_token| by_token.get(&token))
+            .get_mut(keys.hold())
+            .and_then(|by_token| by_token.get_mut(&token))
             .filter(|hold| Arc::ptr_eq(&hold.lost, loss))?;
-        let (at, why) = hold.loss_at()?;
-        if at <= Instant::now() {
-            loss.mark(why);
-            return None;
+        if let Some(popped) = popped {
+            if hold.timer_at != Some(popped) {
+                return None;
+            }
+            hold.timer_at = None;
         }
-        Some(at)
+        hold.arm(Instant::now())
     }
 
     /// Adds `watcher` to the hold `loss` belongs to, for the guard `level`, and makes sure
@@ -1120,7 +1149,7 @@ impl HoldTable {
         level: u64,
         watcher: Watcher,
     ) {
-        let next = self.check_loss(keys, token, loss);
+        let next = self.check_loss(keys, token, loss, None);
         loss.watch(level, watcher);
         let Some(at) = next else {
             return;
@@ -1324,5 +1353,28 @@ mod tests {
         assert!(watchdog
             .releasing(later.hold(), 3, r.level, 30_000)
             .is_some());
+    }
+
+    /// A hold re-entered many times keeps one timer for its loss, not one per level.
+    #[test]
+    fn a_hold_keeps_one_loss_timer_however_often_it_is_re_entered() {
+        let hook: Hook = Arc::new(|_: &crate::LostLease| {});
+        let watchdog = HoldTable::new(Some(hook));
+        let keys = keys_of("reentered");
+        let now = Instant::now();
+        let lease = (Lease::Watchdog, 30_000);
+        let mut levels = Vec::new();
+        for count in 1..=100 {
+            let r = watchdog.acquired(&keys, 1, "c:1", count, lease, (now, false), &ACQ);
+            levels.push(r);
+        }
+        assert_eq!(watchdog.notifier.timers(), 1);
+        // A fixed level ending sooner than the watchdog lease does not make it nearer
+        // (the watchdog level keeps the hold), nor does a second hold share its timer.
+        let fixed = (Lease::Fixed(1_000), 1_000);
+        watchdog.acquired(&keys, 1, "c:1", 101, fixed, (now, false), &ACQ);
+        assert_eq!(watchdog.notifier.timers(), 1);
+        watchdog.acquired(&keys_of("other"), 2, "c:2", 1, fixed, (now, false), &ACQ);
+        assert_eq!(watchdog.notifier.timers(), 2);
     }
 }

@@ -312,20 +312,25 @@ impl Notifier {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn timers(&self) -> usize {
+        self.timers.lock().heap.len()
+    }
+
     fn wake(&self) {
         if let Some((wake, _)) = &*self.thread.lock() {
             let _ = wake.try_send(());
         }
     }
 
-    /// The timers due by now.
-    fn due(&self) -> Vec<Timed> {
+    /// The timers due by now, each with its instant.
+    fn due(&self) -> Vec<(Instant, Timed)> {
         let now = Instant::now();
         let mut timers = self.timers.lock();
         let mut due = Vec::new();
         while timers.heap.peek().is_some_and(|t| t.at <= now) {
             if let Some(t) = timers.heap.pop() {
-                due.push(t.what);
+                due.push((t.at, t.what));
             }
         }
         // Awake: deadlines pushed from now on are found by `next` before it sleeps.
@@ -372,13 +377,14 @@ fn run(client: Weak<Inner>, wake: Receiver<()>, events: Option<Receiver<LostLeas
             return;
         };
         let notifier = &inner.watchdog.notifier;
-        for what in notifier.due() {
+        for (popped, what) in notifier.due() {
             match what {
                 Timed::Hold { keys, token, loss } => {
                     let Some(loss) = loss.upgrade() else {
                         continue;
                     };
-                    if let Some(at) = inner.watchdog.check_loss(&keys, token, &loss) {
+                    let next = inner.watchdog.check_loss(&keys, token, &loss, Some(popped));
+                    if let Some(at) = next {
                         notifier.push(
                             at,
                             Timed::Hold {
