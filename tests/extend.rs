@@ -166,14 +166,19 @@ fn bad_input_is_typed_and_changes_nothing() {
     assert!(pttl(&lock) <= before, "a watchdog lease is not extended");
     watched.unlock().unwrap();
 
-    assert!(matches!(
-        lock.with_max_hold(Duration::ZERO),
-        Err(Error::InvalidArgument(_))
-    ));
+    for bad in [Duration::ZERO, Duration::from_millis(500)] {
+        // (Not longer than the command timeout, 500 ms.)
+        assert!(matches!(
+            lock.with_max_hold(bad),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+    assert!(lock.with_max_hold(Duration::from_millis(501)).is_ok());
     assert!(matches!(
         Client::builder()
             .url(server.url())
-            .max_hold(Duration::ZERO)
+            .command_timeout(Duration::from_secs(1))
+            .max_hold(Duration::from_secs(1))
             .build(),
         Err(Error::InvalidArgument(_))
     ));
@@ -182,16 +187,15 @@ fn bad_input_is_typed_and_changes_nothing() {
 /// A watchdog hold capped at `max_hold` is renewed until then, no longer: reported lost
 /// (channel, poll, hook with `MaxHold`) not before the cap, by the cap plus a lease at
 /// the latest, and the lock is free for others then.
-fn capped(lock: &redmutex::Lock, heard: &Receiver<(String, LossReason)>) {
+fn capped(lock: &redmutex::Lock, cap: Duration, heard: &Receiver<(String, LossReason)>) {
     let watchdog = Duration::from_millis(1500);
-    let cap = Duration::from_millis(2500);
     let before = Instant::now();
     let guard = lock.lock().unwrap();
     let lost = guard.lost();
-    // Past a whole lease it is still renewed...
+    // Renewed until the cap (past a whole lease, when the cap is longer)...
     assert_eq!(ready_at(&lost, before + cap - MARGIN), None);
     assert!(!guard.is_lease_lost());
-    // ...and lost once the cap is reached.
+    // ...and lost once it is reached, at the latest a lease later.
     let fired = ready_at(&lost, before + cap + watchdog + MARGIN).expect("lost after the cap");
     println!("a hold capped at {cap:?} lost after {:?}", fired - before);
     assert!(fired >= before + cap, "not before the cap");
@@ -232,7 +236,7 @@ fn max_hold_ends_a_watchdog_hold_and_reports_it() {
     // Client-wide.
     let c = build(Some(Duration::from_millis(2500)));
     let lock = c.lock("client-wide");
-    capped(&lock, &heard);
+    capped(&lock, Duration::from_millis(2500), &heard);
     // The server let it go (a moment after this process counts it over).
     let free = || other.lock("client-wide").try_lock().unwrap().is_some();
     assert!(
@@ -247,8 +251,16 @@ fn max_hold_ends_a_watchdog_hold_and_reports_it() {
         .with_max_hold(Duration::from_millis(2500))
         .unwrap();
     let uncapped = c.lock("uncapped").lock().unwrap();
-    capped(&lock, &heard);
+    capped(&lock, Duration::from_millis(2500), &heard);
     let free = || other.lock("per-handle").try_lock().unwrap().is_some();
+    assert!(support::wait_until(MARGIN, free));
+    // A cap shorter than the watchdog lease (1.5 s) shortens the first lease.
+    let short = c
+        .lock("short")
+        .with_max_hold(Duration::from_millis(1000))
+        .unwrap();
+    capped(&short, Duration::from_millis(1000), &heard);
+    let free = || other.lock("short").try_lock().unwrap().is_some();
     assert!(support::wait_until(MARGIN, free));
     assert!(
         !uncapped.is_lease_lost(),

@@ -162,8 +162,10 @@ impl<K: Kind> Lock<K> {
     /// ([`LossReason::MaxHold`](crate::LossReason::MaxHold)). A handle rather than a
     /// variant of every `lock*` call: the cap is a property of the work a handle is for.
     /// A nested level taken with a shorter cap brings the hold's cap nearer; fixed leases
-    /// are not affected. Fails with [`Error::InvalidArgument`] for a zero duration or one
-    /// over ten years.
+    /// are not affected. Fails with [`Error::InvalidArgument`] for a duration over ten
+    /// years or not longer than the client's
+    /// [`command_timeout`](crate::ClientBuilder::command_timeout) (a hold taken by a slow
+    /// acquire could lapse before its guard exists).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -174,11 +176,7 @@ impl<K: Kind> Lock<K> {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn with_max_hold(&self, max_hold: Duration) -> Result<Lock<K>, Error> {
-        fixed(max_hold).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "max_hold must be longer than zero and at most ten years, not {max_hold:?}"
-            ))
-        })?;
+        crate::runtime::lease::check_max_hold(max_hold, self.client.inner.config.command_timeout)?;
         let mut lock = self.clone();
         lock.max_hold = Some(max_hold);
         Ok(lock)
@@ -578,7 +576,12 @@ impl<K: Kind> Lock<K> {
     /// The lease a level taken with `lease` asks for, in ms.
     pub(crate) fn lease_ms(&self, lease: Lease) -> u64 {
         match lease {
-            Lease::Watchdog => millis(self.client.inner.config.watchdog_timeout),
+            // A cap shorter than the watchdog lease shortens the first lease too: the hold
+            // ends at its cap whatever it is.
+            Lease::Watchdog => {
+                let ms = millis(self.client.inner.config.watchdog_timeout);
+                self.max_hold.map_or(ms, |cap| ms.min(millis(cap)))
+            }
             Lease::Fixed(ms) => ms,
         }
     }

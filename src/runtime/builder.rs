@@ -193,15 +193,18 @@ impl ClientBuilder {
     }
 
     /// The longest the watchdog renews a hold: a holder that is stuck (a deadlock, a
-    /// loop) cannot keep a lock forever. Past `max_hold` from its acquisition (its
-    /// outermost one), the last renewal lets the lease run out at that instant; the hold is
-    /// then reported lost ([`LossReason::MaxHold`](crate::LossReason::MaxHold), to
-    /// [`is_lease_lost`](crate::LockGuard::is_lease_lost), [`lost`](crate::LockGuard::lost)
-    /// and the [`on_lease_lost`](ClientBuilder::on_lease_lost) hook), and the lock is free
-    /// for others. A hold taken before the first renewal keeps its first lease (a
-    /// `watchdog_timeout`), so it ends at `max_hold` or one `watchdog_timeout` after its
-    /// acquisition, whichever is later. Fixed leases are not affected: they end when they
-    /// say. One handle can set its own with [`Lock::with_max_hold`](crate::Lock::with_max_hold).
+    /// loop) cannot keep a lock forever. The lease of a watchdog hold is never renewed
+    /// past `max_hold` from its (outermost) acquisition, and its first lease is no longer
+    /// than `max_hold`: the key runs out at that instant, the lock is free for others, and
+    /// the hold is reported lost then ([`LossReason::MaxHold`](crate::LossReason::MaxHold),
+    /// to [`is_lease_lost`](crate::LockGuard::is_lease_lost),
+    /// [`lost`](crate::LockGuard::lost) and the [`on_lease_lost`](ClientBuilder::on_lease_lost)
+    /// hook). A nested level taken later sets its own first lease like any acquisition
+    /// (at most a `watchdog_timeout`, or its handle's `max_hold`), which the lock keeps.
+    /// Fixed leases are not affected: they end when they say. One handle can set its own
+    /// with [`Lock::with_max_hold`](crate::Lock::with_max_hold). Must be longer than
+    /// [`command_timeout`](ClientBuilder::command_timeout) (`build` fails otherwise), for
+    /// the reason `watchdog_timeout` must.
     ///
     /// Defaults to no cap.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
@@ -337,11 +340,7 @@ impl ClientBuilder {
             )));
         }
         if let Some(max_hold) = self.max_hold {
-            crate::runtime::lease::fixed(max_hold).map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "max_hold must be longer than zero and at most ten years, not {max_hold:?}"
-                ))
-            })?;
+            crate::runtime::lease::check_max_hold(max_hold, self.command_timeout)?;
         }
         let sync_replicas =
             match self.sync_replicas {
