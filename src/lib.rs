@@ -72,6 +72,7 @@ pub use crate::{
     primitives::semaphore::{Semaphore, MAX_PERMITS},
     runtime::builder::ClientBuilder,
     runtime::client::Client,
+    runtime::lost_lease::{LossReason, LostLease},
 };
 
 // Compiles the README's examples with the doctests, so they cannot rot.

@@ -209,7 +209,13 @@ fn with_sync_replicas_no_acquired_lock_is_lost_in_a_failover() {
 #[test]
 fn without_sync_replicas_a_hold_the_failover_lost_is_reported() {
     let mut topo = Sentinels::new(2, 3);
-    let client = sentinel_client(&topo).build().unwrap();
+    let (heard_tx, heard) = crossbeam_channel::unbounded();
+    let client = sentinel_client(&topo)
+        .on_lease_lost(move |lost| {
+            let _ = heard_tx.send((lost.name_lossy(), lost.reason()));
+        })
+        .build()
+        .unwrap();
     let mut primary = primary_connection(&topo);
 
     // Cut replication deterministically: the replicas may no longer resynchronise, so
@@ -241,6 +247,8 @@ fn without_sync_replicas_a_hold_the_failover_lost_is_reported() {
         .lock("leased")
         .lock_with_lease(Duration::from_secs(30))
         .unwrap();
+    // Pushed, not polled: nothing below looks at the guard before the channel is ready.
+    let lost = watched.lost();
     topo.kill_primary();
     topo.wait_for_failover(FAILOVER_BOUND);
     let mut primary = primary_connection(&topo);
@@ -248,11 +256,28 @@ fn without_sync_replicas_a_hold_the_failover_lost_is_reported() {
 
     // The watchdog's next renewal finds the hold gone and says so.
     let began = Instant::now();
+    assert_eq!(
+        lost.recv_timeout(WATCHDOG),
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected),
+        "the lost watchdog hold is pushed to its channel"
+    );
     assert!(
-        wait_until(WATCHDOG, || watched.is_lease_lost()),
+        watched.is_lease_lost(),
         "the lost watchdog hold is reported"
     );
     println!("loss reported {:?} after the failover", began.elapsed());
+    // A failover longer than the lease loses the hold by time (no renewal reached a
+    // primary within it); a quicker one by the new primary not having it.
+    let (name, reason) = heard.recv_timeout(WATCHDOG).expect("the hook is told");
+    println!("the hook was told {reason:?}");
+    assert_eq!(name, "watched");
+    assert!(
+        matches!(
+            reason,
+            redmutex::LossReason::ServerLost | redmutex::LossReason::RenewalFailed
+        ),
+        "{reason:?}"
+    );
     assert!(matches!(watched.unlock(), Err(Error::LeaseLost)));
     let leased = leased.unlock();
     assert!(matches!(leased, Err(Error::LeaseLost)), "{leased:?}");

@@ -302,15 +302,18 @@ fn a_fixed_lease_that_ran_out_is_lost_once_however_often_it_is_found() {
     });
     let m = metrics_of(&snapshotter);
     assert_eq!(
-        counter(&m, "redmutex_lease_losses_total{reason=lease_over}"),
+        counter(&m, "redmutex_lease_losses_total{reason=lease_expired}"),
         1,
         "{m:?}"
     );
-    assert_eq!(counter(&m, "redmutex_lease_losses_total{reason=gone}"), 0);
+    assert_eq!(
+        counter(&m, "redmutex_lease_losses_total{reason=deleted}"),
+        0
+    );
     let lost = captured.events("lease lost");
     assert_eq!(lost.len(), 1, "{lost:?}");
     assert_eq!(lost[0].field("lock"), "fixed");
-    assert_eq!(lost[0].field("reason"), "lease_over");
+    assert_eq!(lost[0].field("reason"), "lease_expired");
     let released = captured.events("released");
     assert_eq!(released[0].field("outcome"), "lease_lost");
     assert_eq!(released[1].field("outcome"), "released");

@@ -69,7 +69,10 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     assert_eq!(renewals, calls, "{:?}", counters.0);
     assert!(renewals >= 2, "{renewals} renewals in two leases' time");
     assert_eq!(counters.get("redmutex_renewal_failures_total{}"), 0);
-    assert_eq!(counters.get("redmutex_lease_losses_total{reason=gone}"), 0);
+    assert_eq!(
+        counters.get("redmutex_lease_losses_total{reason=deleted}"),
+        0
+    );
 
     // Force-unlocked: the next renewal finds the hold gone; it is lost once, whatever
     // else asks afterwards.
@@ -82,7 +85,7 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     let mut counters = Counters::default();
     counters.take(&snapshotter);
     assert_eq!(
-        counters.get("redmutex_lease_losses_total{reason=gone}"),
+        counters.get("redmutex_lease_losses_total{reason=deleted}"),
         1,
         "{:?}",
         counters.0
@@ -90,7 +93,7 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     let lost = lost_events(&captured, "forced");
     assert_eq!(lost.len(), 1, "{lost:?}");
     assert_eq!(lost[0]["kind"], "Lock");
-    assert_eq!(lost[0]["reason"], "gone");
+    assert_eq!(lost[0]["reason"], "deleted");
     let released: Vec<_> = captured
         .events("released")
         .into_iter()
@@ -100,7 +103,7 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     assert_eq!(released[0].field("outcome"), "lease_lost");
 
     // Redis frozen: renewals fail, and once no renewal confirmed the lease for a whole
-    // lease the hold is lost ("unrenewed"), once.
+    // lease the hold is lost ("renewal_failed"), once.
     let guard = c.fenced_lock("frozen").lock().unwrap();
     let mut counters = Counters::default();
     counters.take(&snapshotter);
@@ -116,12 +119,15 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
     counters.take(&snapshotter);
     assert_eq!(
-        counters.get("redmutex_lease_losses_total{reason=unrenewed}"),
+        counters.get("redmutex_lease_losses_total{reason=renewal_failed}"),
         1,
         "{:?}",
         counters.0
     );
-    assert_eq!(counters.get("redmutex_lease_losses_total{reason=gone}"), 0);
+    assert_eq!(
+        counters.get("redmutex_lease_losses_total{reason=deleted}"),
+        0
+    );
     let lost = lost_events(&captured, "frozen");
     assert_eq!(lost.len(), 1, "{lost:?}");
     assert_eq!(lost[0]["kind"], "FencedLock");

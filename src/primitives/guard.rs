@@ -2,18 +2,21 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
 use crate::runtime::client::Inner;
 use crate::runtime::holds::Registration;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{millis, Lease};
+use crate::runtime::lease::{fixed, millis, Lease};
+use crate::runtime::loss::{Loss, Watcher};
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
-use crate::runtime::telemetry::{self, Loss};
+use crate::runtime::telemetry;
 use crate::{Error, Lock};
 
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
@@ -49,8 +52,12 @@ pub struct LockGuard<K: Kind = Plain> {
     holder: Arc<str>,
     lease: Lease,
     acquired: Instant,
+    // A fixed lease: how long after `acquired` it ends, in ms (`extend` moves it on).
+    fixed_ms: AtomicU64,
     level: u64,
-    lost: Arc<AtomicBool>,
+    lost: Arc<Loss>,
+    // The receiver `lost()` hands out, made on its first call.
+    lost_rx: OnceLock<Receiver<()>>,
     fence: Option<u64>,
     // The primary it was granted on (see `Target::generation`): a hold missing after a
     // failover was lost by it, whatever its lease.
@@ -101,8 +108,13 @@ impl<K: Kind> LockGuard<K> {
             holder: registration.holder,
             lease,
             acquired,
+            fixed_ms: AtomicU64::new(match lease {
+                Lease::Fixed(ms) => ms,
+                Lease::Watchdog => 0,
+            }),
             level: registration.level,
             lost: registration.lost,
+            lost_rx: OnceLock::new(),
             fence,
             generation: lock.client.inner.generation(),
             released: false,
@@ -132,10 +144,12 @@ impl<K: Kind> LockGuard<K> {
     /// lost); or the lock was handed to this thread by a release and its one-second
     /// pickup window ended before the watchdog could extend it (Redis unreachable); or no
     /// renewal reached Redis for as long as the lease lasts (Redis frozen, unreachable or
-    /// cut off), so the key may have expired there. Another holder may then have entered
-    /// the critical section. Never goes back to false.
+    /// cut off), so the key may have expired there; or it reached its
+    /// [`max_hold`](crate::ClientBuilder::max_hold) and its last lease ran out. Another
+    /// holder may then have entered the critical section. Never goes back to false.
+    /// [`lost`](LockGuard::lost) is told of the same, without polling.
     pub fn is_lease_lost(&self) -> bool {
-        if self.lost.load(Ordering::SeqCst) {
+        if self.lost.is_lost() {
             return true;
         }
         let watchdog = &self.inner.watchdog;
@@ -143,12 +157,147 @@ impl<K: Kind> LockGuard<K> {
             return true;
         }
         match self.lease {
-            Lease::Fixed(ms) => {
+            Lease::Fixed(_) => {
+                let ms = self.fixed_ms.load(Ordering::SeqCst);
                 self.acquired.elapsed() >= Duration::from_millis(ms)
                     && watchdog.lease_over(self.keys.hold(), self.token, &self.lost)
             }
             Lease::Watchdog => watchdog.lease_expired(self.keys.hold(), self.token, &self.lost),
         }
+    }
+
+    /// Extends this level's fixed lease to `lease` from now, if the hold is still this
+    /// thread's: one script on the server that raises the lock's expiry only if this
+    /// holder still has it, and never lowers it, so a longer lease another level of the
+    /// hold needs is kept (an extension to less than what is left changes nothing). The
+    /// guard then counts its lease from now ([`is_lease_lost`](LockGuard::is_lease_lost),
+    /// [`lost`](LockGuard::lost)).
+    ///
+    /// Fails with [`Error::InvalidArgument`] for a zero lease or one over ten years, and
+    /// for a guard whose lease the watchdog renews (there is nothing to extend: see
+    /// [`ClientBuilder::max_hold`](crate::ClientBuilder::max_hold) for the opposite); with
+    /// [`Error::LeaseLost`] when the hold is lost already (nothing is sent) or the server no
+    /// longer has it; nothing changes then. A Redis error leaves the lease as it was, or
+    /// extended if the script ran: the guard keeps counting from its old end, which is
+    /// never later than the lock's.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("import").lock_with_lease(Duration::from_secs(10))?;
+    /// // ... the import takes longer than planned ...
+    /// guard.extend(Duration::from_secs(10))?; // ten more seconds from now
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn extend(&self, lease: Duration) -> Result<(), Error> {
+        let Lease::Fixed(_) = self.lease else {
+            return Err(Error::InvalidArgument(
+                "extend is for a fixed lease; the watchdog renews this one".to_owned(),
+            ));
+        };
+        let Lease::Fixed(lease_ms) = fixed(lease)? else {
+            unreachable!("a fixed lease is fixed");
+        };
+        let inner = &self.inner;
+        inner.check_process()?;
+        if self.is_lease_lost() {
+            return Err(Error::LeaseLost);
+        }
+        let call = queue::confirm(&self.keys, &self.holder, lease_ms);
+        let sent = Instant::now();
+        let gone = inner.run(|con| {
+            let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
+            Ok(!lost.is_empty())
+        })?;
+        let watchdog = &inner.watchdog;
+        if gone {
+            let reason = self.lost.gone_reason(inner.generation());
+            watchdog.hold_lost(self.keys.hold(), &self.lost, reason);
+            return Err(Error::LeaseLost);
+        }
+        let ends = sent + Duration::from_millis(lease_ms);
+        if !watchdog.extended_level(&self.keys, self.token, &self.lost, self.level, ends) {
+            // Found lost meanwhile (its old lease ran out before the reply): that stands.
+            return Err(Error::LeaseLost);
+        }
+        let ms = millis(ends.saturating_duration_since(self.acquired));
+        self.fixed_ms.fetch_max(ms, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// A channel that becomes ready once this hold is lost, or once this guard is
+    /// released (unlocked or dropped), whichever comes first: wait for it in a
+    /// [`select!`](crossbeam_channel::select) beside your own work to stop as soon as the
+    /// lock is no longer yours, without polling
+    /// [`is_lease_lost`](LockGuard::is_lease_lost).
+    ///
+    /// No message is ever sent: the channel is *disconnected*, so `recv()` returns
+    /// `Err(RecvError)` and a `recv(lost) -> _` arm of `select!` fires, at once and on
+    /// every later try. It is ready within the same bound as `is_lease_lost()` turns true:
+    /// the instant a fixed lease runs out or a lease goes unrenewed for its whole length
+    /// (a thread of the client wakes for it; nobody needs to poll), or when a renewal, a
+    /// later acquisition or a release finds the hold gone. Every guard of a nested hold is
+    /// told of its loss; releasing one level readies only that guard's channel. Each call
+    /// returns a clone of the same receiver.
+    ///
+    /// ```no_run
+    /// use crossbeam_channel::{select, Receiver};
+    /// # fn work_items() -> Receiver<u32> { crossbeam_channel::never() }
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("ledger").lock()?;
+    /// let lost = guard.lost();
+    /// let items = work_items();
+    /// loop {
+    ///     select! {
+    ///         recv(items) -> item => match item {
+    ///             Ok(item) => { /* ... process item under the lock ... */ }
+    ///             Err(_) => break,
+    ///         },
+    ///         recv(lost) -> _ => {
+    ///             // The lock is no longer ours: another holder may run now. Stop.
+    ///             return Err(redmutex::Error::LeaseLost);
+    ///         }
+    ///     }
+    /// }
+    /// guard.unlock()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn lost(&self) -> Receiver<()> {
+        self.lost_rx
+            .get_or_init(|| {
+                let (tx, rx) = crossbeam_channel::bounded(0);
+                self.inner.watchdog.watch_loss(
+                    &self.inner,
+                    &self.keys,
+                    self.token,
+                    &self.lost,
+                    self.level,
+                    Watcher::Guard { _sender: tx },
+                );
+                rx
+            })
+            .clone()
+    }
+
+    /// Lets `watcher` know of this hold's loss (or of this guard's release).
+    pub(crate) fn watch(&self, watcher: Watcher) {
+        self.inner.watchdog.watch_loss(
+            &self.inner,
+            &self.keys,
+            self.token,
+            &self.lost,
+            self.level,
+            watcher,
+        );
+    }
+
+    /// Has the loss thread of this guard's client look at `what` at `at`.
+    pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::loss::Timed) {
+        let notifier = &self.inner.watchdog.notifier;
+        if let Err(e) = notifier.ensure_running(&self.inner) {
+            log::warn!("redmutex: cannot start the loss thread: {e}");
+        }
+        notifier.push(at, what);
     }
 
     fn release(&mut self) -> Result<(), Error> {
@@ -190,6 +339,8 @@ impl<K: Kind> LockGuard<K> {
         // hold lost here, before anything is sent: the release below still gives the hold
         // back if Redis has it, but its outcome is `LeaseLost` (see `end_release`).
         self.is_lease_lost();
+        // This level is over for whoever waits on `lost()`, whatever the release finds.
+        self.lost.released(self.level);
         let Some((need, held)) =
             inner
                 .watchdog
@@ -220,7 +371,7 @@ impl<K: Kind> LockGuard<K> {
             // A waiter was told its turn: make sure it took it once its window is over.
             inner.watchdog.handed_on(inner, keys);
         }
-        if self.lost.load(Ordering::SeqCst) {
+        if self.lost.is_lost() {
             // Said lost before the release was sent (or found so meanwhile): whatever the
             // script found, the hold was not vouched for until now.
             return Err(Error::LeaseLost);
@@ -231,7 +382,6 @@ impl<K: Kind> LockGuard<K> {
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were
             // over (or the count was off); their guards must not look held.
-            telemetry::mark_lost(&self.lost, keys, Loss::LeaseOver);
             inner.watchdog.hold_ended(keys.hold(), &self.lost);
         }
         shortfall.map_or(Ok(()), Err)
@@ -243,7 +393,7 @@ impl<K: Kind> LockGuard<K> {
     }
 
     fn not_held(&self) -> Error {
-        if self.lost.load(Ordering::SeqCst) || self.generation != self.inner.generation() {
+        if self.lost.is_lost() || self.generation != self.inner.generation() {
             Error::LeaseLost
         } else {
             Error::NotHeld

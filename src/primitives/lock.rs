@@ -12,6 +12,7 @@ use crate::primitives::cancel::CancelToken;
 use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
 use crate::primitives::wait::{Wait, NEXT_TICKET};
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
+use crate::runtime::holds::Acquisition;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
 use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
@@ -60,6 +61,8 @@ pub struct Lock<K: Kind = Plain> {
     pub(crate) keys: Arc<LockKeys>,
     // A semaphore's permits when it does not exist yet (unused by the locks).
     pub(crate) initial: u32,
+    // How long the watchdog may renew a hold taken through this handle (`max_hold`).
+    max_hold: Option<Duration>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -138,6 +141,7 @@ impl<K: Kind> Clone for Lock<K> {
             client: self.client.clone(),
             keys: self.keys.clone(),
             initial: self.initial,
+            max_hold: self.max_hold,
             kind: PhantomData,
         }
     }
@@ -146,11 +150,38 @@ impl<K: Kind> Clone for Lock<K> {
 impl<K: Kind> Lock<K> {
     pub(crate) fn new(client: Client, keys: LockKeys) -> Lock<K> {
         Lock {
+            max_hold: client.inner.config.max_hold,
             client,
             keys: Arc::new(keys),
             initial: 0,
             kind: PhantomData,
         }
+    }
+
+    /// This handle with its own [`max_hold`](crate::ClientBuilder::max_hold) (the client's
+    /// otherwise): a watchdog hold taken through it is renewed for at most `max_hold` from
+    /// its acquisition, then reported lost once its lease runs out
+    /// ([`LossReason::MaxHold`](crate::LossReason::MaxHold)). A handle rather than a
+    /// variant of every `lock*` call: the cap is a property of the work a handle is for.
+    /// A nested level taken with a shorter cap brings the hold's cap nearer; fixed leases
+    /// are not affected. Fails with [`Error::InvalidArgument`] for a duration over ten
+    /// years or not longer than the client's
+    /// [`command_timeout`](crate::ClientBuilder::command_timeout) (a hold taken by a slow
+    /// acquire could lapse before its guard exists).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("rebuild-index").with_max_hold(Duration::from_secs(600))?;
+    /// let guard = lock.lock()?;
+    /// // Renewed while held, but never past ten minutes: a stuck rebuild frees the lock.
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn with_max_hold(&self, max_hold: Duration) -> Result<Lock<K>, Error> {
+        crate::runtime::lease::check_max_hold(max_hold, self.client.inner.config.command_timeout)?;
+        let mut lock = self.clone();
+        lock.max_hold = Some(max_hold);
+        Ok(lock)
     }
 
     /// Blocks until this thread holds the lock. The lease is
@@ -600,7 +631,12 @@ impl<K: Kind> Lock<K> {
     /// The lease a level taken with `lease` asks for, in ms.
     pub(crate) fn lease_ms(&self, lease: Lease) -> u64 {
         match lease {
-            Lease::Watchdog => millis(self.client.inner.config.watchdog_timeout),
+            // A cap shorter than the watchdog lease shortens the first lease too: the hold
+            // ends at its cap whatever it is.
+            Lease::Watchdog => {
+                let ms = millis(self.client.inner.config.watchdog_timeout);
+                self.max_hold.map_or(ms, |cap| ms.min(millis(cap)))
+            }
             Lease::Fixed(ms) => ms,
         }
     }
@@ -755,6 +791,11 @@ impl<K: Kind> Lock<K> {
             grant.count,
             (lease, self.lease_ms(lease)),
             (sent, handoff),
+            &Acquisition {
+                kind: K::NAME,
+                generation: self.client.inner.generation(),
+                max_hold: self.max_hold,
+            },
         );
         LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
     }

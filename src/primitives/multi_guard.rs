@@ -1,10 +1,15 @@
 //! `MultiLockGuard`: a thread's hold of a [`MultiLock`](crate::MultiLock), released on
 //! every lock at once when dropped.
 
+use std::cell::OnceCell;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Receiver;
+
 use crate::runtime::fanout::{self, Call};
+use crate::runtime::loss::{Quorum, Timed, Watcher};
 use crate::{Error, LockGuard};
 
 /// Proof that the current thread holds a [`MultiLock`](crate::MultiLock): one level of
@@ -39,6 +44,8 @@ pub struct MultiLockGuard {
     valid_until: Option<Instant>,
     member_timeout: Duration,
     released: bool,
+    // What `lost()` waits on, made on its first call.
+    lost: OnceCell<(Arc<Quorum>, Receiver<()>)>,
 }
 
 impl MultiLockGuard {
@@ -54,7 +61,42 @@ impl MultiLockGuard {
             valid_until,
             member_timeout,
             released: false,
+            lost: OnceCell::new(),
         }
+    }
+
+    /// A channel that becomes ready (disconnected) once this hold is lost, as
+    /// [`is_lease_lost`](MultiLockGuard::is_lease_lost) tells (fewer than the quorum of its
+    /// levels still stand, or a fixed lease's validity ended), or once it is released:
+    /// see [`LockGuard::lost`], which this is for a `MultiLock`.
+    ///
+    /// ```no_run
+    /// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// let guard = lock.lock()?;
+    /// let lost = guard.lost();
+    /// crossbeam_channel::select! {
+    ///     recv(lost) -> _ => return Err(redmutex::Error::LeaseLost),
+    ///     default(std::time::Duration::from_secs(1)) => {} // ... work ...
+    /// }
+    /// guard.unlock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lost(&self) -> Receiver<()> {
+        let (_, rx) = self.lost.get_or_init(|| {
+            let (tx, rx) = crossbeam_channel::bounded(0);
+            let granted = self.holds.iter().flatten().count();
+            let quorum = Arc::new(Quorum::new(granted, self.quorum, tx));
+            for member in self.holds.iter().flatten() {
+                member.watch(Watcher::Quorum(quorum.clone()));
+            }
+            if let Some(until) = self.valid_until {
+                if let Some(member) = self.holds.iter().flatten().next() {
+                    member.push_timer(until, Timed::Quorum(Arc::downgrade(&quorum)));
+                }
+            }
+            (quorum, rx)
+        });
+        rx.clone()
     }
 
     /// On how many of the locks this hold stands now (those granted whose lease is not
@@ -86,6 +128,9 @@ impl MultiLockGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
+        if let Some((quorum, _)) = self.lost.get() {
+            quorum.fire();
+        }
         let lost = self.is_lease_lost();
         let members = self.holds.len();
         let holds: Vec<LockGuard> = self.holds.iter_mut().filter_map(Option::take).collect();

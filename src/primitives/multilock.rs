@@ -643,7 +643,11 @@ impl MultiWait<'_> {
                         // say so, and from here on this lock is an ordinary acquisition,
                         // which may queue; a grant there is a new hold.
                         self.reentry[i] = false;
-                        m.client.inner.watchdog.hold_gone(m.keys.hold(), self.token);
+                        let generation = m.client.inner.generation();
+                        m.client
+                            .inner
+                            .watchdog
+                            .hold_gone(m.keys.hold(), self.token, generation);
                     }
                     seen[i] = Seen::Held(refused.pttl);
                 }

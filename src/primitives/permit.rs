@@ -49,6 +49,23 @@ impl Permit {
         self.guard.unlock()
     }
 
+    /// A channel that becomes ready (disconnected) once these permits are lost, or once
+    /// they are released: see [`LockGuard::lost`], which this is for permits. Like the
+    /// permit, the receiver may be used on any thread.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let permit = client.semaphore("encoders", 2).acquire()?;
+    /// let lost = permit.lost();
+    /// std::thread::spawn(move || {
+    ///     let _ = lost.recv(); // returns once the permits are lost or released
+    /// });
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn lost(&self) -> crossbeam_channel::Receiver<()> {
+        self.guard.lost()
+    }
+
     /// True once these permits are known to be gone (their lease ended: the watchdog
     /// could not renew it, or every `Client` was dropped): others may hold them now.
     pub fn is_lease_lost(&self) -> bool {

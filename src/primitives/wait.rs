@@ -193,7 +193,9 @@ impl<K: Kind> Wait<'_, K> {
                 // (expired, force-unlocked, lost). Its guards must say so, and from here on
                 // the call is an ordinary acquisition, which may queue.
                 self.reentry = false;
-                inner.watchdog.hold_gone(lock.keys.hold(), self.token);
+                inner
+                    .watchdog
+                    .hold_gone(lock.keys.hold(), self.token, inner.generation());
             }
             Err(_) => {}
         }

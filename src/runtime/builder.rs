@@ -1,11 +1,13 @@
 //! `ClientBuilder`: the settings of a `Client`, with their defaults.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 
 use crate::runtime::client::{Client, Config};
+use crate::runtime::loss::Hook;
 use crate::runtime::target::{Cluster, Sentinel, Target};
 use crate::Error;
 
@@ -35,6 +37,8 @@ pub struct ClientBuilder {
     sentinel: Option<(Vec<String>, String)>,
     cluster: Option<Vec<String>>,
     use_functions: bool,
+    on_lease_lost: Option<Hook>,
+    max_hold: Option<Duration>,
 }
 
 impl Default for ClientBuilder {
@@ -52,6 +56,8 @@ impl Default for ClientBuilder {
             sentinel: None,
             cluster: None,
             use_functions: true,
+            on_lease_lost: None,
+            max_hold: None,
         }
     }
 }
@@ -155,6 +161,54 @@ impl ClientBuilder {
     /// Defaults to 30 seconds.
     pub fn watchdog_timeout(mut self, timeout: Duration) -> Self {
         self.watchdog_timeout = timeout;
+        self
+    }
+
+    /// A hook told of every hold of this client that is lost, once per hold (a thread's
+    /// nested levels of one lock are one hold), with the lock's name, its kind and why
+    /// ([`LostLease`](crate::LostLease)); never of a hold released normally.
+    ///
+    /// The hook runs on a thread of the client's own (`redmutex-loss`), never while the
+    /// client holds an internal lock, and is told as soon as the loss is known: when a
+    /// renewal finds the hold gone, when a fixed lease runs out or no renewal reached Redis
+    /// within the lease (at that instant, whether anyone polls or not), when a later
+    /// acquisition or a release finds it gone. Keep it short (log, count, alert): a slow
+    /// hook delays the next one, though never a renewal. A panic in it is caught and
+    /// logged. Per guard, [`LockGuard::lost`](crate::LockGuard::lost) gives a channel.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .on_lease_lost(|lost| log::error!("lock {:?} lost: {}", lost.name_lossy(), lost.reason()))
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    ///
+    /// Defaults to none.
+    pub fn on_lease_lost(
+        mut self,
+        hook: impl Fn(&crate::LostLease) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_lease_lost = Some(Arc::new(hook));
+        self
+    }
+
+    /// The longest the watchdog renews a hold: a holder that is stuck (a deadlock, a
+    /// loop) cannot keep a lock forever. The lease of a watchdog hold is never renewed
+    /// past `max_hold` from its (outermost) acquisition, and its first lease is no longer
+    /// than `max_hold`: the key runs out at that instant, the lock is free for others, and
+    /// the hold is reported lost then ([`LossReason::MaxHold`](crate::LossReason::MaxHold),
+    /// to [`is_lease_lost`](crate::LockGuard::is_lease_lost),
+    /// [`lost`](crate::LockGuard::lost) and the [`on_lease_lost`](ClientBuilder::on_lease_lost)
+    /// hook). A nested level taken later sets its own first lease like any acquisition
+    /// (at most a `watchdog_timeout`, or its handle's `max_hold`), which the lock keeps.
+    /// Fixed leases are not affected: they end when they say. One handle can set its own
+    /// with [`Lock::with_max_hold`](crate::Lock::with_max_hold). Must be longer than
+    /// [`command_timeout`](ClientBuilder::command_timeout) (`build` fails otherwise), for
+    /// the reason `watchdog_timeout` must.
+    ///
+    /// Defaults to no cap.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
         self
     }
 
@@ -286,6 +340,9 @@ impl ClientBuilder {
                 self.watchdog_timeout, self.command_timeout
             )));
         }
+        if let Some(max_hold) = self.max_hold {
+            crate::runtime::lease::check_max_hold(max_hold, self.command_timeout)?;
+        }
         let sync_replicas =
             match self.sync_replicas {
                 None => None,
@@ -340,6 +397,8 @@ impl ClientBuilder {
                 sync_replicas,
                 redacted_url: described,
                 use_functions: self.use_functions,
+                on_lease_lost: self.on_lease_lost,
+                max_hold: self.max_hold,
             },
         )
     }
@@ -477,6 +536,8 @@ impl fmt::Debug for ClientBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("sync_replicas", &self.sync_replicas)
+            .field("on_lease_lost", &self.on_lease_lost.is_some())
+            .field("max_hold", &self.max_hold)
             // Certificates and keys are never printed, only whether they are set.
             .field("tls_ca_certificate", &self.tls_ca.is_some())
             .field("tls_client_certificate", &self.tls_client.is_some())

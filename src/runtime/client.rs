@@ -53,7 +53,10 @@ pub(crate) fn time_left(until: Instant) -> Duration {
 /// has a random id, so holder ids of different clients, even in one process, never meet.
 /// It owns a pool of command connections, at most one pub/sub connection (opened when a
 /// thread first has to wait) and at most one watchdog thread (started when the first
-/// watchdog lease is taken); both threads end once the last clone and guard are dropped.
+/// watchdog lease is taken), and at most one loss thread (started when a guard's `lost()`
+/// is first asked for, or at once with an
+/// [`on_lease_lost`](crate::ClientBuilder::on_lease_lost) hook); the threads end once the
+/// last clone and guard are dropped.
 ///
 /// ```no_run
 /// let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -94,6 +97,10 @@ pub(crate) struct Config {
     pub(crate) redacted_url: String,
     /// Run the scripts as the library's functions where the server has them.
     pub(crate) use_functions: bool,
+    /// Told of every hold lost (`ClientBuilder::on_lease_lost`).
+    pub(crate) on_lease_lost: Option<crate::runtime::loss::Hook>,
+    /// The longest a watchdog hold is renewed (`ClientBuilder::max_hold`).
+    pub(crate) max_hold: Option<Duration>,
 }
 
 pub(crate) struct Inner {
@@ -478,11 +485,11 @@ impl Client {
             &config.key_prefix,
             &id,
         );
-        Ok(Client {
+        let client = Client {
             inner: Arc::new(Inner {
                 id,
                 pid: std::process::id(),
-                watchdog: HoldTable::new(),
+                watchdog: HoldTable::new(config.on_lease_lost.clone()),
                 scripting: Scripting::new(config.use_functions),
                 handles: AtomicUsize::new(1),
                 unreachable: parking_lot::Mutex::new(None),
@@ -492,7 +499,16 @@ impl Client {
                 pool,
                 target,
             }),
-        })
+        };
+        if client.inner.watchdog.notifier.has_hook() {
+            // The hook must hear of every loss, also of holds nobody watches.
+            client
+                .inner
+                .watchdog
+                .notifier
+                .ensure_running(&client.inner)?;
+        }
+        Ok(client)
     }
 }
 

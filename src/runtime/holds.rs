@@ -4,7 +4,7 @@
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,9 +13,10 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{millis, Lease};
+use crate::runtime::loss::{Hook, Loss, Notifier, Timed, Watcher};
+use crate::runtime::lost_lease::LossReason;
 use crate::runtime::queue::{self, KICK_AFTER, PICKUP};
 use crate::runtime::renewer::Renewer;
-use crate::runtime::telemetry::{self, Loss};
 use crate::Error;
 
 /// How often a failing check of a handed-on lock is tried again before it is left to the
@@ -47,9 +48,15 @@ struct Hold {
     levels: Vec<Level>,
     holder: Arc<str>,
     keys: Arc<LockKeys>,
-    // Shared with the guards of this hold; a new outermost acquisition gets a new flag, so
+    // Shared with the guards of this hold; a new outermost acquisition gets a new one, so
     // a verdict about an old hold can never mark a newer one lost.
-    lost: Arc<AtomicBool>,
+    lost: Arc<Loss>,
+    // `max_hold`: past this instant the watchdog no longer renews the hold (the earliest
+    // of its levels' caps).
+    cap: Option<Instant>,
+    // When the loss thread's timer for this hold is due, if one is kept: one per hold,
+    // however often it is re-entered (others found in the heap are stale and dropped).
+    timer_at: Option<Instant>,
     // Part of a renewal script now in flight. This thread's acquisitions and releases of
     // the lock wait for it, so that a renewal taken from an older snapshot can never land
     // on a later hold (a fixed lease re-taken in between would be silently extended).
@@ -68,12 +75,14 @@ struct Hold {
 
 impl Hold {
     /// A hold of `holder` on `keys` with no level yet, not lost, not being renewed.
-    fn new(keys: &Arc<LockKeys>, holder: &str) -> Hold {
+    fn new(keys: &Arc<LockKeys>, holder: &str, loss: Loss) -> Hold {
         Hold {
             levels: Vec::with_capacity(1),
             holder: Arc::from(holder),
             keys: keys.clone(),
-            lost: Arc::new(AtomicBool::new(false)),
+            lost: Arc::new(loss),
+            cap: None,
+            timer_at: None,
             renewing: false,
             extend_at: None,
             pickup_ends: None,
@@ -86,14 +95,14 @@ impl Hold {
     /// Such a hold is marked lost on the way, so that its guards say so from now on and a
     /// later acquisition never counts its levels again.
     fn live_levels(&self, now: Instant) -> usize {
-        if self.lost.load(Ordering::SeqCst) {
+        if self.lost.is_lost() {
             return 0;
         }
         if self.levels.iter().any(|l| l.needs_at(now)) {
             return self.levels.len();
         }
         if !self.levels.is_empty() {
-            telemetry::mark_lost(&self.lost, &self.keys, Loss::LeaseOver);
+            self.lost.mark(LossReason::LeaseExpired);
         }
         0
     }
@@ -109,7 +118,7 @@ impl Hold {
         watchdog_ms: u64,
         watched: &mut Vec<Watched>,
     ) {
-        if self.lost.load(Ordering::SeqCst) {
+        if self.lost.is_lost() {
             // Its guards say it is lost: a renewal must not keep it going.
             self.extend_at = None;
             return;
@@ -139,8 +148,13 @@ impl Hold {
     }
 
     /// The lease the key needs for these levels at `now`, in ms: the longest of them (the
-    /// watchdog lease for a watchdog level), 0 when none needs any more time.
+    /// watchdog lease for a watchdog level, no longer than what is left until the hold's
+    /// `max_hold` cap), 0 when none needs any more time.
     fn need_ms(&self, watchdog_ms: u64, now: Instant) -> u64 {
+        let watchdog_ms = match self.cap {
+            Some(cap) => watchdog_ms.min(millis(cap.saturating_duration_since(now))),
+            None => watchdog_ms,
+        };
         self.levels
             .iter()
             .map(|l| match (l.lease, l.ends) {
@@ -150,12 +164,60 @@ impl Hold {
             .max()
             .unwrap_or(0)
     }
+
+    /// Marks this hold lost if its time is up at `now`; otherwise makes sure the loss
+    /// thread looks at it then: the instant to keep a timer for, unless one is kept for
+    /// that instant or earlier already.
+    fn arm(&mut self, now: Instant) -> Option<Instant> {
+        if self.lost.is_lost() {
+            return None;
+        }
+        let (at, why) = self.loss_at()?;
+        if at <= now {
+            self.lost.mark(why);
+            return None;
+        }
+        if self.timer_at.is_some_and(|kept| kept <= at) {
+            return None;
+        }
+        self.timer_at = Some(at);
+        Some(at)
+    }
+
+    /// When this hold is lost by the clock alone, and why, if nothing renews it: a watchdog
+    /// hold when no renewal confirmed its key lives any longer, a fixed one when its last
+    /// level's lease ends, a handed-over one when its pickup window ends unextended.
+    fn loss_at(&self) -> Option<(Instant, LossReason)> {
+        let clock = if self.has_watchdog_level() {
+            self.valid_until.map(|until| {
+                let capped = self.cap.is_some_and(|cap| cap <= until);
+                let why = if capped {
+                    LossReason::MaxHold
+                } else {
+                    LossReason::RenewalFailed
+                };
+                (until, why)
+            })
+        } else if self.levels.iter().all(|l| l.ends.is_some()) {
+            let ends = self.levels.iter().filter_map(|l| l.ends).max();
+            ends.map(|ends| (ends, LossReason::LeaseExpired))
+        } else {
+            None
+        };
+        let pickup = self
+            .pickup_ends
+            .map(|ends| (ends, LossReason::RenewalFailed));
+        match (clock, pickup) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// What a guard keeps of its registration.
 pub(crate) struct Registration {
     pub(crate) level: u64,
-    pub(crate) lost: Arc<AtomicBool>,
+    pub(crate) lost: Arc<Loss>,
     /// The hold's holder id, shared by its guards rather than copied into each.
     pub(crate) holder: Arc<str>,
 }
@@ -334,7 +396,7 @@ pub(super) struct Watched {
     pub(super) keys: Arc<LockKeys>,
     token: u64,
     pub(super) holder: Arc<str>,
-    pub(super) lost: Arc<AtomicBool>,
+    pub(super) lost: Arc<Loss>,
     pub(super) lease_ms: u64,
     // The first renewal of a handed-over hold: its lease is only the pickup window.
     extension: bool,
@@ -391,11 +453,24 @@ pub(crate) struct HoldTable {
     // The thread that renews what the table holds, checks handed-on locks and cleans up
     // after doubtful attempts: the table wakes it when it has something due.
     pub(super) renewer: Renewer,
+    // The thread that marks holds lost when their time is up and calls the hook.
+    pub(crate) notifier: Notifier,
+}
+
+/// What an acquisition tells the table besides its lease.
+pub(crate) struct Acquisition {
+    /// The lock's kind, for the hook.
+    pub(crate) kind: &'static str,
+    /// The primary it was granted on (`Target::generation`).
+    pub(crate) generation: u64,
+    /// `max_hold`: how long the watchdog may renew it.
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl HoldTable {
-    pub(crate) fn new() -> HoldTable {
+    pub(crate) fn new(hook: Option<Hook>) -> HoldTable {
         HoldTable {
+            notifier: Notifier::new(hook),
             holds: Mutex::new(HashMap::new()),
             extending: Mutex::new(HashSet::new()),
             renewed: Condvar::new(),
@@ -515,6 +590,9 @@ impl HoldTable {
     /// instant known to precede the release), or a `MultiLock` member found handed over as
     /// its call gives up, about to be given back. The window, the fixed leases and the
     /// extension a third of the way in are all counted from `sent`.
+    // (The lease and the timing come in pairs, the rest in `Acquisition`: one more
+    // struct for the few left would only rename them.)
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn acquired(
         &self,
         keys: &Arc<LockKeys>,
@@ -523,6 +601,7 @@ impl HoldTable {
         count: i64,
         (lease, lease_ms): (Lease, u64),
         (sent, handoff): (Instant, bool),
+        acq: &Acquisition,
     ) -> Registration {
         let key = keys.hold();
         let level = self.next_level.fetch_add(1, Ordering::Relaxed);
@@ -531,7 +610,10 @@ impl HoldTable {
             Some(by_token) => by_token,
             None => holds.entry(HoldKey(keys.clone())).or_default(),
         };
-        let fresh = || Hold::new(keys, holder);
+        let fresh = || {
+            let loss = Loss::new(keys, acq.kind, acq.generation, self.notifier.events());
+            Hold::new(keys, holder, loss)
+        };
         let hold = by_token.or_insert_with(token, fresh);
         if count == 1 && !hold.levels.is_empty() {
             // Redis shows no earlier level of ours: the hold those guards belong to was
@@ -541,7 +623,7 @@ impl HoldTable {
                 "redmutex: lease of lock {:?} was lost before this thread took it again",
                 String::from_utf8_lossy(keys.key())
             );
-            telemetry::mark_lost(&hold.lost, keys, Loss::Gone);
+            hold.lost.mark(hold.lost.gone_reason(acq.generation));
             *hold = fresh();
         } else if count == 1 {
             *hold = fresh();
@@ -561,6 +643,11 @@ impl HoldTable {
             Duration::from_millis(lease_ms)
         };
         hold.valid_until = hold.valid_until.max(sent.checked_add(set));
+        if lease == Lease::Watchdog {
+            if let Some(cap) = acq.max_hold.and_then(|d| sent.checked_add(d)) {
+                hold.cap = Some(hold.cap.map_or(cap, |c| c.min(cap)));
+            }
+        }
         let extend = (handoff && hold.need_ms(u64::MAX, sent) > queue::pickup_ms())
             .then(|| sent + PICKUP / 3);
         if extend.is_some() {
@@ -573,7 +660,23 @@ impl HoldTable {
             lost: hold.lost.clone(),
             holder: hold.holder.clone(),
         };
+        // A level may bring the loss nearer (a watchdog level under a long fixed one).
+        let timer = if self.notifier.has_hook() || hold.lost.is_watched() {
+            hold.arm(sent)
+        } else {
+            None
+        };
         drop(holds);
+        if let Some(at) = timer {
+            self.notifier.push(
+                at,
+                Timed::Hold {
+                    keys: keys.clone(),
+                    token,
+                    loss: Arc::downgrade(&registration.lost),
+                },
+            );
+        }
         if let Some(due) = extend {
             self.renewer.nudge_for(due);
         }
@@ -709,11 +812,12 @@ impl HoldTable {
         over
     }
 
-    /// Marks this thread's hold of the lock lost and forgets it: the server showed it gone.
-    pub(crate) fn hold_gone(&self, key: &[u8], token: u64) {
+    /// Marks this thread's hold of the lock lost and forgets it: the server (its primary
+    /// now being `generation`) showed it gone.
+    pub(crate) fn hold_gone(&self, key: &[u8], token: u64, generation: u64) {
         let gone = remove_hold(&mut self.holds.lock(), key, token);
         if let Some(hold) = gone {
-            telemetry::mark_lost(&hold.lost, &hold.keys, Loss::Gone);
+            hold.lost.mark(hold.lost.gone_reason(generation));
             log::warn!(
                 "redmutex: lease of lock {:?} was lost before this thread took it again",
                 String::from_utf8_lossy(hold.keys.key())
@@ -734,7 +838,7 @@ impl HoldTable {
     /// For a fixed level whose own lease is over: whether the hold `lost` belongs to is
     /// over too (no level of it needs the lock now; a level that does covers this one).
     /// Marks it lost if so, so that it says so from now on.
-    pub(crate) fn lease_over(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
+    pub(crate) fn lease_over(&self, key: &[u8], token: u64, lost: &Arc<Loss>) -> bool {
         let now = Instant::now();
         let holds = self.holds.lock();
         let covered = holds
@@ -743,7 +847,7 @@ impl HoldTable {
             .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
             .is_some_and(|hold| hold.live_levels(now) > 0);
         if !covered {
-            lost.store(true, Ordering::SeqCst);
+            lost.mark(LossReason::LeaseExpired);
         }
         !covered
     }
@@ -778,8 +882,8 @@ impl HoldTable {
 
     /// The release script freed the lock although levels remain registered (they needed no
     /// more time, or the lease was gone): their hold is over.
-    pub(crate) fn hold_ended(&self, key: &[u8], lost: &Arc<AtomicBool>) {
-        lost.store(true, Ordering::SeqCst);
+    pub(crate) fn hold_ended(&self, key: &[u8], lost: &Arc<Loss>) {
+        lost.mark(LossReason::LeaseExpired);
         self.forget_lost(key, lost);
     }
 
@@ -844,16 +948,30 @@ impl HoldTable {
     /// Whether the hold `lost` belongs to was handed over and its pickup window ended
     /// before the watchdog could extend it: its lease is over on the server. Marks it
     /// lost, so that it says so from now on.
-    pub(crate) fn pickup_lapsed(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
-        self.passed(key, token, lost, |hold| hold.pickup_ends)
+    pub(crate) fn pickup_lapsed(&self, key: &[u8], token: u64, lost: &Arc<Loss>) -> bool {
+        self.passed(key, token, lost, |hold| {
+            hold.pickup_ends
+                .map(|ends| (ends, LossReason::RenewalFailed))
+        })
     }
 
     /// Whether the hold `lost` belongs to may have expired on the server: no grant or
     /// renewal confirmed that its key lives until now. Marks it lost, so that it says so
     /// from now on (a renewal that lands late cannot undo what another holder may have
     /// done meanwhile).
-    pub(crate) fn lease_expired(&self, key: &[u8], token: u64, lost: &Arc<AtomicBool>) -> bool {
-        self.passed(key, token, lost, |hold| hold.valid_until)
+    pub(crate) fn lease_expired(&self, key: &[u8], token: u64, lost: &Arc<Loss>) -> bool {
+        self.passed(key, token, lost, |hold| {
+            // (A hold with only fixed levels left is judged by their leases instead.)
+            hold.valid_until.map(|until| {
+                let capped = hold.cap.is_some_and(|cap| cap <= until);
+                let why = if capped {
+                    LossReason::MaxHold
+                } else {
+                    LossReason::RenewalFailed
+                };
+                (until, why)
+            })
+        })
     }
 
     /// Whether the instant `when` picks from the hold `lost` belongs to has passed; if so
@@ -862,19 +980,20 @@ impl HoldTable {
         &self,
         key: &[u8],
         token: u64,
-        lost: &Arc<AtomicBool>,
-        when: impl Fn(&Hold) -> Option<Instant>,
+        lost: &Arc<Loss>,
+        when: impl Fn(&Hold) -> Option<(Instant, LossReason)>,
     ) -> bool {
         let holds = self.holds.lock();
-        let hold = holds
+        let passed = holds
             .get(key)
             .and_then(|by_token| by_token.get(&token))
-            .filter(|hold| Arc::ptr_eq(&hold.lost, lost));
-        let passed = hold.and_then(when).is_some_and(|at| at <= Instant::now());
-        if let (true, Some(hold)) = (passed, hold) {
-            telemetry::mark_lost(lost, &hold.keys, Loss::Unrenewed);
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
+            .and_then(when)
+            .filter(|(at, _)| *at <= Instant::now());
+        if let Some((_, why)) = passed {
+            lost.mark(why);
         }
-        passed
+        passed.is_some()
     }
 
     /// After a renewal call sent at `sent` that reached the server, the holds of `batch`
@@ -939,7 +1058,7 @@ impl HoldTable {
         self.renewed.notify_all();
     }
 
-    pub(super) fn forget_lost(&self, key: &[u8], lost: &Arc<AtomicBool>) {
+    pub(super) fn forget_lost(&self, key: &[u8], lost: &Arc<Loss>) {
         let mut holds = self.holds.lock();
         if let Some(by_token) = holds.get_mut(key) {
             by_token.retain(|_, h| !Arc::ptr_eq(&h.lost, lost));
@@ -949,6 +1068,106 @@ impl HoldTable {
         }
     }
 
+    /// The server no longer has the hold `lost` belongs to: marks it lost for `reason`
+    /// and forgets it.
+    pub(crate) fn hold_lost(&self, key: &[u8], lost: &Arc<Loss>, reason: LossReason) {
+        lost.mark(reason);
+        self.forget_lost(key, lost);
+    }
+
+    /// `extend` raised the key's expiry: the fixed level `level` of the hold `loss`
+    /// belongs to needs the lock until `ends` (never earlier than it did). False if that
+    /// hold is lost or over by now: the extension does not bring it back.
+    pub(crate) fn extended_level(
+        &self,
+        keys: &Arc<LockKeys>,
+        token: u64,
+        loss: &Arc<Loss>,
+        level: u64,
+        ends: Instant,
+    ) -> bool {
+        let now = Instant::now();
+        let mut holds = self.holds.lock();
+        let Some(hold) = holds
+            .get_mut(keys.hold())
+            .and_then(|by_token| by_token.get_mut(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, loss))
+        else {
+            return false;
+        };
+        if hold.live_levels(now) == 0 {
+            return false;
+        }
+        let Some(level) = hold.levels.iter_mut().find(|l| l.id == level) else {
+            return false;
+        };
+        // (No end is a lease too long to count: it stays endless.)
+        if let Some(old) = level.ends {
+            level.ends = Some(old.max(ends));
+        }
+        hold.valid_until = hold.valid_until.max(Some(ends));
+        // (A timer already kept for the hold finds the later end and waits for it.)
+        true
+    }
+
+    /// Marks the hold `loss` belongs to lost if its time is up, or returns when the loss
+    /// thread must look again (`None` once it is lost or over, or when a timer is kept
+    /// for then already). `popped`: the instant of the timer the loss thread is handling,
+    /// which is no longer kept (a stale one, not the hold's own, changes nothing).
+    pub(crate) fn check_loss(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        loss: &Arc<Loss>,
+        popped: Option<Instant>,
+    ) -> Option<Instant> {
+        if loss.is_lost() {
+            return None;
+        }
+        let mut holds = self.holds.lock();
+        let hold = holds
+            .get_mut(keys.hold())
+            .and_then(|by_token| by_token.get_mut(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, loss))?;
+        if let Some(popped) = popped {
+            if hold.timer_at != Some(popped) {
+                return None;
+            }
+            hold.timer_at = None;
+        }
+        hold.arm(Instant::now())
+    }
+
+    /// Adds `watcher` to the hold `loss` belongs to, for the guard `level`, and makes sure
+    /// the loss thread marks the hold lost when its time is up.
+    pub(crate) fn watch_loss(
+        &self,
+        client: &Arc<Inner>,
+        keys: &Arc<LockKeys>,
+        token: u64,
+        loss: &Arc<Loss>,
+        level: u64,
+        watcher: Watcher,
+    ) {
+        let next = self.check_loss(keys, token, loss, None);
+        loss.watch(level, watcher);
+        let Some(at) = next else {
+            return;
+        };
+        if let Err(e) = self.notifier.ensure_running(client) {
+            // Its guards' polls still see the loss; only the push is missing.
+            log::warn!("redmutex: cannot start the loss thread: {e}");
+        }
+        self.notifier.push(
+            at,
+            Timed::Hold {
+                keys: keys.clone(),
+                token,
+                loss: Arc::downgrade(loss),
+            },
+        );
+    }
+
     /// The watchdog stops for good (every `Client` is gone): holds that relied on it will
     /// lapse, and their guards must say so rather than look held to the end.
     pub(super) fn abandon(&self) {
@@ -956,7 +1175,7 @@ impl HoldTable {
         let mut abandoned = 0;
         for hold in holds.values().flat_map(|by_token| by_token.values()) {
             if hold.has_watchdog_level() {
-                telemetry::mark_lost(&hold.lost, &hold.keys, Loss::Abandoned);
+                hold.lost.mark(LossReason::ClientDropped);
                 abandoned += 1;
             }
         }
@@ -975,7 +1194,7 @@ mod tests {
     use crate::runtime::scripts;
 
     fn hold(keys: &Arc<LockKeys>, level: u64) -> Hold {
-        let mut hold = Hold::new(keys, "c:1");
+        let mut hold = Hold::new(keys, "c:1", Loss::new(keys, "Lock", 0, None));
         hold.levels.push(Level {
             id: level,
             lease: Lease::Watchdog,
@@ -1065,6 +1284,12 @@ mod tests {
         assert!(holds.is_empty());
     }
 
+    const ACQ: Acquisition = Acquisition {
+        kind: "Lock",
+        generation: 0,
+        max_hold: None,
+    };
+
     fn keys_of(name: &str) -> Arc<LockKeys> {
         Arc::new(LockKeys::new(
             b"p:",
@@ -1080,7 +1305,7 @@ mod tests {
     /// gone, and every one in a full round.
     #[test]
     fn pending_extensions_are_found_without_walking_every_hold() {
-        let watchdog = HoldTable::new();
+        let watchdog = HoldTable::new(None);
         let now = Instant::now();
         let watchdog_lease = (Lease::Watchdog, 30_000);
         let plain = keys_of("plain");
@@ -1089,16 +1314,16 @@ mod tests {
         for i in 0..1_000 {
             // Holds with nothing pending: what a client holding many locks has most of.
             let keys = keys_of(&format!("idle{i}"));
-            watchdog.acquired(&keys, 1, "c:1", 1, watchdog_lease, (now, false));
+            watchdog.acquired(&keys, 1, "c:1", 1, watchdog_lease, (now, false), &ACQ);
         }
-        watchdog.acquired(&plain, 1, "c:1", 1, watchdog_lease, (now, false));
+        watchdog.acquired(&plain, 1, "c:1", 1, watchdog_lease, (now, false), &ACQ);
         assert_eq!(watchdog.next_due(), None);
         assert!(watchdog.extending.lock().is_empty());
 
         // Handed over: extended a third of the way into the pickup window.
         let sent = now.checked_sub(PICKUP).expect("an instant a second ago");
-        watchdog.acquired(&past, 2, "c:2", 1, watchdog_lease, (sent, true));
-        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true));
+        watchdog.acquired(&past, 2, "c:2", 1, watchdog_lease, (sent, true), &ACQ);
+        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true), &ACQ);
         assert_eq!(watchdog.extending.lock().len(), 2);
         assert_eq!(watchdog.next_due(), Some(sent + PICKUP / 3));
 
@@ -1116,7 +1341,7 @@ mod tests {
         assert_eq!(watchdog.next_due(), None);
         assert!(watchdog.extending.lock().is_empty());
 
-        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true));
+        let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true), &ACQ);
         let round = watchdog.watched(true, 30_000);
         assert_eq!(round.len(), 1_000 + 3, "a full round renews every hold");
         assert!(round
@@ -1128,5 +1353,28 @@ mod tests {
         assert!(watchdog
             .releasing(later.hold(), 3, r.level, 30_000)
             .is_some());
+    }
+
+    /// A hold re-entered many times keeps one timer for its loss, not one per level.
+    #[test]
+    fn a_hold_keeps_one_loss_timer_however_often_it_is_re_entered() {
+        let hook: Hook = Arc::new(|_: &crate::LostLease| {});
+        let watchdog = HoldTable::new(Some(hook));
+        let keys = keys_of("reentered");
+        let now = Instant::now();
+        let lease = (Lease::Watchdog, 30_000);
+        let mut levels = Vec::new();
+        for count in 1..=100 {
+            let r = watchdog.acquired(&keys, 1, "c:1", count, lease, (now, false), &ACQ);
+            levels.push(r);
+        }
+        assert_eq!(watchdog.notifier.timers(), 1);
+        // A fixed level ending sooner than the watchdog lease does not make it nearer
+        // (the watchdog level keeps the hold), nor does a second hold share its timer.
+        let fixed = (Lease::Fixed(1_000), 1_000);
+        watchdog.acquired(&keys, 1, "c:1", 101, fixed, (now, false), &ACQ);
+        assert_eq!(watchdog.notifier.timers(), 1);
+        watchdog.acquired(&keys_of("other"), 2, "c:2", 1, fixed, (now, false), &ACQ);
+        assert_eq!(watchdog.notifier.timers(), 2);
     }
 }

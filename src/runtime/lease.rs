@@ -42,3 +42,16 @@ pub(crate) fn fixed(lease: Duration) -> Result<Lease, Error> {
     }
     Ok(Lease::Fixed(millis(lease)))
 }
+
+/// Checks a `max_hold`: longer than the command timeout, since it may be a hold's first
+/// lease, and a lock taken by a slow acquire must not lapse before its guard exists (as
+/// for `watchdog_timeout`); and no longer than [`MAX_LEASE`].
+pub(crate) fn check_max_hold(max_hold: Duration, command_timeout: Duration) -> Result<(), Error> {
+    if max_hold <= command_timeout || max_hold > MAX_LEASE {
+        return Err(Error::InvalidArgument(format!(
+            "max_hold ({max_hold:?}) must be longer than command_timeout ({command_timeout:?}) \
+             and at most ten years"
+        )));
+    }
+    Ok(())
+}

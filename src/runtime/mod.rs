@@ -9,6 +9,8 @@ pub(crate) mod fanout;
 pub(crate) mod holds;
 pub(crate) mod keys;
 pub(crate) mod lease;
+pub(crate) mod loss;
+pub(crate) mod lost_lease;
 pub(crate) mod pool;
 pub(crate) mod queue;
 pub(crate) mod renewer;

@@ -14,7 +14,7 @@ use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
 use crate::runtime::lease::millis;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
-use crate::runtime::telemetry::{self, Loss};
+use crate::runtime::telemetry;
 use crate::Error;
 
 /// Leases and queue entries renewed by one script call. Bounded so that one call never
@@ -339,7 +339,7 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
                         "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
                         String::from_utf8_lossy(w.keys.key())
                     );
-                    telemetry::mark_lost(&w.lost, &w.keys, Loss::Gone);
+                    w.lost.mark(w.lost.gone_reason(inner.generation()));
                     inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
                 }
                 for j in gone {

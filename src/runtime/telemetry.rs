@@ -46,21 +46,20 @@
 //!
 //! `kind` is `Lock`, `FairLock`, `FencedLock`, `ReadLock`, `WriteLock`, `Semaphore` or
 //! `MultiLock`;
-//! `reason` is `gone` (Redis no longer had the hold: expired, force-unlocked, lost in a
-//! restart or failover), `lease_over` (a fixed lease ran out), `unrenewed` (no renewal
-//! or extension reached Redis before the lease could end) or `abandoned` (every `Client`
-//! was dropped while a watchdog hold lived). The lock name is deliberately not a label:
+//! `reason` is the hold's [`LossReason`](crate::LossReason) in snake case:
+//! `lease_expired`, `deleted`, `server_lost`, `renewal_failed`, `max_hold` or
+//! `client_dropped`. The lock name is deliberately not a label:
 //! names are often made of ids (`order:1234`), and a label per name would grow a time
 //! series per order in the recorder. The spans carry the name.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::runtime::keys::LockKeys;
 #[cfg(feature = "tracing")]
 use crate::runtime::scripts::{self, Ops};
 use crate::Error;
+use crate::LossReason;
 
 /// Describes the metrics (units, help texts) to the recorder installed by now: a recorder
 /// that exports them (Prometheus' HELP lines) shows what they mean. Once per client built.
@@ -141,31 +140,6 @@ pub(crate) struct Holder<'a>(pub(crate) &'a str, pub(crate) u64);
 impl fmt::Display for Holder<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.0, self.1)
-    }
-}
-
-/// Why a hold was lost (the `reason` field and label).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Loss {
-    /// Redis no longer had the hold (expired, force-unlocked, lost by Redis).
-    Gone,
-    /// Its fixed lease ran out.
-    LeaseOver,
-    /// No renewal or extension reached Redis before its lease could end.
-    Unrenewed,
-    /// Every `Client` was dropped: nothing renews it any more.
-    Abandoned,
-}
-
-impl Loss {
-    #[cfg_attr(not(any(feature = "tracing", feature = "metrics")), allow(dead_code))]
-    fn as_str(self) -> &'static str {
-        match self {
-            Loss::Gone => "gone",
-            Loss::LeaseOver => "lease_over",
-            Loss::Unrenewed => "unrenewed",
-            Loss::Abandoned => "abandoned",
-        }
     }
 }
 
@@ -327,23 +301,29 @@ pub(crate) fn released(
     let _ = (kind, keys, holder, acquired, outcome);
 }
 
-/// Marks `lost` (a hold's flag) lost, and tells of it the first time only: a hold is
-/// counted lost once, whichever of its guards or the watchdog finds out first.
+/// A hold of the lock `keys` was lost for `reason` (called once per hold, by the hold's
+/// [`Loss`](crate::runtime::loss::Loss) the first time it is marked).
 #[inline]
-pub(crate) fn mark_lost(lost: &AtomicBool, keys: &LockKeys, reason: Loss) {
-    if lost.swap(true, Ordering::SeqCst) {
-        return;
-    }
+pub(crate) fn lease_lost(keys: &LockKeys, reason: LossReason) {
+    #[cfg(any(feature = "tracing", feature = "metrics"))]
+    let label = match reason {
+        LossReason::LeaseExpired => "lease_expired",
+        LossReason::Deleted => "deleted",
+        LossReason::ServerLost => "server_lost",
+        LossReason::RenewalFailed => "renewal_failed",
+        LossReason::MaxHold => "max_hold",
+        LossReason::ClientDropped => "client_dropped",
+    };
     #[cfg(feature = "tracing")]
     tracing::debug!(
         target: "redmutex",
         lock = %String::from_utf8_lossy(keys.name()),
         kind = %kind_of(keys.ops),
-        reason = %reason.as_str(),
+        reason = %label,
         "lease lost"
     );
     #[cfg(feature = "metrics")]
-    metrics::counter!("redmutex_lease_losses_total", "reason" => reason.as_str()).increment(1);
+    metrics::counter!("redmutex_lease_losses_total", "reason" => label).increment(1);
     let _ = (keys, reason);
 }
 

@@ -12,7 +12,7 @@ use std::thread;
 use std::time::Duration;
 
 use clap::Args;
-use crossbeam_channel::{after, bounded, select, unbounded, Receiver};
+use crossbeam_channel::{bounded, never, select, unbounded, Receiver};
 use nix::errno::Errno;
 use nix::sys::prctl::set_pdeathsig;
 use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
@@ -24,8 +24,6 @@ use signal_hook::iterator::{Handle, Signals};
 
 use crate::{connect, duration, fail, warn, Connection, LEASE_LOST, NOT_ACQUIRED};
 
-/// How often the lease is looked at while the command runs: a local check, no traffic.
-const LEASE_CHECK: Duration = Duration::from_millis(100);
 /// The signals redmutex answers (passing them on once the command runs).
 const CAUGHT: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
 /// How long a signal that arrives while the lock is being taken waits for the call to
@@ -90,11 +88,12 @@ enum Held {
 }
 
 impl Held {
-    fn is_lease_lost(&self) -> bool {
+    /// Ready once the lease is lost (or the lock released).
+    fn lost(&self) -> Receiver<()> {
         match self {
-            Held::Plain(g) => g.is_lease_lost(),
-            Held::Fair(g) => g.is_lease_lost(),
-            Held::Fenced(g) => g.is_lease_lost(),
+            Held::Plain(g) => g.lost(),
+            Held::Fair(g) => g.lost(),
+            Held::Fenced(g) => g.lost(),
         }
     }
 
@@ -381,6 +380,9 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
             }
         }
     });
+    // Told by the client the moment the lease is lost: no polling. (The lock is only
+    // released after this loop, so the channel is ready for a loss alone.)
+    let mut lease = held.lost();
     let mut lost = false;
     loop {
         select! {
@@ -416,8 +418,10 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                     signal(group, Signal::SIGCONT);
                 }
             }
-            recv(after(LEASE_CHECK)) -> _ => {
-                if !lost && held.is_lease_lost() {
+            recv(lease) -> _ => {
+                // Ready for good once lost: looked at once.
+                lease = never();
+                if !lost {
                     lost = true;
                     warn(format_args!(
                         "redmutex: the lease of {} was lost while the command ran; another \

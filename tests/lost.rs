@@ -1,0 +1,276 @@
+//! Loss pushed to the holder: `lost()` channels and the `on_lease_lost` hook fire within
+//! the bound `is_lease_lost()` turns true in (a fixed lease running out, Redis frozen
+//! past a watchdog lease, the key force-unlocked by another client), not before, and
+//! without anyone polling; a release readies the channel but never calls the hook.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
+use redmutex::{Client, LossReason, LostLease, MultiLock};
+use support::RedisServer;
+
+/// The margin on time bounds: generous for a loaded 2-core machine, small beside the
+/// leases (1-1.5 s).
+const MARGIN: Duration = Duration::from_millis(400);
+
+/// What the hook is told: the lock's name, its kind, why.
+type Told = (String, &'static str, LossReason);
+
+/// The losses the hook was told of, and a channel that has one message per loss.
+struct Heard {
+    all: Arc<Mutex<Vec<Told>>>,
+    each: Receiver<()>,
+}
+
+fn client_with_hook(url: &str, prefix: &str, watchdog: Duration) -> (Client, Heard) {
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let (tx, each) = crossbeam_channel::unbounded();
+    let seen = all.clone();
+    let client = Client::builder()
+        .url(url)
+        .key_prefix(prefix)
+        .watchdog_timeout(watchdog)
+        .command_timeout(Duration::from_millis(500))
+        .on_lease_lost(move |lost: &LostLease| {
+            seen.lock()
+                .unwrap()
+                .push((lost.name_lossy(), lost.kind(), lost.reason()));
+            let _ = tx.send(());
+        })
+        .build()
+        .unwrap();
+    (client, Heard { all, each })
+}
+
+/// Waits for `lost` to be ready (disconnected) in a `select!`, up to `until`; the instant.
+fn ready_at(lost: &Receiver<()>, until: Instant) -> Option<Instant> {
+    select! {
+        recv(lost) -> r => {
+            assert!(r.is_err(), "no message is ever sent, the channel disconnects");
+            Some(Instant::now())
+        }
+        recv(crossbeam_channel::at(until)) -> _ => None,
+    }
+}
+
+fn not_ready(lost: &Receiver<()>) -> bool {
+    lost.try_recv() == Err(TryRecvError::Empty)
+}
+
+#[test]
+fn a_fixed_lease_that_runs_out_reaches_a_select_within_its_bound() {
+    let server = RedisServer::new();
+    let (client, heard) = client_with_hook(&server.url(), "lost:fixed:", Duration::from_secs(3));
+    let lease = Duration::from_millis(1500);
+    let before = Instant::now();
+    let guard = client.lock("nightly").lock_with_lease(lease).unwrap();
+    let after = Instant::now();
+    let lost = guard.lost();
+    // Not before its lease: nobody polls, the channel stays empty...
+    assert_eq!(ready_at(&lost, before + lease - MARGIN), None);
+    assert!(!guard.is_lease_lost());
+    // ...and it is ready once the lease is over, within the margin.
+    let fired = ready_at(&lost, after + lease + MARGIN).expect("told within the bound");
+    assert!(fired >= before + lease, "not before the lease ran out");
+    assert!(guard.is_lease_lost(), "the poll agrees at once");
+    println!("told {:?} after the lease's end", fired - (before + lease));
+    heard
+        .each
+        .recv_timeout(MARGIN)
+        .expect("the hook heard of it");
+    assert_eq!(
+        *heard.all.lock().unwrap(),
+        [("nightly".to_owned(), "Lock", LossReason::LeaseExpired)]
+    );
+    assert!(matches!(guard.unlock(), Err(redmutex::Error::LeaseLost)));
+    // Once per hold: the unlock that found it lost did not tell the hook again.
+    assert!(heard.each.recv_timeout(MARGIN).is_err());
+}
+
+#[test]
+fn redis_frozen_past_a_watchdog_lease_reaches_a_select_within_its_bound() {
+    let server = RedisServer::new();
+    let watchdog = Duration::from_millis(1500);
+    let (client, heard) = client_with_hook(&server.url(), "lost:frozen:", watchdog);
+    let guard = client.fair_lock("ledger").lock().unwrap();
+    let lost = guard.lost();
+    // Renewed: a lease and more go by without a word.
+    assert_eq!(ready_at(&lost, Instant::now() + watchdog + MARGIN), None);
+    server.freeze();
+    let frozen = Instant::now();
+    // The last renewal that reached Redis was sent at most a third of a lease before the
+    // freeze, so the key lives at least two thirds of a lease past it.
+    let earliest = frozen + watchdog * 2 / 3 - MARGIN;
+    assert_eq!(
+        ready_at(&lost, earliest),
+        None,
+        "not before the lease may end"
+    );
+    let fired = ready_at(&lost, frozen + watchdog + MARGIN).expect("told within the bound");
+    assert!(guard.is_lease_lost(), "the poll agrees");
+    println!("told {:?} after the freeze", fired - frozen);
+    heard
+        .each
+        .recv_timeout(MARGIN)
+        .expect("the hook heard of it");
+    assert_eq!(
+        *heard.all.lock().unwrap(),
+        [("ledger".to_owned(), "FairLock", LossReason::RenewalFailed)]
+    );
+    server.thaw();
+    drop(guard);
+}
+
+#[test]
+fn a_force_unlock_by_another_client_reaches_a_select_by_the_next_renewal() {
+    let server = RedisServer::new();
+    let watchdog = Duration::from_millis(1500);
+    let (client, heard) = client_with_hook(&server.url(), "lost:forced:", watchdog);
+    let other = support::client(
+        &server.url(),
+        "lost:forced:",
+        watchdog,
+        Duration::from_millis(500),
+    );
+    let guard = client.lock("job:7").lock().unwrap();
+    let nested = client.lock("job:7").lock().unwrap();
+    let (outer_lost, inner_lost) = (guard.lost(), nested.lost());
+    assert!(not_ready(&outer_lost) && not_ready(&inner_lost));
+    assert!(other.lock("job:7").force_unlock().unwrap());
+    let forced = Instant::now();
+    // The next renewal round (a third of the lease) finds the hold gone; every level is
+    // told.
+    let bound = forced + watchdog / 3 + MARGIN;
+    let fired = ready_at(&outer_lost, bound).expect("told by the next renewal");
+    assert!(ready_at(&inner_lost, bound).is_some());
+    assert!(guard.is_lease_lost() && nested.is_lease_lost());
+    println!("told {:?} after the force_unlock", fired - forced);
+    heard
+        .each
+        .recv_timeout(MARGIN)
+        .expect("the hook heard of it");
+    assert_eq!(
+        *heard.all.lock().unwrap(),
+        [("job:7".to_owned(), "Lock", LossReason::Deleted)],
+        "one hold, told once"
+    );
+}
+
+#[test]
+fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
+    let server = RedisServer::new();
+    let lease = Duration::from_millis(1000);
+    let (client, heard) = client_with_hook(&server.url(), "lost:released:", lease);
+    let lock = client.lock("r");
+
+    let guard = lock.lock().unwrap();
+    let lost = guard.lost();
+    guard.unlock().unwrap();
+    assert_eq!(lost.try_recv(), Err(TryRecvError::Disconnected));
+
+    // A nested level's release readies its own channel only.
+    let outer = lock.lock_with_lease(lease).unwrap();
+    let inner = lock.lock().unwrap();
+    let (outer_lost, inner_lost) = (outer.lost(), inner.lost());
+    drop(inner);
+    assert_eq!(inner_lost.try_recv(), Err(TryRecvError::Disconnected));
+    assert!(not_ready(&outer_lost));
+    drop(outer);
+    assert_eq!(outer_lost.try_recv(), Err(TryRecvError::Disconnected));
+
+    // Dropped after lost() was asked for, well within its fixed lease.
+    let fixed = lock.lock_with_lease(lease).unwrap();
+    let fixed_lost = fixed.lost();
+    drop(fixed);
+    assert!(ready_at(&fixed_lost, Instant::now() + MARGIN).is_some());
+
+    let permit = client.semaphore("pool", 2).acquire().unwrap();
+    let permit_lost = permit.lost();
+    assert!(not_ready(&permit_lost));
+    permit.release().unwrap();
+    assert_eq!(permit_lost.try_recv(), Err(TryRecvError::Disconnected));
+
+    let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
+    let held = multi.lock_with_lease(lease).unwrap();
+    let multi_lost = held.lost();
+    assert!(not_ready(&multi_lost));
+    held.unlock().unwrap();
+    assert_eq!(multi_lost.try_recv(), Err(TryRecvError::Disconnected));
+
+    // Past every lease: nothing released was reported lost.
+    assert_eq!(
+        heard.each.recv_timeout(lease + MARGIN),
+        Err(RecvTimeoutError::Timeout),
+        "{:?}",
+        heard.all.lock().unwrap()
+    );
+}
+
+#[test]
+fn permits_and_multilocks_are_told_of_their_loss() {
+    let server = RedisServer::new();
+    let watchdog = Duration::from_millis(1500);
+    let (client, heard) = client_with_hook(&server.url(), "lost:others:", watchdog);
+    let other = support::client(
+        &server.url(),
+        "lost:others:",
+        watchdog,
+        Duration::from_millis(500),
+    );
+
+    // All of a MultiLock's locks must stand: one force-unlocked loses it.
+    let multi = MultiLock::new([client.lock("a"), client.lock("b")]).unwrap();
+    let held = multi.lock().unwrap();
+    let multi_lost = held.lost();
+    assert!(not_ready(&multi_lost));
+    assert!(other.lock("b").force_unlock().unwrap());
+    let forced = Instant::now();
+    assert!(ready_at(&multi_lost, forced + watchdog / 3 + MARGIN).is_some());
+    assert!(held.is_lease_lost());
+
+    // A fixed lease's validity ends before the lease does: told by then, not before.
+    let lease = Duration::from_millis(1500);
+    let before = Instant::now();
+    let fixed = MultiLock::new([client.lock("c"), client.lock("d")])
+        .unwrap()
+        .lock_with_lease(lease)
+        .unwrap();
+    let fixed_lost = fixed.lost();
+    assert_eq!(ready_at(&fixed_lost, before + lease / 2), None);
+    assert!(ready_at(&fixed_lost, before + lease + MARGIN).is_some());
+    assert!(fixed.is_lease_lost());
+
+    // Permits whose keys are deleted behind their back.
+    let permit = client.semaphore("pool", 1).acquire().unwrap();
+    let permit_lost = permit.lost();
+    let mut con = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("lost:others:!sem*")
+        .query(&mut con)
+        .unwrap();
+    assert!(!keys.is_empty());
+    let _: () = redis::cmd("DEL").arg(&keys).query(&mut con).unwrap();
+    let deleted = Instant::now();
+    assert!(ready_at(&permit_lost, deleted + watchdog / 3 + MARGIN).is_some());
+    assert!(permit.is_lease_lost());
+
+    // The hook runs on its own thread, just after the channels are readied.
+    let pool = ("pool".to_owned(), "Semaphore", LossReason::Deleted);
+    while !heard.all.lock().unwrap().contains(&pool) {
+        if heard.each.recv_timeout(MARGIN).is_err() {
+            break;
+        }
+    }
+    let heard: Vec<_> = heard.all.lock().unwrap().clone();
+    assert!(
+        heard.contains(&("b".to_owned(), "Lock", LossReason::Deleted)),
+        "{heard:?}"
+    );
+    assert!(
+        heard.contains(&("pool".to_owned(), "Semaphore", LossReason::Deleted)),
+        "{heard:?}"
+    );
+}
