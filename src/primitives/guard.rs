@@ -234,6 +234,11 @@ impl<K: Kind> LockGuard<K> {
         &self.inner
     }
 
+    /// The names of this guard's lock.
+    pub(crate) fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
     fn not_held(&self) -> Error {
         if self.lost.load(Ordering::SeqCst) || self.generation != self.inner.generation() {
             Error::LeaseLost

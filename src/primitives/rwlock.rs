@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::primitives::kind::{Read, Write};
+use crate::primitives::kind::{Read, Upgradeable, Write};
 use crate::runtime::keys::Object;
 use crate::{Client, Lock, LockGuard};
 
@@ -28,9 +28,17 @@ use crate::{Client, Lock, LockGuard};
 ///   one watchdog thread in its batched round. A crashed reader frees its share when its
 ///   lease ends; the other readers keep theirs.
 ///
-/// On either side, `is_locked` tells whether anyone holds the lock in either mode,
+/// - **Upgradeable reads**: [`upgradeable`](ReadWriteLock::upgradeable) is a third side,
+///   a read hold that one thread at a time may have, alongside the plain readers (it
+///   excludes writers and other upgradeable readers), and that
+///   [`upgrade`](crate::UpgradeableGuard::upgrade)s to the write side once the plain
+///   readers have left, ahead of every waiting writer and without letting new readers
+///   starve it. A thread holding a plain read hold cannot take it
+///   ([`Error::WouldDeadlock`](crate::Error::WouldDeadlock)).
+///
+/// On any side, `is_locked` tells whether anyone holds the lock in either mode,
 /// `remaining_lease` is the longest lease of any hold, and `force_unlock` frees every
-/// reader and the writer. A read-write lock lives in keys of its own (`<prefix>!rw:…`): a
+/// reader, the upgradeable reader and the writer. A read-write lock lives in keys of its own (`<prefix>!rw:…`): a
 /// [`Lock`] of the same name is a different object.
 ///
 /// ```no_run
@@ -49,6 +57,7 @@ use crate::{Client, Lock, LockGuard};
 pub struct ReadWriteLock {
     read: ReadLock,
     write: WriteLock,
+    upgradeable: UpgradeableLock,
 }
 
 /// The read side of a [`ReadWriteLock`]: shared with other readers.
@@ -56,6 +65,11 @@ pub type ReadLock = Lock<Read>;
 
 /// The write side of a [`ReadWriteLock`]: exclusive.
 pub type WriteLock = Lock<Write>;
+
+/// The upgradeable read side of a [`ReadWriteLock`]: shared with plain readers, exclusive
+/// among upgradeable readers and writers; its guards
+/// ([`UpgradeableGuard`](crate::UpgradeableGuard)) upgrade to the write side.
+pub type UpgradeableLock = Lock<Upgradeable>;
 
 /// Proof that the current thread holds the read side of a [`ReadWriteLock`] (one level).
 pub type ReadGuard = LockGuard<Read>;
@@ -67,7 +81,8 @@ impl ReadWriteLock {
     pub(crate) fn new(client: &Client, name: Vec<u8>) -> ReadWriteLock {
         ReadWriteLock {
             read: client.handle(name.clone(), Object::ReadWrite),
-            write: client.handle(name, Object::ReadWrite),
+            write: client.handle(name.clone(), Object::ReadWrite),
+            upgradeable: client.handle(name, Object::ReadWrite),
         }
     }
 
@@ -81,6 +96,21 @@ impl ReadWriteLock {
         self.write.clone()
     }
 
+    /// The upgradeable read side: one thread at a time holds it, alongside any number of
+    /// readers, while nobody writes; its guard may
+    /// [`upgrade`](crate::UpgradeableGuard::upgrade) to the write side.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let config = client.read_write_lock("config");
+    /// let u = config.upgradeable().lock()?; // readers still come in, writers wait
+    /// let w = u.upgrade()?;                 // waits for the readers, then writes alone
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn upgradeable(&self) -> UpgradeableLock {
+        self.upgradeable.clone()
+    }
+
     /// The name the lock was made with.
     pub fn name(&self) -> &[u8] {
         self.read.name()
@@ -92,6 +122,7 @@ impl Clone for ReadWriteLock {
         ReadWriteLock {
             read: self.read.clone(),
             write: self.write.clone(),
+            upgradeable: self.upgradeable.clone(),
         }
     }
 }
