@@ -65,11 +65,10 @@ function RW.compatible(holder, flags, writer, upgrader)
     if holds == 0 then
         return true
     end
-    local own = redis.call('zmscore', KEYS[5], 'u:' .. holder, 'r:' .. holder)
-    if not own[1] then
+    if not redis.call('zscore', KEYS[5], 'u:' .. holder) then
         return false
     end
-    return holds == (own[2] and 2 or 1)
+    return holds == (redis.call('zscore', KEYS[5], 'r:' .. holder) and 2 or 1)
 end
 
 function M.companion(field)

@@ -58,10 +58,29 @@ if not read and not upgradeable and got[4] then
         Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1)
         if redis.call('lindex', KEYS[3], 0) ~= holder then
             -- Ahead of everyone: a writer queued behind the upgradeable hold would
-            -- otherwise wait for it while it waits for the writer. (Two entries at least,
-            -- so the list outlives the LREM and keeps its expiry.)
-            redis.call('lrem', KEYS[3], 1, holder)
-            redis.call('lpush', KEYS[3], holder)
+            -- otherwise wait for it while it waits for the writer. The list is written
+            -- anew, with the commands the queue uses anyway (the README's ACL rule has no
+            -- LPUSH), and keeps its expiry. Once per upgrade that waits, at most.
+            local ttl = redis.call('pttl', KEYS[3])
+            local rest = redis.call('lrange', KEYS[3], 0, -1)
+            redis.call('del', KEYS[3])
+            local batch = {holder}
+            for _, h in ipairs(rest) do
+                if h ~= holder then
+                    batch[#batch + 1] = h
+                    -- In parts: Lua's stack limits unpack's arguments.
+                    if #batch == 1000 then
+                        redis.call('rpush', KEYS[3], unpack(batch))
+                        batch = {}
+                    end
+                end
+            end
+            if #batch > 0 then
+                redis.call('rpush', KEYS[3], unpack(batch))
+            end
+            if ttl > 0 then
+                redis.call('pexpire', KEYS[3], ttl)
+            end
         end
         return {0, M.soonest(now), now}
     end

@@ -241,7 +241,35 @@ fn a_second_upgradeable_and_a_writer_wait_in_turn() {
 #[test]
 fn upgrade_waits_for_readers_and_gets_the_write_hold() {
     let server = RedisServer::new();
-    let url = server.url();
+    upgrade_scenario(&server.url());
+}
+
+/// The README's minimal ACL rule (see tests/security.rs), for this test's prefix.
+const ACL_RULE: &str = "on >s3cret-pw resetchannels ~upt:* &upt:* -@all \
+    +fcall +function|load +evalsha +script|load +exists +hget +hmget +hgetall +pttl +subscribe \
+    +unsubscribe +publish +ping +wait +hincrby +hset +hexists +pexpire +del +incr +time +type \
+    +hkeys +hdel +rpush +lindex +lpop +lrem +lrange +get +set +decr +zadd +zscore +zrem +zcard \
+    +zrange +zrangebyscore";
+
+/// The same, as a user confined by the README's ACL rule: the upgrade (its move to the
+/// head of the queue included) needs no command beyond it.
+#[test]
+fn an_acl_user_confined_to_the_prefix_can_upgrade() {
+    let server = RedisServer::new();
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg("locker");
+    for part in ACL_RULE.split_whitespace() {
+        cmd.arg(part);
+    }
+    cmd.exec(&mut server.connection()).expect("ACL SETUSER");
+    upgrade_scenario(&format!(
+        "redis://locker:s3cret-pw@127.0.0.1:{}/",
+        server.port()
+    ));
+}
+
+fn upgrade_scenario(url: &str) {
+    let url = url.to_owned();
     let name = "upgrade";
     let (a, b, c) = (
         client(&url, Duration::from_secs(5)),
@@ -808,4 +836,95 @@ fn bad_input_is_refused_typed() {
     assert!(matches!(up.upgrade(), Err(Error::LeaseLost)));
     assert!(hold_fields(&mut con, name).is_empty());
     assert!(queue(&mut con, name).is_empty());
+}
+
+/// An upgrade that gives up: `try_upgrade` with a reader in makes one attempt and queues
+/// nothing; `try_upgrade_for` returns `None` within its wait (plus a margin), leaves the
+/// queue, lets in the reader that waited behind it at once, and keeps the upgradeable
+/// hold (a writer still waits for it).
+#[test]
+fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
+    const WAIT: Duration = Duration::from_millis(400);
+    let server = RedisServer::new();
+    let url = server.url();
+    let name = "give-up";
+    let (a, b, c) = (
+        client(&url, Duration::from_secs(5)),
+        client(&url, Duration::from_secs(5)),
+        client(&url, Duration::from_secs(5)),
+    );
+    let mut con = connect(&url);
+    let (tx, rx) = mpsc::channel();
+    let (release_r, tr) = holder_thread(&b, name, "read", tx);
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
+    let up = a
+        .read_write_lock(name)
+        .upgradeable()
+        .lock()
+        .expect("upgradeable");
+    assert!(up.try_upgrade().unwrap().is_none(), "a reader is in");
+    assert!(
+        queue(&mut con, name).is_empty(),
+        "one attempt queues nothing"
+    );
+
+    // A reader that comes while the upgrade waits queues behind it.
+    let (ltx, lrx) = mpsc::channel();
+    let waiter = {
+        let url = url.clone();
+        let c = c.clone();
+        thread::spawn(move || {
+            let mut con = connect(&url);
+            // Only once the upgrade is queued.
+            assert!(wait_until(SETUP, || queue(&mut con, name).len() == 1));
+            holder_thread(&c, name, "read", ltx)
+        })
+    };
+    let asked = Instant::now();
+    let got = up.try_upgrade_for(WAIT).expect("try_upgrade_for");
+    let took = asked.elapsed();
+    assert!(got.is_none(), "the reader is still in");
+    assert!(took >= WAIT, "gave up after {took:?}");
+    assert!(
+        took < WAIT + Duration::from_millis(500),
+        "gave up after {took:?}"
+    );
+    let (release_l, tl) = waiter.join().unwrap();
+    let (side, at) = lrx.recv_timeout(SETUP).expect("the late reader gets in");
+    assert_eq!(side, "read");
+    let after = at.saturating_duration_since(asked + took);
+    assert!(
+        after < Duration::from_millis(500),
+        "the late reader got in {after:?} after the upgrade gave up"
+    );
+    assert!(queue(&mut con, name).is_empty());
+    assert_eq!(
+        a.read_write_lock(name).upgradeable().hold_count().unwrap(),
+        1
+    );
+    assert!(!up.is_lease_lost());
+    let d = client(&url, Duration::from_secs(5));
+    assert!(d
+        .read_write_lock(name)
+        .write()
+        .try_lock()
+        .unwrap()
+        .is_none());
+    assert!(d
+        .read_write_lock(name)
+        .upgradeable()
+        .try_lock()
+        .unwrap()
+        .is_none());
+
+    release_r.send(()).unwrap();
+    release_l.send(()).unwrap();
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "released");
+    assert_eq!(lrx.recv_timeout(SETUP).unwrap().0, "released");
+    // Alone now: the upgrade is granted at once.
+    let w = up.try_upgrade().unwrap().expect("no reader left");
+    drop(w);
+    up.unlock().unwrap();
+    tr.join().unwrap();
+    tl.join().unwrap();
 }
