@@ -18,7 +18,8 @@
 --                        hold is gone (lease ended, force-unlocked): its write would not
 --                        follow its read without a writer in between
 -- A re-entry is always granted, even past waiters (they wait for this very hold), and so
--- is a read or upgradeable hold taken by the writer's own thread (a downgrade). A write
+-- is a read or upgradeable hold taken by the writer's own thread (a downgrade), and a
+-- read hold taken by the upgradeable reader's. A write
 -- asked by the upgradeable reader (an upgrade) is granted as soon as no other hold is
 -- left, past every waiter (they wait for its hold anyway), and otherwise queues at the
 -- head: the readers that come meanwhile queue behind it, and the release of the last
@@ -87,7 +88,10 @@ if not read and not upgradeable and got[4] then
     return {0, M.soonest(now)}
 end
 if RW.compatible(holder, flags, writer or false, upgrader or false) then
-    local downgrade = (read or upgradeable) and writer == holder
+    -- The writer's own thread, or the upgradeable reader's asking to read: granted past
+    -- the waiters, who wait for its hold anyway (queued, it would wait for itself).
+    local downgrade = (read or upgradeable) and writer == holder or
+        (read and upgrader == holder)
     local first, _, f, fairs
     first, _, _, f, _, _, _, fairs = Q.head(now)
     local handed = false

@@ -928,3 +928,67 @@ fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
     tr.join().unwrap();
     tl.join().unwrap();
 }
+
+/// The writer's own thread may take the upgradeable side (past a queued writer: it waits
+/// for this very hold) and keep it when it stops writing: readers come in, writers and
+/// other upgradeable readers still wait. Likewise the upgradeable reader may take a plain
+/// read hold and leave the upgradeable one, reading on like any reader.
+#[test]
+fn downgrades_to_upgradeable_and_to_read() {
+    let server = RedisServer::new();
+    let url = server.url();
+    let name = "downgrade";
+    let (a, b) = (
+        client(&url, Duration::from_secs(5)),
+        client(&url, Duration::from_secs(5)),
+    );
+    let mut con = connect(&url);
+    let rw = a.read_write_lock(name);
+    let w = rw.write().lock().expect("write");
+    let (tx, rx) = mpsc::channel();
+    let (release_w, tw) = holder_thread(&b, name, "write", tx);
+    await_queue_len(&mut con, name, 1, "writer");
+    let up = rw
+        .upgradeable()
+        .try_lock()
+        .unwrap()
+        .expect("the writer's own thread");
+    w.unlock().unwrap();
+    let fields = hold_fields(&mut con, name);
+    assert_eq!(fields.len(), 1, "{fields:?}");
+    assert!(fields[0].starts_with("u:"));
+    let c = client(&url, Duration::from_secs(5));
+    assert!(rx.recv_timeout(STILL_WAITING).is_err(), "the writer waits");
+    assert!(c
+        .read_write_lock(name)
+        .upgradeable()
+        .try_lock()
+        .unwrap()
+        .is_none());
+
+    // Upgradeable to read: read (at once, past the queued writer, which waits for this
+    // thread's hold: queued, the read would wait for itself), then leave the upgradeable
+    // hold.
+    let r = rw
+        .read()
+        .try_lock()
+        .unwrap()
+        .expect("read beside the upgradeable hold, past the queue");
+    up.unlock().unwrap();
+    let fields = hold_fields(&mut con, name);
+    assert_eq!(fields.len(), 1, "{fields:?}");
+    assert!(fields[0].starts_with("r:"));
+    assert!(
+        rx.recv_timeout(STILL_WAITING).is_err(),
+        "the writer waits for the reader"
+    );
+    assert!(matches!(
+        rw.upgradeable().try_lock(),
+        Err(Error::WouldDeadlock)
+    ));
+    r.unlock().unwrap();
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "write");
+    release_w.send(()).unwrap();
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "released");
+    tw.join().unwrap();
+}
