@@ -1006,3 +1006,76 @@ fn downgrades_to_upgradeable_and_to_read() {
     assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "released");
     tw.join().unwrap();
 }
+
+/// On a Redis Cluster: the keys an upgrade touches (the queue it moves to the head of
+/// included) are the lock's, in its slot; the upgrade waits for the reader of another
+/// client, ahead of a queued writer, and gets the write hold from the reader's release.
+#[test]
+fn an_upgrade_works_on_a_cluster() {
+    let cluster = support::topology::Cluster::new(3, 0);
+    let build = || {
+        Client::builder()
+            .cluster(cluster.seed_urls())
+            .watchdog_timeout(Duration::from_secs(5))
+            .command_timeout(Duration::from_millis(1500))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .expect("cluster client")
+    };
+    let (a, b, c) = (build(), build(), build());
+    let name = "clustered";
+    let (tx, rx) = mpsc::channel();
+    let (release_r, tr) = holder_thread(&b, name, "read", tx.clone());
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
+    let up = a
+        .read_write_lock(name)
+        .upgradeable()
+        .lock()
+        .expect("upgradeable");
+    let (release_w, tw) = holder_thread(&c, name, "write", tx);
+    let writer_queued = || {
+        c.inspect(name)
+            .unwrap()
+            .iter()
+            .any(|i| i.kind == "read-write lock" && i.waiters.len() == 1)
+    };
+    assert!(wait_until(SETUP, writer_queued), "the writer queues");
+    let released = Arc::new(AtomicBool::new(false));
+    let releaser = {
+        let (released, c) = (released.clone(), c.clone());
+        thread::spawn(move || {
+            // Once the upgrade is queued, ahead of the writer.
+            assert!(wait_until(SETUP, || c
+                .inspect(name)
+                .unwrap()
+                .iter()
+                .any(|i| i.waiters.len() == 2)));
+            let q = c
+                .inspect(name)
+                .unwrap()
+                .into_iter()
+                .find(|i| i.kind == "read-write lock")
+                .unwrap()
+                .waiters;
+            released.store(true, Ordering::SeqCst);
+            release_r.send(()).unwrap();
+            q
+        })
+    };
+    let w = up.upgrade().expect("upgrade");
+    assert!(
+        released.load(Ordering::SeqCst),
+        "upgraded only after the reader left"
+    );
+    let q = releaser.join().unwrap();
+    assert!(q[0].starts_with(&format!("{}:", a.id())), "{q:?}");
+    assert!(rx.recv_timeout(SETUP).unwrap().0 == "released");
+    assert!(rx.recv_timeout(STILL_WAITING).is_err(), "the writer waits");
+    drop(w);
+    drop(up);
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "write");
+    release_w.send(()).unwrap();
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "released");
+    tr.join().unwrap();
+    tw.join().unwrap();
+}
