@@ -9,37 +9,41 @@ use crate::{Client, Lock, LockGuard};
 /// A named read-write lock: many threads may read at once, across processes, or one thread
 /// may write, alone.
 ///
-/// [`read`](ReadWriteLock::read) and [`write`](ReadWriteLock::write) are its two sides.
-/// Each is a [`Lock`] with the whole lock surface (`lock`, `try_lock*`, the
+/// [`read`](ReadWriteLock::read) and [`write`](ReadWriteLock::write) are its two sides,
+/// and [`upgradeable`](ReadWriteLock::upgradeable) a read side that may become the write
+/// side. Each is a [`Lock`] with the whole lock surface (`lock`, `try_lock*`, the
 /// `_with_lease_` variants, `hold_count`, `force_unlock`, …) and [`LockGuard`]s that are
 /// released on drop and stay on their thread.
 ///
-/// - **Reentrant** on both sides, per thread.
-/// - **Downgrade**: a thread holding the write side may take the read side; releasing the
-///   write side then leaves it reading, and lets the other readers in.
-/// - **No upgrade**: a thread holding only the read side that asks for the write side gets
-///   [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) at once (it would wait for its
-///   own read hold forever), never a hang.
+/// - **Reentrant** on every side, per thread.
+/// - **Downgrade**: a thread holding the write side may take the read side (or the
+///   upgradeable side); releasing the write side then leaves it reading, and lets the
+///   other readers in.
+/// - **No upgrade of a plain read**: a thread holding only the read side that asks for the
+///   write side gets [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) at once (it
+///   would wait for its own read hold forever), never a hang; a read that may have to
+///   become a write takes the upgradeable side (below).
 /// - **Writers are not starved**: first come, first served between readers and writers.
 ///   Once anyone waits, a newcomer queues behind it (a re-entry does not), so a stream of
 ///   readers never keeps a waiting writer out. A release hands the lock on directly to the
 ///   head of the queue: one writer, or every reader up to the next writer, at once.
 /// - **A lease per hold**: every reader's hold has its own lease, renewed by the client's
 ///   one watchdog thread in its batched round. A crashed reader frees its share when its
-///   lease ends; the other readers keep theirs.
-///
+///   lease ends; the other readers keep theirs (and so does a crashed upgradeable reader).
 /// - **Upgradeable reads**: [`upgradeable`](ReadWriteLock::upgradeable) is a third side,
 ///   a read hold that one thread at a time may have, alongside the plain readers (it
 ///   excludes writers and other upgradeable readers), and that
 ///   [`upgrade`](crate::UpgradeableGuard::upgrade)s to the write side once the plain
 ///   readers have left, ahead of every waiting writer and without letting new readers
 ///   starve it. A thread holding a plain read hold cannot take it
-///   ([`Error::WouldDeadlock`](crate::Error::WouldDeadlock)).
+///   ([`Error::WouldDeadlock`](crate::Error::WouldDeadlock)); the upgradeable reader's
+///   own thread may also take the read side, at once (then release the upgradeable side
+///   to go on reading as a plain reader).
 ///
-/// On any side, `is_locked` tells whether anyone holds the lock in either mode,
+/// On any side, `is_locked` tells whether anyone holds the lock in any mode,
 /// `remaining_lease` is the longest lease of any hold, and `force_unlock` frees every
-/// reader, the upgradeable reader and the writer. A read-write lock lives in keys of its own (`<prefix>!rw:…`): a
-/// [`Lock`] of the same name is a different object.
+/// reader, the upgradeable reader and the writer. A read-write lock lives in keys of its
+/// own (`<prefix>!rw:…`): a [`Lock`] of the same name is a different object.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
