@@ -1080,3 +1080,77 @@ fn an_upgrade_works_on_a_cluster() {
     tr.join().unwrap();
     tw.join().unwrap();
 }
+
+/// An upgrade that queues behind a long queue (more waiters than one Lua call takes as
+/// arguments) moves to its head with every other entry kept in order, and the queue keeps
+/// its expiry.
+#[test]
+fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
+    const FAKES: usize = 9_000;
+    let server = RedisServer::new();
+    let url = server.url();
+    let name = "long";
+    let (a, b) = (
+        client(&url, Duration::from_secs(5)),
+        client(&url, Duration::from_secs(5)),
+    );
+    let mut con = connect(&url);
+    let (tx, rx) = mpsc::channel();
+    let (release_r, tr) = holder_thread(&b, name, "read", tx);
+    assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
+    let up = a
+        .read_write_lock(name)
+        .upgradeable()
+        .lock()
+        .expect("upgradeable");
+    // Writers of processes that do not exist, queued behind the upgradeable hold (live
+    // entries: nothing fits while the reader reads, so nobody is told anything).
+    let (secs, _): (i64, i64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let now = secs * 1000;
+    let fakes: Vec<String> = (0..FAKES).map(|i| format!("fake-{i}:1")).collect();
+    let mut pipe = redis::pipe();
+    for f in &fakes {
+        pipe.cmd("RPUSH").arg(queue_key(name)).arg(f).ignore();
+        pipe.cmd("HSET")
+            .arg(format!("{PREFIX}!waiters:!rw:{{{name}}}"))
+            .arg(f)
+            .arg(format!("{} {now} 5000 1 1 1", now + 60_000))
+            .ignore();
+    }
+    // Both keys, as the queue's own rules keep them (queue.lua's Q.outlive).
+    for k in [queue_key(name), format!("{PREFIX}!waiters:!rw:{{{name}}}")] {
+        pipe.cmd("PEXPIRE").arg(k).arg(60_000).ignore();
+    }
+    pipe.query::<()>(&mut con).unwrap();
+
+    let releaser = {
+        let url = url.clone();
+        thread::spawn(move || {
+            let mut con = connect(&url);
+            assert!(wait_until(SETUP, || queue(&mut con, name).len() == FAKES + 1));
+            let q = queue(&mut con, name);
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(queue_key(name))
+                .query(&mut con)
+                .unwrap();
+            release_r.send(()).unwrap();
+            (q, ttl)
+        })
+    };
+    let w = up
+        .try_upgrade_for(SETUP)
+        .expect("upgrade")
+        .expect("granted once the reader left");
+    let (q, ttl) = releaser.join().unwrap();
+    assert!(q[0].starts_with(&format!("{}:", a.id())), "{:?}", &q[..3]);
+    assert_eq!(q[1..], fakes[..], "the others in their order");
+    assert!(ttl > 50_000, "the queue kept its expiry: {ttl} ms");
+    assert_eq!(
+        queue(&mut con, name),
+        fakes,
+        "the upgrade left the queue with its grant"
+    );
+    drop(w);
+    drop(up);
+    tr.join().unwrap();
+}
