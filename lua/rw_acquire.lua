@@ -19,11 +19,10 @@
 --                        follow its read without a writer in between
 -- A re-entry is always granted, even past waiters (they wait for this very hold), and so
 -- is a read or upgradeable hold taken by the writer's own thread (a downgrade), and a
--- read hold taken by the upgradeable reader's. A write
--- asked by the upgradeable reader (an upgrade) is granted as soon as no other hold is
--- left, past every waiter (they wait for its hold anyway), and otherwise queues at the
--- head: the readers that come meanwhile queue behind it, and the release of the last
--- reader hands it the write hold.
+-- read hold taken by the upgradeable reader's. A write asked by the upgradeable reader
+-- (an upgrade) is granted as soon as no other hold is left, past every waiter (they wait
+-- for its hold anyway), and otherwise queues at the head: the readers that come
+-- meanwhile queue behind it, and the release of the last reader hands it the write hold.
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
 local flags = tonumber(ARGV[4])
