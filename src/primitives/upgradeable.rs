@@ -45,8 +45,11 @@ impl LockGuard<Upgradeable> {
     /// Never deadlocks: there is one upgradeable reader at a time, so no other upgrade
     /// waits for this one, and a thread holding a plain read hold cannot take the
     /// upgradeable side ([`Error::WouldDeadlock`]). Fails with [`Error::LeaseLost`] when
-    /// this guard's hold is lost (its lease ran out, `force_unlock`), whether or not the
-    /// guard knew it yet: a writer may have come in since the reads it made.
+    /// this guard's hold is gone when an attempt of the upgrade reaches Redis (its lease
+    /// ran out, `force_unlock`), whether or not the guard knew it yet: a writer may have
+    /// come in since the reads it made. Once the upgrade waits at the head of the queue,
+    /// no writer passes it: the write hold it is handed follows the reads with no writer
+    /// in between, even if the upgradeable hold ended meanwhile (this guard then says so).
     ///
     /// [`WriteLock::lock`]: crate::Lock::lock
     pub fn upgrade(&self) -> Result<WriteGuard, Error> {
