@@ -10,7 +10,7 @@
 -- ARGV[4]  1: a level beyond ARGV[2] is kept and reported (a waiter whose deadline passed
 --          just as it was handed a share takes it); 0: it is given back
 -- ARGV[5]  inbox prefix      ARGV[6]  pickup window, ms      ARGV[7]  starvation bound, ms
--- ARGV[8]  flags of the hold (4: a read hold)
+-- ARGV[8]  flags of the hold (4: a read hold, 16: an upgradeable read hold)
 --
 -- Returns {1, count, 0}  ARGV[4] was 1 and the caller holds a level more than ARGV[2]
 --         {0, w}         the caller is out of the queue; w is 1 when a waiter was handed a

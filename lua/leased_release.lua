@@ -10,7 +10,7 @@
 -- ARGV[3]  the levels the caller believes it holds before this call (at least 1; a permit
 --          is one level whatever it counts)
 -- ARGV[4]  inbox prefix      ARGV[5]  pickup window, ms      ARGV[6]  starvation bound, ms
--- ARGV[7]  flags of the hold (4: a read hold)
+-- ARGV[7]  flags of the hold (4: a read hold, 16: an upgradeable read hold)
 --
 -- Returns {-1, 0}  the caller holds nothing (never acquired, lease ended, force-unlocked,
 --                  or a repeated call whose first run released it)

@@ -5,10 +5,12 @@
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the hold's
 --          fencing token)
 -- KEYS[2]  the lock's fencing-token counter
--- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis
+-- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis (but
+--          a read-write lock's pending upgrade, which goes first: see rw_acquire.lua)
 -- KEYS[4]  the waiters: a HASH holder id -> "<expiry> <since> <lease> <flags> <ticket>
 --          <amount>" (expiry and since in server ms; lease in ms; flags: 1 fair, 2 fenced,
---          4 a reader of a read-write lock, 8 its client listens on another cluster node, so
+--          4 a reader of a read-write lock, 16 its upgradeable reader, 32 a writer that
+--          upgrades (see rw.lua), 8 its client listens on another cluster node, so
 --          PUBLISH's count, which is this node's alone, cannot tell it is alive; ticket: the waiting call's number, echoed in its
 --          messages; amount: the permits a semaphore waiter asks for, else 1), and '~fair'
 --          -> the number of fair waiters queued

@@ -48,12 +48,13 @@ pub enum Error {
         required: u32,
     },
     /// The calling thread holds only the read side of a
-    /// [`ReadWriteLock`](crate::ReadWriteLock) and asked for its write side: it would wait
-    /// for its own read hold forever. Nothing
-    /// was written; release the read hold first (taking the read side while writing, a
-    /// downgrade, is allowed).
+    /// [`ReadWriteLock`](crate::ReadWriteLock) and asked for its write side or its
+    /// upgradeable side: it would wait for its own read hold forever (an upgrade waits
+    /// for the readers). Nothing was written; release the read hold first, or take the
+    /// upgradeable side instead of the read side where a write may follow (taking the read
+    /// side while writing, a downgrade, is allowed).
     #[error(
-        "this thread holds the read lock: taking the write lock would wait for itself forever"
+        "this thread holds the read lock: taking the write or upgradeable lock would wait for itself forever"
     )]
     WouldDeadlock,
     /// The lock name is not usable (it is empty).

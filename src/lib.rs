@@ -28,7 +28,9 @@
 //!
 //! The family: a [`FairLock`] hands the lock to its waiters strictly in the order they
 //! asked; a [`FencedLock`]'s guards carry fencing tokens; a [`ReadWriteLock`] lets many
-//! readers or one writer in, and never starves a waiting writer; a [`Semaphore`] caps how
+//! readers or one writer in, and never starves a waiting writer (beside its readers, one
+//! upgradeable reader may [`upgrade`](UpgradeableGuard::upgrade) to writing without
+//! letting a writer in between); a [`Semaphore`] caps how
 //! many hold it at once, each [`Permit`] with an owner and a lease, so a crashed holder's
 //! permits come back; a [`CountDownLatch`] lets threads and processes wait until a count
 //! of events has happened. A [`MultiLock`] holds a lock over several servers: RedLock
@@ -36,9 +38,9 @@
 //! plain [`Lock`] lets a running thread barge past sleeping waiters only while the first
 //! of them has waited less than 2 ms, so nobody starves.
 //! The locks are one generic type, [`Lock<K>`](Lock) over the [`Kind`]s [`Plain`] (the
-//! default), [`Fair`], [`Fenced`], [`Read`] and [`Write`]: `FairLock` is `Lock<Fair>`,
-//! and a read-write lock's sides are a `Lock<Read>` and a `Lock<Write>`, with the very
-//! same surface and guards.
+//! default), [`Fair`], [`Fenced`], [`Read`], [`Write`] and [`Upgradeable`]: `FairLock`
+//! is `Lock<Fair>`, and a read-write lock's sides are a `Lock<Read>`, a `Lock<Write>` and
+//! a `Lock<Upgradeable>`, with the very same surface and guards.
 //!
 //! What the locks do can be watched: with feature `tracing` (on by default) every
 //! acquisition is a `redmutex.acquire` span (lock name, kind, holder, outcome, time waited,
@@ -62,14 +64,17 @@ pub use crate::{
     primitives::cancel::CancelToken,
     primitives::guard::{FencedGuard, LockGuard},
     primitives::info::LockInfo,
-    primitives::kind::{Fair, Fenced, Kind, Plain, Read, Write},
+    primitives::kind::{Fair, Fenced, Kind, Plain, Read, Upgradeable, Write},
     primitives::latch::CountDownLatch,
     primitives::lock::{FairLock, FencedLock, Lock},
     primitives::multi_guard::MultiLockGuard,
     primitives::multilock::MultiLock,
     primitives::permit::Permit,
-    primitives::rwlock::{ReadGuard, ReadLock, ReadWriteLock, WriteGuard, WriteLock},
+    primitives::rwlock::{
+        ReadGuard, ReadLock, ReadWriteLock, UpgradeableLock, WriteGuard, WriteLock,
+    },
     primitives::semaphore::{Semaphore, MAX_PERMITS},
+    primitives::upgradeable::UpgradeableGuard,
     runtime::builder::ClientBuilder,
     runtime::client::Client,
     runtime::lost_lease::{LossReason, LostLease},

@@ -392,6 +392,11 @@ impl<K: Kind> LockGuard<K> {
         &self.inner
     }
 
+    /// The names of this guard's lock.
+    pub(crate) fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
     fn not_held(&self) -> Error {
         if self.lost.is_lost() || self.generation != self.inner.generation() {
             Error::LeaseLost

@@ -30,7 +30,8 @@ pub struct LockInfo {
     /// Its Redis key.
     pub key: String,
     /// Each holder id (`<client-uuid>:<thread-token>`) with its reentry count; a
-    /// read-write lock's are `r:<id>` (readers) and `w:<id>` (the writer); a semaphore's
+    /// read-write lock's are `r:<id>` (readers), `u:<id>` (the upgradeable reader) and
+    /// `w:<id>` (the writer); a semaphore's
     /// count is the permits that holder has.
     pub holders: Vec<(String, u64)>,
     /// The time left on the key's lease: `None` when there is no key (only waiters) or

@@ -13,8 +13,8 @@ pub(crate) mod sealed {
     }
 }
 
-/// A kind of lock: [`Plain`], [`Fair`], [`Fenced`], or the [`Read`] and [`Write`] sides
-/// of a [`ReadWriteLock`](crate::ReadWriteLock). Every kind has the whole lock surface
+/// A kind of lock: [`Plain`], [`Fair`], [`Fenced`], or the [`Read`], [`Write`] and
+/// [`Upgradeable`] sides of a [`ReadWriteLock`](crate::ReadWriteLock). Every kind has the whole lock surface
 /// ([`Lock<K>`](crate::Lock), [`LockGuard<K>`](crate::LockGuard)); a kind only changes how
 /// an acquisition behaves. Sealed: the kinds are this crate's.
 pub trait Kind: sealed::Sealed + Send + Sync + 'static {
@@ -48,6 +48,13 @@ pub enum Read {}
 #[derive(Debug)]
 pub enum Write {}
 
+/// The kind of [`UpgradeableLock`](crate::UpgradeableLock): the upgradeable read side of
+/// a [`ReadWriteLock`](crate::ReadWriteLock), shared with readers, exclusive among
+/// upgradeable readers and writers, and able to become the write side
+/// ([`UpgradeableGuard::upgrade`](crate::UpgradeableGuard::upgrade)).
+#[derive(Debug)]
+pub enum Upgradeable {}
+
 /// The permits of a [`Semaphore`](crate::Semaphore): each acquisition is a holder of its
 /// own, so its guard may move between threads.
 #[derive(Debug)]
@@ -72,6 +79,7 @@ kinds! {
     Fenced: "FencedLock", &scripts::FENCED, *const ();
     Read: "ReadLock", &scripts::READ, *const ();
     Write: "WriteLock", &scripts::WRITE, *const ();
+    Upgradeable: "UpgradeableLock", &scripts::UPGRADEABLE, *const ();
     Permits: "Semaphore", &scripts::PERMITS, ();
 }
 

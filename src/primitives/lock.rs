@@ -484,10 +484,16 @@ impl<K: Kind> Lock<K> {
             thread_token()
         };
         if let Some(read_hold) = keys.read_hold() {
-            // Reading without writing: asking to write would wait for itself. (A writer
+            // Reading without writing: asking to write, or for the upgradeable side (whose
+            // upgrade would wait for this read hold), would wait for itself. (A writer
             // that also reads, mid-downgrade, may re-enter the write side.)
             if !inner.watchdog.holds_locally(keys.hold(), token) {
-                if inner.watchdog.holds_locally(&read_hold, token) {
+                // Unless it also holds the upgradeable side: then a write is an upgrade,
+                // which waits for the others' read holds only.
+                let upgrading = keys
+                    .upgradeable_hold()
+                    .is_some_and(|hold| inner.watchdog.holds_locally(&hold, token));
+                if !upgrading && inner.watchdog.holds_locally(&read_hold, token) {
                     return Err(Error::WouldDeadlock);
                 }
                 if inner.watchdog.forget_over(&read_hold, token) {
@@ -691,6 +697,8 @@ impl<K: Kind> Lock<K> {
             })),
             // Asked to write while holding a read hold: refused, nothing written.
             [-1] => Err(Error::WouldDeadlock),
+            // An upgrade whose upgradeable hold is gone: the write would not be one.
+            [-3] => Err(Error::LeaseLost),
             // A semaphore asked for more permits than it has: refused, nothing written.
             [-2, total] => Err(Error::InvalidArgument(format!(
                 "more permits asked for than the semaphore has ({total})"

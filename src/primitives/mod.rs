@@ -13,4 +13,5 @@ pub(crate) mod multilock;
 pub(crate) mod permit;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
+pub(crate) mod upgradeable;
 pub(crate) mod wait;

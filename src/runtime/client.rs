@@ -78,6 +78,16 @@ impl Clone for Client {
     }
 }
 
+impl Client {
+    /// A handle on the client `inner` (a guard's), counted as any other handle.
+    pub(crate) fn of(inner: &Arc<Inner>) -> Client {
+        inner.handles.fetch_add(1, Ordering::Relaxed);
+        Client {
+            inner: inner.clone(),
+        }
+    }
+}
+
 impl Drop for Client {
     fn drop(&mut self) {
         // Guards keep `Inner` alive so that they can still release, but they do not count:

@@ -18,6 +18,8 @@ const RW_MARK: &[u8] = b"!rw:";
 const SEM_MARK: &[u8] = b"!sem:";
 /// The first byte of a read hold's name in this process (the others have `x`).
 const READ_MARK: u8 = b'r';
+/// The first byte of an upgradeable read hold's name in this process.
+const UPGRADEABLE_MARK: u8 = b'u';
 
 /// The bytes a key prefix must not hold: those that start what follows the prefix in a
 /// key (`{`, `~`, `#` of the lock keys, [`AUX_MARK`] of the auxiliary keys), and `}`.
@@ -133,11 +135,19 @@ impl LockKeys {
         &self.names[..self.key_end]
     }
 
-    /// For a write handle of a read-write lock, the read holds' [`hold`](Self::hold): a
-    /// thread with one must not wait to write.
+    /// For a write or upgradeable handle of a read-write lock, the read holds'
+    /// [`hold`](Self::hold): a thread with one must not wait to write (unless it also holds
+    /// the upgradeable side) nor for the upgradeable side.
     pub(crate) fn read_hold(&self) -> Option<Vec<u8>> {
         (self.object() == Object::ReadWrite && self.names[0] != READ_MARK)
             .then(|| [&[READ_MARK][..], self.key()].concat())
+    }
+
+    /// For a write handle of a read-write lock, the upgradeable holds'
+    /// [`hold`](Self::hold): a thread with one may write while it reads (an upgrade).
+    pub(crate) fn upgradeable_hold(&self) -> Option<Vec<u8>> {
+        (self.object() == Object::ReadWrite && self.names[0] == b'x')
+            .then(|| [&[UPGRADEABLE_MARK][..], self.key()].concat())
     }
 
     /// The fencing token counter.
@@ -228,8 +238,15 @@ impl LockKeys {
             Object::ReadWrite => aux_key(prefix, &key, b"rw"),
             Object::Semaphore => aux_key(prefix, &key, b"sem"),
         };
-        // Names that never reach Redis: the first byte tells read holds from the others.
-        let mark = if ops.flags & 4 != 0 { READ_MARK } else { b'x' };
+        // Names that never reach Redis: the first byte tells read and upgradeable holds
+        // from the others.
+        let mark = if ops.flags & 4 != 0 {
+            READ_MARK
+        } else if ops.flags & 16 != 0 {
+            UPGRADEABLE_MARK
+        } else {
+            b'x'
+        };
         let names = [&[mark][..], &key[..], INBOX_SUFFIX, client_id.as_bytes()].concat();
         LockKeys {
             names: names.into_boxed_slice(),
@@ -395,6 +412,7 @@ mod tests {
                     (Object::Lock, &scripts::PLAIN, b'x'),
                     (Object::ReadWrite, &scripts::READ, b'r'),
                     (Object::ReadWrite, &scripts::WRITE, b'x'),
+                    (Object::ReadWrite, &scripts::UPGRADEABLE, b'u'),
                     (Object::Semaphore, &scripts::PERMITS, b'x'),
                 ] {
                     let k = LockKeys::new(prefix, name.clone(), "c1", object, ops);
@@ -405,8 +423,13 @@ mod tests {
                     assert_eq!(k.hold(), [&[hold][..], k.key()].concat());
                     assert_eq!(
                         k.read_hold(),
-                        (object == Object::ReadWrite && hold == b'x')
+                        (object == Object::ReadWrite && hold != b'r')
                             .then(|| [&b"r"[..], k.key()].concat())
+                    );
+                    assert_eq!(
+                        k.upgradeable_hold(),
+                        (object == Object::ReadWrite && hold == b'x')
+                            .then(|| [&b"u"[..], k.key()].concat())
                     );
                     assert_eq!(k.has_leases(), !k.leases().is_empty());
                     assert_eq!(object == Object::Semaphore, !k.permits().is_empty());

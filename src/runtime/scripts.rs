@@ -171,7 +171,9 @@ pub struct Ops {
     pub(crate) cancel: &'static Bundled,
     pub(crate) kick: &'static Bundled,
     pub(crate) force_unlock: &'static Bundled,
-    /// Flags of every hold and queue entry: 1 fair, 2 fenced, 4 a read hold.
+    /// Flags of every hold and queue entry: 1 fair, 2 fenced, 4 a read hold, 16 an
+    /// upgradeable read hold, 32 a write hold asked as an upgrade (refused if the
+    /// upgradeable hold is gone).
     pub(crate) flags: u8,
     /// `None`: the hold is the lock hash's field `<holder>` and its lease the key's expiry.
     /// `Some(p)`: the hold is the field `<p><holder>`, with a lease of its own (leases.lua).
@@ -221,6 +223,9 @@ pub(crate) static FAIR: Ops = lock(1);
 pub(crate) static FENCED: Ops = lock(2);
 pub(crate) static READ: Ops = read_write(1 | 4, "r:");
 pub(crate) static WRITE: Ops = read_write(1, "w:");
+pub(crate) static UPGRADEABLE: Ops = read_write(1 | 16, "u:");
+/// The write side as an upgrade asks for it: the same holds as [`WRITE`]'s.
+pub(crate) static UPGRADE: Ops = read_write(1 | 32, "w:");
 pub(crate) static PERMITS: Ops = Ops {
     acquire: &SEM_ACQUIRE,
     release: &SEM_RELEASE,

@@ -44,8 +44,8 @@
 //! | `redmutex_lease_losses_total` | counter | `reason` | holds lost, once each |
 //! | `redmutex_cancellations_total` | counter | `kind` | waiting calls cancelled |
 //!
-//! `kind` is `Lock`, `FairLock`, `FencedLock`, `ReadLock`, `WriteLock`, `Semaphore` or
-//! `MultiLock`;
+//! `kind` is `Lock`, `FairLock`, `FencedLock`, `ReadLock`, `WriteLock`, `UpgradeableLock`,
+//! `Semaphore` or `MultiLock`;
 //! `reason` is the hold's [`LossReason`](crate::LossReason) in snake case:
 //! `lease_expired`, `deleted`, `server_lost`, `renewal_failed`, `max_hold` or
 //! `client_dropped`. The lock name is deliberately not a label:
@@ -358,12 +358,14 @@ fn ms(d: std::time::Duration) -> f64 {
 /// The kind of lock whose scripts are `ops` (for events that only have the keys).
 #[cfg(feature = "tracing")]
 fn kind_of(ops: &'static Ops) -> &'static str {
-    let kinds: [(&'static Ops, &'static str); 6] = [
+    let kinds: [(&'static Ops, &'static str); 8] = [
         (&scripts::PLAIN, "Lock"),
         (&scripts::FAIR, "FairLock"),
         (&scripts::FENCED, "FencedLock"),
         (&scripts::READ, "ReadLock"),
         (&scripts::WRITE, "WriteLock"),
+        (&scripts::UPGRADEABLE, "UpgradeableLock"),
+        (&scripts::UPGRADE, "WriteLock"),
         (&scripts::PERMITS, "Semaphore"),
     ];
     kinds
