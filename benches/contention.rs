@@ -22,22 +22,24 @@
 //! unfair: its holder mostly takes the lock again, so it rarely hands over at all.
 //!
 //! The fair floor (`common::QueueFloorLock`) is the least a fair lock that hands over
-//! without polling can do, run in phases 1 and 2 exactly like the others: a take script
-//! (`SET NX PX`, else `RPUSH` onto a FIFO list) and a give script (compare, `LPOP` the next
-//! waiter, `SET` it as holder and `PUBLISH` its grant on its own channel, else `DEL`), as
-//! EVALSHA; each waiter thread subscribed to its channel once before the run and blocks
-//! on it. Every acquisition it hands over costs 2 script requests and 1 delivered
-//! PUBLISH; it has no ticket, queue-entry expiry, crash safety, renewal, reentrancy or
-//! grant confirmation (see its doc comment), so `Lock`'s and `FairLock`'s server cost is
-//! shown as a multiple of it too: what their safety costs above the least fairness costs.
+//! without polling, queueing in Redis and waking the next waiter with a PUBLISH (as `Lock`
+//! and `FairLock` do), can do. It runs in phases 1 and 2 exactly like the others: a take
+//! script (`SET NX PX`, else `RPUSH` onto a FIFO list) and a give script (compare, `LPOP`
+//! the next waiter, `SET` it as holder and `PUBLISH` its grant on its own channel, else
+//! `DEL`), as EVALSHA; each waiter thread subscribes to its channel once, before the run,
+//! and blocks on it. Every acquisition it hands over costs 2 script requests and 1
+//! delivered PUBLISH; it has no ticket, queue-entry expiry, crash safety, renewal,
+//! reentrancy or grant confirmation (see its doc comment), so `Lock`'s and `FairLock`'s
+//! server cost is shown as a multiple of it too: what their safety costs above the least
+//! that fairness costs.
 //!
 //! What each run costs the Redis server (issue 18) comes from two `INFO all` snapshots
 //! around it (`ServerSnapshot` in `benches/common`): Redis process CPU (user + sys),
 //! commands executed by name (script-internal ones included) and requests (socket reads),
-//! each per acquisition, beside the naive lock's from the same run. No MONITOR runs: it
-//! would cost Redis CPU per executed command and so weigh on the kinds that run more.
-//! Timestamps come from `CLOCK_MONOTONIC`, which is one clock for every
-//! process on Linux, so times measured in different processes can be subtracted.
+//! each per acquisition, beside the naive lock's and the fair floor's from the same run.
+//! No MONITOR runs: it would cost Redis CPU per executed command and so weigh on the
+//! kinds that run more. Timestamps come from `CLOCK_MONOTONIC`, which is one clock for
+//! every process on Linux, so times measured in different processes can be subtracted.
 //!
 //! Re-executes itself as the worker processes (role chosen by an environment variable).
 //! Prints a table with PASS/FAIL per target and exits 0 either way: it measures, it does

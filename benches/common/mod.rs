@@ -681,12 +681,15 @@ return 1
     }
 }
 
-/// The floor of any fair lock that hands over without polling: the least such a lock can
-/// do, measured under the same contention as the real ones. A waiter that finds the lock
-/// taken joins a FIFO list and blocks on its own channel (subscribed once, before the
-/// run); the holder's release pops the next waiter, makes it the holder and PUBLISHes one
-/// grant to it. So a handed-over acquisition costs exactly two script requests (the take
-/// that queues, the give that hands over) and one PUBLISH delivered to a subscriber.
+/// The floor of a fair lock that hands over without polling, queueing its waiters in
+/// Redis and waking the next one with a PUBLISH as `Lock` and `FairLock` do: the least
+/// such a lock can do, measured under the same contention as they are. (Another wake-up,
+/// such as a blocking pop per waiter, would be another design with another floor.) A
+/// waiter that finds the lock taken joins a FIFO list and blocks on its own channel
+/// (subscribed once, before the run); the holder's release pops the next waiter, makes it
+/// the holder and PUBLISHes one grant to it. So a handed-over acquisition costs exactly
+/// two script requests (the take that queues, the give that hands over) and one PUBLISH
+/// delivered to a subscriber.
 ///
 /// Left out, which is why it is a lower bound and not a lock to use: no ticket or
 /// sequence number (a late grant cannot be told from a current one), no expiry of queue
