@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::cancel::CancelToken;
-use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
+use crate::primitives::kind::{self, sealed::Sealed, Fair, Fenced, Kind, Owned, Plain};
 use crate::primitives::wait::{Wait, NEXT_TICKET};
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
 use crate::runtime::holds::Acquisition;
@@ -154,6 +154,18 @@ impl<K: Kind> Lock<K> {
             client,
             keys: Arc::new(keys),
             initial: 0,
+            kind: PhantomData,
+        }
+    }
+
+    /// The same lock, whose acquisitions are holders of their own (see
+    /// [`lock_owned`](Lock::lock_owned)).
+    pub(crate) fn owned(&self) -> Lock<Owned<K>> {
+        Lock {
+            client: self.client.clone(),
+            keys: self.keys.clone(),
+            initial: self.initial,
+            max_hold: self.max_hold,
             kind: PhantomData,
         }
     }
@@ -478,7 +490,9 @@ impl<K: Kind> Lock<K> {
             return Err(Error::Cancelled);
         }
         let keys = &self.keys;
-        let token = if keys.ops.per_call {
+        // A semaphore's permits and an owned hold are holders of their own, never the
+        // thread's: they neither re-enter its holds nor are re-entered by them.
+        let token = if keys.ops.per_call || <K as Sealed>::OWN_HOLDER {
             fresh_token()
         } else {
             thread_token()
