@@ -35,6 +35,18 @@ fn exists(server: &RedisServer, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(&mut con).unwrap()
 }
 
+/// Waits (up to 5 s) until `n` waiters are queued on the plain lock `name`.
+fn await_queued(server: &RedisServer, prefix: &str, name: &str, n: i64) {
+    let queue = format!("{prefix}!queue:{{{name}}}");
+    let mut con = server.connection();
+    let mut seen = -1;
+    let ok = support::wait_until(Duration::from_secs(5), || {
+        seen = redis::cmd("LLEN").arg(&queue).query(&mut con).unwrap();
+        seen == n
+    });
+    assert!(ok, "LLEN {queue} is {seen}, expected {n}");
+}
+
 fn not_ready(lost: &Receiver<()>) -> bool {
     lost.try_recv() == Err(TryRecvError::Empty)
 }
@@ -235,7 +247,7 @@ fn owned_holds_are_not_reentrant_either_way() {
         let lock = lock.clone();
         thread::spawn(move || lock.lock_owned())
     };
-    thread::sleep(Duration::from_millis(100));
+    await_queued(&server, prefix, "job", 1);
     assert!(!waiter.is_finished(), "waits behind the owned hold");
     thread::spawn(move || owned.unlock())
         .join()
@@ -274,7 +286,8 @@ fn owned_read_holds_share_and_exclude_writers() {
 #[test]
 fn a_blocked_owned_acquisition_is_cancelled() {
     let server = RedisServer::new();
-    let a = client(&server.url(), "owned:cancel:");
+    let prefix = "owned:cancel:";
+    let a = client(&server.url(), prefix);
     let lock = a.lock("job");
     let held = lock.lock().unwrap();
     let token = CancelToken::new();
@@ -282,17 +295,19 @@ fn a_blocked_owned_acquisition_is_cancelled() {
         let (lock, token) = (lock.clone(), token.clone());
         thread::spawn(move || lock.lock_owned_cancellable(&token))
     };
-    thread::sleep(Duration::from_millis(200));
+    await_queued(&server, prefix, "job", 1);
     assert!(!waiter.is_finished());
     let cancelled = Instant::now();
     token.cancel();
     let outcome = waiter.join().unwrap();
     let took = cancelled.elapsed();
+    println!("cancelled call returned {took:?} after cancel()");
     assert!(matches!(outcome, Err(Error::Cancelled)), "{outcome:?}");
     assert!(
         took < Duration::from_millis(200),
         "returned {took:?} after cancel"
     );
+    await_queued(&server, prefix, "job", 0);
     held.unlock().unwrap();
     assert!(
         lock.try_lock_owned().unwrap().is_some(),

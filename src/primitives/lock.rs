@@ -32,6 +32,9 @@ use crate::{Client, Error, LockGuard};
 /// for others once every guard of that thread is released. Ownership belongs to the thread,
 /// which is why [`LockGuard`] is not `Send`. Different threads, different [`Client`]s and
 /// different processes all exclude each other.
+/// A hold that must outlive its thread or move to another one (a job handed to a worker
+/// of a pool) is taken with [`lock_owned`](Lock::lock_owned) instead: its
+/// [`OwnedGuard`](crate::OwnedGuard) is `Send`, and the hold is not reentrant.
 ///
 /// `Lock` is a cheap handle (clone it freely); making one touches no network. Waiting
 /// does not poll: a blocked thread joins the lock's queue and sleeps until the release
@@ -366,7 +369,8 @@ impl<K: Kind> Lock<K> {
     /// A thread with no live guard of the lock (none taken, all released, or its lease
     /// already known lost) gets 0 at once, without a round trip: a lock is held by a thread
     /// only through its guards. Otherwise Redis is asked, so a lease lost since the last
-    /// renewal shows as 0.
+    /// renewal shows as 0. Owned holds ([`lock_owned`](Lock::lock_owned)) are nobody's
+    /// thread's and never count.
     pub fn hold_count(&self) -> Result<u32, Error> {
         self.check_name()?;
         let inner = &self.client.inner;

@@ -23,6 +23,9 @@ use crate::{Error, Lock, LockGuard};
 /// Blocking on the lock while holding it is therefore a deadlock until the lease ends; use
 /// the thread-owned [`lock`](Lock::lock) for nested critical sections.
 /// [`Lock::hold_count`] and [`Lock::is_held_by_current_thread`] count thread holds only.
+/// An owned hold of an [`UpgradeableLock`](crate::UpgradeableLock) is an upgradeable read
+/// hold that cannot [`upgrade`](crate::UpgradeableGuard::upgrade) (its writer would be
+/// another holder); take the thread guard to upgrade.
 ///
 /// Everything else is as for a [`LockGuard`]: the watchdog renews a watchdog lease while
 /// the guard lives, whichever thread has it; [`lost`](OwnedGuard::lost),
