@@ -21,6 +21,8 @@ use support::RedisServer;
 /// leases (1.5 s).
 const MARGIN: Duration = Duration::from_millis(400);
 const WATCHDOG: Duration = Duration::from_millis(1500);
+/// How long setup steps may take.
+const SETUP: Duration = Duration::from_secs(5);
 
 fn client(url: &str, prefix: &str) -> Client {
     support::client(url, prefix, WATCHDOG, Duration::from_millis(500))
@@ -40,7 +42,7 @@ fn await_queued(server: &RedisServer, prefix: &str, name: &str, n: i64) {
     let queue = format!("{prefix}!queue:{{{name}}}");
     let mut con = server.connection();
     let mut seen = -1;
-    let ok = support::wait_until(Duration::from_secs(5), || {
+    let ok = support::wait_until(SETUP, || {
         seen = redis::cmd("LLEN").arg(&queue).query(&mut con).unwrap();
         seen == n
     });
@@ -308,6 +310,9 @@ fn a_blocked_owned_acquisition_is_cancelled() {
         "returned {took:?} after cancel"
     );
     await_queued(&server, prefix, "job", 0);
+    // The bounded variant: a token cancelled before the call fails it at once.
+    let outcome = lock.try_lock_owned_until_cancellable(Instant::now() + SETUP, &token);
+    assert!(matches!(outcome, Err(Error::Cancelled)), "{outcome:?}");
     held.unlock().unwrap();
     assert!(
         lock.try_lock_owned().unwrap().is_some(),
@@ -409,4 +414,52 @@ fn a_thread_pool_passing_owned_holds_never_lets_two_jobs_in() {
         "fencing tokens grow job after job: {by_job:?}"
     );
     assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn an_owned_waiter_of_a_fair_lock_is_handed_it_in_turn() {
+    let server = RedisServer::new();
+    let prefix = "owned:fair:";
+    let (a, b) = (client(&server.url(), prefix), client(&server.url(), prefix));
+    let held = a.fair_lock("job").lock().unwrap();
+    let (order_tx, order) = crossbeam_channel::unbounded();
+    let first = {
+        let (lock, order_tx) = (a.fair_lock("job"), order_tx.clone());
+        thread::spawn(move || {
+            let guard = lock.lock_owned().unwrap();
+            order_tx.send(("owned", Instant::now())).unwrap();
+            guard
+        })
+    };
+    await_queued(&server, prefix, "job", 1);
+    let second = {
+        let lock = b.fair_lock("job");
+        thread::spawn(move || {
+            let guard = lock.lock().unwrap();
+            order_tx.send(("thread", Instant::now())).unwrap();
+            guard.unlock()
+        })
+    };
+    await_queued(&server, prefix, "job", 2);
+    let released = Instant::now();
+    held.unlock().unwrap();
+    // Handed over by the release, not after a pickup window (1 s) or a lease.
+    let (who, at) = order.recv_timeout(SETUP).unwrap();
+    assert_eq!(who, "owned", "first come, first served");
+    let took = at - released;
+    println!("owned waiter handed the lock {took:?} after the release");
+    assert!(
+        took < Duration::from_millis(500),
+        "handed over after {took:?}"
+    );
+    // Its guard comes back from the thread that took it and is released by another one.
+    let guard = first.join().unwrap();
+    assert!(order.try_recv().is_err(), "the next waiter waits for it");
+    thread::spawn(move || guard.unlock())
+        .join()
+        .unwrap()
+        .unwrap();
+    let (who, _) = order.recv_timeout(SETUP).unwrap();
+    assert_eq!(who, "thread");
+    second.join().unwrap().unwrap();
 }

@@ -182,6 +182,17 @@ impl<K: Kind> Lock<K> {
             .expect("an acquisition without deadline only returns once acquired"))
     }
 
+    /// Waits for an owned hold of the lock until `deadline` (`Ok(None)` if it was not
+    /// acquired by then), or until `cancel` is cancelled (then [`Error::Cancelled`]), as
+    /// [`try_lock_until_cancellable`](Lock::try_lock_until_cancellable).
+    pub fn try_lock_owned_until_cancellable(
+        &self,
+        deadline: Instant,
+        cancel: &CancelToken,
+    ) -> Result<Option<OwnedGuard<K>>, Error> {
+        self.acquire_owned(Lease::Watchdog, Some(deadline), Some(cancel))
+    }
+
     fn acquire_owned(
         &self,
         lease: Lease,
