@@ -69,6 +69,7 @@ pub use crate::{
     primitives::lock::{FairLock, FencedLock, Lock},
     primitives::multi_guard::MultiLockGuard,
     primitives::multilock::MultiLock,
+    primitives::owned_guard::OwnedGuard,
     primitives::permit::Permit,
     primitives::rwlock::{
         ReadGuard, ReadLock, ReadWriteLock, UpgradeableLock, WriteGuard, WriteLock,

@@ -14,6 +14,11 @@
 //! a cancelled call must hold nothing and leave nothing behind (the witness and the
 //! progress floors would see a hold or a queue entry left over).
 //!
+//! One outer acquisition in eight is an owned hold (`lock_owned`, issue 19, half of them
+//! cancellable): it is not nested (owned holds are not reentrant), and its critical
+//! section runs on a thread spawned for it, which releases it (or drops it): the witness
+//! must see the hold as the one holder while it moves between threads.
+//!
 //! Some sections nest a short fixed lease inside the watchdog hold and outlast it (the
 //! lease rule: the inner level must not cut the outer hold), and some lock names are
 //! built to collide with another lock's auxiliary keys (`{x}` and `{x}:fence`): every
@@ -26,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use redmutex::{CancelToken, Client, Error, Kind, Lock, LockGuard};
+use redmutex::{CancelToken, Client, Error, Kind, Lock, LockGuard, OwnedGuard};
 use support::child::{say, ChildProc};
 use support::RedisServer;
 
@@ -228,6 +233,7 @@ fn torture_entry() {
             let fair = Worker {
                 make: Client::fair_lock,
                 tag: |_| "0".to_owned(),
+                owned_tag: |_| "0".to_owned(),
                 witness: WITNESS,
                 key: lock_key,
             };
@@ -237,12 +243,14 @@ fn torture_entry() {
             let read = Worker {
                 make: |c, name| c.read_write_lock(name).read(),
                 tag: |_| "r".to_owned(),
+                owned_tag: |_| "r".to_owned(),
                 witness: RW_WITNESS,
                 key: rw_key,
             };
             let write = Worker {
                 make: |c, name| c.read_write_lock(name).write(),
                 tag: |_| "w".to_owned(),
+                owned_tag: |_| "w".to_owned(),
                 witness: RW_WITNESS,
                 key: rw_key,
             };
@@ -254,6 +262,7 @@ fn torture_entry() {
             let fenced = Worker {
                 make: Client::fenced_lock,
                 tag: |g| g.token().to_string(),
+                owned_tag: |g| g.token().to_string(),
                 witness: WITNESS,
                 key: lock_key,
             };
@@ -282,6 +291,8 @@ struct Worker<K: Kind> {
     /// The witness's ARGV[4] for a hold: its fencing token ("0" for kinds without), or
     /// the side of a read-write lock. The same for every level of one hold.
     tag: fn(&LockGuard<K>) -> String,
+    /// The same for an owned hold.
+    owned_tag: fn(&OwnedGuard<K>) -> String,
     witness: &'static str,
     /// The key of the lock's holds, which the witness inspects (KEYS[2]).
     key: fn(&str) -> String,
@@ -303,6 +314,7 @@ impl<K: Kind> Worker<K> {
             let url = url.to_owned();
             let tokens = tokens.clone();
             let (make, tag, witness, key) = (self.make, self.tag, self.witness, self.key);
+            let owned_tag = self.owned_tag;
             thread::spawn(move || {
                 let mut con = redis::Client::open(url)
                     .and_then(|c| c.get_connection())
@@ -319,6 +331,59 @@ impl<K: Kind> Worker<K> {
                     // Redis may be frozen or the scripts flushed: errors are retried,
                     // never fatal. What must never happen is a witnessed overlap.
                     let long = rng.is_multiple_of(LONG_EVERY);
+                    if (rng >> 20) & 7 == 0 {
+                        let owned = if rng & 2 == 0 {
+                            let token = tokens[t].lock().unwrap().clone();
+                            match lock.lock_owned_cancellable(&token) {
+                                Err(Error::Cancelled) => {
+                                    let _ = redis::cmd("HINCRBY")
+                                        .arg(witness_key(name))
+                                        .arg("cancelled")
+                                        .arg(1)
+                                        .query::<i64>(&mut con);
+                                    continue;
+                                }
+                                other => other,
+                            }
+                        } else {
+                            lock.lock_owned()
+                        };
+                        let Ok(owned) = owned else { continue };
+                        sections += 1;
+                        let section = format!("{}:{t}:{sections}", std::process::id());
+                        let (client_id, witness) = (client.id().to_owned(), witness.clone());
+                        // The section and the release run on another thread, which gets
+                        // the witness connection for the while.
+                        let moved = thread::spawn(move || {
+                            let tag = owned_tag(&owned);
+                            let call = |op: &str, con: &mut redis::Connection| {
+                                witness
+                                    .key(witness_key(name))
+                                    .key(key(name))
+                                    .arg(op)
+                                    .arg(&client_id)
+                                    .arg(&section)
+                                    .arg(&tag)
+                                    .invoke::<i64>(con)
+                            };
+                            let _ = call("enter", &mut con);
+                            thread::yield_now();
+                            let _ = call("exit", &mut con);
+                            let _ = redis::cmd("HINCRBY")
+                                .arg(witness_key(name))
+                                .arg("owned")
+                                .arg(1)
+                                .query::<i64>(&mut con);
+                            if rng & 4 == 0 {
+                                let _ = owned.unlock();
+                            } else {
+                                drop(owned);
+                            }
+                            con
+                        });
+                        con = moved.join().expect("the owned section's thread");
+                        continue;
+                    }
                     let outer = if rng & 2 == 0 {
                         let token = tokens[t].lock().unwrap().clone();
                         match lock.lock_cancellable(&token) {
@@ -433,6 +498,7 @@ fn torture(kind: &str) {
     let mut con = server.connection();
     let (mut entries, mut takeovers, mut violations) = (0i64, 0i64, 0i64);
     let mut cancelled = 0i64;
+    let mut owned = 0i64;
     let mut per_lock = Vec::new();
     let mut max_readers = 0i64;
     let mut starved = Vec::new();
@@ -444,12 +510,14 @@ fn torture(kind: &str) {
             .arg("violations")
             .arg("max_readers")
             .arg("cancelled")
+            .arg("owned")
             .query(&mut con)
             .expect("witness figures");
-        let [e, t, v, m, c] = figures[..] else {
-            panic!("HMGET of five fields: {figures:?}");
+        let [e, t, v, m, c, o] = figures[..] else {
+            panic!("HMGET of six fields: {figures:?}");
         };
         cancelled += c.unwrap_or(0);
+        owned += o.unwrap_or(0);
         let shared = match m {
             Some(m) => format!(", at most {m} readers inside at once"),
             None => String::new(),
@@ -468,7 +536,8 @@ fn torture(kind: &str) {
         "torture ({kind}): {WORKERS} processes x {THREADS} threads, {} locks, {:.1} s: \
          {entries} critical sections (each nested 2 deep), {kills} workers SIGKILLed and \
          restarted, {freezes} server freezes of {FREEZE:?}, {takeovers} takeovers from \
-         another holder, {cancelled} waits cancelled, violations {violations}",
+         another holder, {cancelled} waits cancelled, {owned} owned holds released on \
+         another thread, violations {violations}",
         LOCKS.len(),
         started.elapsed().as_secs_f64()
     );
@@ -491,6 +560,7 @@ fn torture(kind: &str) {
          {MIN_SHARE_OF_MEAN} of the mean {mean:.0}): {starved:?}"
     );
     assert!(cancelled > 0, "{kind}: no wait was cancelled");
+    assert!(owned > 0, "{kind}: no owned hold moved between threads");
     assert!(
         kills >= 5 && freezes >= 2,
         "{kind}: {kills} kills, {freezes} freezes"

@@ -387,6 +387,11 @@ impl<K: Kind> LockGuard<K> {
         shortfall.map_or(Ok(()), Err)
     }
 
+    /// The fencing token of the hold, for a fenced kind.
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
     /// The client this guard's lock belongs to.
     pub(crate) fn client(&self) -> &Arc<Inner> {
         &self.inner

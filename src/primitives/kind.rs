@@ -10,6 +10,9 @@ pub(crate) mod sealed {
         const OPS: &'static Ops;
         /// What makes its guards `!Send` (a hold owned by a thread), or `()`.
         type Owner;
+        /// Whether each acquisition is a holder of its own (a fresh token), not the
+        /// calling thread: an owned hold, or a semaphore's permits.
+        const OWN_HOLDER: bool = false;
     }
 }
 
@@ -81,6 +84,28 @@ kinds! {
     Write: "WriteLock", &scripts::WRITE, *const ();
     Upgradeable: "UpgradeableLock", &scripts::UPGRADEABLE, *const ();
     Permits: "Semaphore", &scripts::PERMITS, ();
+}
+
+/// An owned hold of a lock of kind `K` ([`Lock::lock_owned`](crate::Lock::lock_owned)):
+/// the same scripts and keys as `K`, but each acquisition is a holder of its own, so its
+/// guard may move between threads. Never constructed: a type-level marker only.
+#[derive(Debug)]
+pub(crate) enum Owned<K> {
+    #[allow(dead_code)]
+    Never(
+        std::convert::Infallible,
+        std::marker::PhantomData<fn() -> K>,
+    ),
+}
+
+impl<K: Kind> sealed::Sealed for Owned<K> {
+    const OPS: &'static Ops = K::OPS;
+    type Owner = ();
+    const OWN_HOLDER: bool = true;
+}
+
+impl<K: Kind> Kind for Owned<K> {
+    const NAME: &'static str = K::NAME;
 }
 
 /// Whether holds of kind `K` draw fencing tokens.

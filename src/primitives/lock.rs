@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::cancel::CancelToken;
-use crate::primitives::kind::{self, Fair, Fenced, Kind, Plain};
+use crate::primitives::kind::{self, sealed::Sealed, Fair, Fenced, Kind, Owned, Plain};
 use crate::primitives::wait::{Wait, NEXT_TICKET};
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
 use crate::runtime::holds::Acquisition;
@@ -32,6 +32,9 @@ use crate::{Client, Error, LockGuard};
 /// for others once every guard of that thread is released. Ownership belongs to the thread,
 /// which is why [`LockGuard`] is not `Send`. Different threads, different [`Client`]s and
 /// different processes all exclude each other.
+/// A hold that must outlive its thread or move to another one (a job handed to a worker
+/// of a pool) is taken with [`lock_owned`](Lock::lock_owned) instead: its
+/// [`OwnedGuard`](crate::OwnedGuard) is `Send`, and the hold is not reentrant.
 ///
 /// `Lock` is a cheap handle (clone it freely); making one touches no network. Waiting
 /// does not poll: a blocked thread joins the lock's queue and sleeps until the release
@@ -154,6 +157,18 @@ impl<K: Kind> Lock<K> {
             client,
             keys: Arc::new(keys),
             initial: 0,
+            kind: PhantomData,
+        }
+    }
+
+    /// The same lock, whose acquisitions are holders of their own (see
+    /// [`lock_owned`](Lock::lock_owned)).
+    pub(crate) fn owned(&self) -> Lock<Owned<K>> {
+        Lock {
+            client: self.client.clone(),
+            keys: self.keys.clone(),
+            initial: self.initial,
+            max_hold: self.max_hold,
             kind: PhantomData,
         }
     }
@@ -354,7 +369,8 @@ impl<K: Kind> Lock<K> {
     /// A thread with no live guard of the lock (none taken, all released, or its lease
     /// already known lost) gets 0 at once, without a round trip: a lock is held by a thread
     /// only through its guards. Otherwise Redis is asked, so a lease lost since the last
-    /// renewal shows as 0.
+    /// renewal shows as 0. Owned holds ([`lock_owned`](Lock::lock_owned)) are nobody's
+    /// thread's and never count.
     pub fn hold_count(&self) -> Result<u32, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
@@ -478,7 +494,9 @@ impl<K: Kind> Lock<K> {
             return Err(Error::Cancelled);
         }
         let keys = &self.keys;
-        let token = if keys.ops.per_call {
+        // A semaphore's permits and an owned hold are holders of their own, never the
+        // thread's: they neither re-enter its holds nor are re-entered by them.
+        let token = if keys.ops.per_call || <K as Sealed>::OWN_HOLDER {
             fresh_token()
         } else {
             thread_token()

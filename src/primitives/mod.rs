@@ -10,6 +10,7 @@ pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod multi_guard;
 pub(crate) mod multilock;
+pub(crate) mod owned_guard;
 pub(crate) mod permit;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
