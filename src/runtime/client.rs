@@ -543,7 +543,11 @@ impl Inner {
             return Ok(None);
         };
         let acked = con.wait_replicas(key, required, timeout_ms)?;
-        Ok((acked < required).then_some(Error::NotReplicated { acked, required }))
+        Ok((acked < required).then_some(Error::NotReplicated {
+            acked,
+            required,
+            lock: None,
+        }))
     }
 
     /// Which primary connections now go to; it changes with each failover (Sentinel).
@@ -744,7 +748,7 @@ impl Inner {
                         return Err(e.into());
                     }
                     if until.is_some_and(|u| now + *pause >= u) {
-                        return Err(Error::Timeout(e));
+                        return Err(Error::timeout(e));
                     }
                     log::debug!("redmutex: retrying in {pause:?}: {e}");
                     std::thread::sleep(*pause);
