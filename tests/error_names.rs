@@ -113,6 +113,10 @@ fn a_redis_that_is_down_names_the_lock_being_taken() {
     assert_eq!(err.lock_name(), Some("down:1"), "{err}");
     assert!(err.to_string().starts_with("lock \"down:1\": "), "{err}");
     assert!(std::error::Error::source(&err).is_some(), "{err:?}");
+    let err = c.inspect("down:2").expect_err("Redis is down");
+    assert_eq!(err.lock_name(), Some("down:2"), "{err}");
+    let err = c.force_unlock("down:3").expect_err("Redis is down");
+    assert_eq!(err.lock_name(), Some("down:3"), "{err}");
 }
 
 #[test]

@@ -1148,7 +1148,7 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     go.send("unlock").unwrap();
     let (lost, unlocked) = tb.join().unwrap().unwrap();
     assert!(lost, "a force-unlocked read hold was not reported lost");
-    assert_eq!(unlocked, "Err(LeaseLost)");
+    assert_eq!(unlocked, r#"Err(LeaseLost { lock: Some("taken") })"#);
     assert!(!exists(&mut con, &key(LOCK)));
     assert!(!exists(&mut con, &leases_key(LOCK)));
 }
