@@ -364,7 +364,7 @@ fn child_hold(url: &str, prefix: &str) {
     for g in guards {
         match g.unlock() {
             Ok(()) => {}
-            Err(redmutex::Error::LeaseLost) => lost_at_unlock += 1,
+            Err(redmutex::Error::LeaseLost { .. }) => lost_at_unlock += 1,
             Err(e) => panic!("unlock one of many: {e}"),
         }
     }

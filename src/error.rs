@@ -9,43 +9,78 @@
 /// let client = redmutex::Client::open("redis://127.0.0.1/").unwrap();
 /// match client.lock("jobs").lock() {
 ///     Ok(guard) => drop(guard),
-///     Err(redmutex::Error::Timeout(e)) => eprintln!("Redis is slow: {e}"),
+///     Err(e @ redmutex::Error::Timeout { .. }) => eprintln!("Redis is slow: {e}"),
 ///     Err(e) => eprintln!("lock failed: {e}"),
 /// }
 /// # }
 /// ```
+///
+/// An error from an operation on a named lock (acquiring, releasing, extending or asking
+/// about it) says which lock: [`lock_name`](Error::lock_name) returns the name and the
+/// message begins with it, e.g. `lock "orders:42": the lock's lease was lost before it was
+/// released`. The variants that can carry the name have a `lock` field and are
+/// `#[non_exhaustive]`: match them as `Error::LeaseLost { .. }`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Redis answered with an error, or the connection failed.
-    #[error("redis error: {0}")]
-    Redis(#[source] redis::RedisError),
+    #[error("{}redis error: {source}", On(.lock))]
+    #[non_exhaustive]
+    Redis {
+        /// What redis-rs reported.
+        source: redis::RedisError,
+        /// The lock the operation was on, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// No pooled connection could be had within the connect timeout (Redis down or unreachable).
-    #[error("no redis connection available: {0}")]
-    Pool(#[source] r2d2::Error),
+    #[error("{}no redis connection available: {source}", On(.lock))]
+    #[non_exhaustive]
+    Pool {
+        /// What the pool reported.
+        source: r2d2::Error,
+        /// The lock the operation was on, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// Redis did not answer within the command timeout. The operation may or may not have
     /// taken effect on the server; a lock taken that way expires with its lease.
-    #[error("redis did not answer in time: {0}")]
-    Timeout(#[source] redis::RedisError),
+    #[error("{}redis did not answer in time: {source}", On(.lock))]
+    #[non_exhaustive]
+    Timeout {
+        /// The timeout as redis-rs reported it.
+        source: redis::RedisError,
+        /// The lock the operation was on, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// The calling thread does not hold the lock it tried to release: it never held it, its
     /// lease expired, or someone called `force_unlock`.
-    #[error("the lock is not held by this thread")]
-    NotHeld,
+    #[error("{}the lock is not held by this thread", On(.lock))]
+    #[non_exhaustive]
+    NotHeld {
+        /// The lock, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// The lock's lease was known lost before it was released (the guard's
     /// `is_lease_lost` was true: the watchdog found it gone or could not renew it in time,
     /// or a fixed lease ran out): another client may have held the lock since.
-    #[error("the lock's lease was lost before it was released")]
-    LeaseLost,
+    #[error("{}the lock's lease was lost before it was released", On(.lock))]
+    #[non_exhaustive]
+    LeaseLost {
+        /// The lock, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// Fewer replicas than [`sync_replicas`](crate::ClientBuilder::sync_replicas) asks for
     /// confirmed the write in time. After an acquisition the lock was given back (it is not
     /// held); after a release the lock is free on the primary, but a failover before the
     /// replicas catch up could bring it back until its lease ends.
-    #[error("only {acked} of {required} replicas confirmed the write in time")]
+    #[error("{}only {acked} of {required} replicas confirmed the write in time", On(.lock))]
+    #[non_exhaustive]
     NotReplicated {
         /// Replicas that confirmed.
         acked: u32,
         /// Replicas required.
         required: u32,
+        /// The lock, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
     },
     /// The calling thread holds only the read side of a
     /// [`ReadWriteLock`](crate::ReadWriteLock) and asked for its write side or its
@@ -54,9 +89,14 @@ pub enum Error {
     /// upgradeable side instead of the read side where a write may follow (taking the read
     /// side while writing, a downgrade, is allowed).
     #[error(
-        "this thread holds the read lock: taking the write or upgradeable lock would wait for itself forever"
+        "{}this thread holds the read lock: taking the write or upgradeable lock would wait for itself forever",
+        On(.lock)
     )]
-    WouldDeadlock,
+    #[non_exhaustive]
+    WouldDeadlock {
+        /// The lock, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// The lock name is not usable (it is empty).
     #[error("invalid lock name: {0}")]
     InvalidName(&'static str),
@@ -101,12 +141,77 @@ pub enum Error {
 }
 
 impl Error {
+    /// The name of the lock whose operation failed, for the errors that carry one (see
+    /// the variants with a `lock` field); `None` for the others and for errors not tied
+    /// to one lock (a [`MultiLock`](crate::MultiLock)'s quorum, a bad argument).
+    ///
+    /// The name is printable: valid UTF-8 without control characters comes back as it is;
+    /// control characters, `"` and `\` are escaped as in Rust string literals, bytes that
+    /// are not UTF-8 as `\xNN`, and a name longer than 256 bytes is cut there and ends
+    /// with `…`.
+    pub fn lock_name(&self) -> Option<&str> {
+        match self {
+            Error::Redis { lock, .. }
+            | Error::Pool { lock, .. }
+            | Error::Timeout { lock, .. }
+            | Error::NotHeld { lock }
+            | Error::LeaseLost { lock }
+            | Error::NotReplicated { lock, .. }
+            | Error::WouldDeadlock { lock } => lock.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// This error, saying it happened on the lock `name` unless it names one already (the
+    /// innermost operation knows best).
+    pub(crate) fn on_lock(mut self, name: &[u8]) -> Error {
+        match &mut self {
+            Error::Redis { lock, .. }
+            | Error::Pool { lock, .. }
+            | Error::Timeout { lock, .. }
+            | Error::NotHeld { lock }
+            | Error::LeaseLost { lock }
+            | Error::NotReplicated { lock, .. }
+            | Error::WouldDeadlock { lock }
+                if lock.is_none() =>
+            {
+                *lock = Some(printable(name));
+            }
+            _ => {}
+        }
+        self
+    }
+
+    /// [`Error::Redis`] not (yet) tied to a lock.
+    pub(crate) fn redis(source: redis::RedisError) -> Error {
+        Error::Redis { source, lock: None }
+    }
+
+    /// [`Error::Timeout`] not (yet) tied to a lock.
+    pub(crate) fn timeout(source: redis::RedisError) -> Error {
+        Error::Timeout { source, lock: None }
+    }
+
+    /// [`Error::Pool`] not (yet) tied to a lock.
+    pub(crate) fn pool(source: r2d2::Error) -> Error {
+        Error::Pool { source, lock: None }
+    }
+
+    /// [`Error::NotHeld`] not (yet) tied to a lock.
+    pub(crate) const NOT_HELD: Error = Error::NotHeld { lock: None };
+
+    /// [`Error::LeaseLost`] not (yet) tied to a lock.
+    pub(crate) const LEASE_LOST: Error = Error::LeaseLost { lock: None };
+
+    /// [`Error::WouldDeadlock`] not (yet) tied to a lock.
+    pub(crate) const WOULD_DEADLOCK: Error = Error::WouldDeadlock { lock: None };
+
     /// Whether a command may have run on the server although its caller got this error:
     /// its reply timed out or its connection failed after it was sent.
     pub(crate) fn outcome_unknown(&self) -> bool {
         match self {
-            Error::Timeout(_) => true,
-            Error::Redis(e) => e.is_io_error() || e.is_connection_dropped(),
+            Error::Timeout { .. } => true,
+            Error::Redis { source: e, .. } => e.is_io_error() || e.is_connection_dropped(),
             _ => false,
         }
     }
@@ -124,15 +229,69 @@ pub(crate) fn timed_out(what: impl Into<String>) -> redis::RedisError {
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         if e.is_timeout() {
-            Error::Timeout(e)
+            Error::timeout(e)
         } else {
-            Error::Redis(e)
+            Error::redis(e)
         }
     }
 }
 
 impl From<r2d2::Error> for Error {
     fn from(e: r2d2::Error) -> Self {
-        Error::Pool(e)
+        Error::pool(e)
+    }
+}
+
+/// The longest part of a name an error message shows, in bytes of the name.
+const SHOWN: usize = 256;
+
+/// `name` as text that is safe to print: see [`Error::lock_name`].
+fn printable(name: &[u8]) -> Box<str> {
+    let cut = name.len() > SHOWN;
+    let mut out = String::with_capacity(name.len().min(SHOWN) + 8);
+    for chunk in name[..name.len().min(SHOWN)].utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() || c == '"' || c == '\\' {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out.into_boxed_str()
+}
+
+/// Displays `lock "<name>": ` before a message about that lock, nothing for no lock.
+struct On<'a>(&'a Option<Box<str>>);
+
+impl std::fmt::Display for On<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(name) => write!(f, "lock \"{name}\": "),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn names_are_printed_escaped() {
+        assert_eq!(&*printable(b"orders:42"), "orders:42");
+        assert_eq!(&*printable("café".as_bytes()), "café");
+        assert_eq!(&*printable(b"a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
+        assert_eq!(&*printable(b"q\"uote\\"), "q\\\"uote\\\\");
+        assert_eq!(&*printable(b"\xff\xfeok"), "\\xff\\xfeok");
+        let long = vec![b'x'; 1000];
+        assert_eq!(printable(&long).chars().count(), 257);
+        assert!(printable(&long).ends_with('…'));
     }
 }

@@ -304,7 +304,8 @@ fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
         .unwrap();
     let out = output(redmutex(&server).args(["unlock", "--force", "data"]));
     assert_eq!(out.status.code(), Some(65));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("WRONGTYPE"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("WRONGTYPE"), "{stderr}");
     let value: String = redis::cmd("GET").arg(&key).query(&mut con).unwrap();
     assert_eq!(value, "precious");
 }
@@ -355,6 +356,10 @@ fn bad_input_fails_with_a_clear_message_and_no_panic() {
     assert_eq!(out.status.code(), Some(69));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("redis"), "{stderr}");
+    assert!(
+        stderr.contains("lock \"x\": "),
+        "the error names the lock: {stderr}"
+    );
     assert!(
         !stderr.contains("s3cret"),
         "the password was printed: {stderr}"

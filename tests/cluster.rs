@@ -436,7 +436,7 @@ struct Call {
 /// replicated) is reported, and that is no failure.
 fn unlocked(r: Result<(), redmutex::Error>) -> Result<(), String> {
     match r {
-        Err(redmutex::Error::NotHeld | redmutex::Error::LeaseLost) => Ok(()),
+        Err(redmutex::Error::NotHeld { .. } | redmutex::Error::LeaseLost { .. }) => Ok(()),
         r => r.map_err(|e| e.to_string()),
     }
 }
@@ -535,7 +535,7 @@ fn calls_on_a_failing_over_primary_wait_it_out() {
                         }
                         Ok(None) => ("try_lock_for", Err("none".to_owned())),
                         // What a bounded call may say once its deadline passed.
-                        Err(redmutex::Error::Timeout(_) | redmutex::Error::Pool(_)) => {
+                        Err(redmutex::Error::Timeout { .. } | redmutex::Error::Pool { .. }) => {
                             ("try_lock_for", Err("timeout".to_owned()))
                         }
                         Err(e) => ("try_lock_for", Err(e.to_string())),

@@ -68,10 +68,10 @@ fn extend_moves_a_held_fixed_lease_on_and_its_loss_with_it() {
     // Lost: extending sends nothing and says so; the lock stays free.
     assert!(matches!(
         guard.extend(Duration::from_secs(5)),
-        Err(Error::LeaseLost)
+        Err(Error::LeaseLost { .. })
     ));
     assert_eq!(lock.remaining_lease().unwrap(), None);
-    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
 }
 
 #[test]
@@ -97,7 +97,7 @@ fn extend_on_a_hold_the_server_lost_fails_and_changes_nothing() {
     let lost = guard.lost();
     assert!(matches!(
         guard.extend(Duration::from_secs(10)),
-        Err(Error::LeaseLost)
+        Err(Error::LeaseLost { .. })
     ));
     assert!(
         pttl(&lock) <= theirs,
@@ -207,7 +207,7 @@ fn capped(lock: &redmutex::Lock, cap: Duration, heard: &Receiver<(String, LossRe
             LossReason::MaxHold
         ))
     );
-    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
 }
 
 #[test]

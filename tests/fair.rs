@@ -960,7 +960,7 @@ fn fair_lock_guards_behave_like_lock_guards() {
         "the watchdog never reported the force-unlocked hold lost"
     );
     assert_eq!(lock.hold_count().unwrap(), 0);
-    assert!(matches!(g.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(g.unlock(), Err(Error::LeaseLost { .. })));
 
     // Fixed-lease hold force-unlocked: nothing renews it, the release finds it gone.
     let g = lock
@@ -968,7 +968,7 @@ fn fair_lock_guards_behave_like_lock_guards() {
         .expect("fixed hold");
     assert!(c2.fair_lock(LOCK).force_unlock().expect("force_unlock"));
     let r = g.unlock();
-    assert!(matches!(r, Err(Error::NotHeld)), "{r:?}");
+    assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
     assert!(!c2.fair_lock(LOCK).force_unlock().expect("force_unlock"));
     assert!(lock.try_lock().unwrap().is_some(), "the lock stays free");
 }

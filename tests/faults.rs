@@ -87,9 +87,9 @@ fn redis_restarted_with_its_data_lost() {
         .expect("the waiter gave up");
     blocked.join().unwrap();
     assert!(at - restarted < Duration::from_secs(10));
-    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
     // A fixed lease has no watchdog to tell it; its unlock still reports the loss.
-    assert!(matches!(fixed.unlock(), Err(Error::NotHeld)));
+    assert!(matches!(fixed.unlock(), Err(Error::NotHeld { .. })));
     // New locks work.
     let again = holder.lock("restart").lock().expect("lock after restart");
     again.unlock().expect("unlock after restart");
@@ -109,7 +109,7 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
         .unwrap()
         .expect_err("a frozen Redis cannot grant a lock");
     let took = t.elapsed();
-    assert!(matches!(err, Error::Timeout(_)), "got {err:?}");
+    assert!(matches!(err, Error::Timeout { .. }), "got {err:?}");
     // try_lock is bounded: it waits 250 ms for the answer, less than the command timeout.
     assert!(
         took >= Duration::from_millis(240) && took < Duration::from_millis(1000),
@@ -217,7 +217,7 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
         at - expires
     );
     let r = guard.unlock();
-    assert!(matches!(r, Err(Error::LeaseLost)), "{r:?}");
+    assert!(matches!(r, Err(Error::LeaseLost { .. })), "{r:?}");
     assert!(!exists(&server, &key("frozen-loss")), "nothing left behind");
 }
 
@@ -266,7 +266,9 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
         lock.lock_with_lease(Duration::from_secs(1)).map(|_| true),
     ] {
         match result {
-            Err(Error::Redis(e)) => assert!(e.to_string().contains("WRONGTYPE"), "{e}"),
+            Err(Error::Redis { source: e, .. }) => {
+                assert!(e.to_string().contains("WRONGTYPE"), "{e}")
+            }
             other => panic!("expected a WRONGTYPE error, got {other:?}"),
         }
     }
@@ -350,7 +352,7 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     proxy.lose_next_reply_to(&call(&server, "release"));
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 2);
-    assert!(matches!(r, Ok(()) | Err(Error::NotHeld)), "{r:?}");
+    assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
     assert!(!exists(&server, &key("lost-release")), "the lock is free");
 }
 
@@ -519,7 +521,7 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
     proxy.delay_requests_containing(&acquire, Duration::from_secs(1));
     proxy.delay_requests_containing(&cancel, Duration::from_secs(3));
     let first = lock.try_lock_for(Duration::from_millis(50));
-    assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+    assert!(matches!(first, Err(Error::Timeout { .. })), "{first:?}");
     assert!(
         proxy.wait_seen(&cancel, 1, Duration::from_secs(5)),
         "the clean-up was never sent"
@@ -536,7 +538,7 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
         "try_lock_for(100ms) took {took:?} ({second:?})"
     );
     match second {
-        Err(Error::Timeout(_)) => {}
+        Err(Error::Timeout { .. }) => {}
         // The clean-up may have ended meanwhile on a slow machine; then the lock is free.
         Ok(Some(guard)) => guard.unlock().unwrap(),
         other => panic!("{other:?}"),

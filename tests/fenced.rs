@@ -76,13 +76,13 @@ fn force_unlock_and_expiry_never_reuse_a_token() {
     assert!(next.token() > stale.token());
     // Taking it again showed the old hold gone on the server: it reports the loss.
     assert!(stale.is_lease_lost());
-    assert!(matches!(stale.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(stale.unlock(), Err(Error::LeaseLost { .. })));
     assert!(support::wait_until(Duration::from_secs(3), || !lock
         .is_locked()
         .unwrap()));
     let after_expiry = lock.lock().unwrap();
     assert!(after_expiry.token() > next.token());
-    assert!(matches!(next.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(next.unlock(), Err(Error::LeaseLost { .. })));
 }
 
 #[test]

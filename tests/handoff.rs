@@ -441,7 +441,7 @@ fn a_handed_over_hold_extended_too_late_says_lost_before_another_holds() {
     );
     assert!(lost, "the waiter's guard did not say its lease was lost");
     assert!(
-        matches!(unlocked, Err(Error::LeaseLost)),
+        matches!(unlocked, Err(Error::LeaseLost { .. })),
         "the waiter's release: {unlocked:?}"
     );
 }

@@ -281,7 +281,7 @@ fn releasing_what_is_not_held_fails_with_not_held() {
     assert!(!exists(&mut con, &key_of("admin")));
     assert_eq!(lock.hold_count().unwrap(), 0);
     // The watchdog (30 s default) has not looked yet, so Redis's verdict decides.
-    assert!(matches!(guard.unlock(), Err(Error::NotHeld)));
+    assert!(matches!(guard.unlock(), Err(Error::NotHeld { .. })));
 
     // A stale guard while another thread of the same client holds the lock.
     let stale = lock.lock().unwrap();
@@ -299,7 +299,7 @@ fn releasing_what_is_not_held_fails_with_not_held() {
             guard.unlock()
         });
         held_rx.recv().unwrap();
-        assert!(matches!(stale_nested.unlock(), Err(Error::NotHeld)));
+        assert!(matches!(stale_nested.unlock(), Err(Error::NotHeld { .. })));
         // Dropping a stale guard (best effort, logged) must not touch the new holder either.
         drop(stale);
         assert_eq!(hvals(&mut con, &key_of("admin")), vec![1]);
@@ -313,7 +313,7 @@ fn releasing_what_is_not_held_fails_with_not_held() {
     let guard = lock.lock().unwrap();
     other.lock("admin").force_unlock().unwrap();
     let theirs = other.lock("admin").lock().unwrap();
-    assert!(matches!(guard.unlock(), Err(Error::NotHeld)));
+    assert!(matches!(guard.unlock(), Err(Error::NotHeld { .. })));
     assert_eq!(other.lock("admin").hold_count().unwrap(), 1);
     theirs.unlock().unwrap();
 }
@@ -352,7 +352,7 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     let theirs = other_lock.try_lock().unwrap().expect("free after expiry");
     assert_eq!(other_lock.hold_count().unwrap(), 1);
     // The guard said its lease was lost: so does its unlock (issue 17, item 13).
-    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(other_lock.hold_count().unwrap(), 1);
     assert_eq!(hvals(&mut con, &key), vec![1]);
     assert!(pttl(&mut con, &key) > 0);
@@ -367,7 +367,7 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     let fresh = lock.lock().unwrap();
     // Taking it again showed the stale hold gone on the server: the guard says it was lost.
     assert!(stale.is_lease_lost());
-    assert!(matches!(stale.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(stale.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(lock.hold_count().unwrap(), 1);
     assert_eq!(hvals(&mut con, &key), vec![1]);
     fresh.unlock().unwrap();
@@ -431,7 +431,7 @@ fn watchdog_reports_a_lost_lease() {
         start.elapsed()
     );
     // Documented: once the watchdog found the lease gone, unlock reports LeaseLost.
-    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
     // The renewal never resurrected the key.
     assert!(!exists(&mut con, &key_of("lost")));
     let g = open(&server).lock("lost").try_lock().unwrap();
@@ -594,7 +594,7 @@ fn invalid_names_and_durations_change_nothing() {
     for (what, builder) in builders {
         let r = builder.build();
         assert!(
-            matches!(r, Err(Error::InvalidArgument(_) | Error::Redis(_))),
+            matches!(r, Err(Error::InvalidArgument(_) | Error::Redis { .. })),
             "{what}: {r:?}"
         );
     }
@@ -704,7 +704,10 @@ fn building_while_redis_is_down_succeeds_and_fails_on_use() {
     let start = Instant::now();
     let r = lock.lock();
     assert!(
-        matches!(r, Err(Error::Pool(_) | Error::Redis(_) | Error::Timeout(_))),
+        matches!(
+            r,
+            Err(Error::Pool { .. } | Error::Redis { .. } | Error::Timeout { .. })
+        ),
         "{r:?}"
     );
     assert!(
@@ -943,6 +946,6 @@ fn a_bounded_wait_with_an_explicit_lease_gets_that_lease() {
     let left = pttl(&mut con, &key_of("bounded"));
     assert!(left > 4_000 && left <= 5_000, "{left} ms");
     // Its fixed lease ran out: the guard says lost (issue 17, item 13).
-    assert!(matches!(held.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(held.unlock(), Err(Error::LeaseLost { .. })));
     guard.unlock().unwrap();
 }

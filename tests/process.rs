@@ -149,8 +149,8 @@ fn store_write(con: &mut redis::Connection, token: u64, value: &str) -> bool {
 fn outcome(r: Result<(), Error>) -> String {
     match r {
         Ok(()) => "ok".to_owned(),
-        Err(Error::NotHeld) => "not-held".to_owned(),
-        Err(Error::LeaseLost) => "lease-lost".to_owned(),
+        Err(Error::NotHeld { .. }) => "not-held".to_owned(),
+        Err(Error::LeaseLost { .. }) => "lease-lost".to_owned(),
         Err(e) => format!("error {e}"),
     }
 }

@@ -40,7 +40,7 @@ fn a_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock() {
     assert!(!exists(&server, "redmutex:{held}"), "freed");
     assert!(matches!(
         guard.unlock(),
-        Err(Error::NotHeld | Error::LeaseLost)
+        Err(Error::NotHeld { .. } | Error::LeaseLost { .. })
     ));
     assert!(
         !admin.lock("held").force_unlock().unwrap(),

@@ -82,11 +82,13 @@ fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
             err,
             Error::NotReplicated {
                 acked: 0,
-                required: 1
+                required: 1,
+                ..
             }
         ),
         "{err:?}"
     );
+    assert_eq!(err.lock_name(), Some("lonely"), "{err}");
     assert!(
         t.elapsed() >= SYNC_WAIT - Duration::from_millis(100),
         "WAIT did not wait"

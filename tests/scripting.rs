@@ -118,7 +118,7 @@ fn exercise(client: &Client) {
     assert!(client.lock("plain").force_unlock().unwrap());
     assert!(matches!(
         held.unlock(),
-        Err(Error::NotHeld | Error::LeaseLost)
+        Err(Error::NotHeld { .. } | Error::LeaseLost { .. })
     ));
 
     // A read-write lock: readers share, a writer waits for them and is handed the lock.
@@ -192,7 +192,7 @@ fn multilock(client: &Client) {
     assert!(both.force_unlock().unwrap());
     assert!(matches!(
         guard.unlock(),
-        Err(Error::NotHeld | Error::LeaseLost | Error::NoQuorum { .. })
+        Err(Error::NotHeld { .. } | Error::LeaseLost { .. } | Error::NoQuorum { .. })
     ));
     assert!(!both.is_locked().unwrap());
 }

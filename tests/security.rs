@@ -143,7 +143,7 @@ fn a_user_without_the_rule_gets_a_clear_permission_error() {
     );
     let client = Client::open(url_for(&server, "elsewhere", "s3cret-pw")).unwrap();
     match client.lock("acl").try_lock() {
-        Err(Error::Redis(e)) => {
+        Err(Error::Redis { source: e, .. }) => {
             let text = e.to_string();
             assert!(
                 text.contains("NOPERM") || text.contains("permission"),
@@ -236,7 +236,7 @@ fn a_server_password_is_used_and_required() {
     guard.unlock().unwrap();
     let without = Client::open(server.url()).unwrap();
     match without.lock("auth").try_lock() {
-        Err(e @ (Error::Redis(_) | Error::Pool(_))) => {
+        Err(e @ (Error::Redis { .. } | Error::Pool { .. })) => {
             let text = e.to_string();
             assert!(
                 text.contains("NOAUTH") || text.contains("uthentica"),

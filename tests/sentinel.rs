@@ -278,9 +278,9 @@ fn without_sync_replicas_a_hold_the_failover_lost_is_reported() {
         ),
         "{reason:?}"
     );
-    assert!(matches!(watched.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(watched.unlock(), Err(Error::LeaseLost { .. })));
     let leased = leased.unlock();
-    assert!(matches!(leased, Err(Error::LeaseLost)), "{leased:?}");
+    assert!(matches!(leased, Err(Error::LeaseLost { .. })), "{leased:?}");
     // And the lock is free for others on the new primary.
     let again = client.lock("watched").try_lock().unwrap();
     assert!(again.is_some());

@@ -297,7 +297,10 @@ fn a_fixed_lease_that_ran_out_is_lost_once_however_often_it_is_found() {
         // finds the old hold gone a second time.
         let new = lock.lock().unwrap();
         assert!(old.is_lease_lost());
-        assert!(matches!(old.unlock(), Err(redmutex::Error::LeaseLost)));
+        assert!(matches!(
+            old.unlock(),
+            Err(redmutex::Error::LeaseLost { .. })
+        ));
         new.unlock().unwrap();
     });
     let m = metrics_of(&snapshotter);

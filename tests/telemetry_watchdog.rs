@@ -81,7 +81,7 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     assert_eq!(other.force_unlock("forced").unwrap().len(), 1);
     assert!(wait_until(WATCHDOG * 5, || guard.is_lease_lost()));
     assert!(guard.is_lease_lost());
-    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
     let mut counters = Counters::default();
     counters.take(&snapshotter);
     assert_eq!(
@@ -116,7 +116,7 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     server.thaw();
     assert!(lost, "the lease of a frozen Redis was never said lost");
     assert!(failed, "no failed renewal counted: {:?}", counters.0);
-    assert!(matches!(guard.unlock(), Err(Error::LeaseLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
     counters.take(&snapshotter);
     assert_eq!(
         counters.get("redmutex_lease_losses_total{reason=renewal_failed}"),

@@ -155,7 +155,10 @@ fn an_untrusted_certificate_is_refused() {
         .lock("tls")
         .try_lock_for(Duration::from_secs(3))
         .expect_err("untrusted server");
-    assert!(matches!(err, Error::Pool(_) | Error::Redis(_)), "{err:?}");
+    assert!(
+        matches!(err, Error::Pool { .. } | Error::Redis { .. }),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("certificate"), "{err}");
     let n: i64 = redis::cmd("DBSIZE")
         .query(&mut server.connection())

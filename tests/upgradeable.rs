@@ -817,12 +817,18 @@ fn bad_input_is_refused_typed() {
     let rw = a.read_write_lock(name);
     let r = rw.read().lock().expect("read");
     let before = hold_fields(&mut con, name);
-    assert!(matches!(rw.upgradeable().lock(), Err(Error::WouldDeadlock)));
+    assert!(matches!(
+        rw.upgradeable().lock(),
+        Err(Error::WouldDeadlock { .. })
+    ));
     assert!(matches!(
         rw.upgradeable().try_lock(),
-        Err(Error::WouldDeadlock)
+        Err(Error::WouldDeadlock { .. })
     ));
-    assert!(matches!(rw.write().try_lock(), Err(Error::WouldDeadlock)));
+    assert!(matches!(
+        rw.write().try_lock(),
+        Err(Error::WouldDeadlock { .. })
+    ));
     assert_eq!(hold_fields(&mut con, name), before);
     assert!(queue(&mut con, name).is_empty());
     r.unlock().unwrap();
@@ -848,7 +854,7 @@ fn bad_input_is_refused_typed() {
     drop((w, r));
 
     assert!(rw.upgradeable().force_unlock().unwrap());
-    assert!(matches!(up.upgrade(), Err(Error::LeaseLost)));
+    assert!(matches!(up.upgrade(), Err(Error::LeaseLost { .. })));
     assert!(hold_fields(&mut con, name).is_empty());
     assert!(queue(&mut con, name).is_empty());
 }
@@ -999,7 +1005,7 @@ fn downgrades_to_upgradeable_and_to_read() {
     );
     assert!(matches!(
         rw.upgradeable().try_lock(),
-        Err(Error::WouldDeadlock)
+        Err(Error::WouldDeadlock { .. })
     ));
     r.unlock().unwrap();
     assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "write");

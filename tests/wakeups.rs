@@ -464,7 +464,10 @@ impl Drop for Thaw<'_> {
 
 /// What a bounded call may return from a frozen server.
 fn gave_up(r: &Result<Option<LockGuard>, Error>) -> bool {
-    matches!(r, Ok(None) | Err(Error::Timeout(_)) | Err(Error::Pool(_)))
+    matches!(
+        r,
+        Ok(None) | Err(Error::Timeout { .. }) | Err(Error::Pool { .. })
+    )
 }
 
 fn default_timeouts(url: &str) -> Client {

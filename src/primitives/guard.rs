@@ -190,6 +190,11 @@ impl<K: Kind> LockGuard<K> {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn extend(&self, lease: Duration) -> Result<(), Error> {
+        self.extend_lease(lease)
+            .map_err(|e| e.on_lock(self.keys.name()))
+    }
+
+    fn extend_lease(&self, lease: Duration) -> Result<(), Error> {
         let Lease::Fixed(_) = self.lease else {
             return Err(Error::InvalidArgument(
                 "extend is for a fixed lease; the watchdog renews this one".to_owned(),
@@ -201,7 +206,7 @@ impl<K: Kind> LockGuard<K> {
         let inner = &self.inner;
         inner.check_process()?;
         if self.is_lease_lost() {
-            return Err(Error::LeaseLost);
+            return Err(Error::LEASE_LOST);
         }
         let call = queue::confirm(&self.keys, &self.holder, lease_ms);
         let sent = Instant::now();
@@ -213,12 +218,12 @@ impl<K: Kind> LockGuard<K> {
         if gone {
             let reason = self.lost.gone_reason(inner.generation());
             watchdog.hold_lost(self.keys.hold(), &self.lost, reason);
-            return Err(Error::LeaseLost);
+            return Err(Error::LEASE_LOST);
         }
         let ends = sent + Duration::from_millis(lease_ms);
         if !watchdog.extended_level(&self.keys, self.token, &self.lost, self.level, ends) {
             // Found lost meanwhile (its old lease ran out before the reply): that stands.
-            return Err(Error::LeaseLost);
+            return Err(Error::LEASE_LOST);
         }
         let ms = millis(ends.saturating_duration_since(self.acquired));
         self.fixed_ms.fetch_max(ms, Ordering::SeqCst);
@@ -254,8 +259,9 @@ impl<K: Kind> LockGuard<K> {
     ///             Err(_) => break,
     ///         },
     ///         recv(lost) -> _ => {
-    ///             // The lock is no longer ours: another holder may run now. Stop.
-    ///             return Err(redmutex::Error::LeaseLost);
+    ///             // The lock is no longer ours: another holder may run now. Stop;
+    ///             // the release reports it (`Error::LeaseLost`, naming the lock).
+    ///             return guard.unlock();
     ///         }
     ///     }
     /// }
@@ -301,7 +307,9 @@ impl<K: Kind> LockGuard<K> {
     }
 
     fn release(&mut self) -> Result<(), Error> {
-        let outcome = self.release_level();
+        let outcome = self
+            .release_level()
+            .map_err(|e| e.on_lock(self.keys.name()));
         telemetry::released(K::NAME, &self.keys, &self.holder, self.acquired, &outcome);
         outcome
     }
@@ -374,7 +382,7 @@ impl<K: Kind> LockGuard<K> {
         if self.lost.is_lost() {
             // Said lost before the release was sent (or found so meanwhile): whatever the
             // script found, the hold was not vouched for until now.
-            return Err(Error::LeaseLost);
+            return Err(Error::LEASE_LOST);
         }
         if left < 0 {
             return Err(self.not_held());
@@ -404,9 +412,9 @@ impl<K: Kind> LockGuard<K> {
 
     fn not_held(&self) -> Error {
         if self.lost.is_lost() || self.generation != self.inner.generation() {
-            Error::LeaseLost
+            Error::LEASE_LOST
         } else {
-            Error::NotHeld
+            Error::NOT_HELD
         }
     }
 }

@@ -92,7 +92,9 @@ impl CountDownLatch {
             .arg(millis(expire_after))
             .arg(id.as_str())
             .arg(millis(CALL_MEMORY));
-        let set: i64 = inner.run_remembered(|con| inner.eval(con, &call))?;
+        let set: i64 = inner
+            .run_remembered(|con| inner.eval(con, &call))
+            .map_err(|e| e.on_lock(&self.name))?;
         Ok(set == 1)
     }
 
@@ -108,7 +110,9 @@ impl CountDownLatch {
         let mut call = ScriptCall::new(&scripts::LATCH_COUNT_DOWN);
         call.key(key).arg(channel).arg(BROADCAST);
         let inner = &self.client.inner;
-        let left: i64 = inner.run_once(|con| inner.eval(con, &call))?;
+        let left: i64 = inner
+            .run_once(|con| inner.eval(con, &call))
+            .map_err(|e| e.on_lock(&self.name))?;
         Ok(left.max(0) as u64)
     }
 
@@ -200,7 +204,9 @@ impl CountDownLatch {
         let mut call = ScriptCall::new(&scripts::LATCH_STATE);
         call.key(key);
         let inner = &self.client.inner;
-        let (count, pttl): (i64, i64) = inner.run_until(until, |con| inner.eval(con, &call))?;
+        let (count, pttl): (i64, i64) = inner
+            .run_until(until, |con| inner.eval(con, &call))
+            .map_err(|e| e.on_lock(&self.name))?;
         Ok((count.max(0) as u64, pttl))
     }
 

@@ -354,6 +354,7 @@ impl<K: Kind> Lock<K> {
         self.client
             .inner
             .run(|con| redis::cmd("EXISTS").arg(key).query(con))
+            .map_err(|e| e.on_lock(self.name()))
     }
 
     /// Whether the calling thread holds the lock: it has a live guard of it, and Redis still
@@ -372,6 +373,10 @@ impl<K: Kind> Lock<K> {
     /// renewal shows as 0. Owned holds ([`lock_owned`](Lock::lock_owned)) are nobody's
     /// thread's and never count.
     pub fn hold_count(&self) -> Result<u32, Error> {
+        self.count_held().map_err(|e| e.on_lock(self.name()))
+    }
+
+    fn count_held(&self) -> Result<u32, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
         inner.check_process()?;
@@ -410,6 +415,10 @@ impl<K: Kind> Lock<K> {
     /// The time left on the lease of whoever holds the lock, or `None` when it is free.
     /// (`Some(Duration::MAX)` if the key somehow has no expiry.)
     pub fn remaining_lease(&self) -> Result<Option<Duration>, Error> {
+        self.lease_left().map_err(|e| e.on_lock(self.name()))
+    }
+
+    fn lease_left(&self) -> Result<Option<Duration>, Error> {
         self.check_name()?;
         let key = self.keys.key();
         let pttl: i64 = self
@@ -430,6 +439,11 @@ impl<K: Kind> Lock<K> {
     /// A call whose reply was lost is sent again, and the repeat recognizes what its first
     /// run did: `Ok(true)` if that freed the lock, never "it was not locked".
     pub fn force_unlock(&self) -> Result<bool, Error> {
+        self.force_unlock_named()
+            .map_err(|e| e.on_lock(self.name()))
+    }
+
+    fn force_unlock_named(&self) -> Result<bool, Error> {
         self.check_name()?;
         let call = self.force_unlock_cmd();
         let inner = &self.client.inner;
@@ -487,6 +501,17 @@ impl<K: Kind> Lock<K> {
         amount: u32,
         cancel: Option<&CancelToken>,
     ) -> Result<Option<LockGuard<K>>, Error> {
+        self.acquisition(lease, deadline, amount, cancel)
+            .map_err(|e| e.on_lock(self.name()))
+    }
+
+    fn acquisition(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+        amount: u32,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Option<LockGuard<K>>, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
         inner.check_process()?;
@@ -512,7 +537,7 @@ impl<K: Kind> Lock<K> {
                     .upgradeable_hold()
                     .is_some_and(|hold| inner.watchdog.holds_locally(&hold, token));
                 if !upgrading && inner.watchdog.holds_locally(&read_hold, token) {
-                    return Err(Error::WouldDeadlock);
+                    return Err(Error::WOULD_DEADLOCK);
                 }
                 if inner.watchdog.forget_over(&read_hold, token) {
                     // A read hold whose lease ran out here may live a moment longer on the
@@ -714,9 +739,9 @@ impl<K: Kind> Lock<K> {
                 queued_at: u64::try_from(at).ok(),
             })),
             // Asked to write while holding a read hold: refused, nothing written.
-            [-1] => Err(Error::WouldDeadlock),
+            [-1] => Err(Error::WOULD_DEADLOCK),
             // An upgrade whose upgradeable hold is gone: the write would not be one.
-            [-3] => Err(Error::LeaseLost),
+            [-3] => Err(Error::LEASE_LOST),
             // A semaphore asked for more permits than it has: refused, nothing written.
             [-2, total] => Err(Error::InvalidArgument(format!(
                 "more permits asked for than the semaphore has ({total})"

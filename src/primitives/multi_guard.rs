@@ -75,7 +75,8 @@ impl MultiLockGuard {
     /// let guard = lock.lock()?;
     /// let lost = guard.lost();
     /// crossbeam_channel::select! {
-    ///     recv(lost) -> _ => return Err(redmutex::Error::LeaseLost),
+    ///     // Lost: the release reports it (`Error::LeaseLost`).
+    ///     recv(lost) -> _ => return guard.unlock(),
     ///     default(std::time::Duration::from_secs(1)) => {} // ... work ...
     /// }
     /// guard.unlock()?;
@@ -136,7 +137,7 @@ impl MultiLockGuard {
         let holds: Vec<LockGuard> = self.holds.iter_mut().filter_map(Option::take).collect();
         let results = release_all(holds, Instant::now() + self.member_timeout);
         if lost {
-            return Err(Error::LeaseLost);
+            return Err(Error::LEASE_LOST);
         }
         let released = results.iter().filter(|r| r.is_ok()).count();
         if released >= self.quorum {
@@ -144,10 +145,10 @@ impl MultiLockGuard {
         }
         let gone = results
             .iter()
-            .filter(|r| matches!(r, Err(Error::NotHeld | Error::LeaseLost)))
+            .filter(|r| matches!(r, Err(Error::NotHeld { .. } | Error::LeaseLost { .. })))
             .count();
         if gone > members - self.quorum {
-            return Err(Error::LeaseLost);
+            return Err(Error::LEASE_LOST);
         }
         Err(Error::NoQuorum {
             reached: released + gone,
@@ -158,7 +159,7 @@ impl MultiLockGuard {
                     .into_iter()
                     .filter_map(Result::err)
                     .last()
-                    .unwrap_or(Error::NotHeld),
+                    .unwrap_or(Error::NOT_HELD),
             ),
         })
     }

@@ -368,7 +368,7 @@ impl MultiLock {
             reached,
             members: self.members.len(),
             required: self.quorum,
-            source: Box::new(errors.into_iter().last().unwrap_or(Error::NotHeld)),
+            source: Box::new(errors.into_iter().last().unwrap_or(Error::NOT_HELD)),
         }
     }
 

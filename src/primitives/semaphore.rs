@@ -269,9 +269,10 @@ impl Semaphore {
         // Adding or taking away twice (a retry after a lost reply) would change the count
         // twice: those run once, and a dropped connection is the caller's error.
         let (first, second): (i64, i64) = match op {
-            "add" | "reduce" => inner.run_once(call)?,
-            _ => inner.run(call)?,
-        };
+            "add" | "reduce" => inner.run_once(call),
+            _ => inner.run(call),
+        }
+        .map_err(|e| e.on_lock(self.name()))?;
         if first < 0 {
             return Err(Error::InvalidArgument(match op {
                 "add" => format!(

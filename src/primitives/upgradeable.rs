@@ -80,7 +80,7 @@ impl LockGuard<Upgradeable> {
 
     fn upgrade_until(&self, deadline: Option<Instant>) -> Result<Option<WriteGuard>, Error> {
         if self.is_lease_lost() {
-            return Err(Error::LeaseLost);
+            return Err(Error::LEASE_LOST.on_lock(self.keys().name()));
         }
         // The write side of the same lock, taken by this thread while it holds the
         // upgradeable side: the scripts make that an upgrade, and refuse it if that hold

@@ -267,7 +267,7 @@ impl<K: Kind> Wait<'_, K> {
                 }
                 Ok(None)
             }
-            _ => Err(Error::Redis(redis::RedisError::from((
+            _ => Err(Error::redis(redis::RedisError::from((
                 redis::ErrorKind::Parse,
                 "unexpected reply from the cancel script",
             )))),

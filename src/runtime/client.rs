@@ -283,11 +283,16 @@ impl Client {
     /// ```
     pub fn inspect(&self, name: impl LockName) -> Result<Vec<LockInfo>, Error> {
         let name = name.into_name();
+        self.inspect_name(&name).map_err(|e| e.on_lock(&name))
+    }
+
+    fn inspect_name(&self, name: &[u8]) -> Result<Vec<LockInfo>, Error> {
         if name.is_empty() {
             return Err(Error::InvalidName("lock names must not be empty"));
         }
         let c = &self.inner.config;
-        let keys = |object| LockKeys::new(&c.key_prefix, name.clone(), "", object, &scripts::PLAIN);
+        let keys =
+            |object| LockKeys::new(&c.key_prefix, name.to_vec(), "", object, &scripts::PLAIN);
         let (lock, rw, sem) = (
             keys(Object::Lock),
             keys(Object::ReadWrite),
@@ -323,7 +328,7 @@ impl Client {
                 continue;
             };
             let mut info = LockInfo {
-                name: text(&name),
+                name: text(name),
                 kind: if redis_type == "hash" || redis_type == "none" {
                     kind
                 } else {
@@ -354,7 +359,7 @@ impl Client {
         }
         if let Some((redis_type, pttl, count)) = latch {
             out.push(LockInfo {
-                name: text(&name),
+                name: text(name),
                 kind: if redis_type == "string" {
                     "count-down latch"
                 } else {
@@ -543,7 +548,11 @@ impl Inner {
             return Ok(None);
         };
         let acked = con.wait_replicas(key, required, timeout_ms)?;
-        Ok((acked < required).then_some(Error::NotReplicated { acked, required }))
+        Ok((acked < required).then_some(Error::NotReplicated {
+            acked,
+            required,
+            lock: None,
+        }))
     }
 
     /// Which primary connections now go to; it changes with each failover (Sentinel).
@@ -744,7 +753,7 @@ impl Inner {
                         return Err(e.into());
                     }
                     if until.is_some_and(|u| now + *pause >= u) {
-                        return Err(Error::Timeout(e));
+                        return Err(Error::timeout(e));
                     }
                     log::debug!("redmutex: retrying in {pause:?}: {e}");
                     std::thread::sleep(*pause);

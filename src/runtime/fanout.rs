@@ -431,8 +431,8 @@ fn together(con: &mut Con, calls: &[Call<'_>], job: &[usize]) -> redis::RedisRes
 /// Whether `e` says the server could not be reached or did not answer in time.
 fn is_unreachable(e: &Error) -> bool {
     match e {
-        Error::Pool(_) | Error::Timeout(_) => true,
-        Error::Redis(e) => {
+        Error::Pool { .. } | Error::Timeout { .. } => true,
+        Error::Redis { source: e, .. } => {
             e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped()
         }
         _ => false,
@@ -442,7 +442,7 @@ fn is_unreachable(e: &Error) -> bool {
 /// The failure of a call not sent because its server failed a moment ago. Nothing was
 /// sent, so nothing can have happened.
 fn skipped(why: &str) -> Error {
-    Error::Redis(redis::RedisError::from((
+    Error::redis(redis::RedisError::from((
         redis::ErrorKind::Client,
         "not sent: the server failed a moment ago",
         why.to_owned(),
@@ -458,10 +458,10 @@ fn clone_error(e: &redis::RedisError) -> Error {
 /// unreachable (the call may have run), anything else is told as it was.
 fn copy_error(e: &Error) -> Error {
     match e {
-        Error::Timeout(r) => clone_error(r),
-        Error::Redis(r) if r.is_io_error() || r.is_timeout() => clone_error(r),
-        Error::Pool(p) => clone_error(&crate::error::timed_out(p.to_string())),
-        other => Error::Redis(redis::RedisError::from((
+        Error::Timeout { source: r, .. } => clone_error(r),
+        Error::Redis { source: r, .. } if r.is_io_error() || r.is_timeout() => clone_error(r),
+        Error::Pool { source: p, .. } => clone_error(&crate::error::timed_out(p.to_string())),
+        other => Error::redis(redis::RedisError::from((
             redis::ErrorKind::Client,
             "failed with the other calls of its transaction",
             other.to_string(),

@@ -705,7 +705,7 @@ impl HoldTable {
                     None => self.cleaned.wait(&mut doubts),
                     Some(until) => {
                         if self.cleaned.wait_until(&mut doubts, until).timed_out() {
-                            return Err(Error::Timeout(crate::error::timed_out(
+                            return Err(Error::timeout(crate::error::timed_out(
                                 "the clean-up of an earlier attempt on this lock is still \
                                  waiting for Redis",
                             )));

@@ -289,8 +289,8 @@ pub(crate) fn released(
             held_ms = ms(held),
             outcome = %match outcome {
                 Ok(()) => "released",
-                Err(Error::LeaseLost) => "lease_lost",
-                Err(Error::NotHeld) => "not_held",
+                Err(Error::LeaseLost { .. }) => "lease_lost",
+                Err(Error::NotHeld { .. }) => "not_held",
                 Err(_) => "error",
             },
             "released"

@@ -359,7 +359,7 @@ pub(crate) fn fail(e: &Error) -> u8 {
     warn(format_args!("redmutex: {e}"));
     match e {
         Error::InvalidName(_) | Error::InvalidArgument(_) => USAGE,
-        Error::Redis(r) if r.code() == Some("WRONGTYPE") => NOT_A_LOCK,
+        Error::Redis { source: r, .. } if r.code() == Some("WRONGTYPE") => NOT_A_LOCK,
         _ => UNAVAILABLE,
     }
 }

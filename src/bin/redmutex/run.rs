@@ -271,7 +271,7 @@ pub(crate) fn run(connection: &Connection, args: RunArgs) -> Result<u8, Error> {
     };
     match released {
         Ok(()) => Ok(code),
-        Err(Error::LeaseLost | Error::NotHeld) => Ok(LEASE_LOST),
+        Err(Error::LeaseLost { .. } | Error::NotHeld { .. }) => Ok(LEASE_LOST),
         Err(e) => {
             // The command ran under the lock; only the release failed (it ends with its
             // lease): the command's status still tells what happened.
