@@ -168,7 +168,10 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
     let took = fired.saturating_duration_since(forced);
     println!("told {took:?} after the force_unlock");
     assert!(took <= WATCHDOG / 3 + MARGIN, "told after {took:?}");
-    assert!(matches!(unlocked, Err(Error::LeaseLost)), "{unlocked:?}");
+    assert!(
+        matches!(unlocked, Err(Error::LeaseLost { .. })),
+        "{unlocked:?}"
+    );
     told.recv_timeout(MARGIN).expect("the hook heard of it");
     assert_eq!(
         *heard.lock().unwrap(),
@@ -347,7 +350,10 @@ fn an_owned_fixed_lease_runs_out_and_extends() {
         at <= Duration::from_millis(2000) + MARGIN,
         "too late: {at:?}"
     );
-    assert!(matches!(unlocked, Err(Error::LeaseLost)), "{unlocked:?}");
+    assert!(
+        matches!(unlocked, Err(Error::LeaseLost { .. })),
+        "{unlocked:?}"
+    );
     assert!(matches!(
         a.lock("job")
             .try_lock()
