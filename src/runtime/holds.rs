@@ -184,20 +184,26 @@ impl Hold {
         Some(at)
     }
 
+    /// When no grant or renewal has confirmed this hold's key any longer, and why it is
+    /// lost from then: its `max_hold` cap when that is what stopped the renewals, else
+    /// renewals that did not get through.
+    fn unconfirmed_after(&self) -> Option<(Instant, LossReason)> {
+        self.valid_until.map(|until| {
+            let why = if self.cap.is_some_and(|cap| cap <= until) {
+                LossReason::MaxHold
+            } else {
+                LossReason::RenewalFailed
+            };
+            (until, why)
+        })
+    }
+
     /// When this hold is lost by the clock alone, and why, if nothing renews it: a watchdog
     /// hold when no renewal confirmed its key lives any longer, a fixed one when its last
     /// level's lease ends, a handed-over one when its pickup window ends unextended.
     fn loss_at(&self) -> Option<(Instant, LossReason)> {
         let clock = if self.has_watchdog_level() {
-            self.valid_until.map(|until| {
-                let capped = self.cap.is_some_and(|cap| cap <= until);
-                let why = if capped {
-                    LossReason::MaxHold
-                } else {
-                    LossReason::RenewalFailed
-                };
-                (until, why)
-            })
+            self.unconfirmed_after()
         } else if self.levels.iter().all(|l| l.ends.is_some()) {
             let ends = self.levels.iter().filter_map(|l| l.ends).max();
             ends.map(|ends| (ends, LossReason::LeaseExpired))
@@ -960,18 +966,8 @@ impl HoldTable {
     /// from now on (a renewal that lands late cannot undo what another holder may have
     /// done meanwhile).
     pub(crate) fn lease_expired(&self, key: &[u8], token: u64, lost: &Arc<Loss>) -> bool {
-        self.passed(key, token, lost, |hold| {
-            // (A hold with only fixed levels left is judged by their leases instead.)
-            hold.valid_until.map(|until| {
-                let capped = hold.cap.is_some_and(|cap| cap <= until);
-                let why = if capped {
-                    LossReason::MaxHold
-                } else {
-                    LossReason::RenewalFailed
-                };
-                (until, why)
-            })
-        })
+        // (A hold with only fixed levels left is judged by their leases instead.)
+        self.passed(key, token, lost, Hold::unconfirmed_after)
     }
 
     /// Whether the instant `when` picks from the hold `lost` belongs to has passed; if so
