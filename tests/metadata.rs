@@ -637,3 +637,80 @@ fn evalsha_and_redis_6_record_it_too() {
         }
     }
 }
+
+/// On a Redis Cluster the record is a field of the lock's own hash, so it lives on the
+/// node that owns the lock's slot with the hold, whatever node that is, and a handoff
+/// there records the waiter's.
+#[test]
+fn metadata_on_a_cluster() {
+    let cluster = support::topology::Cluster::new(3, 0);
+    let client = |text: &str| {
+        Client::builder()
+            .cluster(cluster.seed_urls())
+            .metadata(text)
+            .command_timeout(Duration::from_millis(1500))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .expect("cluster client")
+    };
+    let a = client("on a cluster");
+    let b = client("waiter on a cluster");
+    let mut nodes = std::collections::BTreeSet::new();
+    for i in 0..6 {
+        let name = format!("c{i}");
+        let g = a.fair_lock(name.as_str()).lock().expect("lock");
+        let r = a
+            .read_write_lock(name.as_str())
+            .read()
+            .lock()
+            .expect("read");
+        let p = a.semaphore(name.as_str(), 1).acquire().expect("permit");
+        for kind in ["lock", "read-write lock", "semaphore"] {
+            let info = info_of(&b, &name, kind).expect("held");
+            assert_eq!(info.metadata.len(), 1, "{kind}");
+            assert_eq!(info.metadata[0].text, "on a cluster");
+            assert_eq!(info.metadata[0].holder, info.holders[0].0);
+            let node = cluster.node_for_key(&info.key);
+            nodes.insert(node);
+            let fields: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(&info.key)
+                .query(&mut cluster.connection_for_key(&info.key))
+                .expect("HGETALL");
+            assert_eq!(
+                fields.keys().filter(|f| f.starts_with("~m:")).count(),
+                1,
+                "{kind} on node {node}: {fields:?}"
+            );
+        }
+        // A handoff: the waiter's record replaces the releaser's.
+        let (tx, rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let waiter = {
+            let b = b.clone();
+            let name = name.clone();
+            thread::spawn(move || {
+                let g = b.fair_lock(name.as_str()).lock().expect("lock");
+                tx.send(()).unwrap();
+                done_rx.recv().unwrap();
+                g.unlock().expect("unlock");
+            })
+        };
+        assert!(wait_until(Duration::from_secs(10), || {
+            info_of(&b, &name, "lock").is_some_and(|i| i.waiters.len() == 1)
+        }));
+        g.unlock().expect("unlock");
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("handed over");
+        let m = metadata_of(&b, &name, "lock");
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].text, "waiter on a cluster");
+        done_tx.send(()).unwrap();
+        waiter.join().unwrap();
+        r.unlock().expect("unlock read");
+        p.release().expect("release");
+        for kind in ["lock", "read-write lock", "semaphore"] {
+            assert!(info_of(&b, &name, kind).is_none(), "{kind} freed");
+        }
+    }
+    assert!(nodes.len() > 1, "the names spread over nodes: {nodes:?}");
+}

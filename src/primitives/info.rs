@@ -34,7 +34,8 @@ pub struct LockInfo {
     /// Each holder id (`<client-uuid>:<thread-token>`) with its reentry count; a
     /// read-write lock's are `r:<id>` (readers), `u:<id>` (the upgradeable reader) and
     /// `w:<id>` (the writer); a semaphore's
-    /// count is the permits that holder has.
+    /// count is the permits that holder has. A read-write lock's or semaphore's hold whose
+    /// own lease has ended is not listed, even before a script has dropped it.
     pub holders: Vec<(String, u64)>,
     /// The time left on the key's lease: `None` when there is no key (only waiters) or
     /// it has no expiry.
