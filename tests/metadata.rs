@@ -451,6 +451,26 @@ fn owned_holds_carry_metadata_too() {
     assert!(metadata_of(&client, "owned", "lock").is_empty());
 }
 
+/// A `MultiLock` holds each of its locks with the client's record, and its release
+/// removes them all.
+#[test]
+fn multilock_holds_carry_metadata_on_every_lock() {
+    let server = RedisServer::new();
+    let client = client_with(&server.url(), Some("multi"));
+    let names = ["m0", "m1", "m2"];
+    let multi = redmutex::MultiLock::new(names.iter().map(|n| client.lock(*n))).expect("multi");
+    let guard = multi.lock().expect("lock");
+    for name in names {
+        let m = metadata_of(&client, name, "lock");
+        assert_eq!(m.len(), 1, "{name}");
+        assert_eq!(m[0].text, "multi");
+    }
+    guard.unlock().expect("unlock");
+    for name in names {
+        assert!(metadata_of(&client, name, "lock").is_empty(), "{name}");
+    }
+}
+
 #[test]
 fn without_metadata_nothing_is_recorded() {
     let server = RedisServer::new();
