@@ -15,6 +15,9 @@
 -- ARGV[8]  inbox prefix: a waiter's channel is this followed by its client id
 -- ARGV[9]  pickup window, ms: the longest lease of a hold handed to a waiter until it confirms
 -- ARGV[10] starvation bound, ms: a plain waiter queued this long is handed the lock directly
+-- ARGV[11] (only when the client has metadata) the text a new hold carries, recorded with
+--          the server's time as '~m:<holder id>' (see queue.lua); a re-entry keeps the
+--          outermost level's record
 --
 -- Returns {1, count, token}  granted; count is the caller's reentry count after this call,
 --                            token the hold's fencing token (0 unless fenced), in decimal
@@ -40,6 +43,7 @@ local expected = tonumber(ARGV[3])
 local flags = tonumber(ARGV[4])
 local fair = flags % 2 == 1
 local fenced = math.floor(flags / 2) % 2 == 1
+local meta = ARGV[11]
 
 -- A level more of the caller's hold, which has `held` levels.
 local function reenter(held)
@@ -111,19 +115,23 @@ if pttl == -2 then
     end
     if mine then
         local token = 0
+        local args = {holder, 1}
         if fenced then
             token = Q.draw_fence()
-            redis.call('hset', KEYS[1], holder, 1, '~fence', token)
-        else
-            redis.call('hset', KEYS[1], holder, 1)
+            args[3], args[4] = '~fence', token
         end
+        if meta then
+            -- The clock is read for the record only.
+            now = now or Q.now()
+        end
+        redis.call('hset', KEYS[1], unpack(Q.with_meta(args, holder, meta, now)))
         redis.call('pexpire', KEYS[1], lease)
         return {1, 1, token}
     end
 end
 if ARGV[5] == '1' then
     now = now or Q.now()
-    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7])
+    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1, meta)
     return {0, pttl, now}
 end
 return {0, pttl}

@@ -5,13 +5,17 @@
 -- KEYS[4]  the read-write lock    KEYS[5]  its queue
 -- KEYS[6]  the semaphore          KEYS[7]  its queue      KEYS[8]  its number of permits
 -- KEYS[9]  the count-down latch
+-- KEYS[10] the read-write lock's leases    KEYS[11] the semaphore's leases
 --
 -- Returns {lock, rwlock, semaphore, latch}, each false when that object does not exist:
---   lock, rwlock, semaphore  {type, pttl, fields, queue, extra}: the key's type ('hash' for
---                            ours; another type means someone else's data), its PTTL in
---                            ms, its hash as a flat field/value list, the waiters' holder
---                            ids in queue order, and for the lock its fencing counter, for
---                            the semaphore its number of permits (false when unset)
+--   lock, rwlock, semaphore  {type, pttl, fields, queue, extra, ended}: the key's type
+--                            ('hash' for ours; another type means someone else's data),
+--                            its PTTL in ms, its hash as a flat field/value list, the
+--                            waiters' holder ids in queue order, for the lock its fencing
+--                            counter, for the semaphore its number of permits (false when
+--                            unset), and the hold fields whose own lease has ended (the
+--                            read-write lock's and the semaphore's; the next script that
+--                            writes drops them): no longer holders, not to be shown
 --   latch                    {type, pttl, count}
 local function text(key)
     if redis.call('type', key)['ok'] == 'string' then
@@ -20,7 +24,7 @@ local function text(key)
     return false
 end
 
-local function object(hash, queue, extra)
+local function object(hash, queue, extra, leases)
     local kind = redis.call('type', hash)['ok']
     local waiting = {}
     if redis.call('type', queue)['ok'] == 'list' then
@@ -30,10 +34,16 @@ local function object(hash, queue, extra)
         return false
     end
     local fields = {}
+    local ended = {}
     if kind == 'hash' then
         fields = redis.call('hgetall', hash)
+        if leases and redis.call('type', leases)['ok'] == 'zset' then
+            local t = redis.call('time')
+            local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+            ended = redis.call('zrangebyscore', leases, '-inf', now)
+        end
     end
-    return {kind, redis.call('pttl', hash), fields, waiting, extra}
+    return {kind, redis.call('pttl', hash), fields, waiting, extra, ended}
 end
 
 local latch = false
@@ -42,8 +52,8 @@ if latch_kind ~= 'none' then
     latch = {latch_kind, redis.call('pttl', KEYS[9]), text(KEYS[9])}
 end
 return {
-    object(KEYS[1], KEYS[2], text(KEYS[3])),
-    object(KEYS[4], KEYS[5], false),
-    object(KEYS[6], KEYS[7], text(KEYS[8])),
+    object(KEYS[1], KEYS[2], text(KEYS[3]), nil),
+    object(KEYS[4], KEYS[5], false, KEYS[10]),
+    object(KEYS[6], KEYS[7], text(KEYS[8]), KEYS[11]),
     latch,
 }

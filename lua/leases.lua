@@ -27,16 +27,17 @@ function M.companion(field)
     return nil
 end
 
--- Drops `field`'s hold, which holds `n` (nil: not known, read here); the keys' expiry is
+-- Drops `field`'s hold, which holds `n` (nil: not known, read here), and its metadata
+-- (in the same HDEL: a field that may not exist costs nothing more); the keys' expiry is
 -- the caller's to fit.
 function M.drop(field, n)
     n = n or redis.call('hget', KEYS[1], field)
     if n then
         local other = M.companion(field)
         if other then
-            redis.call('hdel', KEYS[1], field, other)
+            redis.call('hdel', KEYS[1], field, other, Q.meta_field(field))
         else
-            redis.call('hdel', KEYS[1], field)
+            redis.call('hdel', KEYS[1], field, Q.meta_field(field))
         end
     end
     redis.call('zrem', KEYS[5], field)

@@ -3,17 +3,25 @@
 -- queue's rules are written once.
 --
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the hold's
---          fencing token)
+--          fencing token; '~m:<holder id>' = the hold's metadata, see below)
 -- KEYS[2]  the lock's fencing-token counter
 -- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis (but
 --          a read-write lock's pending upgrade, which goes first: see rw_acquire.lua)
 -- KEYS[4]  the waiters: a HASH holder id -> "<expiry> <since> <lease> <flags> <ticket>
---          <amount>" (expiry and since in server ms; lease in ms; flags: 1 fair, 2 fenced,
+--          <amount>[ <text>]" (expiry and since in server ms; lease in ms; flags: 1 fair, 2 fenced,
 --          4 a reader of a read-write lock, 16 its upgradeable reader, 32 a writer that
 --          upgrades (see rw.lua), 8 its client listens on another cluster node, so
---          PUBLISH's count, which is this node's alone, cannot tell it is alive; ticket: the waiting call's number, echoed in its
---          messages; amount: the permits a semaphore waiter asks for, else 1), and '~fair'
---          -> the number of fair waiters queued
+--          PUBLISH's count, which is this node's alone, cannot tell it is alive, 64 the
+--          entry ends with " <text>", the metadata its hold is to carry; ticket: the
+--          waiting call's number, echoed in its messages; amount: the permits a semaphore
+--          waiter asks for, else 1), and '~fair' -> the number of fair waiters queued
+--
+-- A hold whose client set metadata (ClientBuilder::metadata) carries it in the holds hash
+-- itself, as the field '~m:<hold field>' -> "<server ms when the hold was taken> <text>",
+-- written by the very HSET that makes the hold and deleted by the HDEL or DEL that ends
+-- it: it costs no command of its own, lives exactly as long as the hold (the hash's
+-- expiry is the lease, or the hold's field goes with it), and a handoff writes the
+-- waiter's from its queue entry.
 --
 -- What a hold is differs by primitive, so the queue reaches the hold only through three
 -- hooks, defined here for a lock (the hash is the hold, its expiry the lease) and redefined
@@ -34,9 +42,33 @@ function Q.now()
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A queue entry's numbers, and the metadata text it carries (flag 64; nil when none).
 local function parse(v)
-    local e, s, l, f, t, a = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*)$')
-    return tonumber(e), tonumber(s), tonumber(l), tonumber(f), t, tonumber(a) or 1
+    local e, s, l, f, t, a, m = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*) ?(.*)$')
+    f = tonumber(f)
+    if math.floor(f / 64) % 2 == 0 then
+        m = nil
+    end
+    return tonumber(e), tonumber(s), tonumber(l), f, t, tonumber(a) or 1, m
+end
+
+-- The metadata field of the hold field `field`, and its value for a hold taken at `now`
+-- (server ms) by a client whose metadata is `m`.
+function Q.meta_field(field)
+    return '~m:' .. field
+end
+
+function Q.meta_value(now, m)
+    return string.format('%d', now) .. ' ' .. m
+end
+
+-- `args` (a flat field/value list for HSET) with `field`'s metadata added when `m` is set.
+function Q.with_meta(args, field, m, now)
+    if m then
+        args[#args + 1] = Q.meta_field(field)
+        args[#args + 1] = Q.meta_value(now, m)
+    end
+    return args
 end
 
 -- Whether the waiter `h` (flags f, asking for a permits) may hold the lock now.
@@ -56,13 +88,13 @@ function Q.draw_fence()
 end
 
 -- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (a string
--- from Q.draw_fence; 0: none).
-function Q.take(h, lease, f, fence, a, now)
+-- from Q.draw_fence; 0: none), carrying the metadata `m` (nil: none) taken at `now`.
+function Q.take(h, lease, f, fence, a, now, m)
+    local args = {h, 1}
     if fence ~= 0 then
-        redis.call('hset', KEYS[1], h, 1, '~fence', fence)
-    else
-        redis.call('hset', KEYS[1], h, 1)
+        args[3], args[4] = '~fence', fence
     end
+    redis.call('hset', KEYS[1], unpack(Q.with_meta(args, h, m, now)))
     redis.call('pexpire', KEYS[1], lease)
 end
 
@@ -148,8 +180,9 @@ local function forget(holder, flags, fairs)
 end
 
 -- The first live waiter, dropping the lapsed ones in front of it (a process that stopped
--- refreshing, a deadline passed): holder, since, lease, flags, ticket, amount, then `now`
--- and the '~fair' count (false when no fair waiter is queued); nil when none waits. The
+-- refreshing, a deadline passed): holder, since, lease, flags, ticket, amount, then `now`,
+-- the '~fair' count (false when no fair waiter is queued) and the metadata text its hold
+-- is to carry (nil: none); nil when none waits. The
 -- clock is read only when someone is queued: `now` may be nil, and the time read is
 -- returned for the caller to go on with.
 function Q.head(now)
@@ -161,10 +194,10 @@ function Q.head(now)
         local got = redis.call('hmget', KEYS[4], h, '~fair')
         local v = got[1]
         if v then
-            local e, s, l, f, t, a = parse(v)
+            local e, s, l, f, t, a, m = parse(v)
             now = now or Q.now()
             if e > now then
-                return h, s, l, f, t, a, now, got[2]
+                return h, s, l, f, t, a, now, got[2], m
             end
             forget(h, f, got[2])
         end
@@ -194,8 +227,9 @@ end
 -- Queues holder at the back, or refreshes its entry where it stands (its place and age
 -- are kept: a waiter trying again does not lose its turn). Everything else is the calling
 -- wait's own: an entry left by an earlier wait of the thread (a plain one whose cancel
--- was lost) must not make a fair wait plain or a fenced one tokenless.
-function Q.join(holder, now, ttl, lease, flags, ticket, amount)
+-- was lost) must not make a fair wait plain or a fenced one tokenless. `m`: the metadata
+-- text the hold is to carry if it is handed to the waiter (nil: none).
+function Q.join(holder, now, ttl, lease, flags, ticket, amount, m)
     local got = redis.call('hmget', KEYS[4], holder, '~fair')
     local v = got[1]
     local fairs = tonumber(got[2]) or 0
@@ -210,8 +244,11 @@ function Q.join(holder, now, ttl, lease, flags, ticket, amount)
         fresh = redis.call('rpush', KEYS[3], holder) == 1
     end
     -- Numbers as exact integers (`..` would write 10^14 and more in exponent form).
-    local entry = string.format('%d %d %d %d %s %d', now + ttl, since, lease, flags, ticket,
-        amount or 1)
+    local entry = string.format('%d %d %d %d %s %d', now + ttl, since, lease,
+        m and flags + 64 or flags, ticket, amount or 1)
+    if m then
+        entry = entry .. ' ' .. m
+    end
     if is_fair(flags) and not was_fair then
         redis.call('hset', KEYS[4], holder, entry, '~fair', fairs + 1)
     elseif was_fair and not is_fair(flags) and fairs > 1 then
@@ -253,8 +290,8 @@ end
 function Q.hand_on(now, inbox, pickup, starve, give, me, free)
     local served
     while true do
-        local h, s, l, f, t, a, fairs
-        h, s, l, f, t, a, now, fairs = Q.head(now)
+        local h, s, l, f, t, a, fairs, m
+        h, s, l, f, t, a, now, fairs, m = Q.head(now)
         if not h or h == me or not (free or Q.fits(f, a, h)) then
             return served
         end
@@ -277,7 +314,7 @@ function Q.hand_on(now, inbox, pickup, starve, give, me, free)
         end
         Q.remove_head(h, f, fairs)
         if heard then
-            Q.take(h, math.min(l, pickup), f, fence, a, now)
+            Q.take(h, math.min(l, pickup), f, fence, a, now, m)
             served = h
             if Q.sole(f) then
                 return served

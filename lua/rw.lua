@@ -3,7 +3,8 @@
 --
 -- KEYS[1]  the holds: 'w:<holder>' -> the writer's reentry count, 'r:<holder>' -> each
 --          reader's, 'u:<holder>' -> the upgradeable reader's, '~writer' -> the writer's
---          holder id, '~upgrader' -> the upgradeable reader's holder id
+--          holder id, '~upgrader' -> the upgradeable reader's holder id, '~m:<hold
+--          field>' -> a hold's metadata (see queue.lua)
 -- KEYS[5]  the leases of those holds (see leases.lua)
 --
 -- Many readers or one writer; the writer's own thread may also read (a downgrade). Besides
@@ -90,14 +91,14 @@ function Q.sole(f)
     return not RW.is_read(f) and not RW.is_upgradeable(f)
 end
 
-function Q.take(h, lease, f, fence, a, now)
+function Q.take(h, lease, f, fence, a, now, m)
     local field = M.field(h, f)
+    local args = {field, 1}
     if RW.is_upgradeable(f) then
-        redis.call('hset', KEYS[1], field, 1, '~upgrader', h)
-    elseif RW.is_read(f) then
-        redis.call('hset', KEYS[1], field, 1)
-    else
-        redis.call('hset', KEYS[1], field, 1, '~writer', h)
+        args[3], args[4] = '~upgrader', h
+    elseif not RW.is_read(f) then
+        args[3], args[4] = '~writer', h
     end
+    redis.call('hset', KEYS[1], unpack(Q.with_meta(args, field, m, now)))
     M.raise(field, now + lease, now)
 end

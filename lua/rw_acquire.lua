@@ -4,8 +4,9 @@
 --
 -- KEYS[1]  the holds         KEYS[2]  the fencing-token counter (unused)
 -- KEYS[3]  the queue         KEYS[4]  the waiters      KEYS[5]  the holds' leases
--- ARGV[1..10] as in acquire.lua (ARGV[4] flags: 1 fair, 4 a read hold, 16 an upgradeable
---          read hold, 32 a write asked as an upgrade; read-write waiters are always fair)
+-- ARGV[1..11] as in acquire.lua (ARGV[4] flags: 1 fair, 4 a read hold, 16 an upgradeable
+--          read hold, 32 a write asked as an upgrade; read-write waiters are always fair;
+--          ARGV[11], the metadata, is recorded per hold field: '~m:r:<holder>'...)
 --
 -- Returns {1, count, 0}  granted; count is the caller's reentry count in this mode
 --         {0, ms}        not granted; ms until the first hold's lease ends (-1 when
@@ -29,6 +30,7 @@ local flags = tonumber(ARGV[4])
 local read = RW.is_read(flags)
 local upgradeable = RW.is_upgradeable(flags)
 local field = M.field(holder, flags)
+local meta = ARGV[11]
 local now = Q.now()
 Q.purge(now)
 -- The caller's hold in this mode, its read and upgradeable holds, the writer and the
@@ -51,11 +53,11 @@ if not read and not upgradeable and got[4] then
     -- An upgrade.
     if RW.compatible(holder, flags) then
         Q.remove(holder)
-        Q.take(holder, lease, flags, 0, 1, now)
+        Q.take(holder, lease, flags, 0, 1, now, meta)
         return {1, 1, 0}
     end
     if ARGV[5] == '1' then
-        Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1)
+        Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1, meta)
         if redis.call('lindex', KEYS[3], 0) ~= holder then
             -- Ahead of everyone: a writer queued behind the upgradeable hold would
             -- otherwise wait for it while it waits for the writer. The list is written
@@ -107,12 +109,12 @@ if RW.compatible(holder, flags, writer or false, upgrader or false) then
         elseif first then
             Q.remove(holder)
         end
-        Q.take(holder, lease, flags, 0, 1, now)
+        Q.take(holder, lease, flags, 0, 1, now, meta)
         return {1, 1, 0}
     end
 end
 if ARGV[5] == '1' then
-    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1)
+    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1, meta)
     return {0, M.soonest(now), now}
 end
 return {0, M.soonest(now)}

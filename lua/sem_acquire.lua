@@ -6,6 +6,7 @@
 --          attempt of the same call may have been granted; ARGV[4] flags: 1, fair)
 -- ARGV[11] the permits asked for (at least 1)
 -- ARGV[12] the number of permits the semaphore is made with when it does not exist yet
+-- ARGV[13] (only when the client has metadata) the text the hold carries (see acquire.lua)
 --
 -- Returns {1, 1, 0}  granted (or granted already, to an earlier attempt of this call whose
 --                    reply was lost: the holder id is the call's own)
@@ -20,6 +21,7 @@ local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
 local flags = tonumber(ARGV[4])
 local amount = tonumber(ARGV[11])
+local meta = ARGV[13]
 local stored = redis.call('get', KEYS[6])
 local total = tonumber(stored or ARGV[12])
 if amount > total and redis.call('hexists', KEYS[1], holder) == 0 then
@@ -60,12 +62,13 @@ if (not first or first == holder) and total - used >= amount then
         Q.remove_head(holder, f, fairs)
     end
     -- Q.take, with the permits in use known: the hold and their sum in one write.
-    redis.call('hset', KEYS[1], holder, amount, '~used', used + amount)
+    redis.call('hset', KEYS[1],
+        unpack(Q.with_meta({holder, amount, '~used', used + amount}, holder, meta, now)))
     M.raise(holder, now + lease, now)
     return {1, 1, 0}
 end
 if ARGV[5] == '1' then
-    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], amount)
+    Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], amount, meta)
     return {0, M.soonest(now), now}
 end
 return {0, M.soonest(now)}

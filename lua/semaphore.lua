@@ -2,7 +2,8 @@
 -- queue.lua and leases.lua, and is followed by sem_acquire, sem_permits, leased_release
 -- or leased_cancel.
 --
--- KEYS[1]  the holds: '<holder>' -> the permits that holder holds, '~used' -> their sum
+-- KEYS[1]  the holds: '<holder>' -> the permits that holder holds, '~used' -> their sum,
+--          '~m:<holder>' -> a hold's metadata (see queue.lua)
 -- KEYS[5]  the leases of those holds (see leases.lua)
 -- KEYS[6]  the number of permits: a string that never expires (like the fencing counter,
 --          it is the semaphore's definition; operators change it)
@@ -32,8 +33,8 @@ function Q.fits(f, a, h)
     return S.total() - S.used() >= a
 end
 
-function Q.take(h, lease, f, fence, a, now)
-    redis.call('hset', KEYS[1], h, a)
+function Q.take(h, lease, f, fence, a, now, m)
+    redis.call('hset', KEYS[1], unpack(Q.with_meta({h, a}, h, m, now)))
     redis.call('hincrby', KEYS[1], '~used', a)
     M.raise(h, now + lease, now)
 end

@@ -63,6 +63,7 @@ pub use crate::{
     name::LockName,
     primitives::cancel::CancelToken,
     primitives::guard::{FencedGuard, LockGuard},
+    primitives::holder_metadata::HolderMetadata,
     primitives::info::LockInfo,
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Upgradeable, Write},
     primitives::latch::CountDownLatch,

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::HolderMetadata;
+
 /// What Redis records of one object of a name right now: a lock, a read-write lock, a
 /// semaphore or a count-down latch, read in one step ([`Client::inspect`],
 /// [`Client::list`]). For operators and tools (the `redmutex` command's `status`); a
@@ -43,4 +45,9 @@ pub struct LockInfo {
     pub token: Option<u64>,
     /// A semaphore's number of permits, or a count-down latch's count.
     pub count: Option<u64>,
+    /// The metadata of the current holds taken by clients that have some
+    /// ([`ClientBuilder::metadata`](crate::ClientBuilder::metadata)), in the order of
+    /// [`holders`](LockInfo::holders); empty when none has. A record lives exactly as
+    /// long as its hold (it is released, force-unlocked or expires with it).
+    pub metadata: Vec<HolderMetadata>,
 }

@@ -717,6 +717,10 @@ impl<K: Kind> Lock<K> {
         if ops.per_call {
             call.arg(amount).arg(self.initial);
         }
+        // Only when set: a client without metadata sends what it always did.
+        if let Some(text) = &self.client.inner.config.metadata {
+            call.arg(text.as_str());
+        }
         call
     }
 

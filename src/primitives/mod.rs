@@ -4,6 +4,7 @@
 
 pub(crate) mod cancel;
 pub(crate) mod guard;
+pub(crate) mod holder_metadata;
 pub(crate) mod info;
 pub(crate) mod kind;
 pub(crate) mod latch;

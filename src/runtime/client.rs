@@ -12,8 +12,8 @@ use crate::runtime::scripts::{self, ScriptCall, Scripting};
 use crate::runtime::subscriber::Subscriber;
 use crate::runtime::target::Target;
 use crate::{
-    ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockInfo, LockName,
-    ReadWriteLock, Semaphore,
+    ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, HolderMetadata, Kind, Lock,
+    LockInfo, LockName, ReadWriteLock, Semaphore,
 };
 
 /// The first pause before a command refused by a settling cluster is sent again; it
@@ -111,6 +111,8 @@ pub(crate) struct Config {
     pub(crate) on_lease_lost: Option<crate::runtime::loss::Hook>,
     /// The longest a watchdog hold is renewed (`ClientBuilder::max_hold`).
     pub(crate) max_hold: Option<Duration>,
+    /// The text every hold this client takes records (`ClientBuilder::metadata`).
+    pub(crate) metadata: Option<String>,
 }
 
 pub(crate) struct Inner {
@@ -291,14 +293,21 @@ impl Client {
             return Err(Error::InvalidName("lock names must not be empty"));
         }
         let c = &self.inner.config;
-        let keys =
-            |object| LockKeys::new(&c.key_prefix, name.to_vec(), "", object, &scripts::PLAIN);
+        // Each with its own kind's layout, so that the leases' keys are named.
+        let keys = |object, ops| LockKeys::new(&c.key_prefix, name.to_vec(), "", object, ops);
         let (lock, rw, sem) = (
-            keys(Object::Lock),
-            keys(Object::ReadWrite),
-            keys(Object::Semaphore),
+            keys(Object::Lock, &scripts::PLAIN),
+            keys(Object::ReadWrite, &scripts::READ),
+            keys(Object::Semaphore, &scripts::PERMITS),
         );
-        type Object3 = Option<(String, i64, Vec<Vec<u8>>, Vec<Vec<u8>>, Option<u64>)>;
+        type Object3 = Option<(
+            String,
+            i64,
+            Vec<Vec<u8>>,
+            Vec<Vec<u8>>,
+            Option<u64>,
+            Vec<Vec<u8>>,
+        )>;
         type Reply = (
             Object3,
             Object3,
@@ -314,7 +323,9 @@ impl Client {
             .key(sem.key())
             .key(sem.queue().as_slice())
             .key(sem.permits().as_slice())
-            .key(lock.latch().as_slice());
+            .key(lock.latch().as_slice())
+            .key(rw.leases().as_slice())
+            .key(sem.leases().as_slice());
         let (l, r, m, latch): Reply = self.inner.run(|con| self.inner.eval(con, &call))?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
@@ -324,7 +335,7 @@ impl Client {
             (r, &rw, "read-write lock"),
             (m, &sem, "semaphore"),
         ] {
-            let Some((redis_type, pttl, fields, queue, extra)) = found else {
+            let Some((redis_type, pttl, fields, queue, extra, ended)) = found else {
                 continue;
             };
             let mut info = LockInfo {
@@ -340,8 +351,14 @@ impl Client {
                 waiters: queue.iter().map(|w| text(w)).collect(),
                 token: None,
                 count: if kind == "semaphore" { extra } else { None },
+                metadata: Vec::new(),
             };
+            let mut records = std::collections::HashMap::new();
             for pair in fields.chunks_exact(2) {
+                if let Some(holder) = pair[0].strip_prefix(META_PREFIX) {
+                    records.insert(holder, &pair[1]);
+                    continue;
+                }
                 let value = std::str::from_utf8(&pair[1])
                     .ok()
                     .and_then(|v| v.parse().ok());
@@ -351,8 +368,23 @@ impl Client {
                             info.token = v;
                         }
                     }
+                    // A hold whose own lease ended is gone, whether or not a script has
+                    // dropped it yet.
+                    (_, Some(_)) if ended.contains(&pair[0]) => {}
                     (_, Some(count)) => info.holders.push((text(&pair[0]), count)),
                     (_, None) => {}
+                }
+            }
+            // Only the holds shown: a record whose hold is not there is never reported.
+            for pair in fields.chunks_exact(2) {
+                let Some(record) = records.get(pair[0].as_slice()) else {
+                    continue;
+                };
+                if !info.holders.iter().any(|(h, _)| h.as_bytes() == pair[0]) {
+                    continue;
+                }
+                if let Some(metadata) = parse_metadata(text(&pair[0]), record) {
+                    info.metadata.push(metadata);
                 }
             }
             out.push(info);
@@ -371,6 +403,7 @@ impl Client {
                 waiters: Vec::new(),
                 token: None,
                 count,
+                metadata: Vec::new(),
             });
         }
         Ok(out)
@@ -803,4 +836,19 @@ impl fmt::Debug for Client {
             .field("use_functions", &c.use_functions)
             .finish()
     }
+}
+
+/// The prefix of a holds hash's field that records the metadata of the hold named by the
+/// rest of it (see `lua/queue.lua`).
+const META_PREFIX: &[u8] = b"~m:";
+
+/// A hold's metadata record, `"<server ms> <text>"`; `None` when it is not one.
+fn parse_metadata(holder: String, record: &[u8]) -> Option<HolderMetadata> {
+    let space = record.iter().position(|&b| b == b' ')?;
+    let ms: u64 = std::str::from_utf8(&record[..space]).ok()?.parse().ok()?;
+    Some(HolderMetadata {
+        holder,
+        text: String::from_utf8_lossy(&record[space + 1..]).into_owned(),
+        since: std::time::UNIX_EPOCH + Duration::from_millis(ms),
+    })
 }
