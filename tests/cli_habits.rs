@@ -383,3 +383,79 @@ fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
     assert_eq!(objects[2]["holders"][0]["permits"], 2);
     assert_eq!(objects[3]["count"], 4);
 }
+
+#[test]
+fn status_and_list_show_the_holders_host_pid_command_and_since() {
+    let server = RedisServer::with_args(&["--requirepass", "s3cret"]);
+    let url = format!("redis://:s3cret@127.0.0.1:{}/", server.port());
+    let c = redmutex::Client::builder()
+        .url(url.as_str())
+        .key_prefix(PREFIX)
+        .build()
+        .unwrap();
+    let before = std::time::SystemTime::now();
+    let mut holding = bare()
+        .args([
+            "--url", &url, "--prefix", PREFIX, "hold", "-l", "5s", "owned",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holding.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "held owned\n");
+    let status = |json: bool| {
+        let mut cmd = bare();
+        cmd.args(["--url", &url, "--prefix", PREFIX, "status", "owned"]);
+        if json {
+            cmd.arg("--json");
+        }
+        output(&mut cmd)
+    };
+    let doc = json(&status(true));
+    let holder = &doc["objects"][0]["holders"][0];
+    assert_eq!(holder["pid"], holding.id());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(holder["host"], host.trim());
+    let cmd: Vec<&str> = holder["cmd"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(&cmd[cmd.len() - 4..], ["hold", "-l", "5s", "owned"]);
+    let since = holder["since_ms"].as_u64().unwrap() as u128;
+    let epoch = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap();
+    // The server's clock is this machine's: since the hold started, give or take a second.
+    assert!(since + 1000 >= epoch(before).as_millis(), "{since}");
+    assert!(since <= epoch(std::time::SystemTime::now()).as_millis() + 1000);
+    assert!(holder["held_for_ms"].as_u64().unwrap() < 10_000);
+    let table = status(false);
+    let table = text(&table.stdout);
+    let pid = holding.id().to_string();
+    assert!(
+        table.contains(&format!("pid {pid}: ")) && table.contains("hold -l 5s owned"),
+        "{table}"
+    );
+    // The password in --url was not recorded.
+    let raw = format!("{:?}", c.inspect("owned").unwrap());
+    assert!(
+        !raw.contains("s3cret") && !table.contains("s3cret"),
+        "{raw}"
+    );
+    // The waiting note says the same.
+    let out = output(bare().args([
+        "--url", &url, "--prefix", PREFIX, "run", "-w", "1200ms", "owned", "true",
+    ]));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("pid {pid}: ")) && err.contains(" for "),
+        "{err}"
+    );
+    kill(Pid::from_raw(holding.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(holding.wait().unwrap().success());
+    // Released: nothing of it is left.
+    assert!(c.inspect("owned").unwrap().is_empty());
+}

@@ -443,7 +443,50 @@ pub(crate) fn refused_as_not_a_lock(client: &Client, name: &str, e: &Error) -> O
     }
 }
 
-/// A client for `connection`, with `lease` as its watchdog timeout when given.
+/// The most the library records beside a hold.
+const METADATA_MAX: usize = 1024;
+
+/// What redmutex records beside each hold it takes, for `status` and `list` (and anyone's
+/// `Client::inspect`): a JSON object with the host, the pid, the user and the command line
+/// (its last arguments cut, and "…" added, to stay within the library's 1 KiB).
+pub(crate) fn metadata() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    // Passwords in URLs (--url, --sentinel and --cluster lists) are not recorded.
+    let mut cmd: Vec<String> = std::env::args_os()
+        .map(|a| {
+            let a = a.to_string_lossy();
+            if a.contains("://") {
+                a.split(',').map(redact).collect::<Vec<_>>().join(",")
+            } else {
+                a.into_owned()
+            }
+        })
+        .collect();
+    let user = std::env::var("USER").ok();
+    loop {
+        let text = serde_json::json!({
+            "host": host,
+            "pid": std::process::id(),
+            "user": user,
+            "cmd": cmd,
+        })
+        .to_string();
+        if text.len() <= METADATA_MAX || cmd.is_empty() {
+            return text;
+        }
+        // Cut from the end: the program and the lock name come first.
+        if cmd.last().is_some_and(|a| a == "…") {
+            cmd.pop();
+        }
+        cmd.pop();
+        cmd.push("…".to_owned());
+    }
+}
+
+/// A client for `connection`, with `lease` as its watchdog timeout when given (then it
+/// takes holds, and records [`metadata`] with each).
 ///
 /// Redis is reached once first, outside the client: the client's pool treats a refused
 /// connection as a server that may come back (a restart) and tries again until the
@@ -465,6 +508,9 @@ pub(crate) fn connect(connection: &Connection, lease: Option<Duration>) -> Resul
         builder = builder
             .watchdog_timeout(lease)
             .command_timeout((lease / 3).min(Duration::from_secs(3)));
+    }
+    if lease.is_some() {
+        builder = builder.metadata(metadata());
     }
     let client = builder.build()?;
     probe(connection)?;

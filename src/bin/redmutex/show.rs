@@ -82,8 +82,31 @@ impl Process {
 
 /// What `info` records of the process that holds as `id` (the id as `holders` has it).
 pub(crate) fn process(info: &LockInfo, id: &str) -> Process {
-    let _ = (info, id);
-    Process::default()
+    let Some(meta) = info.metadata.iter().find(|m| m.holder == id) else {
+        return Process::default();
+    };
+    let mut p = Process {
+        since: Some(meta.since),
+        ..Process::default()
+    };
+    // redmutex's own holds record a JSON object (see `crate::metadata`); a program's
+    // own text is shown as it is.
+    match serde_json::from_str::<Value>(&meta.text) {
+        Ok(Value::Object(fields)) if fields.contains_key("pid") => {
+            p.host = fields
+                .get("host")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            p.pid = fields.get("pid").and_then(Value::as_u64);
+            p.cmd = fields.get("cmd").and_then(Value::as_array).map(|args| {
+                args.iter()
+                    .map(|a| a.as_str().unwrap_or_default().to_owned())
+                    .collect()
+            });
+        }
+        _ => p.text = Some(meta.text.clone()),
+    }
+    p
 }
 
 fn millis(d: Duration) -> u64 {
