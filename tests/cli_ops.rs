@@ -127,6 +127,7 @@ fn run_and_wait_on_a_key_that_is_not_a_lock_say_so_cleanly() {
         &["run", "data", "--", "true"][..],
         &["run", "--no-wait", "data", "--", "true"],
         &["wait", "data"],
+        &["hold", "--no-wait", "data"],
     ] {
         let out = output(redmutex(&server).args(args));
         let said = stderr(&out);
