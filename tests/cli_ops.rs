@@ -207,3 +207,41 @@ fn list_on_a_cluster_finds_the_locks_of_every_primary() {
         g.unlock().unwrap();
     }
 }
+
+#[test]
+fn through_sentinels_the_first_that_answers_is_enough() {
+    let sentinels = support::topology::Sentinels::new(0, 1);
+    let mut urls = vec![format!("redis://127.0.0.1:{}/", closed_port())];
+    urls.extend(sentinels.sentinel_urls());
+    let out = output(
+        bare()
+            .args(["--sentinel", &urls.join(","), "--service"])
+            .arg(sentinels.service_name())
+            .args([
+                "--prefix",
+                PREFIX,
+                "run",
+                "--no-wait",
+                "via-sentinel",
+                "true",
+            ]),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // None answers: refused, at once.
+    let started = Instant::now();
+    let out = output(bare().args([
+        "--sentinel",
+        &urls[0],
+        "--service",
+        "mymaster",
+        "status",
+        "x",
+    ]));
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(stderr(&out).contains("refused"), "{}", stderr(&out));
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+}
