@@ -167,6 +167,47 @@ fn errors_speak_of_flags_not_library_fields() {
             "{err}"
         );
     }
+    // Caught past the arguments' syntax: 64, still in the flags' words.
+    for (args, said) in [
+        (
+            &[
+                "--url",
+                "redis://127.0.0.1:1/",
+                "--prefix",
+                "a{",
+                "status",
+                "x",
+            ][..],
+            "--prefix must not contain",
+        ),
+        (
+            &["--url", "redis://127.0.0.1:1/x", "status", "x"],
+            "bad --url redis://127.0.0.1:1/x",
+        ),
+        (
+            &[
+                "--url",
+                "redis://127.0.0.1:1/",
+                "latch",
+                "set",
+                "l",
+                "2",
+                "--expire",
+                "0s",
+            ],
+            "--expire must be longer than zero",
+        ),
+    ] {
+        let out = output(bare().args(args));
+        let err = stderr(&out);
+        assert!(err.contains(said), "{args:?}: {err}");
+        assert!(
+            !err.contains("key_prefix") && !err.contains("invalid argument"),
+            "{err}"
+        );
+        let want = if args.contains(&"--expire") { 2 } else { 64 };
+        assert_eq!(out.status.code(), Some(want), "{args:?}: {err}");
+    }
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub(crate) enum LatchCommand {
         #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         count: u64,
         /// The latch opens by itself after this long, whatever its count.
-        #[arg(long, value_parser = duration, default_value = "1h")]
+        #[arg(long, value_parser = expire, default_value = "1h")]
         expire: Duration,
     },
     /// Count down by one; prints the count left (0: it opened).
@@ -36,6 +36,15 @@ pub(crate) enum LatchCommand {
         #[arg(short, long, value_parser = duration)]
         wait: Option<Duration>,
     },
+}
+
+/// `--expire`: the library's bounds on a latch's expiry, said of the flag.
+fn expire(s: &str) -> Result<Duration, String> {
+    let expire = duration(s)?;
+    if expire.is_zero() || expire > crate::MAX_LEASE {
+        return Err("--expire must be longer than zero and at most 10 years".to_owned());
+    }
+    Ok(expire)
 }
 
 pub(crate) fn latch(connection: &Connection, command: LatchCommand) -> Result<u8, Error> {

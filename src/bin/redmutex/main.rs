@@ -545,6 +545,16 @@ fn probe(connection: &Connection) -> Result<(), Error> {
     }
 }
 
+/// The library's names for what the user gave as flags, in its `InvalidArgument` texts.
+const FLAGS: [(&str, &str); 6] = [
+    ("key_prefix", "--prefix"),
+    ("bad redis url", "bad --url"),
+    ("bad sentinel url", "bad --sentinel url"),
+    ("bad cluster node url", "bad --cluster url"),
+    ("watchdog_timeout", "--lease"),
+    ("connect_timeout", "--connect-timeout"),
+];
+
 /// How an error of [`probe`] begins: [`fail`] knows it by this.
 const UNREACHABLE: &str = "cannot reach redis at ";
 
@@ -587,6 +597,13 @@ pub(crate) fn fail(e: &Error) -> u8 {
             warn(format_args!("redmutex: {why}"));
             return UNAVAILABLE;
         }
+        // The library names its settings; the user wrote flags.
+        let mut said = why.clone();
+        for (field, flag) in FLAGS {
+            said = said.replace(field, flag);
+        }
+        warn(format_args!("redmutex: {said}"));
+        return USAGE;
     }
     warn(format_args!("redmutex: {e}"));
     match e {
@@ -602,7 +619,7 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The longest lease the library takes (ten years).
-const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// `--lease`: the library's bounds on a watchdog timeout, said of the flag.
 pub(crate) fn lease(s: &str) -> Result<Duration, String> {
