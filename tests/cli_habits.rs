@@ -123,6 +123,9 @@ fn run_takes_the_command_after_the_name_without_a_double_dash() {
     assert_eq!(text(&out.stdout), "hi");
     let out = output(redmutex(&server).args(["run", "-l", "2s", "job", "sh", "-c", "exit 3"]));
     assert_eq!(out.status.code(), Some(3));
+    // An option of redmutex between the name and the command is still redmutex's.
+    let out = output(redmutex(&server).args(["run", "job", "--no-wait", "echo", "ok"]));
+    assert_eq!(text(&out.stdout), "ok\n");
     // `--` still works, and still lets a command start with a dash-less name after it.
     let out = output(redmutex(&server).args(["run", "job", "--", "echo", "--", "x"]));
     assert_eq!(text(&out.stdout), "-- x\n");
