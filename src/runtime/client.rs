@@ -412,8 +412,9 @@ impl Client {
     /// Every object of this client's key prefix whose name matches the glob `pattern`
     /// (`*`, `?`, `[abc]`; `"*"` for all), as [`inspect`](Client::inspect) reports it,
     /// sorted by name. Walks the keyspace with `SCAN` (never `KEYS`), so it does not
-    /// block the server, and an object created or removed meanwhile may be missed.
-    /// Not on a Redis Cluster (each node would have to be walked): `InvalidArgument`.
+    /// block the server, and an object created or removed meanwhile may be missed. On a
+    /// Redis Cluster every primary is walked (as `CLUSTER SLOTS` names them when the call
+    /// starts); a slot that moves meanwhile may be missed or seen twice (seen once here).
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -423,11 +424,6 @@ impl Client {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn list(&self, pattern: &str) -> Result<Vec<LockInfo>, Error> {
-        if self.inner.is_cluster() {
-            return Err(Error::InvalidArgument(
-                "listing locks is not supported on a Redis Cluster".to_owned(),
-            ));
-        }
         let glob = glob::Pattern::new(pattern)
             .map_err(|e| Error::InvalidArgument(format!("bad pattern {pattern:?}: {e}")))?;
         let prefix = self.inner.config.key_prefix.clone();
@@ -440,28 +436,35 @@ impl Client {
         }
         matching.push(b'*');
         let mut names = std::collections::BTreeSet::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = self.inner.run(|con| {
-                redis::cmd("SCAN")
-                    .arg(cursor)
+        // A SCAN cursor belongs to one server: a cluster's primaries are walked one by one.
+        let nodes = if self.inner.is_cluster() {
+            self.inner.run(|con| con.primaries())?
+        } else {
+            vec![None]
+        };
+        for node in nodes {
+            let mut cursor: u64 = 0;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
                     .arg("MATCH")
                     .arg(matching.as_slice())
                     .arg("COUNT")
-                    .arg(1000)
-                    .query(con)
-            })?;
-            for key in keys {
-                if let Some((_, _, name)) = keys::object_of(&prefix, &key) {
-                    if glob.matches(&String::from_utf8_lossy(&name)) {
-                        names.insert(name);
+                    .arg(1000);
+                let (next, keys): (u64, Vec<Vec<u8>>) =
+                    self.inner.run(|con| con.query_on(&scan, node.as_ref()))?;
+                for key in keys {
+                    if let Some((_, _, name)) = keys::object_of(&prefix, &key) {
+                        if glob.matches(&String::from_utf8_lossy(&name)) {
+                            names.insert(name);
+                        }
                     }
                 }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
         let mut out = Vec::new();
         for name in names {

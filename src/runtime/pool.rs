@@ -53,6 +53,64 @@ impl Con {
     }
 }
 
+/// A cluster primary's address, as `CLUSTER SLOTS` names it.
+pub(crate) type NodeAddr = (String, u16);
+
+impl Con {
+    /// The primaries of a cluster, each once (`[None]`, "this server", for one server).
+    pub(crate) fn primaries(&mut self) -> redis::RedisResult<Vec<Option<NodeAddr>>> {
+        let Con::Cluster(c) = self else {
+            return Ok(vec![None]);
+        };
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let slots = c.route_command(
+            &redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )?;
+        // Each range: [start, end, [host, port, id, ...], replicas...].
+        let ranges: Vec<Vec<redis::Value>> = redis::from_redis_value(slots)?;
+        let mut primaries: Vec<Option<NodeAddr>> = Vec::new();
+        for range in ranges {
+            let Some(primary) = range.get(2) else {
+                continue;
+            };
+            let node: Vec<redis::Value> = redis::from_redis_value(primary.clone())?;
+            if let (Some(host), Some(port)) = (node.first(), node.get(1)) {
+                let addr = Some((
+                    redis::from_redis_value::<String>(host.clone())?,
+                    redis::from_redis_value::<u16>(port.clone())?,
+                ));
+                if !primaries.contains(&addr) {
+                    primaries.push(addr);
+                }
+            }
+        }
+        Ok(primaries)
+    }
+
+    /// Runs `cmd` on the node at `node` (a cluster's), or where it would go by itself.
+    pub(crate) fn query_on<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &redis::Cmd,
+        node: Option<&NodeAddr>,
+    ) -> redis::RedisResult<T> {
+        match (self, node) {
+            (Con::Cluster(c), Some((host, port))) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let value = c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    }),
+                )?;
+                Ok(redis::from_redis_value(value)?)
+            }
+            (con, _) => cmd.query(con),
+        }
+    }
+}
+
 impl ConnectionLike for Con {
     fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
         match self {

@@ -12,17 +12,19 @@ use std::thread;
 use std::time::Duration;
 
 use clap::Args;
-use crossbeam_channel::{bounded, never, select, unbounded, Receiver};
+use crossbeam_channel::{
+    bounded, never, select, unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError,
+};
 use nix::errno::Errno;
 use nix::sys::prctl::set_pdeathsig;
 use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::{getpgrp, getpid, getppid, Pid};
-use redmutex::{Error, Fair, FencedGuard, Kind, Lock, LockGuard};
+use redmutex::{Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, Permit, ReadGuard};
 use signal_hook::consts::{FORBIDDEN, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::{Handle, Signals};
 
-use crate::{connect, duration, fail, warn, Connection, LEASE_LOST, NOT_ACQUIRED};
+use crate::{connect, duration, fail, lease, warn, Connection, LEASE_LOST, NOT_ACQUIRED};
 
 /// The signals redmutex answers (passing them on once the command runs).
 const CAUGHT: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
@@ -31,34 +33,61 @@ const CAUGHT: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
 /// took the lock, the lock is given back at once instead of staying held for a lease.
 const ACQUIRE_GRACE: Duration = Duration::from_secs(1);
 
+/// How to take the lock: shared by `run` and `hold`.
 #[derive(Args)]
-pub(crate) struct RunArgs {
-    /// The lock name.
+pub(crate) struct TakeArgs {
+    /// The lock name (with -n, the semaphore's; with --shared, the read-write lock's).
     name: String,
     /// Wait at most this long for the lock, then exit 75; default: as long as it takes.
-    #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
+    #[arg(short, long, value_parser = duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
     /// Do not wait: exit 75 at once if the lock is held.
     #[arg(long)]
     no_wait: bool,
     /// How long the lock outlives a redmutex that died; renewed every third of it while
-    /// the command runs.
-    #[arg(long, value_parser = duration, default_value = "30s")]
+    /// held (at least 3ms).
+    #[arg(short, long, value_parser = lease, default_value = "30s")]
     lease: Duration,
     /// First come, first served: wait in line behind every earlier waiter.
-    #[arg(long, conflicts_with = "token_env")]
+    #[arg(long, conflicts_with_all = ["semaphore", "shared"])]
     fair: bool,
+    /// Hold one of N permits of the semaphore NAME instead of the lock: up to N holders
+    /// at once. N sets its number of permits when the semaphore does not exist yet.
+    #[arg(short = 'n', long, value_name = "N", conflicts_with = "shared",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    semaphore: Option<u32>,
+    /// Hold the read side of the read-write lock NAME: any number of --shared holders at
+    /// once, while no writer holds it.
+    #[arg(long)]
+    shared: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    take: TakeArgs,
     /// Pass the hold's fencing token (a number larger than any earlier holder's) to the
     /// command in this environment variable.
-    #[arg(long, value_name = "VAR")]
+    #[arg(long, value_name = "VAR", conflicts_with_all = ["fair", "semaphore", "shared"])]
     token_env: Option<String>,
     /// The signal the command gets if the lease is lost while it runs (TERM, KILL, INT,
     /// HUP, USR1, …), or `none` to let it run on.
     #[arg(long, value_name = "SIGNAL", default_value = "TERM", value_parser = on_lost)]
     on_lost: Lost,
-    /// The command and its arguments, after `--`.
-    #[arg(required = true, last = true, value_name = "COMMAND")]
+    /// The command and its arguments: everything after the lock name (or after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     command: Vec<OsString>,
+}
+
+#[derive(Args)]
+pub(crate) struct HoldArgs {
+    #[command(flatten)]
+    take: TakeArgs,
 }
 
 /// What to do to the command when the lease is lost.
@@ -85,6 +114,8 @@ enum Held {
     Plain(LockGuard),
     Fair(LockGuard<Fair>),
     Fenced(FencedGuard),
+    Shared(ReadGuard),
+    Permit(Permit),
 }
 
 impl Held {
@@ -94,6 +125,8 @@ impl Held {
             Held::Plain(g) => g.lost(),
             Held::Fair(g) => g.lost(),
             Held::Fenced(g) => g.lost(),
+            Held::Shared(g) => g.lost(),
+            Held::Permit(p) => p.lost(),
         }
     }
 
@@ -102,11 +135,13 @@ impl Held {
             Held::Plain(g) => g.unlock(),
             Held::Fair(g) => g.unlock(),
             Held::Fenced(g) => g.unlock(),
+            Held::Shared(g) => g.unlock(),
+            Held::Permit(p) => p.release(),
         }
     }
 }
 
-fn take<K: Kind>(lock: Lock<K>, args: &RunArgs) -> Result<Option<LockGuard<K>>, Error> {
+fn take<K: Kind>(lock: Lock<K>, args: &TakeArgs) -> Result<Option<LockGuard<K>>, Error> {
     if args.no_wait {
         lock.try_lock()
     } else if let Some(wait) = args.wait {
@@ -114,6 +149,72 @@ fn take<K: Kind>(lock: Lock<K>, args: &RunArgs) -> Result<Option<LockGuard<K>>, 
     } else {
         lock.lock().map(Some)
     }
+}
+
+/// Takes what `args` ask for (`fenced`: a fenced lock, for --token-env).
+fn acquire(client: &Client, args: &TakeArgs, fenced: bool) -> Result<Option<Held>, Error> {
+    let name = args.name.as_str();
+    if let Some(permits) = args.semaphore {
+        let semaphore = client.semaphore(name, permits);
+        return if args.no_wait {
+            semaphore.try_acquire()
+        } else if let Some(wait) = args.wait {
+            semaphore.try_acquire_for(wait)
+        } else {
+            semaphore.acquire().map(Some)
+        }
+        .map(|p| p.map(Held::Permit));
+    }
+    if args.shared {
+        take(client.read_write_lock(name).read(), args).map(|h| h.map(Held::Shared))
+    } else if fenced {
+        take(client.fenced_lock(name), args).map(|h| h.map(Held::Fenced))
+    } else if args.fair {
+        take(client.fair_lock(name), args).map(|h| h.map(Held::Fair))
+    } else {
+        take(client.lock(name), args).map(|h| h.map(Held::Plain))
+    }
+}
+
+/// The kind `status` reports for what `args` take.
+fn kind_of(args: &TakeArgs) -> &'static str {
+    if args.semaphore.is_some() {
+        "semaphore"
+    } else if args.shared {
+        "read-write lock"
+    } else {
+        "lock"
+    }
+}
+
+/// How long before redmutex says whom it waits for.
+const NOTICE_AFTER: Duration = Duration::from_secs(1);
+
+/// Says once on standard error whom `name` waits for, if the acquisition has not
+/// returned after [`NOTICE_AFTER`] (the returned sender, dropped, says it returned).
+fn notice(client: &Client, name: &str, kind: &'static str, quiet: bool) -> Sender<()> {
+    let (done_tx, done) = bounded::<()>(0);
+    if quiet {
+        return done_tx;
+    }
+    let (client, name) = (client.clone(), name.to_owned());
+    thread::spawn(move || {
+        if done.recv_timeout(NOTICE_AFTER) != Err(RecvTimeoutError::Timeout) {
+            return;
+        }
+        let found = client.inspect(name.as_str()).unwrap_or_default();
+        let line = crate::show::waiting_for(&name, kind, &found);
+        // Not if the acquisition returned meanwhile: the note would be stale.
+        if done.try_recv() == Err(TryRecvError::Empty) {
+            warn(format_args!("{line}"));
+        }
+    });
+    done_tx
+}
+
+/// Reports a failed acquisition of `name` and returns the exit code.
+fn failed(client: &Client, name: &str, e: &Error) -> u8 {
+    crate::refused_as_not_a_lock(client, name, e).unwrap_or_else(|| fail(e))
 }
 
 /// Job control from the terminal (Ctrl-Z, `fg`, `bg`), which the command's group would
@@ -218,33 +319,26 @@ impl Drop for Catcher {
     }
 }
 
-pub(crate) fn run(connection: &Connection, args: RunArgs) -> Result<u8, Error> {
+pub(crate) fn run(connection: &Connection, args: RunArgs, quiet: bool) -> Result<u8, Error> {
+    let take = &args.take;
     // Caught before the lock is taken: a signal that arrives as it is taken must find
     // redmutex able to give it back, not end it with the lock held for a lease.
-    let catcher = Catcher::install(&args.name, (args.lease / 3).min(ACQUIRE_GRACE))?;
-    let client = connect(connection, Some(args.lease))?;
-    let name = args.name.as_str();
-    let held = if args.token_env.is_some() {
-        take(client.fenced_lock(name), &args).map(|h| h.map(Held::Fenced))
-    } else if args.fair {
-        take(client.fair_lock(name), &args).map(|h| h.map(Held::Fair))
-    } else {
-        take(client.lock(name), &args).map(|h| h.map(Held::Plain))
-    };
+    let catcher = Catcher::install(&take.name, (take.lease / 3).min(ACQUIRE_GRACE))?;
+    let client = connect(connection, Some(take.lease))?;
+    let name = take.name.as_str();
+    let waiting = notice(&client, name, kind_of(take), quiet);
+    let held = acquire(&client, take, args.token_env.is_some());
+    drop(waiting);
     let signalled = catcher.settle();
-    let held = held?;
+    let held = match held {
+        Ok(held) => held,
+        Err(e) => return Ok(failed(&client, name, &e)),
+    };
     let Some(held) = held else {
         if let Some(code) = signalled {
             return Ok(code);
         }
-        let within = match args.wait {
-            Some(wait) => format!("within {}", humantime::format_duration(wait)),
-            None => "at once (--no-wait)".to_owned(),
-        };
-        warn(format_args!(
-            "redmutex: {name} is held by another; not acquired {within}"
-        ));
-        return Ok(NOT_ACQUIRED);
+        return Ok(not_acquired(take));
     };
     if let Some(code) = signalled {
         warn(format_args!(
@@ -281,22 +375,89 @@ pub(crate) fn run(connection: &Connection, args: RunArgs) -> Result<u8, Error> {
     }
 }
 
+/// Says that the lock was not acquired in time; the exit code.
+fn not_acquired(take: &TakeArgs) -> u8 {
+    let within = match take.wait {
+        Some(wait) => format!("within {}", humantime::format_duration(wait)),
+        None => "at once (--no-wait)".to_owned(),
+    };
+    warn(format_args!(
+        "redmutex: {} is held by another; not acquired {within}",
+        take.name
+    ));
+    NOT_ACQUIRED
+}
+
+/// `redmutex hold`: takes the lock, says `held NAME`, and keeps it until a signal (then
+/// releases it: exit 0) or until its lease is lost (exit 76).
+pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Result<u8, Error> {
+    let take = &args.take;
+    let catcher = Catcher::install(&take.name, (take.lease / 3).min(ACQUIRE_GRACE))?;
+    let client = connect(connection, Some(take.lease))?;
+    let name = take.name.as_str();
+    let waiting = notice(&client, name, kind_of(take), quiet);
+    let held = acquire(&client, take, false);
+    drop(waiting);
+    let signalled = catcher.settle();
+    let held = match held {
+        Ok(Some(held)) => held,
+        Ok(None) => return Ok(signalled.unwrap_or_else(|| not_acquired(take))),
+        Err(e) => return Ok(failed(&client, name, &e)),
+    };
+    if let Some(code) = signalled {
+        // Asked to stop as it was taken: given back at once, as `run` does.
+        if let Err(e) = held.unlock() {
+            fail(&e);
+        }
+        return Ok(code);
+    }
+    let said = crate::print(&format!("held {name}\n"));
+    if said != 0 {
+        // Nobody reads what it says: released rather than held unseen.
+        let _ = held.unlock();
+        return Ok(said);
+    }
+    let lost = held.lost();
+    select! {
+        recv(catcher.signals) -> _ => {}
+        recv(lost) -> _ => {}
+    }
+    drop(catcher);
+    match held.unlock() {
+        Ok(()) => Ok(0),
+        Err(Error::LeaseLost { .. } | Error::NotHeld { .. }) => {
+            warn(format_args!(
+                "redmutex: the lease of {name} was lost while held; another holder may have it now"
+            ));
+            Ok(LEASE_LOST)
+        }
+        Err(e) => Ok(fail(&e)),
+    }
+}
+
 /// `redmutex wait`: takes the lock and gives it back at once, with signals caught around
 /// the acquisition as `run` does, so that a Ctrl-C never leaves the lock held.
 pub(crate) fn wait(
     connection: &Connection,
     name: &str,
     wait: Option<Duration>,
+    quiet: bool,
 ) -> Result<u8, Error> {
     let catcher = Catcher::install(name, ACQUIRE_GRACE)?;
     let client = connect(connection, None)?;
     let lock = client.lock(name);
+    let waiting = notice(&client, name, "lock", quiet);
     let guard = match wait {
         Some(wait) => lock.try_lock_for(wait),
         None => lock.lock().map(Some),
     };
+    drop(waiting);
     let signalled = catcher.settle();
-    match guard? {
+    let guard = match guard {
+        Ok(guard) => guard,
+        Err(e) => return Ok(failed(&client, name, &e)),
+    };
+    match guard {
         Some(guard) => {
             guard.unlock()?;
             Ok(signalled.unwrap_or(0))
@@ -426,7 +587,7 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                     warn(format_args!(
                         "redmutex: the lease of {} was lost while the command ran; another \
                          holder may run now",
-                        args.name
+                        args.take.name
                     ));
                     if let Lost(Some(sig)) = args.on_lost {
                         signal(group, sig);

@@ -1,25 +1,159 @@
-//! What `status`, `list` and `unlock --force` print: a table for people, JSON for scripts.
+//! What `status`, `list` and `unlock --force` print: a table for people, JSON (schema 1,
+//! documented in docs/cli.md) for scripts.
 
 use std::fmt::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redmutex::LockInfo;
 use serde_json::{json, Value};
 
-/// One object as JSON; `remaining_lease_ms` is null without a lease.
+/// The version of the JSON `status --json` and `list --json` print: raised when a field
+/// changes meaning or goes away (not when one is added).
+const SCHEMA: u64 = 1;
+
+/// The JSON `kind` of a library kind: one word each.
+fn kind(info: &LockInfo) -> &'static str {
+    match info.kind {
+        "lock" => "lock",
+        "read-write lock" => "rwlock",
+        "semaphore" => "semaphore",
+        "count-down latch" => "latch",
+        _ => "foreign",
+    }
+}
+
+/// A holder or waiter id split into its role and the id proper: a read-write lock's ids
+/// carry their side as a prefix (`r:`, `w:`, `u:`).
+fn role<'a>(info: &LockInfo, id: &'a str) -> (&'static str, &'a str) {
+    match info.kind {
+        "read-write lock" => match id.split_once(':') {
+            Some(("r", rest)) => ("read", rest),
+            Some(("w", rest)) => ("write", rest),
+            Some(("u", rest)) => ("upgradeable", rest),
+            _ => ("read", id),
+        },
+        "semaphore" => ("permit", id),
+        _ => ("exclusive", id),
+    }
+}
+
+/// What the holder's process recorded beside its hold, as far as it is known.
+#[derive(Default)]
+pub(crate) struct Process {
+    host: Option<String>,
+    pid: Option<u64>,
+    cmd: Option<Vec<String>>,
+    /// The metadata's text as recorded, when it is not the command's JSON.
+    text: Option<String>,
+    since: Option<SystemTime>,
+}
+
+impl Process {
+    /// `host:pid command…`, or the free text, or `-`.
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        if let Some(host) = &self.host {
+            out.push_str(host);
+        }
+        if let Some(pid) = self.pid {
+            let _ = write!(out, "{}pid {pid}", if out.is_empty() { "" } else { " " });
+        }
+        if let Some(cmd) = &self.cmd {
+            let _ = write!(
+                out,
+                "{}{}",
+                if out.is_empty() { "" } else { ": " },
+                cmd.join(" ")
+            );
+        }
+        if out.is_empty() {
+            if let Some(text) = &self.text {
+                out.push_str(text);
+            }
+        }
+        out
+    }
+
+    fn held_for(&self) -> Option<Duration> {
+        self.since
+            .map(|since| SystemTime::now().duration_since(since).unwrap_or_default())
+    }
+}
+
+/// What `info` records of the process that holds as `id` (the id as `holders` has it).
+pub(crate) fn process(info: &LockInfo, id: &str) -> Process {
+    let Some(meta) = info.metadata.iter().find(|m| m.holder == id) else {
+        return Process::default();
+    };
+    let mut p = Process {
+        since: Some(meta.since),
+        ..Process::default()
+    };
+    // redmutex's own holds record a JSON object (see `crate::metadata`); a program's
+    // own text is shown as it is.
+    match serde_json::from_str::<Value>(&meta.text) {
+        Ok(Value::Object(fields)) if fields.contains_key("pid") => {
+            p.host = fields
+                .get("host")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            p.pid = fields.get("pid").and_then(Value::as_u64);
+            p.cmd = fields.get("cmd").and_then(Value::as_array).map(|args| {
+                args.iter()
+                    .map(|a| a.as_str().unwrap_or_default().to_owned())
+                    .collect()
+            });
+        }
+        _ => p.text = Some(meta.text.clone()),
+    }
+    p
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One object as JSON.
 fn to_json(info: &LockInfo) -> Value {
+    let semaphore = info.kind == "semaphore";
+    let holders: Vec<Value> = info
+        .holders
+        .iter()
+        .map(|(raw, count)| {
+            let (role, id) = role(info, raw);
+            let p = process(info, raw);
+            json!({
+                "id": id,
+                "role": role,
+                "count": (!semaphore).then_some(*count),
+                "permits": semaphore.then_some(*count),
+                "host": p.host,
+                "pid": p.pid,
+                "cmd": p.cmd,
+                "metadata": p.text,
+                "since_ms": p.since.map(|s| millis(s.duration_since(UNIX_EPOCH).unwrap_or_default())),
+                "held_for_ms": p.held_for().map(millis),
+            })
+        })
+        .collect();
+    let waiters: Vec<Value> = info
+        .waiters
+        .iter()
+        .map(|raw| {
+            let (role, id) = role(info, raw);
+            json!({ "id": id, "role": role })
+        })
+        .collect();
     json!({
         "name": info.name,
-        "kind": info.kind,
+        "kind": kind(info),
         "key": info.key,
-        "holders": info
-            .holders
-            .iter()
-            .map(|(id, count)| json!({ "id": id, "count": count }))
-            .collect::<Vec<_>>(),
-        "remaining_lease_ms": info.remaining_lease.map(|d| d.as_millis() as u64),
-        "waiters": info.waiters,
+        "holders": holders,
+        "waiters": waiters,
+        "lease_remaining_ms": info.remaining_lease.map(millis),
         "token": info.token,
-        "count": info.count,
+        "permits": if semaphore { info.count } else { None },
+        "count": if info.kind == "count-down latch" { info.count } else { None },
     })
 }
 
@@ -30,78 +164,95 @@ fn free_json(name: &str) -> Value {
         "kind": "free",
         "key": null,
         "holders": [],
-        "remaining_lease_ms": null,
         "waiters": [],
+        "lease_remaining_ms": null,
         "token": null,
+        "permits": null,
         "count": null,
     })
 }
 
+fn document(objects: Vec<Value>) -> String {
+    format!("{}\n", json!({ "schema": SCHEMA, "objects": objects }))
+}
+
+const HEADER: [&str; 8] = [
+    "NAME", "KIND", "HOLDER", "COUNT", "HELD FOR", "LEASE", "WAITERS", "PROCESS",
+];
+
+type Row = [String; 8];
+
+fn seconds(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
 /// The rows of the table for one object.
-fn rows(info: &LockInfo, out: &mut Vec<[String; 6]>) {
-    let lease = info
-        .remaining_lease
-        .map_or("-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()));
+fn rows(info: &LockInfo, out: &mut Vec<Row>) {
+    let lease = info.remaining_lease.map_or("-".to_owned(), seconds);
     let waiters = if info.waiters.is_empty() {
         "-".to_owned()
     } else {
-        info.waiters.join(", ")
+        info.waiters.len().to_string()
     };
-    let mut kind = info.kind.to_owned();
+    let mut kind = kind(info).to_owned();
     if let Some(token) = info.token {
         kind = format!("{kind} (token {token})");
     }
-    if let Some(count) = info.count {
-        kind = format!("{kind} ({count})");
+    match (info.kind, info.count) {
+        ("semaphore", Some(n)) => kind = format!("{kind} ({n} permits)"),
+        ("count-down latch", Some(n)) => kind = format!("{kind} (count {n})"),
+        _ => {}
     }
+    let dash = || "-".to_owned();
     if info.holders.is_empty() {
         out.push([
             info.name.clone(),
             kind.clone(),
-            "-".to_owned(),
-            "-".to_owned(),
+            dash(),
+            dash(),
+            dash(),
             lease.clone(),
             waiters.clone(),
+            dash(),
         ]);
     }
-    for (i, (id, count)) in info.holders.iter().enumerate() {
+    for (i, (raw, count)) in info.holders.iter().enumerate() {
         let first = i == 0;
+        let only_first = |s: &String| if first { s.clone() } else { String::new() };
+        let (role, id) = role(info, raw);
+        let holder = if info.kind == "read-write lock" {
+            format!("{id} ({role})")
+        } else {
+            id.to_owned()
+        };
+        let p = process(info, raw);
+        let described = p.describe();
         out.push([
-            if first {
-                info.name.clone()
-            } else {
-                String::new()
-            },
-            if first { kind.clone() } else { String::new() },
-            id.clone(),
+            only_first(&info.name),
+            only_first(&kind),
+            holder,
             count.to_string(),
-            if first { lease.clone() } else { String::new() },
-            if first {
-                waiters.clone()
+            p.held_for().map_or_else(dash, seconds),
+            only_first(&lease),
+            only_first(&waiters),
+            if described.is_empty() {
+                dash()
             } else {
-                String::new()
+                described
             },
         ]);
     }
 }
 
-fn table(rows: &[[String; 6]]) -> String {
-    let header = [
-        "NAME",
-        "KIND",
-        "HOLDER",
-        "COUNT",
-        "LEASE",
-        "WAITERS (in order)",
-    ];
-    let mut widths = header.map(str::len);
+fn table(rows: &[Row]) -> String {
+    let mut widths = HEADER.map(str::len);
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in std::iter::once(&header.map(str::to_owned)).chain(rows) {
+    for row in std::iter::once(&HEADER.map(str::to_owned)).chain(rows) {
         let line: Vec<String> = row
             .iter()
             .zip(widths)
@@ -125,19 +276,18 @@ pub(crate) fn status(found: &[(String, Vec<LockInfo>)], json: bool) -> String {
                 }
             })
             .collect();
-        return format!("{}\n", Value::Array(all));
+        return document(all);
     }
     let mut found_rows = Vec::new();
     for (name, infos) in found {
         if infos.is_empty() {
-            found_rows.push([
-                name.clone(),
-                "free".to_owned(),
-                "-".to_owned(),
-                "-".to_owned(),
-                "-".to_owned(),
-                "-".to_owned(),
-            ]);
+            let mut row: Row = Default::default();
+            row[0] = name.clone();
+            row[1] = "free".to_owned();
+            for cell in &mut row[2..] {
+                *cell = "-".to_owned();
+            }
+            found_rows.push(row);
         }
         for info in infos {
             rows(info, &mut found_rows);
@@ -149,13 +299,61 @@ pub(crate) fn status(found: &[(String, Vec<LockInfo>)], json: bool) -> String {
 /// `list`: the objects found.
 pub(crate) fn list(found: &[LockInfo], json: bool) -> String {
     if json {
-        return format!("{}\n", Value::Array(found.iter().map(to_json).collect()));
+        return document(found.iter().map(to_json).collect());
     }
     let mut found_rows = Vec::new();
     for info in found {
         rows(info, &mut found_rows);
     }
     table(&found_rows)
+}
+
+/// The note a waiter prints after a second: who holds `name` (of the library kind
+/// `kind`), since when and where, as `found` (its `inspect`) says.
+pub(crate) fn waiting_for(name: &str, kind: &str, found: &[LockInfo]) -> String {
+    let Some(info) = found.iter().find(|i| i.kind == kind) else {
+        return format!("redmutex: waiting for {name}");
+    };
+    let mut holders: Vec<String> = info
+        .holders
+        .iter()
+        .take(3)
+        .map(|(raw, _)| {
+            let (_, id) = role(info, raw);
+            let p = process(info, raw);
+            let mut said = id.to_owned();
+            let described = p.describe();
+            if !described.is_empty() {
+                let _ = write!(said, " ({described})");
+            }
+            match p.held_for() {
+                Some(held) => {
+                    let _ = write!(said, " for {}", seconds(held));
+                }
+                None => {
+                    if let Some(lease) = info.remaining_lease {
+                        let _ = write!(said, ", lease {} left", seconds(lease));
+                    }
+                }
+            }
+            said
+        })
+        .collect();
+    if info.holders.len() > 3 {
+        holders.push(format!("{} more", info.holders.len() - 3));
+    }
+    let mut line = if holders.is_empty() {
+        format!("redmutex: waiting for {name}")
+    } else {
+        format!(
+            "redmutex: waiting for {name}, held by {}",
+            holders.join("; ")
+        )
+    };
+    if info.waiters.len() > 1 {
+        let _ = write!(line, "; {} waiting", info.waiters.len());
+    }
+    line
 }
 
 /// `unlock --force`: what each kind freed held before (`freed`: the kinds the library

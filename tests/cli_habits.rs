@@ -1,0 +1,464 @@
+//! The `redmutex` command's habits, as operators used to flock(1), `etcdctl lock` and
+//! `consul lock` expect them: short flags, commands without `--`, `hold`, semaphores,
+//! shared holds, latches, a note while waiting, help, completions, and JSON schema 1.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use redmutex::Client;
+use serde_json::Value;
+use support::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
+const PREFIX: &str = "habits:";
+
+fn bare() -> Command {
+    let mut cmd = Command::new(BIN);
+    for var in [
+        "REDIS_URL",
+        "REDIS_SENTINELS",
+        "REDIS_SENTINEL_SERVICE",
+        "REDIS_CLUSTER",
+        "REDMUTEX_PREFIX",
+        "RUST_LOG",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+fn redmutex(server: &RedisServer) -> Command {
+    let mut cmd = bare();
+    cmd.args(["--url", &server.url(), "--prefix", PREFIX]);
+    cmd
+}
+
+fn output(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run redmutex");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "redmutex panicked: {stderr}");
+    out
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn client(server: &RedisServer) -> Client {
+    support::client(
+        &server.url(),
+        PREFIX,
+        Duration::from_secs(5),
+        Duration::from_secs(1),
+    )
+}
+
+fn json(out: &Output) -> Value {
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["schema"], 1);
+    doc
+}
+
+/// A `redmutex hold` that said `held NAME`; killed when dropped.
+struct Holding {
+    child: Child,
+    _out: BufReader<ChildStdout>,
+}
+
+impl Holding {
+    fn start(server: &RedisServer, args: &[&str]) -> Holding {
+        let mut child = redmutex(server)
+            .arg("hold")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let name = args.last().unwrap();
+        assert_eq!(line, format!("held {name}\n"));
+        Holding { child, _out: out }
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Exit code and standard error.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.child.wait().unwrap();
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!err.contains("panicked"), "{err}");
+        (status.code(), err)
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn run_takes_the_command_after_the_name_without_a_double_dash() {
+    let server = RedisServer::new();
+    // `-n` after the name is echo's, not redmutex's --semaphore.
+    let out = output(redmutex(&server).args(["run", "-w", "1s", "job", "echo", "-n", "hi"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi");
+    let out = output(redmutex(&server).args(["run", "-l", "2s", "job", "sh", "-c", "exit 3"]));
+    assert_eq!(out.status.code(), Some(3));
+    // An option of redmutex between the name and the command is still redmutex's.
+    let out = output(redmutex(&server).args(["run", "job", "--no-wait", "echo", "ok"]));
+    assert_eq!(text(&out.stdout), "ok\n");
+    // `--` still works, and still lets a command start with a dash-less name after it.
+    let out = output(redmutex(&server).args(["run", "job", "--", "echo", "--", "x"]));
+    assert_eq!(text(&out.stdout), "-- x\n");
+    assert!(!client(&server).lock("job").is_locked().unwrap());
+}
+
+#[test]
+fn hold_holds_until_a_signal_then_releases_and_exits_0() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        let holding = Holding::start(&server, &["-l", "3s", "maint"]);
+        assert!(c.lock("maint").is_locked().unwrap());
+        let out = output(redmutex(&server).args(["run", "--no-wait", "maint", "true"]));
+        assert_eq!(out.status.code(), Some(75));
+        holding.signal(sig);
+        let (code, err) = holding.finish();
+        assert_eq!(code, Some(0), "{sig}: {err}");
+        // Released before it exited.
+        assert!(!c.lock("maint").is_locked().unwrap(), "{sig}");
+    }
+}
+
+#[test]
+fn hold_exits_76_when_its_lease_is_lost() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let holding = Holding::start(&server, &["--lease", "900ms", "fragile"]);
+    assert!(c.lock("fragile").force_unlock().unwrap());
+    let t = Instant::now();
+    let (code, err) = holding.finish();
+    assert_eq!(code, Some(76), "{err}");
+    assert!(err.contains("lost"), "{err}");
+    // Found at the next renewal, every third of the lease.
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn a_semaphore_of_n_lets_n_hold_at_once_and_status_shows_them() {
+    let server = RedisServer::new();
+    let a = Holding::start(&server, &["-n", "2", "encoders"]);
+    let b = Holding::start(&server, &["--semaphore", "2", "encoders"]);
+    let out = output(redmutex(&server).args(["run", "-n", "2", "--no-wait", "encoders", "true"]));
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let doc = json(&output(
+        redmutex(&server).args(["status", "--json", "encoders"]),
+    ));
+    let sem = &doc["objects"][0];
+    assert_eq!(sem["kind"], "semaphore");
+    assert_eq!(sem["permits"], 2);
+    assert_eq!(sem["count"], Value::Null);
+    let holders = sem["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2);
+    for h in holders {
+        assert_eq!(h["role"], "permit");
+        assert_eq!(h["permits"], 1);
+        assert_eq!(h["count"], Value::Null);
+    }
+    a.signal(Signal::SIGTERM);
+    assert_eq!(a.finish().0, Some(0));
+    // A permit is free again.
+    let out = output(redmutex(&server).args(["run", "-n", "2", "--no-wait", "encoders", "true"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    b.signal(Signal::SIGTERM);
+    assert_eq!(b.finish().0, Some(0));
+    assert_eq!(
+        client(&server)
+            .semaphore("encoders", 2)
+            .available_permits()
+            .unwrap(),
+        2
+    );
+}
+
+#[test]
+fn shared_holds_are_readers_of_the_read_write_lock() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let r1 = Holding::start(&server, &["--shared", "schema"]);
+    let r2 = Holding::start(&server, &["--shared", "schema"]);
+    let write = c.read_write_lock("schema").write();
+    assert!(
+        write.try_lock().unwrap().is_none(),
+        "a writer got in beside readers"
+    );
+    let doc = json(&output(redmutex(&server).args(["list", "--json"])));
+    let rw = &doc["objects"][0];
+    assert_eq!(rw["kind"], "rwlock");
+    let holders = rw["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2);
+    for h in holders {
+        assert_eq!(h["role"], "read");
+        assert_eq!(h["count"], 1);
+        let id = h["id"].as_str().unwrap();
+        assert!(!id.starts_with("r:") && !id.contains(' '), "{id}");
+    }
+    for r in [r1, r2] {
+        r.signal(Signal::SIGTERM);
+        assert_eq!(r.finish().0, Some(0));
+    }
+    let w = write
+        .try_lock()
+        .unwrap()
+        .expect("free once the readers left");
+    let doc = json(&output(
+        redmutex(&server).args(["status", "--json", "schema"]),
+    ));
+    assert_eq!(doc["objects"][0]["holders"][0]["role"], "write");
+    w.unlock().unwrap();
+}
+
+#[test]
+fn latch_set_count_down_and_wait() {
+    let server = RedisServer::new();
+    let out = output(redmutex(&server).args(["latch", "set", "batch", "2"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Counting already: left as it is.
+    let out = output(redmutex(&server).args(["latch", "set", "batch", "5"]));
+    assert_eq!(out.status.code(), Some(75));
+    let out = output(redmutex(&server).args(["latch", "wait", "-w", "200ms", "batch"]));
+    assert_eq!(out.status.code(), Some(75));
+    let doc = json(&output(
+        redmutex(&server).args(["status", "--json", "batch"]),
+    ));
+    assert_eq!(doc["objects"][0]["kind"], "latch");
+    assert_eq!(doc["objects"][0]["count"], 2);
+    assert_eq!(doc["objects"][0]["permits"], Value::Null);
+    let waiting = redmutex(&server)
+        .args(["latch", "wait", "batch"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = output(redmutex(&server).args(["latch", "count-down", "batch"]));
+    assert_eq!(text(&out.stdout), "1\n");
+    let out = output(redmutex(&server).args(["latch", "count-down", "batch"]));
+    assert_eq!(text(&out.stdout), "0\n");
+    let t = Instant::now();
+    let status = waiting.wait_with_output().unwrap().status;
+    assert!(status.success());
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
+fn after_a_second_of_waiting_it_says_who_holds_the_lock_unless_quiet() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let guard = c.lock("busy").lock().unwrap();
+    let started = Instant::now();
+    let mut run = redmutex(&server)
+        .args(["run", "busy", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(run.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let said_after = started.elapsed();
+    eprintln!("the note came {said_after:?} after the start: {line}");
+    assert!(
+        line.starts_with("redmutex: waiting for busy, held by "),
+        "{line}"
+    );
+    assert!(line.contains(c.id()), "{line}");
+    assert!(
+        said_after >= Duration::from_millis(1000) && said_after < Duration::from_millis(3000),
+        "{said_after:?}"
+    );
+    guard.unlock().unwrap();
+    assert!(run.wait().unwrap().success());
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "", "said more than once");
+
+    let guard = c.lock("busy").lock().unwrap();
+    let out = output(redmutex(&server).args(["-q", "run", "-w", "1500ms", "busy", "true"]));
+    assert_eq!(out.status.code(), Some(75));
+    let err = text(&out.stderr);
+    assert!(!err.contains("waiting for"), "-q did not silence it: {err}");
+    // Acquired within the second: nothing said.
+    guard.unlock().unwrap();
+    let out = output(redmutex(&server).args(["run", "busy", "true"]));
+    assert_eq!(text(&out.stderr), "");
+}
+
+#[test]
+fn help_reads_right_and_completions_and_the_manual_are_generated() {
+    let help = text(&output(bare().arg("--help")).stdout);
+    assert!(help.contains("Connection options:"), "{help}");
+    assert!(help.contains("Output options:"), "{help}");
+    assert!(help.contains("[env: REDMUTEX_PREFIX]"), "{help}");
+    assert!(
+        !help.contains("=]"),
+        "an unset variable shown with a value: {help}"
+    );
+    let run_help = text(&output(bare().args(["run", "--help"])).stdout);
+    for flag in ["-w, --wait", "-l, --lease", "-n, --semaphore", "--shared"] {
+        assert!(run_help.contains(flag), "{flag}: {run_help}");
+    }
+    // A value taken from the environment does not make --url look required.
+    let out = output(bare().env("REDIS_URL", "redis://h/").args(["run", "x"]));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    let usage = err.lines().find(|l| l.starts_with("Usage:")).expect(&err);
+    assert!(!usage.contains("--url"), "{usage}");
+    for shell in ["bash", "zsh", "fish"] {
+        let out = output(bare().args(["completions", shell]));
+        assert_eq!(out.status.code(), Some(0));
+        let script = text(&out.stdout);
+        assert!(
+            script.contains("redmutex") && script.contains("hold"),
+            "{shell}"
+        );
+    }
+    let man = output(bare().arg("man"));
+    assert_eq!(man.status.code(), Some(0));
+    let man = text(&man.stdout);
+    assert!(
+        man.starts_with(".ie") || man.contains(".TH redmutex"),
+        "{man}"
+    );
+}
+
+#[test]
+fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let _l = c.lock("all").lock().unwrap();
+    let _r = c.read_write_lock("all").read().lock().unwrap();
+    let _p = c.semaphore("all", 3).acquire_many(2).unwrap();
+    assert!(c
+        .count_down_latch("all")
+        .try_set_count(4, Duration::from_secs(60))
+        .unwrap());
+    let doc = json(&output(
+        redmutex(&server).args(["status", "--json", "all", "none"]),
+    ));
+    let objects = doc["objects"].as_array().unwrap();
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["lock", "rwlock", "semaphore", "latch", "free"]);
+    for o in objects {
+        for h in o["holders"].as_array().unwrap() {
+            let id = h["id"].as_str().unwrap();
+            assert!(id.starts_with(c.id()), "{id}");
+        }
+        for field in ["lease_remaining_ms", "token", "permits", "count", "key"] {
+            assert!(o.get(field).is_some(), "{field} missing in {o}");
+        }
+    }
+    assert!(objects[0]["lease_remaining_ms"].as_u64().unwrap() <= 5000);
+    assert_eq!(objects[2]["permits"], 3);
+    assert_eq!(objects[2]["holders"][0]["permits"], 2);
+    assert_eq!(objects[3]["count"], 4);
+}
+
+#[test]
+fn status_and_list_show_the_holders_host_pid_command_and_since() {
+    let server = RedisServer::with_args(&["--requirepass", "s3cret"]);
+    let url = format!("redis://:s3cret@127.0.0.1:{}/", server.port());
+    let c = redmutex::Client::builder()
+        .url(url.as_str())
+        .key_prefix(PREFIX)
+        .build()
+        .unwrap();
+    let before = std::time::SystemTime::now();
+    let mut holding = bare()
+        .args([
+            "--url", &url, "--prefix", PREFIX, "hold", "-l", "5s", "owned",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holding.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "held owned\n");
+    let status = |json: bool| {
+        let mut cmd = bare();
+        cmd.args(["--url", &url, "--prefix", PREFIX, "status", "owned"]);
+        if json {
+            cmd.arg("--json");
+        }
+        output(&mut cmd)
+    };
+    let doc = json(&status(true));
+    let holder = &doc["objects"][0]["holders"][0];
+    assert_eq!(holder["pid"], holding.id());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(holder["host"], host.trim());
+    let cmd: Vec<&str> = holder["cmd"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(&cmd[cmd.len() - 4..], ["hold", "-l", "5s", "owned"]);
+    let since = holder["since_ms"].as_u64().unwrap() as u128;
+    let epoch = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap();
+    // The server's clock is this machine's: since the hold started, give or take a second.
+    assert!(since + 1000 >= epoch(before).as_millis(), "{since}");
+    assert!(since <= epoch(std::time::SystemTime::now()).as_millis() + 1000);
+    assert!(holder["held_for_ms"].as_u64().unwrap() < 10_000);
+    let table = status(false);
+    let table = text(&table.stdout);
+    let pid = holding.id().to_string();
+    assert!(
+        table.contains(&format!("pid {pid}: ")) && table.contains("hold -l 5s owned"),
+        "{table}"
+    );
+    // The password in --url was not recorded.
+    let raw = format!("{:?}", c.inspect("owned").unwrap());
+    assert!(
+        !raw.contains("s3cret") && !table.contains("s3cret"),
+        "{raw}"
+    );
+    // The waiting note says the same.
+    let out = output(bare().args([
+        "--url", &url, "--prefix", PREFIX, "run", "-w", "1200ms", "owned", "true",
+    ]));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("pid {pid}: ")) && err.contains(" for "),
+        "{err}"
+    );
+    kill(Pid::from_raw(holding.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(holding.wait().unwrap().success());
+    // Released: nothing of it is left.
+    assert!(c.inspect("owned").unwrap().is_empty());
+}
