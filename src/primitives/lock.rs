@@ -93,8 +93,9 @@ pub struct Lock<K: Kind = Plain> {
 /// lapses and passes on. A confirmation that comes later is refused, and the waiter queues
 /// again rather than return a hold it lost; a hold already returned whose extension comes
 /// too late says so ([`is_lease_lost`](LockGuard::is_lease_lost)) from the end of its
-/// window, counted from before the release. See the README for the layout and the exact
-/// bounds.
+/// window, counted from before the release. See [`guide::how_it_works`](crate::guide::how_it_works)
+/// for the exact bounds and [`guide::redis_layout`](crate::guide::redis_layout) for the
+/// keys.
 ///
 /// Guards are [`LockGuard`]s with the same semantics as a [`Lock`]'s: reentrant per
 /// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the
