@@ -49,6 +49,24 @@ use crate::{Client, Error, LockGuard};
 /// `FairLock`'s returns `None`. For strict first come, first served use
 /// [`FairLock`](crate::FairLock), the same lock without barging.
 ///
+/// # Guarantees
+///
+/// - No two threads anywhere hold the lock at once while Redis keeps its data and every
+///   holder finishes within its lease (the watchdog renews it while the guard lives).
+///   A holder paused past its lease can overlap the next one: use a
+///   [`FencedLock`](crate::FencedLock) where that must not corrupt anything.
+/// - A lost hold is reported, never silent: [`is_lease_lost`](LockGuard::is_lease_lost),
+///   [`lost`](LockGuard::lost), and [`unlock`](LockGuard::unlock) returning
+///   [`Error::LeaseLost`](crate::Error::LeaseLost).
+/// - A crashed holder's lock frees itself when its lease ends; a waiter then gets it
+///   within about a millisecond, with no polling meanwhile.
+/// - Bounded calls (`try_lock*`) return by their deadline plus 250 ms, even when Redis
+///   is frozen or unreachable.
+///
+/// [`guide::guarantees`](crate::guide::guarantees) lists every guarantee with the fault
+/// tests behind it, and [`guide::topologies`](crate::guide::topologies) what failover,
+/// Sentinel, Cluster and RedLock change.
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let lock = client.lock("inventory");
