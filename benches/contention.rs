@@ -16,6 +16,9 @@
 //!    cost per acquisition.
 //! 3. Floors, measured in the same run with raw Redis commands: a PUBLISH received by a
 //!    subscriber in another process, one EVALSHA round trip, and the 1 ms hold itself.
+//! 4. The figure: phase 1's throughput, least/most and handoff distribution beside the
+//!    floors, drawn to `docs/img/contention.svg` (`REDMUTEX_CONTENTION_PLOT` names another
+//!    path); see `common/plot.rs`.
 //!
 //! The naive lock is `SET key token NX PX 30000`, retried every 10 ms while it fails, and
 //! released by a compare-and-delete script (EVALSHA). It is cheap partly because it is
