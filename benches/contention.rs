@@ -16,6 +16,9 @@
 //!    cost per acquisition.
 //! 3. Floors, measured in the same run with raw Redis commands: a PUBLISH received by a
 //!    subscriber in another process, one EVALSHA round trip, and the 1 ms hold itself.
+//! 4. The figure: phase 1's throughput, least/most and handoff distribution beside the
+//!    floors, drawn to `docs/img/contention.svg` (`REDMUTEX_CONTENTION_PLOT` names another
+//!    path); see `common/plot.rs`.
 //!
 //! The naive lock is `SET key token NX PX 30000`, retried every 10 ms while it fails, and
 //! released by a compare-and-delete script (EVALSHA). It is cheap partly because it is
@@ -53,6 +56,8 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, LockGuard};
 
 mod common;
+#[path = "common/plot.rs"]
+mod plot;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -1094,6 +1099,36 @@ fn report(
     );
     let _ = write!(out, "\n{}", t.render());
     let _ = writeln!(out, "whole bench took {:.1} s", elapsed.as_secs_f64());
+
+    let series: Vec<plot::Series> = KINDS
+        .iter()
+        .map(|&k| {
+            let c = by_kind(k);
+            plot::Series {
+                name: k.name(),
+                per_second: c.total() as f64 / c.seconds(),
+                least_most: least_most(&c.counts()),
+                handoffs: c.handoffs().0,
+            }
+        })
+        .collect();
+    let floors = plot::Floors {
+        turns_per_second: rate_floor,
+        handoff_us: median(&floor.delivery_rtt),
+    };
+    let caption = format!(
+        "{PROCESSES} processes x 1 thread on one lock, {} holds, {secs} s per lock, one run",
+        hold_name()
+    );
+    let path = plot::path();
+    match plot::draw(&path, &caption, &series, &floors) {
+        Ok(()) => {
+            let _ = writeln!(out, "figure: {}", path.display());
+        }
+        Err(e) => {
+            let _ = writeln!(out, "figure not written ({}): {e}", path.display());
+        }
+    }
     print!("{out}");
 }
 

@@ -24,7 +24,9 @@
 //! ```
 //!
 //! Every check-and-write runs inside one Lua script on the server, so a lock can never be
-//! granted to two holders. See the README for the Redis layout and the guarantees.
+//! granted to two holders. The [`guide`] holds the rest of the reference: the guarantees
+//! and failure modes, how waiting and the watchdog work, the Redis layout, Sentinel,
+//! Cluster and RedLock, security, tracing and metrics, and the benchmarks.
 //!
 //! The family: a [`FairLock`] hands the lock to its waiters strictly in the order they
 //! asked; a [`FencedLock`]'s guards carry fencing tokens; a [`ReadWriteLock`] lets many
@@ -48,7 +50,7 @@
 //! `redmutex`; with feature `metrics`, counters and histograms named `redmutex_*`
 //! (acquisitions, waits, wait and hold times, handoffs, renewals, renewal failures, lost
 //! leases) go to the recorder of the `metrics` facade. Without a subscriber or recorder
-//! they cost next to nothing. The README lists every name.
+//! they cost next to nothing. [`guide::observability`] lists every name.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -86,3 +88,35 @@ pub use crate::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The reference beyond each type's page: the files of the repository's `docs/`, shown
+/// here so that docs.rs carries them, and compiled with the doctests so that their
+/// examples cannot rot. Links between them point at the repository's files.
+pub mod guide {
+    #[doc = include_str!("../docs/api.md")]
+    pub mod api {}
+    #[doc = include_str!("../docs/guarantees-and-failure-modes.md")]
+    pub mod guarantees {}
+    #[doc = include_str!("../docs/how-it-works.md")]
+    pub mod how_it_works {}
+    #[doc = include_str!("../docs/holds.md")]
+    pub mod holds {}
+    #[doc = include_str!("../docs/family.md")]
+    pub mod family {}
+    #[doc = include_str!("../docs/topologies.md")]
+    pub mod topologies {}
+    #[doc = include_str!("../docs/redis-layout.md")]
+    pub mod redis_layout {}
+    #[doc = include_str!("../docs/security.md")]
+    pub mod security {}
+    #[doc = include_str!("../docs/observability.md")]
+    pub mod observability {}
+    #[doc = include_str!("../docs/benchmarks.md")]
+    pub mod benchmarks {}
+    #[doc = include_str!("../docs/comparison.md")]
+    pub mod comparison {}
+    #[doc = include_str!("../docs/cli.md")]
+    pub mod cli {}
+    #[doc = include_str!("../docs/development.md")]
+    pub mod development {}
+}

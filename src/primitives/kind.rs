@@ -20,6 +20,24 @@ pub(crate) mod sealed {
 /// [`Upgradeable`] sides of a [`ReadWriteLock`](crate::ReadWriteLock). Every kind has the whole lock surface
 /// ([`Lock<K>`](crate::Lock), [`LockGuard<K>`](crate::LockGuard)); a kind only changes how
 /// an acquisition behaves. Sealed: the kinds are this crate's.
+///
+/// Code written once for any kind:
+///
+/// ```no_run
+/// use redmutex::{Kind, Lock};
+///
+/// fn with_lock<K: Kind>(lock: &Lock<K>, work: impl FnOnce()) -> Result<(), redmutex::Error> {
+///     let guard = lock.lock()?;
+///     work();
+///     guard.unlock()
+/// }
+///
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// with_lock(&client.lock("a"), || {})?;
+/// with_lock(&client.fair_lock("b"), || {})?;
+/// with_lock(&client.read_write_lock("c").read(), || {})?;
+/// # Ok::<(), redmutex::Error>(())
+/// ```
 pub trait Kind: sealed::Sealed + Send + Sync + 'static {
     /// The kind's name, for `Debug` output.
     const NAME: &'static str;

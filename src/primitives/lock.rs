@@ -49,6 +49,24 @@ use crate::{Client, Error, LockGuard};
 /// `FairLock`'s returns `None`. For strict first come, first served use
 /// [`FairLock`](crate::FairLock), the same lock without barging.
 ///
+/// # Guarantees
+///
+/// - No two threads anywhere hold the lock at once while Redis keeps its data and every
+///   holder finishes within its lease (the watchdog renews it while the guard lives).
+///   A holder paused past its lease can overlap the next one: use a
+///   [`FencedLock`](crate::FencedLock) where that must not corrupt anything.
+/// - A lost hold is reported, never silent: [`is_lease_lost`](LockGuard::is_lease_lost),
+///   [`lost`](LockGuard::lost), and [`unlock`](LockGuard::unlock) returning
+///   [`Error::LeaseLost`](crate::Error::LeaseLost).
+/// - A crashed holder's lock frees itself when its lease ends; a waiter then gets it
+///   within about a millisecond, with no polling meanwhile.
+/// - Bounded calls (`try_lock*`) return by their deadline plus 250 ms, even when Redis
+///   is frozen or unreachable.
+///
+/// [`guide::guarantees`](crate::guide::guarantees) lists every guarantee with the fault
+/// tests behind it, and [`guide::topologies`](crate::guide::topologies) what failover,
+/// Sentinel, Cluster and RedLock change.
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let lock = client.lock("inventory");
@@ -93,8 +111,9 @@ pub struct Lock<K: Kind = Plain> {
 /// lapses and passes on. A confirmation that comes later is refused, and the waiter queues
 /// again rather than return a hold it lost; a hold already returned whose extension comes
 /// too late says so ([`is_lease_lost`](LockGuard::is_lease_lost)) from the end of its
-/// window, counted from before the release. See the README for the layout and the exact
-/// bounds.
+/// window, counted from before the release. See [`guide::how_it_works`](crate::guide::how_it_works)
+/// for the exact bounds and [`guide::redis_layout`](crate::guide::redis_layout) for the
+/// keys.
 ///
 /// Guards are [`LockGuard`]s with the same semantics as a [`Lock`]'s: reentrant per
 /// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the

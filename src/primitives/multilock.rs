@@ -44,9 +44,9 @@ const SPLIT_RETRIES: u32 = 6;
 /// [`red_lock`](MultiLock::red_lock) is the RedLock algorithm: the same name on N ≥ 3
 /// independent Redis masters, held when a majority granted it. A master may fail (crash,
 /// lose its data, freeze) without two holders ever having the majority, and with no
-/// replication between them there is no failover that could lose a grant. See the
-/// README's "RedLock" section for the validity arithmetic, and for what it does not
-/// promise (clocks, pauses): use fencing where correctness depends on it.
+/// replication between them there is no failover that could lose a grant. See
+/// [`guide::topologies`](crate::guide::topologies) for the validity arithmetic, and for
+/// what it does not promise (clocks, pauses): use fencing where correctness depends on it.
 /// [`new`](MultiLock::new) takes several locks (different names, or different
 /// deployments) all at once, or none.
 ///

@@ -87,7 +87,7 @@ impl ClientBuilder {
     /// are retired, and waiting threads move to the new one and look again. A hold the
     /// failover lost is reported by [`is_lease_lost`](crate::LockGuard::is_lease_lost)
     /// and [`Error::LeaseLost`]; [`sync_replicas`](ClientBuilder::sync_replicas) makes
-    /// such losses rare (see the README's "Sentinel" section for what is guaranteed).
+    /// such losses rare (see [`guide::topologies`](crate::guide::topologies) for what is guaranteed).
     ///
     /// The [`url`](ClientBuilder::url), if set, then only carries what the connections to
     /// the primary need besides its address: user, password, database and, with
@@ -122,8 +122,8 @@ impl ClientBuilder {
     /// and runs on that slot's primary; `MOVED` and `ASK` redirections during resharding
     /// and `TRYAGAIN` while a slot migrates are followed and retried, within the call's
     /// timeouts. Wake-ups travel by classic pub/sub, which the cluster delivers on every
-    /// node, so the client's one pub/sub connection may be to any node. See the README's
-    /// "Cluster" section.
+    /// node, so the client's one pub/sub connection may be to any node. See
+    /// [`guide::topologies`](crate::guide::topologies).
     ///
     /// Defaults to off: a single server at [`url`](ClientBuilder::url).
     ///
@@ -284,7 +284,7 @@ impl ClientBuilder {
     ///
     /// This narrows, but does not close, the window in which a failover loses a lock:
     /// replication stays asynchronous, and a replica that confirmed may still not be the
-    /// one promoted. See the README's "Failover" section.
+    /// one promoted. See [`guide::topologies`](crate::guide::topologies).
     ///
     /// ```no_run
     /// # use std::time::Duration;
