@@ -30,6 +30,16 @@ fn calls(stats: &HashMap<String, u64>, command: &str) -> u64 {
     stats.get(command).copied().unwrap_or(0)
 }
 
+/// `SCRIPT LOAD`s in `stats`, of a server that was also sent `flushes` `SCRIPT FLUSH`es:
+/// before Redis 7.0 `INFO commandstats` counts every `SCRIPT` subcommand as one.
+fn script_loads(stats: &HashMap<String, u64>, flushes: u64) -> u64 {
+    if support::server_kind().has_functions() {
+        calls(stats, "script|load")
+    } else {
+        calls(stats, "script") - flushes
+    }
+}
+
 /// Waits (a bounded while) until `name`'s lock (or read-write lock, `kind`) has `n`
 /// waiters queued: another thread's call reached the queue.
 fn await_waiters(client: &Client, name: &str, kind: &str, n: usize) {
@@ -215,28 +225,36 @@ fn assert_evalsha(stats: &HashMap<String, u64>) {
     );
 }
 
+/// The default client on the server under test (`REDIS_SERVER_BIN`): functions where it
+/// has them (Redis 7.0 and later, Valkey), loaded once; EVALSHA where it has none.
 #[test]
-fn redis7_runs_every_script_as_a_function() {
+fn the_default_client_runs_every_script_the_servers_way() {
     let server = RedisServer::new();
     let client = client(&server, true);
     exercise(&client);
     let stats = server.command_calls();
-    assert_functions(&stats);
-    // Loaded once, on the first call.
-    assert_eq!(calls(&stats, "function|load"), 1, "{stats:?}");
+    if support::server_kind().has_functions() {
+        assert_functions(&stats);
+        // Loaded once, on the first call.
+        assert_eq!(calls(&stats, "function|load"), 1, "{stats:?}");
+    } else {
+        assert_evalsha(&stats);
+    }
 }
 
 #[test]
-fn redis7_told_to_runs_every_script_with_evalsha() {
+fn a_client_told_to_runs_every_script_with_evalsha() {
     let server = RedisServer::new();
     let client = client(&server, false);
     exercise(&client);
     assert_evalsha(&server.command_calls());
-    let functions: Vec<redis::Value> = redis::cmd("FUNCTION")
-        .arg("LIST")
-        .query(&mut server.connection())
-        .unwrap();
-    assert!(functions.is_empty(), "a library was loaded: {functions:?}");
+    if support::server_kind().has_functions() {
+        let functions: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query(&mut server.connection())
+            .unwrap();
+        assert!(functions.is_empty(), "a library was loaded: {functions:?}");
+    }
 }
 
 /// The Redis 6.2 server, or `None` (with a note) when the environment names none.
@@ -309,6 +327,9 @@ fn redlock_over_masters_of_different_versions() {
 /// the next call loads it again and goes on, a single call and a transaction alike.
 #[test]
 fn a_flushed_library_is_loaded_again() {
+    if !support::server_kind().has_functions() {
+        return support::skip("a_flushed_library_is_loaded_again", "FUNCTION");
+    }
     let server = RedisServer::new();
     let client = client(&server, true);
     let lock = client.lock("flushed");
@@ -334,7 +355,13 @@ fn a_flushed_library_is_loaded_again() {
     let stats = server.command_calls();
     assert_eq!(calls(&stats, "function|load"), 3, "{stats:?}");
     assert_functions(&stats);
-    // And with EVALSHA, SCRIPT FLUSH the same way.
+}
+
+/// The scripts gone mid-run (`SCRIPT FLUSH`) from a client running them with EVALSHA:
+/// the next call loads them again and goes on, a single call and a transaction alike.
+#[test]
+fn flushed_scripts_are_loaded_again() {
+    let server = RedisServer::new();
     let evalsha = self::client(&server, false);
     let lock = evalsha.lock("flushed");
     lock.lock().unwrap().unlock().unwrap();
@@ -349,12 +376,19 @@ fn a_flushed_library_is_loaded_again() {
         .query(&mut server.connection())
         .unwrap();
     both.lock().unwrap().unlock().unwrap();
+    let stats = server.command_calls();
+    assert_evalsha(&stats);
+    // Loaded on the first call, and again after each flush (the MultiLock's scripts too).
+    assert!(script_loads(&stats, 3) >= 3, "{stats:?}");
 }
 
 /// Two versions of redmutex on one server: each loads and calls its own library, named
 /// after its text, and neither replaces the other's.
 #[test]
 fn two_library_versions_share_a_server() {
+    if !support::server_kind().has_functions() {
+        return support::skip("two_library_versions_share_a_server", "FUNCTION");
+    }
     let server = RedisServer::new();
     let mut admin = server.connection();
     // Another version's library: another text, so another name, also for its functions.
@@ -389,22 +423,24 @@ fn two_library_versions_share_a_server() {
 }
 
 /// A user whose ACL allows EVALSHA but not FCALL: the client notices the refusal once and
-/// runs its scripts with EVALSHA.
+/// runs its scripts with EVALSHA. (On a server without functions there is no FCALL to
+/// deny: the user may run everything, and still gets EVALSHA.)
 #[test]
 fn a_user_without_fcall_gets_evalsha() {
     let server = RedisServer::new();
-    let _: () = redis::cmd("ACL")
+    let mut setuser = redis::cmd("ACL");
+    setuser
         .arg("SETUSER")
         .arg("locks")
         .arg("on")
         .arg(">pw")
         .arg("~*")
         .arg("&*")
-        .arg("+@all")
-        .arg("-fcall")
-        .arg("-function")
-        .query(&mut server.connection())
-        .unwrap();
+        .arg("+@all");
+    if support::server_kind().has_functions() {
+        setuser.arg("-fcall").arg("-function");
+    }
+    let _: () = setuser.query(&mut server.connection()).unwrap();
     let client = Client::builder()
         .url(format!("redis://locks:pw@127.0.0.1:{}/", server.port()))
         .build()
@@ -441,21 +477,41 @@ fn each_cluster_node_loads_the_library_when_it_lacks_it() {
             guard.unlock().unwrap();
         }
     };
-    let loads = |n: u64| {
+    // Without functions (before Redis 7.0) the scripts are loaded instead, each where a
+    // call of it first found it missing: at least once per node, and once more after
+    // the flush.
+    let functions = support::server_kind().has_functions();
+    let loads = |n: u64, flushes: u64| -> Vec<u64> {
+        let mut per_node = Vec::new();
         for node in cluster.nodes() {
             let stats = node.server().command_calls();
-            assert_functions(&stats);
-            assert_eq!(calls(&stats, "function|load"), n, "{stats:?}");
+            if functions {
+                assert_functions(&stats);
+                assert_eq!(calls(&stats, "function|load"), n, "{stats:?}");
+            } else {
+                assert_evalsha(&stats);
+                assert!(script_loads(&stats, flushes) >= n, "{stats:?}");
+            }
+            per_node.push(script_loads(&stats, flushes));
         }
+        per_node
     };
     run();
-    loads(1);
+    let first = loads(1, 0);
     for node in cluster.nodes() {
-        let _: () = redis::cmd("FUNCTION")
+        let _: () = redis::cmd(if functions { "FUNCTION" } else { "SCRIPT" })
             .arg("FLUSH")
             .query(&mut node.server().connection())
             .unwrap();
     }
     run();
-    loads(2);
+    let second = loads(2, 1);
+    if !functions {
+        for (before, after) in first.iter().zip(&second) {
+            assert!(
+                after > before,
+                "no script loaded after the flush: {first:?} {second:?}"
+            );
+        }
+    }
 }
