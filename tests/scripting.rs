@@ -515,3 +515,130 @@ fn each_cluster_node_loads_the_library_when_it_lacks_it() {
         }
     }
 }
+
+/// A server at its memory limit (`maxmemory` with `noeviction`) refuses every write that
+/// may grow memory, but what is held must still be renewed and released, or holds are
+/// lost just when the server is busiest. The library's functions carry `allow-oom` for
+/// that: on the server under test, a reentrant lock's inner level released, a read hold
+/// and a permit renewed past two leases and released. (Reads that are functions without
+/// `allow-oom`, such as `available_permits`, are refused meanwhile.)
+#[test]
+fn holds_are_renewed_and_released_at_the_memory_limit_with_functions() {
+    if !support::server_kind().has_functions() {
+        return support::skip(
+            "holds_are_renewed_and_released_at_the_memory_limit_with_functions",
+            "FUNCTION",
+        );
+    }
+    at_the_memory_limit(true);
+}
+
+/// The same with the scripts sent with EVALSHA (Redis 6.2's only way). A script carries
+/// no `allow-oom` flag there: the server refuses its first write that may grow memory
+/// unless it already wrote, and a renewal whose first write is a lease's ZADD, or a
+/// release of an inner level (HSET first), is refused: the holds lapse. Known and not
+/// fixed yet (see docs/servers.md); run it with `--ignored`.
+#[test]
+#[ignore = "known: EVALSHA scripts cannot renew or release some holds at maxmemory"]
+fn holds_are_renewed_and_released_at_the_memory_limit_with_evalsha() {
+    at_the_memory_limit(false);
+}
+
+fn at_the_memory_limit(functions: bool) {
+    let server = RedisServer::new();
+    let client = client(&server, functions);
+    let lock = client.lock("full");
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let rw = client.read_write_lock("full-rw");
+    let read = rw.read().lock().unwrap();
+    let sem = client.semaphore("full-sem", 2);
+    let permit = sem.acquire().unwrap();
+
+    let mut admin = server.connection();
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .exec(&mut admin)
+            .unwrap();
+    }
+    let refused = redis::cmd("SET")
+        .arg("probe")
+        .arg("x")
+        .exec(&mut admin)
+        .unwrap_err();
+    assert_eq!(refused.code(), Some("OOM"), "{refused}");
+
+    // Two leases: each hold lives on only if the watchdog's renewals were taken.
+    thread::sleep(WATCHDOG * 2);
+    let way = if functions { "default" } else { "EVALSHA" };
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        2,
+        "{way}: the lock's lease lapsed"
+    );
+    assert_eq!(
+        rw.read().hold_count().unwrap(),
+        1,
+        "{way}: the read hold lapsed"
+    );
+
+    inner
+        .unlock()
+        .unwrap_or_else(|e| panic!("{way}: inner level: {e}"));
+    assert_eq!(lock.hold_count().unwrap(), 1, "{way}");
+    outer.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap(), "{way}");
+    read.unlock()
+        .unwrap_or_else(|e| panic!("{way}: read hold: {e}"));
+    assert_eq!(rw.read().hold_count().unwrap(), 0, "{way}");
+    // A permit that lapsed is not given back but reported lost.
+    permit
+        .release()
+        .unwrap_or_else(|e| panic!("{way}: permit: {e}"));
+    let left = client.inspect("full-sem").unwrap();
+    assert!(left.iter().all(|i| i.holders.is_empty()), "{way}: {left:?}");
+}
+
+/// A client's first call names a lock whose name is not UTF-8. A server without
+/// functions refuses the FCALL with "unknown command", echoing the call's first
+/// arguments, the name's bytes among them: redis-rs cannot read that reply as text, so
+/// the refusal was never seen as one and the call failed (a parse error) instead of
+/// falling back to EVALSHA (found running the suite on Redis 6.2). Each server runs it
+/// its way: the server under test, and Redis 6.2 where CI names one.
+#[test]
+fn a_first_call_with_a_name_that_is_not_utf8_runs_on_any_server() {
+    let mut servers = vec![RedisServer::new()];
+    servers.extend(redis6());
+    for server in &servers {
+        let functions = support::redis_version(&mut server.connection())
+            .split('.')
+            .next()
+            .and_then(|major| major.parse::<u32>().ok())
+            .is_some_and(|major| major >= 7);
+        let client = client(server, true);
+        let name = b"bin\xff\xfe".to_vec();
+        let lock = client.lock(name.clone());
+        let guard = lock
+            .lock()
+            .expect("the first call, with a name that is not UTF-8");
+        assert_eq!(lock.hold_count().unwrap(), 1);
+        guard.unlock().unwrap();
+        assert!(!lock.is_locked().unwrap());
+        // Afterwards every call goes the server's way, names of either kind.
+        client.lock("text").lock().unwrap().unlock().unwrap();
+        let before = server.command_calls();
+        lock.lock().unwrap().unlock().unwrap();
+        client.lock("text").lock().unwrap().unlock().unwrap();
+        let after = server.command_calls();
+        let ran = |c: &str| calls(&after, c) - calls(&before, c);
+        if functions {
+            assert!(ran("fcall") >= 2, "{before:?} {after:?}");
+        } else {
+            assert!(ran("evalsha") >= 4, "{before:?} {after:?}");
+            assert_eq!(calls(&after, "fcall"), 0, "{after:?}");
+        }
+    }
+}

@@ -606,6 +606,16 @@ pub fn skip(test: &str, lacks: &str) {
     );
 }
 
+/// The words of an ACL rule as the server under test takes it: one without functions
+/// (before Redis 7.0) refuses `+fcall` and `+function|load`, which a user there does not
+/// need, so they are left out (docs/servers.md says so for users).
+pub fn acl_rule_words(rule: &str) -> Vec<&str> {
+    let functions = server_kind().has_functions();
+    rule.split_whitespace()
+        .filter(|w| functions || !(w.starts_with("+fcall") || w.starts_with("+function")))
+        .collect()
+}
+
 /// The Redis 6.2 server binary CI provides in `REDIS_6_SERVER_BIN` (6.2 has no functions,
 /// so the scripts run there with `EVALSHA`), if it is set.
 pub fn redis6_binary() -> Option<String> {
@@ -659,11 +669,15 @@ pub fn queued_script(script: &str) -> String {
 
 /// Script executions in `stats` (`INFO commandstats`): FCALLs of the library's functions,
 /// or EVALSHAs where a client runs the scripts as scripts of their own (and EVALs).
+/// Before Redis 7.0 a refused call counts too, and `SCRIPT` is one entry (no
+/// `script|load`): each EVALSHA refused with NOSCRIPT was followed by one SCRIPT LOAD,
+/// which is taken off.
 pub fn script_calls(stats: &HashMap<String, u64>) -> u64 {
-    ["fcall", "evalsha", "eval"]
+    let sent: u64 = ["fcall", "evalsha", "eval"]
         .iter()
         .map(|c| stats.get(*c).copied().unwrap_or(0))
-        .sum()
+        .sum();
+    sent - stats.get("script").copied().unwrap_or(0)
 }
 
 impl RedisServer {
@@ -671,7 +685,49 @@ impl RedisServer {
     pub fn script_calls(&self) -> u64 {
         script_calls(&self.command_calls())
     }
+
+    /// On a server without functions (before Redis 7.0), `SCRIPT LOAD`s every bundled
+    /// script, as a client's first call loads them all (the library) on one with them:
+    /// the first call of each script is then no NOSCRIPT refusal and load there either,
+    /// for tests that count calls. Nothing on other servers.
+    pub fn load_scripts(&self) {
+        if server_kind().has_functions() {
+            return;
+        }
+        let mut con = self.connection();
+        for name in BUNDLED {
+            redis::Script::new(&script_text(name))
+                .prepare_invoke()
+                .load(&mut con)
+                .unwrap_or_else(|e| self.fail(&format!("SCRIPT LOAD {name}: {e}")));
+        }
+    }
 }
+
+/// The bundled scripts' names (their functions' names after the library's).
+const BUNDLED: [&str; 21] = [
+    "acquire",
+    "release",
+    "cancel",
+    "kick",
+    "force_unlock",
+    "rw_acquire",
+    "rw_release",
+    "rw_cancel",
+    "rw_kick",
+    "rw_force_unlock",
+    "sem_acquire",
+    "sem_release",
+    "sem_cancel",
+    "sem_kick",
+    "sem_force_unlock",
+    "sem_permits",
+    "renew",
+    "inspect",
+    "latch_set",
+    "latch_count_down",
+    "latch_state",
+];
 
 /// The name of the function that runs the bundled script `script` ("acquire",
 /// "rw_release", "renew"...: the names `src/runtime/scripts.rs` gives them), as the
@@ -679,6 +735,10 @@ impl RedisServer {
 /// requests (which the proxy and MONITOR see) instead of an `EVALSHA`'s SHA-1. Loads the
 /// library there, as a client's first call would, so that calls counted afterwards
 /// include no load.
+///
+/// On a server without functions (Redis 6.2) the clients send `EVALSHA <sha1>` instead:
+/// the SHA-1 of the script's text, which is returned then (the script loaded there), so
+/// that the same tests look for what the requests there carry.
 pub fn function_name(url: &str, script: &str) -> String {
     let client = redmutex::Client::open(url).expect("build client");
     client
@@ -688,6 +748,18 @@ pub fn function_name(url: &str, script: &str) -> String {
     let mut con = redis::Client::open(info)
         .and_then(|c| c.get_connection())
         .expect("connect");
+    let version = redis_version(&mut con);
+    let major = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok());
+    if major.is_some_and(|m| m < 7) {
+        // Loaded too, as the library would be: calls counted afterwards include no load.
+        return redis::Script::new(&script_text(script))
+            .prepare_invoke()
+            .load(&mut con)
+            .expect("SCRIPT LOAD");
+    }
     let libraries: Vec<HashMap<String, redis::Value>> = redis::cmd("FUNCTION")
         .arg("LIST")
         .arg("LIBRARYNAME")
@@ -703,6 +775,56 @@ pub fn function_name(url: &str, script: &str) -> String {
         .collect();
     assert_eq!(names.len(), 1, "one redmutex library expected: {names:?}");
     format!("{}_{script}", names[0])
+}
+
+/// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
+/// by its SHA-1): its rule files, then its body, as `src/runtime/scripts.rs` puts them
+/// together.
+fn script_text(script: &str) -> String {
+    let queue = include_str!("../../lua/queue.lua");
+    let leases = include_str!("../../lua/leases.lua");
+    let rw = include_str!("../../lua/rw.lua");
+    let sem = include_str!("../../lua/semaphore.lua");
+    let latch = include_str!("../../lua/latch.lua");
+    let kick = include_str!("../../lua/kick.lua");
+    let force = include_str!("../../lua/force_unlock.lua");
+    let released = include_str!("../../lua/leased_release.lua");
+    let cancelled = include_str!("../../lua/leased_cancel.lua");
+    let parts: Vec<&str> = match script {
+        "acquire" => vec![queue, include_str!("../../lua/acquire.lua")],
+        "release" => vec![queue, include_str!("../../lua/release.lua")],
+        "cancel" => vec![queue, include_str!("../../lua/cancel.lua")],
+        "kick" => vec![queue, kick],
+        "force_unlock" => vec![queue, force],
+        "rw_acquire" => vec![queue, leases, rw, include_str!("../../lua/rw_acquire.lua")],
+        "rw_release" => vec![queue, leases, rw, released],
+        "rw_cancel" => vec![queue, leases, rw, cancelled],
+        "rw_kick" => vec![queue, leases, rw, kick],
+        "rw_force_unlock" => vec![queue, leases, rw, force],
+        "sem_acquire" => vec![
+            queue,
+            leases,
+            sem,
+            include_str!("../../lua/sem_acquire.lua"),
+        ],
+        "sem_release" => vec![queue, leases, sem, released],
+        "sem_cancel" => vec![queue, leases, sem, cancelled],
+        "sem_kick" => vec![queue, leases, sem, kick],
+        "sem_force_unlock" => vec![queue, leases, sem, force],
+        "sem_permits" => vec![
+            queue,
+            leases,
+            sem,
+            include_str!("../../lua/sem_permits.lua"),
+        ],
+        "renew" => vec![include_str!("../../lua/renew.lua")],
+        "inspect" => vec![include_str!("../../lua/inspect.lua")],
+        "latch_set" => vec![latch, include_str!("../../lua/latch_set.lua")],
+        "latch_count_down" => vec![latch, include_str!("../../lua/latch_count_down.lua")],
+        "latch_state" => vec![latch, include_str!("../../lua/latch_state.lua")],
+        other => panic!("no bundled script {other:?}"),
+    };
+    parts.concat()
 }
 
 /// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and
