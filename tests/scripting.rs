@@ -285,6 +285,12 @@ fn redis6_runs_every_script_with_evalsha() {
 /// FCALL it refuses is sent again as EVALSHA, as every call after it is.
 #[test]
 fn a_server_without_functions_after_one_with_them_gets_evalsha() {
+    if !support::server_kind().has_functions() {
+        return support::skip(
+            "a_server_without_functions_after_one_with_them_gets_evalsha",
+            "FUNCTION (needed beside the Redis 6.2 of REDIS_6_SERVER_BIN)",
+        );
+    }
     let Some(_) = support::redis6_binary() else {
         let _ = redis6();
         return;
@@ -308,6 +314,12 @@ fn a_server_without_functions_after_one_with_them_gets_evalsha() {
 /// server's way, the fan-out's transactions included.
 #[test]
 fn redlock_over_masters_of_different_versions() {
+    if !support::server_kind().has_functions() {
+        return support::skip(
+            "redlock_over_masters_of_different_versions",
+            "FUNCTION (needed beside the Redis 6.2 of REDIS_6_SERVER_BIN)",
+        );
+    }
     let Some(old) = redis6() else { return };
     let (a, b) = (RedisServer::new(), RedisServer::new());
     let clients = [client(&a, true), client(&b, false), client(&old, true)];
