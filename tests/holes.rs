@@ -456,7 +456,7 @@ fn acl_server(missing: &str) -> (RedisServer, String) {
     assert_ne!(rule, ACL_RULE, "{missing} is in the rule");
     let mut cmd = redis::cmd("ACL");
     cmd.arg("SETUSER").arg("locker");
-    for part in rule.split_whitespace() {
+    for part in support::acl_rule_words(&rule) {
         cmd.arg(part);
     }
     cmd.exec(&mut server.connection()).expect("ACL SETUSER");

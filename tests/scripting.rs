@@ -30,6 +30,16 @@ fn calls(stats: &HashMap<String, u64>, command: &str) -> u64 {
     stats.get(command).copied().unwrap_or(0)
 }
 
+/// `SCRIPT LOAD`s in `stats`, of a server that was also sent `flushes` `SCRIPT FLUSH`es:
+/// before Redis 7.0 `INFO commandstats` counts every `SCRIPT` subcommand as one.
+fn script_loads(stats: &HashMap<String, u64>, flushes: u64) -> u64 {
+    if support::server_kind().has_functions() {
+        calls(stats, "script|load")
+    } else {
+        calls(stats, "script") - flushes
+    }
+}
+
 /// Waits (a bounded while) until `name`'s lock (or read-write lock, `kind`) has `n`
 /// waiters queued: another thread's call reached the queue.
 fn await_waiters(client: &Client, name: &str, kind: &str, n: usize) {
@@ -215,28 +225,36 @@ fn assert_evalsha(stats: &HashMap<String, u64>) {
     );
 }
 
+/// The default client on the server under test (`REDIS_SERVER_BIN`): functions where it
+/// has them (Redis 7.0 and later, Valkey), loaded once; EVALSHA where it has none.
 #[test]
-fn redis7_runs_every_script_as_a_function() {
+fn the_default_client_runs_every_script_the_servers_way() {
     let server = RedisServer::new();
     let client = client(&server, true);
     exercise(&client);
     let stats = server.command_calls();
-    assert_functions(&stats);
-    // Loaded once, on the first call.
-    assert_eq!(calls(&stats, "function|load"), 1, "{stats:?}");
+    if support::server_kind().has_functions() {
+        assert_functions(&stats);
+        // Loaded once, on the first call.
+        assert_eq!(calls(&stats, "function|load"), 1, "{stats:?}");
+    } else {
+        assert_evalsha(&stats);
+    }
 }
 
 #[test]
-fn redis7_told_to_runs_every_script_with_evalsha() {
+fn a_client_told_to_runs_every_script_with_evalsha() {
     let server = RedisServer::new();
     let client = client(&server, false);
     exercise(&client);
     assert_evalsha(&server.command_calls());
-    let functions: Vec<redis::Value> = redis::cmd("FUNCTION")
-        .arg("LIST")
-        .query(&mut server.connection())
-        .unwrap();
-    assert!(functions.is_empty(), "a library was loaded: {functions:?}");
+    if support::server_kind().has_functions() {
+        let functions: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query(&mut server.connection())
+            .unwrap();
+        assert!(functions.is_empty(), "a library was loaded: {functions:?}");
+    }
 }
 
 /// The Redis 6.2 server, or `None` (with a note) when the environment names none.
@@ -267,6 +285,12 @@ fn redis6_runs_every_script_with_evalsha() {
 /// FCALL it refuses is sent again as EVALSHA, as every call after it is.
 #[test]
 fn a_server_without_functions_after_one_with_them_gets_evalsha() {
+    if !support::server_kind().has_functions() {
+        return support::skip(
+            "a_server_without_functions_after_one_with_them_gets_evalsha",
+            "FUNCTION (needed beside the Redis 6.2 of REDIS_6_SERVER_BIN)",
+        );
+    }
     let Some(_) = support::redis6_binary() else {
         let _ = redis6();
         return;
@@ -290,6 +314,12 @@ fn a_server_without_functions_after_one_with_them_gets_evalsha() {
 /// server's way, the fan-out's transactions included.
 #[test]
 fn redlock_over_masters_of_different_versions() {
+    if !support::server_kind().has_functions() {
+        return support::skip(
+            "redlock_over_masters_of_different_versions",
+            "FUNCTION (needed beside the Redis 6.2 of REDIS_6_SERVER_BIN)",
+        );
+    }
     let Some(old) = redis6() else { return };
     let (a, b) = (RedisServer::new(), RedisServer::new());
     let clients = [client(&a, true), client(&b, false), client(&old, true)];
@@ -309,6 +339,9 @@ fn redlock_over_masters_of_different_versions() {
 /// the next call loads it again and goes on, a single call and a transaction alike.
 #[test]
 fn a_flushed_library_is_loaded_again() {
+    if !support::server_kind().has_functions() {
+        return support::skip("a_flushed_library_is_loaded_again", "FUNCTION");
+    }
     let server = RedisServer::new();
     let client = client(&server, true);
     let lock = client.lock("flushed");
@@ -334,7 +367,13 @@ fn a_flushed_library_is_loaded_again() {
     let stats = server.command_calls();
     assert_eq!(calls(&stats, "function|load"), 3, "{stats:?}");
     assert_functions(&stats);
-    // And with EVALSHA, SCRIPT FLUSH the same way.
+}
+
+/// The scripts gone mid-run (`SCRIPT FLUSH`) from a client running them with EVALSHA:
+/// the next call loads them again and goes on, a single call and a transaction alike.
+#[test]
+fn flushed_scripts_are_loaded_again() {
+    let server = RedisServer::new();
     let evalsha = self::client(&server, false);
     let lock = evalsha.lock("flushed");
     lock.lock().unwrap().unlock().unwrap();
@@ -349,12 +388,19 @@ fn a_flushed_library_is_loaded_again() {
         .query(&mut server.connection())
         .unwrap();
     both.lock().unwrap().unlock().unwrap();
+    let stats = server.command_calls();
+    assert_evalsha(&stats);
+    // Loaded on the first call, and again after each flush (the MultiLock's scripts too).
+    assert!(script_loads(&stats, 3) >= 3, "{stats:?}");
 }
 
 /// Two versions of redmutex on one server: each loads and calls its own library, named
 /// after its text, and neither replaces the other's.
 #[test]
 fn two_library_versions_share_a_server() {
+    if !support::server_kind().has_functions() {
+        return support::skip("two_library_versions_share_a_server", "FUNCTION");
+    }
     let server = RedisServer::new();
     let mut admin = server.connection();
     // Another version's library: another text, so another name, also for its functions.
@@ -389,22 +435,24 @@ fn two_library_versions_share_a_server() {
 }
 
 /// A user whose ACL allows EVALSHA but not FCALL: the client notices the refusal once and
-/// runs its scripts with EVALSHA.
+/// runs its scripts with EVALSHA. (On a server without functions there is no FCALL to
+/// deny: the user may run everything, and still gets EVALSHA.)
 #[test]
 fn a_user_without_fcall_gets_evalsha() {
     let server = RedisServer::new();
-    let _: () = redis::cmd("ACL")
+    let mut setuser = redis::cmd("ACL");
+    setuser
         .arg("SETUSER")
         .arg("locks")
         .arg("on")
         .arg(">pw")
         .arg("~*")
         .arg("&*")
-        .arg("+@all")
-        .arg("-fcall")
-        .arg("-function")
-        .query(&mut server.connection())
-        .unwrap();
+        .arg("+@all");
+    if support::server_kind().has_functions() {
+        setuser.arg("-fcall").arg("-function");
+    }
+    let _: () = setuser.query(&mut server.connection()).unwrap();
     let client = Client::builder()
         .url(format!("redis://locks:pw@127.0.0.1:{}/", server.port()))
         .build()
@@ -441,21 +489,168 @@ fn each_cluster_node_loads_the_library_when_it_lacks_it() {
             guard.unlock().unwrap();
         }
     };
-    let loads = |n: u64| {
+    // Without functions (before Redis 7.0) the scripts are loaded instead, each where a
+    // call of it first found it missing: at least once per node, and once more after
+    // the flush.
+    let functions = support::server_kind().has_functions();
+    let loads = |n: u64, flushes: u64| -> Vec<u64> {
+        let mut per_node = Vec::new();
         for node in cluster.nodes() {
             let stats = node.server().command_calls();
-            assert_functions(&stats);
-            assert_eq!(calls(&stats, "function|load"), n, "{stats:?}");
+            if functions {
+                assert_functions(&stats);
+                assert_eq!(calls(&stats, "function|load"), n, "{stats:?}");
+            } else {
+                assert_evalsha(&stats);
+                assert!(script_loads(&stats, flushes) >= n, "{stats:?}");
+            }
+            per_node.push(script_loads(&stats, flushes));
         }
+        per_node
     };
     run();
-    loads(1);
+    let first = loads(1, 0);
     for node in cluster.nodes() {
-        let _: () = redis::cmd("FUNCTION")
+        let _: () = redis::cmd(if functions { "FUNCTION" } else { "SCRIPT" })
             .arg("FLUSH")
             .query(&mut node.server().connection())
             .unwrap();
     }
     run();
-    loads(2);
+    let second = loads(2, 1);
+    if !functions {
+        for (before, after) in first.iter().zip(&second) {
+            assert!(
+                after > before,
+                "no script loaded after the flush: {first:?} {second:?}"
+            );
+        }
+    }
+}
+
+/// A server at its memory limit (`maxmemory` with `noeviction`) refuses every write that
+/// may grow memory, but what is held must still be renewed and released, or holds are
+/// lost just when the server is busiest. The library's functions carry `allow-oom` for
+/// that: on the server under test, a reentrant lock's inner level released, a read hold
+/// and a permit renewed past two leases and released. (Reads that are functions without
+/// `allow-oom`, such as `available_permits`, are refused meanwhile.)
+#[test]
+fn holds_are_renewed_and_released_at_the_memory_limit_with_functions() {
+    if !support::server_kind().has_functions() {
+        return support::skip(
+            "holds_are_renewed_and_released_at_the_memory_limit_with_functions",
+            "FUNCTION",
+        );
+    }
+    at_the_memory_limit(true);
+}
+
+/// The same with the scripts sent with EVALSHA (Redis 6.2's only way). A script carries
+/// no `allow-oom` flag there: the server refuses its first write that may grow memory
+/// unless it already wrote, and a renewal whose first write is a lease's ZADD, or a
+/// release of an inner level (HSET first), is refused: the holds lapse. Known and not
+/// fixed yet (see docs/servers.md); run it with `--ignored`.
+#[test]
+#[ignore = "known: EVALSHA scripts cannot renew or release some holds at maxmemory"]
+fn holds_are_renewed_and_released_at_the_memory_limit_with_evalsha() {
+    at_the_memory_limit(false);
+}
+
+fn at_the_memory_limit(functions: bool) {
+    let server = RedisServer::new();
+    let client = client(&server, functions);
+    let lock = client.lock("full");
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let rw = client.read_write_lock("full-rw");
+    let read = rw.read().lock().unwrap();
+    let sem = client.semaphore("full-sem", 2);
+    let permit = sem.acquire().unwrap();
+
+    let mut admin = server.connection();
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .exec(&mut admin)
+            .unwrap();
+    }
+    let refused = redis::cmd("SET")
+        .arg("probe")
+        .arg("x")
+        .exec(&mut admin)
+        .unwrap_err();
+    assert_eq!(refused.code(), Some("OOM"), "{refused}");
+
+    // Two leases: each hold lives on only if the watchdog's renewals were taken.
+    thread::sleep(WATCHDOG * 2);
+    let way = if functions { "default" } else { "EVALSHA" };
+    assert_eq!(
+        lock.hold_count().unwrap(),
+        2,
+        "{way}: the lock's lease lapsed"
+    );
+    assert_eq!(
+        rw.read().hold_count().unwrap(),
+        1,
+        "{way}: the read hold lapsed"
+    );
+
+    inner
+        .unlock()
+        .unwrap_or_else(|e| panic!("{way}: inner level: {e}"));
+    assert_eq!(lock.hold_count().unwrap(), 1, "{way}");
+    outer.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap(), "{way}");
+    read.unlock()
+        .unwrap_or_else(|e| panic!("{way}: read hold: {e}"));
+    assert_eq!(rw.read().hold_count().unwrap(), 0, "{way}");
+    // A permit that lapsed is not given back but reported lost.
+    permit
+        .release()
+        .unwrap_or_else(|e| panic!("{way}: permit: {e}"));
+    let left = client.inspect("full-sem").unwrap();
+    assert!(left.iter().all(|i| i.holders.is_empty()), "{way}: {left:?}");
+}
+
+/// A client's first call names a lock whose name is not UTF-8. A server without
+/// functions refuses the FCALL with "unknown command", echoing the call's first
+/// arguments, the name's bytes among them: redis-rs cannot read that reply as text, so
+/// the refusal was never seen as one and the call failed (a parse error) instead of
+/// falling back to EVALSHA (found running the suite on Redis 6.2). Each server runs it
+/// its way: the server under test, and Redis 6.2 where CI names one.
+#[test]
+fn a_first_call_with_a_name_that_is_not_utf8_runs_on_any_server() {
+    let mut servers = vec![RedisServer::new()];
+    servers.extend(redis6());
+    for server in &servers {
+        let functions = support::redis_version(&mut server.connection())
+            .split('.')
+            .next()
+            .and_then(|major| major.parse::<u32>().ok())
+            .is_some_and(|major| major >= 7);
+        let client = client(server, true);
+        let name = b"bin\xff\xfe".to_vec();
+        let lock = client.lock(name.clone());
+        let guard = lock
+            .lock()
+            .expect("the first call, with a name that is not UTF-8");
+        assert_eq!(lock.hold_count().unwrap(), 1);
+        guard.unlock().unwrap();
+        assert!(!lock.is_locked().unwrap());
+        // Afterwards every call goes the server's way, names of either kind.
+        client.lock("text").lock().unwrap().unlock().unwrap();
+        let before = server.command_calls();
+        lock.lock().unwrap().unlock().unwrap();
+        client.lock("text").lock().unwrap().unlock().unwrap();
+        let after = server.command_calls();
+        let ran = |c: &str| calls(&after, c) - calls(&before, c);
+        if functions {
+            assert!(ran("fcall") >= 2, "{before:?} {after:?}");
+        } else {
+            assert!(ran("evalsha") >= 4, "{before:?} {after:?}");
+            assert_eq!(calls(&after, "fcall"), 0, "{after:?}");
+        }
+    }
 }

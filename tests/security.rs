@@ -20,7 +20,7 @@ const ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@al
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
     cmd.arg("SETUSER").arg(name);
-    for part in rule.split_whitespace() {
+    for part in support::acl_rule_words(rule) {
         cmd.arg(part);
     }
     cmd.exec(&mut server.connection()).expect("ACL SETUSER");

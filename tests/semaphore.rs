@@ -138,7 +138,10 @@ fn end_lease(server: &RedisServer, name: &str, holder: &str) {
 fn script_calls(lines: &[String], call: &str) -> usize {
     Monitor::top_level(lines)
         .iter()
-        .filter(|l| l.to_ascii_lowercase().contains("\"fcall\"") && l.contains(call))
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            (l.contains("\"fcall\"") || l.contains("\"evalsha\"")) && l.contains(call)
+        })
         .count()
 }
 

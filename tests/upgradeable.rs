@@ -259,7 +259,7 @@ fn an_acl_user_confined_to_the_prefix_can_upgrade() {
     let server = RedisServer::new();
     let mut cmd = redis::cmd("ACL");
     cmd.arg("SETUSER").arg("locker");
-    for part in ACL_RULE.split_whitespace() {
+    for part in support::acl_rule_words(ACL_RULE) {
         cmd.arg(part);
     }
     cmd.exec(&mut server.connection()).expect("ACL SETUSER");

@@ -274,13 +274,17 @@ impl ScriptCall {
 /// it has none, then as scripts of their own.
 pub(crate) struct Scripting {
     functions: AtomicBool,
+    // An FCALL has run on a server of this client: it has functions. Until then a call
+    // whose keys or arguments are not UTF-8 goes as EVALSHA (see `command`).
+    confirmed: AtomicBool,
 }
 
 /// The refusals a call gets over before it is sent again, each once.
 #[derive(Default)]
 pub(crate) struct Recovered {
     fallen_back: bool,
-    loaded: bool,
+    loaded_library: bool,
+    loaded_scripts: bool,
 }
 
 impl Scripting {
@@ -288,6 +292,7 @@ impl Scripting {
     pub(crate) fn new(functions: bool) -> Scripting {
         Scripting {
             functions: AtomicBool::new(functions),
+            confirmed: AtomicBool::new(false),
         }
     }
 
@@ -296,10 +301,25 @@ impl Scripting {
         self.functions.load(Ordering::Relaxed)
     }
 
+    /// Whether `call` goes as an `FCALL`. A server without functions refuses one with
+    /// "unknown command", echoing its first arguments: when they are not UTF-8 (a lock
+    /// named by bytes), redis-rs cannot read that reply, so the refusal would not be
+    /// seen as one and the call would fail instead of falling back. Until an FCALL has
+    /// run, such a call goes as EVALSHA, which every server runs the same.
+    fn sends_fcall(&self, call: &ScriptCall) -> bool {
+        self.uses_functions()
+            && (self.confirmed.load(Ordering::Relaxed)
+                || call
+                    .keys
+                    .iter()
+                    .chain(&call.args)
+                    .all(|a| std::str::from_utf8(a).is_ok()))
+    }
+
     /// The command that runs `call`: `FCALL <function> <numkeys> <keys> <args>`, or the same
     /// with `EVALSHA <sha1>`.
     pub(crate) fn command(&self, call: &ScriptCall) -> Cmd {
-        let mut cmd = if self.uses_functions() {
+        let mut cmd = if self.sends_fcall(call) {
             let mut cmd = redis::cmd("FCALL");
             cmd.arg(call.script.function.as_str());
             cmd
@@ -330,9 +350,21 @@ impl Scripting {
     ) -> RedisResult<T> {
         let mut recovered = Recovered::default();
         loop {
+            let fcall = self.sends_fcall(call);
             match self.command(call).query(&mut *con) {
                 Err(e) if self.recover(con, &e, &[call], &mut recovered)? => {}
-                result => return result,
+                result => {
+                    // Ran (or failed inside): the server has functions. An error that
+                    // is not the server's reply (a lost connection) proves nothing.
+                    let ran = match &result {
+                        Ok(_) => true,
+                        Err(e) => e.code().is_some() && !is_functions_refused(e),
+                    };
+                    if fcall && ran {
+                        self.confirmed.store(true, Ordering::Relaxed);
+                    }
+                    return result;
+                }
             }
         }
     }
@@ -352,21 +384,20 @@ impl Scripting {
             recovered.fallen_back = true;
             return Ok(true);
         }
-        if !(is_noscript(e) || is_function_missing(e)) || recovered.loaded {
-            return Ok(false);
-        }
-        recovered.loaded = true;
-        if self.uses_functions() {
+        // What is missing says how the call went: the library for an FCALL, the script
+        // for an EVALSHA (one transaction may hold both, see `sends_fcall`).
+        if is_function_missing(e) && !recovered.loaded_library {
+            recovered.loaded_library = true;
             match load_library(con) {
                 Err(e) if is_functions_refused(&e) && !recovered.fallen_back => {
                     self.fall_back(&e);
                     recovered.fallen_back = true;
                     // The scripts are loaded by the next refusal.
-                    recovered.loaded = false;
                 }
                 loaded => loaded?,
             }
-        } else {
+        } else if is_noscript(e) && !recovered.loaded_scripts {
+            recovered.loaded_scripts = true;
             let mut loaded: Vec<&str> = Vec::new();
             for call in calls {
                 let script = &*call.script.script;
@@ -375,6 +406,8 @@ impl Scripting {
                     loaded.push(script.get_hash());
                 }
             }
+        } else {
+            return Ok(false);
         }
         Ok(true)
     }

@@ -469,11 +469,151 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 /// The binary to run: `REDIS_SERVER_BIN` lets CI point at a non-PATH build.
-fn server_binary() -> String {
+pub fn server_binary() -> String {
     std::env::var("REDIS_SERVER_BIN")
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "redis-server".to_string())
+}
+
+/// Which server a binary is, from `<bin> --version` ("Redis server v=6.2.14 ..." or
+/// "Valkey server v=8.1.8 ..."): the features a test needs differ between them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerKind {
+    /// The binary asked.
+    pub bin: String,
+    /// "Redis" or "Valkey", as the binary names itself.
+    pub product: String,
+    /// Its own version (Valkey's, not the `redis_version` it also reports).
+    pub version: (u32, u32, u32),
+}
+
+impl ServerKind {
+    /// Asks `bin --version`; panics when the binary cannot be run or its answer is not
+    /// understood, since no test of a server feature can then be trusted.
+    pub fn of(bin: &str) -> ServerKind {
+        let out = Command::new(bin)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {bin:?} --version: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let parsed = text.split_whitespace().next().zip(
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix("v="))
+                .and_then(parse_version),
+        );
+        let Some((product, version)) = parsed else {
+            panic!("{bin:?} --version said {text:?}: not a Redis or Valkey server")
+        };
+        ServerKind {
+            bin: bin.to_owned(),
+            product: product.to_owned(),
+            version,
+        }
+    }
+
+    /// Whether this is Valkey (which reports `redis_version:7.2.4` beside its own).
+    pub fn is_valkey(&self) -> bool {
+        self.product.eq_ignore_ascii_case("valkey")
+    }
+
+    /// Redis `major.minor` or later; every Valkey is (it forked from Redis 7.2).
+    fn redis_at_least(&self, major: u32, minor: u32) -> bool {
+        self.is_valkey() || (self.version.0, self.version.1) >= (major, minor)
+    }
+
+    /// `FUNCTION` and `FCALL` (Redis 7.0).
+    pub fn has_functions(&self) -> bool {
+        self.redis_at_least(7, 0)
+    }
+
+    /// `CLUSTER ADDSLOTSRANGE` (Redis 7.0); before it slots are added one by one.
+    pub fn has_slot_ranges(&self) -> bool {
+        self.redis_at_least(7, 0)
+    }
+
+    /// A command over several keys of a slot being migrated, some on the source and some
+    /// not, gets `TRYAGAIN` from the source (Redis 7.0); before, the source sends it to
+    /// the target with `ASK`, as when none is there.
+    pub fn tries_again_when_some_keys_are_here(&self) -> bool {
+        self.redis_at_least(7, 0)
+    }
+
+    /// The `cluster-port` setting (Redis 7.0); before it the bus is on port + 10000.
+    pub fn has_cluster_port(&self) -> bool {
+        self.redis_at_least(7, 0)
+    }
+
+    /// `SENTINEL DEBUG`, which shortens a sentinel's periods (Redis 7.0).
+    pub fn has_sentinel_debug(&self) -> bool {
+        self.redis_at_least(7, 0)
+    }
+
+    /// Whether the binary was built with TLS: one without it refuses `tls-port` (Redis)
+    /// or finds no TLS connection type (Valkey) and exits; one with it exits too, for the
+    /// missing certificate, which is what is asked for here.
+    pub fn has_tls(&self) -> bool {
+        let out = Command::new(&self.bin)
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                "1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--daemonize", "no", "--logfile", ""])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", self.bin));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        !(text.contains("Bad directive") || text.contains("Failed finding TLS support"))
+    }
+
+    /// "Redis 6.2.14", "Valkey 8.1.8".
+    pub fn name(&self) -> String {
+        let (a, b, c) = self.version;
+        format!("{} {a}.{b}.{c}", self.product)
+    }
+}
+
+/// `"8.1.8"` as numbers.
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = text.split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// The server the tests run (`REDIS_SERVER_BIN`, else `redis-server`), asked once.
+pub fn server_kind() -> &'static ServerKind {
+    static KIND: std::sync::OnceLock<ServerKind> = std::sync::OnceLock::new();
+    KIND.get_or_init(|| ServerKind::of(&server_binary()))
+}
+
+/// Says on stderr that `test` does not run on this server, and why (a feature it lacks):
+/// the caller then returns. Only for features the server lacks, never for a behaviour
+/// of the library that differs.
+pub fn skip(test: &str, lacks: &str) {
+    eprintln!(
+        "SKIPPED {test}: {} ({}) lacks {lacks}",
+        server_kind().name(),
+        server_kind().bin
+    );
+}
+
+/// The words of an ACL rule as the server under test takes it: one without functions
+/// (before Redis 7.0) refuses `+fcall` and `+function|load`, which a user there does not
+/// need, so they are left out (docs/servers.md says so for users).
+pub fn acl_rule_words(rule: &str) -> Vec<&str> {
+    let functions = server_kind().has_functions();
+    rule.split_whitespace()
+        .filter(|w| functions || !(w.starts_with("+fcall") || w.starts_with("+function")))
+        .collect()
 }
 
 /// The Redis 6.2 server binary CI provides in `REDIS_6_SERVER_BIN` (6.2 has no functions,
@@ -521,7 +661,6 @@ pub fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
     parse_commandstats(&info)
 }
 
-/// The `redis_version` line of `INFO server` on `con`.
 /// A bundled script's text as the library runs it when it can hand a lock on (acquire,
 /// release, cancel, kick, force_unlock): the queue's rules, `lua/queue.lua`, first.
 pub fn queued_script(script: &str) -> String {
@@ -530,11 +669,15 @@ pub fn queued_script(script: &str) -> String {
 
 /// Script executions in `stats` (`INFO commandstats`): FCALLs of the library's functions,
 /// or EVALSHAs where a client runs the scripts as scripts of their own (and EVALs).
+/// Before Redis 7.0 a refused call counts too, and `SCRIPT` is one entry (no
+/// `script|load`): each EVALSHA refused with NOSCRIPT was followed by one SCRIPT LOAD,
+/// which is taken off.
 pub fn script_calls(stats: &HashMap<String, u64>) -> u64 {
-    ["fcall", "evalsha", "eval"]
+    let sent: u64 = ["fcall", "evalsha", "eval"]
         .iter()
         .map(|c| stats.get(*c).copied().unwrap_or(0))
-        .sum()
+        .sum();
+    sent - stats.get("script").copied().unwrap_or(0)
 }
 
 impl RedisServer {
@@ -542,7 +685,49 @@ impl RedisServer {
     pub fn script_calls(&self) -> u64 {
         script_calls(&self.command_calls())
     }
+
+    /// On a server without functions (before Redis 7.0), `SCRIPT LOAD`s every bundled
+    /// script, as a client's first call loads them all (the library) on one with them:
+    /// the first call of each script is then no NOSCRIPT refusal and load there either,
+    /// for tests that count calls. Nothing on other servers.
+    pub fn load_scripts(&self) {
+        if server_kind().has_functions() {
+            return;
+        }
+        let mut con = self.connection();
+        for name in BUNDLED {
+            redis::Script::new(&script_text(name))
+                .prepare_invoke()
+                .load(&mut con)
+                .unwrap_or_else(|e| self.fail(&format!("SCRIPT LOAD {name}: {e}")));
+        }
+    }
 }
+
+/// The bundled scripts' names (their functions' names after the library's).
+const BUNDLED: [&str; 21] = [
+    "acquire",
+    "release",
+    "cancel",
+    "kick",
+    "force_unlock",
+    "rw_acquire",
+    "rw_release",
+    "rw_cancel",
+    "rw_kick",
+    "rw_force_unlock",
+    "sem_acquire",
+    "sem_release",
+    "sem_cancel",
+    "sem_kick",
+    "sem_force_unlock",
+    "sem_permits",
+    "renew",
+    "inspect",
+    "latch_set",
+    "latch_count_down",
+    "latch_state",
+];
 
 /// The name of the function that runs the bundled script `script` ("acquire",
 /// "rw_release", "renew"...: the names `src/runtime/scripts.rs` gives them), as the
@@ -550,6 +735,10 @@ impl RedisServer {
 /// requests (which the proxy and MONITOR see) instead of an `EVALSHA`'s SHA-1. Loads the
 /// library there, as a client's first call would, so that calls counted afterwards
 /// include no load.
+///
+/// On a server without functions (Redis 6.2) the clients send `EVALSHA <sha1>` instead:
+/// the SHA-1 of the script's text, which is returned then (the script loaded there), so
+/// that the same tests look for what the requests there carry.
 pub fn function_name(url: &str, script: &str) -> String {
     let client = redmutex::Client::open(url).expect("build client");
     client
@@ -559,6 +748,18 @@ pub fn function_name(url: &str, script: &str) -> String {
     let mut con = redis::Client::open(info)
         .and_then(|c| c.get_connection())
         .expect("connect");
+    let version = redis_version(&mut con);
+    let major = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok());
+    if major.is_some_and(|m| m < 7) {
+        // Loaded too, as the library would be: calls counted afterwards include no load.
+        return redis::Script::new(&script_text(script))
+            .prepare_invoke()
+            .load(&mut con)
+            .expect("SCRIPT LOAD");
+    }
     let libraries: Vec<HashMap<String, redis::Value>> = redis::cmd("FUNCTION")
         .arg("LIST")
         .arg("LIBRARYNAME")
@@ -574,6 +775,56 @@ pub fn function_name(url: &str, script: &str) -> String {
         .collect();
     assert_eq!(names.len(), 1, "one redmutex library expected: {names:?}");
     format!("{}_{script}", names[0])
+}
+
+/// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
+/// by its SHA-1): its rule files, then its body, as `src/runtime/scripts.rs` puts them
+/// together.
+fn script_text(script: &str) -> String {
+    let queue = include_str!("../../lua/queue.lua");
+    let leases = include_str!("../../lua/leases.lua");
+    let rw = include_str!("../../lua/rw.lua");
+    let sem = include_str!("../../lua/semaphore.lua");
+    let latch = include_str!("../../lua/latch.lua");
+    let kick = include_str!("../../lua/kick.lua");
+    let force = include_str!("../../lua/force_unlock.lua");
+    let released = include_str!("../../lua/leased_release.lua");
+    let cancelled = include_str!("../../lua/leased_cancel.lua");
+    let parts: Vec<&str> = match script {
+        "acquire" => vec![queue, include_str!("../../lua/acquire.lua")],
+        "release" => vec![queue, include_str!("../../lua/release.lua")],
+        "cancel" => vec![queue, include_str!("../../lua/cancel.lua")],
+        "kick" => vec![queue, kick],
+        "force_unlock" => vec![queue, force],
+        "rw_acquire" => vec![queue, leases, rw, include_str!("../../lua/rw_acquire.lua")],
+        "rw_release" => vec![queue, leases, rw, released],
+        "rw_cancel" => vec![queue, leases, rw, cancelled],
+        "rw_kick" => vec![queue, leases, rw, kick],
+        "rw_force_unlock" => vec![queue, leases, rw, force],
+        "sem_acquire" => vec![
+            queue,
+            leases,
+            sem,
+            include_str!("../../lua/sem_acquire.lua"),
+        ],
+        "sem_release" => vec![queue, leases, sem, released],
+        "sem_cancel" => vec![queue, leases, sem, cancelled],
+        "sem_kick" => vec![queue, leases, sem, kick],
+        "sem_force_unlock" => vec![queue, leases, sem, force],
+        "sem_permits" => vec![
+            queue,
+            leases,
+            sem,
+            include_str!("../../lua/sem_permits.lua"),
+        ],
+        "renew" => vec![include_str!("../../lua/renew.lua")],
+        "inspect" => vec![include_str!("../../lua/inspect.lua")],
+        "latch_set" => vec![latch, include_str!("../../lua/latch_set.lua")],
+        "latch_count_down" => vec![latch, include_str!("../../lua/latch_count_down.lua")],
+        "latch_state" => vec![latch, include_str!("../../lua/latch_state.lua")],
+        other => panic!("no bundled script {other:?}"),
+    };
+    parts.concat()
 }
 
 /// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and
@@ -615,16 +866,23 @@ pub fn subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64
         .sum()
 }
 
+/// The `redis_version` line of `INFO server` on `con`. On Valkey, which reports the Redis version it is compatible with, its own follows:
+/// "7.2.4 (Valkey 8.1.8)".
 pub fn redis_version(con: &mut redis::Connection) -> String {
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query(con)
         .expect("INFO server");
-    info.lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .unwrap_or("?")
-        .trim()
-        .to_owned()
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().to_owned())
+    };
+    let redis = field("redis_version").unwrap_or_else(|| "?".to_owned());
+    match field("valkey_version") {
+        Some(valkey) => format!("{redis} (Valkey {valkey})"),
+        None => redis,
+    }
 }
 
 fn parse_commandstats(info: &str) -> HashMap<String, u64> {
@@ -713,7 +971,14 @@ impl<S: Sink> Monitor<S> {
     }
 
     fn end(&self) -> bool {
-        redis::Client::open(self.url.as_str())
+        // Without `CLIENT SETINFO`: servers that know it (Redis 7.2, Valkey) would show it
+        // in the recording, as commands no client under test sent.
+        let info = match self.url.as_str().into_connection_info() {
+            Ok(info) => info,
+            Err(_) => return false,
+        };
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        redis::Client::open(info.set_redis_settings(settings))
             .and_then(|c| c.get_connection())
             .and_then(|mut con| redis::cmd("ECHO").arg(&self.marker).exec(&mut con))
             .is_ok()

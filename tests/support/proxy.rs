@@ -120,11 +120,17 @@ impl Rules {
         Action::Forward { delay, swallow }
     }
 
-    /// How long a server → client chunk is held back.
-    fn reply_delay(&self, chunk: &[u8]) -> Duration {
+    /// How long a server → client chunk is held back: a marker in it, or one that began in
+    /// `before` (the end of what was passed on) and ends in it.
+    fn reply_delay(&self, before: &[u8], chunk: &[u8]) -> Duration {
         self.reply_delays
             .iter()
-            .filter(|(m, _)| contains(chunk, m))
+            .filter(|(m, _)| {
+                // At most all but one byte of the marker from before: a marker wholly in
+                // what was passed on already was dealt with then.
+                let keep = before.len().min(m.len().saturating_sub(1));
+                contains(&[&before[before.len() - keep..], chunk].concat(), m)
+            })
             .map(|(_, d)| *d)
             .max()
             .unwrap_or_default()
@@ -434,6 +440,10 @@ fn pump_requests(
     let _ = c_in.shutdown(Shutdown::Both);
 }
 
+/// The longest reply marker looked for across two pieces of a reply (see `pump_replies`);
+/// the tests' markers are a few dozen bytes.
+const REPLY_MARKER_MAX: usize = 256;
+
 fn pump_replies(
     mut s_in: TcpStream,
     c_out: &Mutex<TcpStream>,
@@ -441,6 +451,10 @@ fn pump_replies(
     swallow: &AtomicBool,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
+    // The end of the bytes already passed on: a reply may reach the proxy in pieces (seen
+    // with Redis 6.2, which sent a transaction's replies in two writes), so a marker is
+    // looked for across the boundary too, and the piece that completes it is held back.
+    let mut tail: Vec<u8> = Vec::new();
     while let Ok(n) = s_in.read(&mut buf) {
         if n == 0 {
             break;
@@ -449,7 +463,9 @@ fn pump_replies(
             shared.dropped.fetch_add(1, Ordering::SeqCst);
             break;
         }
-        let delay = shared.lock().reply_delay(&buf[..n]);
+        let delay = shared.lock().reply_delay(&tail, &buf[..n]);
+        tail = [tail.as_slice(), &buf[..n]].concat();
+        tail.drain(..tail.len().saturating_sub(REPLY_MARKER_MAX));
         if !delay.is_zero() && !shared.hold_back(delay) {
             break;
         }

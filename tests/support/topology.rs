@@ -602,18 +602,22 @@ impl SentinelsBuilder {
             (self.down_after / 2).clamp(Duration::from_millis(300), Duration::from_secs(1));
         for (index, sentinel) in topology.sentinels.iter().enumerate() {
             let mut con = sentinel.connection();
-            redis::cmd("SENTINEL")
-                .arg("DEBUG")
-                .arg("info-period")
-                .arg(100)
-                .arg("publish-period")
-                .arg(200)
-                .arg("ask-period")
-                .arg(100)
-                .arg("ping-period")
-                .arg(ping_period.as_millis())
-                .exec(&mut con)
-                .unwrap_or_else(|e| panic!("SENTINEL DEBUG on {}: {e}", sentinel.port));
+            // Before Redis 7.0 the periods are fixed (ping 1 s, INFO 10 s but 1 s around
+            // a failover): slower to notice, which the tests' bounds allow.
+            if super::server_kind().has_sentinel_debug() {
+                redis::cmd("SENTINEL")
+                    .arg("DEBUG")
+                    .arg("info-period")
+                    .arg(100)
+                    .arg("publish-period")
+                    .arg(200)
+                    .arg("ask-period")
+                    .arg(100)
+                    .arg("ping-period")
+                    .arg(ping_period.as_millis())
+                    .exec(&mut con)
+                    .unwrap_or_else(|e| panic!("SENTINEL DEBUG on {}: {e}", sentinel.port));
+            }
             listen(index, sentinel.port, &topology.events, done_tx.clone());
         }
         drop(done_tx);
@@ -725,6 +729,17 @@ impl Sentinels {
 
     pub fn down_after(&self) -> Duration {
         self.down_after
+    }
+
+    /// How often a sentinel asks a replica (or a primary it does not see failing) for
+    /// `INFO`, and so how late it may notice a thawed old primary still saying `master`:
+    /// 100 ms as set by `SENTINEL DEBUG`, the fixed 10 s before Redis 7.0.
+    pub fn info_period(&self) -> Duration {
+        if super::server_kind().has_sentinel_debug() {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(10)
+        }
     }
 
     pub fn failover_timeout(&self) -> Duration {
@@ -1236,13 +1251,23 @@ impl ClusterBuilder {
             } else {
                 first + per - 1
             };
-            run(
-                p,
-                redis::cmd("CLUSTER")
-                    .arg("ADDSLOTSRANGE")
-                    .arg(first)
-                    .arg(last),
-            );
+            if super::server_kind().has_slot_ranges() {
+                run(
+                    p,
+                    redis::cmd("CLUSTER")
+                        .arg("ADDSLOTSRANGE")
+                        .arg(first)
+                        .arg(last),
+                );
+            } else {
+                // Before Redis 7.0 there is no ADDSLOTSRANGE: every slot is named.
+                run(
+                    p,
+                    redis::cmd("CLUSTER")
+                        .arg("ADDSLOTS")
+                        .arg((first..=last).collect::<Vec<_>>()),
+                );
+            }
         }
         for i in 0..total {
             for j in i + 1..total {
@@ -1303,13 +1328,21 @@ pub struct ClusterNode {
 impl ClusterNode {
     /// Starts a cluster-enabled server; the bus port is given explicitly
     /// (`cluster-port`, since port + 10000 may be taken or past 65535), and another is
-    /// tried when a parallel test took it.
+    /// tried when a parallel test took it. A server without `cluster-port` (before Redis
+    /// 7.0) has its bus on port + 10000, so both are picked together.
     fn spawn(node_timeout: Duration) -> ClusterNode {
-        const ATTEMPTS: usize = 3;
+        const ATTEMPTS: usize = 5;
         let timeout = node_timeout.as_millis().to_string();
+        let own_bus = super::server_kind().has_cluster_port();
         for attempt in 1..=ATTEMPTS {
-            let bus_port = free_port();
+            let (port, bus_port) = if own_bus {
+                (None, free_port())
+            } else {
+                let port = free_port_pair();
+                (Some(port), port + 10_000)
+            };
             let bus = bus_port.to_string();
+            let port = port.map(|p| p.to_string());
             let mut args = DATA_ARGS.to_vec();
             args.extend([
                 "--cluster-enabled",
@@ -1319,13 +1352,15 @@ impl ClusterNode {
                 "nodes.conf",
                 "--cluster-node-timeout",
                 &timeout,
-                "--cluster-port",
-                &bus,
                 "--cluster-replica-validity-factor",
                 "0",
                 "--cluster-allow-replica-migration",
                 "no",
             ]);
+            match &port {
+                Some(port) => args.extend(["--port", port]),
+                None => args.extend(["--cluster-port", &bus]),
+            }
             match panic::catch_unwind(|| RedisServer::with_args(&args)) {
                 Ok(server) => {
                     return ClusterNode {
@@ -1812,4 +1847,22 @@ impl SlotMigration<'_> {
             cluster.fail(&format!("slot {} migration: {why}", self.slot));
         }
     }
+}
+
+/// A port P below the kernel's ephemeral range (so no outgoing connection takes it or
+/// P + 10000 meanwhile) with P and P + 10000 both free a moment ago: a cluster node's
+/// port and bus port on servers without `cluster-port`. Picked at random, so parallel
+/// tests seldom try the same one; a lost race costs the caller one start attempt.
+fn free_port_pair() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::net::TcpListener;
+    let free = |p: u16| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok();
+    for i in 0u32..1_000 {
+        let random = RandomState::new().hash_one((std::process::id(), i, Instant::now()));
+        let port = 10_000 + (random % 12_000) as u16;
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free port P with P + 10000 free between 10000 and 32000")
 }
