@@ -127,39 +127,36 @@ pub(crate) struct Bundled {
 }
 
 static ACQUIRE: Bundled = script!("acquire": "queue.lua", "acquire.lua");
-static RELEASE: Bundled = script!("release": "queue.lua", "release.lua");
-static CANCEL: Bundled = script!("cancel": "queue.lua", "cancel.lua");
-static KICK: Bundled = script!("kick": "queue.lua", "kick.lua");
-static FORCE_UNLOCK: Bundled = script!("force_unlock": "queue.lua", "force_unlock.lua");
+static RELEASE: Bundled = script!("release": "allow_oom.lua", "queue.lua", "release.lua");
+static CANCEL: Bundled = script!("cancel": "allow_oom.lua", "queue.lua", "cancel.lua");
+static KICK: Bundled = script!("kick": "allow_oom.lua", "queue.lua", "kick.lua");
+static FORCE_UNLOCK: Bundled =
+    script!("force_unlock": "allow_oom.lua", "queue.lua", "force_unlock.lua");
 
 static RW_ACQUIRE: Bundled =
     script!("rw_acquire": "queue.lua", "leases.lua", "rw.lua", "rw_acquire.lua");
-static RW_RELEASE: Bundled =
-    script!("rw_release": "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
+static RW_RELEASE: Bundled = script!("rw_release": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
 static RW_CANCEL: Bundled =
-    script!("rw_cancel": "queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
-static RW_KICK: Bundled = script!("rw_kick": "queue.lua", "leases.lua", "rw.lua", "kick.lua");
-static RW_FORCE_UNLOCK: Bundled =
-    script!("rw_force_unlock": "queue.lua", "leases.lua", "rw.lua", "force_unlock.lua");
+    script!("rw_cancel": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
+static RW_KICK: Bundled =
+    script!("rw_kick": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "kick.lua");
+static RW_FORCE_UNLOCK: Bundled = script!("rw_force_unlock": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "force_unlock.lua");
 
 static SEM_ACQUIRE: Bundled =
     script!("sem_acquire": "queue.lua", "leases.lua", "semaphore.lua", "sem_acquire.lua");
-static SEM_RELEASE: Bundled =
-    script!("sem_release": "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
-static SEM_CANCEL: Bundled =
-    script!("sem_cancel": "queue.lua", "leases.lua", "semaphore.lua", "leased_cancel.lua");
+static SEM_RELEASE: Bundled = script!("sem_release": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
+static SEM_CANCEL: Bundled = script!("sem_cancel": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "leased_cancel.lua");
 static SEM_KICK: Bundled =
-    script!("sem_kick": "queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
-static SEM_FORCE_UNLOCK: Bundled =
-    script!("sem_force_unlock": "queue.lua", "leases.lua", "semaphore.lua", "force_unlock.lua");
+    script!("sem_kick": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
+static SEM_FORCE_UNLOCK: Bundled = script!("sem_force_unlock": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "force_unlock.lua");
 pub(crate) static SEM_PERMITS: Bundled =
     script!("sem_permits": "queue.lua", "leases.lua", "semaphore.lua", "sem_permits.lua");
 
-pub(crate) static RENEW: Bundled = script!("renew": "renew.lua");
+pub(crate) static RENEW: Bundled = script!("renew": "allow_oom.lua", "renew.lua");
 pub(crate) static INSPECT: Bundled = script!("inspect": "inspect.lua");
 pub(crate) static LATCH_SET: Bundled = script!("latch_set": "latch.lua", "latch_set.lua");
 pub(crate) static LATCH_COUNT_DOWN: Bundled =
-    script!("latch_count_down": "latch.lua", "latch_count_down.lua");
+    script!("latch_count_down": "allow_oom.lua", "latch.lua", "latch_count_down.lua");
 pub(crate) static LATCH_STATE: Bundled = script!("latch_state": "latch.lua", "latch_state.lua");
 
 /// What one kind of primitive runs and how its holds are kept: everything the shared

@@ -431,7 +431,7 @@ pub(crate) fn not_a_lock(key: &str) -> u8 {
 /// the key, not the script that met it); `None` for any other error.
 pub(crate) fn refused_as_not_a_lock(client: &Client, name: &str, e: &Error) -> Option<u8> {
     match e {
-        Error::Redis { source, .. } if source.code() == Some("WRONGTYPE") => {
+        Error::Redis { source, .. } if wrong_type(source) => {
             let key = client
                 .inspect(name)
                 .ok()
@@ -441,6 +441,16 @@ pub(crate) fn refused_as_not_a_lock(client: &Client, name: &str, e: &Error) -> O
         }
         _ => None,
     }
+}
+
+/// Whether Redis refused because a key holds another type. Redis 7 gives a script's
+/// WRONGTYPE its own code; Redis 6.2 wraps it in "Error running script ...: WRONGTYPE
+/// Operation against a key holding the wrong kind of value".
+fn wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+        || e.detail().is_some_and(|d| {
+            d.contains("WRONGTYPE Operation against a key holding the wrong kind of value")
+        })
 }
 
 /// The most the library records beside a hold.
@@ -608,7 +618,7 @@ pub(crate) fn fail(e: &Error) -> u8 {
     warn(format_args!("redmutex: {e}"));
     match e {
         Error::InvalidName(_) | Error::InvalidArgument(_) => USAGE,
-        Error::Redis { source: r, .. } if r.code() == Some("WRONGTYPE") => NOT_A_LOCK,
+        Error::Redis { source: r, .. } if wrong_type(r) => NOT_A_LOCK,
         _ => UNAVAILABLE,
     }
 }
