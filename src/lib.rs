@@ -117,6 +117,8 @@ pub mod guide {
     pub mod comparison {}
     #[doc = include_str!("../docs/cli.md")]
     pub mod cli {}
+    #[doc = include_str!("../docs/servers.md")]
+    pub mod servers {}
     #[doc = include_str!("../docs/development.md")]
     pub mod development {}
 }

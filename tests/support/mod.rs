@@ -778,7 +778,8 @@ pub fn function_name(url: &str, script: &str) -> String {
 }
 
 /// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
-/// by its SHA-1): its rule files, then its body, as `src/runtime/scripts.rs` puts them
+/// by its SHA-1): allow_oom.lua for those that must run at the memory limit, its rule
+/// files, then its body, as `src/runtime/scripts.rs` puts them
 /// together.
 fn script_text(script: &str) -> String {
     let queue = include_str!("../../lua/queue.lua");
@@ -790,37 +791,38 @@ fn script_text(script: &str) -> String {
     let force = include_str!("../../lua/force_unlock.lua");
     let released = include_str!("../../lua/leased_release.lua");
     let cancelled = include_str!("../../lua/leased_cancel.lua");
+    let oom = include_str!("../../lua/allow_oom.lua");
     let parts: Vec<&str> = match script {
         "acquire" => vec![queue, include_str!("../../lua/acquire.lua")],
-        "release" => vec![queue, include_str!("../../lua/release.lua")],
-        "cancel" => vec![queue, include_str!("../../lua/cancel.lua")],
-        "kick" => vec![queue, kick],
-        "force_unlock" => vec![queue, force],
+        "release" => vec![oom, queue, include_str!("../../lua/release.lua")],
+        "cancel" => vec![oom, queue, include_str!("../../lua/cancel.lua")],
+        "kick" => vec![oom, queue, kick],
+        "force_unlock" => vec![oom, queue, force],
         "rw_acquire" => vec![queue, leases, rw, include_str!("../../lua/rw_acquire.lua")],
-        "rw_release" => vec![queue, leases, rw, released],
-        "rw_cancel" => vec![queue, leases, rw, cancelled],
-        "rw_kick" => vec![queue, leases, rw, kick],
-        "rw_force_unlock" => vec![queue, leases, rw, force],
+        "rw_release" => vec![oom, queue, leases, rw, released],
+        "rw_cancel" => vec![oom, queue, leases, rw, cancelled],
+        "rw_kick" => vec![oom, queue, leases, rw, kick],
+        "rw_force_unlock" => vec![oom, queue, leases, rw, force],
         "sem_acquire" => vec![
             queue,
             leases,
             sem,
             include_str!("../../lua/sem_acquire.lua"),
         ],
-        "sem_release" => vec![queue, leases, sem, released],
-        "sem_cancel" => vec![queue, leases, sem, cancelled],
-        "sem_kick" => vec![queue, leases, sem, kick],
-        "sem_force_unlock" => vec![queue, leases, sem, force],
+        "sem_release" => vec![oom, queue, leases, sem, released],
+        "sem_cancel" => vec![oom, queue, leases, sem, cancelled],
+        "sem_kick" => vec![oom, queue, leases, sem, kick],
+        "sem_force_unlock" => vec![oom, queue, leases, sem, force],
         "sem_permits" => vec![
             queue,
             leases,
             sem,
             include_str!("../../lua/sem_permits.lua"),
         ],
-        "renew" => vec![include_str!("../../lua/renew.lua")],
+        "renew" => vec![oom, include_str!("../../lua/renew.lua")],
         "inspect" => vec![include_str!("../../lua/inspect.lua")],
         "latch_set" => vec![latch, include_str!("../../lua/latch_set.lua")],
-        "latch_count_down" => vec![latch, include_str!("../../lua/latch_count_down.lua")],
+        "latch_count_down" => vec![oom, latch, include_str!("../../lua/latch_count_down.lua")],
         "latch_state" => vec![latch, include_str!("../../lua/latch_state.lua")],
         other => panic!("no bundled script {other:?}"),
     };
