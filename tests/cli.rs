@@ -4,33 +4,20 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::Client;
+use support::cli::output;
 use support::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
+
 const PREFIX: &str = "cli:";
 
 fn redmutex(server: &RedisServer) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env_remove("REDIS_URL")
-        .env_remove("REDIS_SENTINELS")
-        .env_remove("REDIS_CLUSTER")
-        .arg("--url")
-        .arg(server.url())
-        .arg("--prefix")
-        .arg(PREFIX);
-    cmd
-}
-
-fn output(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run redmutex");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "redmutex panicked: {stderr}");
-    out
+    support::cli::redmutex(server, PREFIX)
 }
 
 fn client(server: &RedisServer) -> Client {

@@ -12,37 +12,13 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use redmutex::Client;
 use serde_json::Value;
+use support::cli::{bare, output};
 use support::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
 const PREFIX: &str = "habits:";
 
-fn bare() -> Command {
-    let mut cmd = Command::new(BIN);
-    for var in [
-        "REDIS_URL",
-        "REDIS_SENTINELS",
-        "REDIS_SENTINEL_SERVICE",
-        "REDIS_CLUSTER",
-        "REDMUTEX_PREFIX",
-        "RUST_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd
-}
-
 fn redmutex(server: &RedisServer) -> Command {
-    let mut cmd = bare();
-    cmd.args(["--url", &server.url(), "--prefix", PREFIX]);
-    cmd
-}
-
-fn output(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run redmutex");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "redmutex panicked: {stderr}");
-    out
+    support::cli::redmutex(server, PREFIX)
 }
 
 fn text(bytes: &[u8]) -> String {

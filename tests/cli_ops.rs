@@ -7,39 +7,14 @@ use std::net::TcpListener;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use support::cli::{bare, output};
 use support::topology::Cluster;
 use support::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
 const PREFIX: &str = "ops:";
 
-/// `redmutex` with no Redis settings from the environment.
-fn bare() -> Command {
-    let mut cmd = Command::new(BIN);
-    for var in [
-        "REDIS_URL",
-        "REDIS_SENTINELS",
-        "REDIS_SENTINEL_SERVICE",
-        "REDIS_CLUSTER",
-        "REDMUTEX_PREFIX",
-        "RUST_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd
-}
-
 fn redmutex(server: &RedisServer) -> Command {
-    let mut cmd = bare();
-    cmd.args(["--url", &server.url(), "--prefix", PREFIX]);
-    cmd
-}
-
-fn output(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run redmutex");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "redmutex panicked: {stderr}");
-    out
+    support::cli::redmutex(server, PREFIX)
 }
 
 fn stderr(out: &Output) -> String {

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use redis::IntoConnectionInfo;
 
 pub mod child;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod deployment;
 mod proxy;
 pub mod topology;
