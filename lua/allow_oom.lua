@@ -7,10 +7,12 @@
 -- is a write that grows nothing and changes nothing (nor is it replicated), so the
 -- script counts as having written from its first line on.
 --
--- KEYS[1]  any key of the call (the marker key is named after it, so it is in its slot
---          on a cluster); a call without keys does nothing here
+-- KEYS[#KEYS]  the marker: a key that never exists, in the auxiliary namespace no lock
+--          name reaches ('<prefix>!oom:...', made by src/runtime/keys.rs), in the slot of
+--          the call's other keys. The caller appends it on this path only; it is taken
+--          off here, so the script after this sees the same KEYS as its function does.
+--          (A marker named after KEYS[1], '<key>:!oom', was the key of another lock when
+--          the name had a hash tag: 'job{t}' deleted 'job{t}:!oom'.)
 -- ARGV     not read
 -- Returns  nothing: the script it is put before goes on.
-if KEYS[1] then
-    redis.call('del', KEYS[1] .. ':!oom')
-end
+redis.call('del', table.remove(KEYS))

@@ -42,6 +42,8 @@ pub struct CountDownLatch {
     channel: Vec<u8>,
     // The id of the call that last set the count (see `lua/latch_set.lua`).
     setter: Vec<u8>,
+    // The key a count-down deletes when sent with EVALSHA (see `ScriptCall::marked`).
+    marker: Vec<u8>,
 }
 
 impl CountDownLatch {
@@ -52,6 +54,7 @@ impl CountDownLatch {
         CountDownLatch {
             client,
             setter: keys.latch_setter(),
+            marker: keys.oom_marker(),
             name: keys.name().to_vec(),
             key,
             channel,
@@ -107,7 +110,7 @@ impl CountDownLatch {
     pub fn count_down(&self) -> Result<u64, Error> {
         self.check_name()?;
         let (key, channel) = (self.key.as_slice(), self.channel.as_slice());
-        let mut call = ScriptCall::new(&scripts::LATCH_COUNT_DOWN);
+        let mut call = ScriptCall::marked(&scripts::LATCH_COUNT_DOWN, self.marker.clone());
         call.key(key).arg(channel).arg(BROADCAST);
         let inner = &self.client.inner;
         let left: i64 = inner

@@ -203,6 +203,15 @@ impl LockKeys {
         self.aux(b"forced")
     }
 
+    /// The key `lua/allow_oom.lua` deletes as a script's first write when the scripts are
+    /// sent with EVALSHA: one that never exists, so deleting it changes nothing. An
+    /// auxiliary key like the others, which no name reaches (a key named after the lock
+    /// key, `<key>:!oom`, was the lock key of the name `<name>:!oom` when the name has a
+    /// hash tag: a release of one lock deleted the other).
+    pub(crate) fn oom_marker(&self) -> Vec<u8> {
+        self.aux(b"oom")
+    }
+
     fn aux(&self, kind: &[u8]) -> Vec<u8> {
         let key = self.key();
         aux_key(&key[..self.prefix_len], key, kind)
@@ -625,6 +634,99 @@ mod tests {
         // What the refusal prevents.
         let inner = lock_keys(b"a!queue:", b"x");
         assert_eq!(inner.key(), lock_keys(b"a", b"x").queue());
+    }
+
+    /// Names built from pieces of the key forms (braces, marks, kinds, the old marker's
+    /// suffix): every sequence of up to three pieces, and the adversarial names.
+    fn generated_names() -> Vec<Vec<u8>> {
+        let pieces: [&[u8]; 13] = [
+            b"x", b"{", b"}", b"~", b"#", b"!", b":", b"{t}", b":!oom", b"!oom:", b"oom", b"!rw:",
+            b"!queue:",
+        ];
+        let mut names: Vec<Vec<u8>> = vec![Vec::new()];
+        let mut last = names.clone();
+        for _ in 0..3 {
+            last = last
+                .iter()
+                .flat_map(|n| pieces.map(|p| [&n[..], p].concat()))
+                .collect();
+            names.extend(last.iter().cloned());
+        }
+        names.extend(adversarial_names());
+        names.retain(|n| !n.is_empty());
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Issue 26, item 1: every key the library writes for an object of a name (its own
+    /// key, the fencing counter, queue, waiters, leases, permits, call ids, latch, and the
+    /// marker the EVALSHA scripts delete) is a key of that object and role alone: no
+    /// other name, prefix, object or role ever has it. The marker was `<key>:!oom`, which
+    /// for a name with a hash tag is the key of the name `<name>:!oom`.
+    #[test]
+    fn no_key_written_for_a_name_is_a_key_of_another_name() {
+        let prefixes = [
+            "",
+            "a",
+            "a:",
+            "a:queue:",
+            "aoom:",
+            "redmutex:",
+            "redmutex:a",
+        ];
+        let objects = [
+            (Object::Lock, &scripts::PLAIN),
+            (Object::ReadWrite, &scripts::WRITE),
+            (Object::Semaphore, &scripts::PERMITS),
+        ];
+        let names = generated_names();
+        assert!(names.len() > 2_000, "{} names", names.len());
+        let mut owner: std::collections::HashMap<Vec<u8>, (&str, Vec<u8>, Object, &str)> =
+            Default::default();
+        for prefix in prefixes {
+            assert_eq!(check_prefix(prefix), Ok(()));
+            for name in &names {
+                for (object, ops) in objects {
+                    let k = LockKeys::new(prefix.as_bytes(), name.clone(), "c1", object, ops);
+                    let mut written = vec![
+                        ("key", k.key().to_vec()),
+                        ("fence", k.fence()),
+                        ("queue", k.queue()),
+                        ("waiters", k.waiters()),
+                        ("forced", k.forced()),
+                        ("marker", k.oom_marker()),
+                        ("leases", k.leases()),
+                        ("permits", k.permits()),
+                    ];
+                    if object == Object::Lock {
+                        written.push(("latch", k.latch()));
+                        written.push(("setter", k.latch_setter()));
+                    }
+                    for (role, key) in written {
+                        if key.is_empty() {
+                            continue;
+                        }
+                        assert!(key.starts_with(prefix.as_bytes()));
+                        assert_eq!(tag_of(&key), tag_of(k.key()), "same slot");
+                        let this = (prefix, name.clone(), object, role);
+                        if let Some(was) = owner.insert(key.clone(), this.clone()) {
+                            panic!(
+                                "{:?} is the {} of {:?} and the {} of {:?}",
+                                String::from_utf8_lossy(&key),
+                                was.3,
+                                (was.0, String::from_utf8_lossy(&was.1), was.2),
+                                this.3,
+                                (this.0, String::from_utf8_lossy(&this.1), this.2),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // What the old marker did: named after the lock key, it was another lock's key.
+        let old_marker = [lock_keys(b"p:", b"job{t}").key(), b":!oom"].concat();
+        assert_eq!(old_marker, lock_keys(b"p:", b"job{t}:!oom").key());
     }
 
     #[test]

@@ -300,7 +300,13 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
             .count();
         let (wait_batch, rest) = waits.split_at(same);
         waits = rest;
-        let mut call = ScriptCall::new(&scripts::RENEW);
+        // The marker of the first object the call names: its slot is the batch's.
+        let first = match (batch.first(), wait_batch.first()) {
+            (Some(h), _) => &h.keys,
+            (None, Some((w, ..))) => w,
+            (None, None) => unreachable!("a batch holds a hold or a waiter"),
+        };
+        let mut call = ScriptCall::on(&scripts::RENEW, first);
         call.arg(batch.len());
         for w in batch {
             let ops = w.keys.ops;

@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
+use crate::runtime::keys::LockKeys;
 use crate::runtime::pool::Con;
 
 /// The text of a file of `lua/`.
@@ -21,12 +22,23 @@ macro_rules! lua {
 /// A bundled script: its rule files and body, in order (the queue's rules,
 /// `lua/queue.lua`, first, then those of the primitive that redefine its hooks), as a
 /// script of its own, and the name of its function in the library (where the same files
-/// make it, see [`LIBRARY_BODY`]).
+/// make it, see [`LIBRARY_BODY`]). `allow_oom` before the name: a script that renews,
+/// releases, frees or hands on, whose function carries the `allow-oom` flag; as a script
+/// of its own it starts with `lua/allow_oom.lua`, and its calls carry the marker key that
+/// file deletes ([`ScriptCall::marked`]).
 macro_rules! script {
     ($function:literal: $($file:literal),+) => {
         Bundled {
             function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
             script: LazyLock::new(|| Script::new(concat!($(lua!($file)),+))),
+            allow_oom: false,
+        }
+    };
+    (allow_oom $function:literal: $($file:literal),+) => {
+        Bundled {
+            function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
+            script: LazyLock::new(|| Script::new(concat!(lua!("allow_oom.lua"), $(lua!($file)),+))),
+            allow_oom: true,
         }
     };
 }
@@ -124,39 +136,43 @@ pub(crate) fn library() -> &'static Library {
 pub(crate) struct Bundled {
     function: LazyLock<String>,
     script: LazyLock<Script>,
+    // The script starts with `lua/allow_oom.lua`, which takes the marker key off the end
+    // of its keys: every call of it carries one ([`ScriptCall::marked`]).
+    allow_oom: bool,
 }
 
 static ACQUIRE: Bundled = script!("acquire": "queue.lua", "acquire.lua");
-static RELEASE: Bundled = script!("release": "allow_oom.lua", "queue.lua", "release.lua");
-static CANCEL: Bundled = script!("cancel": "allow_oom.lua", "queue.lua", "cancel.lua");
-static KICK: Bundled = script!("kick": "allow_oom.lua", "queue.lua", "kick.lua");
-static FORCE_UNLOCK: Bundled =
-    script!("force_unlock": "allow_oom.lua", "queue.lua", "force_unlock.lua");
+static RELEASE: Bundled = script!(allow_oom "release": "queue.lua", "release.lua");
+static CANCEL: Bundled = script!(allow_oom "cancel": "queue.lua", "cancel.lua");
+static KICK: Bundled = script!(allow_oom "kick": "queue.lua", "kick.lua");
+static FORCE_UNLOCK: Bundled = script!(allow_oom "force_unlock": "queue.lua", "force_unlock.lua");
 
 static RW_ACQUIRE: Bundled =
     script!("rw_acquire": "queue.lua", "leases.lua", "rw.lua", "rw_acquire.lua");
-static RW_RELEASE: Bundled = script!("rw_release": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
+static RW_RELEASE: Bundled =
+    script!(allow_oom "rw_release": "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
 static RW_CANCEL: Bundled =
-    script!("rw_cancel": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
+    script!(allow_oom "rw_cancel": "queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
 static RW_KICK: Bundled =
-    script!("rw_kick": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "kick.lua");
-static RW_FORCE_UNLOCK: Bundled = script!("rw_force_unlock": "allow_oom.lua", "queue.lua", "leases.lua", "rw.lua", "force_unlock.lua");
+    script!(allow_oom "rw_kick": "queue.lua", "leases.lua", "rw.lua", "kick.lua");
+static RW_FORCE_UNLOCK: Bundled =
+    script!(allow_oom "rw_force_unlock": "queue.lua", "leases.lua", "rw.lua", "force_unlock.lua");
 
 static SEM_ACQUIRE: Bundled =
     script!("sem_acquire": "queue.lua", "leases.lua", "semaphore.lua", "sem_acquire.lua");
-static SEM_RELEASE: Bundled = script!("sem_release": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
-static SEM_CANCEL: Bundled = script!("sem_cancel": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "leased_cancel.lua");
+static SEM_RELEASE: Bundled = script!(allow_oom "sem_release": "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
+static SEM_CANCEL: Bundled = script!(allow_oom "sem_cancel": "queue.lua", "leases.lua", "semaphore.lua", "leased_cancel.lua");
 static SEM_KICK: Bundled =
-    script!("sem_kick": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
-static SEM_FORCE_UNLOCK: Bundled = script!("sem_force_unlock": "allow_oom.lua", "queue.lua", "leases.lua", "semaphore.lua", "force_unlock.lua");
+    script!(allow_oom "sem_kick": "queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
+static SEM_FORCE_UNLOCK: Bundled = script!(allow_oom "sem_force_unlock": "queue.lua", "leases.lua", "semaphore.lua", "force_unlock.lua");
 pub(crate) static SEM_PERMITS: Bundled =
     script!("sem_permits": "queue.lua", "leases.lua", "semaphore.lua", "sem_permits.lua");
 
-pub(crate) static RENEW: Bundled = script!("renew": "allow_oom.lua", "renew.lua");
+pub(crate) static RENEW: Bundled = script!(allow_oom "renew": "renew.lua");
 pub(crate) static INSPECT: Bundled = script!("inspect": "inspect.lua");
 pub(crate) static LATCH_SET: Bundled = script!("latch_set": "latch.lua", "latch_set.lua");
 pub(crate) static LATCH_COUNT_DOWN: Bundled =
-    script!("latch_count_down": "allow_oom.lua", "latch.lua", "latch_count_down.lua");
+    script!(allow_oom "latch_count_down": "latch.lua", "latch_count_down.lua");
 pub(crate) static LATCH_STATE: Bundled = script!("latch_state": "latch.lua", "latch_state.lua");
 
 /// What one kind of primitive runs and how its holds are kept: everything the shared
@@ -243,14 +259,55 @@ pub(crate) struct ScriptCall {
     script: &'static Bundled,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+    // The key `lua/allow_oom.lua` deletes (see `marked`): empty for other scripts.
+    marker: Vec<u8>,
 }
 
 impl ScriptCall {
+    /// A call of a script that does not start with `lua/allow_oom.lua` (one made with
+    /// `script!(allow_oom ...)` needs [`marked`](ScriptCall::marked)).
     pub(crate) fn new(script: &'static Bundled) -> ScriptCall {
+        // A marked script's prelude takes the last key off as the marker: sent without
+        // one, it would delete the call's own last key.
+        assert!(
+            !script.allow_oom,
+            "a call of an allow-oom script without its marker"
+        );
         ScriptCall {
             script,
             keys: Vec::new(),
             args: Vec::new(),
+            marker: Vec::new(),
+        }
+    }
+
+    /// A call of a script that starts with `lua/allow_oom.lua`. `marker`: the key it
+    /// deletes when sent with EVALSHA, which never exists, made by `keys.rs` in the
+    /// auxiliary namespace no name reaches ([`LockKeys::oom_marker`]), of a name whose
+    /// keys the call carries (the same hash slot). It is the last key of an EVALSHA, which
+    /// the prelude takes off, and no key of an FCALL: the function's `allow-oom` flag does
+    /// its job, and the scripts after the prelude see the same keys either way.
+    ///
+    /// [`LockKeys::oom_marker`]: crate::runtime::keys::LockKeys::oom_marker
+    pub(crate) fn marked(script: &'static Bundled, marker: Vec<u8>) -> ScriptCall {
+        assert!(script.allow_oom && !marker.is_empty());
+        ScriptCall {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+            marker,
+        }
+    }
+
+    /// A call of `script` that carries keys of the object `keys`: [`marked`] with its
+    /// marker when the script starts with `lua/allow_oom.lua`.
+    ///
+    /// [`marked`]: ScriptCall::marked
+    pub(crate) fn on(script: &'static Bundled, keys: &LockKeys) -> ScriptCall {
+        if script.allow_oom {
+            ScriptCall::marked(script, keys.oom_marker())
+        } else {
+            ScriptCall::new(script)
         }
     }
 
@@ -314,19 +371,20 @@ impl Scripting {
     }
 
     /// The command that runs `call`: `FCALL <function> <numkeys> <keys> <args>`, or the same
-    /// with `EVALSHA <sha1>`.
+    /// with `EVALSHA <sha1>`, whose keys end with the call's marker when the script starts
+    /// with `lua/allow_oom.lua` (see [`ScriptCall::marked`]).
     pub(crate) fn command(&self, call: &ScriptCall) -> Cmd {
-        let mut cmd = if self.sends_fcall(call) {
+        let (mut cmd, marker) = if self.sends_fcall(call) {
             let mut cmd = redis::cmd("FCALL");
             cmd.arg(call.script.function.as_str());
-            cmd
+            (cmd, None)
         } else {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(call.script.script.get_hash());
-            cmd
+            (cmd, call.script.allow_oom.then_some(&call.marker))
         };
-        cmd.arg(call.keys.len());
-        for key in &call.keys {
+        cmd.arg(call.keys.len() + usize::from(marker.is_some()));
+        for key in call.keys.iter().chain(marker) {
             cmd.arg(key.as_slice());
         }
         for arg in &call.args {
