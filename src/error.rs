@@ -97,7 +97,8 @@ pub enum Error {
         /// The lock, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
     },
-    /// The lock name is not usable (it is empty).
+    /// The lock name is not usable: it is empty, or longer than
+    /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes.
     #[error("invalid lock name: {0}")]
     InvalidName(&'static str),
     /// The client was made in another process: this one is a `fork()` of it without `exec`.

@@ -62,7 +62,7 @@ mod runtime;
 
 pub use crate::{
     error::Error,
-    name::LockName,
+    name::{LockName, MAX_NAME_LEN},
     primitives::cancel::CancelToken,
     primitives::guard::{FencedGuard, LockGuard},
     primitives::holder_metadata::HolderMetadata,

@@ -2,7 +2,35 @@
 
 use std::borrow::Cow;
 
-/// A value that can name a lock: any string or byte string, borrowed or owned.
+use crate::Error;
+
+/// The longest name of a lock (or read-write lock, semaphore, latch), in bytes: 4 KiB.
+/// A longer name fails every operation with [`Error::InvalidName`], before anything is
+/// sent. Every call carries the name several times (the object's key, its queue's and
+/// other auxiliary keys, its channel), each key adding the client's `key_prefix` and a
+/// few dozen bytes of its own, so a name of megabytes would be sent megabytes at a time
+/// on every call, renewal and release.
+pub const MAX_NAME_LEN: usize = 4096;
+
+/// The refusal of a name longer than [`MAX_NAME_LEN`] (the number is spelled out, which a
+/// `&'static str` cannot take from the constant: a test keeps them equal).
+const TOO_LONG: &str = "names must be at most 4096 bytes long (MAX_NAME_LEN)";
+
+/// Whether `name` can name an object: [`Error::InvalidName`] for an empty one (`empty`
+/// says so, for its kind of object) and for one longer than [`MAX_NAME_LEN`].
+pub(crate) fn check(name: &[u8], empty: &'static str) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::InvalidName(empty));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidName(TOO_LONG));
+    }
+    Ok(())
+}
+
+/// A value that can name a lock: any string or byte string, borrowed or owned, from 1 to
+/// [`MAX_NAME_LEN`] bytes long (the handle of any other is made, and each of its
+/// operations fails with [`Error::InvalidName`]).
 ///
 /// Implemented for references to anything that is `AsRef<[u8]>` (`&str`, `&String`,
 /// `&[u8]`, `&Vec<u8>`, `&[u8; N]`, …) and for the owned `String`, `Vec<u8>`, `Box<str>`,
@@ -70,5 +98,27 @@ impl LockName for Cow<'_, str> {
 impl LockName for Cow<'_, [u8]> {
     fn into_name(self) -> Vec<u8> {
         self.into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_names_the_maximum() {
+        assert!(
+            TOO_LONG.contains(&format!(" {MAX_NAME_LEN} ")),
+            "{TOO_LONG}"
+        );
+        assert!(check(&[b'n'; MAX_NAME_LEN], "empty").is_ok());
+        assert!(matches!(
+            check(&[b'n'; MAX_NAME_LEN + 1], "empty"),
+            Err(Error::InvalidName(TOO_LONG))
+        ));
+        assert!(matches!(
+            check(b"", "empty"),
+            Err(Error::InvalidName("empty"))
+        ));
     }
 }

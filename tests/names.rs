@@ -8,7 +8,7 @@ mod support;
 use std::borrow::Cow;
 use std::time::Duration;
 
-use redmutex::{Client, Error};
+use redmutex::{Client, Error, MAX_NAME_LEN};
 use support::RedisServer;
 
 fn client(server: &RedisServer) -> Client {
@@ -128,4 +128,93 @@ fn a_prefix_whose_keys_could_be_another_prefixes_is_refused() {
     let other = b.fair_lock("x").lock().expect("b's x is another lock");
     other.unlock().expect("unlock b");
     held.unlock().expect("unlock a");
+}
+
+/// Commands the server executed, but for the `INFO` that reads them.
+fn executed(server: &RedisServer) -> u64 {
+    server
+        .command_calls()
+        .iter()
+        .filter(|(cmd, _)| cmd.as_str() != "info")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Issue 26, item 10: a name of 10 MB was accepted and sent on every call (several times
+/// over: the key, the queue's and the other keys, the channel). A name longer than
+/// [`MAX_NAME_LEN`] bytes is refused with `Error::InvalidName` by every operation of every
+/// object, before anything reaches the server; a name of exactly that length works.
+#[test]
+fn a_name_longer_than_the_maximum_is_refused_and_never_sent() {
+    // The number docs/api.md and the refusal's message give.
+    assert_eq!(MAX_NAME_LEN, 4096);
+    let server = RedisServer::new();
+    let c = client(&server);
+    let longest = "n".repeat(MAX_NAME_LEN);
+    let guard = c
+        .lock(&longest)
+        .lock()
+        .expect("a name of the maximum length");
+    assert!(c.lock(&longest).is_locked().unwrap());
+    assert_eq!(c.inspect(&longest).unwrap().len(), 1);
+    guard.unlock().unwrap();
+    let permit = c.semaphore(&longest, 1).acquire().unwrap();
+    permit.release().unwrap();
+    let latch = c.count_down_latch(&longest);
+    assert!(latch.try_set_count(1, Duration::from_secs(60)).unwrap());
+    assert_eq!(latch.count_down().unwrap(), 0);
+
+    for len in [MAX_NAME_LEN + 1, 10 << 20] {
+        let name = vec![b'n'; len];
+        let before = executed(&server);
+        let s = Duration::from_millis(10);
+        let lock = c.lock(&name);
+        let rw = c.read_write_lock(&name);
+        let sem = c.semaphore(&name, 2);
+        let latch = c.count_down_latch(&name);
+        let results: Vec<(&str, Result<(), Error>)> = vec![
+            ("lock", lock.lock().map(drop)),
+            ("try_lock", lock.try_lock().map(drop)),
+            ("try_lock_for", lock.try_lock_for(s).map(drop)),
+            ("lock_owned", lock.lock_owned().map(drop)),
+            ("is_locked", lock.is_locked().map(drop)),
+            ("hold_count", lock.hold_count().map(drop)),
+            ("remaining_lease", lock.remaining_lease().map(drop)),
+            ("force_unlock", lock.force_unlock().map(drop)),
+            ("fenced lock", c.fenced_lock(&name).lock().map(drop)),
+            ("fair lock", c.fair_lock(&name).lock().map(drop)),
+            ("read", rw.read().lock().map(drop)),
+            ("write", rw.write().try_lock().map(drop)),
+            ("upgradeable", rw.upgradeable().lock().map(drop)),
+            ("write force_unlock", rw.write().force_unlock().map(drop)),
+            ("acquire", sem.acquire().map(drop)),
+            ("try_acquire", sem.try_acquire().map(drop)),
+            ("available_permits", sem.available_permits().map(drop)),
+            ("add_permits", sem.add_permits(1).map(drop)),
+            (
+                "try_set_count",
+                latch.try_set_count(1, Duration::from_secs(60)).map(drop),
+            ),
+            ("count_down", latch.count_down().map(drop)),
+            ("count", latch.count().map(drop)),
+            ("wait_for", latch.wait_for(s).map(drop)),
+            ("inspect", c.inspect(&name).map(drop)),
+            (
+                "MultiLock::new",
+                redmutex::MultiLock::new([lock.clone(), c.lock("other")]).map(drop),
+            ),
+        ];
+        for (op, r) in results {
+            assert!(
+                matches!(r, Err(Error::InvalidName(_))),
+                "{op} on a name of {len} bytes: {:?}",
+                r.map_err(|e| e.to_string().chars().take(200).collect::<String>())
+            );
+        }
+        assert_eq!(
+            executed(&server),
+            before,
+            "a name of {len} bytes reached the server"
+        );
+    }
 }

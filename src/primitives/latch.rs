@@ -214,10 +214,7 @@ impl CountDownLatch {
     }
 
     fn check_name(&self) -> Result<(), Error> {
-        if self.name.is_empty() {
-            return Err(Error::InvalidName("latch names must not be empty"));
-        }
-        Ok(())
+        crate::name::check(&self.name, "latch names must not be empty")
     }
 }
 

@@ -494,10 +494,7 @@ impl<K: Kind> Lock<K> {
     }
 
     pub(crate) fn check_name(&self) -> Result<(), Error> {
-        if self.keys.name().is_empty() {
-            return Err(Error::InvalidName("lock names must not be empty"));
-        }
-        Ok(())
+        crate::name::check(self.keys.name(), "lock names must not be empty")
     }
 
     /// [`acquire_cancellable`](Lock::acquire_cancellable) that nothing cancels.

@@ -249,9 +249,7 @@ impl Semaphore {
     /// Runs `sem_permits.lua`: (permits, held) after the operation.
     fn permits_op(&self, op: &str, n: u32) -> Result<(u32, u32), Error> {
         self.check()?;
-        if self.permits.name().is_empty() {
-            return Err(Error::InvalidName("semaphore names must not be empty"));
-        }
+        crate::name::check(self.permits.name(), "semaphore names must not be empty")?;
         let lock = &self.permits;
         let inner = &lock.client.inner;
         inner.check_process()?;

@@ -162,9 +162,11 @@ impl Client {
         ClientBuilder::default()
     }
 
-    /// The lock called `name`. Any byte string except the empty one is a valid name; with
-    /// an empty name every operation of the returned lock fails with
-    /// [`Error::InvalidName`]. Making a `Lock` touches no network.
+    /// The lock called `name`. Any byte string of 1 to [`MAX_NAME_LEN`] bytes is a valid
+    /// name; with an empty or longer one every operation of the returned lock fails with
+    /// [`Error::InvalidName`], sending nothing. Making a `Lock` touches no network.
+    ///
+    /// [`MAX_NAME_LEN`]: crate::MAX_NAME_LEN
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -289,9 +291,7 @@ impl Client {
     }
 
     fn inspect_name(&self, name: &[u8]) -> Result<Vec<LockInfo>, Error> {
-        if name.is_empty() {
-            return Err(Error::InvalidName("lock names must not be empty"));
-        }
+        crate::name::check(name, "lock names must not be empty")?;
         let c = &self.inner.config;
         // Each with its own kind's layout, so that the leases' keys are named.
         let keys = |object, ops| LockKeys::new(&c.key_prefix, name.to_vec(), "", object, ops);
