@@ -512,3 +512,122 @@ fn a_stale_grant_of_an_earlier_attempt_is_not_taken_for_a_fresh_one() {
     assert!(!lost, "the waiter's hold looks lost");
     unlocked.expect("the waiter releases its hold");
 }
+
+/// Issue 26, item 6: a grant timed by another server's clock. The waiter queued on one
+/// server and was granted by another whose clock is ahead by δ (a failover, a slot's move
+/// during the wait); the grant's message took δ or more to arrive, so "placed after its
+/// own arrival" cannot see it. Placed δ later than it began, the hold's extension (a
+/// third into the window) would land after the window closed on the server, and another
+/// client could take the lock while this guard said held. The waiter's client saw the
+/// deployment change during the wait (here a reconnect: a reply lost, the connection
+/// closed), so it confirms the grant with the server, placing the hold from the
+/// confirmation's own send time. One server plays both: the fault proxy moves the grant's
+/// time δ ahead and delays its message by δ. `change` makes the waiter's client see the
+/// change while it waits.
+fn grant_timed_by_a_clock_ahead(name: &str, change: impl FnOnce(&FaultProxy, &Client)) {
+    // Past two thirds of the pickup window (1 s): an extension a third into a window
+    // placed this late lands after the window's end on the server.
+    const AHEAD: Duration = Duration::from_millis(850);
+    let server = RedisServer::new();
+    // Renewals are counted: the renewal script is no first call to load on 6.2.
+    server.load_scripts();
+    let proxy = FaultProxy::new(server.port());
+    let holder = client(&server.url(), Duration::from_secs(30));
+    let waiter = client(&proxy.url(), Duration::from_secs(30));
+    let other = client(&server.url(), Duration::from_secs(30));
+    let guard = holder.lock(name).lock().expect("holder");
+    let lock = waiter.lock(name);
+    let (got_tx, got) = mpsc::channel();
+    let (ask_tx, ask) = mpsc::channel::<()>();
+    let (lost_tx, lost) = mpsc::channel();
+    let thread = thread::spawn(move || {
+        let g = lock.lock().expect("waiter");
+        got_tx.send((Instant::now(), g.is_lease_lost())).unwrap();
+        while ask.recv().is_ok() {
+            lost_tx.send(g.is_lease_lost()).unwrap();
+        }
+        g.unlock()
+    });
+    await_queued(&server, name, 1);
+    change(&proxy, &waiter);
+
+    let channel = format!("{}:to:{}", key(name), waiter.id());
+    proxy.shift_grant_times(&channel, AHEAD);
+    proxy.delay_replies_containing(&channel, AHEAD);
+    let monitor = server.monitor();
+    let released = Instant::now();
+    guard.unlock().expect("holder unlock");
+    let (returned, lost_at_once) = got.recv_timeout(SETUP).expect("the waiter's grant");
+    let after = returned - released;
+    assert_eq!(
+        proxy.shifted_grants(),
+        1,
+        "the grant's time was not shifted"
+    );
+    assert!(
+        after >= AHEAD && after < AHEAD + Duration::from_millis(900),
+        "the waiter got the lock {after:?} after the release (its grant delayed {AHEAD:?})"
+    );
+    assert!(!lost_at_once, "the waiter's guard said lost at once");
+
+    // Past the grant's window on the server, and past a late extension.
+    let taken = other
+        .lock(name)
+        .try_lock_for(Duration::from_millis(1_500))
+        .expect("another client's try");
+    let taken_after = released.elapsed();
+    ask_tx.send(()).unwrap();
+    let waiter_lost = lost.recv().unwrap();
+    let lines = monitor.stop();
+    let renewals = Monitor::top_level(&lines)
+        .into_iter()
+        .filter(|l| is_hold_renewal(l))
+        .count();
+    if let Some(g) = taken {
+        assert!(
+            waiter_lost,
+            "another client took the lock {taken_after:?} after the release while the \
+             waiter's guard (returned {after:?} after it) still said held"
+        );
+        drop(g);
+        panic!("the grant was not confirmed: its hold lapsed and passed on");
+    }
+    assert!(!waiter_lost, "the confirmed hold said lost");
+    assert_eq!(
+        renewals, 1,
+        "a grant heard after the deployment changed must be confirmed once before it is \
+         used"
+    );
+    drop(ask_tx);
+    thread
+        .join()
+        .unwrap()
+        .expect("the waiter releases its hold");
+}
+
+/// The change is a reconnect: a reply of the waiter's client lost, its connection closed,
+/// the call run again on another.
+#[test]
+fn a_grant_timed_by_a_clock_ahead_after_a_reconnect_is_confirmed() {
+    grant_timed_by_a_clock_ahead("clock-ahead-reconnect", |proxy, waiter| {
+        const PROBE: &str = "reconnect-probe";
+        proxy.lose_next_reply_to(PROBE);
+        assert!(!waiter.lock(PROBE).is_locked().expect("probe, run again"));
+        assert_eq!(proxy.lost_replies(), 1, "the probe's reply was not lost");
+    });
+}
+
+/// The change is a refusal of a settling deployment (`TRYAGAIN`, as for a slot that
+/// migrates), waited out and the call run again.
+#[test]
+fn a_grant_timed_by_a_clock_ahead_after_a_tryagain_is_confirmed() {
+    grant_timed_by_a_clock_ahead("clock-ahead-tryagain", |proxy, waiter| {
+        const PROBE: &str = "tryagain-probe";
+        proxy.fail_next_request_with(
+            PROBE,
+            "-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+        );
+        assert!(!waiter.lock(PROBE).is_locked().expect("probe, run again"));
+        assert_eq!(proxy.failed_requests(), 1, "the probe was not refused");
+    });
+}

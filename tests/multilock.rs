@@ -827,3 +827,158 @@ fn a_member_handed_over_as_the_call_gives_up_is_given_back() {
 fn a_member_handed_over_too_late_as_the_call_gives_up_is_left_to_its_new_holder() {
     handed_while_giving_up("given-back-late", true);
 }
+
+// ---------------------------------------------------------------------------------------
+// Issue 26, item 2: a grant that took longer than its lease
+// ---------------------------------------------------------------------------------------
+
+/// Pauses every client of `server` for `ms` (writes and reads alike).
+fn pause(server: &RedisServer, ms: u64) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("ALL")
+        .query(&mut server.connection())
+        .expect("CLIENT PAUSE");
+}
+
+/// DistributedLock's `TestAcquireFailsIfItTakesTooLong`: the server is paused longer
+/// than the lease asked for, so the grant arrives with no validity left. The call must
+/// not return it as held: it gives it back and returns `None` (its wait is zero).
+#[test]
+fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let lock = MultiLock::new([c.lock("too-long")]).unwrap();
+    // Warm: scripts loaded, a connection pooled.
+    lock.try_lock().unwrap().unwrap().unlock().unwrap();
+    pause(&server, 150);
+    let t = Instant::now();
+    let got = lock
+        .try_lock_with_lease_for(Duration::ZERO, Duration::from_millis(100))
+        .expect("try_lock_with_lease_for");
+    let took = t.elapsed();
+    let held = got.as_ref().map(|g| g.is_lease_lost());
+    assert!(
+        got.is_none(),
+        "a grant that came after {took:?}, past its 100 ms lease, was returned (lost: {held:?})"
+    );
+    assert!(took >= Duration::from_millis(140), "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(
+        !exists(&server, "too-long"),
+        "the late grant was not given back"
+    );
+}
+
+/// The same with the watchdog's lease: a quorum granted after the watchdog timeout (less
+/// the drift allowance) is no hold either. A wait that ends during the pause returns
+/// `None`; a wait that outlasts it gets the lock in a later round, its validity whole.
+#[test]
+fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
+    let server = RedisServer::new();
+    let c = support::client(
+        &server.url(),
+        PREFIX,
+        Duration::from_millis(300),
+        Duration::from_millis(250),
+    );
+    let lock = MultiLock::new([c.lock("too-long-watchdog")])
+        .unwrap()
+        .with_member_timeout(Duration::from_secs(1))
+        .unwrap();
+    lock.try_lock().unwrap().unwrap().unlock().unwrap();
+    pause(&server, 400);
+    let t = Instant::now();
+    // A wait that ends during the pause: its one round is bounded by the member timeout.
+    let got = lock
+        .try_lock_for(Duration::from_millis(50))
+        .expect("try_lock_for");
+    let took = t.elapsed();
+    assert!(
+        got.is_none(),
+        "a grant that came after {took:?}, past its 300 ms lease, was returned"
+    );
+    assert!(took >= Duration::from_millis(390), "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(!exists(&server, "too-long-watchdog"));
+
+    // Within a wait: tried again once the server answers in time.
+    pause(&server, 400);
+    let t = Instant::now();
+    let guard = lock
+        .try_lock_for(Duration::from_secs(5))
+        .expect("try_lock_for")
+        .expect("acquired within the wait");
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(390), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(!guard.is_lease_lost());
+    assert_eq!(guard.held_on(), 1);
+    guard.unlock().expect("unlock");
+}
+
+/// RedLock over three masters, all paused past the lease: the majority's grants are
+/// given back on every master; a wait longer than the pause gets a hold whose validity
+/// counts from the round that got it.
+#[test]
+fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
+    let cs: Vec<Client> = servers.iter().map(client).collect();
+    let lock = MultiLock::red_lock(cs.iter().map(|c| c.lock("too-long-red"))).unwrap();
+    lock.try_lock().unwrap().unwrap().unlock().unwrap();
+    for s in &servers {
+        pause(s, 150);
+    }
+    let t = Instant::now();
+    let got = lock
+        .try_lock_with_lease_for(Duration::ZERO, Duration::from_millis(100))
+        .expect("try_lock_with_lease_for");
+    let took = t.elapsed();
+    let lost = got.as_ref().map(|g| g.is_lease_lost());
+    assert!(
+        got.is_none(),
+        "a quorum granted after {took:?}, past its 100 ms lease, was returned (lost: {lost:?})"
+    );
+    assert!(took >= Duration::from_millis(140), "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(servers.iter().all(|s| !exists(s, "too-long-red")));
+
+    for s in &servers {
+        pause(s, 400);
+    }
+    let t = Instant::now();
+    let guard = lock
+        .try_lock_with_lease_for(Duration::from_secs(5), Duration::from_millis(300))
+        .expect("try_lock_with_lease_for")
+        .expect("acquired within the wait");
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(390), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        !guard.is_lease_lost(),
+        "returned already lost after {took:?}"
+    );
+    guard.unlock().expect("unlock");
+}
+
+/// A plain `Lock` and its owned form in the same case: a guard already marked lost, or
+/// nothing, never a hold said to stand.
+#[test]
+fn a_lock_granted_after_its_lease_is_not_said_held() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let lock = c.lock("too-long-plain");
+    lock.try_lock().unwrap().unwrap().unlock().unwrap();
+    pause(&server, 150);
+    let got = lock
+        .try_lock_with_lease_for(Duration::ZERO, Duration::from_millis(100))
+        .expect("try_lock_with_lease_for");
+    assert!(got.as_ref().is_none_or(|g| g.is_lease_lost()));
+    drop(got);
+    pause(&server, 150);
+    let got = lock
+        .try_lock_owned_with_lease_for(Duration::ZERO, Duration::from_millis(100))
+        .expect("try_lock_owned_with_lease_for");
+    assert!(got.as_ref().is_none_or(|g| g.is_lease_lost()));
+}

@@ -587,6 +587,7 @@ impl<K: Kind> Lock<K> {
             ticket,
             joined: None,
             queued_at: None,
+            joined_topology: 0,
             reentry,
             queued: false,
             // A process that listens on this lock already (others of its threads wait, or

@@ -477,18 +477,24 @@ impl MultiWait<'_> {
             let validity = self.validity(start);
             if granted >= lock.quorum && validity.is_some() {
                 self.leave_queues(&mut guards, true);
-                let valid_until = match self.lease {
-                    Lease::Fixed(_) => validity,
-                    Lease::Watchdog => None,
-                };
-                return Ok(Some(MultiLockGuard::new(
-                    guards,
-                    lock.quorum,
-                    valid_until,
-                    lock.member_timeout,
-                )));
+                // Leaving the queues (and confirming what was handed over meanwhile) took
+                // time too: the quorum's validity still counts from the round's start.
+                if let Some(validity) = self.validity(start) {
+                    let valid_until = match self.lease {
+                        Lease::Fixed(_) => Some(validity),
+                        Lease::Watchdog => None,
+                    };
+                    return Ok(Some(MultiLockGuard::new(
+                        guards,
+                        lock.quorum,
+                        valid_until,
+                        lock.member_timeout,
+                    )));
+                }
             }
-            // Not enough, or too late: what the round took goes back, to all at once.
+            // Not enough, or too late (RedLock's rule: a quorum granted after its lease's
+            // validity is no hold): what the round took goes back, to all at once, and
+            // the call tries again within its wait, or returns None.
             let taken: Vec<LockGuard> = guards.into_iter().flatten().collect();
             for e in release_all(taken, Instant::now() + lock.member_timeout)
                 .into_iter()
@@ -517,7 +523,11 @@ impl MultiWait<'_> {
                 continue;
             }
             if past(Instant::now()) {
-                if self.once && granted > 0 && self.split_among_contenders(&seen, called, splits) {
+                if self.once
+                    && granted > 0
+                    && granted < lock.quorum
+                    && self.split_among_contenders(&seen, called, splits)
+                {
                     // A try that split free locks with other tries of the same moment (each
                     // got some, all gave theirs back): without another round none of them
                     // would get the lock. Again after a random pause, so that one round runs
@@ -530,7 +540,7 @@ impl MultiWait<'_> {
                 self.give_up();
                 return Ok(None);
             }
-            if granted > 0 {
+            if granted > 0 && granted < lock.quorum {
                 // A split: some granted, not a quorum. Most often the holder's release is
                 // still on its way to the others, and the next message ends it; after
                 // splits in a row, other callers are splitting with this one: see
@@ -687,6 +697,11 @@ impl MultiWait<'_> {
             return false;
         }
         let young = millis(lock.member_timeout * 2);
+        // A split needs another caller: a round that saw no holder anywhere (it got a
+        // quorum too late, or the others failed) split nothing.
+        if !seen.iter().any(|s| matches!(s, Seen::Held(_))) {
+            return false;
+        }
         seen.iter().zip(lock.members.iter()).all(|(s, m)| match s {
             Seen::Held(pttl) => {
                 *pttl >= 0 && (*pttl as u64).saturating_add(young) >= m.lease_ms(self.lease)

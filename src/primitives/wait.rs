@@ -41,6 +41,9 @@ pub(super) struct Wait<'a, K: Kind> {
     // The server's time when that attempt queued the thread, from its reply: a grant's
     // own server time is set against it (see `pick_up`).
     pub(super) queued_at: Option<u64>,
+    // The client's topology epoch when that attempt was sent: a grant heard under
+    // another was perhaps timed by another server's clock (see `window_start`).
+    pub(super) joined_topology: u64,
     // The thread held the lock when the call began: its attempts never queue.
     pub(super) reentry: bool,
     // An attempt of this call may have queued the thread: leaving, it must leave the queue.
@@ -172,6 +175,7 @@ impl<K: Kind> Wait<'_, K> {
         }
         if join.is_some() {
             // Before anything is sent, so before the script can have run.
+            self.joined_topology = inner.topology_epoch();
             self.joined = Some(Instant::now());
             self.queued_at = None;
         }
@@ -288,7 +292,9 @@ impl<K: Kind> Wait<'_, K> {
     /// thread waited. While at least half the window is left the guard is returned at once,
     /// its lease counted from that moment, and the watchdog extends the hold when the lease
     /// needs more than the window. Otherwise ([`Wait::confirm`]) the grant may have lapsed
-    /// and passed on, and the server is asked.
+    /// and passed on, and the server is asked; so too when the client saw the deployment
+    /// change during the wait (see [`Wait::window_start`]): then the two server times may
+    /// come from two clocks, and the confirmation places the hold from its own send time.
     fn pick_up(
         &mut self,
         ticket: u64,
@@ -323,10 +329,21 @@ impl<K: Kind> Wait<'_, K> {
     /// at the earliest, by this machine's clock, if that shows the grant still has half its
     /// window or more left; `None` when it may not (the server must be asked), when the
     /// ticket is an earlier attempt's (that grant lapsed before the later attempt ran, or
-    /// the attempt would have been granted), and with `sync_replicas` (the replicas must
-    /// confirm it).
+    /// the attempt would have been granted), with `sync_replicas` (the replicas must
+    /// confirm it), and when the client saw the deployment change since the attempt was
+    /// sent (or cannot see it: a cluster).
+    ///
+    /// The last because the two server times must come from one clock: after a failover,
+    /// a reconnect or a slot's move, the entry may have been timed by one server and the
+    /// grant by another. A grant clock ahead by δ whose message took δ or more to arrive
+    /// is not "placed after its own arrival", yet placed δ late: the watchdog's extension,
+    /// a third into the window, could then land after the window closed on the server.
     fn window_start(&self, ticket: u64, at: Option<u64>) -> Option<Instant> {
-        if ticket != self.ticket || self.lock.client.inner.config.sync_replicas.is_some() {
+        let inner = &self.lock.client.inner;
+        if ticket != self.ticket
+            || inner.config.sync_replicas.is_some()
+            || !inner.same_topology_since(self.joined_topology)
+        {
             return None;
         }
         let start = queue::grant_seen_from(self.joined?, self.queued_at, at);

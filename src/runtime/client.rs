@@ -10,7 +10,7 @@ use crate::runtime::keys::{self, LockKeys, Object};
 use crate::runtime::pool::{self, Con, Conn, Manager};
 use crate::runtime::scripts::{self, ScriptCall, Scripting};
 use crate::runtime::subscriber::Subscriber;
-use crate::runtime::target::Target;
+use crate::runtime::target::{Target, Topology};
 use crate::{
     ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, HolderMetadata, Kind, Lock,
     LockInfo, LockName, ReadWriteLock, Semaphore,
@@ -122,6 +122,8 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     pool: r2d2::Pool<Manager>,
     target: Arc<Target>,
+    // Signs of the deployment changing, seen by the connection layer (see `Topology`).
+    topology: Arc<Topology>,
     pub(crate) subscriber: Subscriber,
     // What this process holds, with the thread that renews it (the field is named for
     // that thread, the watchdog).
@@ -505,10 +507,12 @@ impl Client {
 
     pub(crate) fn from_config(target: Target, config: Config) -> Result<Client, Error> {
         let target = Arc::new(target);
+        let topology = Arc::new(Topology::default());
         let manager = Manager {
             target: target.clone(),
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
+            topology: topology.clone(),
         };
         // Connections are made on demand (min_idle 0, build_unchecked), so a Redis that is
         // down does not fail the build. No PING on checkout: it would double the cost of
@@ -532,6 +536,7 @@ impl Client {
                 target: target.clone(),
                 connect_timeout: config.connect_timeout,
                 command_timeout: config.command_timeout,
+                topology: topology.clone(),
             },
             &config.key_prefix,
             &id,
@@ -549,6 +554,7 @@ impl Client {
                 config,
                 pool,
                 target,
+                topology,
             }),
         };
         if client.inner.watchdog.notifier.has_hook() {
@@ -594,6 +600,23 @@ impl Inner {
     /// Which primary connections now go to; it changes with each failover (Sentinel).
     pub(crate) fn generation(&self) -> u64 {
         self.target.generation()
+    }
+
+    /// The client's topology epoch: it changes whenever the connection layer sees a sign
+    /// of the deployment changing (see [`Topology`]), a Sentinel failover included.
+    pub(crate) fn topology_epoch(&self) -> u64 {
+        self.topology
+            .changes()
+            .wrapping_add(self.target.generation())
+    }
+
+    /// Whether the deployment, as far as this client can see, stayed the same since it
+    /// read `epoch` ([`topology_epoch`](Inner::topology_epoch)): then two times read from
+    /// its server's clock meanwhile came from one clock. Never on a cluster, whose `MOVED`
+    /// and `ASK` redirections redis-rs follows unseen (a slot may have moved to another
+    /// node, with another clock).
+    pub(crate) fn same_topology_since(&self, epoch: u64) -> bool {
+        !self.target.is_cluster() && self.topology_epoch() == epoch
     }
 
     /// Whether this client talks to a Redis Cluster.

@@ -307,7 +307,11 @@ fn settle<T: FromRedisValue>(conn: &mut Conn, reply: redis::RedisResult<Value>) 
         // Refused before it ran: the ordinary path loads the script or the library (or
         // sends the script with EVALSHA from then on), or waits for the deployment to
         // settle, or finds the new primary.
-        Err(e) if scripts::is_setup_refusal(&e) || pool::is_settling(&e) => Outcome::Again,
+        Err(e) if scripts::is_setup_refusal(&e) || pool::is_settling(&e) => {
+            // A settling deployment is a sign of its topology changing.
+            conn.failed(&e);
+            Outcome::Again
+        }
         Err(e) if pool::is_readonly(&e) => {
             conn.failed(&e);
             Outcome::Again

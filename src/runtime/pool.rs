@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::ConnectionLike;
 
-use crate::runtime::target::Target;
+use crate::runtime::target::{Target, Topology};
 
 /// A command connection: to one server, or to a cluster (a socket per node, following
 /// `MOVED`/`ASK` redirections and slot-map changes by itself).
@@ -171,12 +171,16 @@ pub(crate) struct Conn {
     broken: bool,
     // The primary it reached (see `Target::generation`).
     pub(crate) generation: u64,
+    // Told when a failure here is a sign of the deployment changing.
+    topology: Arc<Topology>,
 }
 
 pub(crate) struct Manager {
     pub(crate) target: Arc<Target>,
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    // The client's count of signs of the deployment changing (see `Topology`).
+    pub(crate) topology: Arc<Topology>,
 }
 
 impl Manager {
@@ -201,6 +205,7 @@ impl r2d2::ManageConnection for Manager {
             timeout: self.command_timeout,
             broken: false,
             generation,
+            topology: self.topology.clone(),
         })
     }
 
@@ -239,6 +244,7 @@ impl Conn {
         if timeout != self.timeout {
             if let Err(e) = self.con.set_timeouts(timeout) {
                 self.broken = true;
+                self.topology.changed();
                 return Err(e);
             }
             self.timeout = timeout;
@@ -246,10 +252,17 @@ impl Conn {
         Ok(())
     }
 
-    /// Retires the connection if `e` may have left it out of step with the server.
+    /// Retires the connection if `e` may have left it out of step with the server; tells
+    /// the client's [`Topology`] when that, or a refusal of a settling deployment, may
+    /// mean the deployment changed.
     pub(crate) fn failed(&mut self, e: &redis::RedisError) {
-        if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() || is_readonly(e) {
+        let retire =
+            e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() || is_readonly(e);
+        if retire {
             self.broken = true;
+        }
+        if retire || is_settling(e) {
+            self.topology.changed();
         }
     }
 

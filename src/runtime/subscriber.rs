@@ -358,6 +358,9 @@ fn run(shared: Weak<Shared>) {
                 }
                 reconnect = true;
                 if let Some(strong) = shared.upgrade() {
+                    // Before the next session delivers a message: a grant it brings may
+                    // come from another server than the one its waiter queued on.
+                    strong.manager.topology.changed();
                     strong.disconnected();
                 }
             }

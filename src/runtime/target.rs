@@ -8,6 +8,32 @@ use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
 
 use crate::runtime::pool::Con;
 
+/// What a client's connection layer saw of the deployment changing under it: a connection
+/// retired after an I/O failure or a timeout (the next one is a reconnect, perhaps to
+/// another server behind the same address), the pub/sub connection lost and made anew,
+/// a demoted primary's `READONLY`, and a cluster's or a failover's refusals (`MOVED`,
+/// `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`). Each bumps the count; with
+/// the Sentinel generation ([`Target::generation`]) it makes the client's topology epoch
+/// (`Inner::topology_epoch`). A wait that began under an older epoch may have been queued
+/// by one server and granted by another, whose clock the grant's time is from: such a
+/// grant is confirmed with the server before it is returned (`Wait::pick_up`).
+#[derive(Debug, Default)]
+pub(crate) struct Topology {
+    changes: AtomicU64,
+}
+
+impl Topology {
+    /// Records a sign of the deployment changing.
+    pub(crate) fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many signs were recorded so far.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+}
+
 /// The deployment a client talks to.
 pub(crate) enum Target {
     /// One server at a fixed address.

@@ -10,7 +10,9 @@
 //! - delay requests: they reach Redis late, as over a slow link
 //!   ([`FaultProxy::delay_requests_containing`]);
 //! - delay replies and pushed messages (server → client), e.g. pub/sub messages that reach
-//!   a subscriber late ([`FaultProxy::delay_replies_containing`]).
+//!   a subscriber late ([`FaultProxy::delay_replies_containing`]);
+//! - shift the server's time a grant message carries, as if another server whose clock
+//!   is ahead had made it ([`FaultProxy::shift_grant_times`]).
 //!
 //! Every marker given to one of these (or to [`FaultProxy::watch`]) is counted, when a
 //! request containing it is read from the client ([`FaultProxy::seen`]) and when it has been
@@ -58,6 +60,10 @@ struct Rules {
     delays: Vec<(Vec<u8>, Duration)>,
     // Server → client chunks containing a marker are held back that long.
     reply_delays: Vec<(Vec<u8>, Duration)>,
+    // Grant messages in server → client chunks containing a marker carry a server time
+    // later by that many ms.
+    grant_shifts: Vec<(Vec<u8>, u64)>,
+    shifted: usize,
     watches: Vec<Watch>,
 }
 
@@ -74,7 +80,14 @@ enum Action {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+    find(haystack, needle).is_some()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return None;
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 impl Rules {
@@ -134,6 +147,47 @@ impl Rules {
             .map(|(_, d)| *d)
             .max()
             .unwrap_or_default()
+    }
+
+    /// Moves the server time of each grant message (`g <token> <ticket> <fence> <ms>`) in
+    /// `chunk` later by the shift of a marker the chunk contains. The digits are rewritten
+    /// in place (a shift that would change their number is not made), so the message's
+    /// length stays as the server wrote it.
+    fn shift_grants(&mut self, chunk: &mut [u8]) {
+        let Some(shift) = self
+            .grant_shifts
+            .iter()
+            .filter(|(m, _)| contains(chunk, m))
+            .map(|(_, s)| *s)
+            .max()
+        else {
+            return;
+        };
+        let mut from = 0;
+        while let Some(at) = find(&chunk[from..], b"\r\ng ") {
+            let start = from + at + 2;
+            let Some(len) = find(&chunk[start..], b"\r\n") else {
+                return;
+            };
+            let end = start + len;
+            from = end;
+            let fields: Vec<&[u8]> = chunk[start..end].split(|&b| b == b' ').collect();
+            if fields.len() != 5 {
+                continue;
+            }
+            let digits = fields[4].to_vec();
+            let Some(ms) = std::str::from_utf8(&digits)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let moved = (ms + shift).to_string();
+            if moved.len() == digits.len() {
+                chunk[end - digits.len()..end].copy_from_slice(moved.as_bytes());
+                self.shifted += 1;
+            }
+        }
     }
 
     fn on_forwarded(&mut self, chunk: &[u8]) {
@@ -237,6 +291,25 @@ impl FaultProxy {
         if !delay.is_zero() {
             rules.reply_delays.push((marker.as_bytes().to_vec(), delay));
         }
+    }
+
+    /// From now on, each grant message (`g <token> <ticket> <fence> <server ms>`) the server
+    /// sends in a chunk containing `marker` (a waiter's channel) carries a server time
+    /// `shift` later, as if a server whose clock is that much ahead had made the grant.
+    /// `Duration::ZERO` lifts it.
+    pub fn shift_grant_times(&self, marker: &str, shift: Duration) {
+        let mut rules = self.shared.lock();
+        rules.grant_shifts.retain(|(m, _)| m != marker.as_bytes());
+        if !shift.is_zero() {
+            rules
+                .grant_shifts
+                .push((marker.as_bytes().to_vec(), shift.as_millis() as u64));
+        }
+    }
+
+    /// Grant messages whose server time was shifted so far.
+    pub fn shifted_grants(&self) -> usize {
+        self.shared.lock().shifted
     }
 
     /// Starts counting requests containing `marker` (the fault-injecting methods count
@@ -463,7 +536,11 @@ fn pump_replies(
             shared.dropped.fetch_add(1, Ordering::SeqCst);
             break;
         }
-        let delay = shared.lock().reply_delay(&tail, &buf[..n]);
+        let delay = {
+            let mut rules = shared.lock();
+            rules.shift_grants(&mut buf[..n]);
+            rules.reply_delay(&tail, &buf[..n])
+        };
         tail = [tail.as_slice(), &buf[..n]].concat();
         tail.drain(..tail.len().saturating_sub(REPLY_MARKER_MAX));
         if !delay.is_zero() && !shared.hold_back(delay) {
