@@ -857,17 +857,16 @@ fn queued(cluster: &Cluster, name: &str) -> i64 {
     redis::cmd("LLEN").arg(&queue).query(&mut con).unwrap()
 }
 
+/// What [`holder_on_cue`] returns when it is done: whether its guard said it was lost just
+/// before its unlock, and how the unlock went.
+type Unlocked = thread::JoinHandle<(bool, Result<(), redmutex::Error>)>;
+
 /// A thread of `client` blocked in `lock()` on `name`; it sends when it got the lock, then
-/// unlocks when told to, and returns whether its guard said it was lost just before, and
-/// how the unlock went.
+/// unlocks when told to (see [`Unlocked`]).
 fn holder_on_cue(
     client: Client,
     name: &str,
-) -> (
-    mpsc::Receiver<Instant>,
-    mpsc::Sender<()>,
-    thread::JoinHandle<(bool, Result<(), redmutex::Error>)>,
-) {
+) -> (mpsc::Receiver<Instant>, mpsc::Sender<()>, Unlocked) {
     let (got_tx, got) = mpsc::channel();
     let (go, go_rx) = mpsc::channel::<()>();
     let name = name.to_owned();
