@@ -7,6 +7,13 @@
 -- is a write that grows nothing and changes nothing (nor is it replicated), so the
 -- script counts as having written from its first line on.
 --
+-- On a cluster, Redis 6.2 checks every key a script touches: on the source of a slot being
+-- migrated, a key it does not have (as the marker never is) belongs to the target, and
+-- the call is refused as "attempted to access a non local key", which no retry gets past
+-- while the migration lasts: every renewal and release of a lock there would fail. A
+-- pcall swallows that refusal; the server counts the write before that check, so the
+-- script has still written.
+--
 -- KEYS[#KEYS]  the marker: a key that never exists, in the auxiliary namespace no lock
 --          name reaches ('<prefix>!oom:...', made by src/runtime/keys.rs), in the slot of
 --          the call's other keys. The caller appends it on this path only; it is taken
@@ -15,4 +22,4 @@
 --          the name had a hash tag: 'job{t}' deleted 'job{t}:!oom'.)
 -- ARGV     not read
 -- Returns  nothing: the script it is put before goes on.
-redis.call('del', table.remove(KEYS))
+redis.pcall('del', table.remove(KEYS))

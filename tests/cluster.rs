@@ -827,3 +827,358 @@ fn a_call_redirected_to_a_node_without_the_library_gets_it_loaded() {
         "a lock held by someone else was granted"
     );
 }
+
+/// The refusals of scripts whose keys were split by a migration, counted on node `i`
+/// (`INFO errorstats`): `TRYAGAIN`, or the `ASK` that sends such a call from the source
+/// to the target.
+fn refused_as_split(cluster: &Cluster, i: usize, code: &str) -> u64 {
+    let mut con = cluster.node(i).connection();
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(&mut con)
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with(&format!("errorstat_{code}:")))
+        .filter_map(|l| {
+            l.split("count=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// The length of `name`'s queue on the node that owns its slot.
+fn queued(cluster: &Cluster, name: &str) -> i64 {
+    let queue = format!("redmutex:!queue:{{{name}}}");
+    let mut con = cluster.connection_for_key(&queue);
+    redis::cmd("LLEN").arg(&queue).query(&mut con).unwrap()
+}
+
+/// What [`holder_on_cue`] returns when it is done: whether its guard said it was lost just
+/// before its unlock, and how the unlock went.
+type Unlocked = thread::JoinHandle<(bool, Result<(), redmutex::Error>)>;
+
+/// A thread of `client` blocked in `lock()` on `name`; it sends when it got the lock, then
+/// unlocks when told to (see [`Unlocked`]).
+fn holder_on_cue(
+    client: Client,
+    name: &str,
+) -> (mpsc::Receiver<Instant>, mpsc::Sender<()>, Unlocked) {
+    let (got_tx, got) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let name = name.to_owned();
+    let t = thread::spawn(move || {
+        let g = client.lock(&name).lock().unwrap();
+        got_tx.send(Instant::now()).unwrap();
+        go_rx.recv().unwrap();
+        (g.is_lease_lost(), g.unlock())
+    });
+    (got, go, t)
+}
+
+/// Issue 26: a hold handed over by a release just before its slot starts migrating. Its
+/// lease is the one-second pickup window until the new holder's client extends it, and
+/// that client's watchdog also has a check of a lock it handed on before due in the
+/// window (every contender of a busy lock both hands on and picks up): a multi-key script
+/// that the split slot refuses for as long as the split lasts, longer than the window.
+/// The hold must be kept meanwhile (an extension touches only the lock's hash, which the
+/// split cannot refuse), so that the release succeeds once the slot has moved: a slower
+/// call, not an error. Here the holder unlocks at once: its release, refused by the split
+/// slot too, waits it out.
+#[test]
+fn a_hold_handed_over_as_its_slot_splits_outlives_the_migration() {
+    handed_over_as_the_slot_splits(true);
+}
+
+/// [`a_hold_handed_over_as_its_slot_splits_outlives_the_migration`], the holder unlocking
+/// only after the migration: its watchdog kept the hold through the split.
+#[test]
+fn a_hold_handed_over_as_its_slot_splits_is_extended_through_the_split() {
+    handed_over_as_the_slot_splits(false);
+}
+
+fn handed_over_as_the_slot_splits(unlock_at_once: bool) {
+    let cluster = Cluster::new(3, 0);
+    let name = "handed-over";
+    let slot = key_slot(lock_key(name));
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let contender = cluster_client(&cluster);
+    let held = contender.lock(name).lock().unwrap();
+
+    // Another contender waits; the first one hands the lock to it (and its client checks
+    // that handoff a little over a second later), then waits in turn; a third waits after
+    // it, so that the queue's keys stay beside the lock's hash.
+    let (a_got, a_go, a) = holder_on_cue(cluster_client(&cluster), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    held.unlock().unwrap();
+    let handed_on = Instant::now();
+    a_got
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the handoff");
+    let (b_got, b_go, b) = holder_on_cue(contender.clone(), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    let (c_got, c_go, c) = holder_on_cue(cluster_client(&cluster), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 2));
+
+    // The lock comes back to the first contender 0.85 s after it handed it on: its check
+    // of that handoff (1.05 s after) falls due early in the new hold's pickup window,
+    // before the hold's extension (a third of the way in).
+    thread::sleep(Duration::from_millis(850).saturating_sub(handed_on.elapsed()));
+    let refused_before = (
+        refused_as_split(&cluster, from, "TRYAGAIN"),
+        refused_as_split(&cluster, from, "ASK"),
+        refused_as_split(&cluster, to, "TRYAGAIN"),
+    );
+    a_go.send(()).unwrap();
+    let (lost, released) = a.join().unwrap();
+    assert!(
+        !lost && released.is_ok(),
+        "the second contender: {released:?}"
+    );
+    let handed_back = Instant::now();
+    // The slot splits: its queue moves, the lock's hash and the waiters stay.
+    let migration = cluster.begin_migration(slot, from, to);
+    assert!(migration.move_key(format!("redmutex:!queue:{{{name}}}")));
+    b_got
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the lock handed back");
+    if unlock_at_once {
+        b_go.send(()).unwrap();
+    }
+    // Split for 1.5 s from the handoff: half a window longer than the window.
+    let split_for = Duration::from_millis(1500);
+    thread::sleep(split_for.saturating_sub(handed_back.elapsed()));
+    if b.is_finished() {
+        panic!(
+            "the release went through a split slot: {:?}",
+            b.join().unwrap()
+        );
+    }
+    migration.finish();
+    if !unlock_at_once {
+        b_go.send(()).unwrap();
+    }
+    let (lost, released) = b.join().unwrap();
+    let released_in = handed_back.elapsed();
+
+    // Each server's own refusal of the split slot was met.
+    let refused = |(i, code): (usize, &str)| refused_as_split(&cluster, i, code);
+    let refused_now = (
+        refused((from, "TRYAGAIN")),
+        refused((from, "ASK")),
+        refused((to, "TRYAGAIN")),
+    );
+    if support::server_kind().tries_again_when_some_keys_are_here() {
+        assert!(
+            refused_now.0 > refused_before.0,
+            "the source refused with TRYAGAIN: {refused_before:?} -> {refused_now:?}"
+        );
+    } else {
+        assert!(
+            refused_now.1 > refused_before.1 && refused_now.2 > refused_before.2,
+            "the source sent the calls on with ASK, the target refused them with \
+             TRYAGAIN: {refused_before:?} -> {refused_now:?}"
+        );
+    }
+    println!("released {released_in:?} after the handoff (split for {split_for:?}): {released:?}");
+    assert!(!lost, "the guard said lost before its unlock");
+    released.expect("the unlock of the hold handed over as the slot split");
+    assert!(
+        released_in >= split_for,
+        "released only once the slot moved"
+    );
+
+    // The lock goes on to the third contender, on the slot's new owner.
+    c_got
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the third contender got the lock");
+    assert_eq!(cluster.node_for_slot(slot), to);
+    c_go.send(()).unwrap();
+    let (lost, released) = c.join().unwrap();
+    assert!(
+        !lost && released.is_ok(),
+        "the third contender: {released:?}"
+    );
+}
+
+/// Issue 26: a hold that cannot be kept across a migration is reported lost when its
+/// lease passes, not when it is released. A read-write lock's write hold lives in two keys
+/// (its holds and their leases), which its extension touches together; a migration that
+/// splits them refuses the extension for as long as the split lasts, here much longer than
+/// the pickup window of the hold handed over just before. The guard's `lost()` and the
+/// client's hook fire at the window's end, and its unlock says `LeaseLost`.
+#[test]
+fn a_hold_handed_over_that_a_split_slot_cannot_extend_is_lost_when_its_window_ends() {
+    split_write_hold(false);
+}
+
+/// [`a_hold_handed_over_that_a_split_slot_cannot_extend_is_lost_when_its_window_ends`],
+/// the holder unlocking at once: its release waits out the split, and says `LeaseLost`
+/// (the window passed meanwhile), not that the lock is not held.
+#[test]
+fn the_release_of_a_hold_whose_window_passed_in_a_split_slot_says_lease_lost() {
+    split_write_hold(true);
+}
+
+fn split_write_hold(unlock_at_once: bool) {
+    let cluster = Cluster::new(3, 0);
+    let name = "split-write";
+    let slot = key_slot(lock_key(name));
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    // The write lock's keys: its holds, their leases, its queue.
+    let holds = format!("redmutex:!rw:{{{name}}}");
+    let leases = format!("redmutex:!leases:!rw:{{{name}}}");
+    let queue = format!("redmutex:!queue:!rw:{{{name}}}");
+    assert_eq!(key_slot(&leases), slot);
+    let writer = cluster_client(&cluster);
+    let held = writer.read_write_lock(name).write().lock().unwrap();
+
+    let hooked: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let hook_at = hooked.clone();
+    let waiting = Client::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_millis(1500))
+        .connect_timeout(Duration::from_secs(10))
+        .on_lease_lost(move |_| {
+            hook_at.lock().unwrap().get_or_insert(Instant::now());
+        })
+        .build()
+        .expect("cluster client");
+    let (got_tx, got) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let n = name.to_owned();
+    let waiter = thread::spawn(move || {
+        let g = waiting.read_write_lock(&n).write().lock().unwrap();
+        got_tx.send(()).unwrap();
+        if unlock_at_once {
+            go_rx.recv().unwrap();
+            let lost = g.is_lease_lost();
+            let unlocked = g.unlock();
+            return (Some(Instant::now()), lost, unlocked);
+        }
+        let lost = g.lost();
+        let lost_at = lost
+            .recv_timeout(Duration::from_secs(10))
+            .err()
+            .filter(|e| e.is_disconnected())
+            .map(|_| Instant::now());
+        (lost_at, g.is_lease_lost(), g.unlock())
+    });
+    assert!(wait_until(Duration::from_secs(5), || {
+        let mut con = cluster.connection_for_key(&queue);
+        redis::cmd("LLEN")
+            .arg(&queue)
+            .query::<i64>(&mut con)
+            .unwrap()
+            == 1
+    }));
+    let refused_before = (
+        refused_as_split(&cluster, from, "TRYAGAIN"),
+        refused_as_split(&cluster, from, "ASK"),
+        refused_as_split(&cluster, to, "TRYAGAIN"),
+    );
+    let releasing = Instant::now();
+    held.unlock().unwrap();
+    let released = Instant::now();
+    // The slot splits right after the handoff: the leases move, the holds stay.
+    let migration = cluster.begin_migration(slot, from, to);
+    assert!(migration.move_key(&leases));
+    let mut source = cluster.node(from).connection();
+    assert!(redis::cmd("EXISTS")
+        .arg(&holds)
+        .query::<bool>(&mut source)
+        .unwrap());
+    got.recv_timeout(Duration::from_secs(5))
+        .expect("the write lock handed over");
+    // (Told at once, or never: the other waits for its loss.)
+    let _ = go.send(());
+    // Split for 3 s: the whole window, and margins on both sides.
+    thread::sleep(Duration::from_secs(3).saturating_sub(released.elapsed()));
+    let split_over = Instant::now();
+    let refused = |(i, code): (usize, &str)| refused_as_split(&cluster, i, code);
+    let refused_now = (
+        refused((from, "TRYAGAIN")),
+        refused((from, "ASK")),
+        refused((to, "TRYAGAIN")),
+    );
+    migration.finish();
+    let (lost_at, lost, unlocked) = waiter.join().unwrap();
+    // (The hook is called on a thread of its own.)
+    wait_until(Duration::from_secs(2), || hooked.lock().unwrap().is_some());
+    let hooked_at = *hooked.lock().unwrap();
+
+    if support::server_kind().tries_again_when_some_keys_are_here() {
+        assert!(
+            refused_now.0 > refused_before.0,
+            "the source refused the extension with TRYAGAIN: {refused_before:?} -> \
+             {refused_now:?}"
+        );
+    } else {
+        assert!(
+            refused_now.1 > refused_before.1 && refused_now.2 > refused_before.2,
+            "the source sent the extension on with ASK, the target refused it with \
+             TRYAGAIN: {refused_before:?} -> {refused_now:?}"
+        );
+    }
+    let hooked_at = hooked_at.expect("the hook was called");
+    if unlock_at_once {
+        let unlocked_at = lost_at.expect("the time of the unlock");
+        assert!(!lost, "not lost before the unlock");
+        assert!(
+            matches!(unlocked, Err(redmutex::Error::LeaseLost { .. })),
+            "{unlocked:?}"
+        );
+        println!(
+            "unlocked {:?} after the release began; hook {:?}",
+            unlocked_at - releasing,
+            hooked_at - releasing
+        );
+        assert!(
+            hooked_at >= releasing + Duration::from_millis(950)
+                && hooked_at <= released + Duration::from_millis(1700)
+                && hooked_at < split_over,
+            "the hook was called {:?} after the release began, not when the window ended",
+            hooked_at - releasing
+        );
+        return;
+    }
+    let lost_at = lost_at.expect("the guard's lost() fired");
+    println!(
+        "window from the release ({:?} long); lost() {:?}, hook {:?} after it began",
+        released - releasing,
+        lost_at - releasing,
+        hooked_at - releasing
+    );
+    // The window began during the release call and lasts a second: the loss is told then
+    // (margins for clock rounding below, a loaded machine above), long before the split
+    // ends.
+    for (what, at) in [("lost()", lost_at), ("the hook", hooked_at)] {
+        assert!(
+            at >= releasing + Duration::from_millis(950),
+            "{what} fired {:?} after the release began, before the window ended",
+            at - releasing
+        );
+        assert!(
+            at <= released + Duration::from_millis(1700) && at < split_over,
+            "{what} fired {:?} after the release, not when the window ended",
+            at - released
+        );
+    }
+    assert!(lost, "is_lease_lost() agrees");
+    assert!(
+        matches!(unlocked, Err(redmutex::Error::LeaseLost { .. })),
+        "{unlocked:?}"
+    );
+}

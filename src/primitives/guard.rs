@@ -14,6 +14,8 @@ use crate::runtime::holds::Registration;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::loss::{Loss, Watcher};
+use crate::runtime::lost_lease::LossReason;
+use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
 use crate::runtime::telemetry;
@@ -321,7 +323,17 @@ impl<K: Kind> LockGuard<K> {
         };
         let inner = &self.inner;
         let keys = &self.keys;
+        let mut keep_alive = held.keep_alive;
+        let mut sent = 0;
         let reply = inner.run(|con| {
+            sent += 1;
+            if sent > 1 {
+                // Sent again: the first was refused (a slot split by a migration, a
+                // failover under way) or its connection dropped. A hold handed over has
+                // only its pickup window, which such a wait may outlast: the lock's hash
+                // alone, which a split slot still serves, is kept alive meanwhile.
+                keep_alive_for_release(inner, con, &mut keep_alive, &self.lost)?;
+            }
             let (left, served): (i64, i64) = inner.eval(con, &held.cmd)?;
             let shortfall = if left >= 0 {
                 inner.await_replicas(con, keys.key())?
@@ -330,6 +342,13 @@ impl<K: Kind> LockGuard<K> {
             };
             Ok((left, served, shortfall))
         });
+        if let (Ok((left, ..)), Some(ends)) = (&reply, held.window_ends) {
+            if *left < 0 && ends <= Instant::now() {
+                // Handed over, and its window passed while the release waited: the hold
+                // lapsed then, which is what its guard says.
+                self.lost.mark(LossReason::RenewalFailed);
+            }
+        }
         self.end_release(held.levels, reply)
     }
 
@@ -349,6 +368,9 @@ impl<K: Kind> LockGuard<K> {
         self.is_lease_lost();
         // This level is over for whoever waits on `lost()`, whatever the release finds.
         self.lost.released(self.level);
+        let window_ends = inner
+            .watchdog
+            .pickup_pending(keys.hold(), self.token, &self.lost);
         let Some((need, held)) =
             inner
                 .watchdog
@@ -362,6 +384,11 @@ impl<K: Kind> LockGuard<K> {
         Ok(Ok(Release {
             cmd: queue::release(keys, &self.holder, need, held),
             levels: held,
+            keep_alive: window_ends.map(|ends| KeepAlive {
+                call: queue::confirm(keys, &self.holder, queue::pickup_ms()),
+                ends,
+            }),
+            window_ends,
         }))
     }
 
@@ -423,6 +450,52 @@ impl<K: Kind> LockGuard<K> {
 pub(crate) struct Release {
     pub(crate) cmd: ScriptCall,
     pub(crate) levels: usize,
+    // For a hold handed over and not extended yet: how to keep its lease from running
+    // out while the release is refused and sent again, and when its window ends.
+    keep_alive: Option<KeepAlive>,
+    window_ends: Option<Instant>,
+}
+
+/// Keeps a handed-over hold's short lease going while its release waits (see
+/// [`keep_alive_for_release`]).
+struct KeepAlive {
+    // The renewal script for the hold, to a pickup window from when it runs.
+    call: ScriptCall,
+    // The lease's end as far as known: the window's, then a window from each renewal.
+    ends: Instant,
+}
+
+/// Before a release is sent again: renews the handed-over hold of `keep_alive` for another
+/// pickup window once less than two thirds of its lease is left, so that its lease never
+/// runs out while the release waits (and outlasts a release that fails in the end by a
+/// window at most). Once the hold is found gone, or its lease over, nothing more is sent;
+/// a lease that ran out unrenewed (the renewal refused too: its keys split) marks the hold
+/// `lost` then, so that the hook hears of it when it happens, not when the release ends.
+fn keep_alive_for_release(
+    inner: &Inner,
+    con: &mut Con,
+    keep_alive: &mut Option<KeepAlive>,
+    lost: &Loss,
+) -> redis::RedisResult<()> {
+    let Some(k) = keep_alive.as_mut() else {
+        return Ok(());
+    };
+    let now = Instant::now();
+    if k.ends <= now {
+        lost.mark(LossReason::RenewalFailed);
+        *keep_alive = None;
+        return Ok(());
+    }
+    if k.ends.saturating_duration_since(now) > queue::PICKUP * 2 / 3 {
+        return Ok(());
+    }
+    let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &k.call)?;
+    if lost.is_empty() {
+        k.ends = now + queue::PICKUP;
+    } else {
+        *keep_alive = None;
+    }
+    Ok(())
 }
 
 impl<K: Kind> Drop for LockGuard<K> {

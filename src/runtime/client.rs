@@ -715,7 +715,19 @@ impl Inner {
         until: Option<Instant>,
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        self.run_with(until, true, f)
+        self.run_with(until, true, None, f)
+    }
+
+    /// [`run_until`](Inner::run_until) for the watchdog thread: while the call waits out
+    /// a settling deployment, `meanwhile` runs in its pauses (the extensions of holds
+    /// handed over, whose pickup window is shorter than such a wait may last).
+    pub(crate) fn run_minding<T>(
+        &self,
+        until: Option<Instant>,
+        meanwhile: &mut dyn FnMut(),
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_with(until, true, Some(meanwhile), f)
     }
 
     /// A new id for one call whose script records it (see [`CALL_MEMORY`]): the client's
@@ -751,13 +763,14 @@ impl Inner {
         &self,
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        self.run_with(None, false, f)
+        self.run_with(None, false, None, f)
     }
 
     fn run_with<T>(
         &self,
         until: Option<Instant>,
         repeatable: bool,
+        mut meanwhile: Option<&mut dyn FnMut()>,
         mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.check_process()?;
@@ -777,15 +790,18 @@ impl Inner {
                     )
                 }
             };
-            let mut conn: r2d2::PooledConnection<Manager> = self.pool.get_timeout(checkout)?;
-            let conn: &mut Conn = &mut conn;
+            let mut pooled: r2d2::PooledConnection<Manager> = self.pool.get_timeout(checkout)?;
+            let conn: &mut Conn = &mut pooled;
             if conn.generation != self.target.generation() {
                 // Made to a primary the sentinels no longer name: retired on return. The
                 // generation changes once per failover, so this ends within the pool.
                 conn.mark_broken();
                 continue;
             }
-            match conn.run(io, &mut f) {
+            let result = conn.run(io, &mut f);
+            // Back to the pool before any pause: what runs meanwhile may need it.
+            drop(pooled);
+            match result {
                 // Refused before it ran: a slot mid-migration, a failover under way (the
                 // slot's primary dead and its replica not yet promoted: its connections
                 // refused, or CLUSTERDOWN). The call waits it out, with a growing pause,
@@ -815,7 +831,10 @@ impl Inner {
                         return Err(Error::timeout(e));
                     }
                     log::debug!("redmutex: retrying in {pause:?}: {e}");
-                    std::thread::sleep(*pause);
+                    if let Some(meanwhile) = meanwhile.as_mut() {
+                        meanwhile();
+                    }
+                    std::thread::sleep((now + *pause).saturating_duration_since(Instant::now()));
                     let most = if down {
                         MAX_DOWN_PAUSE
                     } else {

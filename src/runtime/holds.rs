@@ -139,6 +139,7 @@ impl Hold {
                 lost: self.lost.clone(),
                 lease_ms,
                 extension,
+                pickup_ends: self.pickup_ends,
             });
         }
     }
@@ -405,7 +406,9 @@ pub(super) struct Watched {
     pub(super) lost: Arc<Loss>,
     pub(super) lease_ms: u64,
     // The first renewal of a handed-over hold: its lease is only the pickup window.
-    extension: bool,
+    pub(super) extension: bool,
+    // When that window ends, for an extension: past it, the hold is lost anyway.
+    pub(super) pickup_ends: Option<Instant>,
 }
 
 /// A thread of this client waiting in a lock's queue: its entry is kept alive each round.
@@ -959,6 +962,22 @@ impl HoldTable {
             hold.pickup_ends
                 .map(|ends| (ends, LossReason::RenewalFailed))
         })
+    }
+
+    /// When the pickup window of the hold `lost` belongs to ends, if it was handed over and
+    /// its lease is still only that window (not extended yet).
+    pub(crate) fn pickup_pending(
+        &self,
+        key: &[u8],
+        token: u64,
+        lost: &Arc<Loss>,
+    ) -> Option<Instant> {
+        let holds = self.holds.lock();
+        holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
+            .and_then(|hold| hold.pickup_ends)
     }
 
     /// Whether the hold `lost` belongs to may have expired on the server: no grant or

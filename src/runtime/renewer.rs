@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::runtime::client::Inner;
 use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
+use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::millis;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
@@ -152,7 +153,8 @@ fn kick_due(inner: &Inner) {
         call.arg(keys.inbox())
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms());
-        let result = inner.run_until(Some(until), |con| inner.eval::<(i64, i64)>(con, &call));
+        let check = |con: &mut _| inner.eval::<(i64, i64)>(con, &call);
+        let result = inner.run_minding(Some(until), &mut extensions_meanwhile(inner), check);
         match result {
             // It handed the lock on again: check that handoff in its turn.
             Ok((_, 1)) => kick.again(watchdog, KICK_TRIES),
@@ -206,10 +208,11 @@ fn clean_doubtful(inner: &Inner) {
         let expected = expected.max(watchdog.levels_now(keys.hold(), token));
         let until = Instant::now() + inner.config.watchdog_timeout / 6;
         let result = catch_unwind(AssertUnwindSafe(|| {
-            inner.run_until(Some(until), |con| {
+            let cancel = |con: &mut _| {
                 let cancel = queue::cancel(&keys, &holder, expected, need, false);
                 inner.eval::<Vec<i64>>(con, &cancel)
-            })
+            };
+            inner.run_minding(Some(until), &mut extensions_meanwhile(inner), cancel)
         }));
         let mut doubts = watchdog.doubts.lock();
         if let Some(at) = doubts.iter().position(|d| d.id == id) {
@@ -250,6 +253,29 @@ fn clean_doubtful(inner: &Inner) {
 /// have a third of their time left. Each call gives up after a third of the lease, so one
 /// slow round cannot use up the time of the next one.
 pub(crate) fn renew_all(inner: &Inner, full: bool) {
+    renew_round(inner, full, false);
+}
+
+/// The extensions due now, run in the pauses of a call of the watchdog thread that waits
+/// out a settling cluster (see `Inner::run_minding`): a hold handed over has only its
+/// pickup window, shorter than such a wait may last (a slot split by a migration refuses
+/// a multi-key script until its keys are together again).
+fn extensions_meanwhile(inner: &Inner) -> impl FnMut() + '_ {
+    move || {
+        if !inner.is_cluster() {
+            // (Elsewhere nothing refuses one call that another of the same client gets
+            // through: the extension would wait out the same refusal.)
+            return;
+        }
+        if catch_unwind(AssertUnwindSafe(|| renew_round(inner, false, true))).is_err() {
+            log::error!("redmutex: an extension of a handed-over hold panicked");
+        }
+    }
+}
+
+/// [`renew_all`]; `nested` when run in the pause of another call (whose own pauses then
+/// run nothing more).
+fn renew_round(inner: &Inner, full: bool, nested: bool) {
     let watchdog_ms = millis(inner.config.watchdog_timeout);
     let mut round = Round {
         watchdog: &inner.watchdog,
@@ -272,11 +298,27 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
             0
         }
     };
+    let give_up_after = inner.config.watchdog_timeout / 3;
     if cluster {
+        // A handed-over hold's extension goes alone, first: a call of several keys is
+        // refused while a migration splits its slot (`TRYAGAIN`), for as long as the split
+        // lasts, while a lock's hash alone is served by whichever node has it (the
+        // source, or the target after `ASK`). It waits out other refusals only as long as
+        // its pickup window lasts: past it the hold is lost anyway.
+        round.watched.sort_by_key(|w| !w.extension);
+        let alone = round.watched.iter().take_while(|w| w.extension).count();
+        for one in round.watched[..alone].chunks(1) {
+            let sent = Instant::now();
+            let until = one[0]
+                .pickup_ends
+                .map_or(sent + give_up_after, |ends| ends.min(sent + give_up_after));
+            renew_batch(inner, one, &[], until, None);
+        }
+        round.watched.drain(..alone);
         round.watched.sort_by_cached_key(|w| group(w.keys.key()));
         waiters.sort_by_cached_key(|(keys, ..)| group(keys.key()));
     }
-    let give_up_after = inner.config.watchdog_timeout / 3;
+    let mut meanwhile = extensions_meanwhile(inner);
     let mut holds: &[Watched] = &round.watched;
     let mut waits = waiters.as_slice();
     while !holds.is_empty() || !waits.is_empty() {
@@ -300,72 +342,89 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
             .count();
         let (wait_batch, rest) = waits.split_at(same);
         waits = rest;
-        // The marker of the first object the call names: its slot is the batch's.
-        let first = match (batch.first(), wait_batch.first()) {
-            (Some(h), _) => &h.keys,
-            (None, Some((w, ..))) => w,
-            (None, None) => unreachable!("a batch holds a hold or a waiter"),
+        let until = Instant::now() + give_up_after;
+        let meanwhile: Option<&mut dyn FnMut()> = if nested || !cluster {
+            None
+        } else {
+            Some(&mut meanwhile)
         };
-        let mut call = ScriptCall::on(&scripts::RENEW, first);
-        call.arg(batch.len());
-        for w in batch {
-            let ops = w.keys.ops;
-            call.key(w.keys.key());
-            if ops.field_prefix.is_some() {
-                call.key(w.keys.leases().as_slice()).arg("m");
-            } else {
-                call.arg("k");
-            }
-            call.arg(ops.field(&w.holder)).arg(w.lease_ms);
-        }
-        for (keys, ..) in wait_batch {
-            call.key(keys.queue().as_slice())
-                .key(keys.waiters().as_slice());
-        }
-        for (_, _, holder, ttl) in wait_batch {
-            call.arg(holder.as_str()).arg(*ttl);
-        }
-        let sent = Instant::now();
-        let until = sent + give_up_after;
-        let result = inner.run_until(Some(until), |con| {
-            inner.eval::<(Vec<usize>, Vec<usize>)>(con, &call)
-        });
-        match result {
-            Ok((lost, gone)) => {
-                // Those lost are forgotten below; the others are extended.
-                inner.watchdog.extended(batch, true);
-                telemetry::renewed(batch.len().saturating_sub(lost.len()));
-                let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
-                inner.watchdog.confirmed(batch, sent, &lost_at);
-                for i in lost {
-                    let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
-                        continue;
-                    };
-                    log::warn!(
-                        "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
-                        String::from_utf8_lossy(w.keys.key())
-                    );
-                    w.lost.mark(w.lost.gone_reason(inner.generation()));
-                    inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
-                }
-                for j in gone {
-                    // Dropped from the queue (taken for dead while this client was
-                    // disconnected, or lapsed): the thread must ask again.
-                    if let Some((keys, token, ..)) =
-                        j.checked_sub(1).and_then(|j| wait_batch.get(j))
-                    {
-                        inner.subscriber.recheck(keys.channel(), *token);
-                    }
-                }
-            }
-            Err(e) => {
-                log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
-                telemetry::renewal_failed(batch.len(), &e);
-                inner.watchdog.extended(batch, false);
-            }
-        }
-        inner.watchdog.renewed(batch);
+        renew_batch(inner, batch, wait_batch, until, meanwhile);
     }
+}
+
+/// One renewal call: the holds of `batch` and the queue entries of `wait_batch`, all of
+/// one slot on a cluster, given up at `until`.
+fn renew_batch(
+    inner: &Inner,
+    batch: &[Watched],
+    wait_batch: &[(Arc<LockKeys>, u64, String, u64)],
+    until: Instant,
+    meanwhile: Option<&mut dyn FnMut()>,
+) {
+    // The marker of the first object the call names: its slot is the batch's.
+    let first = match (batch.first(), wait_batch.first()) {
+        (Some(h), _) => &h.keys,
+        (None, Some((w, ..))) => w,
+        (None, None) => unreachable!("a batch holds a hold or a waiter"),
+    };
+    let mut call = ScriptCall::on(&scripts::RENEW, first);
+    call.arg(batch.len());
+    for w in batch {
+        let ops = w.keys.ops;
+        call.key(w.keys.key());
+        if ops.field_prefix.is_some() {
+            call.key(w.keys.leases().as_slice()).arg("m");
+        } else {
+            call.arg("k");
+        }
+        call.arg(ops.field(&w.holder)).arg(w.lease_ms);
+    }
+    for (keys, ..) in wait_batch {
+        call.key(keys.queue().as_slice())
+            .key(keys.waiters().as_slice());
+    }
+    for (_, _, holder, ttl) in wait_batch {
+        call.arg(holder.as_str()).arg(*ttl);
+    }
+    let sent = Instant::now();
+    let renew = |con: &mut _| inner.eval::<(Vec<usize>, Vec<usize>)>(con, &call);
+    let result = match meanwhile {
+        Some(meanwhile) => inner.run_minding(Some(until), meanwhile, renew),
+        None => inner.run_until(Some(until), renew),
+    };
+    match result {
+        Ok((lost, gone)) => {
+            // Those lost are forgotten below; the others are extended.
+            inner.watchdog.extended(batch, true);
+            telemetry::renewed(batch.len().saturating_sub(lost.len()));
+            let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
+            inner.watchdog.confirmed(batch, sent, &lost_at);
+            for i in lost {
+                let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
+                    continue;
+                };
+                log::warn!(
+                    "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
+                    String::from_utf8_lossy(w.keys.key())
+                );
+                w.lost.mark(w.lost.gone_reason(inner.generation()));
+                inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
+            }
+            for j in gone {
+                // Dropped from the queue (taken for dead while this client was
+                // disconnected, or lapsed): the thread must ask again.
+                if let Some((keys, token, ..)) = j.checked_sub(1).and_then(|j| wait_batch.get(j)) {
+                    inner.subscriber.recheck(keys.channel(), *token);
+                }
+            }
+        }
+        Err(e) => {
+            log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
+            telemetry::renewal_failed(batch.len(), &e);
+            inner.watchdog.extended(batch, false);
+        }
+    }
+    inner.watchdog.renewed(batch);
 }
 
 /// The Redis Cluster slot of `key`.
