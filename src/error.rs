@@ -51,8 +51,10 @@ pub enum Error {
         /// The lock the operation was on, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
     },
-    /// The calling thread does not hold the lock it tried to release: it never held it, its
-    /// lease expired, or someone called `force_unlock`.
+    /// The calling thread does not hold the lock it tried to release, and cannot tell
+    /// whether it lost it: a release whose reply was lost found nothing when repeated (the
+    /// first run may have released it). A hold the release finds gone otherwise (expired,
+    /// `force_unlock`, lost by the server) is [`Error::LeaseLost`].
     #[error("{}the lock is not held by this thread", On(.lock))]
     #[non_exhaustive]
     NotHeld {
