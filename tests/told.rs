@@ -304,8 +304,9 @@ fn a_force_unlock_is_told_to_the_holder_at_once() {
                     "{path} {}: told before the force_unlock",
                     $kind
                 );
-                let freed = other.force_unlock($name).unwrap();
+                // Counted from before the call: its round trip is in the figure.
                 let forced = Instant::now();
+                let freed = other.force_unlock($name).unwrap();
                 assert!(!freed.is_empty());
                 let after = told_after(&lost, forced);
                 let Some(after) = after else {

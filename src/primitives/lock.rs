@@ -18,6 +18,7 @@ use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::subscriber;
 use crate::runtime::telemetry;
 use crate::{Client, Error, LockGuard};
 
@@ -480,7 +481,10 @@ impl<K: Kind> Lock<K> {
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms())
             .arg(self.client.inner.call_id())
-            .arg(millis(CALL_MEMORY));
+            .arg(millis(CALL_MEMORY))
+            .arg(subscriber::own_channel_prefix(
+                &self.client.inner.config.key_prefix,
+            ));
         call
     }
 
@@ -858,6 +862,9 @@ impl<K: Kind> Lock<K> {
         sent: Instant,
         handoff: bool,
     ) -> LockGuard<K> {
+        // Listening on the client's own channel from its first hold on: a force_unlock of
+        // this hold is told there.
+        self.client.inner.subscriber.listen(&self.client.inner);
         let registration = self.client.inner.watchdog.acquired(
             &self.keys,
             token,
