@@ -611,10 +611,7 @@ mod tests {
 
     #[test]
     fn a_force_unlock_message_is_read_back() {
-        assert_eq!(
-            parse_forced(b"f 42 p:{a b}"),
-            Some((42, &b"p:{a b}"[..]))
-        );
+        assert_eq!(parse_forced(b"f 42 p:{a b}"), Some((42, &b"p:{a b}"[..])));
         assert_eq!(parse_forced(b"s"), None);
         assert_eq!(parse_forced(b"f x p:{a}"), None);
         assert_eq!(parse_forced(b"f 42"), None);
