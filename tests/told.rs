@@ -17,6 +17,7 @@ use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
 use redmutex::{
     Client, Error, Kind, LockGuard, LossReason, LostLease, MultiLock, OwnedGuard, Permit,
 };
+use support::topology::Cluster;
 use support::RedisServer;
 
 /// The default watchdog timeout: its renewal comes a third of it (10 s) after a grant.
@@ -412,4 +413,56 @@ fn a_force_unlock_tells_every_holder_and_every_level() {
     ] {
         assert!(is_lease_lost(&r), "{r:?}");
     }
+}
+
+/// On a Redis Cluster the holder's client listens on one node (its pub/sub connection's)
+/// while the lock lives on another: the force_unlock's classic PUBLISH reaches it there.
+#[test]
+fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
+    let cluster = Cluster::new(3, 0);
+    let name = (0..)
+        .map(|i| format!("forced-{i}"))
+        .find(|n| cluster.node_for_key(format!("redmutex:{{{n}}}")) != 0)
+        .unwrap();
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let (tx, each) = crossbeam_channel::unbounded();
+    let seen = all.clone();
+    // Its only seed is node 0: its pub/sub connection goes there.
+    let holder = Client::builder()
+        .cluster(vec![format!("redis://{}/", cluster.node(0).addr())])
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_millis(1500))
+        .connect_timeout(Duration::from_secs(10))
+        .on_lease_lost(move |lost: &LostLease| {
+            seen.lock()
+                .unwrap()
+                .push((lost.name_lossy(), lost.kind(), lost.reason()));
+            let _ = tx.send(());
+        })
+        .build()
+        .unwrap();
+    let heard = Heard { all, each };
+    let other = Client::builder()
+        .cluster(cluster.seed_urls())
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let guard = holder.lock(&name).lock().unwrap();
+    let lost = guard.lost();
+    let own = format!("redmutex:__control:{}", holder.id());
+    let mut con = cluster.node(0).connection();
+    assert!(
+        support::wait_until(Duration::from_secs(5), || support::subscribers(
+            &mut con, &own
+        ) == 1),
+        "the holder's client listens on node 0"
+    );
+    assert!(not_ready(&lost));
+    let forced = Instant::now();
+    assert!(other.lock(&name).force_unlock().unwrap());
+    let after = told_after(&lost, forced).expect("told across nodes");
+    println!("cluster: lost() {after:?} after the force_unlock");
+    assert_eq!(heard.told(1), [(name.clone(), "Lock", LossReason::Deleted)]);
+    let said = guard.unlock();
+    assert!(is_lease_lost(&said), "{said:?}");
 }
