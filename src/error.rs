@@ -61,9 +61,10 @@ pub enum Error {
         /// The lock, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
     },
-    /// The lock's lease was known lost before it was released (the guard's
-    /// `is_lease_lost` was true: the watchdog found it gone or could not renew it in time,
-    /// or a fixed lease ran out): another client may have held the lock since.
+    /// The lock's lease was lost before it was released (the guard's `is_lease_lost` was
+    /// true: the watchdog found it gone or could not renew it in time, a `force_unlock`
+    /// freed it, or a fixed lease ran out), or the release itself found it gone on the
+    /// server: another client may have held the lock since.
     #[error("{}the lock's lease was lost before it was released", On(.lock))]
     #[non_exhaustive]
     LeaseLost {

@@ -142,8 +142,9 @@ impl<K: Kind> LockGuard<K> {
     }
 
     /// True once this guard's hold is known to be gone, or about to go: the watchdog found
-    /// the lock no longer held by this thread; a later acquisition by this thread found it
-    /// gone on the server; every `Client` was dropped, so nothing renews it any more; or
+    /// the lock no longer held by this thread; a `force_unlock` freed it; a later
+    /// acquisition, an `extend` or a release of another level by this thread found it gone
+    /// on the server; every `Client` was dropped, so nothing renews it any more; or
     /// this guard's fixed lease has run out with no other level of the thread's hold
     /// keeping the lock (an outer fixed lease covered by a nested watchdog level is not
     /// lost); or the lock was handed to this thread by a release and its one-second
@@ -245,8 +246,10 @@ impl<K: Kind> LockGuard<K> {
     /// `Err(RecvError)` and a `recv(lost) -> _` arm of `select!` fires, at once and on
     /// every later try. It is ready within the same bound as `is_lease_lost()` turns true:
     /// the instant a fixed lease runs out or a lease goes unrenewed for its whole length
-    /// (a thread of the client wakes for it; nobody needs to poll), or when a renewal, a
-    /// later acquisition or a release finds the hold gone. Every guard of a nested hold is
+    /// (a thread of the client wakes for it; nobody needs to poll), when a
+    /// `force_unlock` freed it (its client is told at once, on its own channel), or when a
+    /// renewal, a later acquisition, an `extend` or a release of any level finds the hold
+    /// gone. Every guard of a nested hold is
     /// told of its loss; releasing one level readies only that guard's channel. Each call
     /// returns a clone of the same receiver.
     ///

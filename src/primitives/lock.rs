@@ -453,8 +453,9 @@ impl<K: Kind> Lock<K> {
     }
 
     /// Frees the lock whoever holds it, waking its waiters; true if it was held. An
-    /// administrative operation: the former holder is not stopped, its release later
-    /// fails with [`Error::NotHeld`] (or [`Error::LeaseLost`] once its watchdog noticed).
+    /// administrative operation: the former holder is not stopped, but its client is told
+    /// at once (on its own channel): its guards' [`lost`](LockGuard::lost) fire, the
+    /// `on_lease_lost` hook is called, and its release fails with [`Error::LeaseLost`].
     ///
     /// A call whose reply was lost is sent again, and the repeat recognizes what its first
     /// run did: `Ok(true)` if that freed the lock, never "it was not locked".
