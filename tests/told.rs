@@ -466,3 +466,71 @@ fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
     let said = guard.unlock();
     assert!(is_lease_lost(&said), "{said:?}");
 }
+
+/// A re-entry and an `extend` that find the hold gone tell at once too: the outer guard's
+/// `lost()` fires and the hook is called once, well before a renewal.
+#[test]
+fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
+    let server = RedisServer::new();
+    let prefix = "told:again:";
+    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let lock = client.lock("again");
+    let outer = lock.lock().unwrap();
+    let lost = outer.lost();
+    delete_all(&server, prefix);
+    assert!(not_ready(&lost));
+    let entered = Instant::now();
+    let fresh = lock.lock().unwrap();
+    assert!(told_after(&lost, entered).is_some(), "the re-entry told it");
+    assert!(!fresh.is_lease_lost(), "the new hold stands");
+    fresh.unlock().unwrap();
+    assert!(is_lease_lost(&outer.unlock()));
+
+    let fixed = client
+        .lock("fixed")
+        .lock_with_lease(Duration::from_secs(20))
+        .unwrap();
+    let fixed_lost = fixed.lost();
+    delete_all(&server, prefix);
+    let extending = Instant::now();
+    assert!(is_lease_lost(&fixed.extend(Duration::from_secs(20))));
+    assert!(
+        told_after(&fixed_lost, extending).is_some(),
+        "the extend told it"
+    );
+    assert!(is_lease_lost(&fixed.unlock()));
+
+    let mut told = heard.told(2);
+    told.sort_by_key(|t| t.0.clone());
+    assert_eq!(
+        told,
+        [
+            ("again".to_owned(), "Lock", LossReason::Deleted),
+            ("fixed".to_owned(), "Lock", LossReason::Deleted),
+        ]
+    );
+}
+
+/// A `MultiLock`'s member force-unlocked: the multi guard's `lost()` fires at once (all
+/// of its locks must stand), and the member's loss reaches the hook.
+#[test]
+fn a_force_unlock_of_a_multilock_member_is_told_at_once() {
+    let server = RedisServer::new();
+    let prefix = "told:multi:";
+    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
+    let held = multi.lock().unwrap();
+    let lost = held.lost();
+    await_listening(&server, prefix, &client);
+    assert!(not_ready(&lost));
+    let forced = Instant::now();
+    assert_eq!(client.force_unlock("m2").unwrap(), ["lock"]);
+    let after = told_after(&lost, forced).expect("the multi guard was told");
+    println!("multilock: lost() {after:?} after the force_unlock");
+    assert!(held.is_lease_lost());
+    assert_eq!(
+        heard.told(1),
+        [("m2".to_owned(), "Lock", LossReason::Deleted)]
+    );
+    assert!(is_lease_lost(&held.unlock()));
+}
