@@ -13,6 +13,10 @@
 -- ARGV[4]  this call's id: the same for each run of one call (the client repeats a call
 --          whose reply was lost), different for every call
 -- ARGV[5]  how long to remember the id, ms
+-- ARGV[6]  the prefix of each client's own channel (`<key prefix>__control:`): every
+--          holder's client is told there which of its holds went, "f <token> <key>" (its
+--          holder id is "<client id>:<token>"), so it marks them lost at once rather than
+--          at its next renewal
 --
 -- Returns 1 when a lock was deleted (by this run, or by an earlier run of the same call:
 -- then nothing changes), 0 when it was not locked; a WRONGTYPE error, with nothing
@@ -26,8 +30,10 @@ if kind == 'none' then
     return 0
 end
 local ok = kind == 'hash'
+local fields = {}
 if ok then
-    for i, field in ipairs(redis.call('hkeys', KEYS[1])) do
+    fields = redis.call('hkeys', KEYS[1])
+    for i, field in ipairs(fields) do
         if string.sub(field, 1, 1) ~= '~' and not string.match(field, '^.+:%d+$') then
             ok = false
             break
@@ -36,6 +42,19 @@ if ok then
 end
 if not ok then
     return redis.error_reply('WRONGTYPE the key holds a ' .. kind .. ' that is not a redmutex lock; nothing was changed')
+end
+-- Each holder once (a read-write lock's thread may hold 'r:' and 'w:'); the fields of a
+-- read-write lock carry their side's mark, a client id (a UUID) never starts so.
+local told = {}
+for _, field in ipairs(fields) do
+    if string.sub(field, 1, 1) ~= '~' then
+        local holder = string.match(field, '^[wru]:(.+)$') or field
+        local client, token = string.match(holder, '^(.*):(%d+)$')
+        if client and not told[holder] then
+            told[holder] = true
+            redis.call('publish', ARGV[6] .. client, 'f ' .. token .. ' ' .. KEYS[1])
+        end
+    end
 end
 Q.clear()
 Q.hand_on(Q.now(), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), false, nil)

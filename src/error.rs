@@ -51,17 +51,20 @@ pub enum Error {
         /// The lock the operation was on, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
     },
-    /// The calling thread does not hold the lock it tried to release: it never held it, its
-    /// lease expired, or someone called `force_unlock`.
+    /// The calling thread does not hold the lock it tried to release, and cannot tell
+    /// whether it lost it: a release whose reply was lost found nothing when repeated (the
+    /// first run may have released it). A hold the release finds gone otherwise (expired,
+    /// `force_unlock`, lost by the server) is [`Error::LeaseLost`].
     #[error("{}the lock is not held by this thread", On(.lock))]
     #[non_exhaustive]
     NotHeld {
         /// The lock, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
     },
-    /// The lock's lease was known lost before it was released (the guard's
-    /// `is_lease_lost` was true: the watchdog found it gone or could not renew it in time,
-    /// or a fixed lease ran out): another client may have held the lock since.
+    /// The lock's lease was lost before it was released (the guard's `is_lease_lost` was
+    /// true: the watchdog found it gone or could not renew it in time, a `force_unlock`
+    /// freed it, or a fixed lease ran out), or the release itself found it gone on the
+    /// server: another client may have held the lock since.
     #[error("{}the lock's lease was lost before it was released", On(.lock))]
     #[non_exhaustive]
     LeaseLost {

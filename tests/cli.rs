@@ -216,6 +216,40 @@ fn a_lease_lost_while_the_command_runs_signals_it_and_exits_76() {
     );
 }
 
+/// With the default watchdog (30 s: renewals every 10 s), an operator's `unlock --force`
+/// reaches `redmutex run` at once (issue 26): its client is told on its own channel, and
+/// the command is signalled well before the next renewal could have found the loss.
+#[test]
+fn a_force_unlock_stops_the_command_at_once_with_the_default_watchdog() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let (mut run, _out) = trapping(&server, &["forced"], "exit 9");
+    assert!(locked(&c, "forced"));
+    // Its pub/sub connection listens on its client's own channel once it holds.
+    let mut con = server.connection();
+    let listening = support::wait_until(Duration::from_secs(5), || {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(format!("{PREFIX}__control:*"))
+            .query(&mut con)
+            .unwrap();
+        !channels.is_empty()
+    });
+    assert!(
+        listening,
+        "redmutex run's client listens on its own channel"
+    );
+    let t = Instant::now();
+    let out = output(redmutex(&server).args(["unlock", "--force", "forced"]));
+    assert!(out.status.success(), "{out:?}");
+    let status = run.wait().unwrap();
+    let took = t.elapsed();
+    assert_eq!(status.code(), Some(76));
+    // (The figure includes starting the `unlock` process.)
+    println!("unlock --force -> redmutex run exited 76 after {took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
 #[test]
 fn status_json_is_what_the_library_reports() {
     let server = RedisServer::new();

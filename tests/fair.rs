@@ -911,7 +911,7 @@ fn force_unlock_refuses_a_key_that_is_not_a_lock() {
 /// Issue 7, "same guard semantics": a fair lock is reentrant per thread (`hold_count`,
 /// re-entries do not queue, other threads are refused), its watchdog guard learns of a
 /// `force_unlock` at its next renewal (`is_lease_lost`, `unlock` fails with `LeaseLost`),
-/// and a fixed-lease guard whose hold was force-unlocked fails with `NotHeld`.
+/// and a fixed-lease guard whose hold was force-unlocked fails with `LeaseLost`.
 #[test]
 fn fair_lock_guards_behave_like_lock_guards() {
     const LOCK: &str = "guards";
@@ -968,7 +968,7 @@ fn fair_lock_guards_behave_like_lock_guards() {
         .expect("fixed hold");
     assert!(c2.fair_lock(LOCK).force_unlock().expect("force_unlock"));
     let r = g.unlock();
-    assert!(matches!(r, Err(Error::NotHeld { .. })), "{r:?}");
+    assert!(matches!(r, Err(Error::LeaseLost { .. })), "{r:?}");
     assert!(!c2.fair_lock(LOCK).force_unlock().expect("force_unlock"));
     assert!(lock.try_lock().unwrap().is_some(), "the lock stays free");
 }

@@ -88,8 +88,8 @@ fn redis_restarted_with_its_data_lost() {
     blocked.join().unwrap();
     assert!(at - restarted < Duration::from_secs(10));
     assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
-    // A fixed lease has no watchdog to tell it; its unlock still reports the loss.
-    assert!(matches!(fixed.unlock(), Err(Error::NotHeld { .. })));
+    // A fixed lease has no watchdog to tell it; its unlock finds it gone and says so.
+    assert!(matches!(fixed.unlock(), Err(Error::LeaseLost { .. })));
     // New locks work.
     let again = holder.lock("restart").lock().expect("lock after restart");
     again.unlock().expect("unlock after restart");

@@ -268,7 +268,7 @@ fn waiters_blocked_until_the_outermost_release() {
 }
 
 #[test]
-fn releasing_what_is_not_held_fails_with_not_held() {
+fn releasing_a_hold_that_is_gone_fails_with_lease_lost() {
     let server = RedisServer::new();
     let mut con = server.connection();
     let client = open(&server);
@@ -280,8 +280,8 @@ fn releasing_what_is_not_held_fails_with_not_held() {
     assert!(!lock.force_unlock().unwrap());
     assert!(!exists(&mut con, &key_of("admin")));
     assert_eq!(lock.hold_count().unwrap(), 0);
-    // The watchdog (30 s default) has not looked yet, so Redis's verdict decides.
-    assert!(matches!(guard.unlock(), Err(Error::NotHeld { .. })));
+    // The force_unlock told the holder's client (or the release finds it gone): lost.
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
 
     // A stale guard while another thread of the same client holds the lock.
     let stale = lock.lock().unwrap();
@@ -299,7 +299,10 @@ fn releasing_what_is_not_held_fails_with_not_held() {
             guard.unlock()
         });
         held_rx.recv().unwrap();
-        assert!(matches!(stale_nested.unlock(), Err(Error::NotHeld { .. })));
+        assert!(matches!(
+            stale_nested.unlock(),
+            Err(Error::LeaseLost { .. })
+        ));
         // Dropping a stale guard (best effort, logged) must not touch the new holder either.
         drop(stale);
         assert_eq!(hvals(&mut con, &key_of("admin")), vec![1]);
@@ -313,7 +316,7 @@ fn releasing_what_is_not_held_fails_with_not_held() {
     let guard = lock.lock().unwrap();
     other.lock("admin").force_unlock().unwrap();
     let theirs = other.lock("admin").lock().unwrap();
-    assert!(matches!(guard.unlock(), Err(Error::NotHeld { .. })));
+    assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(other.lock("admin").hold_count().unwrap(), 1);
     theirs.unlock().unwrap();
 }
@@ -744,7 +747,9 @@ fn waiter_survives_its_pubsub_connection_being_killed() {
             .arg("pubsub")
             .query(con)
             .unwrap();
-        assert_eq!(killed, 1);
+        // The waiter's, and the holder's once its reader is up (a client listens on its
+        // own channel while it holds anything).
+        assert!((1..=2).contains(&killed), "{killed}");
     });
     assert!(latency < Duration::from_secs(3), "{latency:?}");
     // And the reconnected subscription serves the next wait as usual.

@@ -1339,7 +1339,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
 // 8. Bad input.
 
 /// An empty name, a zero or over-long lease: typed errors, nothing written. A read (or
-/// write) guard whose hold was force-unlocked and taken by someone else: `NotHeld`, and
+/// write) guard whose hold was force-unlocked and taken by someone else: `LeaseLost`, and
 /// the new holder's hold and lease are untouched.
 #[test]
 fn bad_input_gives_typed_errors_and_changes_nothing() {
@@ -1414,7 +1414,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
     let gb = rw_o.read().lock().unwrap();
     let snapshot = (holds(&mut con, "bad"), leases(&mut con, "bad"));
     assert!(
-        matches!(ga.unlock(), Err(Error::NotHeld { .. })),
+        matches!(ga.unlock(), Err(Error::LeaseLost { .. })),
         "releasing a force-unlocked read guard"
     );
     assert_eq!(
@@ -1429,7 +1429,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
     assert!(rw_o.write().force_unlock().unwrap());
     let wb = rw_o.write().lock().unwrap();
     let snapshot = (holds(&mut con, "bad"), leases(&mut con, "bad"));
-    assert!(matches!(wa.unlock(), Err(Error::NotHeld { .. })));
+    assert!(matches!(wa.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(
         (holds(&mut con, "bad"), leases(&mut con, "bad")),
         snapshot,

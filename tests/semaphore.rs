@@ -979,8 +979,9 @@ fn release_and_drop_give_permits_back_on_any_thread() {
 }
 
 /// Issue 8: permits whose lease ended behind their holder's back: the watchdog reports it
-/// (`is_lease_lost`) within one of its periods and release says `LeaseLost`; a holder whose
-/// watchdog has not looked yet gets `NotHeld`. Either way the permits come back once, and
+/// (`is_lease_lost`) within one of its periods and release says `LeaseLost`; so does the
+/// release of a holder whose watchdog has not looked yet, which finds them gone (issue 26).
+/// Either way the permits come back once, and
 /// others' permits are untouched.
 #[test]
 fn a_release_after_the_lease_ended_is_refused() {
@@ -1016,7 +1017,7 @@ fn a_release_after_the_lease_ended_is_refused() {
     assert_eq!(sw.available_permits().unwrap(), 3);
     assert!(matches!(lost.release(), Err(Error::LeaseLost { .. })));
     assert!(!unnoticed.is_lease_lost(), "its watchdog has not looked");
-    assert!(matches!(unnoticed.release(), Err(Error::NotHeld { .. })));
+    assert!(matches!(unnoticed.release(), Err(Error::LeaseLost { .. })));
     assert_eq!(used(&server, NAME), 1, "freed once each, not twice");
     assert_eq!(
         holds(&server, NAME).into_keys().collect::<Vec<_>>(),

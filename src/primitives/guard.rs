@@ -130,17 +130,23 @@ impl<K: Kind> LockGuard<K> {
     /// is true by then (its fixed lease ran out, the watchdog found the lease gone or could
     /// not renew it in time, a failover lost the hold), whatever Redis still holds: the
     /// hold is given back if it is still this thread's, but the guard cannot vouch for the
-    /// time in between. Fails with [`Error::NotHeld`] when Redis no longer had the hold
-    /// although nothing had told the guard (`force_unlock`, a data loss the watchdog had
-    /// not seen yet), or with a Redis error; the lock then frees itself when its lease
+    /// time in between. Also fails with [`Error::LeaseLost`] when Redis no longer had the
+    /// hold although nothing had told the guard yet (`force_unlock`, a data loss the
+    /// watchdog had not seen): the hold is marked lost then, so the guards of its other
+    /// levels and the [`on_lease_lost`](crate::ClientBuilder::on_lease_lost) hook are told
+    /// at once (the hook once per hold), as by any call that finds a hold gone (a
+    /// re-entry, [`extend`](LockGuard::extend)). Fails with [`Error::NotHeld`] only when
+    /// the release's reply was lost and its repeat found nothing (the first run may have
+    /// released it), or with a Redis error; the lock then frees itself when its lease
     /// ends.
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
 
     /// True once this guard's hold is known to be gone, or about to go: the watchdog found
-    /// the lock no longer held by this thread; a later acquisition by this thread found it
-    /// gone on the server; every `Client` was dropped, so nothing renews it any more; or
+    /// the lock no longer held by this thread; a `force_unlock` freed it; a later
+    /// acquisition, an `extend` or a release of another level by this thread found it gone
+    /// on the server; every `Client` was dropped, so nothing renews it any more; or
     /// this guard's fixed lease has run out with no other level of the thread's hold
     /// keeping the lock (an outer fixed lease covered by a nested watchdog level is not
     /// lost); or the lock was handed to this thread by a release and its one-second
@@ -242,8 +248,10 @@ impl<K: Kind> LockGuard<K> {
     /// `Err(RecvError)` and a `recv(lost) -> _` arm of `select!` fires, at once and on
     /// every later try. It is ready within the same bound as `is_lease_lost()` turns true:
     /// the instant a fixed lease runs out or a lease goes unrenewed for its whole length
-    /// (a thread of the client wakes for it; nobody needs to poll), or when a renewal, a
-    /// later acquisition or a release finds the hold gone. Every guard of a nested hold is
+    /// (a thread of the client wakes for it; nobody needs to poll), when a
+    /// `force_unlock` freed it (its client is told at once, on its own channel), or when a
+    /// renewal, a later acquisition, an `extend` or a release of any level finds the hold
+    /// gone. Every guard of a nested hold is
     /// told of its loss; releasing one level readies only that guard's channel. Each call
     /// returns a clone of the same receiver.
     ///
@@ -349,7 +357,7 @@ impl<K: Kind> LockGuard<K> {
                 self.lost.mark(LossReason::RenewalFailed);
             }
         }
-        self.end_release(held.levels, reply)
+        self.end_release(held.levels, reply, sent > 1)
     }
 
     /// The first half of a release: unregisters this level, so that from here on the
@@ -393,11 +401,13 @@ impl<K: Kind> LockGuard<K> {
     }
 
     /// The second half of a release, given the script's reply `(left, served)` and the
-    /// replicas' shortfall, if any.
+    /// replicas' shortfall, if any. `repeated`: the script was sent more than once (a
+    /// reply lost on the way), so a first run may have freed the hold itself.
     pub(crate) fn end_release(
         &self,
         held: usize,
         reply: Result<(i64, i64, Option<Error>), Error>,
+        repeated: bool,
     ) -> Result<(), Error> {
         let inner = &self.inner;
         let keys = &self.keys;
@@ -412,7 +422,17 @@ impl<K: Kind> LockGuard<K> {
             return Err(Error::LEASE_LOST);
         }
         if left < 0 {
-            return Err(self.not_held());
+            if repeated {
+                // Gone after a first run whose reply was lost: that run may have freed
+                // it (no loss), or found it gone already. Nothing can vouch either way.
+                return Err(self.not_held());
+            }
+            // The hold this guard had is gone on the server (force-unlocked, deleted,
+            // lapsed, lost by the server): it is lost, and everyone waiting on it (the
+            // guards of the outer levels, the hook) is told now, not at a renewal.
+            let reason = self.lost.gone_reason(inner.generation());
+            inner.watchdog.hold_lost(keys.hold(), &self.lost, reason);
+            return Err(Error::LEASE_LOST);
         }
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were

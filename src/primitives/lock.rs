@@ -18,6 +18,7 @@ use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::subscriber;
 use crate::runtime::telemetry;
 use crate::{Client, Error, LockGuard};
 
@@ -452,8 +453,9 @@ impl<K: Kind> Lock<K> {
     }
 
     /// Frees the lock whoever holds it, waking its waiters; true if it was held. An
-    /// administrative operation: the former holder is not stopped, its release later
-    /// fails with [`Error::NotHeld`] (or [`Error::LeaseLost`] once its watchdog noticed).
+    /// administrative operation: the former holder is not stopped, but its client is told
+    /// at once (on its own channel): its guards' [`lost`](LockGuard::lost) fire, the
+    /// `on_lease_lost` hook is called, and its release fails with [`Error::LeaseLost`].
     ///
     /// A call whose reply was lost is sent again, and the repeat recognizes what its first
     /// run did: `Ok(true)` if that freed the lock, never "it was not locked".
@@ -480,7 +482,10 @@ impl<K: Kind> Lock<K> {
             .arg(queue::pickup_ms())
             .arg(queue::starve_ms())
             .arg(self.client.inner.call_id())
-            .arg(millis(CALL_MEMORY));
+            .arg(millis(CALL_MEMORY))
+            .arg(subscriber::own_channel_prefix(
+                &self.client.inner.config.key_prefix,
+            ));
         call
     }
 
@@ -856,6 +861,9 @@ impl<K: Kind> Lock<K> {
         sent: Instant,
         handoff: bool,
     ) -> LockGuard<K> {
+        // Listening on the client's own channel from its first hold on: a force_unlock of
+        // this hold is told there.
+        self.client.inner.subscriber.listen(&self.client.inner);
         let registration = self.client.inner.watchdog.acquired(
             &self.keys,
             token,

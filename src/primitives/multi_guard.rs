@@ -184,7 +184,9 @@ pub(crate) fn release_all(mut holds: Vec<LockGuard>, until: Instant) -> Vec<Resu
     let replies = fanout::run_always::<(i64, i64)>(&calls, until);
     for ((i, release), reply) in pending.into_iter().zip(replies) {
         let reply = reply.map(|(left, served)| (left, served, None));
-        results[i] = Some(holds[i].end_release(release.levels, reply));
+        // (A call the fanout ran again after a dropped connection is not told apart: a
+        // member found gone is taken as lost, which at worst reports a loss too many.)
+        results[i] = Some(holds[i].end_release(release.levels, reply, false));
     }
     results
         .into_iter()

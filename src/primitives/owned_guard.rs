@@ -52,8 +52,8 @@ pub struct OwnedGuard<K: Kind = Plain> {
 impl<K: Kind> OwnedGuard<K> {
     /// Releases the hold and reports the outcome, from any thread: see
     /// [`LockGuard::unlock`] for the errors ([`Error::LeaseLost`] once
-    /// [`is_lease_lost`](OwnedGuard::is_lease_lost) is true, [`Error::NotHeld`] when Redis
-    /// no longer had the hold although nothing had said so).
+    /// [`is_lease_lost`](OwnedGuard::is_lease_lost) is true or Redis no longer had the
+    /// hold, [`Error::NotHeld`] when a repeated release cannot tell).
     pub fn unlock(self) -> Result<(), Error> {
         self.guard.unlock()
     }

@@ -40,11 +40,12 @@ impl Permit {
 
     /// Gives the permits back and reports the outcome: [`Error::LeaseLost`] whenever
     /// [`is_lease_lost`](Permit::is_lease_lost) is true by then, whatever Redis still holds
-    /// (the permits are given back if they are still this acquisition's);
-    /// [`Error::NotHeld`] when they were no longer held although nothing had said so
-    /// (`force_unlock`, or a first try whose reply was lost already gave them back, which
-    /// the retry cannot vouch for); or a Redis error (they come back when their lease
-    /// ends). Permits are never given back twice.
+    /// (the permits are given back if they are still this acquisition's), and also when
+    /// the release finds them gone although nothing had said so (`force_unlock`, deleted):
+    /// they are marked lost then, and the hook is told; [`Error::NotHeld`] when a first
+    /// try whose reply was lost may already have given them back, which the retry cannot
+    /// vouch for; or a Redis error (they come back when their lease ends). Permits are
+    /// never given back twice.
     pub fn release(self) -> Result<(), Error> {
         self.guard.unlock()
     }

@@ -1183,6 +1183,29 @@ impl HoldTable {
         );
     }
 
+    /// A `force_unlock` freed the holder `token` of `key` (whichever side of a read-write
+    /// lock it held): its holds are marked lost (`Deleted`) now, so that their guards and
+    /// the hook are told at once. They stay in the table until released: a release still
+    /// goes to Redis and says `LeaseLost`, and a hold this thread took again after the
+    /// force_unlock, before its message came, is then at worst reported lost too early
+    /// rather than left held without renewals.
+    pub(crate) fn force_unlocked(&self, key: &[u8], token: u64) {
+        let holds = self.holds.lock();
+        for mark in LockKeys::HOLD_MARKS {
+            let name = [&[mark][..], key].concat();
+            let Some(hold) = holds.get(&name[..]).and_then(|h| h.get(&token)) else {
+                continue;
+            };
+            if !hold.lost.is_lost() {
+                log::warn!(
+                    "redmutex: lock {:?} was force-unlocked while this client held it",
+                    String::from_utf8_lossy(key)
+                );
+                hold.lost.mark(LossReason::Deleted);
+            }
+        }
+    }
+
     /// The watchdog stops for good (every `Client` is gone): holds that relied on it will
     /// lapse, and their guards must say so rather than look held to the end.
     pub(super) fn abandon(&self) {

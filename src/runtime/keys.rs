@@ -78,6 +78,10 @@ pub(crate) enum Object {
 }
 
 impl LockKeys {
+    /// The first bytes a [`hold`](Self::hold) name may start with, the key following: the
+    /// holds of one object's every side.
+    pub(crate) const HOLD_MARKS: [u8; 3] = [b'x', READ_MARK, UPGRADEABLE_MARK];
+
     /// The name the handle was made for: the inverse of [`LockKeys::new`]'s key forms.
     pub(crate) fn name(&self) -> &[u8] {
         let rest = self.lock_part();

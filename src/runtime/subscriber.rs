@@ -1,7 +1,7 @@
 //! The client's one pub/sub connection: refcounted channel subscriptions that wake waiters.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -41,8 +41,12 @@ pub(crate) struct Subscriber {
 struct Shared {
     manager: Manager,
     // Private to this client: waiters publish here to make the reader, blocked on the
-    // socket, come back and subscribe their channels (it alone owns the connection).
+    // socket, come back and subscribe their channels (it alone owns the connection), and
+    // `force_unlock` tells this client here which of its holds it freed.
     control: Vec<u8>,
+    // The client whose holds a `force_unlock` message marks lost: set once it first holds
+    // something (see `Subscriber::listen`).
+    client: OnceLock<Weak<Inner>>,
     state: Mutex<State>,
 }
 
@@ -216,18 +220,46 @@ impl Drop for Subscription {
     }
 }
 
+/// What a client's own channel's name starts with, its client id following: the channel
+/// its reader always listens on (see `lua/force_unlock.lua`).
+pub(crate) fn own_channel_prefix(key_prefix: &[u8]) -> Vec<u8> {
+    [key_prefix, b"__control:"].concat()
+}
+
+/// A `force_unlock` message on a client's own channel: "f <token> <key>", the token of
+/// the holder it freed (its holder id is "<client id>:<token>") and the key it freed.
+fn parse_forced(payload: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = payload.strip_prefix(b"f ")?;
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let token = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
+    Some((token, &rest[space + 1..]))
+}
+
 impl Subscriber {
     pub(crate) fn new(manager: Manager, prefix: &[u8], client_id: &str) -> Subscriber {
-        let mut control = prefix.to_vec();
-        control.extend_from_slice(b"__control:");
+        let mut control = own_channel_prefix(prefix);
         control.extend_from_slice(client_id.as_bytes());
         Subscriber {
             shared: Arc::new(Shared {
                 manager,
                 control,
+                client: OnceLock::new(),
                 state: Mutex::new(State::default()),
             }),
             thread: Mutex::new(None),
+        }
+    }
+
+    /// `client` holds something: makes sure the reader runs, so that it listens on the
+    /// client's own channel, where a `force_unlock` of any of its holds is told. Sends
+    /// nothing on the caller's connection: the reader subscribes once per connection.
+    pub(crate) fn listen(&self, client: &Arc<Inner>) {
+        if self.shared.client.get().is_none() {
+            let _ = self.shared.client.set(Arc::downgrade(client));
+        }
+        if let Err(e) = self.ensure_running() {
+            // Its renewals still find a force_unlock, a third of the lease later.
+            log::warn!("redmutex: cannot start the pub/sub thread: {e}");
         }
     }
 
@@ -538,6 +570,15 @@ impl Shared {
     }
 
     fn deliver(&self, channel: &[u8], payload: &[u8]) {
+        if channel == self.control.as_slice() {
+            if let Some((token, key)) = parse_forced(payload) {
+                let client = self.client.get().and_then(Weak::upgrade);
+                if let Some(inner) = client {
+                    inner.watchdog.force_unlocked(key, token);
+                }
+            }
+            return; // otherwise a nudge
+        }
         if payload == BROADCAST {
             // A state every waiter of the channel waits for (a latch opened).
             if let Some(w) = self.waiters_of(channel) {
@@ -546,7 +587,7 @@ impl Shared {
             return;
         }
         let Some((token, notice)) = queue::parse(payload) else {
-            return; // the control channel's nudges
+            return;
         };
         let waiters = self.waiters_of(channel);
         if !waiters.is_some_and(|w| w.notify(token, notice)) {
@@ -570,6 +611,14 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_force_unlock_message_is_read_back() {
+        assert_eq!(parse_forced(b"f 42 p:{a b}"), Some((42, &b"p:{a b}"[..])));
+        assert_eq!(parse_forced(b"s"), None);
+        assert_eq!(parse_forced(b"f x p:{a}"), None);
+        assert_eq!(parse_forced(b"f 42"), None);
+    }
 
     #[test]
     fn an_interrupted_read_is_told_from_other_failures() {

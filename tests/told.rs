@@ -1,0 +1,536 @@
+//! Issue 26 (Safety 3), items 3 and 4: a loss is told as soon as any call learns of it.
+//!
+//! A release (of an inner level or of the outermost one) that finds the hold gone marks it
+//! lost at once: every guard's `lost()` fires, the `on_lease_lost` hook is called once, and
+//! `unlock()` of a hold the guard really had says `LeaseLost` (not `NotHeld`). A
+//! `force_unlock` tells the holders' clients at once (a message on each holder client's
+//! own channel), not at their next renewal: the watchdog here is the default 30 s, whose
+//! renewal comes 10 s later, so each bound below (2 s) tells the two apart on a busy
+//! machine.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
+use redmutex::{
+    Client, Error, Kind, LockGuard, LossReason, LostLease, MultiLock, OwnedGuard, Permit,
+};
+use support::topology::Cluster;
+use support::RedisServer;
+
+/// The default watchdog timeout: its renewal comes a third of it (10 s) after a grant.
+const WATCHDOG: Duration = Duration::from_secs(30);
+/// How soon a loss must be told: far under the 10 s renewal, ample on a loaded machine.
+const TOLD_WITHIN: Duration = Duration::from_secs(2);
+
+/// What the hook is told: the lock's name, its kind, why.
+type Told = (String, &'static str, LossReason);
+
+struct Heard {
+    all: Arc<Mutex<Vec<Told>>>,
+    each: Receiver<()>,
+}
+
+impl Heard {
+    /// Waits until the hook was told `n` losses in all (up to `TOLD_WITHIN`), then a
+    /// little longer for any extra one, and returns what it was told.
+    fn told(&self, n: usize) -> Vec<Told> {
+        let until = Instant::now() + TOLD_WITHIN;
+        while self.all.lock().unwrap().len() < n {
+            if self
+                .each
+                .recv_deadline(until)
+                .is_err_and(|e| e == RecvTimeoutError::Timeout)
+            {
+                break;
+            }
+        }
+        // A second call for the same hold would come right after the first.
+        let _ = self.each.recv_timeout(Duration::from_millis(100));
+        self.all.lock().unwrap().clone()
+    }
+}
+
+fn client_with_hook(url: &str, prefix: &str, functions: bool) -> (Client, Heard) {
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let (tx, each) = crossbeam_channel::unbounded();
+    let seen = all.clone();
+    let client = Client::builder()
+        .url(url)
+        .key_prefix(prefix)
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_millis(2000))
+        .use_functions(functions)
+        .on_lease_lost(move |lost: &LostLease| {
+            seen.lock()
+                .unwrap()
+                .push((lost.name_lossy(), lost.kind(), lost.reason()));
+            let _ = tx.send(());
+        })
+        .build()
+        .unwrap();
+    (client, Heard { all, each })
+}
+
+/// Waits for `lost` to be ready (disconnected), up to `TOLD_WITHIN` from `since`: how long
+/// after `since` it was.
+fn told_after(lost: &Receiver<()>, since: Instant) -> Option<Duration> {
+    select! {
+        recv(lost) -> r => {
+            assert!(r.is_err(), "no message is ever sent, the channel disconnects");
+            Some(since.elapsed())
+        }
+        recv(crossbeam_channel::at(since + TOLD_WITHIN)) -> _ => None,
+    }
+}
+
+fn not_ready(lost: &Receiver<()>) -> bool {
+    lost.try_recv() == Err(TryRecvError::Empty)
+}
+
+/// Deletes every key of `prefix`: the holds are gone behind their holders' backs, and
+/// nobody tells them (unlike `force_unlock`).
+fn delete_all(server: &RedisServer, prefix: &str) {
+    let mut con = server.connection();
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut con)
+        .unwrap();
+    assert!(!keys.is_empty(), "something of {prefix} is held");
+    let _: () = redis::cmd("DEL").arg(keys).query(&mut con).unwrap();
+}
+
+/// `unlock()`, or `release()` for permits.
+trait Give {
+    fn give(self) -> Result<(), Error>;
+}
+
+impl<K: Kind> Give for LockGuard<K> {
+    fn give(self) -> Result<(), Error> {
+        self.unlock()
+    }
+}
+
+impl<K: Kind> Give for OwnedGuard<K> {
+    fn give(self) -> Result<(), Error> {
+        self.unlock()
+    }
+}
+
+impl Give for Permit {
+    fn give(self) -> Result<(), Error> {
+        self.release()
+    }
+}
+
+fn is_lease_lost<T>(r: &Result<T, Error>) -> bool {
+    matches!(r, Err(Error::LeaseLost { .. }))
+}
+
+/// A nested hold of each reentrant kind, its keys deleted: the release of the inner level
+/// finds it gone and tells the outer guard and the hook at once; the outer `unlock()`
+/// says `LeaseLost`, and the hook is not called again.
+#[test]
+fn an_inner_release_that_finds_the_hold_gone_tells_the_outer_guard_and_the_hook_at_once() {
+    let server = RedisServer::new();
+    macro_rules! case {
+        ($kind:literal, $prefix:literal, $name:literal, |$c:ident| $lock:expr) => {{
+            let (client, heard) = client_with_hook(&server.url(), $prefix, true);
+            let $c = &client;
+            let lock = $lock;
+            let outer = lock.lock().unwrap();
+            let inner = lock.lock().unwrap();
+            let lost = outer.lost();
+            delete_all(&server, $prefix);
+            assert!(not_ready(&lost), "{}: told before any call found it", $kind);
+            let released = Instant::now();
+            let inner_said = inner.unlock();
+            let after = told_after(&lost, released);
+            assert!(
+                after.is_some(),
+                "{}: the outer guard was not told by the release that found the hold gone",
+                $kind
+            );
+            assert!(is_lease_lost(&inner_said), "{}: {inner_said:?}", $kind);
+            assert!(outer.is_lease_lost());
+            let outer_said = outer.unlock();
+            assert!(is_lease_lost(&outer_said), "{}: {outer_said:?}", $kind);
+            assert_eq!(
+                heard.told(1),
+                [($name.to_owned(), $kind, LossReason::Deleted)],
+                "{}: the hook, once",
+                $kind
+            );
+            println!("{}: told {:?} after the release", $kind, after.unwrap());
+        }};
+    }
+    case!("Lock", "told:in:lock:", "a", |c| c.lock("a"));
+    case!("FairLock", "told:in:fair:", "b", |c| c.fair_lock("b"));
+    case!("FencedLock", "told:in:fenced:", "c", |c| c.fenced_lock("c"));
+    case!("ReadLock", "told:in:read:", "d", |c| c
+        .read_write_lock("d")
+        .read());
+    case!("WriteLock", "told:in:write:", "e", |c| c
+        .read_write_lock("e")
+        .write());
+    case!("UpgradeableLock", "told:in:upg:", "f", |c| c
+        .read_write_lock("f")
+        .upgradeable());
+}
+
+/// The outermost (only) level's release finds the hold gone: `LeaseLost`, and the hook is
+/// called once; for guards, owned guards and permits.
+#[test]
+fn an_outermost_release_that_finds_the_hold_gone_says_lease_lost_and_calls_the_hook() {
+    let server = RedisServer::new();
+    macro_rules! case {
+        ($kind:literal, $prefix:literal, $name:literal, |$c:ident| $guard:expr) => {{
+            let (client, heard) = client_with_hook(&server.url(), $prefix, true);
+            let $c = &client;
+            let guard = $guard;
+            let lost = guard.lost();
+            delete_all(&server, $prefix);
+            let said = guard.give();
+            assert!(is_lease_lost(&said), "{}: {said:?}", $kind);
+            // (Released: ready either way.)
+            assert_eq!(lost.try_recv(), Err(TryRecvError::Disconnected));
+            assert_eq!(
+                heard.told(1),
+                [($name.to_owned(), $kind, LossReason::Deleted)],
+                "{}: the hook, once",
+                $kind
+            );
+        }};
+    }
+    case!("Lock", "told:out:lock:", "a", |c| c
+        .lock("a")
+        .lock()
+        .unwrap());
+    case!("FencedLock", "told:out:fenced:", "b", |c| c
+        .fenced_lock("b")
+        .lock()
+        .unwrap());
+    case!("ReadLock", "told:out:read:", "c", |c| c
+        .read_write_lock("c")
+        .read()
+        .lock()
+        .unwrap());
+    case!("WriteLock", "told:out:write:", "d", |c| c
+        .read_write_lock("d")
+        .write()
+        .lock()
+        .unwrap());
+    case!("UpgradeableLock", "told:out:upg:", "e", |c| c
+        .read_write_lock("e")
+        .upgradeable()
+        .lock()
+        .unwrap());
+    case!("Lock", "told:out:owned:", "f", |c| c
+        .lock("f")
+        .lock_owned()
+        .unwrap());
+    case!("Semaphore", "told:out:sem:", "g", |c| c
+        .semaphore("g", 2)
+        .acquire()
+        .unwrap());
+
+    // A MultiLock's member found gone by the release: the multi guard says LeaseLost and
+    // the member's loss reaches the hook, once.
+    let prefix = "told:out:multi:";
+    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let multi = MultiLock::new([client.lock("m1"), client.lock("m2"), client.lock("m3")]).unwrap();
+    let held = multi.lock().unwrap();
+    let mut con = server.connection();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{prefix}{{m2}}"))
+        .query(&mut con)
+        .unwrap();
+    let said = held.unlock();
+    assert!(is_lease_lost(&said), "{said:?}");
+    assert_eq!(
+        heard.told(1),
+        [("m2".to_owned(), "Lock", LossReason::Deleted)]
+    );
+}
+
+/// The holder id field of `client` in `name`'s hash: waits until its client listens on
+/// its own channel (its pub/sub connection subscribed), so that a force_unlock from now
+/// on is told to it.
+fn await_listening(server: &RedisServer, prefix: &str, client: &Client) {
+    let mut con = server.connection();
+    let channel = format!("{prefix}__control:{}", client.id());
+    let listening = support::wait_until(Duration::from_secs(5), || {
+        let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut con)
+            .unwrap();
+        matches!(counts.get(1), Some(redis::Value::Int(1)))
+    });
+    assert!(listening, "the holder's client listens on {channel}");
+}
+
+/// `force_unlock` by another client reaches the holder's `lost()` and hook at once, for
+/// every kind it frees, on the FCALL and the EVALSHA paths; a hold of the same client on
+/// another lock is not touched.
+#[test]
+fn a_force_unlock_is_told_to_the_holder_at_once() {
+    let server = RedisServer::new();
+    let mut figures = Vec::new();
+    for functions in [true, false] {
+        if functions && !support::server_kind().has_functions() {
+            continue;
+        }
+        let path = if functions { "fcall" } else { "evalsha" };
+        macro_rules! case {
+            ($kind:literal, $name:literal, |$c:ident| $guard:expr) => {{
+                let prefix = format!("told:forced:{path}:{}:", $kind);
+                let (client, heard) = client_with_hook(&server.url(), &prefix, functions);
+                let other = Client::builder()
+                    .url(server.url())
+                    .key_prefix(&prefix)
+                    .use_functions(functions)
+                    .build()
+                    .unwrap();
+                let $c = &client;
+                let guard = $guard;
+                let bystander = client.lock("bystander").lock().unwrap();
+                let lost = guard.lost();
+                let bystander_lost = bystander.lost();
+                await_listening(&server, &prefix, &client);
+                assert!(
+                    not_ready(&lost),
+                    "{path} {}: told before the force_unlock",
+                    $kind
+                );
+                // Counted from before the call: its round trip is in the figure.
+                let forced = Instant::now();
+                let freed = other.force_unlock($name).unwrap();
+                assert!(!freed.is_empty());
+                let after = told_after(&lost, forced);
+                let Some(after) = after else {
+                    panic!(
+                        "{path} {}: not told within {TOLD_WITHIN:?} of the force_unlock",
+                        $kind
+                    );
+                };
+                figures.push(after);
+                println!("{path} {}: lost() {after:?} after the force_unlock", $kind);
+                assert!(guard.is_lease_lost());
+                assert_eq!(
+                    heard.told(1),
+                    [($name.to_owned(), $kind, LossReason::Deleted)],
+                    "{path} {}: the hook, once",
+                    $kind
+                );
+                assert!(not_ready(&bystander_lost), "only the holds freed are told");
+                assert!(!bystander.is_lease_lost());
+                let said = guard.give();
+                assert!(is_lease_lost(&said), "{path} {}: {said:?}", $kind);
+                bystander.unlock().unwrap();
+            }};
+        }
+        case!("Lock", "a", |c| c.lock("a").lock().unwrap());
+        case!("FencedLock", "b", |c| c.fenced_lock("b").lock().unwrap());
+        case!("FairLock", "c", |c| c.fair_lock("c").lock().unwrap());
+        case!("ReadLock", "d", |c| c
+            .read_write_lock("d")
+            .read()
+            .lock()
+            .unwrap());
+        case!("WriteLock", "e", |c| c
+            .read_write_lock("e")
+            .write()
+            .lock()
+            .unwrap());
+        case!("UpgradeableLock", "f", |c| c
+            .read_write_lock("f")
+            .upgradeable()
+            .lock()
+            .unwrap());
+        case!("Semaphore", "g", |c| c.semaphore("g", 3).acquire().unwrap());
+        case!("Lock", "h", |c| c.lock("h").lock_owned().unwrap());
+    }
+    figures.sort();
+    println!(
+        "force_unlock -> lost(): median {:?}, max {:?} over {} cases",
+        figures[figures.len() / 2],
+        figures[figures.len() - 1],
+        figures.len()
+    );
+}
+
+/// Every holder the force_unlock frees is told, each on its own client: two readers of a
+/// read-write lock in two clients, and a nested hold's every level.
+#[test]
+fn a_force_unlock_tells_every_holder_and_every_level() {
+    let server = RedisServer::new();
+    let prefix = "told:many:";
+    let (a, heard_a) = client_with_hook(&server.url(), prefix, true);
+    let (b, heard_b) = client_with_hook(&server.url(), prefix, true);
+    let ra = a.read_write_lock("rw").read().lock().unwrap();
+    let ra2 = a.read_write_lock("rw").read().lock().unwrap();
+    let rb = b.read_write_lock("rw").read().lock().unwrap();
+    let outer = a.lock("nested").lock().unwrap();
+    let inner = a.lock("nested").lock().unwrap();
+    let (la, la2, lb) = (ra.lost(), ra2.lost(), rb.lost());
+    let (lo, li) = (outer.lost(), inner.lost());
+    await_listening(&server, prefix, &a);
+    await_listening(&server, prefix, &b);
+    assert!(not_ready(&la) && not_ready(&lb) && not_ready(&lo));
+
+    assert_eq!(a.force_unlock("rw").unwrap(), ["read-write lock"]);
+    let forced = Instant::now();
+    for lost in [&la, &la2, &lb] {
+        assert!(told_after(lost, forced).is_some());
+    }
+    assert!(not_ready(&lo), "the other lock's hold stands");
+    assert_eq!(a.force_unlock("nested").unwrap(), ["lock"]);
+    let forced = Instant::now();
+    assert!(told_after(&lo, forced).is_some() && told_after(&li, forced).is_some());
+
+    let mut told_a = heard_a.told(2);
+    told_a.sort_by_key(|t| t.0.clone());
+    assert_eq!(
+        told_a,
+        [
+            ("nested".to_owned(), "Lock", LossReason::Deleted),
+            ("rw".to_owned(), "ReadLock", LossReason::Deleted),
+        ]
+    );
+    assert_eq!(
+        heard_b.told(1),
+        [("rw".to_owned(), "ReadLock", LossReason::Deleted)]
+    );
+    for r in [
+        ra.unlock(),
+        ra2.unlock(),
+        rb.unlock(),
+        inner.unlock(),
+        outer.unlock(),
+    ] {
+        assert!(is_lease_lost(&r), "{r:?}");
+    }
+}
+
+/// On a Redis Cluster the holder's client listens on one node (its pub/sub connection's)
+/// while the lock lives on another: the force_unlock's classic PUBLISH reaches it there.
+#[test]
+fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
+    let cluster = Cluster::new(3, 0);
+    let name = (0..)
+        .map(|i| format!("forced-{i}"))
+        .find(|n| cluster.node_for_key(format!("redmutex:{{{n}}}")) != 0)
+        .unwrap();
+    let all = Arc::new(Mutex::new(Vec::new()));
+    let (tx, each) = crossbeam_channel::unbounded();
+    let seen = all.clone();
+    // Its only seed is node 0: its pub/sub connection goes there.
+    let holder = Client::builder()
+        .cluster(vec![format!("redis://{}/", cluster.node(0).addr())])
+        .watchdog_timeout(WATCHDOG)
+        .command_timeout(Duration::from_millis(1500))
+        .connect_timeout(Duration::from_secs(10))
+        .on_lease_lost(move |lost: &LostLease| {
+            seen.lock()
+                .unwrap()
+                .push((lost.name_lossy(), lost.kind(), lost.reason()));
+            let _ = tx.send(());
+        })
+        .build()
+        .unwrap();
+    let heard = Heard { all, each };
+    let other = Client::builder()
+        .cluster(cluster.seed_urls())
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let guard = holder.lock(&name).lock().unwrap();
+    let lost = guard.lost();
+    let own = format!("redmutex:__control:{}", holder.id());
+    let mut con = cluster.node(0).connection();
+    assert!(
+        support::wait_until(Duration::from_secs(5), || support::subscribers(
+            &mut con, &own
+        ) == 1),
+        "the holder's client listens on node 0"
+    );
+    assert!(not_ready(&lost));
+    let forced = Instant::now();
+    assert!(other.lock(&name).force_unlock().unwrap());
+    let after = told_after(&lost, forced).expect("told across nodes");
+    println!("cluster: lost() {after:?} after the force_unlock");
+    assert_eq!(heard.told(1), [(name.clone(), "Lock", LossReason::Deleted)]);
+    let said = guard.unlock();
+    assert!(is_lease_lost(&said), "{said:?}");
+}
+
+/// A re-entry and an `extend` that find the hold gone tell at once too: the outer guard's
+/// `lost()` fires and the hook is called once, well before a renewal.
+#[test]
+fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
+    let server = RedisServer::new();
+    let prefix = "told:again:";
+    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let lock = client.lock("again");
+    let outer = lock.lock().unwrap();
+    let lost = outer.lost();
+    delete_all(&server, prefix);
+    assert!(not_ready(&lost));
+    let entered = Instant::now();
+    let fresh = lock.lock().unwrap();
+    assert!(told_after(&lost, entered).is_some(), "the re-entry told it");
+    assert!(!fresh.is_lease_lost(), "the new hold stands");
+    fresh.unlock().unwrap();
+    assert!(is_lease_lost(&outer.unlock()));
+
+    let fixed = client
+        .lock("fixed")
+        .lock_with_lease(Duration::from_secs(20))
+        .unwrap();
+    let fixed_lost = fixed.lost();
+    delete_all(&server, prefix);
+    let extending = Instant::now();
+    assert!(is_lease_lost(&fixed.extend(Duration::from_secs(20))));
+    assert!(
+        told_after(&fixed_lost, extending).is_some(),
+        "the extend told it"
+    );
+    assert!(is_lease_lost(&fixed.unlock()));
+
+    let mut told = heard.told(2);
+    told.sort_by_key(|t| t.0.clone());
+    assert_eq!(
+        told,
+        [
+            ("again".to_owned(), "Lock", LossReason::Deleted),
+            ("fixed".to_owned(), "Lock", LossReason::Deleted),
+        ]
+    );
+}
+
+/// A `MultiLock`'s member force-unlocked: the multi guard's `lost()` fires at once (all
+/// of its locks must stand), and the member's loss reaches the hook.
+#[test]
+fn a_force_unlock_of_a_multilock_member_is_told_at_once() {
+    let server = RedisServer::new();
+    let prefix = "told:multi:";
+    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
+    let held = multi.lock().unwrap();
+    let lost = held.lost();
+    await_listening(&server, prefix, &client);
+    assert!(not_ready(&lost));
+    let forced = Instant::now();
+    assert_eq!(client.force_unlock("m2").unwrap(), ["lock"]);
+    let after = told_after(&lost, forced).expect("the multi guard was told");
+    println!("multilock: lost() {after:?} after the force_unlock");
+    assert!(held.is_lease_lost());
+    assert_eq!(
+        heard.told(1),
+        [("m2".to_owned(), "Lock", LossReason::Deleted)]
+    );
+    assert!(is_lease_lost(&held.unlock()));
+}
