@@ -438,3 +438,78 @@ fn status_and_list_show_the_holders_host_pid_command_and_since() {
     // Released: nothing of it is left.
     assert!(c.inspect("owned").unwrap().is_empty());
 }
+
+/// Waits for `child` at most `bound`; kills it (and fails) if it has not ended by then.
+fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                !text(&out.stderr).contains("panicked"),
+                "{}",
+                text(&out.stderr)
+            );
+            return out;
+        }
+        if started.elapsed() > bound {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: still running after {bound:?}; stderr: {}",
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_user_name_over_a_kibibyte_is_cut_and_the_command_runs() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    // ASCII, and two-byte characters whose cut must fall between them.
+    for (name, user) in [
+        ("long-user", "u".repeat(2100)),
+        ("long-user-utf8", "é".repeat(1500)),
+    ] {
+        let child = redmutex(&server)
+            .env("USER", &user)
+            .args(["run", "-l", "5s", name, "true"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_bounded(child, Duration::from_secs(20), name);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        // `hold`, whose record is read while it holds.
+        let child = redmutex(&server)
+            .env("USER", &user)
+            .args(["hold", "-l", "5s", "--no-wait", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut info = None;
+        support::wait_until(Duration::from_secs(20), || {
+            info = c.inspect(name).unwrap().into_iter().next();
+            info.is_some()
+        });
+        if info.is_some() {
+            kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+        }
+        let out = wait_bounded(child, Duration::from_secs(20), name);
+        let info = info.unwrap_or_else(|| panic!("never held: {}", text(&out.stderr)));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let meta = &info.metadata[0].text;
+        assert!(meta.len() <= 1024, "{}", meta.len());
+        let doc: Value = serde_json::from_str(meta).unwrap();
+        let recorded = doc["user"].as_str().expect("the user is recorded");
+        assert!(recorded.ends_with('…'), "{recorded}");
+        let kept = recorded.trim_end_matches('…');
+        assert!(!kept.is_empty() && user.starts_with(kept), "{recorded}");
+        // The command line is still there, the lock name included.
+        let cmd = doc["cmd"].as_array().unwrap();
+        assert!(cmd.iter().any(|a| a == name), "{cmd:?}");
+        assert!(c.inspect(name).unwrap().is_empty());
+    }
+}

@@ -456,6 +456,10 @@ fn wrong_type(e: &redis::RedisError) -> bool {
 /// The most the library records beside a hold.
 const METADATA_MAX: usize = 1024;
 
+/// The most of the host or the user a record keeps, in bytes: a field from the
+/// environment may be any length, and the command line must keep room.
+const FIELD_MAX: usize = 128;
+
 /// What redmutex records beside each hold it takes, for `status` and `list` (and anyone's
 /// `Client::inspect`): a JSON object with the host, the pid, the user and the command line
 /// (its last arguments cut, and "…" added, to stay within the library's 1 KiB).
@@ -464,7 +468,7 @@ pub(crate) fn metadata() -> String {
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
     // Passwords in URLs (--url, --sentinel and --cluster lists) are not recorded.
-    let mut cmd: Vec<String> = std::env::args_os()
+    let cmd: Vec<String> = std::env::args_os()
         .map(|a| {
             let a = a.to_string_lossy();
             if a.contains("://") {
@@ -475,6 +479,16 @@ pub(crate) fn metadata() -> String {
         })
         .collect();
     let user = std::env::var("USER").ok();
+    record(host, user, cmd)
+}
+
+/// [`metadata`]'s JSON of these fields, within [`METADATA_MAX`] bytes: the host and the
+/// user cut to [`FIELD_MAX`] bytes each, then the command line's last arguments replaced
+/// by "…", then (escapes can make a short field long) the host and the user halved until
+/// it fits. Every round makes something shorter, so it ends.
+fn record(mut host: String, mut user: Option<String>, mut cmd: Vec<String>) -> String {
+    host = cut(&host, FIELD_MAX);
+    user = user.map(|u| cut(&u, FIELD_MAX));
     loop {
         let text = serde_json::json!({
             "host": host,
@@ -483,16 +497,45 @@ pub(crate) fn metadata() -> String {
             "cmd": cmd,
         })
         .to_string();
-        if text.len() <= METADATA_MAX || cmd.is_empty() {
+        if text.len() <= METADATA_MAX {
             return text;
         }
         // Cut from the end: the program and the lock name come first.
         if cmd.last().is_some_and(|a| a == "…") {
             cmd.pop();
         }
-        cmd.pop();
-        cmd.push("…".to_owned());
+        if cmd.pop().is_some() {
+            cmd.push("…".to_owned());
+            continue;
+        }
+        let longest = match &mut user {
+            Some(user) if user.len() > host.len() => user,
+            _ => &mut host,
+        };
+        if longest.is_empty() {
+            // Nothing left to cut (not reached: the rest is a few dozen bytes).
+            return text;
+        }
+        if longest.len() <= 16 {
+            longest.clear();
+        } else {
+            let whole = longest.trim_end_matches('…');
+            *longest = cut(whole, whole.len() / 2);
+        }
     }
+}
+
+/// `s` if it is at most `max` bytes, else its longest start of at most `max` bytes that
+/// ends between characters, and "…".
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 /// A client for `connection`, with `lease` as its watchdog timeout when given (then it
@@ -649,4 +692,38 @@ fn connect_timeout(s: &str) -> Result<Duration, String> {
         return Err("--connect-timeout must be longer than zero".to_owned());
     }
     Ok(timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_any_fields_fit_and_cut_between_characters() {
+        let args = |n: usize| -> Vec<String> {
+            ["redmutex", "run", "name"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain((0..n).map(|i| format!("arg{i}")))
+                .collect()
+        };
+        for (host, user, cmd) in [
+            ("h".to_owned(), Some("u".repeat(2100)), args(3)),
+            ("h".to_owned(), Some("é".repeat(1500)), args(3)),
+            ("h".to_owned(), Some("\u{1}".repeat(5000)), args(500)),
+            ("\u{1}".repeat(5000), Some("\u{1}".repeat(5000)), args(0)),
+            ("h".repeat(100_000), None, vec!["x".repeat(5000)]),
+            ("h".to_owned(), Some(String::new()), args(1000)),
+        ] {
+            let text = record(host, user, cmd);
+            assert!(text.len() <= METADATA_MAX, "{}", text.len());
+            serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        }
+        let text = record("h".into(), Some("é".repeat(1500)), args(1));
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["user"], format!("{}…", "é".repeat(FIELD_MAX / 2)));
+        assert_eq!(doc["cmd"][2], "name");
+        assert_eq!(cut("aé", 2), "a…");
+        assert_eq!(cut("abc", 3), "abc");
+    }
 }
