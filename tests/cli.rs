@@ -727,9 +727,47 @@ fn unlock_force_frees_every_kind_status_shows_held() {
         assert!(held_kinds(&server, name).is_empty(), "{name}");
     }
 
-    // Two kinds under one name: both freed.
-    let _l = c.lock("both").lock().unwrap();
+    // Two kinds under one name: both freed. (A name is one kind at a time, so the second
+    // is refused; two kinds side by side are what an earlier version could leave, made
+    // here by moving the read-write lock's keys aside while the lock is taken.)
     let _w = c.read_write_lock("both").write().lock().unwrap();
+    let err = c.lock("both").lock().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            redmutex::Error::WrongKind {
+                in_use: "read-write lock",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let mut con = server.connection();
+    let moved = [
+        (
+            format!("{PREFIX}!rw:{{both}}"),
+            format!("{PREFIX}aside:{{both}}"),
+        ),
+        (
+            format!("{PREFIX}!leases:!rw:{{both}}"),
+            format!("{PREFIX}aside2:{{both}}"),
+        ),
+    ];
+    for (key, aside) in &moved {
+        redis::cmd("RENAME")
+            .arg(key)
+            .arg(aside)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
+    let _l = c.lock("both").lock().unwrap();
+    for (key, aside) in &moved {
+        redis::cmd("RENAME")
+            .arg(aside)
+            .arg(key)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
     assert_eq!(held_kinds(&server, "both").len(), 2);
     let out = output(redmutex(&server).args(["unlock", "--force", "both"]));
     assert!(out.status.success());

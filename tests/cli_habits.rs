@@ -332,16 +332,23 @@ fn help_reads_right_and_completions_and_the_manual_are_generated() {
 fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
     let server = RedisServer::new();
     let c = client(&server);
+    // (A name is one kind at a time: one name each.)
     let _l = c.lock("all").lock().unwrap();
-    let _r = c.read_write_lock("all").read().lock().unwrap();
-    let _p = c.semaphore("all", 3).acquire_many(2).unwrap();
+    let _r = c.read_write_lock("all-rw").read().lock().unwrap();
+    let _p = c.semaphore("all-sem", 3).acquire_many(2).unwrap();
     assert!(c
-        .count_down_latch("all")
+        .count_down_latch("all-latch")
         .try_set_count(4, Duration::from_secs(60))
         .unwrap());
-    let doc = json(&output(
-        redmutex(&server).args(["status", "--json", "all", "none"]),
-    ));
+    let doc = json(&output(redmutex(&server).args([
+        "status",
+        "--json",
+        "all",
+        "all-rw",
+        "all-sem",
+        "all-latch",
+        "none",
+    ])));
     let objects = doc["objects"].as_array().unwrap();
     let kinds: Vec<&str> = objects
         .iter()
@@ -512,4 +519,90 @@ fn a_user_name_over_a_kibibyte_is_cut_and_the_command_runs() {
         assert!(cmd.iter().any(|a| a == name), "{cmd:?}");
         assert!(c.inspect(name).unwrap().is_empty());
     }
+}
+
+/// A name is one kind at a time: `run NAME` (a lock), `run --shared NAME` and
+/// `run -x NAME` (the two sides of one read-write lock), `run -n K NAME` (a semaphore) and
+/// a counting latch never run together. A kind that meets another is refused at once,
+/// exit 65, saying which kind holds the name; `-x` and `--shared` exclude each other as
+/// flock's -x and -s do.
+#[test]
+fn a_name_held_as_one_kind_is_refused_to_another_and_exclusive_pairs_with_shared() {
+    let server = RedisServer::new();
+    let run = |args: &[&str]| {
+        let out = output(redmutex(&server).arg("run").args(args).arg("true"));
+        (out.status.code(), text(&out.stderr))
+    };
+    let kinds: [(&[&str], &str); 4] = [
+        (&[], "lock"),
+        (&["--shared"], "read-write lock"),
+        (&["-n", "2"], "semaphore"),
+        (&["--fair"], "lock"),
+    ];
+    for (held_args, in_use) in kinds {
+        let mut args = held_args.to_vec();
+        args.push("mixed");
+        let holding = Holding::start(&server, &args);
+        for (other, other_kind) in kinds
+            .iter()
+            .chain([(&["-x"][..], "read-write lock")].iter())
+        {
+            if *other_kind == in_use {
+                continue;
+            }
+            // Waiting would not help: refused at once.
+            let started = Instant::now();
+            let mut args = other.to_vec();
+            args.extend(["-w", "10s", "mixed"]);
+            let (code, err) = run(&args);
+            assert_eq!(code, Some(65), "{held_args:?} then {other:?}: {err}");
+            assert!(
+                err.contains(&format!("mixed is in use as a {in_use}")),
+                "{held_args:?} then {other:?}: {err}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{held_args:?} then {other:?}"
+            );
+        }
+        holding.signal(Signal::SIGTERM);
+        assert_eq!(holding.finish().0, Some(0));
+    }
+    // -x is the write side of --shared's read-write lock: each keeps the other out.
+    let reader = Holding::start(&server, &["--shared", "schema"]);
+    let (code, err) = run(&["-x", "--no-wait", "schema"]);
+    assert_eq!(code, Some(75), "{err}");
+    reader.signal(Signal::SIGTERM);
+    assert_eq!(reader.finish().0, Some(0));
+    let writer = Holding::start(&server, &["--exclusive", "schema"]);
+    let (code, err) = run(&["--shared", "--no-wait", "schema"]);
+    assert_eq!(code, Some(75), "{err}");
+    let (code, err) = run(&["-x", "--no-wait", "schema"]);
+    assert_eq!(code, Some(75), "{err}");
+    let doc = json(&output(
+        redmutex(&server).args(["status", "--json", "schema"]),
+    ));
+    assert_eq!(doc["objects"][0]["kind"], "rwlock");
+    assert_eq!(doc["objects"][0]["holders"][0]["role"], "write");
+    writer.signal(Signal::SIGTERM);
+    assert_eq!(writer.finish().0, Some(0));
+    let (code, err) = run(&["-x", "--no-wait", "schema"]);
+    assert_eq!(code, Some(0), "{err}");
+    // A counting latch holds its name too, and is refused a name held otherwise.
+    let latch = |args: &[&str]| {
+        let out = output(redmutex(&server).arg("latch").args(args));
+        (out.status.code(), text(&out.stderr))
+    };
+    assert_eq!(latch(&["set", "batch", "2"]).0, Some(0));
+    let (code, err) = run(&["batch"]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(
+        err.contains("batch is in use as a count-down latch"),
+        "{err}"
+    );
+    let holding = Holding::start(&server, &["held-name"]);
+    let (code, err) = latch(&["set", "held-name", "2"]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(err.contains("held-name is in use as a lock"), "{err}");
+    drop(holding);
 }

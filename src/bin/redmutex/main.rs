@@ -29,7 +29,8 @@ pub(crate) const LEASE_LOST: u8 = 76;
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// A bad name or value the arguments' syntax could not catch: EX_USAGE.
 pub(crate) const USAGE: u8 = 64;
-/// The key holds something that is not a redmutex lock: EX_DATAERR.
+/// The key holds something that is not a redmutex lock, or the name is in use as another
+/// kind of lock: EX_DATAERR.
 pub(crate) const NOT_A_LOCK: u8 = 65;
 /// Standard output was closed by its reader (`redmutex list | head -1`): what a shell
 /// reports for a tool ended by SIGPIPE, 128 + 13.
@@ -40,9 +41,10 @@ pub(crate) const OUTPUT_FAILED: u8 = 74;
 const EXIT_CODES: &str = "\
 Exit codes: the command's own with `run` (128 + n when a signal n ended it); 0 when `hold`
 released on a signal; 75 when the lock was not acquired in time; 76 when its lease was lost
-while held; 69 when Redis could not be reached or refused; 65 when a key holds something
-that is not a lock (or, with unlock --force, only a count-down latch); 64 for a bad name or
-value; 141 when standard output was closed by its reader (as `| head` does), 74 when it
+while held; 69 when Redis could not be reached or refused; 65 when the name is in use as
+another kind (a lock, --shared/-x, -n, a latch: a name is one kind at a time), when a key
+holds something that is not a lock (or, with unlock --force, only a count-down latch); 64
+for a bad name or value; 141 when standard output was closed by its reader (as `| head` does), 74 when it
 could not be written; 128 + n when signal n ended redmutex before the command started; 2
 for bad usage.";
 
@@ -657,6 +659,21 @@ pub(crate) fn fail(e: &Error) -> u8 {
         }
         warn(format_args!("redmutex: {said}"));
         return USAGE;
+    }
+    if let Error::WrongKind { in_use, .. } = e {
+        let how = match *in_use {
+            "lock" => "`redmutex run NAME`, --fair, --token-env",
+            "read-write lock" => "--shared or -x",
+            "semaphore" => "-n",
+            "count-down latch" => "`redmutex latch`",
+            _ => "another kind",
+        };
+        warn(format_args!(
+            "redmutex: {} is in use as a {in_use} ({how}); not taken: a name is one kind at a \
+             time",
+            e.lock_name().unwrap_or("the name")
+        ));
+        return NOT_A_LOCK;
     }
     warn(format_args!("redmutex: {e}"));
     match e {

@@ -22,6 +22,7 @@ use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::{getpgrp, getpid, getppid, Pid};
 use redmutex::{
     CancelToken, Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, Permit, ReadGuard,
+    WriteGuard,
 };
 use signal_hook::consts::{FORBIDDEN, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::{Handle, Signals};
@@ -39,7 +40,8 @@ const ACQUIRE_GRACE: Duration = Duration::from_secs(1);
 /// How to take the lock: shared by `run` and `hold`.
 #[derive(Args)]
 pub(crate) struct TakeArgs {
-    /// The lock name (with -n, the semaphore's; with --shared, the read-write lock's).
+    /// The lock name (with -n, the semaphore's; with --shared or -x, the read-write
+    /// lock's). A name is one kind at a time: one held as another kind is refused (exit 65).
     name: String,
     /// Wait at most this long for the lock, then exit 75; default: as long as it takes.
     #[arg(short, long, value_parser = duration, conflicts_with = "no_wait")]
@@ -52,17 +54,21 @@ pub(crate) struct TakeArgs {
     #[arg(short, long, value_parser = lease, default_value = "30s")]
     lease: Duration,
     /// First come, first served: wait in line behind every earlier waiter.
-    #[arg(long, conflicts_with_all = ["semaphore", "shared"])]
+    #[arg(long, conflicts_with_all = ["semaphore", "shared", "exclusive"])]
     fair: bool,
     /// Hold one of N permits of the semaphore NAME instead of the lock: up to N holders
     /// at once. N sets its number of permits when the semaphore does not exist yet.
-    #[arg(short = 'n', long, value_name = "N", conflicts_with = "shared",
+    #[arg(short = 'n', long, value_name = "N", conflicts_with_all = ["shared", "exclusive"],
           value_parser = clap::value_parser!(u32).range(1..))]
     semaphore: Option<u32>,
     /// Hold the read side of the read-write lock NAME: any number of --shared holders at
-    /// once, while no writer holds it.
-    #[arg(long)]
+    /// once, while no writer (-x) holds it.
+    #[arg(short = 's', long)]
     shared: bool,
+    /// Hold the write side of the read-write lock NAME: alone, while no --shared holder
+    /// holds it (flock's -x against -s).
+    #[arg(short = 'x', long, conflicts_with = "shared")]
+    exclusive: bool,
 }
 
 #[derive(Args)]
@@ -71,7 +77,8 @@ pub(crate) struct RunArgs {
     take: TakeArgs,
     /// Pass the hold's fencing token (a number larger than any earlier holder's) to the
     /// command in this environment variable.
-    #[arg(long, value_name = "VAR", conflicts_with_all = ["fair", "semaphore", "shared"])]
+    #[arg(long, value_name = "VAR",
+          conflicts_with_all = ["fair", "semaphore", "shared", "exclusive"])]
     token_env: Option<String>,
     /// The signal the command gets if the lease is lost while it runs (TERM, KILL, INT,
     /// HUP, USR1, …), or `none` to let it run on.
@@ -118,6 +125,7 @@ enum Held {
     Fair(LockGuard<Fair>),
     Fenced(FencedGuard),
     Shared(ReadGuard),
+    Exclusive(WriteGuard),
     Permit(Permit),
 }
 
@@ -129,6 +137,7 @@ impl Held {
             Held::Fair(g) => g.lost(),
             Held::Fenced(g) => g.lost(),
             Held::Shared(g) => g.lost(),
+            Held::Exclusive(g) => g.lost(),
             Held::Permit(p) => p.lost(),
         }
     }
@@ -139,6 +148,7 @@ impl Held {
             Held::Fair(g) => g.unlock(),
             Held::Fenced(g) => g.unlock(),
             Held::Shared(g) => g.unlock(),
+            Held::Exclusive(g) => g.unlock(),
             Held::Permit(p) => p.release(),
         }
     }
@@ -189,6 +199,8 @@ fn acquire(
     }
     if args.shared {
         take(client.read_write_lock(name).read(), args, cancel).map(|h| h.map(Held::Shared))
+    } else if args.exclusive {
+        take(client.read_write_lock(name).write(), args, cancel).map(|h| h.map(Held::Exclusive))
     } else if fenced {
         take(client.fenced_lock(name), args, cancel).map(|h| h.map(Held::Fenced))
     } else if args.fair {
@@ -202,7 +214,7 @@ fn acquire(
 fn kind_of(args: &TakeArgs) -> &'static str {
     if args.semaphore.is_some() {
         "semaphore"
-    } else if args.shared {
+    } else if args.shared || args.exclusive {
         "read-write lock"
     } else {
         "lock"
