@@ -155,12 +155,15 @@ Examples:
   redmutex run nightly-report ./report.sh --full
   redmutex run -n 3 encoders ffmpeg -i in.mov out.mp4  # one of 3 permits
   redmutex run --shared schema ./read-only-job.sh      # readers run side by side
+  redmutex run -x schema ./migrate.sh                  # alone: no --shared meanwhile
   redmutex run --no-wait deploy make deploy            # exit 75 at once if held
   redmutex run -w 10m -l 1m backup -- pg_dump -f /backup/db.sql
   redmutex run --token-env FENCE ledger ./apply.sh     # $FENCE: a fencing token
 
 Everything after the lock name is the command (its own options included); `--` before
 it still works. The lock is renewed while the command runs, so a long command keeps it.
+A name is one kind at a time: one held as a lock, by --shared/-x, by -n or by a counting
+latch is refused to the others at once (exit 65).
 After a second of waiting, redmutex says on standard error whom it waits for (-q: not).
 The command runs in a process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT that
 reach redmutex (from kill, or from the terminal: Ctrl-C) are passed on to that whole
