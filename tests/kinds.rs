@@ -332,3 +332,45 @@ fn a_refused_semaphore_defines_nothing_and_a_refused_latch_is_not_set() {
     drop(c.semaphore("y", 3).acquire().unwrap());
     drop(c.lock("y").lock().unwrap());
 }
+
+/// On a Redis Cluster the other kinds' keys are in the name's slot (its tag), so the one
+/// EXISTS that refuses a name runs there: every pair on every key form, on names spread
+/// over the nodes.
+#[test]
+fn on_a_cluster_the_kinds_of_a_name_refuse_each_other() {
+    let cluster = support::topology::Cluster::new(3, 0);
+    let client = || {
+        Client::builder()
+            .cluster(cluster.seed_urls())
+            .key_prefix(PREFIX)
+            .command_timeout(Duration::from_millis(1500))
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .expect("cluster client")
+    };
+    let (holder, other) = (client(), client());
+    let mut nodes = std::collections::BTreeSet::new();
+    for i in 0..4 {
+        for name in NAMES.map(|n| format!("{n}{i}")) {
+            for first in [Kind::Plain, Kind::Read, Kind::Semaphore, Kind::Latch] {
+                let held = take(&holder, first, &name, Duration::ZERO)
+                    .unwrap()
+                    .expect("taken");
+                for second in KINDS.into_iter().filter(|k| k.object() != first.object()) {
+                    match take(&other, second, &name, Duration::ZERO) {
+                        Err(Error::WrongKind { in_use, .. }) => {
+                            assert_eq!(in_use, first.object(), "{first:?} {second:?} {name}")
+                        }
+                        Err(e) => panic!("{first:?} then {second:?} on {name}: {e}"),
+                        Ok(_) => panic!("{first:?} then {second:?} on {name}: taken"),
+                    }
+                }
+                held.release();
+            }
+            let key = holder.inspect(name.as_str()).unwrap();
+            assert!(key.is_empty(), "{key:?}");
+            nodes.insert(cluster.node_for_key(format!("{PREFIX}{{{name}}}")));
+        }
+    }
+    assert!(nodes.len() > 1, "the names spread over nodes: {nodes:?}");
+}
