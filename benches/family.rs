@@ -278,6 +278,9 @@ struct Keys {
     /// In the scripts' order: the holds, the fence counter, the queue, the waiters, then
     /// the leases (read-write lock, semaphore) and the permits (semaphore).
     all: Vec<String>,
+    /// The main keys of the name's other kinds (src/runtime/keys.rs `other_kinds`), which
+    /// the acquire script takes last.
+    others: Vec<String>,
     inbox: String,
 }
 
@@ -299,9 +302,15 @@ impl Keys {
         if kind == Kind::Sem {
             all.push(aux("permits"));
         }
+        let others = ["", "!rw:", "!sem:", "!latch:"]
+            .into_iter()
+            .filter(|mark| *mark != object)
+            .map(|mark| format!("{prefix}{mark}{{{name}}}"))
+            .collect();
         Keys {
             inbox: format!("{key}:to:"),
             all,
+            others,
         }
     }
 }
@@ -339,7 +348,7 @@ impl HandRun {
         let holder = "00000000-0000-4000-8000-000000000000:1";
         let mut con = pool.get().expect("pooled connection");
         let mut call = self.acquire.prepare_invoke();
-        for key in &self.keys.all {
+        for key in self.keys.all.iter().chain(&self.keys.others) {
             call.key(key);
         }
         call.arg(holder)

@@ -279,10 +279,12 @@ fn cheap_latencies(url: &str) -> Cheap {
         "cheap:!queue:{raw}",
         "cheap:!waiters:{raw}",
     ];
+    let other_kinds = ["cheap:!rw:{raw}", "cheap:!sem:{raw}", "cheap:!latch:{raw}"];
     let scripts_op = || {
         let mut con = pool.get().expect("pooled connection");
         let mut call = acquire.prepare_invoke();
-        for key in lock_keys {
+        // Last, the other kinds of the name, which the script refuses it for.
+        for key in lock_keys.into_iter().chain(other_kinds) {
             call.key(key);
         }
         let reply: Vec<i64> = call

@@ -5,6 +5,7 @@
 -- KEYS[2]  the lock's fencing-token counter (an integer that never expires, in a key
 --          namespace no lock name can reach)
 -- KEYS[3]  the lock's queue (LIST)      KEYS[4]  the lock's waiters (HASH)
+-- KEYS[5..7] the name's read-write lock, semaphore and count-down latch (see Q.look)
 -- ARGV[1]  holder id, "<client-uuid>:<thread-token>"
 -- ARGV[2]  lease in milliseconds that this level needs
 -- ARGV[3]  the levels the caller believes it holds before this call (0 for a new hold)
@@ -26,6 +27,7 @@
 --                            (-1 when the key somehow has no TTL)
 --         {0, pttl, now}     not granted and queued (ARGV[5] is 1); now is the server's
 --                            time of the entry, ms (a grant's message carries its own)
+--         {-4, kind}         refused: the name is held as another kind (Q.look's number)
 --
 -- The checks, the grant and the lease are one atomic step: two callers can never both see
 -- the key free. A free lock goes to the caller when nobody waits, when the caller is first
@@ -70,10 +72,15 @@ if expected > 0 then
         return reenter(held)
     end
 end
--- Neither the lock nor a queue (the uncontended case): one call tells, no clock is read.
+-- Neither the lock nor a queue nor another kind (the uncontended case): one call tells, no
+-- clock is read.
 local queued = false
 local pttl = -2
-if redis.call('exists', KEYS[1], KEYS[3]) > 0 then
+local held, listed, other = Q.look(1, 5)
+if other then
+    return Q.refuse_kind(holder, listed, other)
+end
+if held or listed then
     pttl = redis.call('pttl', KEYS[1])
     if pttl == -2 then
         queued = true

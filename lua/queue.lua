@@ -71,6 +71,46 @@ function Q.with_meta(args, field, m, now)
     return args
 end
 
+-- A name is one kind of object at a time: a lock (plain, fair and fenced locks are one),
+-- a read-write lock, a semaphore, a counting count-down latch, numbered 1 to 4 in this
+-- order. An acquire script is passed the main keys of the three kinds other than its
+-- own (`own`), in that order, as KEYS[first], KEYS[first + 1] and KEYS[first + 2]: each
+-- exists exactly while its kind holds the name. One EXISTS tells whether the object's own
+-- key (KEYS[1]) and its queue (KEYS[3]) exist and whether another kind holds the name,
+-- the keys named 1, 2 and 4 times over (EXISTS counts a key as often as it is named): the
+-- uncontended case costs the one call it always did. Returns held, queued (KEYS[1],
+-- KEYS[3] exist), and the number of the other kind that holds the name, nil when none
+-- (looked up key by key: only a refusal pays for that).
+function Q.look(own, first)
+    local a, b, c = KEYS[first], KEYS[first + 1], KEYS[first + 2]
+    local found = redis.call('exists', KEYS[1], KEYS[3], KEYS[3], a, a, a, a, b, b, b, b,
+        c, c, c, c)
+    local other
+    if found >= 4 then
+        local i = first
+        for kind = 1, 4 do
+            if kind ~= own then
+                if redis.call('exists', KEYS[i]) == 1 then
+                    other = kind
+                    break
+                end
+                i = i + 1
+            end
+        end
+    end
+    return found % 2 == 1, math.floor(found / 2) % 2 == 1, other
+end
+
+-- The reply that refuses the name to `holder` because the kind `other` holds it (see
+-- Q.look), nothing written; a caller that was queued (`queued`: the queue exists) leaves
+-- the queue, where it would only wait to be refused again.
+function Q.refuse_kind(holder, queued, other)
+    if queued then
+        Q.remove(holder)
+    end
+    return {-4, other}
+end
+
 -- Whether the waiter `h` (flags f, asking for a permits) may hold the lock now.
 function Q.fits(f, a, h)
     return redis.call('exists', KEYS[1]) == 0

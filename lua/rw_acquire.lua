@@ -4,6 +4,7 @@
 --
 -- KEYS[1]  the holds         KEYS[2]  the fencing-token counter (unused)
 -- KEYS[3]  the queue         KEYS[4]  the waiters      KEYS[5]  the holds' leases
+-- KEYS[6..8] the name's lock, semaphore and count-down latch (see Q.look)
 -- ARGV[1..11] as in acquire.lua (ARGV[4] flags: 1 fair, 4 a read hold, 16 an upgradeable
 --          read hold, 32 a write asked as an upgrade; read-write waiters are always fair;
 --          ARGV[11], the metadata, is recorded per hold field: '~m:r:<holder>'...)
@@ -18,6 +19,7 @@
 --         {-3}           refused: an upgrade (flags 32) by a caller whose upgradeable
 --                        hold is gone (lease ended, force-unlocked): its write would not
 --                        follow its read without a writer in between
+--         {-4, kind}     refused: the name is held as another kind (Q.look's number)
 -- A re-entry is always granted, even past waiters (they wait for this very hold), and so
 -- is a read or upgradeable hold taken by the writer's own thread (a downgrade), and a
 -- read hold taken by the upgradeable reader's. A write asked by the upgradeable reader
@@ -32,11 +34,21 @@ local upgradeable = RW.is_upgradeable(flags)
 local field = M.field(holder, flags)
 local meta = ARGV[11]
 local now = Q.now()
-Q.purge(now)
+-- Whether anything is held, anyone waits, or another kind holds the name, in one call:
+-- with nothing held there is nothing to purge nor read (the holds and their leases go
+-- together, leases.lua), and with nobody queued no queue to read.
+local any, listed, other = Q.look(2, 6)
+if other then
+    return Q.refuse_kind(holder, listed, other)
+end
 -- The caller's hold in this mode, its read and upgradeable holds, the writer and the
 -- upgradeable reader, in one read.
-local got = redis.call('hmget', KEYS[1], field, 'r:' .. holder, '~writer', 'u:' .. holder,
-    '~upgrader')
+local got = {}
+if any then
+    Q.purge(now)
+    got = redis.call('hmget', KEYS[1], field, 'r:' .. holder, '~writer', 'u:' .. holder,
+        '~upgrader')
+end
 local held, writer, upgrader = got[1], got[3], got[5]
 if held then
     local count = Q.reenter(field, tonumber(held), tonumber(ARGV[3]))
@@ -94,7 +106,9 @@ if RW.compatible(holder, flags, writer or false, upgrader or false) then
     local downgrade = (read or upgradeable) and writer == holder or
         (read and upgrader == holder)
     local first, _, f, fairs
-    first, _, _, f, _, _, _, fairs = Q.head(now)
+    if listed then
+        first, _, _, f, _, _, _, fairs = Q.head(now)
+    end
     local handed = false
     if first and first ~= holder and not downgrade then
         -- Those ahead that fit now go first (a free lock left with waiters: a lapsed grant).

@@ -2,6 +2,7 @@
 -- (queue.lua, leases.lua and semaphore.lua are prepended: see them for the keys)
 --
 -- KEYS[1..6] as in leased_release.lua
+-- KEYS[7..9] the name's lock, read-write lock and count-down latch (see Q.look)
 -- ARGV[1..10] as in acquire.lua (ARGV[3], the levels held, is 0 or 1: 1 when an earlier
 --          attempt of the same call may have been granted; ARGV[4] flags: 1, fair)
 -- ARGV[11] the permits asked for (at least 1)
@@ -13,6 +14,8 @@
 --         {0, ms}    not granted; ms until the first hold's lease ends (-1 when nothing is
 --                    held)
 --         {0, ms, now} not granted and queued (ARGV[5] is 1); now: the server's time, ms
+--         {-4, kind}  refused: the name is held as another kind (Q.look's number); nothing
+--                    is written (the semaphore's number of permits is not set either)
 --         {-2, total} refused: more permits asked for than the semaphore has (total), which
 --                    no release can ever cover. Nothing is written, but for a caller that
 --                    was queued (the number was changed under it): it leaves the queue,
@@ -22,6 +25,13 @@ local lease = tonumber(ARGV[2])
 local flags = tonumber(ARGV[4])
 local amount = tonumber(ARGV[11])
 local meta = ARGV[13]
+-- Whether permits are held, anyone waits, or another kind holds the name, in one call:
+-- with no permit held there is nothing to purge nor read (the holds and their leases go
+-- together, leases.lua), and with nobody queued no queue to read.
+local any, listed, other = Q.look(3, 7)
+if other then
+    return Q.refuse_kind(holder, listed, other)
+end
 local stored = redis.call('get', KEYS[6])
 local total = tonumber(stored or ARGV[12])
 if amount > total and redis.call('hexists', KEYS[1], holder) == 0 then
@@ -38,9 +48,12 @@ if not stored then
     redis.call('set', KEYS[6], ARGV[12], 'NX')
 end
 local now = Q.now()
-Q.purge(now)
 -- The caller's hold (granted already to an earlier attempt) and the permits in use.
-local got = redis.call('hmget', KEYS[1], holder, '~used')
+local got = {}
+if any then
+    Q.purge(now)
+    got = redis.call('hmget', KEYS[1], holder, '~used')
+end
 if got[1] then
     Q.remove(holder)
     M.raise(holder, now + lease, now)
@@ -48,7 +61,9 @@ if got[1] then
 end
 local used = tonumber(got[2] or '0')
 local first, _, f, wants, fairs
-first, _, _, f, _, wants, _, fairs = Q.head(now)
+if listed then
+    first, _, _, f, _, wants, _, fairs = Q.head(now)
+end
 -- Those ahead that fit now go first (Q.fits of the first waiter, with the permits known
 -- here: when it does not fit, Q.hand_on would hand nothing on).
 if first and first ~= holder and total - used >= wants then

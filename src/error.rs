@@ -100,6 +100,25 @@ pub enum Error {
         /// The lock, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
     },
+    /// The name is in use as another kind of object: a name is one kind at a time, so a
+    /// [`Lock`](crate::Lock) (plain, fair and fenced locks are one object), a
+    /// [`ReadWriteLock`](crate::ReadWriteLock), a [`Semaphore`](crate::Semaphore) and a
+    /// counting [`CountDownLatch`](crate::CountDownLatch) never hold one name side by
+    /// side. The acquisition (or the latch's `try_set_count`) was refused atomically and
+    /// wrote nothing; a waiter refused so has left the queue. The name is free for another
+    /// kind once the kind in use has no holder left (the latch: once it opens or expires).
+    #[error(
+        "{}the name is in use as a {in_use}; it cannot be taken as another kind meanwhile",
+        On(.lock)
+    )]
+    #[non_exhaustive]
+    WrongKind {
+        /// The kind that holds the name: `"lock"`, `"read-write lock"`, `"semaphore"` or
+        /// `"count-down latch"`, as [`LockInfo::kind`](crate::LockInfo::kind) says.
+        in_use: &'static str,
+        /// The lock, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// The lock name is not usable: it is empty, or longer than
     /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes.
     #[error("invalid lock name: {0}")]
@@ -161,7 +180,8 @@ impl Error {
             | Error::NotHeld { lock }
             | Error::LeaseLost { lock }
             | Error::NotReplicated { lock, .. }
-            | Error::WouldDeadlock { lock } => lock.as_deref(),
+            | Error::WouldDeadlock { lock }
+            | Error::WrongKind { lock, .. } => lock.as_deref(),
             _ => None,
         }
     }
@@ -177,6 +197,7 @@ impl Error {
             | Error::LeaseLost { lock }
             | Error::NotReplicated { lock, .. }
             | Error::WouldDeadlock { lock }
+            | Error::WrongKind { lock, .. }
                 if lock.is_none() =>
             {
                 *lock = Some(printable(name));
@@ -209,6 +230,11 @@ impl Error {
 
     /// [`Error::WouldDeadlock`] not (yet) tied to a lock.
     pub(crate) const WOULD_DEADLOCK: Error = Error::WouldDeadlock { lock: None };
+
+    /// [`Error::WrongKind`] not (yet) tied to a lock: the name is held as `in_use`.
+    pub(crate) fn wrong_kind(in_use: &'static str) -> Error {
+        Error::WrongKind { in_use, lock: None }
+    }
 
     /// Whether a command may have run on the server although its caller got this error:
     /// its reply timed out or its connection failed after it was sent.

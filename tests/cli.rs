@@ -761,9 +761,47 @@ fn unlock_force_frees_every_kind_status_shows_held() {
         assert!(held_kinds(&server, name).is_empty(), "{name}");
     }
 
-    // Two kinds under one name: both freed.
-    let _l = c.lock("both").lock().unwrap();
+    // Two kinds under one name: both freed. (A name is one kind at a time, so the second
+    // is refused; two kinds side by side are what an earlier version could leave, made
+    // here by moving the read-write lock's keys aside while the lock is taken.)
     let _w = c.read_write_lock("both").write().lock().unwrap();
+    let err = c.lock("both").lock().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            redmutex::Error::WrongKind {
+                in_use: "read-write lock",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let mut con = server.connection();
+    let moved = [
+        (
+            format!("{PREFIX}!rw:{{both}}"),
+            format!("{PREFIX}aside:{{both}}"),
+        ),
+        (
+            format!("{PREFIX}!leases:!rw:{{both}}"),
+            format!("{PREFIX}aside2:{{both}}"),
+        ),
+    ];
+    for (key, aside) in &moved {
+        redis::cmd("RENAME")
+            .arg(key)
+            .arg(aside)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
+    let _l = c.lock("both").lock().unwrap();
+    for (key, aside) in &moved {
+        redis::cmd("RENAME")
+            .arg(aside)
+            .arg(key)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
     assert_eq!(held_kinds(&server, "both").len(), 2);
     let out = output(redmutex(&server).args(["unlock", "--force", "both"]));
     assert!(out.status.success());
@@ -863,4 +901,79 @@ fn ctrl_z_stops_the_command_with_redmutex_and_fg_continues_both() {
     nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGTERM).unwrap();
     assert_eq!(run.wait().unwrap().code(), Some(128 + 15));
     assert!(!locked(&client(&server), "job"));
+}
+
+#[test]
+fn a_signal_while_waiting_ends_the_wait_at_once() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    let guard = c.lock("busy").lock().unwrap();
+    let permit = c.semaphore("busy-sem", 1).acquire().unwrap();
+    let writer = c.read_write_lock("busy-rw").write().lock().unwrap();
+    let mut took = Vec::new();
+    for (queue, args) in [
+        (
+            "{busy}",
+            &["run", "--lease", "6s", "busy", "--", "true"][..],
+        ),
+        ("{busy}", &["run", "--wait", "1h", "busy", "--", "true"]),
+        ("{busy}", &["hold", "busy"]),
+        ("{busy}", &["wait", "busy"]),
+        ("!sem:{busy-sem}", &["run", "-n", "1", "busy-sem", "true"]),
+        (
+            "!rw:{busy-rw}",
+            &["run", "--shared", "-w", "1h", "busy-rw", "true"],
+        ),
+    ] {
+        let queue = format!("{PREFIX}!queue:{queue}");
+        let len = || {
+            redis::cmd("LLEN")
+                .arg(&queue)
+                .query::<i64>(&mut server.connection())
+                .unwrap()
+        };
+        let run = redmutex(&server)
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert!(support::wait_until(Duration::from_secs(5), || len() == 1));
+        let signalled = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(run.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let out = run.wait_with_output().unwrap();
+        let elapsed = signalled.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(out.status.code(), Some(128 + 15), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("signal 15 while waiting for busy") && stderr.contains("not acquired"),
+            "{args:?}: {stderr}"
+        );
+        took.push((args[0], elapsed));
+        eprintln!("{args:?}: exit {elapsed:?} after SIGTERM");
+        // flock(1) leaves at once; a second's tick is not "at once" (a loaded machine
+        // still stays well within this).
+        assert!(
+            elapsed < Duration::from_millis(500),
+            "{args:?}: {elapsed:?}"
+        );
+        // It left the queue (its entry does not wait for its lease to lapse).
+        assert_eq!(len(), 0, "{args:?}");
+    }
+    // The holders' holds are untouched.
+    assert_eq!(c.lock("busy").hold_count().unwrap(), 1);
+    assert_eq!(c.semaphore("busy-sem", 1).available_permits().unwrap(), 0);
+    assert!(c
+        .read_write_lock("busy-rw")
+        .write()
+        .is_held_by_current_thread()
+        .unwrap());
+    eprintln!("exit after SIGTERM while waiting: {took:?}");
+    guard.unlock().unwrap();
+    permit.release().unwrap();
+    writer.unlock().unwrap();
 }

@@ -332,16 +332,23 @@ fn help_reads_right_and_completions_and_the_manual_are_generated() {
 fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
     let server = RedisServer::new();
     let c = client(&server);
+    // (A name is one kind at a time: one name each.)
     let _l = c.lock("all").lock().unwrap();
-    let _r = c.read_write_lock("all").read().lock().unwrap();
-    let _p = c.semaphore("all", 3).acquire_many(2).unwrap();
+    let _r = c.read_write_lock("all-rw").read().lock().unwrap();
+    let _p = c.semaphore("all-sem", 3).acquire_many(2).unwrap();
     assert!(c
-        .count_down_latch("all")
+        .count_down_latch("all-latch")
         .try_set_count(4, Duration::from_secs(60))
         .unwrap());
-    let doc = json(&output(
-        redmutex(&server).args(["status", "--json", "all", "none"]),
-    ));
+    let doc = json(&output(redmutex(&server).args([
+        "status",
+        "--json",
+        "all",
+        "all-rw",
+        "all-sem",
+        "all-latch",
+        "none",
+    ])));
     let objects = doc["objects"].as_array().unwrap();
     let kinds: Vec<&str> = objects
         .iter()
@@ -437,4 +444,165 @@ fn status_and_list_show_the_holders_host_pid_command_and_since() {
     assert!(holding.wait().unwrap().success());
     // Released: nothing of it is left.
     assert!(c.inspect("owned").unwrap().is_empty());
+}
+
+/// Waits for `child` at most `bound`; kills it (and fails) if it has not ended by then.
+fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                !text(&out.stderr).contains("panicked"),
+                "{}",
+                text(&out.stderr)
+            );
+            return out;
+        }
+        if started.elapsed() > bound {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: still running after {bound:?}; stderr: {}",
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_user_name_over_a_kibibyte_is_cut_and_the_command_runs() {
+    let server = RedisServer::new();
+    let c = client(&server);
+    // ASCII, and two-byte characters whose cut must fall between them.
+    for (name, user) in [
+        ("long-user", "u".repeat(2100)),
+        ("long-user-utf8", "é".repeat(1500)),
+    ] {
+        let child = redmutex(&server)
+            .env("USER", &user)
+            .args(["run", "-l", "5s", name, "true"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_bounded(child, Duration::from_secs(20), name);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        // `hold`, whose record is read while it holds.
+        let child = redmutex(&server)
+            .env("USER", &user)
+            .args(["hold", "-l", "5s", "--no-wait", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut info = None;
+        support::wait_until(Duration::from_secs(20), || {
+            info = c.inspect(name).unwrap().into_iter().next();
+            info.is_some()
+        });
+        if info.is_some() {
+            kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+        }
+        let out = wait_bounded(child, Duration::from_secs(20), name);
+        let info = info.unwrap_or_else(|| panic!("never held: {}", text(&out.stderr)));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let meta = &info.metadata[0].text;
+        assert!(meta.len() <= 1024, "{}", meta.len());
+        let doc: Value = serde_json::from_str(meta).unwrap();
+        let recorded = doc["user"].as_str().expect("the user is recorded");
+        assert!(recorded.ends_with('…'), "{recorded}");
+        let kept = recorded.trim_end_matches('…');
+        assert!(!kept.is_empty() && user.starts_with(kept), "{recorded}");
+        // The command line is still there, the lock name included.
+        let cmd = doc["cmd"].as_array().unwrap();
+        assert!(cmd.iter().any(|a| a == name), "{cmd:?}");
+        assert!(c.inspect(name).unwrap().is_empty());
+    }
+}
+
+/// A name is one kind at a time: `run NAME` (a lock), `run --shared NAME` and
+/// `run -x NAME` (the two sides of one read-write lock), `run -n K NAME` (a semaphore) and
+/// a counting latch never run together. A kind that meets another is refused at once,
+/// exit 65, saying which kind holds the name; `-x` and `--shared` exclude each other as
+/// flock's -x and -s do.
+#[test]
+fn a_name_held_as_one_kind_is_refused_to_another_and_exclusive_pairs_with_shared() {
+    let server = RedisServer::new();
+    let run = |args: &[&str]| {
+        let out = output(redmutex(&server).arg("run").args(args).arg("true"));
+        (out.status.code(), text(&out.stderr))
+    };
+    let kinds: [(&[&str], &str); 4] = [
+        (&[], "lock"),
+        (&["--shared"], "read-write lock"),
+        (&["-n", "2"], "semaphore"),
+        (&["--fair"], "lock"),
+    ];
+    for (held_args, in_use) in kinds {
+        let mut args = held_args.to_vec();
+        args.push("mixed");
+        let holding = Holding::start(&server, &args);
+        for (other, other_kind) in kinds
+            .iter()
+            .chain([(&["-x"][..], "read-write lock")].iter())
+        {
+            if *other_kind == in_use {
+                continue;
+            }
+            // Waiting would not help: refused at once.
+            let started = Instant::now();
+            let mut args = other.to_vec();
+            args.extend(["-w", "10s", "mixed"]);
+            let (code, err) = run(&args);
+            assert_eq!(code, Some(65), "{held_args:?} then {other:?}: {err}");
+            assert!(
+                err.contains(&format!("mixed is in use as a {in_use}")),
+                "{held_args:?} then {other:?}: {err}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{held_args:?} then {other:?}"
+            );
+        }
+        holding.signal(Signal::SIGTERM);
+        assert_eq!(holding.finish().0, Some(0));
+    }
+    // -x is the write side of --shared's read-write lock: each keeps the other out.
+    let reader = Holding::start(&server, &["--shared", "schema"]);
+    let (code, err) = run(&["-x", "--no-wait", "schema"]);
+    assert_eq!(code, Some(75), "{err}");
+    reader.signal(Signal::SIGTERM);
+    assert_eq!(reader.finish().0, Some(0));
+    let writer = Holding::start(&server, &["--exclusive", "schema"]);
+    let (code, err) = run(&["--shared", "--no-wait", "schema"]);
+    assert_eq!(code, Some(75), "{err}");
+    let (code, err) = run(&["-x", "--no-wait", "schema"]);
+    assert_eq!(code, Some(75), "{err}");
+    let doc = json(&output(
+        redmutex(&server).args(["status", "--json", "schema"]),
+    ));
+    assert_eq!(doc["objects"][0]["kind"], "rwlock");
+    assert_eq!(doc["objects"][0]["holders"][0]["role"], "write");
+    writer.signal(Signal::SIGTERM);
+    assert_eq!(writer.finish().0, Some(0));
+    let (code, err) = run(&["-x", "--no-wait", "schema"]);
+    assert_eq!(code, Some(0), "{err}");
+    // A counting latch holds its name too, and is refused a name held otherwise.
+    let latch = |args: &[&str]| {
+        let out = output(redmutex(&server).arg("latch").args(args));
+        (out.status.code(), text(&out.stderr))
+    };
+    assert_eq!(latch(&["set", "batch", "2"]).0, Some(0));
+    let (code, err) = run(&["batch"]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(
+        err.contains("batch is in use as a count-down latch"),
+        "{err}"
+    );
+    let holding = Holding::start(&server, &["held-name"]);
+    let (code, err) = latch(&["set", "held-name", "2"]);
+    assert_eq!(code, Some(65), "{err}");
+    assert!(err.contains("held-name is in use as a lock"), "{err}");
+    drop(holding);
 }

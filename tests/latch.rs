@@ -201,9 +201,23 @@ fn setting_and_counting() {
         latch.try_set_count(1, Duration::from_secs(30)).unwrap(),
         "set again"
     );
-    // A latch and a lock of one name are different objects.
+    // A name is one kind at a time: no lock of the name while its latch counts, and no
+    // latch set while its lock is held (tests/kinds.rs has every pair).
+    let err = c.lock("basics").lock().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            redmutex::Error::WrongKind {
+                in_use: "count-down latch",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(latch.count_down().unwrap(), 0);
     let guard = c.lock("basics").lock().unwrap();
-    assert_eq!(latch.count().unwrap(), 1);
+    assert!(latch.try_set_count(1, Duration::from_secs(30)).is_err());
+    assert_eq!(latch.count().unwrap(), 0);
     guard.unlock().unwrap();
 }
 

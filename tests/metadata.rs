@@ -58,6 +58,16 @@ fn meta_fields(server: &RedisServer, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// The name a test gives the object of `kind` for its `name`: a name is one kind at a
+/// time, so the kinds held side by side each have their own.
+fn named(name: &str, kind: &str) -> String {
+    match kind {
+        "read-write lock" => format!("{name}-rw"),
+        "semaphore" => format!("{name}-sem"),
+        _ => name.to_owned(),
+    }
+}
+
 fn assert_between(since: SystemTime, before: SystemTime, after: SystemTime) {
     assert!(
         before <= since && since <= after,
@@ -132,21 +142,26 @@ fn force_unlock_removes_the_record() {
     let holder = client_with(&server.url(), Some("holder"));
     let admin = client_with(&server.url(), None);
     let _guard = holder.lock("forced").lock().expect("lock");
-    let rw = holder.read_write_lock("forced");
+    let rw = holder.read_write_lock(named("forced", "read-write lock"));
     let _read = rw.read().lock().expect("read");
-    let sem = holder.semaphore("forced", 2);
+    let sem = holder.semaphore(named("forced", "semaphore"), 2);
     let _permit = sem.acquire().expect("permit");
     let mut keys = Vec::new();
     for kind in ["lock", "read-write lock", "semaphore"] {
-        let info = info_of(&admin, "forced", kind).expect("held");
+        let info = info_of(&admin, &named("forced", kind), kind).expect("held");
         assert_eq!(info.metadata.len(), 1, "{kind}");
         assert_eq!(meta_fields(&server, &info.key).len(), 1, "{kind}");
         keys.push(info.key);
     }
-    let freed = admin.force_unlock("forced").expect("force_unlock");
-    assert_eq!(freed.len(), 3, "{freed:?}");
     for kind in ["lock", "read-write lock", "semaphore"] {
-        assert!(metadata_of(&admin, "forced", kind).is_empty(), "{kind}");
+        let freed = admin
+            .force_unlock(named("forced", kind))
+            .expect("force_unlock");
+        assert_eq!(freed, [kind]);
+        assert!(
+            metadata_of(&admin, &named("forced", kind), kind).is_empty(),
+            "{kind}"
+        );
     }
     for key in &keys {
         assert!(meta_fields(&server, key).is_empty(), "{key}");
@@ -173,17 +188,17 @@ fn expiry_removes_the_record_with_the_lease() {
     let rw_short = client_with(&server.url(), Some("short reader"));
     let rw_long = client_with(&server.url(), Some("long reader"));
     let short = rw_short
-        .read_write_lock("expiring")
+        .read_write_lock("expiring-rw")
         .read()
         .lock_with_lease(lease)
         .expect("read");
     let long = rw_long
-        .read_write_lock("expiring")
+        .read_write_lock("expiring-rw")
         .read()
         .lock()
         .expect("read");
     let texts = |c: &Client| -> Vec<String> {
-        metadata_of(c, "expiring", "read-write lock")
+        metadata_of(c, "expiring-rw", "read-write lock")
             .into_iter()
             .map(|m| m.text)
             .collect()
@@ -476,10 +491,14 @@ fn without_metadata_nothing_is_recorded() {
     let server = RedisServer::new();
     let client = client_with(&server.url(), None);
     let _g = client.lock("bare").lock().expect("lock");
-    let _r = client.read_write_lock("bare").read().lock().expect("read");
-    let _p = client.semaphore("bare", 1).acquire().expect("permit");
+    let _r = client
+        .read_write_lock("bare-rw")
+        .read()
+        .lock()
+        .expect("read");
+    let _p = client.semaphore("bare-sem", 1).acquire().expect("permit");
     for kind in ["lock", "read-write lock", "semaphore"] {
-        let info = info_of(&client, "bare", kind).expect("held");
+        let info = info_of(&client, &named("bare", kind), kind).expect("held");
         assert_eq!(info.holders.len(), 1, "{kind}");
         assert!(info.metadata.is_empty(), "{kind}");
         assert!(meta_fields(&server, &info.key).is_empty(), "{kind}");
@@ -596,7 +615,7 @@ fn renewals_cost_nothing_more_with_metadata() {
             .lock()
             .expect("lock");
         let _r = client
-            .read_write_lock(format!("renew-{}", text.is_some()))
+            .read_write_lock(format!("renew-{}-rw", text.is_some()))
             .read()
             .lock()
             .expect("read");
@@ -665,10 +684,10 @@ fn evalsha_and_redis_6_record_it_too() {
             .build()
             .expect("build");
         let _g = client.lock("e").lock().expect("lock");
-        let _r = client.read_write_lock("e").read().lock().expect("read");
-        let _p = client.semaphore("e", 1).acquire().expect("permit");
+        let _r = client.read_write_lock("e-rw").read().lock().expect("read");
+        let _p = client.semaphore("e-sem", 1).acquire().expect("permit");
         for kind in ["lock", "read-write lock", "semaphore"] {
-            let m = metadata_of(&client, "e", kind);
+            let m = metadata_of(&client, &named("e", kind), kind);
             assert_eq!(m.len(), 1, "{label} {kind}");
             assert_eq!(m[0].text, "evalsha");
         }
@@ -697,13 +716,16 @@ fn metadata_on_a_cluster() {
         let name = format!("c{i}");
         let g = a.fair_lock(name.as_str()).lock().expect("lock");
         let r = a
-            .read_write_lock(name.as_str())
+            .read_write_lock(named(&name, "read-write lock"))
             .read()
             .lock()
             .expect("read");
-        let p = a.semaphore(name.as_str(), 1).acquire().expect("permit");
+        let p = a
+            .semaphore(named(&name, "semaphore"), 1)
+            .acquire()
+            .expect("permit");
         for kind in ["lock", "read-write lock", "semaphore"] {
-            let info = info_of(&b, &name, kind).expect("held");
+            let info = info_of(&b, &named(&name, kind), kind).expect("held");
             assert_eq!(info.metadata.len(), 1, "{kind}");
             assert_eq!(info.metadata[0].text, "on a cluster");
             assert_eq!(info.metadata[0].holder, info.holders[0].0);
@@ -746,7 +768,10 @@ fn metadata_on_a_cluster() {
         r.unlock().expect("unlock read");
         p.release().expect("release");
         for kind in ["lock", "read-write lock", "semaphore"] {
-            assert!(info_of(&b, &name, kind).is_none(), "{kind} freed");
+            assert!(
+                info_of(&b, &named(&name, kind), kind).is_none(),
+                "{kind} freed"
+            );
         }
     }
     assert!(nodes.len() > 1, "the names spread over nodes: {nodes:?}");

@@ -14,14 +14,29 @@ const QUEUE: &str = "q";
 const WAITERS: &str = "w";
 const INBOX: &str = "inbox:";
 
+/// The other kinds' keys of the lock's name, which the acquire script takes last (none of
+/// them is held here).
+const OTHER_KINDS: [&str; 3] = ["rw", "sem", "latch"];
+
 fn eval(con: &mut Connection, body: &str, args: &[String]) -> Vec<redis::Value> {
+    eval_with(con, body, &[], args)
+}
+
+/// [`eval`] with `more` keys after the lock's own.
+fn eval_with(
+    con: &mut Connection,
+    body: &str,
+    more: &[&str],
+    args: &[String],
+) -> Vec<redis::Value> {
     redis::cmd("EVAL")
         .arg(support::queued_script(body))
-        .arg(4)
+        .arg(4 + more.len())
         .arg(LOCK)
         .arg(FENCE)
         .arg(QUEUE)
         .arg(WAITERS)
+        .arg(more)
         .arg(args)
         .query(con)
         .expect("script")
@@ -43,7 +58,7 @@ fn attempt(con: &mut Connection, holder: &str, flags: u8, ttl: u64) -> Vec<redis
     .map(|s| s.to_string())
     .chain(["1000".to_string(), "10".to_string()])
     .collect::<Vec<_>>();
-    eval(con, include_str!("../lua/acquire.lua"), &args)
+    eval_with(con, include_str!("../lua/acquire.lua"), &OTHER_KINDS, &args)
 }
 
 fn leave(con: &mut Connection, holder: &str) {

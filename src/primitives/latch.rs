@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
-use crate::runtime::keys::{thread_token, LockKeys};
+use crate::runtime::keys::{self, thread_token, LockKeys};
 use crate::runtime::lease::{millis, MAX_LEASE};
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::BROADCAST;
@@ -44,6 +44,9 @@ pub struct CountDownLatch {
     setter: Vec<u8>,
     // The key a count-down deletes when sent with EVALSHA (see `ScriptCall::marked`).
     marker: Vec<u8>,
+    // The name's lock, read-write lock and semaphore: a name is one kind at a time, so
+    // the latch is not set while one of them is held.
+    others: [Vec<u8>; 3],
 }
 
 impl CountDownLatch {
@@ -55,6 +58,7 @@ impl CountDownLatch {
             client,
             setter: keys.latch_setter(),
             marker: keys.oom_marker(),
+            others: keys.other_kinds(true),
             name: keys.name().to_vec(),
             key,
             channel,
@@ -70,7 +74,9 @@ impl CountDownLatch {
     ///
     /// Any count from 1 to `i64::MAX` is kept exactly (Redis integers, never a Lua double).
     /// Fails with [`Error::InvalidArgument`] for a zero count or one above `i64::MAX`, a
-    /// zero expiry, or an expiry over ten years.
+    /// zero expiry, or an expiry over ten years, and with [`Error::WrongKind`] while the
+    /// name is held as a lock, a read-write lock or a semaphore (a name is one kind at a
+    /// time; nothing is changed).
     pub fn try_set_count(&self, count: u64, expire_after: Duration) -> Result<bool, Error> {
         self.check_name()?;
         if count == 0 || count > i64::MAX as u64 {
@@ -89,15 +95,20 @@ impl CountDownLatch {
         // A repeat after a lost reply finds its own id and answers that it set the count,
         // even if the latch opened in between (it is not set again).
         let mut call = ScriptCall::new(&scripts::LATCH_SET);
-        call.key(key)
-            .key(setter)
-            .arg(count)
+        call.key(key).key(setter);
+        for other in &self.others {
+            call.key(other.as_slice());
+        }
+        call.arg(count)
             .arg(millis(expire_after))
             .arg(id.as_str())
             .arg(millis(CALL_MEMORY));
         let set: i64 = inner
             .run_remembered(|con| inner.eval(con, &call))
             .map_err(|e| e.on_lock(&self.name))?;
+        if set < 0 {
+            return Err(Error::wrong_kind(keys::kind_name(-set)).on_lock(&self.name));
+        }
         Ok(set == 1)
     }
 

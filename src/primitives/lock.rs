@@ -13,7 +13,7 @@ use crate::primitives::kind::{self, sealed::Sealed, Fair, Fenced, Kind, Owned, P
 use crate::primitives::wait::{Wait, NEXT_TICKET};
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
 use crate::runtime::holds::Acquisition;
-use crate::runtime::keys::{fresh_token, holder_id, thread_token, LockKeys};
+use crate::runtime::keys::{self, fresh_token, holder_id, thread_token, LockKeys};
 use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
@@ -726,6 +726,10 @@ impl<K: Kind> Lock<K> {
         let ops = keys.ops;
         let (ticket, ttl) = join.unwrap_or((0, 0));
         let mut call = queue::command(ops.acquire, keys);
+        // Last: the other kinds' keys of the name, which the script refuses it for.
+        for other in keys.other_kinds(false) {
+            call.key(other);
+        }
         call.arg(holder)
             .arg(lease_ms)
             .arg(held)
@@ -768,6 +772,9 @@ impl<K: Kind> Lock<K> {
             [-1] => Err(Error::WOULD_DEADLOCK),
             // An upgrade whose upgradeable hold is gone: the write would not be one.
             [-3] => Err(Error::LEASE_LOST),
+            // The name is another kind's: refused, nothing written (the caller's queue
+            // entry, if any, removed).
+            [-4, kind] => Err(Error::wrong_kind(keys::kind_name(kind))),
             // A semaphore asked for more permits than it has: refused, nothing written.
             [-2, total] => Err(Error::InvalidArgument(format!(
                 "more permits asked for than the semaphore has ({total})"

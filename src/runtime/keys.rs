@@ -69,7 +69,8 @@ impl std::fmt::Debug for LockKeys {
 
 /// What a handle is an object of: a lock (and its latch), a read-write lock or a semaphore.
 /// A read-write lock and a semaphore live in keys of their own (`<prefix>!rw:…`,
-/// `<prefix>!sem:…`), so they never meet a lock of the same name.
+/// `<prefix>!sem:…`); a name is one kind at a time all the same (see
+/// [`LockKeys::other_kinds`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Object {
     Lock,
@@ -104,6 +105,43 @@ impl LockKeys {
         } else {
             Object::Lock
         }
+    }
+
+    /// The kind of object this handle is, as [`KIND_NAMES`] numbers it from 1.
+    fn kind(&self) -> usize {
+        match self.object() {
+            Object::Lock => 1,
+            Object::ReadWrite => 2,
+            Object::Semaphore => 3,
+        }
+    }
+
+    /// The main key of each kind the name can be, in [`KIND_NAMES`]'s order: the lock
+    /// hash, the read-write lock's holds, the semaphore's holds, the count-down latch.
+    /// Each exists exactly while that kind has a holder (or, the latch, while it counts).
+    fn kind_keys(&self) -> [Vec<u8>; 4] {
+        let prefix = &self.key()[..self.prefix_len];
+        let lock = [prefix, self.lock_part()].concat();
+        let rw = aux_key(prefix, &lock, b"rw");
+        let sem = aux_key(prefix, &lock, b"sem");
+        let latch = aux_key(prefix, &lock, b"latch");
+        [lock, rw, sem, latch]
+    }
+
+    /// The main keys of the name's kinds other than this handle's (`None`) or than the
+    /// count-down latch (`Some(Latch)`), in [`KIND_NAMES`]'s order: a name is one kind at
+    /// a time. The acquire scripts (and the latch's set) take them as their last three
+    /// keys, and refuse the name while one of them exists (`Q.look` in `lua/queue.lua`);
+    /// all are in the name's hash slot.
+    pub(crate) fn other_kinds(&self, latch: bool) -> [Vec<u8>; 3] {
+        let own = if latch { 4 } else { self.kind() };
+        let mut others = self
+            .kind_keys()
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i + 1 != own)
+            .map(|(_, k)| k);
+        [(); 3].map(|()| others.next().expect("three other kinds"))
     }
 
     /// The key less the prefix and the object's mark: the lock key form of the name.
@@ -268,6 +306,20 @@ impl LockKeys {
             ops,
         }
     }
+}
+
+/// The kinds of object a name can be, numbered from 1 in this order by the scripts (their
+/// refusal `{-4, kind}`), named as [`LockInfo::kind`](crate::LockInfo::kind) names them.
+pub(crate) const KIND_NAMES: [&str; 4] =
+    ["lock", "read-write lock", "semaphore", "count-down latch"];
+
+/// The name of kind `kind` as a script numbers it ([`KIND_NAMES`]).
+pub(crate) fn kind_name(kind: i64) -> &'static str {
+    usize::try_from(kind - 1)
+        .ok()
+        .and_then(|i| KIND_NAMES.get(i))
+        .copied()
+        .unwrap_or("different kind of object")
 }
 
 /// The auxiliary key `kind` of the lock whose key is `key`: `<prefix>!<kind>:<key less the
@@ -449,6 +501,56 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every handle of a name passes the same four main keys, its own and the three
+    /// others (its own kind left out), in one hash slot, and the latch's are the lock's
+    /// latch key's others.
+    #[test]
+    fn the_kinds_of_a_name_share_their_main_keys_and_slot() {
+        for prefix in [&b"redmutex:"[..], b"", b"p:"] {
+            for name in adversarial_names().into_iter().filter(|n| !n.is_empty()) {
+                let lock = LockKeys::new(prefix, name.clone(), "c1", Object::Lock, &scripts::PLAIN);
+                let rw = LockKeys::new(
+                    prefix,
+                    name.clone(),
+                    "c1",
+                    Object::ReadWrite,
+                    &scripts::READ,
+                );
+                let sem = LockKeys::new(
+                    prefix,
+                    name.clone(),
+                    "c1",
+                    Object::Semaphore,
+                    &scripts::PERMITS,
+                );
+                let all = [
+                    lock.key().to_vec(),
+                    rw.key().to_vec(),
+                    sem.key().to_vec(),
+                    lock.latch(),
+                ];
+                let but = |i: usize| -> Vec<Vec<u8>> {
+                    all.iter()
+                        .enumerate()
+                        .filter(|(j, _)| *j != i)
+                        .map(|(_, k)| k.clone())
+                        .collect()
+                };
+                assert_eq!(lock.other_kinds(false).to_vec(), but(0));
+                assert_eq!(rw.other_kinds(false).to_vec(), but(1));
+                assert_eq!(sem.other_kinds(false).to_vec(), but(2));
+                for k in [&lock, &rw, &sem] {
+                    assert_eq!(k.other_kinds(true).to_vec(), but(3));
+                }
+                for key in &all {
+                    assert_eq!(tag_of(key), tag_of(lock.key()), "{name:?}");
+                }
+            }
+        }
+        assert_eq!(kind_name(2), "read-write lock");
+        assert_eq!(kind_name(9), "different kind of object");
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub(crate) const LEASE_LOST: u8 = 76;
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// A bad name or value the arguments' syntax could not catch: EX_USAGE.
 pub(crate) const USAGE: u8 = 64;
-/// The key holds something that is not a redmutex lock: EX_DATAERR.
+/// The key holds something that is not a redmutex lock, or the name is in use as another
+/// kind of lock: EX_DATAERR.
 pub(crate) const NOT_A_LOCK: u8 = 65;
 /// Standard output was closed by its reader (`redmutex list | head -1`): what a shell
 /// reports for a tool ended by SIGPIPE, 128 + 13.
@@ -40,9 +41,10 @@ pub(crate) const OUTPUT_FAILED: u8 = 74;
 const EXIT_CODES: &str = "\
 Exit codes: the command's own with `run` (128 + n when a signal n ended it); 0 when `hold`
 released on a signal; 75 when the lock was not acquired in time; 76 when its lease was lost
-while held; 69 when Redis could not be reached or refused; 65 when a key holds something
-that is not a lock (or, with unlock --force, only a count-down latch); 64 for a bad name or
-value; 141 when standard output was closed by its reader (as `| head` does), 74 when it
+while held; 69 when Redis could not be reached or refused; 65 when the name is in use as
+another kind (a lock, --shared/-x, -n, a latch: a name is one kind at a time), when a key
+holds something that is not a lock (or, with unlock --force, only a count-down latch); 64
+for a bad name or value; 141 when standard output was closed by its reader (as `| head` does), 74 when it
 could not be written; 128 + n when signal n ended redmutex before the command started; 2
 for bad usage.";
 
@@ -153,12 +155,15 @@ Examples:
   redmutex run nightly-report ./report.sh --full
   redmutex run -n 3 encoders ffmpeg -i in.mov out.mp4  # one of 3 permits
   redmutex run --shared schema ./read-only-job.sh      # readers run side by side
+  redmutex run -x schema ./migrate.sh                  # alone: no --shared meanwhile
   redmutex run --no-wait deploy make deploy            # exit 75 at once if held
   redmutex run -w 10m -l 1m backup -- pg_dump -f /backup/db.sql
   redmutex run --token-env FENCE ledger ./apply.sh     # $FENCE: a fencing token
 
 Everything after the lock name is the command (its own options included); `--` before
 it still works. The lock is renewed while the command runs, so a long command keeps it.
+A name is one kind at a time: one held as a lock, by --shared/-x, by -n or by a counting
+latch is refused to the others at once (exit 65).
 After a second of waiting, redmutex says on standard error whom it waits for (-q: not).
 The command runs in a process group of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT that
 reach redmutex (from kill, or from the terminal: Ctrl-C) are passed on to that whole
@@ -456,6 +461,10 @@ fn wrong_type(e: &redis::RedisError) -> bool {
 /// The most the library records beside a hold.
 const METADATA_MAX: usize = 1024;
 
+/// The most of the host or the user a record keeps, in bytes: a field from the
+/// environment may be any length, and the command line must keep room.
+const FIELD_MAX: usize = 128;
+
 /// What redmutex records beside each hold it takes, for `status` and `list` (and anyone's
 /// `Client::inspect`): a JSON object with the host, the pid, the user and the command line
 /// (its last arguments cut, and "…" added, to stay within the library's 1 KiB).
@@ -464,7 +473,7 @@ pub(crate) fn metadata() -> String {
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
     // Passwords in URLs (--url, --sentinel and --cluster lists) are not recorded.
-    let mut cmd: Vec<String> = std::env::args_os()
+    let cmd: Vec<String> = std::env::args_os()
         .map(|a| {
             let a = a.to_string_lossy();
             if a.contains("://") {
@@ -475,6 +484,16 @@ pub(crate) fn metadata() -> String {
         })
         .collect();
     let user = std::env::var("USER").ok();
+    record(host, user, cmd)
+}
+
+/// [`metadata`]'s JSON of these fields, within [`METADATA_MAX`] bytes: the host and the
+/// user cut to [`FIELD_MAX`] bytes each, then the command line's last arguments replaced
+/// by "…", then (escapes can make a short field long) the host and the user halved until
+/// it fits. Every round makes something shorter, so it ends.
+fn record(mut host: String, mut user: Option<String>, mut cmd: Vec<String>) -> String {
+    host = cut(&host, FIELD_MAX);
+    user = user.map(|u| cut(&u, FIELD_MAX));
     loop {
         let text = serde_json::json!({
             "host": host,
@@ -483,16 +502,45 @@ pub(crate) fn metadata() -> String {
             "cmd": cmd,
         })
         .to_string();
-        if text.len() <= METADATA_MAX || cmd.is_empty() {
+        if text.len() <= METADATA_MAX {
             return text;
         }
         // Cut from the end: the program and the lock name come first.
         if cmd.last().is_some_and(|a| a == "…") {
             cmd.pop();
         }
-        cmd.pop();
-        cmd.push("…".to_owned());
+        if cmd.pop().is_some() {
+            cmd.push("…".to_owned());
+            continue;
+        }
+        let longest = match &mut user {
+            Some(user) if user.len() > host.len() => user,
+            _ => &mut host,
+        };
+        if longest.is_empty() {
+            // Nothing left to cut (not reached: the rest is a few dozen bytes).
+            return text;
+        }
+        if longest.len() <= 16 {
+            longest.clear();
+        } else {
+            let whole = longest.trim_end_matches('…');
+            *longest = cut(whole, whole.len() / 2);
+        }
     }
+}
+
+/// `s` if it is at most `max` bytes, else its longest start of at most `max` bytes that
+/// ends between characters, and "…".
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 /// A client for `connection`, with `lease` as its watchdog timeout when given (then it
@@ -615,6 +663,21 @@ pub(crate) fn fail(e: &Error) -> u8 {
         warn(format_args!("redmutex: {said}"));
         return USAGE;
     }
+    if let Error::WrongKind { in_use, .. } = e {
+        let how = match *in_use {
+            "lock" => "`redmutex run NAME`, --fair, --token-env",
+            "read-write lock" => "--shared or -x",
+            "semaphore" => "-n",
+            "count-down latch" => "`redmutex latch`",
+            _ => "another kind",
+        };
+        warn(format_args!(
+            "redmutex: {} is in use as a {in_use} ({how}); not taken: a name is one kind at a \
+             time",
+            e.lock_name().unwrap_or("the name")
+        ));
+        return NOT_A_LOCK;
+    }
     warn(format_args!("redmutex: {e}"));
     match e {
         Error::InvalidName(_) | Error::InvalidArgument(_) => USAGE,
@@ -649,4 +712,38 @@ fn connect_timeout(s: &str) -> Result<Duration, String> {
         return Err("--connect-timeout must be longer than zero".to_owned());
     }
     Ok(timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_any_fields_fit_and_cut_between_characters() {
+        let args = |n: usize| -> Vec<String> {
+            ["redmutex", "run", "name"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain((0..n).map(|i| format!("arg{i}")))
+                .collect()
+        };
+        for (host, user, cmd) in [
+            ("h".to_owned(), Some("u".repeat(2100)), args(3)),
+            ("h".to_owned(), Some("é".repeat(1500)), args(3)),
+            ("h".to_owned(), Some("\u{1}".repeat(5000)), args(500)),
+            ("\u{1}".repeat(5000), Some("\u{1}".repeat(5000)), args(0)),
+            ("h".repeat(100_000), None, vec!["x".repeat(5000)]),
+            ("h".to_owned(), Some(String::new()), args(1000)),
+        ] {
+            let text = record(host, user, cmd);
+            assert!(text.len() <= METADATA_MAX, "{}", text.len());
+            serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        }
+        let text = record("h".into(), Some("é".repeat(1500)), args(1));
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["user"], format!("{}…", "é".repeat(FIELD_MAX / 2)));
+        assert_eq!(doc["cmd"][2], "name");
+        assert_eq!(cut("aé", 2), "a…");
+        assert_eq!(cut("abc", 3), "abc");
+    }
 }

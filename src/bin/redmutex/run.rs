@@ -9,7 +9,7 @@ use std::process::{Command, ExitStatus};
 use std::str::FromStr;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use crossbeam_channel::{
@@ -20,7 +20,10 @@ use nix::sys::prctl::set_pdeathsig;
 use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::{getpgrp, getpid, getppid, Pid};
-use redmutex::{Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, Permit, ReadGuard};
+use redmutex::{
+    CancelToken, Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, Permit, ReadGuard,
+    WriteGuard,
+};
 use signal_hook::consts::{FORBIDDEN, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::{Handle, Signals};
 
@@ -29,14 +32,16 @@ use crate::{connect, duration, fail, lease, warn, Connection, LEASE_LOST, NOT_AC
 /// The signals redmutex answers (passing them on once the command runs).
 const CAUGHT: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
 /// How long a signal that arrives while the lock is being taken waits for the call to
-/// return before redmutex exits: a round trip under way ends well within it, and if it
-/// took the lock, the lock is given back at once instead of staying held for a lease.
+/// return before redmutex exits. The signal cancels the wait, which then returns within a
+/// round trip (or two: leaving the queue); a round trip under way ends well within it, and
+/// if it took the lock, the lock is given back at once instead of staying held for a lease.
 const ACQUIRE_GRACE: Duration = Duration::from_secs(1);
 
 /// How to take the lock: shared by `run` and `hold`.
 #[derive(Args)]
 pub(crate) struct TakeArgs {
-    /// The lock name (with -n, the semaphore's; with --shared, the read-write lock's).
+    /// The lock name (with -n, the semaphore's; with --shared or -x, the read-write
+    /// lock's). A name is one kind at a time: one held as another kind is refused (exit 65).
     name: String,
     /// Wait at most this long for the lock, then exit 75; default: as long as it takes.
     #[arg(short, long, value_parser = duration, conflicts_with = "no_wait")]
@@ -49,17 +54,21 @@ pub(crate) struct TakeArgs {
     #[arg(short, long, value_parser = lease, default_value = "30s")]
     lease: Duration,
     /// First come, first served: wait in line behind every earlier waiter.
-    #[arg(long, conflicts_with_all = ["semaphore", "shared"])]
+    #[arg(long, conflicts_with_all = ["semaphore", "shared", "exclusive"])]
     fair: bool,
     /// Hold one of N permits of the semaphore NAME instead of the lock: up to N holders
     /// at once. N sets its number of permits when the semaphore does not exist yet.
-    #[arg(short = 'n', long, value_name = "N", conflicts_with = "shared",
+    #[arg(short = 'n', long, value_name = "N", conflicts_with_all = ["shared", "exclusive"],
           value_parser = clap::value_parser!(u32).range(1..))]
     semaphore: Option<u32>,
     /// Hold the read side of the read-write lock NAME: any number of --shared holders at
-    /// once, while no writer holds it.
-    #[arg(long)]
+    /// once, while no writer (-x) holds it.
+    #[arg(short = 's', long)]
     shared: bool,
+    /// Hold the write side of the read-write lock NAME: alone, while no --shared holder
+    /// holds it (flock's -x against -s).
+    #[arg(short = 'x', long, conflicts_with = "shared")]
+    exclusive: bool,
 }
 
 #[derive(Args)]
@@ -68,7 +77,8 @@ pub(crate) struct RunArgs {
     take: TakeArgs,
     /// Pass the hold's fencing token (a number larger than any earlier holder's) to the
     /// command in this environment variable.
-    #[arg(long, value_name = "VAR", conflicts_with_all = ["fair", "semaphore", "shared"])]
+    #[arg(long, value_name = "VAR",
+          conflicts_with_all = ["fair", "semaphore", "shared", "exclusive"])]
     token_env: Option<String>,
     /// The signal the command gets if the lease is lost while it runs (TERM, KILL, INT,
     /// HUP, USR1, …), or `none` to let it run on.
@@ -115,6 +125,7 @@ enum Held {
     Fair(LockGuard<Fair>),
     Fenced(FencedGuard),
     Shared(ReadGuard),
+    Exclusive(WriteGuard),
     Permit(Permit),
 }
 
@@ -126,6 +137,7 @@ impl Held {
             Held::Fair(g) => g.lost(),
             Held::Fenced(g) => g.lost(),
             Held::Shared(g) => g.lost(),
+            Held::Exclusive(g) => g.lost(),
             Held::Permit(p) => p.lost(),
         }
     }
@@ -136,43 +148,65 @@ impl Held {
             Held::Fair(g) => g.unlock(),
             Held::Fenced(g) => g.unlock(),
             Held::Shared(g) => g.unlock(),
+            Held::Exclusive(g) => g.unlock(),
             Held::Permit(p) => p.release(),
         }
     }
 }
 
-fn take<K: Kind>(lock: Lock<K>, args: &TakeArgs) -> Result<Option<LockGuard<K>>, Error> {
+/// The deadline of a wait of `wait` (`--wait`), `None` when it is too long to have one
+/// (then it waits as long as it takes).
+fn deadline(wait: Duration) -> Option<Instant> {
+    Instant::now().checked_add(wait)
+}
+
+/// Takes `lock` as `args` say: at once (`--no-wait`, one attempt), within `--wait`, or
+/// as long as it takes; a wait ends early with `Error::Cancelled` once `cancel` is.
+fn take<K: Kind>(
+    lock: Lock<K>,
+    args: &TakeArgs,
+    cancel: &CancelToken,
+) -> Result<Option<LockGuard<K>>, Error> {
     if args.no_wait {
-        lock.try_lock()
-    } else if let Some(wait) = args.wait {
-        lock.try_lock_for(wait)
-    } else {
-        lock.lock().map(Some)
+        return lock.try_lock();
+    }
+    match args.wait.and_then(deadline) {
+        Some(until) => lock.try_lock_until_cancellable(until, cancel),
+        None => lock.lock_cancellable(cancel).map(Some),
     }
 }
 
-/// Takes what `args` ask for (`fenced`: a fenced lock, for --token-env).
-fn acquire(client: &Client, args: &TakeArgs, fenced: bool) -> Result<Option<Held>, Error> {
+/// Takes what `args` ask for (`fenced`: a fenced lock, for --token-env); `cancel` ends
+/// a wait, as in [`take`].
+fn acquire(
+    client: &Client,
+    args: &TakeArgs,
+    fenced: bool,
+    cancel: &CancelToken,
+) -> Result<Option<Held>, Error> {
     let name = args.name.as_str();
     if let Some(permits) = args.semaphore {
         let semaphore = client.semaphore(name, permits);
         return if args.no_wait {
             semaphore.try_acquire()
-        } else if let Some(wait) = args.wait {
-            semaphore.try_acquire_for(wait)
         } else {
-            semaphore.acquire().map(Some)
+            match args.wait.and_then(deadline) {
+                Some(until) => semaphore.try_acquire_until_cancellable(until, cancel),
+                None => semaphore.acquire_cancellable(cancel).map(Some),
+            }
         }
         .map(|p| p.map(Held::Permit));
     }
     if args.shared {
-        take(client.read_write_lock(name).read(), args).map(|h| h.map(Held::Shared))
+        take(client.read_write_lock(name).read(), args, cancel).map(|h| h.map(Held::Shared))
+    } else if args.exclusive {
+        take(client.read_write_lock(name).write(), args, cancel).map(|h| h.map(Held::Exclusive))
     } else if fenced {
-        take(client.fenced_lock(name), args).map(|h| h.map(Held::Fenced))
+        take(client.fenced_lock(name), args, cancel).map(|h| h.map(Held::Fenced))
     } else if args.fair {
-        take(client.fair_lock(name), args).map(|h| h.map(Held::Fair))
+        take(client.fair_lock(name), args, cancel).map(|h| h.map(Held::Fair))
     } else {
-        take(client.lock(name), args).map(|h| h.map(Held::Plain))
+        take(client.lock(name), args, cancel).map(|h| h.map(Held::Plain))
     }
 }
 
@@ -180,7 +214,7 @@ fn acquire(client: &Client, args: &TakeArgs, fenced: bool) -> Result<Option<Held
 fn kind_of(args: &TakeArgs) -> &'static str {
     if args.semaphore.is_some() {
         "semaphore"
-    } else if args.shared {
+    } else if args.shared || args.exclusive {
         "read-write lock"
     } else {
         "lock"
@@ -247,13 +281,18 @@ pub(crate) struct Catcher {
     signals: Receiver<i32>,
     handle: Handle,
     phase: Arc<(Mutex<Phase>, Condvar)>,
+    /// Cancelled by the first signal that arrives while the lock is being taken: the wait
+    /// ends on the signal itself, as flock(1)'s does.
+    cancel: CancelToken,
 }
 
 impl Catcher {
-    /// Catches from now on. Until [`settle`](Catcher::settle), a signal waits up to
-    /// `grace` for the acquisition to return (its outcome then decides), and ends redmutex
-    /// with 128 + n if it has not: a wait may last forever, and a wait that has not returned
-    /// holds nothing that outlives the process, short of a reply still under way.
+    /// Catches from now on. Until [`settle`](Catcher::settle), a signal cancels the
+    /// acquisition's wait (through [`cancel`](Catcher::cancel)) and waits up to `grace` for
+    /// it to return (its outcome then decides), and ends redmutex with 128 + n if it has
+    /// not: a wait may last forever (a connection being made, a single `--no-wait` attempt,
+    /// are not cancelled), and a wait that has not returned holds nothing that outlives the
+    /// process, short of a reply still under way.
     pub(crate) fn install(name: &str, grace: Duration) -> Result<Catcher, Error> {
         let mut caught = Signals::new(CAUGHT).map_err(Error::Thread)?;
         let handle = caught.handle();
@@ -261,12 +300,16 @@ impl Catcher {
         let (tx, signals) = unbounded();
         let shared = Arc::clone(&phase);
         let name = name.to_owned();
+        let cancel = CancelToken::new();
+        let canceller = cancel.clone();
         thread::spawn(move || {
             for sig in caught.forever() {
                 let (lock, settled) = &*shared;
                 let mut phase = lock.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Phase::Acquiring(first) = &mut *phase {
                     let sig = *first.get_or_insert(sig);
+                    // The wait leaves the queue and returns `Cancelled` at once.
+                    canceller.cancel();
                     let (phase, _) = settled
                         .wait_timeout_while(phase, grace, |p| matches!(p, Phase::Acquiring(_)))
                         .unwrap_or_else(PoisonError::into_inner);
@@ -295,7 +338,13 @@ impl Catcher {
             signals,
             handle,
             phase,
+            cancel,
         })
+    }
+
+    /// What the acquisition waits with: cancelled by a signal.
+    pub(crate) fn cancel(&self) -> &CancelToken {
+        &self.cancel
     }
 
     /// The acquisition returned: the signal that arrived while it ran, if any (later ones
@@ -327,12 +376,13 @@ pub(crate) fn run(connection: &Connection, args: RunArgs, quiet: bool) -> Result
     let client = connect(connection, Some(take.lease))?;
     let name = take.name.as_str();
     let waiting = notice(&client, name, kind_of(take), quiet);
-    let held = acquire(&client, take, args.token_env.is_some());
+    let held = acquire(&client, take, args.token_env.is_some(), catcher.cancel());
     drop(waiting);
     let signalled = catcher.settle();
-    let held = match held {
-        Ok(held) => held,
-        Err(e) => return Ok(failed(&client, name, &e)),
+    let held = match (held, signalled) {
+        (Err(Error::Cancelled), Some(code)) => return Ok(stopped(name, code)),
+        (Ok(held), _) => held,
+        (Err(e), _) => return Ok(failed(&client, name, &e)),
     };
     let Some(held) = held else {
         if let Some(code) = signalled {
@@ -375,6 +425,15 @@ pub(crate) fn run(connection: &Connection, args: RunArgs, quiet: bool) -> Result
     }
 }
 
+/// Says that a signal (exit code `code`, 128 + n) ended the wait for `name`; the exit code.
+fn stopped(name: &str, code: u8) -> u8 {
+    warn(format_args!(
+        "redmutex: signal {} while waiting for {name}; not acquired",
+        code.wrapping_sub(128)
+    ));
+    code
+}
+
 /// Says that the lock was not acquired in time; the exit code.
 fn not_acquired(take: &TakeArgs) -> u8 {
     let within = match take.wait {
@@ -396,13 +455,14 @@ pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Resu
     let client = connect(connection, Some(take.lease))?;
     let name = take.name.as_str();
     let waiting = notice(&client, name, kind_of(take), quiet);
-    let held = acquire(&client, take, false);
+    let held = acquire(&client, take, false, catcher.cancel());
     drop(waiting);
     let signalled = catcher.settle();
-    let held = match held {
-        Ok(Some(held)) => held,
-        Ok(None) => return Ok(signalled.unwrap_or_else(|| not_acquired(take))),
-        Err(e) => return Ok(failed(&client, name, &e)),
+    let held = match (held, signalled) {
+        (Err(Error::Cancelled), Some(code)) => return Ok(stopped(name, code)),
+        (Ok(Some(held)), _) => held,
+        (Ok(None), _) => return Ok(signalled.unwrap_or_else(|| not_acquired(take))),
+        (Err(e), _) => return Ok(failed(&client, name, &e)),
     };
     if let Some(code) = signalled {
         // Asked to stop as it was taken: given back at once, as `run` does.
@@ -447,15 +507,16 @@ pub(crate) fn wait(
     let client = connect(connection, None)?;
     let lock = client.lock(name);
     let waiting = notice(&client, name, "lock", quiet);
-    let guard = match wait {
-        Some(wait) => lock.try_lock_for(wait),
-        None => lock.lock().map(Some),
+    let guard = match wait.and_then(deadline) {
+        Some(until) => lock.try_lock_until_cancellable(until, catcher.cancel()),
+        None => lock.lock_cancellable(catcher.cancel()).map(Some),
     };
     drop(waiting);
     let signalled = catcher.settle();
-    let guard = match guard {
-        Ok(guard) => guard,
-        Err(e) => return Ok(failed(&client, name, &e)),
+    let guard = match (guard, signalled) {
+        (Err(Error::Cancelled), Some(code)) => return Ok(stopped(name, code)),
+        (Ok(guard), _) => guard,
+        (Err(e), _) => return Ok(failed(&client, name, &e)),
     };
     match guard {
         Some(guard) => {
