@@ -10,14 +10,14 @@ use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
 use crate::runtime::client::Inner;
-use crate::runtime::holds::Registration;
+use crate::runtime::holds::{LossAt, Registration};
 use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::loss::{Loss, Watcher};
 use crate::runtime::lost_lease::LossReason;
-use crate::runtime::pool::Con;
+use crate::runtime::pool::{self, Con};
 use crate::runtime::queue;
-use crate::runtime::scripts::ScriptCall;
+use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::telemetry;
 use crate::{Error, Lock};
 
@@ -332,17 +332,35 @@ impl<K: Kind> LockGuard<K> {
         let inner = &self.inner;
         let keys = &self.keys;
         let mut keep_alive = held.keep_alive;
+        // Whether a send before this one may have run the script (its reply lost on the
+        // way), and so whether this one is a repeat: a refusal before it ran (a split
+        // slot's TRYAGAIN, a failover's refusals) is not.
+        let mut may_have_run = false;
+        let mut repeated = false;
         let mut sent = 0;
         let reply = inner.run(|con| {
             sent += 1;
+            repeated = may_have_run;
             if sent > 1 {
                 // Sent again: the first was refused (a slot split by a migration, a
                 // failover under way) or its connection dropped. A hold handed over has
                 // only its pickup window, which such a wait may outlast: the lock's hash
                 // alone, which a split slot still serves, is kept alive meanwhile.
                 keep_alive_for_release(inner, con, &mut keep_alive, &self.lost)?;
+                // Any other hold released to its last level: nothing renews or watches it
+                // any more, so its loss, if its lease passes while the release waits, is
+                // told here, when it happens.
+                if let (None, Some((ends, why))) = (&keep_alive, held.lease_ends) {
+                    if ends <= Instant::now() {
+                        self.lost.mark(why);
+                    }
+                }
             }
-            let (left, served): (i64, i64) = inner.eval(con, &held.cmd)?;
+            let (left, served): (i64, i64) = inner
+                .eval(con, &held.cmd)
+                .inspect_err(|e| may_have_run |= !refused_before_running(e))?;
+            // It ran: a failed WAIT below sends it again, a repeat.
+            may_have_run = true;
             let shortfall = if left >= 0 {
                 inner.await_replicas(con, keys.key())?
             } else {
@@ -350,14 +368,19 @@ impl<K: Kind> LockGuard<K> {
             };
             Ok((left, served, shortfall))
         });
-        if let (Ok((left, ..)), Some(ends)) = (&reply, held.window_ends) {
+        let ends = match (&keep_alive, held.window_ends) {
+            (Some(k), _) => Some((k.ends, LossReason::RenewalFailed)),
+            (None, Some(window)) => Some((window, LossReason::RenewalFailed)),
+            (None, None) => held.lease_ends,
+        };
+        if let (Ok((left, ..)), Some((ends, why))) = (&reply, ends) {
             if *left < 0 && ends <= Instant::now() {
-                // Handed over, and its window passed while the release waited: the hold
-                // lapsed then, which is what its guard says.
-                self.lost.mark(LossReason::RenewalFailed);
+                // Its lease (a handed-over hold's window) passed while the release waited:
+                // the hold lapsed then, which is what its guard says.
+                self.lost.mark(why);
             }
         }
-        self.end_release(held.levels, reply, sent > 1)
+        self.end_release(held.levels, reply, repeated)
     }
 
     /// The first half of a release: unregisters this level, so that from here on the
@@ -379,7 +402,7 @@ impl<K: Kind> LockGuard<K> {
         let window_ends = inner
             .watchdog
             .pickup_pending(keys.hold(), self.token, &self.lost);
-        let Some((need, held)) =
+        let Some((need, held, lease_ends)) =
             inner
                 .watchdog
                 .releasing(keys.hold(), self.token, self.level, watchdog_ms)
@@ -397,6 +420,7 @@ impl<K: Kind> LockGuard<K> {
                 ends,
             }),
             window_ends,
+            lease_ends,
         }))
     }
 
@@ -474,6 +498,16 @@ pub(crate) struct Release {
     // out while the release is refused and sent again, and when its window ends.
     keep_alive: Option<KeepAlive>,
     window_ends: Option<Instant>,
+    // For the release of a hold's last level: when it is lost by the clock alone (its
+    // lease confirmed until then, and nothing renews it now), and why.
+    lease_ends: Option<LossAt>,
+}
+
+/// Whether `e` refused a call before its script ran (so a call sent again after it is
+/// no repeat): a settling deployment's refusals and redirections, a demoted primary's
+/// `READONLY`, a script or library not loaded.
+fn refused_before_running(e: &redis::RedisError) -> bool {
+    pool::is_settling(e) || pool::is_readonly(e) || scripts::is_setup_refusal(e)
 }
 
 /// Keeps a handed-over hold's short lease going while its release waits (see

@@ -221,6 +221,9 @@ impl Hold {
     }
 }
 
+/// When a hold is lost by the clock alone, and why (see `Hold::loss_at`).
+pub(crate) type LossAt = (Instant, LossReason);
+
 /// What a guard keeps of its registration.
 pub(crate) struct Registration {
     pub(crate) level: u64,
@@ -865,19 +868,23 @@ impl HoldTable {
     /// behalf (a renewal already in flight for the hold is waited for). Returns the lease
     /// the levels still held need (0 when none needs more time) and how many levels were
     /// held before this release, or `None` when the guard's hold is already over (lost or
-    /// superseded).
+    /// superseded). When this was the hold's last level, also when the hold is lost by the
+    /// clock alone, and why (see `Hold::loss_at`): nothing renews it or watches it from
+    /// now on, so a release that waits (refused by a split slot, a failover under way)
+    /// must tell its loss itself if that instant passes meanwhile.
     pub(crate) fn releasing(
         &self,
         key: &[u8],
         token: u64,
         level: u64,
         watchdog_ms: u64,
-    ) -> Option<(u64, usize)> {
+    ) -> Option<(u64, usize, Option<LossAt>)> {
         let mut holds = self.settled(key, token);
         let by_token = holds.get_mut(key)?;
         let hold = by_token.get_mut(&token)?;
         let at = hold.levels.iter().position(|l| l.id == level)?;
         let held = hold.levels.len();
+        let ends = (held == 1).then(|| hold.loss_at()).flatten();
         hold.levels.remove(at);
         let need = hold.need_ms(watchdog_ms, Instant::now());
         if hold.levels.is_empty() {
@@ -886,7 +893,7 @@ impl HoldTable {
                 holds.remove(key);
             }
         }
-        Some((need, held))
+        Some((need, held, ends))
     }
 
     /// The release script freed the lock although levels remain registered (they needed no
