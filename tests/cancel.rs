@@ -301,6 +301,7 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
     let both = MultiLock::new([c.lock("pre-1"), c.lock("pre-2")]).unwrap();
     // Warm the pools and load the scripts: what follows is the calls' own traffic only.
     c.lock("warm").lock().unwrap().unlock().unwrap();
+    support::await_own_channel(&server, PREFIX, &c);
     let token = CancelToken::new();
     token.cancel();
     let without_info = |mut stats: std::collections::HashMap<String, u64>| {

@@ -550,10 +550,7 @@ fn cost(
     // A client's pub/sub connection is made and subscribes its own channel once it first
     // holds, on a thread of its own: done before the count starts, which counts the pairs
     // alone.
-    let own = format!("redmutex:__control:{}", client.id());
-    assert!(support::wait_until(Duration::from_secs(5), || {
-        support::subscribers(&mut server.connection(), &own) == 1
-    }));
+    support::await_own_channel(server, "redmutex:", client);
     // Connection set-up; Redis 6.2 counts CLIENT without its subcommands.
     let skip = |c: &str| matches!(c, "info" | "hello" | "client") || c.starts_with("client|");
     let before = server.command_calls();

@@ -843,6 +843,20 @@ pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) ->
         .expect("build client")
 }
 
+/// Blocks until `client`'s pub/sub connection listens on its own channel
+/// (`<prefix>__control:<client id>`), which a client subscribes on a thread of its own
+/// once it first holds or waits: a count of commands that starts after this counts the
+/// calls' own traffic only.
+pub fn await_own_channel(server: &RedisServer, prefix: &str, client: &redmutex::Client) {
+    let own = format!("{prefix}__control:{}", client.id());
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            subscribers(&mut server.connection(), &own) == 1
+        }),
+        "the client never subscribed {own}"
+    );
+}
+
 /// How many subscriptions there are to channels starting with `prefix` (a lock's
 /// channels are `<key>:to:<client id>`, one per client waiting on it).
 pub fn subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
