@@ -45,6 +45,14 @@ fn per_op(
     for i in 0..20 {
         op(i);
     }
+    // The client's pub/sub connection is made and subscribes its own channel after its
+    // first hold, on a thread of its own: once, not per operation.
+    assert!(
+        support::wait_until(Duration::from_secs(10), || {
+            support::subscribers(&mut server.connection(), "redmutex:__control:") > 0
+        }),
+        "the client never listened on its own channel"
+    );
     let before = server.command_calls();
     for i in 0..n {
         op(i);
