@@ -488,24 +488,26 @@ fn a_user_name_over_a_kibibyte_is_cut_and_the_command_runs() {
             .unwrap();
         let out = wait_bounded(child, Duration::from_secs(20), name);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        // `hold`, whose record is read while it holds.
-        let child = redmutex(&server)
+        // `hold`, whose record is read while it holds: once it says "held NAME" (a
+        // signal before that, while the acquisition returns, gives the lock back and
+        // exits 128 + n, as it should).
+        let mut child = redmutex(&server)
             .env("USER", &user)
             .args(["hold", "-l", "5s", "--no-wait", name])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut info = None;
-        support::wait_until(Duration::from_secs(20), || {
-            info = c.inspect(name).unwrap().into_iter().next();
-            info.is_some()
-        });
-        if info.is_some() {
-            kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-        }
+        let mut said = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut said)
+            .unwrap();
+        let info = (said == format!("held {name}\n"))
+            .then(|| c.inspect(name).unwrap().into_iter().next())
+            .flatten();
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
         let out = wait_bounded(child, Duration::from_secs(20), name);
-        let info = info.unwrap_or_else(|| panic!("never held: {}", text(&out.stderr)));
+        let info = info.unwrap_or_else(|| panic!("never held ({said:?}): {}", text(&out.stderr)));
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let meta = &info.metadata[0].text;
         assert!(meta.len() <= 1024, "{}", meta.len());
