@@ -25,6 +25,10 @@ fn queue(name: &str) -> String {
     format!("{PREFIX}!queue:{{{name}}}")
 }
 
+fn waiters(name: &str) -> String {
+    format!("{PREFIX}!waiters:{{{name}}}")
+}
+
 fn client(url: &str, watchdog: Duration) -> Client {
     support::client(url, PREFIX, watchdog, Duration::from_secs(2))
 }
@@ -47,6 +51,39 @@ fn await_queued(server: &RedisServer, name: &str, n: i64) {
         seen == n
     });
     assert!(ok, "LLEN {} is {seen}, expected {n}", queue(name));
+}
+
+/// A plain lock's release hands the lock to its first waiter only once that waiter has
+/// been queued for the starvation bound (2 ms) by the server's clock; one queued more
+/// recently is woken to try instead (queue.lua's `Q.hand_on`), and takes the free lock
+/// with its own attempt. Waits until every waiter of `name` has been queued that long on
+/// the server's clock (`now - since`, read as the release script reads them), so that a
+/// release from now on hands the lock over.
+fn await_queued_past_starvation_bound(server: &RedisServer, name: &str) {
+    const STARVATION_BOUND_MS: u64 = 2;
+    let mut con = server.connection();
+    let mut youngest = None;
+    let ok = wait_until(SETUP, || {
+        let entries: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(waiters(name))
+            .query(&mut con)
+            .unwrap();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+        let now = secs * 1_000 + micros / 1_000;
+        // An entry: "<expiry> <since> ..."; fields beginning with '~' are counts.
+        youngest = entries
+            .iter()
+            .filter(|(field, _)| !field.starts_with('~'))
+            .filter_map(|(_, entry)| entry.split(' ').nth(1)?.parse::<u64>().ok())
+            .max()
+            .map(|since| now.saturating_sub(since));
+        youngest.is_some_and(|age| age >= STARVATION_BOUND_MS)
+    });
+    assert!(
+        ok,
+        "the youngest waiter of {name} was queued {youngest:?} ms ago, expected at least \
+         {STARVATION_BOUND_MS} ms"
+    );
 }
 
 /// Whether a MONITOR line is a call of the renewal script on one lock hold (mode `k`, the
@@ -191,7 +228,7 @@ fn a_grant_stamped_after_its_arrival_is_confirmed() {
     await_queued(&server, NAME, 1);
     let mut con = server.connection();
     let entries: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(format!("{PREFIX}!waiters:{{{NAME}}}"))
+        .arg(waiters(NAME))
         .query(&mut con)
         .unwrap();
     let (id, entry) = entries
@@ -554,6 +591,11 @@ fn grant_timed_by_a_clock_ahead(name: &str, change: impl FnOnce(&FaultProxy, &Cl
     let channel = format!("{}:to:{}", key(name), waiter.id());
     proxy.shift_grant_times(&channel, AHEAD);
     proxy.delay_replies_containing(&channel, AHEAD);
+    // A plain lock: the release must hand it over (a grant), not wake the waiter to try,
+    // which it does when the waiter queued less than the starvation bound before (the
+    // steps above can take less than that): the waiter would then take the free lock by
+    // its own attempt once the delayed wake came, and no grant would be shifted.
+    await_queued_past_starvation_bound(&server, name);
     let monitor = server.monitor();
     let released = Instant::now();
     guard.unlock().expect("holder unlock");
