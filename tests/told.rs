@@ -255,21 +255,40 @@ fn an_outermost_release_that_finds_the_hold_gone_says_lease_lost_and_calls_the_h
     );
 }
 
-/// The holder id field of `client` in `name`'s hash: waits until its client listens on
-/// its own channel (its pub/sub connection subscribed), so that a force_unlock from now
-/// on is told to it.
+/// Waits until `client` listens on its own channel (its pub/sub connection subscribed),
+/// so that a force_unlock from now on is told to it.
 fn await_listening(server: &RedisServer, prefix: &str, client: &Client) {
-    let mut con = server.connection();
-    let channel = format!("{prefix}__control:{}", client.id());
-    let listening = support::wait_until(Duration::from_secs(5), || {
-        let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query(&mut con)
-            .unwrap();
-        matches!(counts.get(1), Some(redis::Value::Int(1)))
-    });
-    assert!(listening, "the holder's client listens on {channel}");
+    support::await_own_channel(server, prefix, client);
+}
+
+/// A client's first hold returns once the client listens on its own channel, so a
+/// `force_unlock` at once after it is told as well. (Before, the reader subscribed a
+/// moment later on its own thread, and a force_unlock in that moment went unheard until
+/// a renewal, 10 s later by default.) Fresh clients each time: it is the first hold.
+#[test]
+fn a_force_unlock_right_after_the_first_hold_is_told() {
+    let server = RedisServer::new();
+    let prefix = "told:first:";
+    let other = Client::builder()
+        .url(server.url())
+        .key_prefix(prefix)
+        .build()
+        .unwrap();
+    for i in 0..5 {
+        let name = format!("first-{i}");
+        let (client, heard) = client_with_hook(&server.url(), prefix, true);
+        let guard = client.lock(&name).lock().unwrap();
+        let forced = Instant::now();
+        assert!(other.lock(&name).force_unlock().unwrap());
+        let after = told_after(&guard.lost(), forced);
+        assert!(
+            after.is_some(),
+            "run {i}: a force_unlock right after the client's first hold was not told \
+             within {TOLD_WITHIN:?}"
+        );
+        assert_eq!(heard.told(1).len(), 1, "run {i}: the hook, once");
+        assert!(is_lease_lost(&guard.unlock()));
+    }
 }
 
 /// `force_unlock` by another client reaches the holder's `lost()` and hook at once, for

@@ -870,7 +870,8 @@ impl<K: Kind> Lock<K> {
     ) -> LockGuard<K> {
         // Listening on the client's own channel from its first hold on: a force_unlock of
         // this hold is told there.
-        self.client.inner.subscriber.listen(&self.client.inner);
+        let inner = &self.client.inner;
+        inner.subscriber.listen(inner, inner.config.command_timeout);
         let registration = self.client.inner.watchdog.acquired(
             &self.keys,
             token,

@@ -47,6 +47,9 @@ struct Shared {
     // The client whose holds a `force_unlock` message marks lost: set once it first holds
     // something (see `Subscriber::listen`).
     client: OnceLock<Weak<Inner>>,
+    // A latch: its sender is dropped once the server confirmed the subscription of
+    // `control` (the first session's first SUBSCRIBE), which a client's first hold awaits.
+    listening: Mutex<(Option<Sender<()>>, Receiver<()>)>,
     state: Mutex<State>,
 }
 
@@ -244,6 +247,10 @@ impl Subscriber {
                 manager,
                 control,
                 client: OnceLock::new(),
+                listening: Mutex::new({
+                    let (tx, rx) = crossbeam_channel::bounded(0);
+                    (Some(tx), rx)
+                }),
                 state: Mutex::new(State::default()),
             }),
             thread: Mutex::new(None),
@@ -253,13 +260,26 @@ impl Subscriber {
     /// `client` holds something: makes sure the reader runs, so that it listens on the
     /// client's own channel, where a `force_unlock` of any of its holds is told. Sends
     /// nothing on the caller's connection: the reader subscribes once per connection.
-    pub(crate) fn listen(&self, client: &Arc<Inner>) {
-        if self.shared.client.get().is_none() {
-            let _ = self.shared.client.set(Arc::downgrade(client));
-        }
+    ///
+    /// The client's first hold waits (at most `bound`) until the server has confirmed
+    /// that subscription: a `force_unlock` right after it would otherwise go unheard
+    /// until a renewal, and the set-up happens once, before the first acquisition
+    /// returns, not at some later moment of the client's traffic.
+    pub(crate) fn listen(&self, client: &Arc<Inner>, bound: Duration) {
+        let first = self.shared.client.get().is_none()
+            && self.shared.client.set(Arc::downgrade(client)).is_ok();
         if let Err(e) = self.ensure_running() {
             // Its renewals still find a force_unlock, a third of the lease later.
             log::warn!("redmutex: cannot start the pub/sub thread: {e}");
+            return;
+        }
+        if first {
+            let rx = self.shared.listening.lock().1.clone();
+            if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(bound) {
+                // Redis is slow or away: the reader keeps trying on its own, and the
+                // renewals find a force_unlock meanwhile.
+                log::debug!("redmutex: the client's own channel is not subscribed yet");
+            }
         }
     }
 
@@ -423,6 +443,7 @@ fn session(
             return Ok(());
         };
         pubsub.subscribe(strong.control.as_slice())?;
+        strong.listening.lock().0 = None;
         let channels = strong.begin_session();
         drop(strong);
         for channel in channels {
