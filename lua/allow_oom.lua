@@ -3,23 +3,22 @@
 -- same). A server at its memory limit refuses a script's first command that may grow
 -- memory, unless the script has already written: a renewal whose first write is a
 -- lease's ZADD, or a release whose first is an HSET, would be refused and the holds it
--- keeps would lapse just when the server is busiest. A DEL of a key that never exists
--- is a write that grows nothing and changes nothing (nor is it replicated), so the
--- script counts as having written from its first line on.
+-- keeps would lapse just when the server is busiest. An HDEL of a field no object of the
+-- library ever has ('': holder ids, side fields and permit ids are never empty) is a
+-- write that grows nothing and changes nothing (nor is it replicated), so the script
+-- counts as having written from its first line on.
 --
--- On a cluster, Redis 6.2 checks every key a script touches: on the source of a slot being
--- migrated, a key it does not have (as the marker never is) belongs to the target, and
--- the call is refused as "attempted to access a non local key", which no retry gets past
--- while the migration lasts: every renewal and release of a lock there would fail. A
--- pcall swallows that refusal; the server counts the write before that check, so the
--- script has still written.
+-- It touches KEYS[1], the call's own object, and no other key. (A marker key of its own
+-- was tried: named after KEYS[1], '<key>:!oom', it was the key of another lock when the
+-- name had a hash tag, and a release of 'job{t}' deleted the lock 'job{t}:!oom'; made a
+-- key of the call, in the namespace no name reaches, it never exists, so on a Cluster a
+-- slot half-way through a migration refused every call carrying it, TRYAGAIN or ASK, for
+-- as long as the migration lasted.) On a key of another type the HDEL fails with
+-- WRONGTYPE, which the pcall swallows: the server counted the write before running it.
 --
--- KEYS[#KEYS]  the marker: a key that never exists, in the auxiliary namespace no lock
---          name reaches ('<prefix>!oom:...', made by src/runtime/keys.rs), in the slot of
---          the call's other keys. The caller appends it on this path only; it is taken
---          off here, so the script after this sees the same KEYS as its function does.
---          (A marker named after KEYS[1], '<key>:!oom', was the key of another lock when
---          the name had a hash tag: 'job{t}' deleted 'job{t}:!oom'.)
+-- KEYS[1]  the call's first key (its own object); a call without keys does nothing here
 -- ARGV     not read
 -- Returns  nothing: the script it is put before goes on.
-redis.pcall('del', table.remove(KEYS))
+if KEYS[1] then
+    redis.pcall('hdel', KEYS[1], '')
+end

@@ -1218,3 +1218,42 @@ fn split_write_hold(unlock_at_once: bool) {
         "{unlocked:?}"
     );
 }
+
+/// Issue 26: scripts sent with `EVALSHA` (Redis 6.2, or `use_functions(false)` anywhere)
+/// touch no key but their own, so the watchdog's renewal of a lock (its hash alone) goes
+/// through on a slot half-way through a migration, the hash still on the source, and the
+/// hold outlives a split longer than its lease. The prelude that lets those scripts run at
+/// the memory limit once wrote a marker key of its own, which never exists: a slot in
+/// migration refused every call carrying it (`TRYAGAIN`, or `ASK` and then `TRYAGAIN`)
+/// until the migration ended, and the hold lapsed.
+#[test]
+fn an_evalsha_renewal_goes_through_a_slot_half_way_through_a_migration() {
+    // Renewed every 0.5 s; split for 4 s, well past the 1.5 s lease.
+    const LEASE: Duration = Duration::from_millis(1500);
+    const SPLIT: Duration = Duration::from_secs(4);
+    let cluster = Cluster::new(3, 0);
+    let name = "evalsha-split";
+    let slot = key_slot(lock_key(name));
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let client = Client::builder()
+        .cluster(cluster.seed_urls())
+        .watchdog_timeout(LEASE)
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(10))
+        .use_functions(false)
+        .build()
+        .unwrap();
+    let guard = client.lock(name).lock().unwrap();
+    let migration = cluster.begin_migration(slot, from, to);
+    let split = Instant::now();
+    let lost = guard.lost();
+    let lost_in_split = lost.recv_timeout(SPLIT).is_err_and(|e| e.is_disconnected());
+    let lost_after = split.elapsed();
+    migration.finish();
+    assert!(
+        !lost_in_split && !guard.is_lease_lost(),
+        "the hold lapsed {lost_after:?} into a split of its slot ({LEASE:?} lease)"
+    );
+    guard.unlock().expect("released after the migration");
+}

@@ -3,7 +3,8 @@
 //! 6.2, or `use_functions(false)` anywhere) start with `lua/allow_oom.lua`, which deleted
 //! `KEYS[1] .. ':!oom'`, "a key that never exists": for a name with a hash tag it is the
 //! key of another lock (`job{t}` → `job{t}:!oom`), so a release of one lock freed the
-//! other while its holder's guard still said held. Each test holds the victim with a
+//! other while its holder's guard still said held. (The prelude now touches only the
+//! call's own first key.) Each test holds the victim with a
 //! client of its own (running the scripts the server's default way) and drives the other
 //! name with a client that sends EVALSHA, on the server under test.
 

@@ -42,8 +42,6 @@ pub struct CountDownLatch {
     channel: Vec<u8>,
     // The id of the call that last set the count (see `lua/latch_set.lua`).
     setter: Vec<u8>,
-    // The key a count-down deletes when sent with EVALSHA (see `ScriptCall::marked`).
-    marker: Vec<u8>,
     // The name's lock, read-write lock and semaphore: a name is one kind at a time, so
     // the latch is not set while one of them is held.
     others: [Vec<u8>; 3],
@@ -57,7 +55,6 @@ impl CountDownLatch {
         CountDownLatch {
             client,
             setter: keys.latch_setter(),
-            marker: keys.oom_marker(),
             others: keys.other_kinds(true),
             name: keys.name().to_vec(),
             key,
@@ -121,7 +118,7 @@ impl CountDownLatch {
     pub fn count_down(&self) -> Result<u64, Error> {
         self.check_name()?;
         let (key, channel) = (self.key.as_slice(), self.channel.as_slice());
-        let mut call = ScriptCall::marked(&scripts::LATCH_COUNT_DOWN, self.marker.clone());
+        let mut call = ScriptCall::new(&scripts::LATCH_COUNT_DOWN);
         call.key(key).arg(channel).arg(BROADCAST);
         let inner = &self.client.inner;
         let left: i64 = inner

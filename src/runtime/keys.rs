@@ -245,15 +245,6 @@ impl LockKeys {
         self.aux(b"forced")
     }
 
-    /// The key `lua/allow_oom.lua` deletes as a script's first write when the scripts are
-    /// sent with EVALSHA: one that never exists, so deleting it changes nothing. An
-    /// auxiliary key like the others, which no name reaches (a key named after the lock
-    /// key, `<key>:!oom`, was the lock key of the name `<name>:!oom` when the name has a
-    /// hash tag: a release of one lock deleted the other).
-    pub(crate) fn oom_marker(&self) -> Vec<u8> {
-        self.aux(b"oom")
-    }
-
     fn aux(&self, kind: &[u8]) -> Vec<u8> {
         let key = self.key();
         aux_key(&key[..self.prefix_len], key, kind)
@@ -801,7 +792,6 @@ mod tests {
                         ("queue", k.queue()),
                         ("waiters", k.waiters()),
                         ("forced", k.forced()),
-                        ("marker", k.oom_marker()),
                         ("leases", k.leases()),
                         ("permits", k.permits()),
                     ];

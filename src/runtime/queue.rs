@@ -92,7 +92,7 @@ pub(crate) fn command_with(
     keys: &LockKeys,
     more: &[&[u8]],
 ) -> ScriptCall {
-    let mut call = ScriptCall::on(script, keys);
+    let mut call = ScriptCall::new(script);
     call.key(keys.key())
         .key(keys.fence().as_slice())
         .key(keys.queue().as_slice())
@@ -149,7 +149,7 @@ pub(crate) fn cancel(
 /// its pickup window was over first.
 pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCall {
     let ops = keys.ops;
-    let mut call = ScriptCall::on(&scripts::RENEW, keys);
+    let mut call = ScriptCall::new(&scripts::RENEW);
     call.arg(1).key(keys.key());
     if ops.field_prefix.is_some() {
         call.key(keys.leases().as_slice()).arg("m");

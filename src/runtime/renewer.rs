@@ -361,13 +361,7 @@ fn renew_batch(
     until: Instant,
     meanwhile: Option<&mut dyn FnMut()>,
 ) {
-    // The marker of the first object the call names: its slot is the batch's.
-    let first = match (batch.first(), wait_batch.first()) {
-        (Some(h), _) => &h.keys,
-        (None, Some((w, ..))) => w,
-        (None, None) => unreachable!("a batch holds a hold or a waiter"),
-    };
-    let mut call = ScriptCall::on(&scripts::RENEW, first);
+    let mut call = ScriptCall::new(&scripts::RENEW);
     call.arg(batch.len());
     for w in batch {
         let ops = w.keys.ops;

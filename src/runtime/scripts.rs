@@ -9,7 +9,6 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
-use crate::runtime::keys::LockKeys;
 use crate::runtime::pool::Con;
 
 /// The text of a file of `lua/`.
@@ -24,21 +23,18 @@ macro_rules! lua {
 /// script of its own, and the name of its function in the library (where the same files
 /// make it, see [`LIBRARY_BODY`]). `allow_oom` before the name: a script that renews,
 /// releases, frees or hands on, whose function carries the `allow-oom` flag; as a script
-/// of its own it starts with `lua/allow_oom.lua`, and its calls carry the marker key that
-/// file deletes ([`ScriptCall::marked`]).
+/// of its own it starts with `lua/allow_oom.lua`, which does the flag's job there.
 macro_rules! script {
     ($function:literal: $($file:literal),+) => {
         Bundled {
             function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
             script: LazyLock::new(|| Script::new(concat!($(lua!($file)),+))),
-            allow_oom: false,
         }
     };
     (allow_oom $function:literal: $($file:literal),+) => {
         Bundled {
             function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
             script: LazyLock::new(|| Script::new(concat!(lua!("allow_oom.lua"), $(lua!($file)),+))),
-            allow_oom: true,
         }
     };
 }
@@ -136,9 +132,6 @@ pub(crate) fn library() -> &'static Library {
 pub(crate) struct Bundled {
     function: LazyLock<String>,
     script: LazyLock<Script>,
-    // The script starts with `lua/allow_oom.lua`, which takes the marker key off the end
-    // of its keys: every call of it carries one ([`ScriptCall::marked`]).
-    allow_oom: bool,
 }
 
 static ACQUIRE: Bundled = script!("acquire": "queue.lua", "acquire.lua");
@@ -259,55 +252,14 @@ pub(crate) struct ScriptCall {
     script: &'static Bundled,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
-    // The key `lua/allow_oom.lua` deletes (see `marked`): empty for other scripts.
-    marker: Vec<u8>,
 }
 
 impl ScriptCall {
-    /// A call of a script that does not start with `lua/allow_oom.lua` (one made with
-    /// `script!(allow_oom ...)` needs [`marked`](ScriptCall::marked)).
     pub(crate) fn new(script: &'static Bundled) -> ScriptCall {
-        // A marked script's prelude takes the last key off as the marker: sent without
-        // one, it would delete the call's own last key.
-        assert!(
-            !script.allow_oom,
-            "a call of an allow-oom script without its marker"
-        );
         ScriptCall {
             script,
             keys: Vec::new(),
             args: Vec::new(),
-            marker: Vec::new(),
-        }
-    }
-
-    /// A call of a script that starts with `lua/allow_oom.lua`. `marker`: the key it
-    /// deletes when sent with EVALSHA, which never exists, made by `keys.rs` in the
-    /// auxiliary namespace no name reaches ([`LockKeys::oom_marker`]), of a name whose
-    /// keys the call carries (the same hash slot). It is the last key of an EVALSHA, which
-    /// the prelude takes off, and no key of an FCALL: the function's `allow-oom` flag does
-    /// its job, and the scripts after the prelude see the same keys either way.
-    ///
-    /// [`LockKeys::oom_marker`]: crate::runtime::keys::LockKeys::oom_marker
-    pub(crate) fn marked(script: &'static Bundled, marker: Vec<u8>) -> ScriptCall {
-        assert!(script.allow_oom && !marker.is_empty());
-        ScriptCall {
-            script,
-            keys: Vec::new(),
-            args: Vec::new(),
-            marker,
-        }
-    }
-
-    /// A call of `script` that carries keys of the object `keys`: [`marked`] with its
-    /// marker when the script starts with `lua/allow_oom.lua`.
-    ///
-    /// [`marked`]: ScriptCall::marked
-    pub(crate) fn on(script: &'static Bundled, keys: &LockKeys) -> ScriptCall {
-        if script.allow_oom {
-            ScriptCall::marked(script, keys.oom_marker())
-        } else {
-            ScriptCall::new(script)
         }
     }
 
@@ -371,20 +323,19 @@ impl Scripting {
     }
 
     /// The command that runs `call`: `FCALL <function> <numkeys> <keys> <args>`, or the same
-    /// with `EVALSHA <sha1>`, whose keys end with the call's marker when the script starts
-    /// with `lua/allow_oom.lua` (see [`ScriptCall::marked`]).
+    /// with `EVALSHA <sha1>`.
     pub(crate) fn command(&self, call: &ScriptCall) -> Cmd {
-        let (mut cmd, marker) = if self.sends_fcall(call) {
+        let mut cmd = if self.sends_fcall(call) {
             let mut cmd = redis::cmd("FCALL");
             cmd.arg(call.script.function.as_str());
-            (cmd, None)
+            cmd
         } else {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(call.script.script.get_hash());
-            (cmd, call.script.allow_oom.then_some(&call.marker))
+            cmd
         };
-        cmd.arg(call.keys.len() + usize::from(marker.is_some()));
-        for key in call.keys.iter().chain(marker) {
+        cmd.arg(call.keys.len());
+        for key in &call.keys {
             cmd.arg(key.as_slice());
         }
         for arg in &call.args {
