@@ -15,17 +15,17 @@
 //!
 //! Timing knobs, chosen so that a failover takes a few seconds (measured figures are
 //! printed by `tests/topology.rs`):
-//! - sentinels: `down-after-milliseconds` 1000 and `failover-timeout` 3000 by default
-//!   ([`SentinelsBuilder`]), and `SENTINEL DEBUG info-period 100 publish-period 200
-//!   ask-period 100` (Redis 7's test knobs: faster discovery of replicas and of the
-//!   other sentinels, and faster agreement that the primary is down), and `ping-period`
-//!   half of down-after, within 300–1000 ms. Why that: a sentinel reconnects a link at
-//!   most once per ping period, so with the default 1 s it calls a just-promoted
-//!   primary down for a moment after switching to it (its new link is not up within
-//!   down-after); but it only promotes a replica it heard from within 5 ping periods,
-//!   and during a failover it asks replicas for INFO only once a second (hard-coded),
-//!   so a ping period much under 300 ms would leave it no replica good enough. Hence
-//!   keep down-after at 600 ms or more.
+//! - sentinels: `down-after-milliseconds` 1000 (2000 before Redis 7.0) and
+//!   `failover-timeout` 3000 by default ([`SentinelsBuilder`]), and `SENTINEL DEBUG
+//!   info-period 100 publish-period 200 ask-period 100` (Redis 7's test knobs: faster
+//!   discovery of replicas and of the other sentinels, and faster agreement that the
+//!   primary is down), and `ping-period` half of down-after, within 300–1000 ms. Why
+//!   that: a sentinel reconnects a link at most once per ping period, so with the
+//!   default 1 s it calls a just-promoted primary down for a moment after switching to
+//!   it (its new link is not up within down-after); but it only promotes a replica it
+//!   heard from within 5 ping periods, and during a failover it asks replicas for INFO
+//!   only once a second (hard-coded), so a ping period much under 300 ms would leave it
+//!   no replica good enough. Hence keep down-after at 600 ms or more.
 //! - cluster: `cluster-node-timeout` 1000 ms by default ([`ClusterBuilder`]),
 //!   `cluster-replica-validity-factor 0` (a replica may always take over),
 //!   `cluster-allow-replica-migration no` (replicas stay where they were put).
@@ -513,7 +513,15 @@ impl Default for SentinelsBuilder {
             replicas: 2,
             sentinels: 3,
             quorum: None,
-            down_after: Duration::from_millis(1000),
+            // Before Redis 7.0 the ping period is a fixed 1 s: a sentinel's first PONG on
+            // its fresh link to a just-switched-to primary came ≈ 1.1 s after the switch
+            // (seen under load), so a 1 s down-after there called the new primary down
+            // and failed over a second time (see `Sentinels::wait_for_failover`).
+            down_after: if super::server_kind().has_sentinel_debug() {
+                Duration::from_millis(1000)
+            } else {
+                Duration::from_millis(2000)
+            },
             failover_timeout: Duration::from_millis(3000),
         }
     }
@@ -539,7 +547,8 @@ impl SentinelsBuilder {
         self
     }
 
-    /// `down-after-milliseconds` (default 1 s): silence before a sentinel calls a node down.
+    /// `down-after-milliseconds` (default 1 s, 2 s before Redis 7.0): silence before a
+    /// sentinel calls a node down.
     pub fn down_after(mut self, d: Duration) -> Self {
         self.down_after = d;
         self
@@ -851,15 +860,24 @@ impl Sentinels {
         i
     }
 
-    /// Waits until every running sentinel reports (`SENTINEL GET-MASTER-ADDR-BY-NAME`)
-    /// one new primary in place of the one of the start or of the last failover (so it
-    /// works after [`kill_primary`](Self::kill_primary) as after a freeze) and that node
-    /// says `role:master`; returns its address. Re-checked on every sentinel event (the
-    /// followers' `+switch-master`, the leader's `+failover-state-reconf-slaves`, from
-    /// which on it reports the promoted replica), and at least every 250 ms. The
-    /// leader's own `+switch-master` (`+failover-end`) may come up to a second later,
-    /// once the other replicas follow; [`wait_replicas_synced`](Self::wait_replicas_synced)
-    /// waits for those. Panics with the events and logs when `timeout` passes first.
+    /// Waits until the failover away from the primary of the start or of the last one
+    /// (so it works after [`kill_primary`](Self::kill_primary) as after a freeze) is over
+    /// and the sentinels settled on its result; returns the new primary's address.
+    /// Settled: every running sentinel reports (`SENTINEL GET-MASTER-ADDR-BY-NAME`) the
+    /// same new primary, that node says `role:master`, and every running sentinel
+    /// monitors it as a plain `master` (`SENTINEL MASTER`: its address, no `s_down`,
+    /// `o_down`, `failover_in_progress` or `disconnected` flag, so the leader's
+    /// `+failover-end` is past) and has had a PING answered on its link to it
+    /// (`last-ping-sent` 0). Why the last two: a sentinel links to the new primary afresh
+    /// when it switches, and before Redis 7.0 (fixed 1 s ping period, as long as
+    /// down-after) it may call it down about a second later, before its first PONG;
+    /// the other sentinels' "down" answers about the old primary still count then, so
+    /// that is an instant `+odown` and, the switch having reset the failover delay, a
+    /// second failover at once, to the other replica. The first new primary then says
+    /// `master` until a sentinel demotes it (SLAVEOF, `CLIENT KILL TYPE normal`), seen
+    /// ≈ 10 s later, resetting every connection a test took to it meanwhile.
+    /// Re-checked on every sentinel event and at least every 250 ms. Panics with the
+    /// events and logs when `timeout` passes first.
     pub fn wait_for_failover(&self, timeout: Duration) -> SocketAddr {
         let deadline = Instant::now() + timeout;
         let from = *self.last_primary.lock().unwrap();
@@ -882,7 +900,8 @@ impl Sentinels {
     }
 
     /// The new primary when every running sentinel reports the same one, not `from`,
-    /// and it says `role:master`.
+    /// it says `role:master`, and every running sentinel monitors it settled (see
+    /// [`wait_for_failover`](Self::wait_for_failover)).
     fn failed_over(&self, from: SocketAddr) -> Result<SocketAddr, String> {
         let mut to = None;
         for (i, s) in self.sentinels.iter().enumerate() {
@@ -897,10 +916,35 @@ impl Sentinels {
             to = Some(reported);
         }
         let to = to.ok_or("every sentinel was killed")?;
-        match replication(to.port())?.is_primary {
-            true => Ok(to),
-            false => Err(format!("{to} is not role:master")),
+        if !replication(to.port())?.is_primary {
+            return Err(format!("{to} is not role:master"));
         }
+        for (i, s) in self.sentinels.iter().enumerate() {
+            if !s.is_running() {
+                continue;
+            }
+            let mut con = poll_connection(s.port)?;
+            let master: HashMap<String, String> = redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(&self.name)
+                .query(&mut con)
+                .map_err(|e| format!("sentinel {i}: {e}"))?;
+            let field = |k: &str| master.get(k).map(String::as_str).unwrap_or("?");
+            let monitored = format!("{}:{}", field("ip"), field("port"));
+            if monitored != to.to_string() || field("flags") != "master" {
+                return Err(format!(
+                    "sentinel {i} monitors {monitored} flagged {}",
+                    field("flags")
+                ));
+            }
+            if field("last-ping-sent") != "0" {
+                return Err(format!(
+                    "sentinel {i} awaits a PONG from {to} for {} ms",
+                    field("last-ping-sent")
+                ));
+            }
+        }
+        Ok(to)
     }
 
     /// Waits until every data node still running follows the primary the sentinels
