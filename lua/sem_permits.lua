@@ -3,8 +3,8 @@
 -- (queue.lua, leases.lua and semaphore.lua are prepended: see them for the keys)
 --
 -- KEYS[1..6] as in leased_release.lua
--- ARGV[1]  'get', 'add', 'reduce' or 'set'
--- ARGV[2]  the number to add, take away or set (0 for 'get')
+-- ARGV[1]  'get', 'add', 'reduce', 'set' or 'tryset'
+-- ARGV[2]  the number to add, take away, set or try to set (0 for 'get')
 -- ARGV[3]  the number of permits the semaphore is made with when it does not exist yet
 -- ARGV[4]  the most permits a semaphore may have
 -- ARGV[5]  inbox prefix      ARGV[6]  pickup window, ms      ARGV[7]  starvation bound, ms
@@ -12,9 +12,17 @@
 -- Returns {total, used}      the number of permits and those held, after the change
 --         {-1, total}        refused, nothing changed: 'add' past ARGV[4], or 'reduce' by
 --                            more than there are
+--         {1|0, total}       'tryset': 1 if the number was set to ARGV[2], 0 if the
+--                            semaphore had a number already (unchanged)
 -- Reducing below the permits held takes none back: their holders keep them, and nobody
 -- else gets one until enough are released. Waiters asking for more than the new number
 -- leave the queue and are told to try again, which refuses them (see sem_acquire.lua).
+-- Redisson's trySetPermits: the number is set only where nothing defined it yet (a first
+-- use makes the semaphore with ARGV[3]).
+if ARGV[1] == 'tryset' then
+    local fresh = redis.call('set', KEYS[6], ARGV[2], 'NX')
+    return {fresh and 1 or 0, tonumber(redis.call('get', KEYS[6]))}
+end
 redis.call('set', KEYS[6], ARGV[3], 'NX')
 local now = Q.now()
 Q.purge(now)

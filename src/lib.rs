@@ -63,7 +63,7 @@ mod runtime;
 pub use crate::{
     error::Error,
     name::{LockName, MAX_NAME_LEN},
-    primitives::cancel::CancelToken,
+    primitives::cancel::CancellationToken,
     primitives::guard::{FencedGuard, LockGuard},
     primitives::holder_metadata::HolderMetadata,
     primitives::info::LockInfo,
@@ -72,7 +72,9 @@ pub use crate::{
     primitives::lock::{FairLock, FencedLock, Lock},
     primitives::multi_guard::MultiLockGuard,
     primitives::multilock::MultiLock,
+    primitives::options::LockOptions,
     primitives::owned_guard::OwnedGuard,
+    primitives::owned_lock::OwnedLock,
     primitives::permit::Permit,
     primitives::rwlock::{
         ReadGuard, ReadLock, ReadWriteLock, UpgradeableLock, WriteGuard, WriteLock,

@@ -1,4 +1,4 @@
-//! `CancelToken`: a way for another thread to stop a blocked acquisition.
+//! `CancellationToken`: a way for another thread to stop a blocked acquisition.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +10,10 @@ use parking_lot::Mutex;
 
 /// Stops blocked acquisitions from another thread: shutdown, a user pressing cancel.
 ///
-/// Give the token to the `_cancellable` calls ([`Lock::lock_cancellable`](crate::Lock::lock_cancellable),
-/// [`Lock::try_lock_until_cancellable`](crate::Lock::try_lock_until_cancellable), the same
-/// on a [`ReadWriteLock`](crate::ReadWriteLock)'s sides and on a
-/// [`MultiLock`](crate::MultiLock), and
-/// [`Semaphore::acquire_cancellable`](crate::Semaphore::acquire_cancellable) and its
-/// siblings), and call [`cancel`](CancelToken::cancel) from anywhere. Every call waiting
+/// Give the token to an acquisition through [`LockOptions::cancellable`](crate::LockOptions::cancellable)
+/// (every lock-like type's `try_lock_with` / `try_acquire_with` takes it: the locks of
+/// every kind, their owned forms, a [`MultiLock`](crate::MultiLock), a
+/// [`Semaphore`](crate::Semaphore)), and call [`cancel`](CancellationToken::cancel) from anywhere. Every call waiting
 /// with the token wakes at once (the token is one of the things its thread sleeps on; no
 /// polling), leaves the lock's queue in one script, and returns
 /// [`Error::Cancelled`](crate::Error::Cancelled). A call given a token that is already
@@ -34,15 +32,16 @@ use parking_lot::Mutex;
 /// to any number of calls, on any threads; one `cancel` stops them all.
 ///
 /// ```no_run
-/// use redmutex::{CancelToken, Error};
+/// use redmutex::{CancellationToken, Error, LockOptions};
 ///
 /// let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let lock = client.lock("jobs");
-/// let token = CancelToken::new();
+/// let token = CancellationToken::new();
 /// let waiter = {
-///     let (lock, token) = (lock.clone(), token.clone());
-///     std::thread::spawn(move || match lock.lock_cancellable(&token) {
-///         Ok(guard) => guard.unlock(),
+///     let (lock, options) = (lock.clone(), LockOptions::new().cancellable(&token));
+///     std::thread::spawn(move || match lock.try_lock_with(options) {
+///         Ok(Some(guard)) => guard.unlock(),
+///         Ok(None) => unreachable!("no wait bound was set"),
 ///         Err(Error::Cancelled) => Ok(()), // nothing held, out of the queue
 ///         Err(e) => Err(e),
 ///     })
@@ -53,7 +52,7 @@ use parking_lot::Mutex;
 /// # Ok::<(), redmutex::Error>(())
 /// ```
 #[derive(Clone)]
-pub struct CancelToken {
+pub struct CancellationToken {
     shared: Arc<Shared>,
 }
 
@@ -65,11 +64,16 @@ struct Shared {
     signal: Receiver<()>,
 }
 
-impl CancelToken {
+impl CancellationToken {
     /// A token not cancelled yet.
-    pub fn new() -> CancelToken {
+    ///
+    /// ```no_run
+    /// let token = redmutex::CancellationToken::new();
+    /// assert!(!token.is_cancelled());
+    /// ```
+    pub fn new() -> CancellationToken {
         let (trigger, signal) = crossbeam_channel::bounded(0);
-        CancelToken {
+        CancellationToken {
             shared: Arc::new(Shared {
                 cancelled: AtomicBool::new(false),
                 trigger: Mutex::new(Some(trigger)),
@@ -80,13 +84,29 @@ impl CancelToken {
 
     /// Cancels every call waiting with this token (or a clone of it), now and later.
     /// Calling it again changes nothing.
+    ///
+    /// ```no_run
+    /// let token = redmutex::CancellationToken::new();
+    /// let for_ctrl_c = token.clone();
+    /// // e.g. in a signal handler's thread:
+    /// for_ctrl_c.cancel();
+    /// assert!(token.is_cancelled());
+    /// ```
     pub fn cancel(&self) {
         // The flag first: a thread woken by the signal must find it set.
         self.shared.cancelled.store(true, Ordering::SeqCst);
         self.shared.trigger.lock().take();
     }
 
-    /// Whether [`cancel`](CancelToken::cancel) was called on this token or a clone of it.
+    /// Whether [`cancel`](CancellationToken::cancel) was called on this token or a clone of it.
+    ///
+    /// ```no_run
+    /// # let token = redmutex::CancellationToken::new();
+    /// while !token.is_cancelled() {
+    ///     // ... one more round of work ...
+    /// #   break;
+    /// }
+    /// ```
     pub fn is_cancelled(&self) -> bool {
         self.shared.cancelled.load(Ordering::SeqCst)
     }
@@ -103,27 +123,30 @@ impl CancelToken {
     }
 }
 
-impl Default for CancelToken {
+impl Default for CancellationToken {
     fn default() -> Self {
-        CancelToken::new()
+        CancellationToken::new()
     }
 }
 
-impl fmt::Debug for CancelToken {
+impl fmt::Debug for CancellationToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CancelToken")
+        f.debug_struct("CancellationToken")
             .field("cancelled", &self.is_cancelled())
             .finish()
     }
 }
 
+/// The crate-internal short name (the public one is tokio-util's, which users know).
+pub(crate) type CancelToken = CancellationToken;
+
 /// Whether the call given `cancel` (if any) was cancelled.
-pub(crate) fn is_cancelled(cancel: Option<&CancelToken>) -> bool {
-    cancel.is_some_and(CancelToken::is_cancelled)
+pub(crate) fn is_cancelled(cancel: Option<&CancellationToken>) -> bool {
+    cancel.is_some_and(CancellationToken::is_cancelled)
 }
 
 /// Sleeps until `until`, or until `cancel` (if any) is cancelled.
-pub(crate) fn sleep_until(until: Instant, cancel: Option<&CancelToken>) {
+pub(crate) fn sleep_until(until: Instant, cancel: Option<&CancellationToken>) {
     match cancel {
         Some(c) => c.sleep_until(until),
         None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
@@ -137,7 +160,7 @@ mod tests {
 
     #[test]
     fn a_cancel_wakes_every_sleeper_at_once() {
-        let token = CancelToken::new();
+        let token = CancellationToken::new();
         assert!(!token.is_cancelled());
         let far = Instant::now() + Duration::from_secs(30);
         let sleepers: Vec<_> = (0..3)

@@ -5,6 +5,12 @@ use crate::runtime::scripts::{self, Ops};
 pub(crate) mod sealed {
     use crate::runtime::scripts::Ops;
 
+    /// What makes a thread's guard `!Send`. Its name is for the compiler's message when a
+    /// guard is moved to another thread ("required because it appears within the type
+    /// `ThreadHoldSeeLockOwned`"): a hold of a thread is released by that thread, and a
+    /// hold that moves is taken through `Lock::owned`.
+    pub struct ThreadHoldSeeLockOwned(std::marker::PhantomData<*const ()>);
+
     pub trait Sealed {
         /// The scripts the kind runs and how its holds are kept.
         const OPS: &'static Ops;
@@ -35,7 +41,7 @@ pub(crate) mod sealed {
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// with_lock(&client.lock("a"), || {})?;
 /// with_lock(&client.fair_lock("b"), || {})?;
-/// with_lock(&client.read_write_lock("c").read(), || {})?;
+/// with_lock(&client.read_write_lock("c").read_lock(), || {})?;
 /// # Ok::<(), redmutex::Error>(())
 /// ```
 pub trait Kind: sealed::Sealed + Send + Sync + 'static {
@@ -95,12 +101,12 @@ macro_rules! kinds {
 }
 
 kinds! {
-    Plain: "Lock", &scripts::PLAIN, *const ();
-    Fair: "FairLock", &scripts::FAIR, *const ();
-    Fenced: "FencedLock", &scripts::FENCED, *const ();
-    Read: "ReadLock", &scripts::READ, *const ();
-    Write: "WriteLock", &scripts::WRITE, *const ();
-    Upgradeable: "UpgradeableLock", &scripts::UPGRADEABLE, *const ();
+    Plain: "Lock", &scripts::PLAIN, sealed::ThreadHoldSeeLockOwned;
+    Fair: "FairLock", &scripts::FAIR, sealed::ThreadHoldSeeLockOwned;
+    Fenced: "FencedLock", &scripts::FENCED, sealed::ThreadHoldSeeLockOwned;
+    Read: "ReadLock", &scripts::READ, sealed::ThreadHoldSeeLockOwned;
+    Write: "WriteLock", &scripts::WRITE, sealed::ThreadHoldSeeLockOwned;
+    Upgradeable: "UpgradeableLock", &scripts::UPGRADEABLE, sealed::ThreadHoldSeeLockOwned;
     Permits: "Semaphore", &scripts::PERMITS, ();
 }
 

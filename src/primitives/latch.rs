@@ -21,6 +21,16 @@ use crate::{Client, Error};
 /// left counting by crashed workers does not stay forever; an expired latch reads 0 and
 /// counts as open, like one that was never set.
 ///
+/// # Guarantees
+///
+/// - A waiter returns only once the count reached zero or the latch expired (or its own
+///   deadline passed: `Ok(false)`); an opening is never missed, whenever it comes between
+///   the waiter's subscription and its first read.
+/// - The count is set once per round: a second [`try_set_count`](CountDownLatch::try_set_count)
+///   while counting changes nothing, and a repeat after a lost reply never sets twice.
+/// - No count below zero; a latch left by crashed workers expires when its setter said.
+/// - Bounded waits return by their deadline plus 250 ms, even when Redis stops answering.
+///
 /// ```no_run
 /// # use std::time::Duration;
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -74,6 +84,17 @@ impl CountDownLatch {
     /// zero expiry, or an expiry over ten years, and with [`Error::WrongKind`] while the
     /// name is held as a lock, a read-write lock or a semaphore (a name is one kind at a
     /// time; nothing is changed).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let latch = client.count_down_latch("batch-42");
+    /// if !latch.try_set_count(10, Duration::from_secs(3600))? {
+    ///     println!("another coordinator set it already");
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "trySetCount")]
     pub fn try_set_count(&self, count: u64, expire_after: Duration) -> Result<bool, Error> {
         self.check_name()?;
         if count == 0 || count > i64::MAX as u64 {
@@ -115,6 +136,13 @@ impl CountDownLatch {
     ///
     /// Not idempotent: a call whose reply was lost (the connection failed after sending)
     /// may or may not have counted, and is not repeated by the client.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let left = client.count_down_latch("batch-42").count_down()?; // one job done
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "countDown")]
     pub fn count_down(&self) -> Result<u64, Error> {
         self.check_name()?;
         let (key, channel) = (self.key.as_slice(), self.channel.as_slice());
@@ -128,17 +156,46 @@ impl CountDownLatch {
     }
 
     /// The count left: 0 when the latch is open (reached zero, expired or never set).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// println!("{} jobs to go", client.count_down_latch("batch-42").count()?);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "getCount")]
+    #[doc(alias = "get_count")]
     pub fn count(&self) -> Result<u64, Error> {
         Ok(self.state(None)?.0)
     }
 
-    /// Blocks until the latch is open (its count reached zero, or it expired).
+    /// Blocks until the latch is open (its count reached zero, or it expired): Redisson's
+    /// `await()` (`await` is a keyword in Rust).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// client.count_down_latch("batch-42").wait()?;
+    /// println!("the batch is done");
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "await")]
     pub fn wait(&self) -> Result<(), Error> {
         self.wait_with(None).map(|_| ())
     }
 
     /// Blocks at most `timeout` for the latch to open: `Ok(true)` when it did. A timeout
     /// too long to add to the current time waits like [`wait`](CountDownLatch::wait).
+    /// Redisson's `await(timeout, unit)`.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// if !client.count_down_latch("batch-42").wait_for(Duration::from_secs(60))? {
+    ///     println!("still not done after a minute");
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "await")]
+    #[doc(alias = "await_for")]
     pub fn wait_for(&self, timeout: Duration) -> Result<bool, Error> {
         match Instant::now().checked_add(timeout) {
             Some(deadline) => self.wait_until(deadline),
@@ -148,11 +205,26 @@ impl CountDownLatch {
 
     /// Blocks until `deadline` at most for the latch to open: `Ok(true)` when it did.
     /// Returns by the deadline plus 250 ms even when Redis stops answering.
+    ///
+    /// ```no_run
+    /// # use std::time::{Duration, Instant};
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let deadline = Instant::now() + Duration::from_secs(60);
+    /// let open = client.count_down_latch("batch-42").wait_until(deadline)?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "await_until")]
     pub fn wait_until(&self, deadline: Instant) -> Result<bool, Error> {
         self.wait_with(Some(deadline))
     }
 
     /// The name the latch was made with.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// assert_eq!(client.count_down_latch("batch-42").name(), b"batch-42");
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn name(&self) -> &[u8] {
         &self.name
     }

@@ -14,13 +14,14 @@ use crate::primitives::wait::{Wait, NEXT_TICKET};
 use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
 use crate::runtime::holds::Acquisition;
 use crate::runtime::keys::{self, fresh_token, holder_id, thread_token, LockKeys};
-use crate::runtime::lease::{fixed, millis, Lease};
+use crate::runtime::lease::{millis, Lease};
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber;
 use crate::runtime::telemetry;
 use crate::{Client, Error, LockGuard};
+use crate::{LockOptions, OwnedLock};
 
 /// A named distributed lock, reentrant per thread; one type over its kinds.
 ///
@@ -34,7 +35,7 @@ use crate::{Client, Error, LockGuard};
 /// which is why [`LockGuard`] is not `Send`. Different threads, different [`Client`]s and
 /// different processes all exclude each other.
 /// A hold that must outlive its thread or move to another one (a job handed to a worker
-/// of a pool) is taken with [`lock_owned`](Lock::lock_owned) instead: its
+/// of a pool) is taken through [`owned`](Lock::owned) instead: its
 /// [`OwnedGuard`](crate::OwnedGuard) is `Send`, and the hold is not reentrant.
 ///
 /// `Lock` is a cheap handle (clone it freely); making one touches no network. Waiting
@@ -182,8 +183,8 @@ impl<K: Kind> Lock<K> {
     }
 
     /// The same lock, whose acquisitions are holders of their own (see
-    /// [`lock_owned`](Lock::lock_owned)).
-    pub(crate) fn owned(&self) -> Lock<Owned<K>> {
+    /// [`owned`](Lock::owned)).
+    pub(crate) fn owned_kind(&self) -> Lock<Owned<K>> {
         Lock {
             client: self.client.clone(),
             keys: self.keys.clone(),
@@ -222,7 +223,7 @@ impl<K: Kind> Lock<K> {
     /// Blocks until this thread holds the lock. The lease is
     /// [`watchdog_timeout`](crate::ClientBuilder::watchdog_timeout) long and renewed by
     /// the watchdog until the guard is released, so a crashed holder frees the lock within
-    /// that time.
+    /// that time. A fixed lease, a cancellation token: [`try_lock_with`](Lock::try_lock_with).
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -232,27 +233,6 @@ impl<K: Kind> Lock<K> {
     pub fn lock(&self) -> Result<LockGuard<K>, Error> {
         Ok(self
             .acquire(Lease::Watchdog, None, 1)?
-            .expect("an acquisition without deadline only returns once acquired"))
-    }
-
-    /// Blocks until this thread holds the lock for `lease`. The lease is never renewed:
-    /// after it the lock is free for others whether or not the guard was released, and the
-    /// old guard's [`is_lease_lost`](LockGuard::is_lease_lost) says so and its
-    /// [`unlock`](LockGuard::unlock) fails with [`Error::LeaseLost`].
-    ///
-    /// Fails with [`Error::InvalidArgument`] for a zero or absurdly long (over ten years)
-    /// lease.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let guard = client.lock("report").lock_with_lease(Duration::from_secs(10))?;
-    /// # Ok::<(), redmutex::Error>(())
-    /// ```
-    pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard<K>, Error> {
-        let lease = fixed(lease)?;
-        Ok(self
-            .acquire(lease, None, 1)?
             .expect("an acquisition without deadline only returns once acquired"))
     }
 
@@ -280,6 +260,9 @@ impl<K: Kind> Lock<K> {
     /// plus a grace of 250 ms for a round trip already under way (then with
     /// [`Error::Timeout`] or [`Error::Pool`]), whatever the command and connect timeouts.
     ///
+    /// Redisson's `tryLock(wait, lease)` is
+    /// [`try_lock_with`](Lock::try_lock_with)`(LockOptions::new().wait_for(wait).lease(lease))`.
+    ///
     /// ```no_run
     /// # use std::time::Duration;
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -290,81 +273,80 @@ impl<K: Kind> Lock<K> {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard<K>>, Error> {
-        match Instant::now().checked_add(wait) {
-            Some(deadline) => self.try_lock_until(deadline),
-            None => self.acquire(Lease::Watchdog, None, 1),
-        }
+        self.acquire(Lease::Watchdog, Instant::now().checked_add(wait), 1)
     }
 
     /// Waits for the lock until `deadline`: `Ok(None)` if it was not acquired by then.
     /// Returns by `deadline` plus 250 ms even when Redis stops answering, as
     /// [`try_lock_for`](Lock::try_lock_for).
+    ///
+    /// ```no_run
+    /// # use std::time::{Duration, Instant};
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let deadline = Instant::now() + Duration::from_secs(5);
+    /// for name in ["a", "b"] {
+    ///     // one deadline for both: the second waits only for what is left
+    ///     let _guard = client.lock(name).try_lock_until(deadline)?;
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard<K>>, Error> {
         self.acquire(Lease::Watchdog, Some(deadline), 1)
     }
 
-    /// Blocks until this thread holds the lock, as [`lock`](Lock::lock), or until `cancel`
-    /// is cancelled (from any thread): then it leaves the lock's queue and fails with
-    /// [`Error::Cancelled`], holding nothing. A token cancelled before the call fails it
-    /// at once, with nothing sent. See [`CancelToken`] for the race with a grant.
+    /// Acquires with [`LockOptions`]: a fixed lease, a bound on the wait, a
+    /// [`CancellationToken`](crate::CancellationToken). `Ok(None)` only when the options' wait ran out; with no wait
+    /// set it blocks as [`lock`](Lock::lock) does and returns `Some`.
+    /// [`Error::Cancelled`] when the token stopped the wait (nothing is held then),
+    /// [`Error::InvalidArgument`] for a zero lease, one over ten years, or permits (a
+    /// lock has none), with nothing sent.
     ///
     /// ```no_run
+    /// use std::time::Duration;
+    /// use redmutex::LockOptions;
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let token = redmutex::CancelToken::new();
-    /// // token.cancel() from another thread stops the wait.
-    /// match client.lock("report").lock_cancellable(&token) {
-    ///     Ok(guard) => guard.unlock()?,
-    ///     Err(redmutex::Error::Cancelled) => println!("gave up waiting"),
-    ///     Err(e) => return Err(e),
+    /// let lock = client.lock("report");
+    ///
+    /// // Redisson's lock(10, SECONDS): blocks, then holds for 10 s, never renewed.
+    /// let guard = lock.try_lock_with(LockOptions::new().lease(Duration::from_secs(10)))?;
+    /// # drop(guard);
+    ///
+    /// // Redisson's tryLock(1, 30, SECONDS).
+    /// let options = LockOptions::new()
+    ///     .wait_for(Duration::from_secs(1))
+    ///     .lease(Duration::from_secs(30));
+    /// if let Some(guard) = lock.try_lock_with(options)? {
+    ///     guard.unlock()?;
     /// }
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lock_cancellable(&self, cancel: &CancelToken) -> Result<LockGuard<K>, Error> {
-        Ok(self
-            .acquire_cancellable(Lease::Watchdog, None, 1, Some(cancel))?
-            .expect("an acquisition without deadline only returns once acquired"))
+    #[doc(alias = "tryLock")]
+    #[doc(alias = "lock_with_lease")]
+    #[doc(alias = "lock_cancellable")]
+    #[doc(alias = "lockInterruptibly")]
+    pub fn try_lock_with(&self, options: LockOptions) -> Result<Option<LockGuard<K>>, Error> {
+        let o = options.for_lock().map_err(|e| e.on_lock(self.name()))?;
+        self.acquire_cancellable(o.lease, o.deadline, 1, o.cancel)
     }
 
-    /// Waits for the lock until `deadline` (`Ok(None)` if it was not acquired by then), as
-    /// [`try_lock_until`](Lock::try_lock_until), or until `cancel` is cancelled: then it
-    /// fails with [`Error::Cancelled`], as [`lock_cancellable`](Lock::lock_cancellable).
-    pub fn try_lock_until_cancellable(
-        &self,
-        deadline: Instant,
-        cancel: &CancelToken,
-    ) -> Result<Option<LockGuard<K>>, Error> {
-        self.acquire_cancellable(Lease::Watchdog, Some(deadline), 1, Some(cancel))
-    }
-
-    /// Waits at most `wait` for the lock and holds it for a fixed `lease`, never renewed
-    /// (Redisson's `tryLock(waitTime, leaseTime)`).
+    /// This lock's owned form: the same lock, whose acquisitions are holders of their own
+    /// and whose guards ([`OwnedGuard`](crate::OwnedGuard)) are `Send`, for a hold that
+    /// moves to another thread (a job handed to a worker) or outlives the thread that took
+    /// it. Not reentrant: see [`OwnedLock`].
     ///
     /// ```no_run
-    /// # use std::time::Duration;
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let lock = client.lock("report");
-    /// let guard = lock.try_lock_with_lease_for(Duration::from_secs(1), Duration::from_secs(30))?;
+    /// let guard = client.lock("nightly-export").owned().lock()?;
+    /// std::thread::spawn(move || {
+    ///     // ... the export runs here, under the lock ...
+    ///     guard.unlock() // released by the thread that finished the work
+    /// });
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn try_lock_with_lease_for(
-        &self,
-        wait: Duration,
-        lease: Duration,
-    ) -> Result<Option<LockGuard<K>>, Error> {
-        match Instant::now().checked_add(wait) {
-            Some(deadline) => self.try_lock_with_lease_until(deadline, lease),
-            None => self.acquire(fixed(lease)?, None, 1),
-        }
-    }
-
-    /// Waits for the lock until `deadline` and holds it for a fixed `lease`, never renewed.
-    pub fn try_lock_with_lease_until(
-        &self,
-        deadline: Instant,
-        lease: Duration,
-    ) -> Result<Option<LockGuard<K>>, Error> {
-        let lease = fixed(lease)?;
-        self.acquire(lease, Some(deadline), 1)
+    #[doc(alias = "lock_owned")]
+    #[doc(alias = "Send")]
+    pub fn owned(&self) -> OwnedLock<K> {
+        OwnedLock::new(self.owned_kind())
     }
 
     /// Whether any thread of any client holds the lock right now.
@@ -390,7 +372,7 @@ impl<K: Kind> Lock<K> {
     /// A thread with no live guard of the lock (none taken, all released, or its lease
     /// already known lost) gets 0 at once, without a round trip: a lock is held by a thread
     /// only through its guards. Otherwise Redis is asked, so a lease lost since the last
-    /// renewal shows as 0. Owned holds ([`lock_owned`](Lock::lock_owned)) are nobody's
+    /// renewal shows as 0. Owned holds ([`owned`](Lock::owned)) are nobody's
     /// thread's and never count.
     pub fn hold_count(&self) -> Result<u32, Error> {
         self.count_held().map_err(|e| e.on_lock(self.name()))

@@ -17,11 +17,12 @@ use crate::primitives::wait::NEXT_TICKET;
 use crate::runtime::client::IO_GRACE;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::keys::{holder_id, thread_token};
-use crate::runtime::lease::{fixed, millis, Lease};
+use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::telemetry;
 use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
+use crate::LockOptions;
 
 /// How long a round of calls waits for a server by default: far below any lease, so that
 /// a server down or frozen delays each acquisition by this much at most.
@@ -219,16 +220,18 @@ impl MultiLock {
     /// [`watchdog_timeout`](crate::ClientBuilder::watchdog_timeout)) renewed by the
     /// watchdogs until the guard is released. Fails with [`Error::NoQuorum`] when too many
     /// of the servers cannot be reached for a quorum to be possible.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let both = redmutex::MultiLock::new([client.lock("from"), client.lock("to")])?;
+    /// let guard = both.lock()?;                // both held, or neither
+    /// // ... move the money ...
+    /// guard.unlock()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn lock(&self) -> Result<MultiLockGuard, Error> {
         Ok(self
             .acquire(Lease::Watchdog, None)?
-            .expect("an acquisition without deadline only returns once acquired"))
-    }
-
-    /// Blocks until this thread holds the lock, for a fixed `lease` that is never renewed.
-    pub fn lock_with_lease(&self, lease: Duration) -> Result<MultiLockGuard, Error> {
-        Ok(self
-            .acquire(fixed(lease)?, None)?
             .expect("an acquisition without deadline only returns once acquired"))
     }
 
@@ -237,16 +240,31 @@ impl MultiLock {
     /// each holder's lease just granted, so that of several tries on free locks one gets
     /// it. Locks that share a client are asked for in one transaction, so that on one
     /// server no other call comes between them.
+    ///
+    /// ```no_run
+    /// # fn get(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// if let Some(guard) = lock.try_lock()? {
+    ///     guard.unlock()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn try_lock(&self) -> Result<Option<MultiLockGuard>, Error> {
         self.acquire(Lease::Watchdog, Some(Instant::now()))
     }
 
     /// Waits up to `wait` for the lock; `None` if it was not acquired by then.
+    ///
+    /// ```no_run
+    /// # fn get(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// use std::time::Duration;
+    /// match lock.try_lock_for(Duration::from_secs(2))? {
+    ///     Some(guard) => guard.unlock()?,
+    ///     None => println!("held elsewhere"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiLockGuard>, Error> {
-        match Instant::now().checked_add(wait) {
-            Some(deadline) => self.try_lock_until(deadline),
-            None => self.lock().map(Some),
-        }
+        self.acquire(Lease::Watchdog, Instant::now().checked_add(wait))
     }
 
     /// Waits until `deadline` for the lock; `None` if it was not acquired by then. Fails
@@ -266,58 +284,34 @@ impl MultiLock {
         self.acquire(Lease::Watchdog, Some(deadline))
     }
 
-    /// Blocks until this thread holds the lock, as [`lock`](MultiLock::lock), or until
-    /// `cancel` is cancelled: then it leaves every queue, gives back whatever a release
-    /// handed it meanwhile, and fails with [`Error::Cancelled`], holding nothing (see
-    /// [`CancelToken`]).
+    /// Acquires with [`LockOptions`]: a fixed lease (never renewed, on every member), a
+    /// bound on the wait, a [`CancellationToken`](crate::CancellationToken) (then it
+    /// leaves every queue, gives back whatever a release handed it meanwhile, and fails
+    /// with [`Error::Cancelled`], holding nothing). `Ok(None)` only when the options' wait
+    /// ran out.
     ///
     /// ```no_run
+    /// use std::time::Duration;
+    /// use redmutex::{CancellationToken, LockOptions, MultiLock};
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let both = redmutex::MultiLock::new([client.lock("a"), client.lock("b")])?;
-    /// let token = redmutex::CancelToken::new();
-    /// match both.lock_cancellable(&token) {
-    ///     Ok(guard) => guard.unlock()?,
+    /// let both = MultiLock::new([client.lock("a"), client.lock("b")])?;
+    /// let token = CancellationToken::new();
+    /// let options = LockOptions::new()
+    ///     .lease(Duration::from_secs(30))
+    ///     .wait_for(Duration::from_secs(5))
+    ///     .cancellable(&token);
+    /// match both.try_lock_with(options) {
+    ///     Ok(Some(guard)) => guard.unlock()?,
+    ///     Ok(None) => println!("held elsewhere"),
     ///     Err(redmutex::Error::Cancelled) => println!("gave up waiting"),
     ///     Err(e) => return Err(e),
     /// }
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lock_cancellable(&self, cancel: &CancelToken) -> Result<MultiLockGuard, Error> {
-        Ok(self
-            .acquire_cancellable(Lease::Watchdog, None, Some(cancel))?
-            .expect("an acquisition without deadline only returns once acquired"))
-    }
-
-    /// Waits until `deadline` for the lock (`None` if it was not acquired by then), as
-    /// [`try_lock_until`](MultiLock::try_lock_until), or until `cancel` is cancelled
-    /// ([`Error::Cancelled`]).
-    pub fn try_lock_until_cancellable(
-        &self,
-        deadline: Instant,
-        cancel: &CancelToken,
-    ) -> Result<Option<MultiLockGuard>, Error> {
-        self.acquire_cancellable(Lease::Watchdog, Some(deadline), Some(cancel))
-    }
-
-    /// Waits up to `wait` for the lock and holds it for a fixed `lease`, never renewed.
-    pub fn try_lock_with_lease_for(
-        &self,
-        wait: Duration,
-        lease: Duration,
-    ) -> Result<Option<MultiLockGuard>, Error> {
-        match Instant::now().checked_add(wait) {
-            Some(deadline) => self.try_lock_with_lease_until(deadline, lease),
-            None => self.acquire(fixed(lease)?, None),
-        }
-    }
-
-    /// Waits until `deadline` for the lock and holds it for a fixed `lease`, never renewed.
-    pub fn try_lock_with_lease_until(
-        &self,
-        deadline: Instant,
-        lease: Duration,
-    ) -> Result<Option<MultiLockGuard>, Error> {
-        self.acquire(fixed(lease)?, Some(deadline))
+    #[doc(alias = "tryLock")]
+    pub fn try_lock_with(&self, options: LockOptions) -> Result<Option<MultiLockGuard>, Error> {
+        let o = options.for_lock()?;
+        self.acquire_cancellable(o.lease, o.deadline, o.cancel)
     }
 
     /// Whether a quorum of the locks is held (by anyone) right now. Fails with

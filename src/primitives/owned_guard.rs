@@ -2,17 +2,15 @@
 //! that it may be moved to (and released on) another thread.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::primitives::cancel::CancelToken;
 use crate::primitives::kind::{Fenced, Kind, Owned, Plain};
-use crate::runtime::lease::{fixed, Lease};
-use crate::{Error, Lock, LockGuard};
+use crate::{Error, LockGuard};
 
-/// Proof that an owned acquisition ([`Lock::lock_owned`] and its variants) holds a
-/// [`Lock`]. Unlike a [`LockGuard`], it belongs to no thread: it is `Send + Sync +
+/// Proof that an owned acquisition (through [`Lock::owned`](crate::Lock::owned), an
+/// [`OwnedLock`](crate::OwnedLock)) holds a [`Lock`](crate::Lock). Unlike a [`LockGuard`], it belongs to no thread: it is `Send + Sync +
 /// 'static`, so it may be moved into a job, handed to a worker of a thread pool, or kept
 /// in a struct shared between threads, and released wherever it ends up.
 ///
@@ -21,8 +19,10 @@ use crate::{Error, Lock, LockGuard};
 /// owned or by a thread, waits for it like any other holder would, even on the thread that
 /// took it (and an owned acquisition waits for a hold of its own thread the same way).
 /// Blocking on the lock while holding it is therefore a deadlock until the lease ends; use
-/// the thread-owned [`lock`](Lock::lock) for nested critical sections.
-/// [`Lock::hold_count`] and [`Lock::is_held_by_current_thread`] count thread holds only.
+/// the thread-owned [`Lock::lock`](crate::Lock::lock) for nested critical sections.
+/// [`Lock::hold_count`](crate::Lock::hold_count) and
+/// [`Lock::is_held_by_current_thread`](crate::Lock::is_held_by_current_thread) count thread
+/// holds only.
 /// An owned hold of an [`UpgradeableLock`](crate::UpgradeableLock) is an upgradeable read
 /// hold that cannot [`upgrade`](crate::UpgradeableGuard::upgrade) (its writer would be
 /// another holder); take the thread guard to upgrade.
@@ -36,7 +36,7 @@ use crate::{Error, Lock, LockGuard};
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-/// let guard = client.lock("nightly-export").lock_owned()?;
+/// let guard = client.lock("nightly-export").owned().lock()?;
 /// let job = std::thread::spawn(move || {
 ///     // ... the export runs here, under the lock ...
 ///     guard.unlock() // released by the thread that finished the work
@@ -46,7 +46,7 @@ use crate::{Error, Lock, LockGuard};
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct OwnedGuard<K: Kind = Plain> {
-    guard: LockGuard<Owned<K>>,
+    pub(crate) guard: LockGuard<Owned<K>>,
 }
 
 impl<K: Kind> OwnedGuard<K> {
@@ -73,7 +73,7 @@ impl<K: Kind> OwnedGuard<K> {
     /// ```no_run
     /// use crossbeam_channel::select;
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let guard = client.lock("ledger").lock_owned()?;
+    /// let guard = client.lock("ledger").owned().lock()?;
     /// std::thread::spawn(move || {
     ///     let lost = guard.lost();
     ///     select! {
@@ -109,99 +109,5 @@ impl<K: Kind> fmt::Debug for OwnedGuard<K> {
         f.debug_struct("OwnedGuard")
             .field("guard", &self.guard)
             .finish()
-    }
-}
-
-/// Owned acquisitions: holds that belong to the acquisition rather than to the calling
-/// thread, with guards that may move between threads ([`OwnedGuard`]).
-impl<K: Kind> Lock<K> {
-    /// Blocks until an owned acquisition holds the lock: as [`lock`](Lock::lock) (the same
-    /// queue, handoffs and watchdog lease), but the hold is a holder of its own, whose
-    /// [`OwnedGuard`] may be moved to another thread and released there. Not reentrant:
-    /// it waits for every other hold of the lock, including the calling thread's own.
-    ///
-    /// ```no_run
-    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let guard = client.lock("report").lock_owned()?;
-    /// std::thread::spawn(move || drop(guard)); // released on the other thread
-    /// # Ok::<(), redmutex::Error>(())
-    /// ```
-    pub fn lock_owned(&self) -> Result<OwnedGuard<K>, Error> {
-        Ok(self
-            .acquire_owned(Lease::Watchdog, None, None)?
-            .expect("an acquisition without deadline only returns once acquired"))
-    }
-
-    /// Blocks until an owned acquisition holds the lock for a fixed `lease`, never
-    /// renewed, as [`lock_with_lease`](Lock::lock_with_lease). Fails with
-    /// [`Error::InvalidArgument`] for a zero or absurdly long (over ten years) lease.
-    pub fn lock_owned_with_lease(&self, lease: Duration) -> Result<OwnedGuard<K>, Error> {
-        let lease = fixed(lease)?;
-        Ok(self
-            .acquire_owned(lease, None, None)?
-            .expect("an acquisition without deadline only returns once acquired"))
-    }
-
-    /// One owned attempt, without waiting: `Ok(None)` when the lock is held (by anyone,
-    /// the calling thread included), as [`try_lock`](Lock::try_lock).
-    pub fn try_lock_owned(&self) -> Result<Option<OwnedGuard<K>>, Error> {
-        self.acquire_owned(Lease::Watchdog, Some(Instant::now()), None)
-    }
-
-    /// Waits at most `wait` for an owned hold of the lock, as
-    /// [`try_lock_for`](Lock::try_lock_for): `Ok(None)` if it was not acquired in time.
-    pub fn try_lock_owned_for(&self, wait: Duration) -> Result<Option<OwnedGuard<K>>, Error> {
-        self.acquire_owned(Lease::Watchdog, Instant::now().checked_add(wait), None)
-    }
-
-    /// Waits for an owned hold of the lock until `deadline`, as
-    /// [`try_lock_until`](Lock::try_lock_until): `Ok(None)` if it was not acquired by
-    /// then.
-    pub fn try_lock_owned_until(&self, deadline: Instant) -> Result<Option<OwnedGuard<K>>, Error> {
-        self.acquire_owned(Lease::Watchdog, Some(deadline), None)
-    }
-
-    /// Waits at most `wait` for an owned hold of the lock, held for a fixed `lease`, never
-    /// renewed, as [`try_lock_with_lease_for`](Lock::try_lock_with_lease_for).
-    pub fn try_lock_owned_with_lease_for(
-        &self,
-        wait: Duration,
-        lease: Duration,
-    ) -> Result<Option<OwnedGuard<K>>, Error> {
-        let lease = fixed(lease)?;
-        self.acquire_owned(lease, Instant::now().checked_add(wait), None)
-    }
-
-    /// Blocks until an owned acquisition holds the lock, as
-    /// [`lock_owned`](Lock::lock_owned), or until `cancel` is cancelled: then it leaves
-    /// the queue and fails with [`Error::Cancelled`], holding nothing, as
-    /// [`lock_cancellable`](Lock::lock_cancellable).
-    pub fn lock_owned_cancellable(&self, cancel: &CancelToken) -> Result<OwnedGuard<K>, Error> {
-        Ok(self
-            .acquire_owned(Lease::Watchdog, None, Some(cancel))?
-            .expect("an acquisition without deadline only returns once acquired"))
-    }
-
-    /// Waits for an owned hold of the lock until `deadline` (`Ok(None)` if it was not
-    /// acquired by then), or until `cancel` is cancelled (then [`Error::Cancelled`]), as
-    /// [`try_lock_until_cancellable`](Lock::try_lock_until_cancellable).
-    pub fn try_lock_owned_until_cancellable(
-        &self,
-        deadline: Instant,
-        cancel: &CancelToken,
-    ) -> Result<Option<OwnedGuard<K>>, Error> {
-        self.acquire_owned(Lease::Watchdog, Some(deadline), Some(cancel))
-    }
-
-    fn acquire_owned(
-        &self,
-        lease: Lease,
-        deadline: Option<Instant>,
-        cancel: Option<&CancelToken>,
-    ) -> Result<Option<OwnedGuard<K>>, Error> {
-        let guard = self
-            .owned()
-            .acquire_cancellable(lease, deadline, 1, cancel)?;
-        Ok(guard.map(|guard| OwnedGuard { guard }))
     }
 }

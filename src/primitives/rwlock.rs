@@ -1,20 +1,30 @@
 //! `ReadWriteLock`: many readers or one writer, and a waiting writer is never starved.
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{Read, Upgradeable, Write};
 use crate::runtime::keys::Object;
-use crate::{Client, Lock, LockGuard};
+use crate::{Client, Error, Lock, LockGuard};
 
 /// A named read-write lock: many threads may read at once, across processes, or one thread
 /// may write, alone.
 ///
-/// [`read`](ReadWriteLock::read) and [`write`](ReadWriteLock::write) are its two sides,
-/// and [`upgradeable`](ReadWriteLock::upgradeable) a read side that may become the write
-/// side. Each is a [`Lock`] with the whole lock surface (`lock`, `try_lock*`, the
-/// `_with_lease_` variants, `hold_count`, `force_unlock`, …) and [`LockGuard`]s that are
-/// released on drop and stay on their thread.
+/// [`read`](ReadWriteLock::read) and [`write`](ReadWriteLock::write) return guards, as
+/// std's and parking_lot's `RwLock` do (with `try_read`, `try_write` and their `_for` and
+/// `_until` forms). The sides themselves are [`read_lock`](ReadWriteLock::read_lock),
+/// [`write_lock`](ReadWriteLock::write_lock) (Redisson's `readLock()`/`writeLock()`) and
+/// [`upgradeable_lock`](ReadWriteLock::upgradeable_lock), a read side that may become the
+/// write side: each a [`Lock`] with the whole lock surface (`lock`, `try_lock*`,
+/// `try_lock_with` for a fixed lease or a cancellation token, `owned`, `hold_count`,
+/// `force_unlock`, …). Guards are released on drop and stay on their thread.
 ///
+/// # Guarantees
+///
+/// Those of [`Lock`] on every side (losses reported, a crashed holder's share freed when
+/// its lease ends, bounded calls returning by their deadline plus 250 ms), and:
+///
+/// - **Never a reader beside a writer**, nor two writers, nor two upgradeable readers.
 /// - **Reentrant** on every side, per thread.
 /// - **Downgrade**: a thread holding the write side may take the read side (or the
 ///   upgradeable side); releasing the write side then leaves it reading, and lets the
@@ -30,7 +40,7 @@ use crate::{Client, Lock, LockGuard};
 /// - **A lease per hold**: every reader's hold has its own lease, renewed by the client's
 ///   one watchdog thread in its batched round. A crashed reader frees its share when its
 ///   lease ends; the other readers keep theirs (and so does a crashed upgradeable reader).
-/// - **Upgradeable reads**: [`upgradeable`](ReadWriteLock::upgradeable) is a third side,
+/// - **Upgradeable reads**: [`upgradeable_lock`](ReadWriteLock::upgradeable_lock) is a third side,
 ///   a read hold that one thread at a time may have, alongside the plain readers (it
 ///   excludes writers and other upgradeable readers), and that
 ///   [`upgrade`](crate::UpgradeableGuard::upgrade)s to the write side once the plain
@@ -49,11 +59,11 @@ use crate::{Client, Lock, LockGuard};
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let config = client.read_write_lock("config");
 /// {
-///     let _r = config.read().lock()?;      // readers share the lock
+///     let _r = config.read()?;             // readers share the lock
 ///     // ... read the configuration ...
 /// }
-/// let w = config.write().lock()?;          // a writer waits for the readers, then is alone
-/// let r = config.read().lock()?;           // downgrade: read while still writing
+/// let w = config.write()?;                 // a writer waits for the readers, then is alone
+/// let r = config.read()?;                  // downgrade: read while still writing
 /// w.unlock()?;                             // now reading only; other readers come in
 /// r.unlock()?;
 /// # Ok::<(), redmutex::Error>(())
@@ -90,32 +100,176 @@ impl ReadWriteLock {
         }
     }
 
-    /// The read side: any number of threads may hold it at once, while nobody writes.
-    pub fn read(&self) -> ReadLock {
+    /// Blocks until this thread holds the read side, as std's and parking_lot's
+    /// `RwLock::read`: any number of threads may read at once, while nobody writes. The
+    /// guard's lease is renewed by the watchdog. For a fixed lease, a cancellation token or
+    /// an owned hold, use the side itself: [`read_lock`](ReadWriteLock::read_lock).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let config = client.read_write_lock("config");
+    /// let guard = config.read()?;              // shared with the other readers
+    /// // ... read the configuration ...
+    /// guard.unlock()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn read(&self) -> Result<ReadGuard, Error> {
+        self.read.lock()
+    }
+
+    /// Blocks until this thread holds the write side, as std's `RwLock::write`: one thread
+    /// writes, while nobody else reads or writes. Fails with
+    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) on a thread that holds only
+    /// the read side.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let config = client.read_write_lock("config");
+    /// let guard = config.write()?;             // waits for the readers, then is alone
+    /// // ... change the configuration ...
+    /// guard.unlock()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn write(&self) -> Result<WriteGuard, Error> {
+        self.write.lock()
+    }
+
+    /// One attempt at the read side, without waiting: `Ok(None)` while someone writes
+    /// (or a writer waits first).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// if let Some(guard) = client.read_write_lock("config").try_read()? {
+    ///     // ... read ...
+    /// #   drop(guard);
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn try_read(&self) -> Result<Option<ReadGuard>, Error> {
+        self.read.try_lock()
+    }
+
+    /// One attempt at the write side, without waiting: `Ok(None)` while anyone else reads
+    /// or writes.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// if let Some(guard) = client.read_write_lock("config").try_write()? {
+    ///     // ... write ...
+    /// #   drop(guard);
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn try_write(&self) -> Result<Option<WriteGuard>, Error> {
+        self.write.try_lock()
+    }
+
+    /// Waits at most `wait` for the read side: `Ok(None)` if it was not had in time.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.read_write_lock("config").try_read_for(Duration::from_secs(1))?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn try_read_for(&self, wait: Duration) -> Result<Option<ReadGuard>, Error> {
+        self.read.try_lock_for(wait)
+    }
+
+    /// Waits at most `wait` for the write side: `Ok(None)` if it was not had in time.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.read_write_lock("config").try_write_for(Duration::from_secs(1))?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn try_write_for(&self, wait: Duration) -> Result<Option<WriteGuard>, Error> {
+        self.write.try_lock_for(wait)
+    }
+
+    /// Waits for the read side until `deadline`: `Ok(None)` if it was not had by then.
+    ///
+    /// ```no_run
+    /// # use std::time::{Duration, Instant};
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let deadline = Instant::now() + Duration::from_secs(1);
+    /// let guard = client.read_write_lock("config").try_read_until(deadline)?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn try_read_until(&self, deadline: Instant) -> Result<Option<ReadGuard>, Error> {
+        self.read.try_lock_until(deadline)
+    }
+
+    /// Waits for the write side until `deadline`: `Ok(None)` if it was not had by then.
+    ///
+    /// ```no_run
+    /// # use std::time::{Duration, Instant};
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let deadline = Instant::now() + Duration::from_secs(1);
+    /// let guard = client.read_write_lock("config").try_write_until(deadline)?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn try_write_until(&self, deadline: Instant) -> Result<Option<WriteGuard>, Error> {
+        self.write.try_lock_until(deadline)
+    }
+
+    /// The read side as a handle (Redisson's `readLock()`): a [`Lock`] with the whole
+    /// surface (`try_lock_with` for a fixed lease or a cancellation token, `owned`,
+    /// `hold_count`, `force_unlock`, …).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let reads = client.read_write_lock("config").read_lock();
+    /// let options = redmutex::LockOptions::new().lease(Duration::from_secs(30));
+    /// let guard = reads.try_lock_with(options)?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "readLock")]
+    pub fn read_lock(&self) -> ReadLock {
         self.read.clone()
     }
 
-    /// The write side: one thread holds it, while nobody else reads or writes.
-    pub fn write(&self) -> WriteLock {
+    /// The write side as a handle (Redisson's `writeLock()`), with the whole [`Lock`]
+    /// surface.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let writes = client.read_write_lock("config").write_lock();
+    /// let guard = writes.owned().lock()?;      // a write hold that may move threads
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "writeLock")]
+    pub fn write_lock(&self) -> WriteLock {
         self.write.clone()
     }
 
     /// The upgradeable read side: one thread at a time holds it, alongside any number of
     /// readers, while nobody writes; its guard may
-    /// [`upgrade`](crate::UpgradeableGuard::upgrade) to the write side.
+    /// [`upgrade`](crate::UpgradeableGuard::upgrade) to the write side (parking_lot's
+    /// `upgradable_read`).
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
     /// let config = client.read_write_lock("config");
-    /// let u = config.upgradeable().lock()?; // readers still come in, writers wait
-    /// let w = u.upgrade()?;                 // waits for the readers, then writes alone
+    /// let u = config.upgradeable_lock().lock()?; // readers still come in, writers wait
+    /// let w = u.upgrade()?;                      // waits for the readers, then writes alone
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn upgradeable(&self) -> UpgradeableLock {
+    #[doc(alias = "upgradable_read")]
+    #[doc(alias = "upgradeable_read")]
+    pub fn upgradeable_lock(&self) -> UpgradeableLock {
         self.upgradeable.clone()
     }
 
     /// The name the lock was made with.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// assert_eq!(client.read_write_lock("config").name(), b"config");
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn name(&self) -> &[u8] {
         self.read.name()
     }

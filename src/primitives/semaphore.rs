@@ -9,7 +9,7 @@ use crate::runtime::lease::Lease;
 use crate::runtime::pool::Con;
 use crate::runtime::queue;
 use crate::runtime::scripts;
-use crate::{CancelToken, Client, Error, Lock, Permit};
+use crate::{CancellationToken, Client, Error, Lock, LockOptions, Permit};
 
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = u32::MAX;
@@ -35,6 +35,18 @@ pub const MAX_PERMITS: u32 = u32::MAX;
 /// like a fencing counter, it never expires). A semaphore lives in keys of its own
 /// (`<prefix>!sem:…`): a lock of the same name is a different object.
 ///
+/// # Guarantees
+///
+/// - Never more permits held at once than the semaphore's number, across every client,
+///   while Redis keeps its data (a number reduced below those held takes none back).
+/// - A crashed holder's permits come back when their lease ends; a lost lease is
+///   reported ([`Permit::is_lease_lost`], [`Permit::lost`], `release` failing with
+///   [`Error::LeaseLost`]).
+/// - First come, first served: a request for many permits is not starved by requests for
+///   few, and a release wakes only the waiters it covers.
+/// - Bounded calls (`try_acquire*`) return by their deadline plus 250 ms, even when Redis
+///   is frozen or unreachable.
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let api = client.semaphore("partner-api", 4);
@@ -54,7 +66,9 @@ impl Semaphore {
         Semaphore { permits: handle }
     }
 
-    /// Blocks until one permit is held.
+    /// Blocks until one permit is held, its lease renewed by the watchdog while the
+    /// [`Permit`] lives. Several permits at once, a fixed lease, a cancellation token:
+    /// [`try_acquire_with`](Semaphore::try_acquire_with).
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -62,33 +76,24 @@ impl Semaphore {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn acquire(&self) -> Result<Permit, Error> {
-        self.acquire_many(1)
-    }
-
-    /// Blocks until `n` permits are held, all at once (never some of them while waiting).
-    ///
-    /// Fails with [`Error::InvalidArgument`] for zero, and at once, writing nothing, for
-    /// more than the semaphore's number of permits (no release could ever cover it: it
-    /// would wait forever, and everyone queued behind it too). A call already waiting when
-    /// [`reduce_permits`](Semaphore::reduce_permits) or
-    /// [`set_permits`](Semaphore::set_permits) takes the number below its `n` fails so
-    /// then, leaving the queue to the waiters behind it. The same holds for every
-    /// `try_acquire_many*`.
-    pub fn acquire_many(&self, n: u32) -> Result<Permit, Error> {
         Ok(self
-            .take(n, None)?
+            .take(Lease::Watchdog, 1, None, None)?
             .expect("an acquisition without deadline only returns once acquired"))
     }
 
     /// One attempt at one permit, without waiting: `Ok(None)` when none is free (or others
     /// wait for them first).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// match client.semaphore("encoders", 2).try_acquire()? {
+    ///     Some(permit) => permit.release()?,
+    ///     None => println!("both encoders busy"),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn try_acquire(&self) -> Result<Option<Permit>, Error> {
-        self.take(1, Some(Instant::now()))
-    }
-
-    /// One attempt at `n` permits, without waiting.
-    pub fn try_acquire_many(&self, n: u32) -> Result<Option<Permit>, Error> {
-        self.take(n, Some(Instant::now()))
+        self.take(Lease::Watchdog, 1, Some(Instant::now()), None)
     }
 
     /// Waits at most `wait` for one permit: `Ok(None)` if it was not had in time.
@@ -104,88 +109,119 @@ impl Semaphore {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn try_acquire_for(&self, wait: Duration) -> Result<Option<Permit>, Error> {
-        self.try_acquire_many_for(1, wait)
+        self.take(Lease::Watchdog, 1, Instant::now().checked_add(wait), None)
     }
 
     /// Waits for one permit until `deadline`: `Ok(None)` if it was not had by then.
-    pub fn try_acquire_until(&self, deadline: Instant) -> Result<Option<Permit>, Error> {
-        self.take(1, Some(deadline))
-    }
-
-    /// Waits at most `wait` for `n` permits.
-    pub fn try_acquire_many_for(&self, n: u32, wait: Duration) -> Result<Option<Permit>, Error> {
-        match Instant::now().checked_add(wait) {
-            Some(deadline) => self.try_acquire_many_until(n, deadline),
-            None => self.take(n, None),
-        }
-    }
-
-    /// Waits for `n` permits until `deadline`.
-    pub fn try_acquire_many_until(
-        &self,
-        n: u32,
-        deadline: Instant,
-    ) -> Result<Option<Permit>, Error> {
-        self.take(n, Some(deadline))
-    }
-
-    /// Blocks until one permit is held, as [`acquire`](Semaphore::acquire), or until
-    /// `cancel` is cancelled: then it leaves the queue and fails with
-    /// [`Error::Cancelled`], holding nothing (see [`CancelToken`]).
     ///
     /// ```no_run
+    /// # use std::time::{Duration, Instant};
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let token = redmutex::CancelToken::new();
-    /// let permit = client.semaphore("encoders", 2).acquire_cancellable(&token)?;
+    /// let deadline = Instant::now() + Duration::from_secs(2);
+    /// let permit = client.semaphore("partner-api", 4).try_acquire_until(deadline)?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn acquire_cancellable(&self, cancel: &CancelToken) -> Result<Permit, Error> {
-        self.acquire_many_cancellable(1, cancel)
+    pub fn try_acquire_until(&self, deadline: Instant) -> Result<Option<Permit>, Error> {
+        self.take(Lease::Watchdog, 1, Some(deadline), None)
     }
 
-    /// Blocks until `n` permits are held, as [`acquire_many`](Semaphore::acquire_many), or
-    /// until `cancel` is cancelled ([`Error::Cancelled`]).
-    pub fn acquire_many_cancellable(&self, n: u32, cancel: &CancelToken) -> Result<Permit, Error> {
-        Ok(self
-            .take_cancellable(n, None, Some(cancel))?
-            .expect("an acquisition without deadline only returns once acquired"))
-    }
-
-    /// Waits for one permit until `deadline` (`Ok(None)` if it was not had by then), or
-    /// until `cancel` is cancelled ([`Error::Cancelled`]).
-    pub fn try_acquire_until_cancellable(
-        &self,
-        deadline: Instant,
-        cancel: &CancelToken,
-    ) -> Result<Option<Permit>, Error> {
-        self.take_cancellable(1, Some(deadline), Some(cancel))
-    }
-
-    /// Waits for `n` permits until `deadline`, or until `cancel` is cancelled
-    /// ([`Error::Cancelled`]).
-    pub fn try_acquire_many_until_cancellable(
-        &self,
-        n: u32,
-        deadline: Instant,
-        cancel: &CancelToken,
-    ) -> Result<Option<Permit>, Error> {
-        self.take_cancellable(n, Some(deadline), Some(cancel))
+    /// Acquires with [`LockOptions`]: a number of [`permits`](LockOptions::permits), all
+    /// at once (never some of them while waiting), a fixed lease, a bound on the wait, a
+    /// [`CancellationToken`](crate::CancellationToken) (then [`Error::Cancelled`], holding
+    /// nothing). `Ok(None)` only when the options' wait ran out.
+    ///
+    /// Fails with [`Error::InvalidArgument`] for zero permits, and at once, writing
+    /// nothing, for more than the semaphore's number of permits (no release could ever
+    /// cover it: it would wait forever, and everyone queued behind it too). A call already
+    /// waiting when [`reduce_permits`](Semaphore::reduce_permits) or
+    /// [`set_permits`](Semaphore::set_permits) takes the number below its request fails
+    /// so then, leaving the queue to the waiters behind it.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redmutex::LockOptions;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let gpus = client.semaphore("gpus", 8);
+    /// let options = LockOptions::new().permits(3).wait_for(Duration::from_secs(10));
+    /// if let Some(permit) = gpus.try_acquire_with(options)? {
+    ///     assert_eq!(permit.permits(), 3);
+    ///     // ... train on three GPUs ...
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "acquire_many")]
+    #[doc(alias = "tryAcquire")]
+    pub fn try_acquire_with(&self, options: LockOptions) -> Result<Option<Permit>, Error> {
+        let o = options
+            .for_semaphore()
+            .map_err(|e| e.on_lock(self.name()))?;
+        self.take(o.lease, o.permits, o.deadline, o.cancel)
     }
 
     /// The permits free right now (the number of permits less those held; 0 when more are
     /// held than there are, after a [`reduce_permits`](Semaphore::reduce_permits)).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let encoders = client.semaphore("encoders", 2);
+    /// let _permit = encoders.acquire()?;
+    /// println!("{} encoder(s) free", encoders.available_permits()?);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "availablePermits")]
     pub fn available_permits(&self) -> Result<u32, Error> {
         let (total, used) = self.permits_op("get", 0)?;
         Ok(total.saturating_sub(used))
     }
 
     /// The semaphore's number of permits, held or not.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// assert_eq!(client.semaphore("fresh-name", 3).permits()?, 3); // made on first use
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn permits(&self) -> Result<u32, Error> {
         Ok(self.permits_op("get", 0)?.0)
     }
 
+    /// Sets the number of permits to `n` only if the semaphore has none defined yet
+    /// (Redisson's `trySetPermits`): `Ok(true)` if it set them, `Ok(false)` if the name
+    /// already had a number (left unchanged). A semaphore is defined by its first use,
+    /// with the number its handle was made with ([`Client::semaphore`]); this defines it
+    /// without acquiring. [`set_permits`](Semaphore::set_permits) overwrites instead.
+    /// Fails with [`Error::InvalidArgument`] for zero. Not repeated after a lost reply
+    /// (the repeat could not tell its own set from another's).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let slots = client.semaphore("slots", 1);
+    /// if slots.try_set_permits(3)? {
+    ///     println!("we defined the semaphore with 3 permits");
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "trySetPermits")]
+    pub fn try_set_permits(&self, n: u32) -> Result<bool, Error> {
+        if n == 0 {
+            return Err(Error::InvalidArgument(
+                "a semaphore has at least one permit".to_owned(),
+            )
+            .on_lock(self.name()));
+        }
+        Ok(self.permits_op("tryset", n)?.0 == 1)
+    }
+
     /// Adds `n` permits (handed to waiters at once) and returns the new number. Fails with
     /// [`Error::InvalidArgument`], changing nothing, past [`MAX_PERMITS`].
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let now = client.semaphore("encoders", 2).add_permits(1)?; // a third encoder came up
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "addPermits")]
+    #[doc(alias = "release_permits")]
     pub fn add_permits(&self, n: u32) -> Result<u32, Error> {
         Ok(self.permits_op("add", n)?.0)
     }
@@ -194,17 +230,39 @@ impl Semaphore {
     /// their holders; nobody else gets one until enough are released. Fails with
     /// [`Error::InvalidArgument`], changing nothing, when there are fewer than `n`. Waiting
     /// calls that ask for more permits than remain fail with [`Error::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let now = client.semaphore("encoders", 2).reduce_permits(1)?; // one went down
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "reducePermits")]
     pub fn reduce_permits(&self, n: u32) -> Result<u32, Error> {
         Ok(self.permits_op("reduce", n)?.0)
     }
 
-    /// Sets the number of permits (more are handed to waiters at once; waiting calls that
-    /// ask for more than the new number fail with [`Error::InvalidArgument`]).
+    /// Sets the number of permits, whatever it was (more are handed to waiters at once;
+    /// waiting calls that ask for more than the new number fail with
+    /// [`Error::InvalidArgument`]). To set it only where it is not defined yet, see
+    /// [`try_set_permits`](Semaphore::try_set_permits).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// client.semaphore("encoders", 2).set_permits(4)?; // an operator's resize
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "setPermits")]
     pub fn set_permits(&self, n: u32) -> Result<(), Error> {
         self.permits_op("set", n).map(drop)
     }
 
     /// The name the semaphore was made with.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// assert_eq!(client.semaphore("encoders", 2).name(), b"encoders");
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn name(&self) -> &[u8] {
         self.permits.name()
     }
@@ -224,25 +282,17 @@ impl Semaphore {
         Ok(())
     }
 
-    fn take(&self, n: u32, deadline: Option<Instant>) -> Result<Option<Permit>, Error> {
-        self.take_cancellable(n, deadline, None)
-    }
-
-    fn take_cancellable(
+    fn take(
         &self,
+        lease: Lease,
         n: u32,
         deadline: Option<Instant>,
-        cancel: Option<&CancelToken>,
+        cancel: Option<&CancellationToken>,
     ) -> Result<Option<Permit>, Error> {
         self.check()?;
-        if n == 0 {
-            return Err(Error::InvalidArgument(
-                "acquire at least one permit".to_owned(),
-            ));
-        }
         let guard = self
             .permits
-            .acquire_cancellable(Lease::Watchdog, deadline, n, cancel)?;
+            .acquire_cancellable(lease, deadline, n, cancel)?;
         Ok(guard.map(|guard| Permit::new(guard, n)))
     }
 
@@ -267,7 +317,7 @@ impl Semaphore {
         // Adding or taking away twice (a retry after a lost reply) would change the count
         // twice: those run once, and a dropped connection is the caller's error.
         let (first, second): (i64, i64) = match op {
-            "add" | "reduce" => inner.run_once(call),
+            "add" | "reduce" | "tryset" => inner.run_once(call),
             _ => inner.run(call),
         }
         .map_err(|e| e.on_lock(self.name()))?;

@@ -21,7 +21,7 @@ use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::{getpgrp, getpid, getppid, Pid};
 use redmutex::{
-    CancelToken, Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, Permit, ReadGuard,
+    CancellationToken, Client, Error, LockOptions, Fair, FencedGuard, Kind, Lock, LockGuard, Permit, ReadGuard,
     WriteGuard,
 };
 use signal_hook::consts::{FORBIDDEN, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
@@ -160,20 +160,26 @@ fn deadline(wait: Duration) -> Option<Instant> {
     Instant::now().checked_add(wait)
 }
 
-/// Takes `lock` as `args` say: at once (`--no-wait`, one attempt), within `--wait`, or
-/// as long as it takes; a wait ends early with `Error::Cancelled` once `cancel` is.
+/// The options `args` say: at once (`--no-wait`, one attempt), within `--wait`, or as
+/// long as it takes; a wait ends early with `Error::Cancelled` once `cancel` is.
+fn options(args: &TakeArgs, cancel: &CancellationToken) -> LockOptions {
+    if args.no_wait {
+        return LockOptions::new().wait_for(Duration::ZERO);
+    }
+    let options = LockOptions::new().cancellable(cancel);
+    match args.wait.and_then(deadline) {
+        Some(until) => options.wait_until(until),
+        None => options,
+    }
+}
+
+/// Takes `lock` as `args` say (see [`options`]).
 fn take<K: Kind>(
     lock: Lock<K>,
     args: &TakeArgs,
-    cancel: &CancelToken,
+    cancel: &CancellationToken,
 ) -> Result<Option<LockGuard<K>>, Error> {
-    if args.no_wait {
-        return lock.try_lock();
-    }
-    match args.wait.and_then(deadline) {
-        Some(until) => lock.try_lock_until_cancellable(until, cancel),
-        None => lock.lock_cancellable(cancel).map(Some),
-    }
+    lock.try_lock_with(options(args, cancel))
 }
 
 /// Takes what `args` ask for (`fenced`: a fenced lock, for --token-env); `cancel` ends
@@ -182,25 +188,19 @@ fn acquire(
     client: &Client,
     args: &TakeArgs,
     fenced: bool,
-    cancel: &CancelToken,
+    cancel: &CancellationToken,
 ) -> Result<Option<Held>, Error> {
     let name = args.name.as_str();
     if let Some(permits) = args.semaphore {
-        let semaphore = client.semaphore(name, permits);
-        return if args.no_wait {
-            semaphore.try_acquire()
-        } else {
-            match args.wait.and_then(deadline) {
-                Some(until) => semaphore.try_acquire_until_cancellable(until, cancel),
-                None => semaphore.acquire_cancellable(cancel).map(Some),
-            }
-        }
-        .map(|p| p.map(Held::Permit));
+        return client
+            .semaphore(name, permits)
+            .try_acquire_with(options(args, cancel))
+            .map(|p| p.map(Held::Permit));
     }
     if args.shared {
-        take(client.read_write_lock(name).read(), args, cancel).map(|h| h.map(Held::Shared))
+        take(client.read_write_lock(name).read_lock(), args, cancel).map(|h| h.map(Held::Shared))
     } else if args.exclusive {
-        take(client.read_write_lock(name).write(), args, cancel).map(|h| h.map(Held::Exclusive))
+        take(client.read_write_lock(name).write_lock(), args, cancel).map(|h| h.map(Held::Exclusive))
     } else if fenced {
         take(client.fenced_lock(name), args, cancel).map(|h| h.map(Held::Fenced))
     } else if args.fair {
@@ -283,7 +283,7 @@ pub(crate) struct Catcher {
     phase: Arc<(Mutex<Phase>, Condvar)>,
     /// Cancelled by the first signal that arrives while the lock is being taken: the wait
     /// ends on the signal itself, as flock(1)'s does.
-    cancel: CancelToken,
+    cancel: CancellationToken,
 }
 
 impl Catcher {
@@ -300,7 +300,7 @@ impl Catcher {
         let (tx, signals) = unbounded();
         let shared = Arc::clone(&phase);
         let name = name.to_owned();
-        let cancel = CancelToken::new();
+        let cancel = CancellationToken::new();
         let canceller = cancel.clone();
         thread::spawn(move || {
             for sig in caught.forever() {
@@ -343,7 +343,7 @@ impl Catcher {
     }
 
     /// What the acquisition waits with: cancelled by a signal.
-    pub(crate) fn cancel(&self) -> &CancelToken {
+    pub(crate) fn cancel(&self) -> &CancellationToken {
         &self.cancel
     }
 
@@ -507,10 +507,11 @@ pub(crate) fn wait(
     let client = connect(connection, None)?;
     let lock = client.lock(name);
     let waiting = notice(&client, name, "lock", quiet);
-    let guard = match wait.and_then(deadline) {
-        Some(until) => lock.try_lock_until_cancellable(until, catcher.cancel()),
-        None => lock.lock_cancellable(catcher.cancel()).map(Some),
-    };
+    let options = LockOptions::new().cancellable(catcher.cancel());
+    let guard = lock.try_lock_with(match wait.and_then(deadline) {
+        Some(until) => options.wait_until(until),
+        None => options,
+    });
     drop(waiting);
     let signalled = catcher.settle();
     let guard = match (guard, signalled) {
