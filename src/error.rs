@@ -152,7 +152,7 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
-    /// The wait was cancelled through its [`CancelToken`](crate::CancelToken) (before it
+    /// The wait was cancelled through its [`CancellationToken`](crate::CancellationToken) (before it
     /// began, or while it waited). The call holds nothing and has left the lock's queue:
     /// a hold handed to it as it was cancelled was given back and the lock handed on.
     #[error("the wait was cancelled")]

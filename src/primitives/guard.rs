@@ -24,8 +24,14 @@ use crate::{Error, Lock};
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
 ///
 /// Dropping the guard releases that level, best effort: an error is only logged. Call
-/// [`unlock`](LockGuard::unlock) to learn whether the release worked. The guard is not
-/// `Send`: a lock belongs to the thread that took it, and only that thread may release it.
+/// [`unlock`](LockGuard::unlock) to learn whether the release worked.
+///
+/// The guard is not `Send`: a lock belongs to the thread that took it (nested sections of
+/// that thread re-enter it), and only that thread may release it. Moving a guard into
+/// another thread fails to compile with "`*const ()` cannot be sent between threads
+/// safely … within the type `ThreadHoldSeeLockOwned`": a hold that moves to another
+/// thread (a job handed to a worker) is taken through [`Lock::owned`], whose
+/// [`OwnedGuard`](crate::OwnedGuard) is `Send`.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -192,7 +198,8 @@ impl<K: Kind> LockGuard<K> {
     /// ```no_run
     /// use std::time::Duration;
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let guard = client.lock("import").lock_with_lease(Duration::from_secs(10))?;
+    /// let options = redmutex::LockOptions::new().lease(Duration::from_secs(10));
+    /// let guard = client.lock("import").try_lock_with(options)?.expect("no wait bound set");
     /// // ... the import takes longer than planned ...
     /// guard.extend(Duration::from_secs(10))?; // ten more seconds from now
     /// # Ok::<(), redmutex::Error>(())

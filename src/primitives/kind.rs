@@ -110,7 +110,7 @@ kinds! {
     Permits: "Semaphore", &scripts::PERMITS, ();
 }
 
-/// An owned hold of a lock of kind `K` ([`Lock::lock_owned`](crate::Lock::lock_owned)):
+/// An owned hold of a lock of kind `K` ([`Lock::owned`](crate::Lock::owned)):
 /// the same scripts and keys as `K`, but each acquisition is a holder of its own, so its
 /// guard may move between threads. Never constructed: a type-level marker only.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use crate::{Client, Error, Lock, LockGuard, WriteGuard};
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let cache = client.read_write_lock("cache");
-/// let u = cache.upgradeable().lock()?;  // readers may still come in; writers wait
+/// let u = cache.upgradeable_lock().lock()?; // readers may still come in; writers wait
 /// let stale = true;                     // ... read, decide ...
 /// if stale {
 ///     let w = u.upgrade()?;             // waits for the readers to leave, then alone

@@ -199,7 +199,7 @@ impl Client {
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
     /// let prices = client.read_write_lock("prices");
-    /// let guard = prices.read().lock()?;   // shared with other readers
+    /// let guard = prices.read()?;          // shared with other readers
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn read_write_lock(&self, name: impl LockName) -> ReadWriteLock {
