@@ -21,8 +21,8 @@ use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::telemetry;
-use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
 use crate::LockOptions;
+use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
 
 /// How long a round of calls waits for a server by default: far below any lease, so that
 /// a server down or frozen delays each acquisition by this much at most.

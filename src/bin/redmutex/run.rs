@@ -21,8 +21,8 @@ use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::{getpgrp, getpid, getppid, Pid};
 use redmutex::{
-    CancellationToken, Client, Error, LockOptions, Fair, FencedGuard, Kind, Lock, LockGuard, Permit, ReadGuard,
-    WriteGuard,
+    CancellationToken, Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, LockOptions,
+    Permit, ReadGuard, WriteGuard,
 };
 use signal_hook::consts::{FORBIDDEN, SIGCONT, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
 use signal_hook::iterator::{Handle, Signals};
@@ -200,7 +200,8 @@ fn acquire(
     if args.shared {
         take(client.read_write_lock(name).read_lock(), args, cancel).map(|h| h.map(Held::Shared))
     } else if args.exclusive {
-        take(client.read_write_lock(name).write_lock(), args, cancel).map(|h| h.map(Held::Exclusive))
+        take(client.read_write_lock(name).write_lock(), args, cancel)
+            .map(|h| h.map(Held::Exclusive))
     } else if fenced {
         take(client.fenced_lock(name), args, cancel).map(|h| h.map(Held::Fenced))
     } else if args.fair {
