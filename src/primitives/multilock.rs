@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Select;
 
+use crate::primitives::attempt::Grant;
 use crate::primitives::cancel::{self, CancelToken};
-use crate::primitives::lock::Grant;
 use crate::primitives::multi_guard::release_all;
 use crate::primitives::wait::NEXT_TICKET;
 use crate::runtime::client::IO_GRACE;
