@@ -11,6 +11,7 @@ pub(crate) mod kind;
 pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod multi_guard;
+pub(crate) mod multi_wait;
 pub(crate) mod multilock;
 pub(crate) mod owned_guard;
 pub(crate) mod permit;
