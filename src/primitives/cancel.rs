@@ -137,9 +137,6 @@ impl fmt::Debug for CancellationToken {
     }
 }
 
-/// The crate-internal short name (the public one is tokio-util's, which users know).
-pub(crate) type CancelToken = CancellationToken;
-
 /// Whether the call given `cancel` (if any) was cancelled.
 pub(crate) fn is_cancelled(cancel: Option<&CancellationToken>) -> bool {
     cancel.is_some_and(CancellationToken::is_cancelled)
