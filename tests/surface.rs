@@ -312,3 +312,37 @@ fn read_and_write_return_guards_as_std_does() {
     let w = rw_a.try_write().unwrap().expect("free");
     w.unlock().unwrap();
 }
+
+/// The everyday tasks of issue 27 written as a std, parking_lot or tokio-util user guesses
+/// them, where the guess is now the call (the others are led there by the compiler's
+/// "a method with a similar name" or by rustdoc's aliases: see the CHANGELOG).
+#[test]
+fn the_guesses_users_bring_compile_and_do_what_they_say() {
+    let server = RedisServer::new();
+    let client = client(&server);
+
+    // std's RwLock::read()/write() return guards.
+    let rw = client.read_write_lock("g-rw");
+    let reading = rw.read().unwrap();
+    assert!(rw.try_write().unwrap().is_none());
+    drop(reading);
+    drop(rw.write().unwrap());
+    // Redisson's readLock() is the side as a handle.
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 0);
+
+    // tokio-util's name, and a cancellable wait that returns Option.
+    let token = CancellationToken::new();
+    let lock = client.lock("g-lock");
+    let guard: Option<redmutex::LockGuard> = lock
+        .try_lock_with(LockOptions::new().cancellable(&token))
+        .unwrap();
+    // The owned form: a hold that moves into a thread.
+    drop(guard);
+    let owned = lock.owned().lock().unwrap();
+    thread::spawn(move || owned.unlock()).join().unwrap().unwrap();
+
+    // Redisson's trySetPermits(3) sets an undefined semaphore only.
+    let sem = client.semaphore("g-sem", 1);
+    assert!(sem.try_set_permits(3).unwrap());
+    assert_eq!(sem.available_permits().unwrap(), 3);
+}
