@@ -121,6 +121,13 @@ pub struct Lock<K: Kind = Plain> {
 /// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the
 /// same lock: while a fair waiter is queued, plain acquisitions queue too.
 ///
+/// # Guarantees
+///
+/// Those of [`Lock`], and: waiters get the lock in the order they asked (a re-entry of
+/// the holding thread never queues); a `try_lock` never takes it past anyone queued; a
+/// waiter that died or does not pick up its turn within one second is passed over, so it
+/// holds up the queue for no longer.
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let lock = client.fair_lock("payouts");
@@ -147,6 +154,12 @@ pub type FairLock = Lock<Fair>;
 /// beside the lock (`<prefix>!fence:<key>`, in the lock's hash slot and in a key namespace
 /// that no lock name can produce) that never expires. Tokens are only as durable as
 /// Redis's data: a Redis that loses its data starts counting again.
+///
+/// # Guarantees
+///
+/// Those of [`Lock`], and: each outermost hold's token is larger than that of every
+/// earlier hold of the name, by any client, while Redis keeps its data; the nested levels
+/// of one hold share its token.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;

@@ -204,10 +204,10 @@ impl Semaphore {
     #[doc(alias = "trySetPermits")]
     pub fn try_set_permits(&self, n: u32) -> Result<bool, Error> {
         if n == 0 {
-            return Err(Error::InvalidArgument(
-                "a semaphore has at least one permit".to_owned(),
-            )
-            .on_lock(self.name()));
+            return Err(
+                Error::InvalidArgument("a semaphore has at least one permit".to_owned())
+                    .on_lock(self.name()),
+            );
         }
         Ok(self.permits_op("tryset", n)?.0 == 1)
     }
