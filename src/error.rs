@@ -195,7 +195,8 @@ impl Error {
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
     /// if let Err(e) = client.lock("orders:42").force_unlock() {
-    ///     assert_eq!(e.lock_name(), Some("orders:42"));
+    ///     // Some("orders:42") for a Redis error; None for one not tied to a lock.
+    ///     eprintln!("failed on {:?}: {e}", e.lock_name());
     /// }
     /// # Ok::<(), redmutex::Error>(())
     /// ```

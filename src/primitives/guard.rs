@@ -41,7 +41,7 @@ use crate::{Error, Lock};
 /// - **Renewed while it lives**: a watchdog lease is renewed by the client's watchdog
 ///   thread until the guard is released (for at most
 ///   [`max_hold`](crate::ClientBuilder::max_hold), if set, and while a
-///   [`Client`](crate::Client) of it is alive); a fixed lease is not.
+///   [`Client`](crate::Client) or a lock handle of it lives); a fixed lease is not.
 /// - **A loss is told, and stays told**: [`is_lease_lost`](LockGuard::is_lease_lost) turns
 ///   true (never back), [`lost`](LockGuard::lost) becomes ready and `unlock` fails with
 ///   [`Error::LeaseLost`], whichever call or thread found the hold gone.
