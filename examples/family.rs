@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::Client;
+use redmutex::{Client, LockOptions};
 
 const RUN_FOR: Duration = Duration::from_secs(2);
 const PREFIX: &str = "family-demo:";
@@ -117,7 +117,7 @@ fn read_write(url: &str) -> bool {
                 let writer = i >= 6;
                 while !stop.load(Ordering::Relaxed) {
                     if writer {
-                        let guard = rw.write().lock().expect("write lock");
+                        let guard = rw.write().expect("write lock");
                         if w.count("writers", 1) != 1 || w.get("readers") != 0 {
                             violations += 1;
                         }
@@ -125,7 +125,7 @@ fn read_write(url: &str) -> bool {
                         w.count("writers", -1);
                         guard.unlock().expect("write unlock");
                     } else {
-                        let guard = rw.read().lock().expect("read lock");
+                        let guard = rw.read().expect("read lock");
                         w.count("readers", 1);
                         if w.get("writers") != 0 {
                             violations += 1;
@@ -176,7 +176,10 @@ fn semaphore(url: &str) -> bool {
                 let want = if i % 4 == 0 { 2 } else { 1 };
                 let mut done = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let permit = sem.acquire_many(want).expect("acquire");
+                    let permit = sem
+                        .try_acquire_with(LockOptions::new().permits(want))
+                        .expect("acquire")
+                        .expect("no wait bound: always acquired");
                     w.count("permits", i64::from(want));
                     thread::sleep(Duration::from_millis(2));
                     w.count("permits", -i64::from(want));

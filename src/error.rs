@@ -20,6 +20,25 @@
 /// message begins with it, e.g. `lock "orders:42": the lock's lease was lost before it was
 /// released`. The variants that can carry the name have a `lock` field and are
 /// `#[non_exhaustive]`: match them as `Error::LeaseLost { .. }`.
+///
+/// The variants a caller usually acts on:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redmutex::{Error, LockOptions};
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// # let token = redmutex::CancellationToken::new();
+/// let options = LockOptions::new().wait_for(Duration::from_secs(5)).cancellable(&token);
+/// match client.lock("jobs").try_lock_with(options) {
+///     Ok(Some(guard)) => guard.unlock()?,
+///     Ok(None) => println!("busy: not acquired in 5 s"), // not an error
+///     Err(Error::Cancelled) => println!("shutting down"),
+///     Err(e @ Error::WrongKind { .. }) => eprintln!("the name is in use as another kind: {e}"),
+///     Err(e @ (Error::Pool { .. } | Error::Timeout { .. })) => eprintln!("Redis is unwell: {e}"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), redmutex::Error>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -172,6 +191,15 @@ impl Error {
     /// control characters, `"` and `\` are escaped as in Rust string literals, bytes that
     /// are not UTF-8 as `\xNN`, and a name longer than 256 bytes is cut there and ends
     /// with `…`.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// if let Err(e) = client.lock("orders:42").force_unlock() {
+    ///     // Some("orders:42") for a Redis error; None for one not tied to a lock.
+    ///     eprintln!("failed on {:?}: {e}", e.lock_name());
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn lock_name(&self) -> Option<&str> {
         match self {
             Error::Redis { lock, .. }

@@ -33,6 +33,21 @@ use crate::{Error, Lock};
 /// thread (a job handed to a worker) is taken through [`Lock::owned`], whose
 /// [`OwnedGuard`](crate::OwnedGuard) is `Send`.
 ///
+/// # Guarantees
+///
+/// - **One level, released once**: dropping the guard or [`unlock`](LockGuard::unlock)
+///   releases this level only (the thread's other nested levels keep the lock), never
+///   twice. A release that fails leaves the lock to free itself when its lease ends.
+/// - **Renewed while it lives**: a watchdog lease is renewed by the client's watchdog
+///   thread until the guard is released (for at most
+///   [`max_hold`](crate::ClientBuilder::max_hold), if set, and while a
+///   [`Client`](crate::Client) or a lock handle of it lives); a fixed lease is not.
+/// - **A loss is told, and stays told**: [`is_lease_lost`](LockGuard::is_lease_lost) turns
+///   true (never back), [`lost`](LockGuard::lost) becomes ready and `unlock` fails with
+///   [`Error::LeaseLost`], whichever call or thread found the hold gone.
+/// - **It stays on its thread**: not `Send`, so only the thread that holds the lock
+///   releases it.
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let guard = client.lock("ledger").lock()?;
@@ -92,6 +107,15 @@ pub type FencedGuard = LockGuard<Fenced>;
 impl LockGuard<Fenced> {
     /// The fencing token of this hold: larger than that of every earlier hold of the lock
     /// name, and the same for every nested level of this hold.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.fenced_lock("exports").lock()?;
+    /// let token = guard.token();
+    /// // Send the token with every write; the storage refuses one older than the newest seen.
+    /// println!("writing as holder #{token}");
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn token(&self) -> u64 {
         self.fence
             .expect("a fenced acquisition always reports its token")
@@ -145,6 +169,19 @@ impl<K: Kind> LockGuard<K> {
     /// the release's reply was lost and its repeat found nothing (the first run may have
     /// released it), or with a Redis error; the lock then frees itself when its lease
     /// ends.
+    ///
+    /// ```no_run
+    /// use redmutex::Error;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("ledger").lock()?;
+    /// // ... critical section ...
+    /// match guard.unlock() {
+    ///     Ok(()) => {}
+    ///     Err(Error::LeaseLost { .. }) => eprintln!("another holder may have run meanwhile"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
@@ -162,6 +199,19 @@ impl<K: Kind> LockGuard<K> {
     /// [`max_hold`](crate::ClientBuilder::max_hold) and its last lease ran out. Another
     /// holder may then have entered the critical section. Never goes back to false.
     /// [`lost`](LockGuard::lost) is told of the same, without polling.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("ledger").lock()?;
+    /// for step in 0..10 {
+    ///     if guard.is_lease_lost() {
+    ///         break; // the lock is no longer ours: stop before the next write
+    ///     }
+    ///     // ... step `step` of the work ...
+    /// }
+    /// # drop(guard);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn is_lease_lost(&self) -> bool {
         if self.lost.is_lost() {
             return true;

@@ -6,6 +6,17 @@ use std::time::SystemTime;
 /// it ([`ClientBuilder::metadata`]) and the server's time when it was taken. Part of
 /// [`LockInfo::metadata`]; only holds taken by a client with metadata have one.
 ///
+/// ```no_run
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// for info in client.inspect("nightly-report")? {
+///     for m in &info.metadata {
+///         let held_for = m.since.elapsed().unwrap_or_default();
+///         println!("{} ({}) has held it for {held_for:?}", m.holder, m.text);
+///     }
+/// }
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+///
 /// [`ClientBuilder::metadata`]: crate::ClientBuilder::metadata
 /// [`LockInfo::metadata`]: crate::LockInfo::metadata
 #[derive(Clone, Debug, PartialEq, Eq)]

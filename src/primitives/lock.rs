@@ -115,6 +115,13 @@ pub struct Lock<K: Kind = Plain> {
 /// thread, released on drop, not `Send`. The same name through [`Client::lock`] is the
 /// same lock: while a fair waiter is queued, plain acquisitions queue too.
 ///
+/// # Guarantees
+///
+/// Those of [`Lock`], and: waiters get the lock in the order they asked (a re-entry of
+/// the holding thread never queues); a `try_lock` never takes it past anyone queued; a
+/// waiter that died or does not pick up its turn within one second is passed over, so it
+/// holds up the queue for no longer.
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let lock = client.fair_lock("payouts");
@@ -141,6 +148,12 @@ pub type FairLock = Lock<Fair>;
 /// beside the lock (`<prefix>!fence:<key>`, in the lock's hash slot and in a key namespace
 /// that no lock name can produce) that never expires. Tokens are only as durable as
 /// Redis's data: a Redis that loses its data starts counting again.
+///
+/// # Guarantees
+///
+/// Those of [`Lock`], and: each outermost hold's token is larger than that of every
+/// earlier hold of the name, by any client, while Redis keeps its data; the nested levels
+/// of one hold share its token.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -344,6 +357,14 @@ impl<K: Kind> Lock<K> {
     }
 
     /// Whether any thread of any client holds the lock right now.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// if client.lock("deploy").is_locked()? {
+    ///     println!("a deploy is running somewhere");
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn is_locked(&self) -> Result<bool, Error> {
         self.check_name()?;
         let key = self.keys.key();
@@ -356,6 +377,16 @@ impl<K: Kind> Lock<K> {
     /// Whether the calling thread holds the lock: it has a live guard of it, and Redis still
     /// records the hold. False once the lease is lost (expired, force-unlocked, lost by
     /// Redis), even while guards of it are alive. See [`hold_count`](Lock::hold_count).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("ledger");
+    /// let guard = lock.lock()?;
+    /// assert!(lock.is_held_by_current_thread()?);
+    /// guard.unlock()?;
+    /// assert!(!lock.is_held_by_current_thread()?);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn is_held_by_current_thread(&self) -> Result<bool, Error> {
         Ok(self.hold_count()? > 0)
     }
@@ -368,6 +399,18 @@ impl<K: Kind> Lock<K> {
     /// only through its guards. Otherwise Redis is asked, so a lease lost since the last
     /// renewal shows as 0. Owned holds ([`owned`](Lock::owned)) are nobody's
     /// thread's and never count.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("ledger");
+    /// let outer = lock.lock()?;
+    /// let inner = lock.lock()?;                // re-entry on the same thread
+    /// assert_eq!(lock.hold_count()?, 2);
+    /// drop(inner);
+    /// assert_eq!(lock.hold_count()?, 1);
+    /// # drop(outer);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn hold_count(&self) -> Result<u32, Error> {
         self.count_held().map_err(|e| e.on_lock(self.name()))
     }
@@ -410,6 +453,15 @@ impl<K: Kind> Lock<K> {
 
     /// The time left on the lease of whoever holds the lock, or `None` when it is free.
     /// (`Some(Duration::MAX)` if the key somehow has no expiry.)
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// match client.lock("report").remaining_lease()? {
+    ///     Some(left) => println!("held, lease ends in {left:?}"),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn remaining_lease(&self) -> Result<Option<Duration>, Error> {
         self.lease_left().map_err(|e| e.on_lock(self.name()))
     }
@@ -435,6 +487,15 @@ impl<K: Kind> Lock<K> {
     ///
     /// A call whose reply was lost is sent again, and the repeat recognizes what its first
     /// run did: `Ok(true)` if that freed the lock, never "it was not locked".
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// // An operator frees a lock whose holder is stuck; the holder is told its lease is lost.
+    /// if client.lock("nightly-export").force_unlock()? {
+    ///     println!("freed");
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn force_unlock(&self) -> Result<bool, Error> {
         self.force_unlock_named()
             .map_err(|e| e.on_lock(self.name()))
@@ -466,6 +527,12 @@ impl<K: Kind> Lock<K> {
     }
 
     /// The name the lock was made with.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// assert_eq!(client.lock("report").name(), b"report");
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn name(&self) -> &[u8] {
         self.keys.name()
     }

@@ -19,6 +19,16 @@ use crate::{Error, LockGuard};
 /// [`unlock`](MultiLockGuard::unlock) to learn whether that worked. Not `Send`, like every
 /// guard: the hold belongs to the thread.
 ///
+/// # Guarantees
+///
+/// - Released on every lock at once, once: [`unlock`](MultiLockGuard::unlock) is `Ok`
+///   when a quorum of the releases succeeded, and what a server failed to release ends
+///   with its lease.
+/// - A loss is told, and stays told: once fewer than the quorum of its levels stand, or a
+///   fixed lease's validity ended, [`is_lease_lost`](MultiLockGuard::is_lease_lost) is
+///   true (never back), [`lost`](MultiLockGuard::lost) is ready and `unlock` fails with
+///   [`Error::LeaseLost`].
+///
 /// ```no_run
 /// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
 /// let guard = lock.lock()?;
@@ -102,6 +112,13 @@ impl MultiLockGuard {
 
     /// On how many of the locks this hold stands now (those granted whose lease is not
     /// known lost).
+    ///
+    /// ```no_run
+    /// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// let guard = lock.lock()?;
+    /// println!("held on {} of {} masters", guard.held_on(), lock.locks().len());
+    /// # Ok(()) }
+    /// ```
     pub fn held_on(&self) -> usize {
         self.holds
             .iter()
@@ -115,6 +132,18 @@ impl MultiLockGuard {
     /// not renewed for a whole lease because its server was down or unreachable), or a
     /// fixed lease's validity ended. Another thread may then hold the lock. Never goes
     /// back to false.
+    ///
+    /// ```no_run
+    /// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// let guard = lock.lock()?;
+    /// for step in 0..10 {
+    ///     if guard.is_lease_lost() {
+    ///         break; // fewer than the quorum stand: someone else may hold it now
+    ///     }
+    ///     // ... step `step` of the work ...
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_lease_lost(&self) -> bool {
         self.valid_until.is_some_and(|v| Instant::now() >= v) || self.held_on() < self.quorum
     }
@@ -123,6 +152,20 @@ impl MultiLockGuard {
     /// quorum of the releases succeeded; [`Error::LeaseLost`] when the hold was already
     /// lost (see [`is_lease_lost`](MultiLockGuard::is_lease_lost)); [`Error::NoQuorum`]
     /// when too many servers failed to answer (what they hold ends with its lease).
+    ///
+    /// ```no_run
+    /// use redmutex::Error;
+    /// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// let guard = lock.lock()?;
+    /// // ... critical section ...
+    /// match guard.unlock() {
+    ///     Ok(()) => {}
+    ///     Err(Error::LeaseLost { .. }) => eprintln!("the quorum was lost before the release"),
+    ///     Err(e @ Error::NoQuorum { .. }) => eprintln!("{e}: the rest ends with its lease"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }

@@ -41,6 +41,37 @@ const MEMBER_TIMEOUT: Duration = Duration::from_millis(250);
 /// client's watchdog. It reports its lease lost when fewer than the quorum of its holds
 /// still stand, and `unlock` releases everywhere at once.
 ///
+/// It is acquired as a [`Lock`] is: [`lock`](MultiLock::lock),
+/// [`try_lock`](MultiLock::try_lock), [`try_lock_for`](MultiLock::try_lock_for),
+/// [`try_lock_until`](MultiLock::try_lock_until), and
+/// [`try_lock_with`](MultiLock::try_lock_with) for a fixed lease or a cancellation token.
+///
+/// # Guarantees
+///
+/// - **One holder at a time**: two threads never both hold a quorum (more than half of
+///   the locks; with [`new`](MultiLock::new), all of them) while the servers that granted
+///   it keep their data and their clocks drift apart by less than the allowance. One
+///   master crashing, restarting empty, freezing or cut off changes nothing while a
+///   quorum of the others stands.
+/// - **Never granted too late**: a quorum whose validity was used up by the round (slow
+///   servers, a pause) is given back, and the call goes on only within its wait; a try
+///   returns `None`, never a guard whose time is already over.
+/// - **Nothing half held**: a round short of the quorum gives back what it took, on every
+///   server at once, before it waits, so callers that split the locks do not block each
+///   other.
+/// - **Losses reported**: [`MultiLockGuard::is_lease_lost`], [`MultiLockGuard::lost`] and
+///   `unlock` failing with [`Error::LeaseLost`] once fewer than the quorum of its holds
+///   stand or a fixed lease's validity ended; a crashed holder's locks free themselves
+///   when their leases end.
+/// - **Failing servers cost a bounded time**: each round waits at most the
+///   [member timeout](MultiLock::with_member_timeout) (250 ms) for a server; with too many
+///   failing for a quorum, `lock` fails at once with [`Error::NoQuorum`] and the bounded
+///   calls at their deadline, leaving nothing held.
+///
+/// Not promised: safety against a paused holder (it may act after its validity, as with
+/// any lease) or a master's clock jumping; no fencing tokens. See
+/// [`guide::topologies`](crate::guide::topologies).
+///
 /// ```no_run
 /// use redmutex::{Client, MultiLock};
 ///
@@ -157,6 +188,18 @@ impl MultiLock {
     /// ([`red_lock`](MultiLock::red_lock)). Fails with [`Error::InvalidArgument`] unless
     /// it is more than half of the locks (else two holders could each have a quorum) and
     /// at most all of them.
+    ///
+    /// ```no_run
+    /// # use redmutex::{Client, MultiLock};
+    /// # let locks = ["redis://a/", "redis://b/", "redis://c/", "redis://d/", "redis://e/"]
+    /// #     .iter()
+    /// #     .map(|url| Ok(Client::open(*url)?.lock("ledger")))
+    /// #     .collect::<Result<Vec<_>, redmutex::Error>>()?;
+    /// // Five masters; hold on four of them instead of three.
+    /// let lock = MultiLock::red_lock(locks)?.with_quorum(4)?;
+    /// assert_eq!(lock.quorum(), 4);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn with_quorum(mut self, quorum: usize) -> Result<MultiLock, Error> {
         let n = self.members.len();
         if quorum <= n / 2 || quorum > n {
@@ -173,6 +216,18 @@ impl MultiLock {
     /// server's reply (or connection) before counting it as failed. Defaults to 250 ms.
     /// Keep it far below the lease: each server that is down or frozen can delay an
     /// acquisition by this much. Fails with [`Error::InvalidArgument`] for zero.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use redmutex::{Client, MultiLock};
+    /// # let locks = ["redis://a/", "redis://b/", "redis://c/", "redis://d/", "redis://e/"]
+    /// #     .iter()
+    /// #     .map(|url| Ok(Client::open(*url)?.lock("ledger")))
+    /// #     .collect::<Result<Vec<_>, redmutex::Error>>()?;
+    /// // Masters far away: allow each 500 ms per round.
+    /// let lock = MultiLock::red_lock(locks)?.with_member_timeout(Duration::from_millis(500))?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn with_member_timeout(mut self, timeout: Duration) -> Result<MultiLock, Error> {
         if timeout.is_zero() {
             return Err(invalid("a member timeout must be longer than zero"));
@@ -182,11 +237,27 @@ impl MultiLock {
     }
 
     /// How many of the locks a thread must hold to hold this lock.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let all = redmutex::MultiLock::new([client.lock("a"), client.lock("b")])?;
+    /// assert_eq!(all.quorum(), 2); // new(): every lock
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn quorum(&self) -> usize {
         self.quorum
     }
 
     /// The locks this lock is made of.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let both = redmutex::MultiLock::new([client.lock("a"), client.lock("b")])?;
+    /// for lock in both.locks() {
+    ///     println!("{}", String::from_utf8_lossy(lock.name()));
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn locks(&self) -> &[Lock] {
         &self.members
     }
@@ -291,6 +362,14 @@ impl MultiLock {
 
     /// Whether a quorum of the locks is held (by anyone) right now. Fails with
     /// [`Error::NoQuorum`] when too few servers answer to tell.
+    ///
+    /// ```no_run
+    /// # fn check(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// if lock.is_locked()? {
+    ///     println!("held on a quorum, by someone");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_locked(&self) -> Result<bool, Error> {
         let calls: Vec<Call<'_>> = self
             .members
@@ -316,6 +395,13 @@ impl MultiLock {
     /// Frees every one of the locks whoever holds them (see [`Lock::force_unlock`]), on
     /// all servers at once; true if any was held. Fails with [`Error::NoQuorum`] if it
     /// could not reach a quorum.
+    ///
+    /// ```no_run
+    /// # fn free(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
+    /// // An operator frees a lock whose holder is stuck, on every server.
+    /// let freed = lock.force_unlock()?;
+    /// # Ok(()) }
+    /// ```
     pub fn force_unlock(&self) -> Result<bool, Error> {
         let calls: Vec<Call<'_>> = self
             .members

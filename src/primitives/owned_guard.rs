@@ -34,6 +34,12 @@ use crate::{Error, LockGuard};
 /// dropping it releases it, best effort, from the thread that drops it; call
 /// [`unlock`](OwnedGuard::unlock) to learn whether the release worked.
 ///
+/// # Guarantees
+///
+/// Those of a [`LockGuard`] (released once, renewed while it lives, a loss told and
+/// staying told), on whichever thread the guard is; being `Send`, it is the one guard of
+/// a lock that may be released by another thread than the one that took it.
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let guard = client.lock("nightly-export").owned().lock()?;
@@ -54,6 +60,14 @@ impl<K: Kind> OwnedGuard<K> {
     /// [`LockGuard::unlock`] for the errors ([`Error::LeaseLost`] once
     /// [`is_lease_lost`](OwnedGuard::is_lease_lost) is true or Redis no longer had the
     /// hold, [`Error::NotHeld`] when a repeated release cannot tell).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("nightly-export").owned().lock()?;
+    /// let job = std::thread::spawn(move || guard.unlock()); // released on another thread
+    /// job.join().unwrap()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn unlock(self) -> Result<(), Error> {
         self.guard.unlock()
     }
@@ -62,6 +76,20 @@ impl<K: Kind> OwnedGuard<K> {
     /// the watchdog found it gone or could not renew it in time, a failover lost it,
     /// [`max_hold`](crate::ClientBuilder::max_hold) ended it): see
     /// [`LockGuard::is_lease_lost`]. Never goes back to false.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("nightly-export").owned().lock()?;
+    /// std::thread::spawn(move || {
+    ///     for batch in 0..100 {
+    ///         if guard.is_lease_lost() {
+    ///             break; // another holder may run now: stop
+    ///         }
+    ///         // ... export batch `batch` ...
+    ///     }
+    /// });
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn is_lease_lost(&self) -> bool {
         self.guard.is_lease_lost()
     }
@@ -89,6 +117,15 @@ impl<K: Kind> OwnedGuard<K> {
 
     /// Extends this hold's fixed lease to `lease` from now, if it is still held: see
     /// [`LockGuard::extend`] (the same script, errors and guarantees).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let options = redmutex::LockOptions::new().lease(Duration::from_secs(10));
+    /// let guard = client.lock("import").owned().try_lock_with(options)?.expect("no wait bound set");
+    /// guard.extend(Duration::from_secs(10))?; // ten more seconds from now
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn extend(&self, lease: Duration) -> Result<(), Error> {
         self.guard.extend(lease)
     }
@@ -97,6 +134,17 @@ impl<K: Kind> OwnedGuard<K> {
 impl OwnedGuard<Fenced> {
     /// The fencing token of this hold: larger than that of every earlier hold of the lock
     /// name (see [`FencedGuard::token`](crate::FencedGuard::token)).
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.fenced_lock("exports").owned().lock()?;
+    /// let token = guard.token();
+    /// std::thread::spawn(move || {
+    ///     // ... write to the storage with `token`; it refuses older ones ...
+    ///     guard.unlock()
+    /// });
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn token(&self) -> u64 {
         self.guard
             .fence()

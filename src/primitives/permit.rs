@@ -13,6 +13,15 @@ use crate::{Error, LockGuard};
 /// by a thread (its holder id is its own, never a thread's), so a permit taken on one
 /// thread may be released on another, e.g. by the worker a job was handed to.
 ///
+/// # Guarantees
+///
+/// - Its [`permits`](Permit::permits) stay held until it is released or dropped, or
+///   their lease ends (renewed by the watchdog while the `Permit` lives); they are given
+///   back once, never twice, all together.
+/// - A loss is told, and stays told: [`is_lease_lost`](Permit::is_lease_lost),
+///   [`lost`](Permit::lost), and [`release`](Permit::release) failing with
+///   [`Error::LeaseLost`].
+///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let permit = client.semaphore("encoders", 2).acquire()?;
@@ -34,6 +43,14 @@ impl Permit {
     }
 
     /// How many permits this holds.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let options = redmutex::LockOptions::new().permits(3);
+    /// let permit = client.semaphore("gpus", 8).try_acquire_with(options)?.expect("no wait bound set");
+    /// assert_eq!(permit.permits(), 3);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn permits(&self) -> u32 {
         self.permits
     }
@@ -46,6 +63,19 @@ impl Permit {
     /// try whose reply was lost may already have given them back, which the retry cannot
     /// vouch for; or a Redis error (they come back when their lease ends). Permits are
     /// never given back twice.
+    ///
+    /// ```no_run
+    /// use redmutex::Error;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let permit = client.semaphore("encoders", 2).acquire()?;
+    /// // ... encode ...
+    /// match permit.release() {
+    ///     Ok(()) => {}
+    ///     Err(Error::LeaseLost { .. }) => eprintln!("the permit lapsed: more encoders may have run"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn release(self) -> Result<(), Error> {
         self.guard.unlock()
     }
@@ -69,6 +99,16 @@ impl Permit {
 
     /// True once these permits are known to be gone (their lease ended: the watchdog
     /// could not renew it, or every `Client` was dropped): others may hold them now.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let permit = client.semaphore("encoders", 2).acquire()?;
+    /// if permit.is_lease_lost() {
+    ///     // the permit lapsed: another holder may use it now
+    /// }
+    /// # drop(permit);
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn is_lease_lost(&self) -> bool {
         self.guard.is_lease_lost()
     }

@@ -52,6 +52,17 @@ impl LockGuard<Upgradeable> {
     /// in between, even if the upgradeable hold ended meanwhile (this guard then says so).
     ///
     /// [`WriteLock::lock`]: crate::Lock::lock
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let cache = client.read_write_lock("cache");
+    /// let u = cache.upgradeable_lock().lock()?;  // read, with the right to upgrade
+    /// let w = u.upgrade()?;                        // waits for the plain readers, then writes
+    /// // ... write ...
+    /// w.unlock()?;                                 // back to upgradeable reading
+    /// u.unlock()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn upgrade(&self) -> Result<WriteGuard, Error> {
         Ok(self
             .upgrade_until(None)?
@@ -59,6 +70,16 @@ impl LockGuard<Upgradeable> {
     }
 
     /// One attempt to upgrade, without waiting: `Ok(None)` while other threads read.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let u = client.read_write_lock("cache").upgradeable_lock().lock()?;
+    /// match u.try_upgrade()? {
+    ///     Some(w) => w.unlock()?,                  // wrote at once
+    ///     None => println!("readers still inside"),
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn try_upgrade(&self) -> Result<Option<WriteGuard>, Error> {
         self.upgrade_until(Some(Instant::now()))
     }
@@ -68,12 +89,34 @@ impl LockGuard<Upgradeable> {
     /// given up (the readers and writers behind it go on). This guard's upgradeable hold
     /// is kept either way. A `wait` too long to add to the current time waits for as long
     /// as it takes.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let u = client.read_write_lock("cache").upgradeable_lock().lock()?;
+    /// if let Some(w) = u.try_upgrade_for(Duration::from_millis(200))? {
+    ///     // ... write ...
+    ///     w.unlock()?;
+    /// } // else: still reading, upgradeable; the hold is kept
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn try_upgrade_for(&self, wait: Duration) -> Result<Option<WriteGuard>, Error> {
         self.upgrade_until(Instant::now().checked_add(wait))
     }
 
     /// Waits until `deadline` for the upgrade, as
     /// [`try_upgrade_for`](LockGuard::try_upgrade_for).
+    ///
+    /// ```no_run
+    /// # use std::time::{Duration, Instant};
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let u = client.read_write_lock("cache").upgradeable_lock().lock()?;
+    /// let deadline = Instant::now() + Duration::from_millis(200);
+    /// if let Some(w) = u.try_upgrade_until(deadline)? {
+    ///     w.unlock()?;
+    /// }
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn try_upgrade_until(&self, deadline: Instant) -> Result<Option<WriteGuard>, Error> {
         self.upgrade_until(Some(deadline))
     }

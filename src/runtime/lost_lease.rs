@@ -8,7 +8,20 @@ use std::sync::Arc;
 
 use crate::runtime::keys::LockKeys;
 
-/// Why a hold was lost.
+/// Why a hold was lost ([`LostLease::reason`]).
+///
+/// ```no_run
+/// use redmutex::LossReason;
+/// let client = redmutex::Client::builder()
+///     .on_lease_lost(|lost| match lost.reason() {
+///         // Expected when a holder overruns: its cap ended the hold.
+///         LossReason::MaxHold => eprintln!("{:?} ran past its max_hold", lost.name_lossy()),
+///         // Redis or the network: worth an alert.
+///         reason => eprintln!("lost {:?}: {reason}", lost.name_lossy()),
+///     })
+///     .build()?;
+/// # Ok::<(), redmutex::Error>(())
+/// ```
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LossReason {
@@ -73,22 +86,67 @@ impl LostLease {
     }
 
     /// The lock's name, as it was given when the handle was made.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .on_lease_lost(|lost: &redmutex::LostLease| {
+    ///         if lost.name().starts_with(b"payments:") {
+    ///             eprintln!("a payment lock was lost: page someone");
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn name(&self) -> &[u8] {
         self.keys.name()
     }
 
     /// [`name`](LostLease::name) as text, invalid UTF-8 replaced.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .on_lease_lost(|lost: &redmutex::LostLease| {
+    ///         eprintln!("lost the lock {:?}", lost.name_lossy());
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn name_lossy(&self) -> String {
         String::from_utf8_lossy(self.keys.name()).into_owned()
     }
 
     /// The kind of what was held: `"Lock"`, `"FairLock"`, `"FencedLock"`, `"ReadLock"`,
-    /// `"WriteLock"` or `"Semaphore"`.
+    /// `"WriteLock"`, `"UpgradeableLock"` or `"Semaphore"` (an owned hold's is its
+    /// lock's).
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .on_lease_lost(|lost: &redmutex::LostLease| {
+    ///         if lost.kind() == "WriteLock" {
+    ///             eprintln!("a writer lost its lock: readers may have seen a partial write");
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn kind(&self) -> &'static str {
         self.kind
     }
 
     /// Why the hold was lost.
+    ///
+    /// ```no_run
+    /// use redmutex::LossReason;
+    /// let client = redmutex::Client::builder()
+    ///     .on_lease_lost(|lost: &redmutex::LostLease| {
+    ///         match lost.reason() {
+    ///             LossReason::MaxHold => eprintln!("a holder overran its max_hold"),
+    ///             other => eprintln!("lost {:?}: {other}", lost.name_lossy()),
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn reason(&self) -> LossReason {
         self.reason
     }
