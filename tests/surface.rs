@@ -340,7 +340,10 @@ fn the_guesses_users_bring_compile_and_do_what_they_say() {
     // The owned form: a hold that moves into a thread.
     drop(guard);
     let owned = lock.owned().lock().unwrap();
-    thread::spawn(move || owned.unlock()).join().unwrap().unwrap();
+    thread::spawn(move || owned.unlock())
+        .join()
+        .unwrap()
+        .unwrap();
 
     // Redisson's trySetPermits(3) sets an undefined semaphore only.
     let sem = client.semaphore("g-sem", 1);
