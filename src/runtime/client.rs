@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::runtime::con::Con;
 use crate::runtime::holds::HoldTable;
 use crate::runtime::keys::{self, LockKeys, Object};
-use crate::runtime::pool::{self, Con, Conn, Manager};
+use crate::runtime::pool::{self, Conn, Manager};
 use crate::runtime::scripts::{self, ScriptCall, Scripting};
 use crate::runtime::subscriber::Subscriber;
 use crate::runtime::target::{Target, Topology};

@@ -5,6 +5,7 @@
 
 pub(crate) mod builder;
 pub(crate) mod client;
+pub(crate) mod con;
 pub(crate) mod fanout;
 pub(crate) mod holds;
 pub(crate) mod keys;
