@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 
-use crate::runtime::client::{Client, Config};
+use crate::runtime::client::Client;
+use crate::runtime::config::Config;
+use crate::runtime::lease::LeasePolicy;
 use crate::runtime::loss::Hook;
 use crate::runtime::target::{Cluster, Sentinel, Target};
 use crate::Error;
@@ -434,6 +436,7 @@ impl ClientBuilder {
             Config {
                 key_prefix: self.key_prefix.into_bytes(),
                 watchdog_timeout: self.watchdog_timeout,
+                lease: LeasePolicy::new(self.watchdog_timeout),
                 pool_size: self.pool_size,
                 connect_timeout: self.connect_timeout,
                 command_timeout: self.command_timeout,

@@ -12,10 +12,9 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{millis, Lease};
+use crate::runtime::lease::{self, millis, Lease, LeasePolicy, KICK_AFTER, PICKUP};
 use crate::runtime::loss::{Hook, Loss, Notifier, Timed, Watcher};
 use crate::runtime::lost_lease::LossReason;
-use crate::runtime::queue::{self, KICK_AFTER, PICKUP};
 use crate::runtime::renewer::Renewer;
 use crate::Error;
 
@@ -660,8 +659,8 @@ impl HoldTable {
                 hold.cap = Some(hold.cap.map_or(cap, |c| c.min(cap)));
             }
         }
-        let extend = (handoff && hold.need_ms(u64::MAX, sent) > queue::pickup_ms())
-            .then(|| sent + PICKUP / 3);
+        let extend = (handoff && hold.need_ms(u64::MAX, sent) > lease::pickup_ms())
+            .then(|| lease::extend_at(sent));
         if extend.is_some() {
             hold.extend_at = extend;
             hold.pickup_ends = Some(sent + PICKUP);
@@ -935,12 +934,12 @@ impl HoldTable {
     }
 
     /// The queue entries of this client's waiting threads, each with how long it lives.
-    pub(super) fn waiters(&self, watchdog_ms: u64) -> Vec<(Arc<LockKeys>, u64, String, u64)> {
+    pub(super) fn waiters(&self, policy: &LeasePolicy) -> Vec<(Arc<LockKeys>, u64, String, u64)> {
         self.waiting
             .lock()
             .iter()
             .map(|((_, token), w)| {
-                let ttl = queue::entry_ttl_ms(w.deadline, watchdog_ms);
+                let ttl = policy.entry_ttl_ms(w.deadline);
                 (w.keys.clone(), *token, w.holder.clone(), ttl)
             })
             .collect()

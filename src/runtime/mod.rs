@@ -6,6 +6,8 @@
 pub(crate) mod builder;
 pub(crate) mod client;
 pub(crate) mod con;
+pub(crate) mod config;
+pub(crate) mod executor;
 pub(crate) mod fanout;
 pub(crate) mod holds;
 pub(crate) mod keys;

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use crate::runtime::client::Inner;
 use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::millis;
+use crate::runtime::lease;
 use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::telemetry;
@@ -82,7 +82,7 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
         let clean_bound = match client.upgrade() {
             Some(inner) => {
                 if next_round <= Instant::now() {
-                    next_round = Instant::now() + inner.config.watchdog_timeout / 3;
+                    next_round = Instant::now() + inner.config.lease.renew_every();
                 }
                 // Published before the dues are read: one added in between nudges.
                 let watchdog = &inner.watchdog;
@@ -91,7 +91,7 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
                     let mut planned = watchdog.renewer.planned.lock();
                     *planned = planned.map(|p| p.min(due));
                 }
-                inner.config.watchdog_timeout / 6
+                inner.config.lease.chore_bound()
             }
             None => return,
         };
@@ -148,10 +148,10 @@ fn kick_due(inner: &Inner) {
     for kick in watchdog.due_kicks() {
         // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
-        let until = Instant::now() + inner.config.watchdog_timeout / 6;
+        let until = Instant::now() + inner.config.lease.chore_bound();
         let mut call = queue::command(keys.ops.kick, &keys);
         call.arg(keys.inbox())
-            .arg(queue::pickup_ms())
+            .arg(lease::pickup_ms())
             .arg(queue::starve_ms());
         let check = |con: &mut _| inner.eval::<(i64, i64)>(con, &call);
         let result = inner.run_minding(Some(until), &mut extensions_meanwhile(inner), check);
@@ -191,7 +191,7 @@ fn clean_doubtful(inner: &Inner) {
             })
             .collect()
     };
-    let watchdog_ms = millis(inner.config.watchdog_timeout);
+    let watchdog_ms = inner.config.lease.watchdog_ms();
     let mut handed = Vec::new();
     for Doubtful {
         id,
@@ -206,7 +206,7 @@ fn clean_doubtful(inner: &Inner) {
         // Never fewer levels than the thread holds now: a clean-up must not take one of
         // them, whatever the attempt was told (its thread cannot attempt meanwhile).
         let expected = expected.max(watchdog.levels_now(keys.hold(), token));
-        let until = Instant::now() + inner.config.watchdog_timeout / 6;
+        let until = Instant::now() + inner.config.lease.chore_bound();
         let result = catch_unwind(AssertUnwindSafe(|| {
             let cancel = |con: &mut _| {
                 let cancel = queue::cancel(&keys, &holder, expected, need, false);
@@ -276,13 +276,13 @@ fn extensions_meanwhile(inner: &Inner) -> impl FnMut() + '_ {
 /// [`renew_all`]; `nested` when run in the pause of another call (whose own pauses then
 /// run nothing more).
 fn renew_round(inner: &Inner, full: bool, nested: bool) {
-    let watchdog_ms = millis(inner.config.watchdog_timeout);
+    let watchdog_ms = inner.config.lease.watchdog_ms();
     let mut round = Round {
         watchdog: &inner.watchdog,
         watched: inner.watchdog.watched(full, watchdog_ms),
     };
     let mut waiters = if full {
-        inner.watchdog.waiters(watchdog_ms)
+        inner.watchdog.waiters(&inner.config.lease)
     } else {
         Vec::new()
     };
@@ -298,7 +298,7 @@ fn renew_round(inner: &Inner, full: bool, nested: bool) {
             0
         }
     };
-    let give_up_after = inner.config.watchdog_timeout / 3;
+    let give_up_after = inner.config.lease.renewal_bound();
     if cluster {
         // A handed-over hold's extension goes alone, first: a call of several keys is
         // refused while a migration splits its slot (`TRYAGAIN`), for as long as the split
