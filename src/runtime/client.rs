@@ -3,13 +3,14 @@
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::runtime::executor::Executor;
 use crate::runtime::holds::HoldTable;
 use crate::runtime::keys::{self, LockKeys, Object};
+use crate::runtime::loss::{Loss, LossSource, Notifier};
 use crate::runtime::scripts::{self, ScriptCall};
-use crate::runtime::subscriber::Subscriber;
+use crate::runtime::subscriber::{ForceUnlocked, Subscriber};
 use crate::runtime::target::Target;
 
 // (Where the primitives and the builder still look for them.)
@@ -473,6 +474,28 @@ impl Inner {
     /// Whether any `Client` (or `Lock`) of this client is still alive.
     pub(crate) fn has_handles(&self) -> bool {
         self.handles.load(Ordering::Acquire) > 0
+    }
+}
+
+impl LossSource for Inner {
+    fn notifier(&self) -> &Notifier {
+        &self.watchdog.notifier
+    }
+
+    fn check_loss(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        loss: &Arc<Loss>,
+        popped: Option<Instant>,
+    ) -> Option<Instant> {
+        self.watchdog.check_loss(keys, token, loss, popped)
+    }
+}
+
+impl ForceUnlocked for Inner {
+    fn force_unlocked(&self, key: &[u8], token: u64) {
+        self.watchdog.force_unlocked(key, token);
     }
 }
 

@@ -13,7 +13,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{self, millis, Lease, LeasePolicy, KICK_AFTER, PICKUP};
-use crate::runtime::loss::{Hook, Loss, Notifier, Timed, Watcher};
+use crate::runtime::loss::{Hook, Loss, LossSource, Notifier, Timed, Watcher};
 use crate::runtime::lost_lease::LossReason;
 use crate::runtime::renewer::Renewer;
 use crate::Error;
@@ -1161,9 +1161,9 @@ impl HoldTable {
 
     /// Adds `watcher` to the hold `loss` belongs to, for the guard `level`, and makes sure
     /// the loss thread marks the hold lost when its time is up.
-    pub(crate) fn watch_loss(
+    pub(crate) fn watch_loss<C: LossSource + 'static>(
         &self,
-        client: &Arc<Inner>,
+        client: &Arc<C>,
         keys: &Arc<LockKeys>,
         token: u64,
         loss: &Arc<Loss>,

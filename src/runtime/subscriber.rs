@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
-use crate::runtime::client::Inner;
+use crate::runtime::executor::Executor;
 use crate::runtime::pool::Manager;
 use crate::runtime::queue::{self, Notice};
 use crate::Error;
@@ -32,6 +32,14 @@ const PRIMARY_CHECK: Duration = Duration::from_secs(2);
 /// A message for every thread waiting on its channel, whichever it is; they look again.
 pub(crate) const BROADCAST: &[u8] = b"*";
 
+/// Who is told of a `force_unlock` of one of the client's holds, heard on the client's own
+/// channel: the client, held by a `Weak` so that the reader never keeps it alive.
+pub(crate) trait ForceUnlocked: Send + Sync {
+    /// The `force_unlock` freed the holder `token` of `key` (see
+    /// `HoldTable::force_unlocked`).
+    fn force_unlocked(&self, key: &[u8], token: u64);
+}
+
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
     // The reader thread, started by the first waiter and again if it ever died.
@@ -46,7 +54,7 @@ struct Shared {
     control: Vec<u8>,
     // The client whose holds a `force_unlock` message marks lost: set once it first holds
     // something (see `Subscriber::listen`).
-    client: OnceLock<Weak<Inner>>,
+    client: OnceLock<Weak<dyn ForceUnlocked>>,
     // A latch: its sender is dropped once the server confirmed the subscription of
     // `control` (the first session's first SUBSCRIBE), which a client's first hold awaits.
     listening: Mutex<(Option<Sender<()>>, Receiver<()>)>,
@@ -265,9 +273,9 @@ impl Subscriber {
     /// that subscription: a `force_unlock` right after it would otherwise go unheard
     /// until a renewal, and the set-up happens once, before the first acquisition
     /// returns, not at some later moment of the client's traffic.
-    pub(crate) fn listen(&self, client: &Arc<Inner>, bound: Duration) {
-        let first = self.shared.client.get().is_none()
-            && self.shared.client.set(Arc::downgrade(client)).is_ok();
+    pub(crate) fn listen<C: ForceUnlocked + 'static>(&self, client: &Arc<C>, bound: Duration) {
+        let weak: Weak<dyn ForceUnlocked> = Arc::downgrade(client) as Weak<C>;
+        let first = self.shared.client.get().is_none() && self.shared.client.set(weak).is_ok();
         if let Err(e) = self.ensure_running() {
             // Its renewals still find a force_unlock, a third of the lease later.
             log::warn!("redmutex: cannot start the pub/sub thread: {e}");
@@ -342,11 +350,11 @@ impl Subscriber {
     }
 
     /// Registers thread `token`'s interest in `channel`; a SUBSCRIBE is sent only when this
-    /// process was not already subscribed. `client` is used to nudge the reader thread,
-    /// giving up at `until`.
+    /// process was not already subscribed. `client` (the client's executor) is used to
+    /// nudge the reader thread, giving up at `until`.
     pub(crate) fn subscribe(
         &self,
-        client: &Inner,
+        client: &Executor,
         channel: &[u8],
         token: u64,
         until: Option<Instant>,
@@ -595,7 +603,7 @@ impl Shared {
             if let Some((token, key)) = parse_forced(payload) {
                 let client = self.client.get().and_then(Weak::upgrade);
                 if let Some(inner) = client {
-                    inner.watchdog.force_unlocked(key, token);
+                    inner.force_unlocked(key, token);
                 }
             }
             return; // otherwise a nudge
