@@ -9,6 +9,7 @@ use crate::runtime::executor::Executor;
 use crate::runtime::holds::HoldTable;
 use crate::runtime::keys::{self, LockKeys, Object};
 use crate::runtime::loss::{Loss, LossSource, Notifier};
+use crate::runtime::renewer::{self, Watchdog};
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::{ForceUnlocked, Subscriber};
 use crate::runtime::target::Target;
@@ -77,7 +78,7 @@ pub(crate) struct Inner {
     pub(crate) subscriber: Subscriber,
     // What this process holds, with the thread that renews it (the field is named for
     // that thread, the watchdog).
-    pub(crate) watchdog: HoldTable,
+    pub(crate) watchdog: Watchdog,
     // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
     // lock any more, and the watchdog stops renewing.
     handles: AtomicUsize,
@@ -447,7 +448,7 @@ impl Client {
 
     pub(crate) fn from_config(target: Target, config: Config) -> Result<Client, Error> {
         let id = uuid::Uuid::new_v4().to_string();
-        let watchdog = HoldTable::new(config.on_lease_lost.clone());
+        let watchdog = Watchdog::new(HoldTable::new(config.on_lease_lost.clone()));
         let exec = Executor::new(id, target, config);
         let subscriber = Subscriber::new(exec.manager(), &exec.config.key_prefix, &exec.id);
         let client = Client {
@@ -490,6 +491,24 @@ impl LossSource for Inner {
         popped: Option<Instant>,
     ) -> Option<Instant> {
         self.watchdog.check_loss(keys, token, loss, popped)
+    }
+}
+
+impl renewer::Owner for Inner {
+    fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
+    fn recheck(&self, channel: &[u8], token: u64) {
+        self.subscriber.recheck(channel, token);
+    }
+
+    fn has_handles(&self) -> bool {
+        Inner::has_handles(self)
     }
 }
 

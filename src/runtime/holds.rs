@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{self, millis, Lease, LeasePolicy, KICK_AFTER, PICKUP};
 use crate::runtime::loss::{Hook, Loss, LossSource, Notifier, Timed, Watcher};
 use crate::runtime::lost_lease::LossReason;
-use crate::runtime::renewer::Renewer;
 use crate::Error;
 
 /// How often a failing check of a handed-on lock is tried again before it is left to the
@@ -439,6 +438,41 @@ impl Kick {
     }
 }
 
+/// How the table wakes the watchdog thread: the sender the running thread listens on, and
+/// when it wakes by itself next.
+#[derive(Default)]
+pub(crate) struct Alarm {
+    // Set by the thread's start (`Watchdog::ensure_running`); dropping it (with the
+    // client) stops the thread at once.
+    wake: Mutex<Option<Sender<()>>>,
+    // When the thread wakes by itself next; `None` while it is awake (it will look at
+    // every extension and check before it sleeps again).
+    pub(super) planned: Mutex<Option<Instant>>,
+}
+
+impl Alarm {
+    /// From now on the running thread listens on `wake`.
+    pub(super) fn set(&self, wake: Sender<()>) {
+        *self.wake.lock() = Some(wake);
+    }
+
+    /// Wakes the thread if it would otherwise sleep past `due` (a handoff happens per
+    /// acquisition under contention: waking the thread for each would cost more than the
+    /// handoff itself).
+    pub(super) fn nudge_for(&self, due: Instant) {
+        if self.planned.lock().is_none_or(|planned| due < planned) {
+            self.nudge();
+        }
+    }
+
+    /// Wakes the thread to look at its timers again (or clean up a doubtful attempt).
+    pub(super) fn nudge(&self) {
+        if let Some(wake) = &*self.wake.lock() {
+            let _ = wake.try_send(());
+        }
+    }
+}
+
 /// What this process holds, and what its watchdog thread looks after: every thread's
 /// levels and leases on every lock, acquire attempts in flight or in doubt, this client's
 /// queue entries, and the locks it handed on.
@@ -461,9 +495,9 @@ pub(crate) struct HoldTable {
     waiting: Mutex<HashMap<(Vec<u8>, u64), Waiting>>,
     // lock key -> the check due after this client handed it on.
     kicks: Mutex<HashMap<Vec<u8>, Kick>>,
-    // The thread that renews what the table holds, checks handed-on locks and cleans up
-    // after doubtful attempts: the table wakes it when it has something due.
-    pub(super) renewer: Renewer,
+    // Wakes the thread that renews what the table holds, checks handed-on locks and
+    // cleans up after doubtful attempts, when the table has something due.
+    pub(super) alarm: Alarm,
     // The thread that marks holds lost when their time is up and calls the hook.
     pub(crate) notifier: Notifier,
 }
@@ -490,7 +524,7 @@ impl HoldTable {
             cleaned: Condvar::new(),
             waiting: Mutex::new(HashMap::new()),
             kicks: Mutex::new(HashMap::new()),
-            renewer: Renewer::new(),
+            alarm: Alarm::default(),
         }
     }
 
@@ -522,16 +556,6 @@ impl HoldTable {
         }
     }
 
-    /// Checks the lock once the pickup window of a handoff just made is over.
-    pub(crate) fn handed_on(&self, client: &Arc<Inner>, keys: &Arc<LockKeys>) {
-        if let Err(e) = self.ensure_running(client) {
-            // The waiters' own timers still find the lock free, at the lease they saw.
-            log::warn!("redmutex: cannot check a handed-on lock: {e}");
-            return;
-        }
-        self.schedule_kick(keys);
-    }
-
     /// Schedules the check of a handed-on lock (the thread is known to run).
     pub(super) fn schedule_kick(&self, keys: &Arc<LockKeys>) {
         let due = Instant::now() + KICK_AFTER;
@@ -547,7 +571,7 @@ impl HoldTable {
         );
         drop(kicks);
         if fresh {
-            self.renewer.nudge_for(due);
+            self.alarm.nudge_for(due);
         }
     }
 
@@ -570,13 +594,6 @@ impl HoldTable {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
-    }
-
-    /// Makes sure the renewal thread runs (see [`Renewer::ensure_running`]). Called before
-    /// a watchdog lease is taken, so that a thread that cannot be started fails the
-    /// acquisition before anything is written.
-    pub(crate) fn ensure_running(&self, client: &Arc<Inner>) -> Result<(), Error> {
-        self.renewer.ensure_running(client)
     }
 
     /// Blocks while a renewal round that includes this thread's hold is in flight.
@@ -689,7 +706,7 @@ impl HoldTable {
             );
         }
         if let Some(due) = extend {
-            self.renewer.nudge_for(due);
+            self.alarm.nudge_for(due);
         }
         registration
     }
@@ -753,40 +770,33 @@ impl HoldTable {
         }
     }
 
-    /// Records an attempt whose outcome is unknown and wakes the watchdog thread to give
-    /// back the level it may have taken.
-    pub(crate) fn doubt(
+    /// Records an attempt whose outcome is unknown, for the watchdog thread to give back
+    /// the level it may have taken (see `Watchdog::doubt`).
+    pub(super) fn record_doubt(
         &self,
-        client: &Arc<Inner>,
         keys: &Arc<LockKeys>,
         token: u64,
         holder: &str,
         expected: usize,
     ) {
+        let mut doubts = self.doubts.lock();
+        if let Some(d) = doubts
+            .iter_mut()
+            .find(|d| d.token == token && d.expected == expected && d.keys.hold() == keys.hold())
         {
-            let mut doubts = self.doubts.lock();
-            if let Some(d) = doubts.iter_mut().find(|d| {
-                d.token == token && d.expected == expected && d.keys.hold() == keys.hold()
-            }) {
-                d.runs_left = 2;
-            } else {
-                doubts.push(Doubtful {
-                    id: self.next_level.fetch_add(1, Ordering::Relaxed),
-                    keys: keys.clone(),
-                    token,
-                    holder: holder.to_owned(),
-                    expected,
-                    runs_left: 2,
-                    in_flight: false,
-                    paused: false,
-                });
-            }
+            d.runs_left = 2;
+        } else {
+            doubts.push(Doubtful {
+                id: self.next_level.fetch_add(1, Ordering::Relaxed),
+                keys: keys.clone(),
+                token,
+                holder: holder.to_owned(),
+                expected,
+                runs_left: 2,
+                in_flight: false,
+                paused: false,
+            });
         }
-        if let Err(e) = self.ensure_running(client) {
-            log::warn!("redmutex: cannot clean up a doubtful acquisition: {e}");
-            return;
-        }
-        self.renewer.nudge();
     }
 
     /// The levels this thread holds of the lock, as far as this process knows: what the
