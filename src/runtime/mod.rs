@@ -3,6 +3,7 @@
 //! the one watchdog thread that renews it, the leases, the key layout and the bundled
 //! scripts.
 
+pub(crate) mod admin;
 pub(crate) mod builder;
 pub(crate) mod client;
 pub(crate) mod con;
