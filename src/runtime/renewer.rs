@@ -200,13 +200,13 @@ fn kick_due(inner: &dyn Owner) {
                 .run_minding(Some(until), &mut extensions_meanwhile(inner), check);
         match result {
             // It handed the lock on again: check that handoff in its turn.
-            Ok((_, 1)) => kick.again(watchdog, KICK_TRIES),
+            Ok((_, 1)) => watchdog.kick_again(kick, KICK_TRIES),
             Ok(_) => {}
             Err(e) => {
                 log::debug!("redmutex: checking a handed-on lock failed: {e}");
                 let tries_left = kick.tries_left - 1;
                 if tries_left > 0 {
-                    kick.again(watchdog, tries_left);
+                    watchdog.kick_again(kick, tries_left);
                 }
             }
         }
