@@ -22,3 +22,4 @@ pub(crate) mod scripts;
 pub(crate) mod subscriber;
 pub(crate) mod target;
 pub(crate) mod telemetry;
+pub(crate) mod urls;

@@ -13,6 +13,10 @@ use crate::runtime::pool::Manager;
 use crate::runtime::queue::{self, Notice};
 use crate::Error;
 
+use self::waiters::Waiters;
+
+mod waiters;
+
 /// How long the reader blocks on the socket before checking whether the client is gone.
 /// Reading the socket is free: no command is sent.
 const READ_TICK: Duration = Duration::from_secs(1);
@@ -78,57 +82,6 @@ struct Entry {
     // SUBSCRIBE requested in the current session (queued or sent).
     requested: bool,
     waiters: Arc<Waiters>,
-}
-
-/// The threads of this process waiting on one lock (its channel for this client).
-struct Waiters {
-    // Each waiting thread's own slot, by thread token: the scripts address one thread.
-    slots: Mutex<HashMap<u64, Sender<Notice>>>,
-    // A latch: its sender is dropped once the server confirmed the subscription, which
-    // wakes every thread waiting for that at once. Re-armed when the connection drops.
-    confirmed: Mutex<(Option<Sender<()>>, Receiver<()>)>,
-    // When a waiting thread of this process should next try without a message: the end
-    // of the holder's lease as last seen here, or the end of a try in flight. A crashed
-    // holder hands nothing on, and without this every waiting thread's timer would fire
-    // at the same instant; this way one thread per process tries.
-    next_try: Mutex<Option<Instant>>,
-}
-
-impl Waiters {
-    fn new() -> Waiters {
-        let (tx, rx) = crossbeam_channel::bounded(0);
-        Waiters {
-            slots: Mutex::new(HashMap::new()),
-            confirmed: Mutex::new((Some(tx), rx)),
-            next_try: Mutex::new(None),
-        }
-    }
-
-    fn confirm(&self) {
-        self.confirmed.lock().0 = None;
-    }
-
-    fn rearm(&self) {
-        let mut latch = self.confirmed.lock();
-        if latch.0.is_none() {
-            let (tx, rx) = crossbeam_channel::bounded(0);
-            *latch = (Some(tx), rx);
-        }
-    }
-
-    /// Delivers `notice` to the thread `token`; false when no such thread waits here.
-    fn notify(&self, token: u64, notice: Notice) -> bool {
-        match self.slots.lock().get(&token) {
-            Some(slot) => slot.send(notice).is_ok(),
-            None => false,
-        }
-    }
-
-    fn recheck_all(&self) {
-        for slot in self.slots.lock().values() {
-            let _ = slot.send(Notice::Recheck);
-        }
-    }
 }
 
 /// A thread's interest in one lock's channel; dropping it gives the interest up.
@@ -638,37 +591,4 @@ impl Shared {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_force_unlock_message_is_read_back() {
-        assert_eq!(parse_forced(b"f 42 p:{a b}"), Some((42, &b"p:{a b}"[..])));
-        assert_eq!(parse_forced(b"s"), None);
-        assert_eq!(parse_forced(b"f x p:{a}"), None);
-        assert_eq!(parse_forced(b"f 42"), None);
-    }
-
-    #[test]
-    fn an_interrupted_read_is_told_from_other_failures() {
-        let eintr = std::io::Error::from_raw_os_error(EINTR);
-        assert_eq!(eintr.kind(), std::io::ErrorKind::Interrupted);
-        assert!(interrupted(&redis::RedisError::from(eintr)));
-        assert!(interrupted(&redis::RedisError::from(std::io::Error::from(
-            std::io::ErrorKind::Interrupted
-        ))));
-        for kind in [
-            std::io::ErrorKind::ConnectionReset,
-            std::io::ErrorKind::UnexpectedEof,
-            std::io::ErrorKind::TimedOut,
-            std::io::ErrorKind::HostUnreachable,
-        ] {
-            let e = redis::RedisError::from(std::io::Error::from(kind));
-            assert!(!interrupted(&e), "{kind:?}");
-        }
-        for errno in [104, 110, 113] {
-            let e = redis::RedisError::from(std::io::Error::from_raw_os_error(errno));
-            assert!(!interrupted(&e), "os error {errno}");
-        }
-    }
-}
+mod tests;
