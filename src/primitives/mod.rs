@@ -2,6 +2,7 @@
 //! of a read-write lock), its guard, the semaphore and its permits, and the count-down
 //! latch, and the `MultiLock` over several locks (RedLock). Each kind contributes only its scripts and key layout (`runtime::scripts::Ops`).
 
+pub(crate) mod attempt;
 pub(crate) mod cancel;
 pub(crate) mod guard;
 pub(crate) mod holder_metadata;
@@ -10,6 +11,7 @@ pub(crate) mod kind;
 pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod multi_guard;
+pub(crate) mod multi_wait;
 pub(crate) mod multilock;
 pub(crate) mod owned_guard;
 pub(crate) mod permit;

@@ -1,14 +1,18 @@
-//! `Wait`: one call waiting for a lock, the state machine between its attempts, its place
+//! A `Lock<K>`'s one acquisition path (`acquire_cancellable`), and `Wait`: one call
+//! waiting for the lock, the state machine between its attempts (`attempt.rs`), its place
 //! in the queue and its subscription, until it holds the lock or gives up.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::primitives::attempt::{Grant, Refused};
 use crate::primitives::cancel::{self, CancelToken};
-use crate::primitives::kind::{self, Kind};
-use crate::primitives::lock::{Grant, Lock, Refused};
+use crate::primitives::kind::{self, sealed::Sealed, Kind};
+use crate::primitives::lock::Lock;
+use crate::runtime::keys::{fresh_token, holder_id, thread_token};
 use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue::{self, Notice};
+use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::telemetry;
 use crate::{Error, LockGuard};
@@ -16,6 +20,143 @@ use crate::{Error, LockGuard};
 /// Numbers each waiting call, so that a message meant for an earlier call of the same
 /// thread (one that already left the queue) is never taken for this one's.
 pub(crate) static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
+
+impl<K: Kind> Lock<K> {
+    /// [`acquire_cancellable`](Lock::acquire_cancellable) that nothing cancels.
+    pub(crate) fn acquire(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+        amount: u32,
+    ) -> Result<Option<LockGuard<K>>, Error> {
+        self.acquire_cancellable(lease, deadline, amount, None)
+    }
+
+    /// The one acquisition path. `deadline` None waits forever; a deadline already past
+    /// makes exactly one attempt. `amount`: the permits asked for (1 for the locks).
+    /// `cancel`: a token that stops the wait (`Err(Cancelled)`, holding nothing).
+    pub(crate) fn acquire_cancellable(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+        amount: u32,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Option<LockGuard<K>>, Error> {
+        self.acquisition(lease, deadline, amount, cancel)
+            .map_err(|e| e.on_lock(self.name()))
+    }
+
+    fn acquisition(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+        amount: u32,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Option<LockGuard<K>>, Error> {
+        self.check_name()?;
+        let inner = &self.client.inner;
+        inner.check_process()?;
+        if cancel.is_some_and(CancelToken::is_cancelled) {
+            return Err(Error::Cancelled);
+        }
+        let keys = &self.keys;
+        // A semaphore's permits and an owned hold are holders of their own, never the
+        // thread's: they neither re-enter its holds nor are re-entered by them.
+        let token = if keys.ops.per_call || <K as Sealed>::OWN_HOLDER {
+            fresh_token()
+        } else {
+            thread_token()
+        };
+        if let Some(read_hold) = keys.read_hold() {
+            // Reading without writing: asking to write, or for the upgradeable side (whose
+            // upgrade would wait for this read hold), would wait for itself. (A writer
+            // that also reads, mid-downgrade, may re-enter the write side.)
+            if !inner.watchdog.holds_locally(keys.hold(), token) {
+                // Unless it also holds the upgradeable side: then a write is an upgrade,
+                // which waits for the others' read holds only.
+                let upgrading = keys
+                    .upgradeable_hold()
+                    .is_some_and(|hold| inner.watchdog.holds_locally(&hold, token));
+                if !upgrading && inner.watchdog.holds_locally(&read_hold, token) {
+                    return Err(Error::WOULD_DEADLOCK);
+                }
+                if inner.watchdog.forget_over(&read_hold, token) {
+                    // A read hold whose lease ran out here may live a moment longer on the
+                    // server (its lease counts from when Redis ran the acquire), where it
+                    // would refuse this write: it is given back first.
+                    self.give_back_read(token, self.io_until(deadline))?;
+                }
+            }
+        }
+        if lease == Lease::Watchdog {
+            // Before anything is written: a lease nobody renews must not be handed out.
+            inner.watchdog.ensure_running(inner)?;
+        }
+        let once = deadline.is_some_and(|d| d <= Instant::now());
+        // A thread that holds the lock re-enters at once (the scripts grant a re-entry
+        // whoever waits): it never queues, so that leaving the call can never give up a
+        // level it holds.
+        let reentry = inner.watchdog.holds_locally(keys.hold(), token);
+        let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
+        let mut wait = Wait {
+            lock: self,
+            token,
+            holder: holder_id(&inner.id, token),
+            lease,
+            lease_ms: self.lease_ms(lease),
+            deadline,
+            cancel,
+            once,
+            amount,
+            first_ticket: ticket,
+            ticket,
+            joined: None,
+            queued_at: None,
+            joined_topology: 0,
+            reentry,
+            queued: false,
+            // A process that listens on this lock already (others of its threads wait, or
+            // did a moment ago) queues with its first attempt: no extra round trip.
+            sub: if once {
+                None
+            } else {
+                inner.subscriber.rejoin(self.keys.channel(), token)
+            },
+        };
+        let (name, holder) = (
+            telemetry::Name(keys.name()),
+            telemetry::Holder(&inner.id, token),
+        );
+        telemetry::acquisition(K::NAME, &name, &holder, || wait.run())
+    }
+
+    /// Gives back this thread's read hold of a read-write lock (`self` is its write side)
+    /// whose lease is over here, in case Redis still keeps it a moment longer.
+    fn give_back_read(&self, token: u64, until: Option<Instant>) -> Result<(), Error> {
+        let keys = &self.keys;
+        let read = &scripts::READ;
+        let holder = holder_id(&self.client.inner.id, token);
+        let mut cancel = queue::command(read.cancel, keys);
+        cancel
+            .arg(&holder)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .arg(keys.inbox())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms())
+            .arg(read.flags);
+        let inner = &self.client.inner;
+        let reply: Vec<i64> = inner.run_until(until, |con| inner.eval(con, &cancel))?;
+        if reply[..] == [0, 1] {
+            self.client
+                .inner
+                .watchdog
+                .handed_on(&self.client.inner, keys);
+        }
+        Ok(())
+    }
+}
 
 /// One call waiting for a lock: its attempts, its place in the queue, its subscription.
 pub(super) struct Wait<'a, K: Kind> {

@@ -1,0 +1,297 @@
+//! One attempt at a `Lock<K>` and what comes of it: the acquire script's call and its
+//! reply (`Grant`, `Refused`), the confirmation of a hold a release handed over, and the
+//! guard a grant becomes. The pieces every acquisition is made of: a `Lock`'s wait
+//! (`wait.rs`) and a `MultiLock`'s rounds (`multi_wait.rs`) both use them.
+
+use std::time::{Duration, Instant};
+
+use crate::primitives::kind::{self, Kind};
+use crate::primitives::lock::Lock;
+use crate::runtime::client::IO_GRACE;
+use crate::runtime::holds::Acquisition;
+use crate::runtime::keys;
+use crate::runtime::lease::{millis, Lease};
+use crate::runtime::pool::Con;
+use crate::runtime::queue;
+use crate::runtime::scripts::ScriptCall;
+use crate::{Error, LockGuard};
+
+impl<K: Kind> Lock<K> {
+    /// Runs the acquire script: `Ok(grant)` when granted, `Err(refused)` when held elsewhere.
+    /// With `join`, a thread not granted is queued (or its entry refreshed).
+    pub(super) fn attempt(
+        &self,
+        (token, holder): (u64, &str),
+        lease_ms: u64,
+        amount: u32,
+        join: Option<(u64, u64)>,
+        until: Option<Instant>,
+    ) -> Result<Result<Grant, Refused>, Error> {
+        let inner = &self.client.inner;
+        let keys = &self.keys;
+        let held = inner.watchdog.begin_attempt(keys.hold(), token, until)?;
+        let call = self.acquire_cmd(holder, lease_ms, held, amount, join);
+        let outcome = inner.run_until(until, |con| {
+            let reply: Vec<i64> = inner.eval(con, &call)?;
+            let grant = match Self::grant_of(&reply)? {
+                Ok(Ok(grant)) => grant,
+                other => return Ok(other),
+            };
+            let need = || {
+                let watchdog_ms = millis(inner.config.watchdog_timeout);
+                inner.watchdog.need_ms(keys.hold(), token, watchdog_ms)
+            };
+            Ok(
+                match self.replicated(con, holder, need, grant.count as usize)? {
+                    None => Ok(Ok(grant)),
+                    Some(shortfall) => Err(shortfall),
+                },
+            )
+        });
+        let outcome = outcome.and_then(|refused| refused);
+        self.settle_attempt((token, holder), held, join.is_some(), outcome)
+    }
+
+    /// Ends an attempt begun with `watchdog.begin_attempt` (which said `held`) and passes
+    /// its outcome on: a level or a queue entry it may have left unknown to this process
+    /// is given back by the watchdog.
+    pub(crate) fn settle_attempt(
+        &self,
+        (token, holder): (u64, &str),
+        held: usize,
+        joined: bool,
+        outcome: Result<Result<Grant, Refused>, Error>,
+    ) -> Result<Result<Grant, Refused>, Error> {
+        let inner = &self.client.inner;
+        let keys = &self.keys;
+        let granted = matches!(outcome, Ok(Ok(_)));
+        let queued = joined && matches!(outcome, Ok(Err(_)));
+        inner
+            .watchdog
+            .end_attempt(keys.hold(), token, granted, queued);
+        if let Err(e) = &outcome {
+            if e.outcome_unknown() {
+                // Redis may have run the script, or may still: a level nobody holds, or a
+                // queue entry nobody waits behind.
+                inner.watchdog.doubt(inner, keys, token, holder, held);
+            }
+        }
+        outcome
+    }
+
+    /// The lease a level taken with `lease` asks for, in ms.
+    pub(crate) fn lease_ms(&self, lease: Lease) -> u64 {
+        match lease {
+            // A cap shorter than the watchdog lease shortens the first lease too: the hold
+            // ends at its cap whatever it is.
+            Lease::Watchdog => {
+                let ms = millis(self.client.inner.config.watchdog_timeout);
+                self.max_hold.map_or(ms, |cap| ms.min(millis(cap)))
+            }
+            Lease::Fixed(ms) => ms,
+        }
+    }
+
+    /// The acquire script's call (see `lua/acquire.lua`): `held` levels believed held,
+    /// `join` the ticket and entry lifetime to queue with.
+    pub(crate) fn acquire_cmd(
+        &self,
+        holder: &str,
+        lease_ms: u64,
+        held: usize,
+        amount: u32,
+        join: Option<(u64, u64)>,
+    ) -> ScriptCall {
+        let keys = &self.keys;
+        let ops = keys.ops;
+        let (ticket, ttl) = join.unwrap_or((0, 0));
+        let mut call = queue::command(ops.acquire, keys);
+        // Last: the other kinds' keys of the name, which the script refuses it for.
+        for other in keys.other_kinds(false) {
+            call.key(other);
+        }
+        call.arg(holder)
+            .arg(lease_ms)
+            .arg(held)
+            .arg(ops.flags | self.client.inner.listener_flags())
+            .arg(u8::from(join.is_some()))
+            .arg(ttl)
+            .arg(ticket)
+            .arg(keys.inbox())
+            .arg(queue::pickup_ms())
+            .arg(queue::starve_ms());
+        if ops.per_call {
+            call.arg(amount).arg(self.initial);
+        }
+        // Only when set: a client without metadata sends what it always did.
+        if let Some(text) = &self.client.inner.config.metadata {
+            call.arg(text.as_str());
+        }
+        call
+    }
+
+    /// What the acquire script's reply says: granted, held elsewhere (the holder's
+    /// remaining lease in ms), or refused.
+    pub(crate) fn grant_of(
+        reply: &[i64],
+    ) -> redis::RedisResult<Result<Result<Grant, Refused>, Error>> {
+        Ok(match *reply {
+            [1, count, fence] => Ok(Ok(Grant {
+                count,
+                fence: kind::is_fenced::<K>().then_some(fence as u64),
+            })),
+            [0, pttl] => Ok(Err(Refused {
+                pttl,
+                queued_at: None,
+            })),
+            [0, pttl, at] => Ok(Err(Refused {
+                pttl,
+                queued_at: u64::try_from(at).ok(),
+            })),
+            // Asked to write while holding a read hold: refused, nothing written.
+            [-1] => Err(Error::WOULD_DEADLOCK),
+            // An upgrade whose upgradeable hold is gone: the write would not be one.
+            [-3] => Err(Error::LEASE_LOST),
+            // The name is another kind's: refused, nothing written (the caller's queue
+            // entry, if any, removed).
+            [-4, kind] => Err(Error::wrong_kind(keys::kind_name(kind))),
+            // A semaphore asked for more permits than it has: refused, nothing written.
+            [-2, total] => Err(Error::InvalidArgument(format!(
+                "more permits asked for than the semaphore has ({total})"
+            ))),
+            _ => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected reply from the acquire script",
+                )))
+            }
+        })
+    }
+
+    /// Confirms the hold a release handed to `holder` (see `Wait::confirm`; a `MultiLock`
+    /// confirms a member handed over as its call left the queue the same way): true when it
+    /// was still held, now with a lease of `lease_ms` from this call on; false when it had
+    /// lapsed (nothing changed). With `sync_replicas`, a hold the replicas did not confirm
+    /// is given back (and handed on), and the call fails as an acquisition would.
+    pub(crate) fn pick_up(
+        &self,
+        holder: &str,
+        lease_ms: u64,
+        until: Option<Instant>,
+    ) -> Result<bool, Error> {
+        let inner = &self.client.inner;
+        let keys = &self.keys;
+        let call = queue::confirm(keys, holder, lease_ms);
+        let outcome = inner.run_until(until, |con| {
+            let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
+            if !lost.is_empty() {
+                return Ok(Ok(false));
+            }
+            // The renewal always writes, so its WAIT covers the grant written before it.
+            Ok(match self.replicated(con, holder, || 0, 1)? {
+                None => Ok(true),
+                Some(shortfall) => Err(shortfall),
+            })
+        });
+        outcome.and_then(|confirmed| confirmed)
+    }
+
+    /// With `sync_replicas`, after a script on `con` gave `holder` a level (it now holds
+    /// `held`): `None` once the replicas confirmed it (or none are asked for). A grant the
+    /// replicas did not confirm, or a WAIT that failed (an ACL without +wait, a proxy
+    /// without WAIT), is given back on the same connection (the levels left need `need()`
+    /// ms), since a lock the caller is told it did not get must not stay taken for a whole
+    /// lease: `Some(why)`. The give-back's own failure is the one reported: the level may
+    /// then remain until its lease ends (or the thread's next acquisition adopts it).
+    fn replicated(
+        &self,
+        con: &mut Con,
+        holder: &str,
+        need: impl FnOnce() -> u64,
+        held: usize,
+    ) -> redis::RedisResult<Option<Error>> {
+        let keys = &self.keys;
+        let failure = match self.client.inner.await_replicas(con, keys.key()) {
+            Ok(None) => return Ok(None),
+            Ok(Some(shortfall)) => Ok(shortfall),
+            Err(e) => Err(e),
+        };
+        let rollback: redis::RedisResult<(i64, i64)> = self
+            .client
+            .inner
+            .eval(con, &queue::release(keys, holder, need(), held));
+        match (failure, rollback) {
+            (Ok(shortfall), Ok(_)) => Ok(Some(shortfall)),
+            (Ok(_), Err(e)) | (Err(e), _) => Err(e),
+        }
+    }
+
+    pub(crate) fn wait_bound(&self, pttl: i64) -> Duration {
+        match pttl {
+            // No expiry at all (someone wrote the key by hand): look again after a lease
+            // rather than never.
+            -1 => self.client.inner.config.watchdog_timeout,
+            // PTTL rounds down: the lease may last up to a millisecond more, and waking
+            // before it ends would only cost a wasted try.
+            ms if ms >= 0 => Duration::from_millis(ms as u64 + 1),
+            // Gone between the check and the PTTL: try again at once.
+            _ => Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn granted(
+        &self,
+        token: u64,
+        holder: String,
+        grant: Grant,
+        lease: Lease,
+        sent: Instant,
+        handoff: bool,
+    ) -> LockGuard<K> {
+        // Listening on the client's own channel from its first hold on: a force_unlock of
+        // this hold is told there.
+        let inner = &self.client.inner;
+        inner.subscriber.listen(inner, inner.config.command_timeout);
+        let registration = self.client.inner.watchdog.acquired(
+            &self.keys,
+            token,
+            &holder,
+            grant.count,
+            (lease, self.lease_ms(lease)),
+            (sent, handoff),
+            &Acquisition {
+                kind: K::NAME,
+                generation: self.client.inner.generation(),
+                max_hold: self.max_hold,
+            },
+        );
+        LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
+    }
+
+    /// The instant I/O of an attempt must give up at: none for unbounded calls, the
+    /// deadline (or now, past it) plus a grace for the round trip under way for bounded
+    /// ones, plus the replicas' WAIT when `sync_replicas` is on.
+    pub(super) fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
+        let deadline = deadline?;
+        let mut grace = IO_GRACE;
+        if let Some((_, wait_ms)) = self.client.inner.config.sync_replicas {
+            grace += Duration::from_millis(wait_ms);
+        }
+        Some(deadline.max(Instant::now()) + grace)
+    }
+}
+
+/// What a granted acquire script reported.
+pub(crate) struct Grant {
+    pub(crate) count: i64,
+    pub(crate) fence: Option<u64>,
+}
+
+/// What an acquire script that did not grant reported.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Refused {
+    /// The holder's remaining lease in ms (-1: none known).
+    pub(crate) pttl: i64,
+    /// The server's time (ms) when the attempt queued the caller; `None` when it did not.
+    pub(crate) queued_at: Option<u64>,
+}
