@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Kind};
 use crate::primitives::lock::Lock;
-use crate::runtime::client::IO_GRACE;
+use crate::runtime::con::Con;
 use crate::runtime::holds::Acquisition;
 use crate::runtime::keys;
-use crate::runtime::lease::{millis, Lease};
-use crate::runtime::pool::Con;
+use crate::runtime::lease::IO_GRACE;
+use crate::runtime::lease::{self, millis, Lease};
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
 use crate::{Error, LockGuard};
@@ -38,7 +38,7 @@ impl<K: Kind> Lock<K> {
                 other => return Ok(other),
             };
             let need = || {
-                let watchdog_ms = millis(inner.config.watchdog_timeout);
+                let watchdog_ms = inner.config.lease.watchdog_ms();
                 inner.watchdog.need_ms(keys.hold(), token, watchdog_ms)
             };
             Ok(
@@ -85,7 +85,7 @@ impl<K: Kind> Lock<K> {
             // A cap shorter than the watchdog lease shortens the first lease too: the hold
             // ends at its cap whatever it is.
             Lease::Watchdog => {
-                let ms = millis(self.client.inner.config.watchdog_timeout);
+                let ms = self.client.inner.config.lease.watchdog_ms();
                 self.max_hold.map_or(ms, |cap| ms.min(millis(cap)))
             }
             Lease::Fixed(ms) => ms,
@@ -118,7 +118,7 @@ impl<K: Kind> Lock<K> {
             .arg(ttl)
             .arg(ticket)
             .arg(keys.inbox())
-            .arg(queue::pickup_ms())
+            .arg(lease::pickup_ms())
             .arg(queue::starve_ms());
         if ops.per_call {
             call.arg(amount).arg(self.initial);
@@ -230,7 +230,7 @@ impl<K: Kind> Lock<K> {
         match pttl {
             // No expiry at all (someone wrote the key by hand): look again after a lease
             // rather than never.
-            -1 => self.client.inner.config.watchdog_timeout,
+            -1 => self.client.inner.config.lease.watchdog(),
             // PTTL rounds down: the lease may last up to a millisecond more, and waking
             // before it ends would only cost a wasted try.
             ms if ms >= 0 => Duration::from_millis(ms as u64 + 1),

@@ -3,8 +3,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
+use crate::runtime::executor::CALL_MEMORY;
 use crate::runtime::keys::{self, thread_token, LockKeys};
+use crate::runtime::lease::IO_GRACE;
 use crate::runtime::lease::{millis, MAX_LEASE};
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::BROADCAST;

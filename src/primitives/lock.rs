@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::cancel::CancelToken;
 use crate::primitives::kind::{Fair, Fenced, Kind, Owned, Plain};
-use crate::runtime::client::CALL_MEMORY;
+use crate::runtime::executor::CALL_MEMORY;
 use crate::runtime::keys::{holder_id, thread_token, LockKeys};
-use crate::runtime::lease::{fixed, millis, Lease};
+use crate::runtime::lease::{self, fixed, millis, Lease};
 use crate::runtime::queue;
 use crate::runtime::scripts::ScriptCall;
 use crate::runtime::subscriber;
@@ -474,7 +474,7 @@ impl<K: Kind> Lock<K> {
         // The call-id key last.
         let mut call = queue::command_with(keys.ops.force_unlock, keys, &[&keys.forced()]);
         call.arg(keys.inbox())
-            .arg(queue::pickup_ms())
+            .arg(lease::pickup_ms())
             .arg(queue::starve_ms())
             .arg(self.client.inner.call_id())
             .arg(millis(CALL_MEMORY))

@@ -14,9 +14,9 @@ use crate::primitives::cancel::{self, CancelToken};
 use crate::primitives::multi_guard::release_all;
 use crate::primitives::multilock::MultiLock;
 use crate::primitives::wait::NEXT_TICKET;
-use crate::runtime::client::IO_GRACE;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::keys::{holder_id, thread_token};
+use crate::runtime::lease::IO_GRACE;
 use crate::runtime::lease::{millis, Lease};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::subscriber::Subscription;
@@ -272,10 +272,7 @@ impl MultiWait<'_> {
             let join = !self.once
                 && !self.reentry[i]
                 && self.subs[i].as_ref().is_some_and(|s| s.is_confirmed());
-            let join = join.then(|| {
-                let watchdog_ms = millis(inner.config.watchdog_timeout);
-                (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
-            });
+            let join = join.then(|| (self.ticket, inner.config.lease.entry_ttl_ms(self.deadline)));
             if join.is_some() && !self.queued[i] {
                 self.queued[i] = true;
                 inner
@@ -437,7 +434,7 @@ impl MultiWait<'_> {
                 continue;
             }
             let inner = &m.client.inner;
-            let watchdog_ms = millis(inner.config.watchdog_timeout);
+            let watchdog_ms = inner.config.lease.watchdog_ms();
             let levels = inner.watchdog.levels(m.keys.hold(), self.token);
             let need = inner
                 .watchdog

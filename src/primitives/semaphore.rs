@@ -4,9 +4,9 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::Permits;
+use crate::runtime::con::Con;
 use crate::runtime::keys::Object;
-use crate::runtime::lease::Lease;
-use crate::runtime::pool::Con;
+use crate::runtime::lease::{self, Lease};
 use crate::runtime::queue;
 use crate::runtime::scripts;
 use crate::{CancelToken, Client, Error, Lock, Permit};
@@ -261,7 +261,7 @@ impl Semaphore {
             .arg(lock.initial)
             .arg(MAX_PERMITS)
             .arg(keys.inbox())
-            .arg(queue::pickup_ms())
+            .arg(lease::pickup_ms())
             .arg(queue::starve_ms());
         let call = |con: &mut Con| inner.eval(con, &permits);
         // Adding or taking away twice (a retry after a lost reply) would change the count

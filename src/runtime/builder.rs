@@ -434,7 +434,6 @@ impl ClientBuilder {
             target,
             Config {
                 key_prefix: self.key_prefix.into_bytes(),
-                watchdog_timeout: self.watchdog_timeout,
                 lease: LeasePolicy::new(self.watchdog_timeout),
                 pool_size: self.pool_size,
                 connect_timeout: self.connect_timeout,

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::runtime::config::Config;
 use crate::runtime::executor::Executor;
 use crate::runtime::holds::HoldTable;
 use crate::runtime::keys::{LockKeys, Object};
@@ -17,11 +18,6 @@ use crate::runtime::renewer::{self, Watchdog};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::{ForceUnlocked, Subscriber};
 use crate::runtime::target::Target;
-
-// (Where the primitives and the builder still look for them.)
-pub(crate) use crate::runtime::config::Config;
-pub(crate) use crate::runtime::executor::{time_left, CALL_MEMORY};
-pub(crate) use crate::runtime::lease::IO_GRACE;
 use crate::{
     ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
     ReadWriteLock, Semaphore,

@@ -8,8 +8,7 @@ use crate::runtime::loss::Hook;
 /// A client's settings, fixed once it is built.
 pub(crate) struct Config {
     pub(crate) key_prefix: Vec<u8>,
-    pub(crate) watchdog_timeout: Duration,
-    /// Every timing derived from `watchdog_timeout` (see [`LeasePolicy`]).
+    /// The watchdog timeout, and every timing derived from it (see [`LeasePolicy`]).
     pub(crate) lease: LeasePolicy,
     pub(crate) pool_size: u32,
     pub(crate) connect_timeout: Duration,

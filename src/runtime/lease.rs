@@ -39,6 +39,12 @@ pub(crate) fn extend_at(sent: Instant) -> Instant {
     sent + PICKUP / 3
 }
 
+/// Whether a lease of the pickup window ending at `ends` is due for its extension at `now`:
+/// from a third of the way into the window (the rule of [`extend_at`]) on.
+pub(crate) fn extension_due(ends: Instant, now: Instant) -> bool {
+    ends.saturating_duration_since(now) <= PICKUP * 2 / 3
+}
+
 /// How much sooner than this machine's clock says a handed-over hold's window of `window`
 /// may end on the server: its millisecond rounding, and a clock running up to 0.1 % fast
 /// against this one.

@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use redis::ConnectionLike;
 
+use crate::runtime::con::Con;
 use crate::runtime::target::{Target, Topology};
-
-// (Where the primitives still look for it.)
-pub(crate) use crate::runtime::con::Con;
 
 /// A command connection that remembers when a failure left it unusable.
 pub(crate) struct Conn {

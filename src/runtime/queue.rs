@@ -3,10 +3,8 @@
 use std::time::{Duration, Instant};
 
 use crate::runtime::keys::LockKeys;
+use crate::runtime::lease::pickup_ms;
 use crate::runtime::scripts::{self, Bundled, ScriptCall};
-
-// (Where the primitives still look for them.)
-pub(crate) use crate::runtime::lease::{entry_ttl_ms, pickup_margin, pickup_ms, PICKUP};
 
 /// The longest wait whose grant is placed on this machine's clock by the server's own
 /// times (see [`grant_seen_from`]): beyond it, a server clock running fast could move the
