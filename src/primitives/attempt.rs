@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Kind};
 use crate::primitives::lock::Lock;
+use crate::runtime::calls;
 use crate::runtime::con::Con;
 use crate::runtime::holds::Acquisition;
 use crate::runtime::keys;
@@ -181,7 +182,7 @@ impl<K: Kind> Lock<K> {
     ) -> Result<bool, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
-        let call = queue::confirm(keys, holder, lease_ms);
+        let call = calls::confirm(keys, holder, lease_ms);
         let outcome = inner.run_until(until, |con| {
             let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
             if !lost.is_empty() {
@@ -219,7 +220,7 @@ impl<K: Kind> Lock<K> {
         let rollback: redis::RedisResult<(i64, i64)> = self
             .client
             .inner
-            .eval(con, &queue::release(keys, holder, need(), held));
+            .eval(con, &calls::release(keys, holder, need(), held));
         match (failure, rollback) {
             (Ok(shortfall), Ok(_)) => Ok(Some(shortfall)),
             (Ok(_), Err(e)) | (Err(e), _) => Err(e),

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
+use crate::runtime::calls;
 use crate::runtime::client::Inner;
 use crate::runtime::con::Con;
 use crate::runtime::holds::{LossAt, Registration};
@@ -17,7 +18,6 @@ use crate::runtime::lease::{self, fixed, millis, Lease};
 use crate::runtime::loss::{Loss, Watcher};
 use crate::runtime::lost_lease::LossReason;
 use crate::runtime::pool;
-use crate::runtime::queue;
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::telemetry;
 use crate::{Error, Lock};
@@ -217,7 +217,7 @@ impl<K: Kind> LockGuard<K> {
         if self.is_lease_lost() {
             return Err(Error::LEASE_LOST);
         }
-        let call = queue::confirm(&self.keys, &self.holder, lease_ms);
+        let call = calls::confirm(&self.keys, &self.holder, lease_ms);
         let sent = Instant::now();
         let gone = inner.run(|con| {
             let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
@@ -414,10 +414,10 @@ impl<K: Kind> LockGuard<K> {
             return Ok(Err(Err(self.not_held())));
         };
         Ok(Ok(Release {
-            cmd: queue::release(keys, &self.holder, need, held),
+            cmd: calls::release(keys, &self.holder, need, held),
             levels: held,
             keep_alive: window_ends.map(|ends| KeepAlive {
-                call: queue::confirm(keys, &self.holder, lease::pickup_ms()),
+                call: calls::confirm(keys, &self.holder, lease::pickup_ms()),
                 ends,
             }),
             window_ends,

@@ -14,11 +14,12 @@ use crate::primitives::cancel::{self, CancelToken};
 use crate::primitives::multi_guard::release_all;
 use crate::primitives::multilock::MultiLock;
 use crate::primitives::wait::NEXT_TICKET;
+use crate::runtime::calls;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::keys::{holder_id, thread_token};
 use crate::runtime::lease::IO_GRACE;
 use crate::runtime::lease::{millis, Lease};
-use crate::runtime::queue::{self, Notice};
+use crate::runtime::queue::Notice;
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::telemetry;
 use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
@@ -442,7 +443,7 @@ impl MultiWait<'_> {
             left.push(i);
             calls.push(Call::script(
                 inner,
-                queue::cancel(&m.keys, &self.holders[i], levels, need, true),
+                calls::cancel(&m.keys, &self.holders[i], levels, need, true),
             ));
         }
         if calls.is_empty() {

@@ -9,6 +9,7 @@ use crate::primitives::attempt::{Grant, Refused};
 use crate::primitives::cancel::{self, CancelToken};
 use crate::primitives::kind::{self, sealed::Sealed, Kind};
 use crate::primitives::lock::Lock;
+use crate::runtime::calls;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token};
 use crate::runtime::lease::{self, Lease};
 use crate::runtime::queue::{self, Notice};
@@ -136,16 +137,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let read = &scripts::READ;
         let holder = holder_id(&self.client.inner.id, token);
-        let mut cancel = queue::command(read.cancel, keys);
-        cancel
-            .arg(&holder)
-            .arg(0)
-            .arg(0)
-            .arg(0)
-            .arg(keys.inbox())
-            .arg(lease::pickup_ms())
-            .arg(queue::starve_ms())
-            .arg(read.flags);
+        let cancel = calls::cancel_as(read, keys, &holder, 0, 0, false);
         let inner = &self.client.inner;
         let reply: Vec<i64> = inner.run_until(until, |con| inner.eval(con, &cancel))?;
         if reply[..] == [0, 1] {
@@ -392,7 +384,7 @@ impl<K: Kind> Wait<'_, K> {
                 .watchdog
                 .need_ms(keys.hold(), self.token, inner.config.lease.watchdog_ms());
         let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
-            let cancel = queue::cancel(keys, &self.holder, held, need, keep);
+            let cancel = calls::cancel(keys, &self.holder, held, need, keep);
             inner.eval(con, &cancel)
         })?;
         match reply[..] {

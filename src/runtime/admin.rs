@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use crate::runtime::calls;
 use crate::runtime::keys::{self, LockKeys, Object};
-use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::scripts;
 use crate::{Client, Error, HolderMetadata, LockInfo, LockName, Semaphore};
 
 impl Client {
@@ -50,18 +51,7 @@ impl Client {
             Object3,
             Option<(String, i64, Option<u64>)>,
         );
-        let mut call = ScriptCall::new(&scripts::INSPECT);
-        call.key(lock.key())
-            .key(lock.queue().as_slice())
-            .key(lock.fence().as_slice())
-            .key(rw.key())
-            .key(rw.queue().as_slice())
-            .key(sem.key())
-            .key(sem.queue().as_slice())
-            .key(sem.permits().as_slice())
-            .key(lock.latch().as_slice())
-            .key(rw.leases().as_slice())
-            .key(sem.leases().as_slice());
+        let call = calls::inspect(&lock, &rw, &sem);
         let (l, r, m, latch): Reply = self.inner.run(|con| self.inner.eval(con, &call))?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));

@@ -5,6 +5,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod builder;
+pub(crate) mod calls;
 pub(crate) mod client;
 pub(crate) mod con;
 pub(crate) mod config;

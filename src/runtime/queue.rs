@@ -1,10 +1,10 @@
-//! The waiter queue's parameters, script calls and messages (its rules are `lua/queue.lua`).
+//! The waiter queue's parameters, the key layout its scripts share and their messages (its
+//! rules are `lua/queue.lua`; the typed calls of its scripts are `calls.rs`).
 
 use std::time::{Duration, Instant};
 
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::pickup_ms;
-use crate::runtime::scripts::{self, Bundled, ScriptCall};
+use crate::runtime::scripts::{Bundled, ScriptCall};
 
 /// The longest wait whose grant is placed on this machine's clock by the server's own
 /// times (see [`grant_seen_from`]): beyond it, a server clock running fast could move the
@@ -70,58 +70,6 @@ pub(crate) fn command_with(
     for key in more {
         call.key(*key);
     }
-    call
-}
-
-/// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
-/// whose remaining levels need `need` ms (`release.lua`).
-pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> ScriptCall {
-    let mut cmd = command(keys.ops.release, keys);
-    cmd.arg(holder)
-        .arg(need)
-        .arg(held)
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms())
-        .arg(keys.ops.flags);
-    cmd
-}
-
-/// Leaves the queue of the lock `keys` as the thread `holder`, which holds `expected`
-/// levels: with `keep`, a level beyond them (the lock was handed over meanwhile) is kept
-/// and reported, otherwise given back, leaving `need` ms to the levels held (`cancel.lua`).
-pub(crate) fn cancel(
-    keys: &LockKeys,
-    holder: &str,
-    expected: usize,
-    need: u64,
-    keep: bool,
-) -> ScriptCall {
-    let mut cmd = command(keys.ops.cancel, keys);
-    cmd.arg(holder)
-        .arg(expected)
-        .arg(need)
-        .arg(u8::from(keep))
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms())
-        .arg(keys.ops.flags);
-    cmd
-}
-
-/// Confirms the hold handed to `holder` on the lock `keys` and extends it to `lease_ms`:
-/// the renewal script with this one hold (`renew.lua`), whose reply lists it as lost when
-/// its pickup window was over first.
-pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCall {
-    let ops = keys.ops;
-    let mut call = ScriptCall::new(&scripts::RENEW);
-    call.arg(1).key(keys.key());
-    if ops.field_prefix.is_some() {
-        call.key(keys.leases().as_slice()).arg("m");
-    } else {
-        call.arg("k");
-    }
-    call.arg(ops.field(holder)).arg(lease_ms);
     call
 }
 

@@ -10,12 +10,10 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
+use crate::runtime::calls;
 use crate::runtime::executor::Executor;
 use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease;
-use crate::runtime::queue;
-use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::telemetry;
 use crate::Error;
 
@@ -189,10 +187,7 @@ fn kick_due(inner: &dyn Owner) {
         // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
         let until = Instant::now() + inner.executor().config.lease.chore_bound();
-        let mut call = queue::command(keys.ops.kick, &keys);
-        call.arg(keys.inbox())
-            .arg(lease::pickup_ms())
-            .arg(queue::starve_ms());
+        let call = calls::kick(&keys);
         let check = |con: &mut _| inner.executor().eval::<(i64, i64)>(con, &call);
         let result =
             inner
@@ -252,7 +247,7 @@ fn clean_doubtful(inner: &dyn Owner) {
         let until = Instant::now() + inner.executor().config.lease.chore_bound();
         let result = catch_unwind(AssertUnwindSafe(|| {
             let cancel = |con: &mut _| {
-                let cancel = queue::cancel(&keys, &holder, expected, need, false);
+                let cancel = calls::cancel(&keys, &holder, expected, need, false);
                 inner.executor().eval::<Vec<i64>>(con, &cancel)
             };
             inner
@@ -406,25 +401,14 @@ fn renew_batch(
     until: Instant,
     meanwhile: Option<&mut dyn FnMut()>,
 ) {
-    let mut call = ScriptCall::new(&scripts::RENEW);
-    call.arg(batch.len());
-    for w in batch {
-        let ops = w.keys.ops;
-        call.key(w.keys.key());
-        if ops.field_prefix.is_some() {
-            call.key(w.keys.leases().as_slice()).arg("m");
-        } else {
-            call.arg("k");
-        }
-        call.arg(ops.field(&w.holder)).arg(w.lease_ms);
-    }
-    for (keys, ..) in wait_batch {
-        call.key(keys.queue().as_slice())
-            .key(keys.waiters().as_slice());
-    }
-    for (_, _, holder, ttl) in wait_batch {
-        call.arg(holder.as_str()).arg(*ttl);
-    }
+    let holds: Vec<(&LockKeys, &str, u64)> = batch
+        .iter()
+        .map(|w| (&*w.keys, &*w.holder, w.lease_ms))
+        .collect();
+    let entries = wait_batch
+        .iter()
+        .map(|(keys, _, holder, ttl)| (&**keys, holder.as_str(), *ttl));
+    let call = calls::renew(&holds, entries);
     let sent = Instant::now();
     let renew = |con: &mut _| {
         inner

@@ -1,0 +1,120 @@
+//! One typed function per script the runtime sends: each builds the script's KEYS and ARGV
+//! in the order the script reads them (see its header in `lua/`), so that no caller writes
+//! them by hand. The primitives' own scripts (acquire, force_unlock, the latch's and the
+//! semaphore's) still build theirs where they are sent.
+
+use crate::runtime::keys::LockKeys;
+use crate::runtime::lease::pickup_ms;
+use crate::runtime::queue::{command, starve_ms};
+use crate::runtime::scripts::{self, Ops, ScriptCall};
+
+/// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
+/// whose remaining levels need `need` ms (`release.lua`).
+pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> ScriptCall {
+    let mut cmd = command(keys.ops.release, keys);
+    cmd.arg(holder)
+        .arg(need)
+        .arg(held)
+        .arg(keys.inbox())
+        .arg(pickup_ms())
+        .arg(starve_ms())
+        .arg(keys.ops.flags);
+    cmd
+}
+
+/// Leaves the queue of the lock `keys` as the thread `holder`, which holds `expected`
+/// levels: with `keep`, a level beyond them (the lock was handed over meanwhile) is kept
+/// and reported, otherwise given back, leaving `need` ms to the levels held (`cancel.lua`).
+pub(crate) fn cancel(
+    keys: &LockKeys,
+    holder: &str,
+    expected: usize,
+    need: u64,
+    keep: bool,
+) -> ScriptCall {
+    cancel_as(keys.ops, keys, holder, expected, need, keep)
+}
+
+/// [`cancel`] by the rules of `ops` rather than those of the keys' own kind: the read side
+/// of a read-write lock left from its write side's keys (they share the object).
+pub(crate) fn cancel_as(
+    ops: &'static Ops,
+    keys: &LockKeys,
+    holder: &str,
+    expected: usize,
+    need: u64,
+    keep: bool,
+) -> ScriptCall {
+    let mut cmd = command(ops.cancel, keys);
+    cmd.arg(holder)
+        .arg(expected)
+        .arg(need)
+        .arg(u8::from(keep))
+        .arg(keys.inbox())
+        .arg(pickup_ms())
+        .arg(starve_ms())
+        .arg(ops.flags);
+    cmd
+}
+
+/// Confirms the hold handed to `holder` on the lock `keys` and extends it to `lease_ms`:
+/// the renewal script with this one hold (`renew.lua`), whose reply lists it as lost when
+/// its pickup window was over first.
+pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCall {
+    renew(&[(keys, holder, lease_ms)], std::iter::empty())
+}
+
+/// Renews the holds `holds` (each a lock's keys, its holder id and the lease in ms it
+/// needs) and keeps the queue entries `entries` alive (each a lock's keys, the waiting
+/// holder id and how long its entry lives in ms), all in one call (`renew.lua`).
+pub(crate) fn renew<'a>(
+    holds: &[(&LockKeys, &str, u64)],
+    entries: impl Iterator<Item = (&'a LockKeys, &'a str, u64)>,
+) -> ScriptCall {
+    let mut call = ScriptCall::new(&scripts::RENEW);
+    call.arg(holds.len());
+    for &(keys, holder, lease_ms) in holds {
+        let ops = keys.ops;
+        call.key(keys.key());
+        if ops.field_prefix.is_some() {
+            call.key(keys.leases().as_slice()).arg("m");
+        } else {
+            call.arg("k");
+        }
+        call.arg(ops.field(holder)).arg(lease_ms);
+    }
+    for (keys, holder, ttl_ms) in entries {
+        call.key(keys.queue().as_slice())
+            .key(keys.waiters().as_slice())
+            .arg(holder)
+            .arg(ttl_ms);
+    }
+    call
+}
+
+/// Checks that the lock `keys`, handed on a pickup window ago, did not lapse with waiters
+/// asleep: a free lock goes to the next one (`kick.lua`).
+pub(crate) fn kick(keys: &LockKeys) -> ScriptCall {
+    let mut call = command(keys.ops.kick, keys);
+    call.arg(keys.inbox()).arg(pickup_ms()).arg(starve_ms());
+    call
+}
+
+/// Reads what Redis records of each object of one name (`inspect.lua`): its lock `lock`,
+/// read-write lock `rw`, semaphore `sem` and count-down latch (`lock`'s latch key), each
+/// laid out as its own kind.
+pub(crate) fn inspect(lock: &LockKeys, rw: &LockKeys, sem: &LockKeys) -> ScriptCall {
+    let mut call = ScriptCall::new(&scripts::INSPECT);
+    call.key(lock.key())
+        .key(lock.queue().as_slice())
+        .key(lock.fence().as_slice())
+        .key(rw.key())
+        .key(rw.queue().as_slice())
+        .key(sem.key())
+        .key(sem.queue().as_slice())
+        .key(sem.permits().as_slice())
+        .key(lock.latch().as_slice())
+        .key(rw.leases().as_slice())
+        .key(sem.leases().as_slice());
+    call
+}
