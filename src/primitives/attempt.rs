@@ -11,9 +11,7 @@ use crate::runtime::calls;
 use crate::runtime::con::Con;
 use crate::runtime::holds::Acquisition;
 use crate::runtime::keys;
-use crate::runtime::lease::IO_GRACE;
-use crate::runtime::lease::{self, millis, Lease};
-use crate::runtime::queue;
+use crate::runtime::lease::{millis, Lease, IO_GRACE};
 use crate::runtime::scripts::ScriptCall;
 use crate::{Error, LockGuard};
 
@@ -103,32 +101,20 @@ impl<K: Kind> Lock<K> {
         amount: u32,
         join: Option<(u64, u64)>,
     ) -> ScriptCall {
-        let keys = &self.keys;
-        let ops = keys.ops;
-        let (ticket, ttl) = join.unwrap_or((0, 0));
-        let mut call = queue::command(ops.acquire, keys);
-        // Last: the other kinds' keys of the name, which the script refuses it for.
-        for other in keys.other_kinds(false) {
-            call.key(other);
-        }
-        call.arg(holder)
-            .arg(lease_ms)
-            .arg(held)
-            .arg(ops.flags | self.client.inner.listener_flags())
-            .arg(u8::from(join.is_some()))
-            .arg(ttl)
-            .arg(ticket)
-            .arg(keys.inbox())
-            .arg(lease::pickup_ms())
-            .arg(queue::starve_ms());
-        if ops.per_call {
-            call.arg(amount).arg(self.initial);
-        }
-        // Only when set: a client without metadata sends what it always did.
-        if let Some(text) = &self.client.inner.config.metadata {
-            call.arg(text.as_str());
-        }
-        call
+        let inner = &self.client.inner;
+        let ops = self.keys.ops;
+        calls::acquire(
+            &self.keys,
+            &calls::Acquire {
+                holder,
+                lease_ms,
+                held,
+                flags: ops.flags | inner.listener_flags(),
+                join,
+                amount: ops.per_call.then_some((amount, self.initial)),
+                metadata: inner.config.metadata.as_deref(),
+            },
+        )
     }
 
     /// What the acquire script's reply says: granted, held elsewhere (the holder's

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::runtime::executor::CALL_MEMORY;
 use crate::runtime::keys::{self, thread_token, LockKeys};
-use crate::runtime::lease::IO_GRACE;
-use crate::runtime::lease::{millis, MAX_LEASE};
+use crate::runtime::lease::{millis, IO_GRACE, MAX_LEASE};
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::subscriber::BROADCAST;
 use crate::{Client, Error};

@@ -1,11 +1,12 @@
 //! One typed function per script the runtime sends: each builds the script's KEYS and ARGV
 //! in the order the script reads them (see its header in `lua/`), so that no caller writes
-//! them by hand. The primitives' own scripts (acquire, force_unlock, the latch's and the
-//! semaphore's) still build theirs where they are sent.
+//! them by hand. (The latch's three scripts build theirs at their one call site each.)
+
+use std::time::Duration;
 
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::pickup_ms;
-use crate::runtime::queue::{command, starve_ms};
+use crate::runtime::lease::{millis, pickup_ms};
+use crate::runtime::queue::{command, command_with, starve_ms};
 use crate::runtime::scripts::{self, Ops, ScriptCall};
 
 /// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
@@ -116,5 +117,85 @@ pub(crate) fn inspect(lock: &LockKeys, rw: &LockKeys, sem: &LockKeys) -> ScriptC
         .key(lock.latch().as_slice())
         .key(rw.leases().as_slice())
         .key(sem.leases().as_slice());
+    call
+}
+
+/// What an acquire attempt tells `acquire.lua` (and the kinds' own acquire scripts) besides
+/// the lock's keys.
+pub(crate) struct Acquire<'a> {
+    pub(crate) holder: &'a str,
+    pub(crate) lease_ms: u64,
+    /// The levels the thread believes it holds, so that a repeat cannot count one twice.
+    pub(crate) held: usize,
+    /// The kind's flags and where the client listens (`Executor::listener_flags`).
+    pub(crate) flags: u8,
+    /// The ticket and entry lifetime in ms to queue with, if the attempt queues.
+    pub(crate) join: Option<(u64, u64)>,
+    /// For a kind that takes an amount per call (a semaphore): the permits asked for and
+    /// the number of permits to create the semaphore with.
+    pub(crate) amount: Option<(u32, u32)>,
+    /// The client's metadata text; only sent when set, so that a client without it sends
+    /// what it always did.
+    pub(crate) metadata: Option<&'a str>,
+}
+
+/// An acquire attempt on the lock `keys` (see `lua/acquire.lua`).
+pub(crate) fn acquire(keys: &LockKeys, a: &Acquire<'_>) -> ScriptCall {
+    let (ticket, ttl) = a.join.unwrap_or((0, 0));
+    let mut call = command(keys.ops.acquire, keys);
+    // Last: the other kinds' keys of the name, which the script refuses it for.
+    for other in keys.other_kinds(false) {
+        call.key(other);
+    }
+    call.arg(a.holder)
+        .arg(a.lease_ms)
+        .arg(a.held)
+        .arg(a.flags)
+        .arg(u8::from(a.join.is_some()))
+        .arg(ttl)
+        .arg(ticket)
+        .arg(keys.inbox())
+        .arg(pickup_ms())
+        .arg(starve_ms());
+    if let Some((amount, initial)) = a.amount {
+        call.arg(amount).arg(initial);
+    }
+    if let Some(text) = a.metadata {
+        call.arg(text);
+    }
+    call
+}
+
+/// Frees the lock `keys` whoever holds it (`lua/force_unlock.lua`), as the call `call_id`
+/// remembered for `memory`; the freed holders' clients are told on their own channels,
+/// named from `own_channel_prefix`.
+pub(crate) fn force_unlock(
+    keys: &LockKeys,
+    call_id: &str,
+    memory: Duration,
+    own_channel_prefix: &[u8],
+) -> ScriptCall {
+    // The call-id key last.
+    let mut call = command_with(keys.ops.force_unlock, keys, &[&keys.forced()]);
+    call.arg(keys.inbox())
+        .arg(pickup_ms())
+        .arg(starve_ms())
+        .arg(call_id)
+        .arg(millis(memory))
+        .arg(own_channel_prefix);
+    call
+}
+
+/// Runs the semaphore operation `op` (`"add"`, `"reduce"` or a read) with `n` on the
+/// semaphore `keys`, created with `initial` permits, at most `max` (`sem_permits.lua`).
+pub(crate) fn sem_permits(keys: &LockKeys, op: &str, n: u32, initial: u32, max: u32) -> ScriptCall {
+    let mut call = command(&scripts::SEM_PERMITS, keys);
+    call.arg(op)
+        .arg(n)
+        .arg(initial)
+        .arg(max)
+        .arg(keys.inbox())
+        .arg(pickup_ms())
+        .arg(starve_ms());
     call
 }

@@ -1,5 +1,8 @@
 //! The watchdog thread: renews the leases and queue entries in the holds table, checks the
-//! locks this client handed on, and cleans up after doubtful attempts.
+//! locks this client handed on, and cleans up after doubtful attempts. The client's
+//! [`Watchdog`] (the table and the thread's handle) starts it, handing it a `Weak` of what
+//! it needs of the client ([`Owner`]); the table wakes it through its alarm. Its timings
+//! are the client's lease policy (`lease.rs`).
 
 use std::ops::Deref;
 use std::panic::{catch_unwind, AssertUnwindSafe};
