@@ -1,6 +1,6 @@
 //! One typed function per script the runtime sends: each builds the script's KEYS and ARGV
 //! in the order the script reads them (see its header in `lua/`), so that no caller writes
-//! them by hand. (The latch's three scripts build theirs at their one call site each.)
+//! them by hand.
 
 use std::time::Duration;
 
@@ -197,5 +197,45 @@ pub(crate) fn sem_permits(keys: &LockKeys, op: &str, n: u32, initial: u32, max: 
         .arg(keys.inbox())
         .arg(pickup_ms())
         .arg(starve_ms());
+    call
+}
+
+/// Sets the count-down latch `key` to `count` expiring after `expire_after`, unless it is
+/// counting already (`lua/latch_set.lua`): `setter` records the id `call_id` of the call
+/// that set it for `memory`, and `others` are the name's other kinds' keys, which must not
+/// be held.
+pub(crate) fn latch_set(
+    key: &[u8],
+    setter: &[u8],
+    others: &[Vec<u8>],
+    count: u64,
+    expire_after: Duration,
+    call_id: &str,
+    memory: Duration,
+) -> ScriptCall {
+    let mut call = ScriptCall::new(&scripts::LATCH_SET);
+    call.key(key).key(setter);
+    for other in others {
+        call.key(other.as_slice());
+    }
+    call.arg(count)
+        .arg(millis(expire_after))
+        .arg(call_id)
+        .arg(millis(memory));
+    call
+}
+
+/// Counts the latch `key` down by one, publishing `message` on `channel` when it opens
+/// (`lua/latch_count_down.lua`).
+pub(crate) fn latch_count_down(key: &[u8], channel: &[u8], message: &[u8]) -> ScriptCall {
+    let mut call = ScriptCall::new(&scripts::LATCH_COUNT_DOWN);
+    call.key(key).arg(channel).arg(message);
+    call
+}
+
+/// Reads the latch `key`'s count and remaining time (`lua/latch_state.lua`).
+pub(crate) fn latch_state(key: &[u8]) -> ScriptCall {
+    let mut call = ScriptCall::new(&scripts::LATCH_STATE);
+    call.key(key);
     call
 }
