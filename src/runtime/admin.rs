@@ -205,7 +205,7 @@ impl Client {
     /// on to its first waiters. Returns the kinds that were held, as [`LockInfo::kind`]
     /// names them; empty when none was. A count-down latch has no holder and is left as it
     /// is. An administrative operation (what `redmutex unlock --force` runs), like
-    /// [`Lock::force_unlock`]: the former holders are not stopped, but their clients are
+    /// [`Lock::force_unlock`](crate::Lock::force_unlock): the former holders are not stopped, but their clients are
     /// told at once (their guards' `lost()` fire, the hook is called) and their releases
     /// fail with [`Error::LeaseLost`]. Each kind is freed in one script of its own; a key holding someone else's
     /// data fails with a `WRONGTYPE` error and is left as it is, and then the kinds after
