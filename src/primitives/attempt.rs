@@ -7,12 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Kind};
 use crate::primitives::lock::Lock;
-use crate::runtime::client::IO_GRACE;
+use crate::runtime::calls;
+use crate::runtime::con::Con;
 use crate::runtime::holds::Acquisition;
 use crate::runtime::keys;
-use crate::runtime::lease::{millis, Lease};
-use crate::runtime::pool::Con;
-use crate::runtime::queue;
+use crate::runtime::lease::{millis, Lease, IO_GRACE};
 use crate::runtime::scripts::ScriptCall;
 use crate::{Error, LockGuard};
 
@@ -38,7 +37,7 @@ impl<K: Kind> Lock<K> {
                 other => return Ok(other),
             };
             let need = || {
-                let watchdog_ms = millis(inner.config.watchdog_timeout);
+                let watchdog_ms = inner.config.lease.watchdog_ms();
                 inner.watchdog.need_ms(keys.hold(), token, watchdog_ms)
             };
             Ok(
@@ -85,7 +84,7 @@ impl<K: Kind> Lock<K> {
             // A cap shorter than the watchdog lease shortens the first lease too: the hold
             // ends at its cap whatever it is.
             Lease::Watchdog => {
-                let ms = millis(self.client.inner.config.watchdog_timeout);
+                let ms = self.client.inner.config.lease.watchdog_ms();
                 self.max_hold.map_or(ms, |cap| ms.min(millis(cap)))
             }
             Lease::Fixed(ms) => ms,
@@ -102,32 +101,20 @@ impl<K: Kind> Lock<K> {
         amount: u32,
         join: Option<(u64, u64)>,
     ) -> ScriptCall {
-        let keys = &self.keys;
-        let ops = keys.ops;
-        let (ticket, ttl) = join.unwrap_or((0, 0));
-        let mut call = queue::command(ops.acquire, keys);
-        // Last: the other kinds' keys of the name, which the script refuses it for.
-        for other in keys.other_kinds(false) {
-            call.key(other);
-        }
-        call.arg(holder)
-            .arg(lease_ms)
-            .arg(held)
-            .arg(ops.flags | self.client.inner.listener_flags())
-            .arg(u8::from(join.is_some()))
-            .arg(ttl)
-            .arg(ticket)
-            .arg(keys.inbox())
-            .arg(queue::pickup_ms())
-            .arg(queue::starve_ms());
-        if ops.per_call {
-            call.arg(amount).arg(self.initial);
-        }
-        // Only when set: a client without metadata sends what it always did.
-        if let Some(text) = &self.client.inner.config.metadata {
-            call.arg(text.as_str());
-        }
-        call
+        let inner = &self.client.inner;
+        let ops = self.keys.ops;
+        calls::acquire(
+            &self.keys,
+            &calls::Acquire {
+                holder,
+                lease_ms,
+                held,
+                flags: ops.flags | inner.listener_flags(),
+                join,
+                amount: ops.per_call.then_some((amount, self.initial)),
+                metadata: inner.config.metadata.as_deref(),
+            },
+        )
     }
 
     /// What the acquire script's reply says: granted, held elsewhere (the holder's
@@ -181,7 +168,7 @@ impl<K: Kind> Lock<K> {
     ) -> Result<bool, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
-        let call = queue::confirm(keys, holder, lease_ms);
+        let call = calls::confirm(keys, holder, lease_ms);
         let outcome = inner.run_until(until, |con| {
             let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
             if !lost.is_empty() {
@@ -219,7 +206,7 @@ impl<K: Kind> Lock<K> {
         let rollback: redis::RedisResult<(i64, i64)> = self
             .client
             .inner
-            .eval(con, &queue::release(keys, holder, need(), held));
+            .eval(con, &calls::release(keys, holder, need(), held));
         match (failure, rollback) {
             (Ok(shortfall), Ok(_)) => Ok(Some(shortfall)),
             (Ok(_), Err(e)) | (Err(e), _) => Err(e),
@@ -230,7 +217,7 @@ impl<K: Kind> Lock<K> {
         match pttl {
             // No expiry at all (someone wrote the key by hand): look again after a lease
             // rather than never.
-            -1 => self.client.inner.config.watchdog_timeout,
+            -1 => self.client.inner.config.lease.watchdog(),
             // PTTL rounds down: the lease may last up to a millisecond more, and waking
             // before it ends would only cost a wasted try.
             ms if ms >= 0 => Duration::from_millis(ms as u64 + 1),

@@ -9,14 +9,15 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
+use crate::runtime::calls;
 use crate::runtime::client::Inner;
+use crate::runtime::con::Con;
 use crate::runtime::holds::{LossAt, Registration};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{fixed, millis, Lease};
+use crate::runtime::lease::{self, fixed, millis, Lease};
 use crate::runtime::loss::{Loss, Watcher};
 use crate::runtime::lost_lease::LossReason;
-use crate::runtime::pool::{self, Con};
-use crate::runtime::queue;
+use crate::runtime::pool;
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::telemetry;
 use crate::{Error, Lock};
@@ -273,7 +274,7 @@ impl<K: Kind> LockGuard<K> {
         if self.is_lease_lost() {
             return Err(Error::LEASE_LOST);
         }
-        let call = queue::confirm(&self.keys, &self.holder, lease_ms);
+        let call = calls::confirm(&self.keys, &self.holder, lease_ms);
         let sent = Instant::now();
         let gone = inner.run(|con| {
             let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
@@ -449,7 +450,7 @@ impl<K: Kind> LockGuard<K> {
         // In a fork()ed child the holder id is the parent's: releasing would free its lock.
         inner.check_process()?;
         let keys = &self.keys;
-        let watchdog_ms = millis(inner.config.watchdog_timeout);
+        let watchdog_ms = inner.config.lease.watchdog_ms();
         // Whatever made the guard say (or would make it say) its lease is lost marks the
         // hold lost here, before anything is sent: the release below still gives the hold
         // back if Redis has it, but its outcome is `LeaseLost` (see `end_release`).
@@ -470,10 +471,10 @@ impl<K: Kind> LockGuard<K> {
             return Ok(Err(Err(self.not_held())));
         };
         Ok(Ok(Release {
-            cmd: queue::release(keys, &self.holder, need, held),
+            cmd: calls::release(keys, &self.holder, need, held),
             levels: held,
             keep_alive: window_ends.map(|ends| KeepAlive {
-                call: queue::confirm(keys, &self.holder, queue::pickup_ms()),
+                call: calls::confirm(keys, &self.holder, lease::pickup_ms()),
                 ends,
             }),
             window_ends,
@@ -597,12 +598,12 @@ fn keep_alive_for_release(
         *keep_alive = None;
         return Ok(());
     }
-    if k.ends.saturating_duration_since(now) > queue::PICKUP * 2 / 3 {
+    if !lease::extension_due(k.ends, now) {
         return Ok(());
     }
     let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &k.call)?;
     if lost.is_empty() {
-        k.ends = now + queue::PICKUP;
+        k.ends = now + lease::PICKUP;
     } else {
         *keep_alive = None;
     }

@@ -3,10 +3,10 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::runtime::client::{CALL_MEMORY, IO_GRACE};
+use crate::runtime::calls;
+use crate::runtime::executor::CALL_MEMORY;
 use crate::runtime::keys::{self, thread_token, LockKeys};
-use crate::runtime::lease::{millis, MAX_LEASE};
-use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::lease::{IO_GRACE, MAX_LEASE};
 use crate::runtime::subscriber::BROADCAST;
 use crate::{Client, Error};
 
@@ -112,15 +112,15 @@ impl CountDownLatch {
         let (key, setter, id) = (self.key.as_slice(), self.setter.as_slice(), inner.call_id());
         // A repeat after a lost reply finds its own id and answers that it set the count,
         // even if the latch opened in between (it is not set again).
-        let mut call = ScriptCall::new(&scripts::LATCH_SET);
-        call.key(key).key(setter);
-        for other in &self.others {
-            call.key(other.as_slice());
-        }
-        call.arg(count)
-            .arg(millis(expire_after))
-            .arg(id.as_str())
-            .arg(millis(CALL_MEMORY));
+        let call = calls::latch_set(
+            key,
+            setter,
+            &self.others,
+            count,
+            expire_after,
+            &id,
+            CALL_MEMORY,
+        );
         let set: i64 = inner
             .run_remembered(|con| inner.eval(con, &call))
             .map_err(|e| e.on_lock(&self.name))?;
@@ -146,8 +146,7 @@ impl CountDownLatch {
     pub fn count_down(&self) -> Result<u64, Error> {
         self.check_name()?;
         let (key, channel) = (self.key.as_slice(), self.channel.as_slice());
-        let mut call = ScriptCall::new(&scripts::LATCH_COUNT_DOWN);
-        call.key(key).arg(channel).arg(BROADCAST);
+        let call = calls::latch_count_down(key, channel, BROADCAST);
         let inner = &self.client.inner;
         let left: i64 = inner
             .run_once(|con| inner.eval(con, &call))
@@ -284,8 +283,7 @@ impl CountDownLatch {
     fn state(&self, until: Option<Instant>) -> Result<(u64, i64), Error> {
         self.check_name()?;
         let key = self.key.as_slice();
-        let mut call = ScriptCall::new(&scripts::LATCH_STATE);
-        call.key(key);
+        let call = calls::latch_state(key);
         let inner = &self.client.inner;
         let (count, pttl): (i64, i64) = inner
             .run_until(until, |con| inner.eval(con, &call))

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{Fair, Fenced, Kind, Owned, Plain};
-use crate::runtime::client::CALL_MEMORY;
+use crate::runtime::calls;
+use crate::runtime::executor::CALL_MEMORY;
 use crate::runtime::keys::{holder_id, thread_token, LockKeys};
-use crate::runtime::lease::{millis, Lease};
-use crate::runtime::queue;
+use crate::runtime::lease::Lease;
 use crate::runtime::scripts::ScriptCall;
 use crate::runtime::subscriber;
 use crate::{Client, Error, LockGuard};
@@ -512,18 +512,13 @@ impl<K: Kind> Lock<K> {
     /// The force-unlock script's call (see `lua/force_unlock.lua`), with an id of its own
     /// that each run of it sends.
     pub(crate) fn force_unlock_cmd(&self) -> ScriptCall {
-        let keys = &self.keys;
-        // The call-id key last.
-        let mut call = queue::command_with(keys.ops.force_unlock, keys, &[&keys.forced()]);
-        call.arg(keys.inbox())
-            .arg(queue::pickup_ms())
-            .arg(queue::starve_ms())
-            .arg(self.client.inner.call_id())
-            .arg(millis(CALL_MEMORY))
-            .arg(subscriber::own_channel_prefix(
-                &self.client.inner.config.key_prefix,
-            ));
-        call
+        let inner = &self.client.inner;
+        calls::force_unlock(
+            &self.keys,
+            &inner.call_id(),
+            CALL_MEMORY,
+            &subscriber::own_channel_prefix(&inner.config.key_prefix),
+        )
     }
 
     /// The name the lock was made with.

@@ -14,11 +14,11 @@ use crate::primitives::cancel::{self, CancellationToken};
 use crate::primitives::multi_guard::release_all;
 use crate::primitives::multilock::MultiLock;
 use crate::primitives::wait::NEXT_TICKET;
-use crate::runtime::client::IO_GRACE;
+use crate::runtime::calls;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::keys::{holder_id, thread_token};
-use crate::runtime::lease::{millis, Lease};
-use crate::runtime::queue::{self, Notice};
+use crate::runtime::lease::{millis, Lease, IO_GRACE};
+use crate::runtime::queue::Notice;
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::telemetry;
 use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
@@ -272,10 +272,7 @@ impl MultiWait<'_> {
             let join = !self.once
                 && !self.reentry[i]
                 && self.subs[i].as_ref().is_some_and(|s| s.is_confirmed());
-            let join = join.then(|| {
-                let watchdog_ms = millis(inner.config.watchdog_timeout);
-                (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
-            });
+            let join = join.then(|| (self.ticket, inner.config.lease.entry_ttl_ms(self.deadline)));
             if join.is_some() && !self.queued[i] {
                 self.queued[i] = true;
                 inner
@@ -437,7 +434,7 @@ impl MultiWait<'_> {
                 continue;
             }
             let inner = &m.client.inner;
-            let watchdog_ms = millis(inner.config.watchdog_timeout);
+            let watchdog_ms = inner.config.lease.watchdog_ms();
             let levels = inner.watchdog.levels(m.keys.hold(), self.token);
             let need = inner
                 .watchdog
@@ -445,7 +442,7 @@ impl MultiWait<'_> {
             left.push(i);
             calls.push(Call::script(
                 inner,
-                queue::cancel(&m.keys, &self.holders[i], levels, need, true),
+                calls::cancel(&m.keys, &self.holders[i], levels, need, true),
             ));
         }
         if calls.is_empty() {

@@ -4,11 +4,10 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::Permits;
+use crate::runtime::calls;
+use crate::runtime::con::Con;
 use crate::runtime::keys::Object;
 use crate::runtime::lease::Lease;
-use crate::runtime::pool::Con;
-use crate::runtime::queue;
-use crate::runtime::scripts;
 use crate::{CancellationToken, Client, Error, Lock, LockOptions, Permit};
 
 /// The most permits a semaphore may have.
@@ -304,15 +303,7 @@ impl Semaphore {
         let inner = &lock.client.inner;
         inner.check_process()?;
         let keys = &lock.keys;
-        let mut permits = queue::command(&scripts::SEM_PERMITS, keys);
-        permits
-            .arg(op)
-            .arg(n)
-            .arg(lock.initial)
-            .arg(MAX_PERMITS)
-            .arg(keys.inbox())
-            .arg(queue::pickup_ms())
-            .arg(queue::starve_ms());
+        let permits = calls::sem_permits(keys, op, n, lock.initial, MAX_PERMITS);
         let call = |con: &mut Con| inner.eval(con, &permits);
         // Adding or taking away twice (a retry after a lost reply) would change the count
         // twice: those run once, and a dropped connection is the caller's error.

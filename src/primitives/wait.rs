@@ -9,8 +9,9 @@ use crate::primitives::attempt::{Grant, Refused};
 use crate::primitives::cancel::{self, CancellationToken};
 use crate::primitives::kind::{self, sealed::Sealed, Kind};
 use crate::primitives::lock::Lock;
+use crate::runtime::calls;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token};
-use crate::runtime::lease::{millis, Lease};
+use crate::runtime::lease::{self, Lease};
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscription;
@@ -136,16 +137,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let read = &scripts::READ;
         let holder = holder_id(&self.client.inner.id, token);
-        let mut cancel = queue::command(read.cancel, keys);
-        cancel
-            .arg(&holder)
-            .arg(0)
-            .arg(0)
-            .arg(0)
-            .arg(keys.inbox())
-            .arg(queue::pickup_ms())
-            .arg(queue::starve_ms())
-            .arg(read.flags);
+        let cancel = calls::cancel_as(read, keys, &holder, 0, 0, false);
         let inner = &self.client.inner;
         let reply: Vec<i64> = inner.run_until(until, |con| inner.eval(con, &cancel))?;
         if reply[..] == [0, 1] {
@@ -303,8 +295,7 @@ impl<K: Kind> Wait<'_, K> {
             if self.joined.is_some() {
                 self.ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
             }
-            let watchdog_ms = millis(inner.config.watchdog_timeout);
-            (self.ticket, queue::entry_ttl_ms(self.deadline, watchdog_ms))
+            (self.ticket, inner.config.lease.entry_ttl_ms(self.deadline))
         });
         if join.is_some() && !self.queued {
             // Entries are kept alive, and handed-over holds extended, by the watchdog.
@@ -388,13 +379,12 @@ impl<K: Kind> Wait<'_, K> {
         // The levels the thread holds (none: a thread that held the lock never queued),
         // never fewer: leaving must not give one of them up.
         let held = inner.watchdog.levels_now(keys.hold(), self.token);
-        let need = inner.watchdog.need_ms(
-            keys.hold(),
-            self.token,
-            millis(inner.config.watchdog_timeout),
-        );
+        let need =
+            inner
+                .watchdog
+                .need_ms(keys.hold(), self.token, inner.config.lease.watchdog_ms());
         let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
-            let cancel = queue::cancel(keys, &self.holder, held, need, keep);
+            let cancel = calls::cancel(keys, &self.holder, held, need, keep);
             inner.eval(con, &cancel)
         })?;
         match reply[..] {
@@ -423,7 +413,7 @@ impl<K: Kind> Wait<'_, K> {
     /// `fence` (the token the release drew) and `at` (the server's time of the release):
     /// the guard, or `None` when the grant's pickup window was over first.
     ///
-    /// The window (a lease of at most [`queue::PICKUP`], or the call's own lease if shorter)
+    /// The window (a lease of at most [`lease::PICKUP`], or the call's own lease if shorter)
     /// starts at the release, on the server. A grant that carries the ticket of this call's
     /// latest attempt that could queue was made from the queue entry that attempt wrote, so
     /// after the attempt ran, so after it was sent; and as much later than the attempt ran
@@ -494,9 +484,9 @@ impl<K: Kind> Wait<'_, K> {
             // disagree (another server's, after a failover or a slot's move).
             return None;
         }
-        let window = Duration::from_millis(self.lease_ms).min(queue::PICKUP);
+        let window = Duration::from_millis(self.lease_ms).min(lease::PICKUP);
         let left = start.checked_add(window)?.checked_duration_since(now)?;
-        (left >= window / 2 + queue::pickup_margin(window)).then_some(start)
+        (left >= window / 2 + lease::pickup_margin(window)).then_some(start)
     }
 
     /// Confirms a hold handed to this thread (`fence`: the token the release drew) with the

@@ -4,11 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::IntoConnectionInfo;
-
-use crate::runtime::client::{Client, Config};
+use crate::runtime::client::Client;
+use crate::runtime::config::Config;
+use crate::runtime::lease::LeasePolicy;
 use crate::runtime::loss::Hook;
-use crate::runtime::target::{Cluster, Sentinel, Target};
+use crate::runtime::target::{Sentinel, Target};
+use crate::runtime::urls::{cluster_target, parse_urls, redact_url, tls_certificates, tls_client};
 use crate::Error;
 
 /// The longest text [`ClientBuilder::metadata`] takes, in bytes.
@@ -433,7 +434,7 @@ impl ClientBuilder {
             target,
             Config {
                 key_prefix: self.key_prefix.into_bytes(),
-                watchdog_timeout: self.watchdog_timeout,
+                lease: LeasePolicy::new(self.watchdog_timeout),
                 pool_size: self.pool_size,
                 connect_timeout: self.connect_timeout,
                 command_timeout: self.command_timeout,
@@ -446,128 +447,6 @@ impl ClientBuilder {
             },
         )
     }
-}
-
-/// The connection settings of `urls` (at least one), and the URLs with passwords hidden.
-fn parse_urls(
-    urls: &[String],
-    what: &str,
-) -> Result<(Vec<redis::ConnectionInfo>, Vec<String>), Error> {
-    if urls.is_empty() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} addresses: at least one is needed"
-        )));
-    }
-    let infos = urls
-        .iter()
-        .map(|url| {
-            url.as_str().into_connection_info().map_err(|e| {
-                Error::InvalidArgument(format!("bad {what} url {}: {e}", redact_url(url)))
-            })
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((infos, urls.iter().map(|u| redact_url(u)).collect()))
-}
-
-/// A cluster target from its node URLs.
-fn cluster_target(
-    urls: Vec<String>,
-    connect_timeout: Duration,
-    command_timeout: Duration,
-    certificates: Option<Certificates>,
-) -> Result<(Target, String), Error> {
-    let (nodes, urls) = parse_urls(&urls, "cluster node")?;
-    // redis-rs follows MOVED and ASK itself; its default pause before a retry starts at
-    // 1.28 s, far past the bounds of a `try_lock_for`. Short pauses here, and a refusal
-    // that outlasts them (a migration under way) is retried by the client within the
-    // call's deadline.
-    let builder = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-        .connection_timeout(connect_timeout)
-        .response_timeout(command_timeout)
-        .retries(8)
-        .retry_wait_formula(1, 2)
-        .min_retry_wait(1)
-        .max_retry_wait(50);
-    let client = with_certificates(builder, certificates)
-        .build()
-        .map_err(|e| Error::InvalidArgument(format!("bad cluster settings: {e}")))?;
-    Ok((
-        Target::Cluster(Cluster::new(client, nodes)),
-        format!("cluster via {urls:?}"),
-    ))
-}
-
-#[cfg(feature = "tls")]
-type Certificates = redis::TlsCertificates;
-#[cfg(not(feature = "tls"))]
-type Certificates = ();
-
-#[cfg(feature = "tls")]
-fn tls_certificates(
-    ca: Option<Vec<u8>>,
-    client: Option<(Vec<u8>, Vec<u8>)>,
-) -> Option<Certificates> {
-    if ca.is_none() && client.is_none() {
-        return None;
-    }
-    Some(redis::TlsCertificates {
-        client_tls: client.map(|(client_cert, client_key)| redis::ClientTlsConfig {
-            client_cert,
-            client_key,
-        }),
-        root_cert: ca,
-    })
-}
-
-#[cfg(not(feature = "tls"))]
-fn tls_certificates(_: Option<Vec<u8>>, _: Option<(Vec<u8>, Vec<u8>)>) -> Option<Certificates> {
-    None
-}
-
-#[cfg(feature = "tls")]
-fn with_certificates(
-    builder: redis::cluster::ClusterClientBuilder,
-    certificates: Option<Certificates>,
-) -> redis::cluster::ClusterClientBuilder {
-    match certificates {
-        Some(certs) => builder.certs(certs),
-        None => builder,
-    }
-}
-
-#[cfg(not(feature = "tls"))]
-fn with_certificates(
-    builder: redis::cluster::ClusterClientBuilder,
-    _: Option<Certificates>,
-) -> redis::cluster::ClusterClientBuilder {
-    builder
-}
-
-#[cfg(feature = "tls")]
-fn tls_client(
-    url: &str,
-    ca: Option<Vec<u8>>,
-    client: Option<(Vec<u8>, Vec<u8>)>,
-) -> redis::RedisResult<redis::Client> {
-    redis::Client::build_with_tls(
-        url,
-        redis::TlsCertificates {
-            client_tls: client.map(|(client_cert, client_key)| redis::ClientTlsConfig {
-                client_cert,
-                client_key,
-            }),
-            root_cert: ca,
-        },
-    )
-}
-
-#[cfg(not(feature = "tls"))]
-fn tls_client(
-    _: &str,
-    _: Option<Vec<u8>>,
-    _: Option<(Vec<u8>, Vec<u8>)>,
-) -> redis::RedisResult<redis::Client> {
-    unreachable!("TLS settings exist only with the `tls` feature")
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -601,40 +480,5 @@ impl fmt::Debug for ClientBuilder {
                 }),
             )
             .finish()
-    }
-}
-
-/// `url` with any password replaced by `***`, for messages and `Debug`.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    let user = userinfo.split(':').next().unwrap_or("");
-    let hidden = if userinfo.contains(':') {
-        format!("{user}:***")
-    } else {
-        // `redis://secret@host` puts the password where a user would be.
-        "***".to_owned()
-    };
-    format!("{}{hidden}{}", &url[..scheme_end], &rest[at..])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact_url("redis://:pw@h"), "redis://:***@h");
-        assert_eq!(redact_url("redis://pw@h/"), "redis://***@h/");
-        assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
-        assert_eq!(redact_url("rediss://a:b:c@h"), "rediss://a:***@h");
     }
 }

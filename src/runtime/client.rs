@@ -1,51 +1,27 @@
-//! `Client`: one connection pool, one subscriber and one watchdog shared by all locks.
+//! `Client`: one connection pool, one subscriber and one watchdog shared by all locks, and
+//! the factories that make its handles (locks, read-write locks, semaphores, latches). Its
+//! calls run in its executor (`executor.rs`), its administrative operations are in
+//! `admin.rs`, and it starts and wakes its background threads, handing each a `Weak` of
+//! what it needs (`renewer::Owner`, `loss::LossSource`, `subscriber::ForceUnlocked`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::runtime::config::Config;
+use crate::runtime::executor::Executor;
 use crate::runtime::holds::HoldTable;
-use crate::runtime::keys::{self, LockKeys, Object};
-use crate::runtime::pool::{self, Con, Conn, Manager};
-use crate::runtime::scripts::{self, ScriptCall, Scripting};
-use crate::runtime::subscriber::Subscriber;
-use crate::runtime::target::{Target, Topology};
+use crate::runtime::keys::{LockKeys, Object};
+use crate::runtime::loss::{Loss, LossSource, Notifier};
+use crate::runtime::renewer::{self, Watchdog};
+use crate::runtime::scripts;
+use crate::runtime::subscriber::{ForceUnlocked, Subscriber};
+use crate::runtime::target::Target;
 use crate::{
-    ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, HolderMetadata, Kind, Lock,
-    LockInfo, LockName, ReadWriteLock, Semaphore,
+    ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
+    ReadWriteLock, Semaphore,
 };
-
-/// The first pause before a command refused by a settling cluster is sent again; it
-/// doubles up to `MAX_SETTLE_PAUSE`.
-const SETTLE_PAUSE: Duration = Duration::from_millis(2);
-const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
-
-/// The same for a cluster node that refuses connections (killed, its replica not yet
-/// promoted): a failover takes seconds, so the pauses start and end longer.
-const DOWN_PAUSE: Duration = Duration::from_millis(10);
-const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
-
-/// How long a script that must recognize its own repeat (`latch_set.lua`,
-/// `force_unlock.lua`) remembers the id of the call that ran it. The client repeats such a
-/// call only within half of it, so the first run is always still remembered.
-pub(crate) const CALL_MEMORY: Duration = Duration::from_secs(60);
-
-/// How long past its deadline a bounded call (`try_lock*`) waits for a round trip already
-/// under way: Redis's answer to an attempt sent just before the deadline. A server that
-/// does not answer by then (frozen, unreachable) fails the call with [`Error::Timeout`]
-/// or [`Error::Pool`] instead of holding it for the command or connect timeout.
-pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
-
-/// The shortest socket timeout a call gets, even past its deadline: zero means "none".
-const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
-
-/// What is left of the time until `until`, as a socket timeout: at least a millisecond.
-pub(crate) fn time_left(until: Instant) -> Duration {
-    until
-        .saturating_duration_since(Instant::now())
-        .max(MIN_IO_TIMEOUT)
-}
 
 /// A handle to one Redis deployment, from which named [`Lock`]s are made.
 ///
@@ -96,49 +72,13 @@ impl Drop for Client {
     }
 }
 
-pub(crate) struct Config {
-    pub(crate) key_prefix: Vec<u8>,
-    pub(crate) watchdog_timeout: Duration,
-    pub(crate) pool_size: u32,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) command_timeout: Duration,
-    /// (replicas, timeout in ms) for `WAIT` after acquire and release scripts.
-    pub(crate) sync_replicas: Option<(u32, u64)>,
-    pub(crate) redacted_url: String,
-    /// Run the scripts as the library's functions where the server has them.
-    pub(crate) use_functions: bool,
-    /// Told of every hold lost (`ClientBuilder::on_lease_lost`).
-    pub(crate) on_lease_lost: Option<crate::runtime::loss::Hook>,
-    /// The longest a watchdog hold is renewed (`ClientBuilder::max_hold`).
-    pub(crate) max_hold: Option<Duration>,
-    /// The text every hold this client takes records (`ClientBuilder::metadata`).
-    pub(crate) metadata: Option<String>,
-}
-
 pub(crate) struct Inner {
-    pub(crate) id: String,
-    // The process that made the client: a fork()ed child must not use the parent's ids.
-    pid: u32,
-    pub(crate) config: Config,
-    pool: r2d2::Pool<Manager>,
-    target: Arc<Target>,
-    // Signs of the deployment changing, seen by the connection layer (see `Topology`).
-    topology: Arc<Topology>,
+    // Runs the calls: the pool, the deployment, the settings (see `Executor`).
+    exec: Executor,
     pub(crate) subscriber: Subscriber,
     // What this process holds, with the thread that renews it (the field is named for
     // that thread, the watchdog).
-    pub(crate) watchdog: HoldTable,
-    /// How the scripts are sent (`FCALL` or `EVALSHA`): one choice for every call.
-    pub(crate) scripting: Scripting,
-    // Until when calls sent to several clients at once (`fanout`) skip this one, and why:
-    // its server just failed one (down, unreachable, frozen), and waiting for it again in
-    // every round would cost each acquisition the whole member timeout.
-    pub(crate) unreachable: parking_lot::Mutex<Option<(Instant, String)>>,
-    // Since when, and until when last, calls found a cluster node refusing connections
-    // (see `is_node_down`). Calls wait such a node out only until `connect_timeout` after
-    // the first refusal, together: one after another (the watchdog renews lock after
-    // lock) they would otherwise each wait the whole time, while leases elsewhere ran out.
-    node_down: parking_lot::Mutex<Option<(Instant, Instant)>>,
+    pub(crate) watchdog: Watchdog,
     // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
     // lock any more, and the watchdog stops renewing.
     handles: AtomicUsize,
@@ -275,291 +215,22 @@ impl Client {
         )
     }
 
-    /// What Redis records right now of each object called `name` that exists: its lock,
-    /// read-write lock, semaphore and count-down latch (see [`LockInfo`]); empty when
-    /// none does. One script call, reading only.
-    ///
-    /// ```no_run
-    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// match client.inspect("nightly")?.first() {
-    ///     Some(info) => println!("held by {:?}, {:?} left", info.holders, info.remaining_lease),
-    ///     None => println!("free"),
-    /// }
-    /// # Ok::<(), redmutex::Error>(())
-    /// ```
-    pub fn inspect(&self, name: impl LockName) -> Result<Vec<LockInfo>, Error> {
-        let name = name.into_name();
-        self.inspect_name(&name).map_err(|e| e.on_lock(&name))
-    }
-
-    fn inspect_name(&self, name: &[u8]) -> Result<Vec<LockInfo>, Error> {
-        crate::name::check(name, "lock names must not be empty")?;
-        let c = &self.inner.config;
-        // Each with its own kind's layout, so that the leases' keys are named.
-        let keys = |object, ops| LockKeys::new(&c.key_prefix, name.to_vec(), "", object, ops);
-        let (lock, rw, sem) = (
-            keys(Object::Lock, &scripts::PLAIN),
-            keys(Object::ReadWrite, &scripts::READ),
-            keys(Object::Semaphore, &scripts::PERMITS),
-        );
-        type Object3 = Option<(
-            String,
-            i64,
-            Vec<Vec<u8>>,
-            Vec<Vec<u8>>,
-            Option<u64>,
-            Vec<Vec<u8>>,
-        )>;
-        type Reply = (
-            Object3,
-            Object3,
-            Object3,
-            Option<(String, i64, Option<u64>)>,
-        );
-        let mut call = ScriptCall::new(&scripts::INSPECT);
-        call.key(lock.key())
-            .key(lock.queue().as_slice())
-            .key(lock.fence().as_slice())
-            .key(rw.key())
-            .key(rw.queue().as_slice())
-            .key(sem.key())
-            .key(sem.queue().as_slice())
-            .key(sem.permits().as_slice())
-            .key(lock.latch().as_slice())
-            .key(rw.leases().as_slice())
-            .key(sem.leases().as_slice());
-        let (l, r, m, latch): Reply = self.inner.run(|con| self.inner.eval(con, &call))?;
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
-        let mut out = Vec::new();
-        for (found, keys, kind) in [
-            (l, &lock, "lock"),
-            (r, &rw, "read-write lock"),
-            (m, &sem, "semaphore"),
-        ] {
-            let Some((redis_type, pttl, fields, queue, extra, ended)) = found else {
-                continue;
-            };
-            let mut info = LockInfo {
-                name: text(name),
-                kind: if redis_type == "hash" || redis_type == "none" {
-                    kind
-                } else {
-                    "foreign"
-                },
-                key: text(keys.key()),
-                holders: Vec::new(),
-                remaining_lease: lease(pttl),
-                waiters: queue.iter().map(|w| text(w)).collect(),
-                token: None,
-                count: if kind == "semaphore" { extra } else { None },
-                metadata: Vec::new(),
-            };
-            let mut records = std::collections::HashMap::new();
-            for pair in fields.chunks_exact(2) {
-                if let Some(holder) = pair[0].strip_prefix(META_PREFIX) {
-                    records.insert(holder, &pair[1]);
-                    continue;
-                }
-                let value = std::str::from_utf8(&pair[1])
-                    .ok()
-                    .and_then(|v| v.parse().ok());
-                match (pair[0].first(), value) {
-                    (Some(b'~'), v) => {
-                        if pair[0] == b"~fence" {
-                            info.token = v;
-                        }
-                    }
-                    // A hold whose own lease ended is gone, whether or not a script has
-                    // dropped it yet.
-                    (_, Some(_)) if ended.contains(&pair[0]) => {}
-                    (_, Some(count)) => info.holders.push((text(&pair[0]), count)),
-                    (_, None) => {}
-                }
-            }
-            // Only the holds shown: a record whose hold is not there is never reported.
-            for pair in fields.chunks_exact(2) {
-                let Some(record) = records.get(pair[0].as_slice()) else {
-                    continue;
-                };
-                if !info.holders.iter().any(|(h, _)| h.as_bytes() == pair[0]) {
-                    continue;
-                }
-                if let Some(metadata) = parse_metadata(text(&pair[0]), record) {
-                    info.metadata.push(metadata);
-                }
-            }
-            out.push(info);
-        }
-        if let Some((redis_type, pttl, count)) = latch {
-            out.push(LockInfo {
-                name: text(name),
-                kind: if redis_type == "string" {
-                    "count-down latch"
-                } else {
-                    "foreign"
-                },
-                key: text(&lock.latch()),
-                holders: Vec::new(),
-                remaining_lease: lease(pttl),
-                waiters: Vec::new(),
-                token: None,
-                count,
-                metadata: Vec::new(),
-            });
-        }
-        Ok(out)
-    }
-
-    /// Every object of this client's key prefix whose name matches the glob `pattern`
-    /// (`*`, `?`, `[abc]`; `"*"` for all), as [`inspect`](Client::inspect) reports it,
-    /// sorted by name. Walks the keyspace with `SCAN` (never `KEYS`), so it does not
-    /// block the server, and an object created or removed meanwhile may be missed. On a
-    /// Redis Cluster every primary is walked (as `CLUSTER SLOTS` names them when the call
-    /// starts); a slot that moves meanwhile may be missed or seen twice (seen once here).
-    ///
-    /// ```no_run
-    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// for info in client.list("deploy-*")? {
-    ///     println!("{} {} {:?}", info.kind, info.name, info.holders);
-    /// }
-    /// # Ok::<(), redmutex::Error>(())
-    /// ```
-    pub fn list(&self, pattern: &str) -> Result<Vec<LockInfo>, Error> {
-        let glob = glob::Pattern::new(pattern)
-            .map_err(|e| Error::InvalidArgument(format!("bad pattern {pattern:?}: {e}")))?;
-        let prefix = self.inner.config.key_prefix.clone();
-        let mut matching = Vec::new();
-        for b in &prefix {
-            if b"*?[]\\".contains(b) {
-                matching.push(b'\\');
-            }
-            matching.push(*b);
-        }
-        matching.push(b'*');
-        let mut names = std::collections::BTreeSet::new();
-        // A SCAN cursor belongs to one server: a cluster's primaries are walked one by one.
-        let nodes = if self.inner.is_cluster() {
-            self.inner.run(|con| con.primaries())?
-        } else {
-            vec![None]
-        };
-        for node in nodes {
-            let mut cursor: u64 = 0;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(matching.as_slice())
-                    .arg("COUNT")
-                    .arg(1000);
-                let (next, keys): (u64, Vec<Vec<u8>>) =
-                    self.inner.run(|con| con.query_on(&scan, node.as_ref()))?;
-                for key in keys {
-                    if let Some((_, _, name)) = keys::object_of(&prefix, &key) {
-                        if glob.matches(&String::from_utf8_lossy(&name)) {
-                            names.insert(name);
-                        }
-                    }
-                }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        let mut out = Vec::new();
-        for name in names {
-            out.extend(self.inspect(name)?);
-        }
-        Ok(out)
-    }
-
-    /// Frees every object called `name` that can be held, whoever holds it: its lock
-    /// (plain, fair or fenced holds), every reader and the writer of its read-write lock,
-    /// and every permit held of its semaphore (its number of permits stays), each handed
-    /// on to its first waiters. Returns the kinds that were held, as [`LockInfo::kind`]
-    /// names them; empty when none was. A count-down latch has no holder and is left as it
-    /// is. An administrative operation (what `redmutex unlock --force` runs), like
-    /// [`Lock::force_unlock`]: the former holders are not stopped, but their clients are
-    /// told at once (their guards' `lost()` fire, the hook is called) and their releases
-    /// fail with [`Error::LeaseLost`]. Each kind is freed in one script of its own; a key holding someone else's
-    /// data fails with a `WRONGTYPE` error and is left as it is, and then the kinds after
-    /// it (in the order above) are not tried.
-    pub fn force_unlock(&self, name: impl LockName) -> Result<Vec<&'static str>, Error> {
-        let name = name.into_name();
-        let mut freed = Vec::new();
-        if self.lock(name.clone()).force_unlock()? {
-            freed.push("lock");
-        }
-        if self
-            .read_write_lock(name.clone())
-            .write_lock()
-            .force_unlock()?
-        {
-            freed.push("read-write lock");
-        }
-        if Semaphore::new(self, name, 0).force_unlock()? {
-            freed.push("semaphore");
-        }
-        Ok(freed)
-    }
-
     /// This client's random id: the first half of the holder ids it writes into lock hashes.
     pub fn id(&self) -> &str {
         &self.inner.id
     }
 
     pub(crate) fn from_config(target: Target, config: Config) -> Result<Client, Error> {
-        let target = Arc::new(target);
-        let topology = Arc::new(Topology::default());
-        let manager = Manager {
-            target: target.clone(),
-            connect_timeout: config.connect_timeout,
-            command_timeout: config.command_timeout,
-            topology: topology.clone(),
-        };
-        // Connections are made on demand (min_idle 0, build_unchecked), so a Redis that is
-        // down does not fail the build. No PING on checkout: it would double the cost of
-        // every lock operation; a broken connection shows itself on use and is dropped.
-        let pool = r2d2::Pool::builder()
-            .max_size(config.pool_size)
-            .min_idle(Some(0))
-            .test_on_check_out(false)
-            .connection_timeout(config.connect_timeout)
-            // Connection setup and idle reaping need little: one thread, not r2d2's three.
-            .thread_pool(Arc::new(
-                scheduled_thread_pool::ScheduledThreadPool::builder()
-                    .num_threads(1)
-                    .thread_name_pattern("redmutex-pool")
-                    .build(),
-            ))
-            .build_unchecked(manager);
         let id = uuid::Uuid::new_v4().to_string();
-        let subscriber = Subscriber::new(
-            Manager {
-                target: target.clone(),
-                connect_timeout: config.connect_timeout,
-                command_timeout: config.command_timeout,
-                topology: topology.clone(),
-            },
-            &config.key_prefix,
-            &id,
-        );
+        let watchdog = Watchdog::new(HoldTable::new(config.on_lease_lost.clone()));
+        let exec = Executor::new(id, target, config);
+        let subscriber = Subscriber::new(exec.manager(), &exec.config.key_prefix, &exec.id);
         let client = Client {
             inner: Arc::new(Inner {
-                id,
-                pid: std::process::id(),
-                watchdog: HoldTable::new(config.on_lease_lost.clone()),
-                scripting: Scripting::new(config.use_functions),
-                handles: AtomicUsize::new(1),
-                unreachable: parking_lot::Mutex::new(None),
-                node_down: parking_lot::Mutex::new(None),
+                exec,
                 subscriber,
-                config,
-                pool,
-                target,
-                topology,
+                watchdog,
+                handles: AtomicUsize::new(1),
             }),
         };
         if client.inner.watchdog.notifier.has_hook() {
@@ -575,297 +246,58 @@ impl Client {
 }
 
 impl Inner {
-    /// Runs the script call `call` on `con` (see `Scripting::run`).
-    pub(crate) fn eval<T: redis::FromRedisValue>(
-        &self,
-        con: &mut Con,
-        call: &ScriptCall,
-    ) -> redis::RedisResult<T> {
-        self.scripting.run(con, call)
-    }
-
-    /// With `sync_replicas` set, WAITs for the replicas on `con` (right after a write on
-    /// it) and returns the shortfall as an error to report, if any.
-    pub(crate) fn await_replicas(
-        &self,
-        con: &mut Con,
-        key: &[u8],
-    ) -> redis::RedisResult<Option<Error>> {
-        let Some((required, timeout_ms)) = self.config.sync_replicas else {
-            return Ok(None);
-        };
-        let acked = con.wait_replicas(key, required, timeout_ms)?;
-        Ok((acked < required).then_some(Error::NotReplicated {
-            acked,
-            required,
-            lock: None,
-        }))
-    }
-
-    /// Which primary connections now go to; it changes with each failover (Sentinel).
-    pub(crate) fn generation(&self) -> u64 {
-        self.target.generation()
-    }
-
-    /// The client's topology epoch: it changes whenever the connection layer sees a sign
-    /// of the deployment changing (see [`Topology`]), a Sentinel failover included.
-    pub(crate) fn topology_epoch(&self) -> u64 {
-        self.topology
-            .changes()
-            .wrapping_add(self.target.generation())
-    }
-
-    /// Whether the deployment, as far as this client can see, stayed the same since it
-    /// read `epoch` ([`topology_epoch`](Inner::topology_epoch)): then two times read from
-    /// its server's clock meanwhile came from one clock. Never on a cluster, whose `MOVED`
-    /// and `ASK` redirections redis-rs follows unseen (a slot may have moved to another
-    /// node, with another clock).
-    pub(crate) fn same_topology_since(&self, epoch: u64) -> bool {
-        !self.target.is_cluster() && self.topology_epoch() == epoch
-    }
-
-    /// Whether this client talks to a Redis Cluster.
-    pub(crate) fn is_cluster(&self) -> bool {
-        self.target.is_cluster()
-    }
-
-    /// Queue-entry flags saying where this client listens (see `lua/queue.lua`): on a
-    /// cluster, perhaps on another node than the lock's, so that a release there cannot
-    /// count it among the subscribers.
-    pub(crate) fn listener_flags(&self) -> u8 {
-        if self.target.is_cluster() {
-            8
-        } else {
-            0
-        }
-    }
-
-    /// Whether `e` is a cluster node refusing connections: a primary killed, its slots
-    /// not yet taken over. redis-rs reports it once its own reconnects failed; the
-    /// command reached no server then, unless an earlier attempt of redis-rs's own did, so
-    /// only a call that may run twice waits it out.
-    fn is_node_down(&self, e: &redis::RedisError) -> bool {
-        self.target.is_cluster() && e.is_connection_refusal()
-    }
-
-    /// Records a refusal by a node that is down (see `node_down`) seen at `now`, and
-    /// returns since when the outage lasts: a refusal after a quiet spell starts a new
-    /// one. The spell is longer than a watchdog timeout, so that a node down for good,
-    /// whose holds the watchdog tries to renew every third of one, costs each round a few
-    /// quick tries, not `connect_timeout` again.
-    fn node_down_since(&self, now: Instant) -> Instant {
-        let mut down = self.node_down.lock();
-        let quiet = self.config.connect_timeout + self.config.watchdog_timeout;
-        let (since, last) = match *down {
-            Some((since, last)) if now.saturating_duration_since(last) < quiet => (since, now),
-            _ => (now, now),
-        };
-        *down = Some((since, last));
-        since
-    }
-
     /// Whether any `Client` (or `Lock`) of this client is still alive.
     pub(crate) fn has_handles(&self) -> bool {
         self.handles.load(Ordering::Acquire) > 0
     }
+}
 
-    /// Fails with [`Error::Forked`] in a process that did not make this client.
-    pub(crate) fn check_process(&self) -> Result<(), Error> {
-        if std::process::id() == self.pid {
-            Ok(())
-        } else {
-            Err(Error::Forked {
-                created_in: self.pid,
-            })
-        }
+impl LossSource for Inner {
+    fn notifier(&self) -> &Notifier {
+        &self.watchdog.notifier
     }
 
-    /// A pooled connection to a single server that is ready now, if there is one: calls
-    /// sent to several clients at once (`fanout`) must not wait for one client's pool (its
-    /// server down) while the other replies arrive.
-    pub(crate) fn idle_connection(&self) -> Option<r2d2::PooledConnection<Manager>> {
-        let mut conn = self.pool.try_get()?;
-        if conn.generation != self.target.generation() || conn.single().is_none() {
-            conn.mark_broken();
-            return None;
-        }
-        Some(conn)
-    }
-
-    /// Runs `f` on a pooled connection with the configured timeouts; see
-    /// [`run_until`](Inner::run_until).
-    pub(crate) fn run<T>(
+    fn check_loss(
         &self,
-        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
-    ) -> Result<T, Error> {
-        self.run_until(None, f)
+        keys: &LockKeys,
+        token: u64,
+        loss: &Arc<Loss>,
+        popped: Option<Instant>,
+    ) -> Option<Instant> {
+        self.watchdog.check_loss(keys, token, loss, popped)
+    }
+}
+
+impl renewer::Owner for Inner {
+    fn executor(&self) -> &Executor {
+        &self.exec
     }
 
-    /// Runs `f` on a pooled connection, retiring the connection if `f` failed on I/O.
-    /// With `until`, neither the pool checkout nor any read or write waits past it (nor
-    /// past the configured timeouts), so a bounded call stays bounded against a frozen or
-    /// unreachable server.
-    ///
-    /// A connection the server dropped (a restart, an idle timeout, a lost reply) fails
-    /// fast, and `f` runs again on another one: after a restart every pooled connection
-    /// is stale, hence up to `pool_size` retries. That is safe because every call this
-    /// crate makes can be repeated: reads, renewals, and acquire and release scripts that
-    /// are told how many levels the thread holds, so a repeated one changes nothing.
-    /// Timeouts are not retried: they surface as `Error::Timeout` at `command_timeout`.
-    /// A settling deployment (see `pool::is_settling`, and a cluster node refusing
-    /// connections until its replica is promoted) is waited out for up to
-    /// `connect_timeout`, and never past `until`, where it gives `Error::Timeout`.
-    pub(crate) fn run_until<T>(
-        &self,
-        until: Option<Instant>,
-        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
-    ) -> Result<T, Error> {
-        self.run_with(until, true, None, f)
+    fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
     }
 
-    /// [`run_until`](Inner::run_until) for the watchdog thread: while the call waits out
-    /// a settling deployment, `meanwhile` runs in its pauses (the extensions of holds
-    /// handed over, whose pickup window is shorter than such a wait may last).
-    pub(crate) fn run_minding<T>(
-        &self,
-        until: Option<Instant>,
-        meanwhile: &mut dyn FnMut(),
-        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
-    ) -> Result<T, Error> {
-        self.run_with(until, true, Some(meanwhile), f)
+    fn recheck(&self, channel: &[u8], token: u64) {
+        self.subscriber.recheck(channel, token);
     }
 
-    /// A new id for one call whose script records it (see [`CALL_MEMORY`]): the client's
-    /// id and a random part, so no two calls anywhere share one.
-    pub(crate) fn call_id(&self) -> String {
-        format!("{}:{}", self.id, uuid::Uuid::new_v4())
+    fn has_handles(&self) -> bool {
+        Inner::has_handles(self)
     }
+}
 
-    /// Runs `f` like [`run`](Inner::run), for a call whose script records the call's id for
-    /// [`CALL_MEMORY`] and answers a repeat of the same id with what the first run did.
-    /// A repeat after half of that (the first run might be forgotten by the time it
-    /// lands) is not sent: the call fails with `Error::Timeout`, its outcome unknown.
-    pub(crate) fn run_remembered<T>(
-        &self,
-        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
-    ) -> Result<T, Error> {
-        let started = Instant::now();
-        let mut runs = 0;
-        self.run(|con| {
-            runs += 1;
-            if runs > 1 && started.elapsed() > CALL_MEMORY / 2 {
-                return Err(crate::error::timed_out(
-                    "the reply was lost, and too long ago to repeat the call safely",
-                ));
-            }
-            f(con)
-        })
+impl ForceUnlocked for Inner {
+    fn force_unlocked(&self, key: &[u8], token: u64) {
+        self.watchdog.force_unlocked(key, token);
     }
+}
 
-    /// Runs `f` once on a pooled connection: for a call that must not run twice (it is not
-    /// told enough to make a repeat harmless), a dropped connection is the caller's error.
-    pub(crate) fn run_once<T>(
-        &self,
-        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
-    ) -> Result<T, Error> {
-        self.run_with(None, false, None, f)
-    }
+// The client's calls are its executor's: `inner.run(..)`, `inner.config`.
+impl std::ops::Deref for Inner {
+    type Target = Executor;
 
-    fn run_with<T>(
-        &self,
-        until: Option<Instant>,
-        repeatable: bool,
-        mut meanwhile: Option<&mut dyn FnMut()>,
-        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
-    ) -> Result<T, Error> {
-        self.check_process()?;
-        let config = &self.config;
-        let mut retries = 0;
-        // While the deployment settles (see `pool::is_settling`): since when, and the
-        // next pause.
-        let mut settling: Option<(Instant, Duration)> = None;
-        loop {
-            let (checkout, io) = match until {
-                None => (config.connect_timeout, config.command_timeout),
-                Some(until) => {
-                    let left = time_left(until);
-                    (
-                        left.min(config.connect_timeout),
-                        left.min(config.command_timeout),
-                    )
-                }
-            };
-            let mut pooled: r2d2::PooledConnection<Manager> = self.pool.get_timeout(checkout)?;
-            let conn: &mut Conn = &mut pooled;
-            if conn.generation != self.target.generation() {
-                // Made to a primary the sentinels no longer name: retired on return. The
-                // generation changes once per failover, so this ends within the pool.
-                conn.mark_broken();
-                continue;
-            }
-            let result = conn.run(io, &mut f);
-            // Back to the pool before any pause: what runs meanwhile may need it.
-            drop(pooled);
-            match result {
-                // Refused before it ran: a slot mid-migration, a failover under way (the
-                // slot's primary dead and its replica not yet promoted: its connections
-                // refused, or CLUSTERDOWN). The call waits it out, with a growing pause,
-                // for as long as a connection to a new primary would be waited for, and
-                // never past its deadline: a call stopped by its deadline says `Timeout`.
-                Err(e) if pool::is_settling(&e) || (repeatable && self.is_node_down(&e)) => {
-                    let down = self.is_node_down(&e);
-                    let (began, pause) = settling.get_or_insert_with(|| {
-                        let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
-                        (Instant::now(), first)
-                    });
-                    let now = Instant::now();
-                    let give_up = if down {
-                        // Past the outage's bound a call still gets a few quick tries:
-                        // a refusal may come from a slot-map refresh on the way to a
-                        // node that is up.
-                        (*began + config.connect_timeout)
-                            .min(self.node_down_since(now) + config.connect_timeout)
-                            .max(*began + DOWN_PAUSE * 7)
-                    } else {
-                        *began + config.connect_timeout
-                    };
-                    if now + *pause >= give_up {
-                        return Err(e.into());
-                    }
-                    if until.is_some_and(|u| now + *pause >= u) {
-                        return Err(Error::timeout(e));
-                    }
-                    log::debug!("redmutex: retrying in {pause:?}: {e}");
-                    if let Some(meanwhile) = meanwhile.as_mut() {
-                        meanwhile();
-                    }
-                    std::thread::sleep((now + *pause).saturating_duration_since(Instant::now()));
-                    let most = if down {
-                        MAX_DOWN_PAUSE
-                    } else {
-                        MAX_SETTLE_PAUSE
-                    };
-                    *pause = (*pause * 2).min(most).max(*pause);
-                }
-                // A demoted primary refused the write: nothing happened, so even a call
-                // that must not run twice may run again, on a connection to the new one.
-                Err(e) if pool::is_readonly(&e) && retries < self.config.pool_size => {
-                    log::info!("redmutex: the primary was demoted; looking for the new one");
-                    self.target.refresh(config.connect_timeout);
-                    retries += 1;
-                }
-                Err(e)
-                    if repeatable
-                        && e.is_connection_dropped()
-                        && !e.is_timeout()
-                        && retries < self.config.pool_size =>
-                {
-                    log::debug!("redmutex: connection dropped, retrying on another: {e}");
-                    retries += 1;
-                }
-                result => return Ok(result?),
-            }
-        }
+    fn deref(&self) -> &Executor {
+        &self.exec
     }
 }
 
@@ -876,26 +308,11 @@ impl fmt::Debug for Client {
             .field("id", &self.inner.id)
             .field("url", &c.redacted_url)
             .field("key_prefix", &String::from_utf8_lossy(&c.key_prefix))
-            .field("watchdog_timeout", &c.watchdog_timeout)
+            .field("watchdog_timeout", &c.lease.watchdog())
             .field("pool_size", &c.pool_size)
             .field("connect_timeout", &c.connect_timeout)
             .field("command_timeout", &c.command_timeout)
             .field("use_functions", &c.use_functions)
             .finish()
     }
-}
-
-/// The prefix of a holds hash's field that records the metadata of the hold named by the
-/// rest of it (see `lua/queue.lua`).
-const META_PREFIX: &[u8] = b"~m:";
-
-/// A hold's metadata record, `"<server ms> <text>"`; `None` when it is not one.
-fn parse_metadata(holder: String, record: &[u8]) -> Option<HolderMetadata> {
-    let space = record.iter().position(|&b| b == b' ')?;
-    let ms: u64 = std::str::from_utf8(&record[..space]).ok()?.parse().ok()?;
-    Some(HolderMetadata {
-        holder,
-        text: String::from_utf8_lossy(&record[space + 1..]).into_owned(),
-        since: std::time::UNIX_EPOCH + Duration::from_millis(ms),
-    })
 }

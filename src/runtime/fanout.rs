@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, FromRedisValue, Value};
 
-use crate::runtime::client::{time_left as left, Inner};
-use crate::runtime::pool::{self, Con, Conn, Manager};
+use crate::runtime::client::Inner;
+use crate::runtime::con::Con;
+use crate::runtime::executor::time_left as left;
+use crate::runtime::pool::{self, Conn, Manager};
 use crate::runtime::scripts::{self, Recovered, ScriptCall};
 use crate::Error;
 

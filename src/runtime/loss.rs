@@ -13,7 +13,6 @@ use std::time::Instant;
 use crossbeam_channel::{never, select, Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::runtime::client::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::lost_lease::{LossReason, LostLease};
 use crate::runtime::telemetry;
@@ -234,6 +233,22 @@ impl Timer {
     }
 }
 
+/// What the loss thread works for: its client, as far as the thread needs it (the client's
+/// holds table). The thread holds it by a `Weak`, and ends once the client is gone.
+pub(crate) trait LossSource: Send + Sync {
+    /// The client's loss thread's handle, with its timers and its hook.
+    fn notifier(&self) -> &Notifier;
+    /// Marks the hold `loss` belongs to lost if its time is up, or returns when to look
+    /// again (see `HoldTable::check_loss`).
+    fn check_loss(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        loss: &Arc<Loss>,
+        popped: Option<Instant>,
+    ) -> Option<Instant>;
+}
+
 /// The loss thread of a client: a thread of its own rather than the renewal thread, so that
 /// a renewal call stuck on a frozen server does not hold back other holds' deadlines, and
 /// a slow hook never delays a renewal.
@@ -273,7 +288,10 @@ impl Notifier {
     }
 
     /// Makes sure the loss thread runs (again, if it died).
-    pub(crate) fn ensure_running(&self, client: &Arc<Inner>) -> Result<(), Error> {
+    pub(crate) fn ensure_running<C: LossSource + 'static>(
+        &self,
+        client: &Arc<C>,
+    ) -> Result<(), Error> {
         let mut thread = self.thread.lock();
         if let Some((_, handle)) = &*thread {
             if !handle.is_finished() {
@@ -281,7 +299,7 @@ impl Notifier {
             }
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let weak = Arc::downgrade(client);
+        let weak: Weak<dyn LossSource> = Arc::downgrade(client) as Weak<C>;
         let events = self.events.as_ref().map(|(_, rx)| rx.clone());
         let handle = thread::Builder::new()
             .name("redmutex-loss".to_owned())
@@ -349,18 +367,18 @@ impl Notifier {
     }
 }
 
-fn run(client: Weak<Inner>, wake: Receiver<()>, events: Option<Receiver<LostLease>>) {
+fn run(client: Weak<dyn LossSource>, wake: Receiver<()>, events: Option<Receiver<LostLease>>) {
     let events = events.unwrap_or_else(never);
     loop {
         let next = match client.upgrade() {
-            Some(inner) => inner.watchdog.notifier.next(),
+            Some(inner) => inner.notifier().next(),
             None => return,
         };
         let timeout = next.map_or_else(never, crossbeam_channel::at);
         select! {
             recv(events) -> lost => {
                 if let (Ok(lost), Some(inner)) = (lost, client.upgrade()) {
-                    if let Some(hook) = &inner.watchdog.notifier.hook {
+                    if let Some(hook) = &inner.notifier().hook {
                         // A panicking hook must not end the notifications of later losses.
                         if catch_unwind(AssertUnwindSafe(|| hook(&lost))).is_err() {
                             log::error!("redmutex: the on_lease_lost hook panicked");
@@ -378,14 +396,14 @@ fn run(client: Weak<Inner>, wake: Receiver<()>, events: Option<Receiver<LostLeas
         let Some(inner) = client.upgrade() else {
             return;
         };
-        let notifier = &inner.watchdog.notifier;
+        let notifier = inner.notifier();
         for (popped, what) in notifier.due() {
             match what {
                 Timed::Hold { keys, token, loss } => {
                     let Some(loss) = loss.upgrade() else {
                         continue;
                     };
-                    let next = inner.watchdog.check_loss(&keys, token, &loss, Some(popped));
+                    let next = inner.check_loss(&keys, token, &loss, Some(popped));
                     if let Some(at) = next {
                         notifier.push(
                             at,

@@ -3,8 +3,13 @@
 //! the one watchdog thread that renews it, the leases, the key layout and the bundled
 //! scripts.
 
+pub(crate) mod admin;
 pub(crate) mod builder;
+pub(crate) mod calls;
 pub(crate) mod client;
+pub(crate) mod con;
+pub(crate) mod config;
+pub(crate) mod executor;
 pub(crate) mod fanout;
 pub(crate) mod holds;
 pub(crate) mod keys;
@@ -18,3 +23,4 @@ pub(crate) mod scripts;
 pub(crate) mod subscriber;
 pub(crate) mod target;
 pub(crate) mod telemetry;
+pub(crate) mod urls;

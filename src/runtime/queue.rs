@@ -1,27 +1,10 @@
-//! The waiter queue's parameters, script calls and messages (its rules are `lua/queue.lua`).
+//! The waiter queue's parameters, the key layout its scripts share and their messages (its
+//! rules are `lua/queue.lua`; the typed calls of its scripts are `calls.rs`).
 
 use std::time::{Duration, Instant};
 
-use crate::runtime::client::IO_GRACE;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::millis;
-use crate::runtime::scripts::{self, Bundled, ScriptCall};
-
-/// How long a hold handed to a waiter lasts until it is extended, counted from the
-/// release on the server (a waiter with a shorter lease gets its own). A waiter that hears
-/// of the grant early enough (`Wait::pick_up`) returns at once and its watchdog extends the
-/// hold a third into the window; later, the waiting call confirms it first (`renew.lua`),
-/// and a grant it hears of only after the window is refused there. A waiter that cannot
-/// (its process froze, or died right after the grant) stalls the lock this long, then the
-/// lock passes on.
-pub(crate) const PICKUP: Duration = Duration::from_secs(1);
-
-/// How much sooner than this machine's clock says a handed-over hold's window of `window`
-/// may end on the server: its millisecond rounding, and a clock running up to 0.1 % fast
-/// against this one.
-pub(crate) fn pickup_margin(window: Duration) -> Duration {
-    Duration::from_millis(1) + window / 1000
-}
+use crate::runtime::scripts::{Bundled, ScriptCall};
 
 /// The longest wait whose grant is placed on this machine's clock by the server's own
 /// times (see [`grant_seen_from`]): beyond it, a server clock running fast could move the
@@ -44,10 +27,6 @@ pub(crate) fn grant_seen_from(sent: Instant, queued_at: Option<u64>, at: Option<
     }
 }
 
-/// How long after a handoff the releasing client makes sure the lock did not lapse with
-/// nobody told: past the pickup window, with room for the grant's own round trip.
-pub(crate) const KICK_AFTER: Duration = Duration::from_millis(1_050);
-
 /// A plain `Lock` lets a running thread take a free lock past the queue (cheaper than
 /// waking a sleeping one) until the first waiter has waited this long; from then on the
 /// lock is handed to the waiters in turn. Each release before that wakes the first waiter
@@ -59,22 +38,8 @@ pub(crate) const KICK_AFTER: Duration = Duration::from_millis(1_050);
 /// under steady contention.
 pub(crate) const STARVATION_BOUND: Duration = Duration::from_millis(2);
 
-pub(crate) fn pickup_ms() -> u64 {
-    PICKUP.as_millis() as u64
-}
-
 pub(crate) fn starve_ms() -> u64 {
     STARVATION_BOUND.as_millis() as u64
-}
-
-/// How long a waiter's queue entry lives unless renewed, in ms: a watchdog timeout, and
-/// no longer than the waiter's deadline (plus the grace of a round trip under way) allows,
-/// so the entry of a call that could not leave the queue lapses by then.
-pub(crate) fn entry_ttl_ms(deadline: Option<Instant>, watchdog_ms: u64) -> u64 {
-    match deadline {
-        Some(d) => millis(d.saturating_duration_since(Instant::now()) + IO_GRACE).min(watchdog_ms),
-        None => watchdog_ms,
-    }
 }
 
 /// A call of `script` with a primitive's keys (hash, fence counter, queue, waiters; then
@@ -108,62 +73,10 @@ pub(crate) fn command_with(
     call
 }
 
-/// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
-/// whose remaining levels need `need` ms (`release.lua`).
-pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> ScriptCall {
-    let mut cmd = command(keys.ops.release, keys);
-    cmd.arg(holder)
-        .arg(need)
-        .arg(held)
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms())
-        .arg(keys.ops.flags);
-    cmd
-}
-
-/// Leaves the queue of the lock `keys` as the thread `holder`, which holds `expected`
-/// levels: with `keep`, a level beyond them (the lock was handed over meanwhile) is kept
-/// and reported, otherwise given back, leaving `need` ms to the levels held (`cancel.lua`).
-pub(crate) fn cancel(
-    keys: &LockKeys,
-    holder: &str,
-    expected: usize,
-    need: u64,
-    keep: bool,
-) -> ScriptCall {
-    let mut cmd = command(keys.ops.cancel, keys);
-    cmd.arg(holder)
-        .arg(expected)
-        .arg(need)
-        .arg(u8::from(keep))
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms())
-        .arg(keys.ops.flags);
-    cmd
-}
-
-/// Confirms the hold handed to `holder` on the lock `keys` and extends it to `lease_ms`:
-/// the renewal script with this one hold (`renew.lua`), whose reply lists it as lost when
-/// its pickup window was over first.
-pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCall {
-    let ops = keys.ops;
-    let mut call = ScriptCall::new(&scripts::RENEW);
-    call.arg(1).key(keys.key());
-    if ops.field_prefix.is_some() {
-        call.key(keys.leases().as_slice()).arg("m");
-    } else {
-        call.arg("k");
-    }
-    call.arg(ops.field(holder)).arg(lease_ms);
-    call
-}
-
 /// What a script told a waiting thread of its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Notice {
-    /// The thread was made the holder (one level, a lease of at most [`PICKUP`] from the
+    /// The thread was made the holder (one level, a lease of at most [`PICKUP`](crate::runtime::lease::PICKUP) from the
     /// release, to be confirmed); `fence` is the hold's fencing token, 0 when the waiter
     /// is not fenced; `at` the server's time of the handoff in ms (`None` from a script
     /// that does not say).

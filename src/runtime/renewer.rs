@@ -1,20 +1,22 @@
 //! The watchdog thread: renews the leases and queue entries in the holds table, checks the
-//! locks this client handed on, and cleans up after doubtful attempts.
+//! locks this client handed on, and cleans up after doubtful attempts. The client's
+//! [`Watchdog`] (the table and the thread's handle) starts it, handing it a `Weak` of what
+//! it needs of the client ([`Owner`]); the table wakes it through its alarm. Its timings
+//! are the client's lease policy (`lease.rs`).
 
+use std::ops::Deref;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
-use crate::runtime::client::Inner;
+use crate::runtime::calls;
+use crate::runtime::executor::Executor;
 use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::millis;
-use crate::runtime::queue;
-use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::telemetry;
 use crate::Error;
 
@@ -22,86 +24,124 @@ use crate::Error;
 /// blocks Redis for long; 1,000 locks or waiters still take only two round trips.
 const RENEW_BATCH: usize = 500;
 
-/// The handle of a client's watchdog thread, kept in its holds table.
-pub(crate) struct Renewer {
-    // The running thread, and the sender that wakes it early (a doubtful attempt to
-    // clean up); dropping the sender (with the client) stops the thread at once.
-    thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
-    // When the thread wakes by itself next; `None` while it is awake (it will look at
-    // every extension and check before it sleeps again).
-    planned: Mutex<Option<Instant>>,
+/// What the watchdog thread works for: its client, as far as the thread needs it. The
+/// thread holds it by a `Weak` and ends once the client is gone (as r2d2's reaper does),
+/// so that it never keeps a dropped client alive.
+pub(crate) trait Owner: Send + Sync {
+    /// Runs the thread's calls.
+    fn executor(&self) -> &Executor;
+    /// What the client holds, with the thread's handle.
+    fn watchdog(&self) -> &Watchdog;
+    /// Tells thread `token`, if it waits on `channel`, to try again: its queue entry was
+    /// dropped (see `Subscriber::recheck`).
+    fn recheck(&self, channel: &[u8], token: u64);
+    /// Whether any `Client` (or `Lock`) of the client is still alive.
+    fn has_handles(&self) -> bool;
 }
 
-impl Renewer {
-    pub(super) fn new() -> Renewer {
-        Renewer {
+/// A client's watchdog: the table of what this process holds, and the thread that renews
+/// it, checks the locks handed on and cleans up after doubtful attempts (started when
+/// first needed, and again if it died). The table's own operations are reached through it.
+pub(crate) struct Watchdog {
+    table: HoldTable,
+    // The running thread; the table's alarm holds the sender that wakes it.
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Deref for Watchdog {
+    type Target = HoldTable;
+
+    fn deref(&self) -> &HoldTable {
+        &self.table
+    }
+}
+
+impl Watchdog {
+    pub(crate) fn new(table: HoldTable) -> Watchdog {
+        Watchdog {
+            table,
             thread: Mutex::new(None),
-            planned: Mutex::new(None),
-        }
-    }
-
-    /// Wakes the thread if it would otherwise sleep past `due` (a handoff happens per
-    /// acquisition under contention: waking the thread for each would cost more than the
-    /// handoff itself).
-    pub(super) fn nudge_for(&self, due: Instant) {
-        if self.planned.lock().is_none_or(|planned| due < planned) {
-            self.nudge();
-        }
-    }
-
-    /// Wakes the thread to look at its timers again (or clean up a doubtful attempt).
-    pub(super) fn nudge(&self) {
-        if let Some((kick, _)) = &*self.thread.lock() {
-            let _ = kick.try_send(());
         }
     }
 
     /// Makes sure the renewal thread runs, starting it (again, if it died) when needed.
-    pub(super) fn ensure_running(&self, client: &Arc<Inner>) -> Result<(), Error> {
+    /// Called before a watchdog lease is taken, so that a thread that cannot be started
+    /// fails the acquisition before anything is written.
+    pub(crate) fn ensure_running<C: Owner + 'static>(&self, client: &Arc<C>) -> Result<(), Error> {
         let mut thread = self.thread.lock();
-        if let Some((_, handle)) = &*thread {
+        if let Some(handle) = &*thread {
             if !handle.is_finished() {
                 return Ok(());
             }
             log::warn!("redmutex: the watchdog thread had stopped; starting it again");
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let weak = Arc::downgrade(client);
+        let weak: Weak<dyn Owner> = Arc::downgrade(client) as Weak<C>;
         let handle = thread::Builder::new()
             .name("redmutex-watchdog".to_owned())
             .spawn(move || run(weak, rx))
             .map_err(Error::Thread)?;
-        *thread = Some((tx, handle));
+        self.table.alarm.set(tx);
+        *thread = Some(handle);
         Ok(())
+    }
+
+    /// Checks the lock once the pickup window of a handoff just made is over.
+    pub(crate) fn handed_on<C: Owner + 'static>(&self, client: &Arc<C>, keys: &Arc<LockKeys>) {
+        if let Err(e) = self.ensure_running(client) {
+            // The waiters' own timers still find the lock free, at the lease they saw.
+            log::warn!("redmutex: cannot check a handed-on lock: {e}");
+            return;
+        }
+        self.table.schedule_kick(keys);
+    }
+
+    /// Records an attempt whose outcome is unknown and wakes the watchdog thread to give
+    /// back the level it may have taken.
+    pub(crate) fn doubt<C: Owner + 'static>(
+        &self,
+        client: &Arc<C>,
+        keys: &Arc<LockKeys>,
+        token: u64,
+        holder: &str,
+        expected: usize,
+    ) {
+        self.table.record_doubt(keys, token, holder, expected);
+        if let Err(e) = self.ensure_running(client) {
+            log::warn!("redmutex: cannot clean up a doubtful acquisition: {e}");
+            return;
+        }
+        self.table.alarm.nudge();
     }
 }
 
-fn run(client: Weak<Inner>, wake: Receiver<()>) {
+fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
     let mut next_round = Instant::now();
     loop {
         let clean_bound = match client.upgrade() {
             Some(inner) => {
+                let lease = &inner.executor().config.lease;
                 if next_round <= Instant::now() {
-                    next_round = Instant::now() + inner.config.watchdog_timeout / 3;
+                    next_round = Instant::now() + lease.renew_every();
                 }
                 // Published before the dues are read: one added in between nudges.
-                let watchdog = &inner.watchdog;
-                *watchdog.renewer.planned.lock() = Some(next_round);
+                let watchdog = inner.watchdog();
+                *watchdog.alarm.planned.lock() = Some(next_round);
                 if let Some(due) = watchdog.next_due() {
-                    let mut planned = watchdog.renewer.planned.lock();
+                    let mut planned = watchdog.alarm.planned.lock();
                     *planned = planned.map(|p| p.min(due));
                 }
-                inner.config.watchdog_timeout / 6
+                lease.chore_bound()
             }
             None => return,
         };
         let wake_at = client
             .upgrade()
-            .and_then(|inner| *inner.watchdog.renewer.planned.lock())
+            .and_then(|inner| *inner.watchdog().alarm.planned.lock())
             .unwrap_or(next_round);
         let woken = wake.recv_deadline(wake_at);
         if let Some(inner) = client.upgrade() {
-            *inner.watchdog.renewer.planned.lock() = None;
+            *inner.watchdog().alarm.planned.lock() = None;
         }
         match woken {
             Ok(()) => {
@@ -110,7 +150,7 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
                 // round.
                 if next_round.saturating_duration_since(Instant::now()) > clean_bound {
                     if let Some(inner) = client.upgrade() {
-                        clean_doubtful(&inner);
+                        clean_doubtful(&*inner);
                     }
                 }
                 continue;
@@ -121,49 +161,50 @@ fn run(client: Weak<Inner>, wake: Receiver<()>) {
         let Some(inner) = client.upgrade() else {
             return;
         };
+        let inner = &*inner;
         let full = Instant::now() >= next_round;
         if full && !inner.has_handles() {
             // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
             // Their leases run out within a watchdog timeout.
-            inner.watchdog.abandon();
+            inner.watchdog().abandon();
             return;
         }
         // A bug in one round must not end renewals for every lock of the client.
-        if catch_unwind(AssertUnwindSafe(|| renew_all(&inner, full))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| renew_all(inner, full))).is_err() {
             log::error!("redmutex: a lease renewal round panicked; renewing again next round");
         }
-        if catch_unwind(AssertUnwindSafe(|| kick_due(&inner))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| kick_due(inner))).is_err() {
             log::error!("redmutex: a check of a handed-on lock panicked");
         }
         if full {
-            clean_doubtful(&inner);
+            clean_doubtful(inner);
         }
     }
 }
 
 /// Checks the locks this client handed on whose pickup window is over: a free lock with
 /// waiters goes to the next one (and is checked again after its window).
-fn kick_due(inner: &Inner) {
-    let watchdog = &inner.watchdog;
+fn kick_due(inner: &dyn Owner) {
+    let watchdog = inner.watchdog();
     for kick in watchdog.due_kicks() {
         // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
-        let until = Instant::now() + inner.config.watchdog_timeout / 6;
-        let mut call = queue::command(keys.ops.kick, &keys);
-        call.arg(keys.inbox())
-            .arg(queue::pickup_ms())
-            .arg(queue::starve_ms());
-        let check = |con: &mut _| inner.eval::<(i64, i64)>(con, &call);
-        let result = inner.run_minding(Some(until), &mut extensions_meanwhile(inner), check);
+        let until = Instant::now() + inner.executor().config.lease.chore_bound();
+        let call = calls::kick(&keys);
+        let check = |con: &mut _| inner.executor().eval::<(i64, i64)>(con, &call);
+        let result =
+            inner
+                .executor()
+                .run_minding(Some(until), &mut extensions_meanwhile(inner), check);
         match result {
             // It handed the lock on again: check that handoff in its turn.
-            Ok((_, 1)) => kick.again(watchdog, KICK_TRIES),
+            Ok((_, 1)) => watchdog.kick_again(kick, KICK_TRIES),
             Ok(_) => {}
             Err(e) => {
                 log::debug!("redmutex: checking a handed-on lock failed: {e}");
                 let tries_left = kick.tries_left - 1;
                 if tries_left > 0 {
-                    kick.again(watchdog, tries_left);
+                    watchdog.kick_again(kick, tries_left);
                 }
             }
         }
@@ -174,8 +215,8 @@ fn kick_due(inner: &Inner) {
 /// told the thread held one level more than the attempt was told: if the attempt never ran
 /// it finds fewer and changes nothing; if the thread released or re-took the lock since,
 /// the count no longer matches either. Only this thread's own field is ever touched.
-fn clean_doubtful(inner: &Inner) {
-    let watchdog = &inner.watchdog;
+fn clean_doubtful(inner: &dyn Owner) {
+    let watchdog = inner.watchdog();
     let batch: Vec<Doubtful> = {
         let mut doubts = watchdog.doubts.lock();
         doubts
@@ -191,7 +232,7 @@ fn clean_doubtful(inner: &Inner) {
             })
             .collect()
     };
-    let watchdog_ms = millis(inner.config.watchdog_timeout);
+    let watchdog_ms = inner.executor().config.lease.watchdog_ms();
     let mut handed = Vec::new();
     for Doubtful {
         id,
@@ -206,13 +247,15 @@ fn clean_doubtful(inner: &Inner) {
         // Never fewer levels than the thread holds now: a clean-up must not take one of
         // them, whatever the attempt was told (its thread cannot attempt meanwhile).
         let expected = expected.max(watchdog.levels_now(keys.hold(), token));
-        let until = Instant::now() + inner.config.watchdog_timeout / 6;
+        let until = Instant::now() + inner.executor().config.lease.chore_bound();
         let result = catch_unwind(AssertUnwindSafe(|| {
             let cancel = |con: &mut _| {
-                let cancel = queue::cancel(&keys, &holder, expected, need, false);
-                inner.eval::<Vec<i64>>(con, &cancel)
+                let cancel = calls::cancel(&keys, &holder, expected, need, false);
+                inner.executor().eval::<Vec<i64>>(con, &cancel)
             };
-            inner.run_minding(Some(until), &mut extensions_meanwhile(inner), cancel)
+            inner
+                .executor()
+                .run_minding(Some(until), &mut extensions_meanwhile(inner), cancel)
         }));
         let mut doubts = watchdog.doubts.lock();
         if let Some(at) = doubts.iter().position(|d| d.id == id) {
@@ -252,7 +295,7 @@ fn clean_doubtful(inner: &Inner) {
 /// batch that fails (Redis unreachable) is simply tried again next round; its leases still
 /// have a third of their time left. Each call gives up after a third of the lease, so one
 /// slow round cannot use up the time of the next one.
-pub(crate) fn renew_all(inner: &Inner, full: bool) {
+pub(crate) fn renew_all(inner: &dyn Owner, full: bool) {
     renew_round(inner, full, false);
 }
 
@@ -260,9 +303,9 @@ pub(crate) fn renew_all(inner: &Inner, full: bool) {
 /// out a settling cluster (see `Inner::run_minding`): a hold handed over has only its
 /// pickup window, shorter than such a wait may last (a slot split by a migration refuses
 /// a multi-key script until its keys are together again).
-fn extensions_meanwhile(inner: &Inner) -> impl FnMut() + '_ {
+fn extensions_meanwhile(inner: &dyn Owner) -> impl FnMut() + '_ {
     move || {
-        if !inner.is_cluster() {
+        if !inner.executor().is_cluster() {
             // (Elsewhere nothing refuses one call that another of the same client gets
             // through: the extension would wait out the same refusal.)
             return;
@@ -275,14 +318,14 @@ fn extensions_meanwhile(inner: &Inner) -> impl FnMut() + '_ {
 
 /// [`renew_all`]; `nested` when run in the pause of another call (whose own pauses then
 /// run nothing more).
-fn renew_round(inner: &Inner, full: bool, nested: bool) {
-    let watchdog_ms = millis(inner.config.watchdog_timeout);
+fn renew_round(inner: &dyn Owner, full: bool, nested: bool) {
+    let watchdog_ms = inner.executor().config.lease.watchdog_ms();
     let mut round = Round {
-        watchdog: &inner.watchdog,
-        watched: inner.watchdog.watched(full, watchdog_ms),
+        watchdog: inner.watchdog(),
+        watched: inner.watchdog().watched(full, watchdog_ms),
     };
     let mut waiters = if full {
-        inner.watchdog.waiters(watchdog_ms)
+        inner.watchdog().waiters(&inner.executor().config.lease)
     } else {
         Vec::new()
     };
@@ -290,7 +333,7 @@ fn renew_round(inner: &Inner, full: bool, nested: bool) {
     // holds and queue entries (locks of different names share a call when their tags
     // hash alike), sorted so that they are neighbours. Elsewhere every lock shares one
     // batch.
-    let cluster = inner.is_cluster();
+    let cluster = inner.executor().is_cluster();
     let group = |key: &[u8]| -> u16 {
         if cluster {
             slot(key)
@@ -298,7 +341,7 @@ fn renew_round(inner: &Inner, full: bool, nested: bool) {
             0
         }
     };
-    let give_up_after = inner.config.watchdog_timeout / 3;
+    let give_up_after = inner.executor().config.lease.renewal_bound();
     if cluster {
         // A handed-over hold's extension goes alone, first: a call of several keys is
         // refused while a migration splits its slot (`TRYAGAIN`), for as long as the split
@@ -355,44 +398,37 @@ fn renew_round(inner: &Inner, full: bool, nested: bool) {
 /// One renewal call: the holds of `batch` and the queue entries of `wait_batch`, all of
 /// one slot on a cluster, given up at `until`.
 fn renew_batch(
-    inner: &Inner,
+    inner: &dyn Owner,
     batch: &[Watched],
     wait_batch: &[(Arc<LockKeys>, u64, String, u64)],
     until: Instant,
     meanwhile: Option<&mut dyn FnMut()>,
 ) {
-    let mut call = ScriptCall::new(&scripts::RENEW);
-    call.arg(batch.len());
-    for w in batch {
-        let ops = w.keys.ops;
-        call.key(w.keys.key());
-        if ops.field_prefix.is_some() {
-            call.key(w.keys.leases().as_slice()).arg("m");
-        } else {
-            call.arg("k");
-        }
-        call.arg(ops.field(&w.holder)).arg(w.lease_ms);
-    }
-    for (keys, ..) in wait_batch {
-        call.key(keys.queue().as_slice())
-            .key(keys.waiters().as_slice());
-    }
-    for (_, _, holder, ttl) in wait_batch {
-        call.arg(holder.as_str()).arg(*ttl);
-    }
+    let holds: Vec<(&LockKeys, &str, u64)> = batch
+        .iter()
+        .map(|w| (&*w.keys, &*w.holder, w.lease_ms))
+        .collect();
+    let entries = wait_batch
+        .iter()
+        .map(|(keys, _, holder, ttl)| (&**keys, holder.as_str(), *ttl));
+    let call = calls::renew(&holds, entries);
     let sent = Instant::now();
-    let renew = |con: &mut _| inner.eval::<(Vec<usize>, Vec<usize>)>(con, &call);
+    let renew = |con: &mut _| {
+        inner
+            .executor()
+            .eval::<(Vec<usize>, Vec<usize>)>(con, &call)
+    };
     let result = match meanwhile {
-        Some(meanwhile) => inner.run_minding(Some(until), meanwhile, renew),
-        None => inner.run_until(Some(until), renew),
+        Some(meanwhile) => inner.executor().run_minding(Some(until), meanwhile, renew),
+        None => inner.executor().run_until(Some(until), renew),
     };
     match result {
         Ok((lost, gone)) => {
             // Those lost are forgotten below; the others are extended.
-            inner.watchdog.extended(batch, true);
+            inner.watchdog().extended(batch, true);
             telemetry::renewed(batch.len().saturating_sub(lost.len()));
             let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
-            inner.watchdog.confirmed(batch, sent, &lost_at);
+            inner.watchdog().confirmed(batch, sent, &lost_at);
             for i in lost {
                 let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                     continue;
@@ -401,24 +437,25 @@ fn renew_batch(
                     "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
                     String::from_utf8_lossy(w.keys.key())
                 );
-                w.lost.mark(w.lost.gone_reason(inner.generation()));
-                inner.watchdog.forget_lost(w.keys.hold(), &w.lost);
+                w.lost
+                    .mark(w.lost.gone_reason(inner.executor().generation()));
+                inner.watchdog().forget_lost(w.keys.hold(), &w.lost);
             }
             for j in gone {
                 // Dropped from the queue (taken for dead while this client was
                 // disconnected, or lapsed): the thread must ask again.
                 if let Some((keys, token, ..)) = j.checked_sub(1).and_then(|j| wait_batch.get(j)) {
-                    inner.subscriber.recheck(keys.channel(), *token);
+                    inner.recheck(keys.channel(), *token);
                 }
             }
         }
         Err(e) => {
             log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
             telemetry::renewal_failed(batch.len(), &e);
-            inner.watchdog.extended(batch, false);
+            inner.watchdog().extended(batch, false);
         }
     }
-    inner.watchdog.renewed(batch);
+    inner.watchdog().renewed(batch);
 }
 
 /// The Redis Cluster slot of `key`.

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
-use crate::runtime::pool::Con;
+use crate::runtime::con::Con;
 
 /// The text of a file of `lua/`.
 macro_rules! lua {

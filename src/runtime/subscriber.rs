@@ -8,10 +8,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
-use crate::runtime::client::Inner;
+use crate::runtime::executor::Executor;
 use crate::runtime::pool::Manager;
 use crate::runtime::queue::{self, Notice};
 use crate::Error;
+
+use self::waiters::Waiters;
+
+mod waiters;
 
 /// How long the reader blocks on the socket before checking whether the client is gone.
 /// Reading the socket is free: no command is sent.
@@ -32,6 +36,14 @@ const PRIMARY_CHECK: Duration = Duration::from_secs(2);
 /// A message for every thread waiting on its channel, whichever it is; they look again.
 pub(crate) const BROADCAST: &[u8] = b"*";
 
+/// Who is told of a `force_unlock` of one of the client's holds, heard on the client's own
+/// channel: the client, held by a `Weak` so that the reader never keeps it alive.
+pub(crate) trait ForceUnlocked: Send + Sync {
+    /// The `force_unlock` freed the holder `token` of `key` (see
+    /// `HoldTable::force_unlocked`).
+    fn force_unlocked(&self, key: &[u8], token: u64);
+}
+
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
     // The reader thread, started by the first waiter and again if it ever died.
@@ -46,7 +58,7 @@ struct Shared {
     control: Vec<u8>,
     // The client whose holds a `force_unlock` message marks lost: set once it first holds
     // something (see `Subscriber::listen`).
-    client: OnceLock<Weak<Inner>>,
+    client: OnceLock<Weak<dyn ForceUnlocked>>,
     // A latch: its sender is dropped once the server confirmed the subscription of
     // `control` (the first session's first SUBSCRIBE), which a client's first hold awaits.
     listening: Mutex<(Option<Sender<()>>, Receiver<()>)>,
@@ -70,57 +82,6 @@ struct Entry {
     // SUBSCRIBE requested in the current session (queued or sent).
     requested: bool,
     waiters: Arc<Waiters>,
-}
-
-/// The threads of this process waiting on one lock (its channel for this client).
-struct Waiters {
-    // Each waiting thread's own slot, by thread token: the scripts address one thread.
-    slots: Mutex<HashMap<u64, Sender<Notice>>>,
-    // A latch: its sender is dropped once the server confirmed the subscription, which
-    // wakes every thread waiting for that at once. Re-armed when the connection drops.
-    confirmed: Mutex<(Option<Sender<()>>, Receiver<()>)>,
-    // When a waiting thread of this process should next try without a message: the end
-    // of the holder's lease as last seen here, or the end of a try in flight. A crashed
-    // holder hands nothing on, and without this every waiting thread's timer would fire
-    // at the same instant; this way one thread per process tries.
-    next_try: Mutex<Option<Instant>>,
-}
-
-impl Waiters {
-    fn new() -> Waiters {
-        let (tx, rx) = crossbeam_channel::bounded(0);
-        Waiters {
-            slots: Mutex::new(HashMap::new()),
-            confirmed: Mutex::new((Some(tx), rx)),
-            next_try: Mutex::new(None),
-        }
-    }
-
-    fn confirm(&self) {
-        self.confirmed.lock().0 = None;
-    }
-
-    fn rearm(&self) {
-        let mut latch = self.confirmed.lock();
-        if latch.0.is_none() {
-            let (tx, rx) = crossbeam_channel::bounded(0);
-            *latch = (Some(tx), rx);
-        }
-    }
-
-    /// Delivers `notice` to the thread `token`; false when no such thread waits here.
-    fn notify(&self, token: u64, notice: Notice) -> bool {
-        match self.slots.lock().get(&token) {
-            Some(slot) => slot.send(notice).is_ok(),
-            None => false,
-        }
-    }
-
-    fn recheck_all(&self) {
-        for slot in self.slots.lock().values() {
-            let _ = slot.send(Notice::Recheck);
-        }
-    }
 }
 
 /// A thread's interest in one lock's channel; dropping it gives the interest up.
@@ -265,9 +226,9 @@ impl Subscriber {
     /// that subscription: a `force_unlock` right after it would otherwise go unheard
     /// until a renewal, and the set-up happens once, before the first acquisition
     /// returns, not at some later moment of the client's traffic.
-    pub(crate) fn listen(&self, client: &Arc<Inner>, bound: Duration) {
-        let first = self.shared.client.get().is_none()
-            && self.shared.client.set(Arc::downgrade(client)).is_ok();
+    pub(crate) fn listen<C: ForceUnlocked + 'static>(&self, client: &Arc<C>, bound: Duration) {
+        let weak: Weak<dyn ForceUnlocked> = Arc::downgrade(client) as Weak<C>;
+        let first = self.shared.client.get().is_none() && self.shared.client.set(weak).is_ok();
         if let Err(e) = self.ensure_running() {
             // Its renewals still find a force_unlock, a third of the lease later.
             log::warn!("redmutex: cannot start the pub/sub thread: {e}");
@@ -342,11 +303,11 @@ impl Subscriber {
     }
 
     /// Registers thread `token`'s interest in `channel`; a SUBSCRIBE is sent only when this
-    /// process was not already subscribed. `client` is used to nudge the reader thread,
-    /// giving up at `until`.
+    /// process was not already subscribed. `client` (the client's executor) is used to
+    /// nudge the reader thread, giving up at `until`.
     pub(crate) fn subscribe(
         &self,
-        client: &Inner,
+        client: &Executor,
         channel: &[u8],
         token: u64,
         until: Option<Instant>,
@@ -595,7 +556,7 @@ impl Shared {
             if let Some((token, key)) = parse_forced(payload) {
                 let client = self.client.get().and_then(Weak::upgrade);
                 if let Some(inner) = client {
-                    inner.watchdog.force_unlocked(key, token);
+                    inner.force_unlocked(key, token);
                 }
             }
             return; // otherwise a nudge
@@ -630,37 +591,4 @@ impl Shared {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_force_unlock_message_is_read_back() {
-        assert_eq!(parse_forced(b"f 42 p:{a b}"), Some((42, &b"p:{a b}"[..])));
-        assert_eq!(parse_forced(b"s"), None);
-        assert_eq!(parse_forced(b"f x p:{a}"), None);
-        assert_eq!(parse_forced(b"f 42"), None);
-    }
-
-    #[test]
-    fn an_interrupted_read_is_told_from_other_failures() {
-        let eintr = std::io::Error::from_raw_os_error(EINTR);
-        assert_eq!(eintr.kind(), std::io::ErrorKind::Interrupted);
-        assert!(interrupted(&redis::RedisError::from(eintr)));
-        assert!(interrupted(&redis::RedisError::from(std::io::Error::from(
-            std::io::ErrorKind::Interrupted
-        ))));
-        for kind in [
-            std::io::ErrorKind::ConnectionReset,
-            std::io::ErrorKind::UnexpectedEof,
-            std::io::ErrorKind::TimedOut,
-            std::io::ErrorKind::HostUnreachable,
-        ] {
-            let e = redis::RedisError::from(std::io::Error::from(kind));
-            assert!(!interrupted(&e), "{kind:?}");
-        }
-        for errno in [104, 110, 113] {
-            let e = redis::RedisError::from(std::io::Error::from_raw_os_error(errno));
-            assert!(!interrupted(&e), "os error {errno}");
-        }
-    }
-}
+mod tests;

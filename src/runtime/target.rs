@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
 
-use crate::runtime::pool::Con;
+use crate::runtime::con::Con;
 
 /// What a client's connection layer saw of the deployment changing under it: a connection
 /// retired after an I/O failure or a timeout (the next one is a reconnect, perhaps to

@@ -1,0 +1,402 @@
+//! The executor: runs a client's calls on its pooled connections, bounded by deadlines
+//! and the configured timeouts, and repeats the ones a dropped connection, a settling
+//! deployment or a demoted primary refused, when repeating them is safe.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::runtime::con::Con;
+use crate::runtime::config::Config;
+use crate::runtime::pool::{self, Conn, Manager};
+use crate::runtime::scripts::{ScriptCall, Scripting};
+use crate::runtime::target::{Target, Topology};
+use crate::Error;
+
+/// The first pause before a command refused by a settling cluster is sent again; it
+/// doubles up to `MAX_SETTLE_PAUSE`.
+const SETTLE_PAUSE: Duration = Duration::from_millis(2);
+const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
+
+/// The same for a cluster node that refuses connections (killed, its replica not yet
+/// promoted): a failover takes seconds, so the pauses start and end longer.
+const DOWN_PAUSE: Duration = Duration::from_millis(10);
+const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a script that must recognize its own repeat (`latch_set.lua`,
+/// `force_unlock.lua`) remembers the id of the call that ran it. The client repeats such a
+/// call only within half of it, so the first run is always still remembered.
+pub(crate) const CALL_MEMORY: Duration = Duration::from_secs(60);
+
+/// The shortest socket timeout a call gets, even past its deadline: zero means "none".
+const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// What is left of the time until `until`, as a socket timeout: at least a millisecond.
+pub(crate) fn time_left(until: Instant) -> Duration {
+    until
+        .saturating_duration_since(Instant::now())
+        .max(MIN_IO_TIMEOUT)
+}
+
+/// What runs a client's calls: its connection pool and the deployment it connects to,
+/// its settings, and what calls have lately seen of the deployment.
+pub(crate) struct Executor {
+    pub(crate) id: String,
+    // The process that made the client: a fork()ed child must not use the parent's ids.
+    pid: u32,
+    pub(crate) config: Config,
+    pool: r2d2::Pool<Manager>,
+    target: Arc<Target>,
+    // Signs of the deployment changing, seen by the connection layer (see `Topology`).
+    topology: Arc<Topology>,
+    /// How the scripts are sent (`FCALL` or `EVALSHA`): one choice for every call.
+    pub(crate) scripting: Scripting,
+    // Until when calls sent to several clients at once (`fanout`) skip this one, and why:
+    // its server just failed one (down, unreachable, frozen), and waiting for it again in
+    // every round would cost each acquisition the whole member timeout.
+    pub(crate) unreachable: parking_lot::Mutex<Option<(Instant, String)>>,
+    // Since when, and until when last, calls found a cluster node refusing connections
+    // (see `is_node_down`). Calls wait such a node out only until `connect_timeout` after
+    // the first refusal, together: one after another (the watchdog renews lock after
+    // lock) they would otherwise each wait the whole time, while leases elsewhere ran out.
+    node_down: parking_lot::Mutex<Option<(Instant, Instant)>>,
+}
+
+impl Executor {
+    /// The executor of a new client with the id `id`: its pool makes connections on
+    /// demand, so a Redis that is down does not fail it.
+    pub(crate) fn new(id: String, target: Target, config: Config) -> Executor {
+        let target = Arc::new(target);
+        let topology = Arc::new(Topology::default());
+        let manager = Manager {
+            target: target.clone(),
+            connect_timeout: config.connect_timeout,
+            command_timeout: config.command_timeout,
+            topology: topology.clone(),
+        };
+        // Connections are made on demand (min_idle 0, build_unchecked), so a Redis that is
+        // down does not fail the build. No PING on checkout: it would double the cost of
+        // every lock operation; a broken connection shows itself on use and is dropped.
+        let pool = r2d2::Pool::builder()
+            .max_size(config.pool_size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(config.connect_timeout)
+            // Connection setup and idle reaping need little: one thread, not r2d2's three.
+            .thread_pool(Arc::new(
+                scheduled_thread_pool::ScheduledThreadPool::builder()
+                    .num_threads(1)
+                    .thread_name_pattern("redmutex-pool")
+                    .build(),
+            ))
+            .build_unchecked(manager);
+        Executor {
+            id,
+            pid: std::process::id(),
+            scripting: Scripting::new(config.use_functions),
+            unreachable: parking_lot::Mutex::new(None),
+            node_down: parking_lot::Mutex::new(None),
+            config,
+            pool,
+            target,
+            topology,
+        }
+    }
+
+    /// A connection manager to the same deployment, with the same timeouts, sharing what
+    /// the pool's connections see of it (the pub/sub connection's).
+    pub(crate) fn manager(&self) -> Manager {
+        Manager {
+            target: self.target.clone(),
+            connect_timeout: self.config.connect_timeout,
+            command_timeout: self.config.command_timeout,
+            topology: self.topology.clone(),
+        }
+    }
+    /// Runs the script call `call` on `con` (see `Scripting::run`).
+    pub(crate) fn eval<T: redis::FromRedisValue>(
+        &self,
+        con: &mut Con,
+        call: &ScriptCall,
+    ) -> redis::RedisResult<T> {
+        self.scripting.run(con, call)
+    }
+
+    /// With `sync_replicas` set, WAITs for the replicas on `con` (right after a write on
+    /// it) and returns the shortfall as an error to report, if any.
+    pub(crate) fn await_replicas(
+        &self,
+        con: &mut Con,
+        key: &[u8],
+    ) -> redis::RedisResult<Option<Error>> {
+        let Some((required, timeout_ms)) = self.config.sync_replicas else {
+            return Ok(None);
+        };
+        let acked = con.wait_replicas(key, required, timeout_ms)?;
+        Ok((acked < required).then_some(Error::NotReplicated {
+            acked,
+            required,
+            lock: None,
+        }))
+    }
+
+    /// Which primary connections now go to; it changes with each failover (Sentinel).
+    pub(crate) fn generation(&self) -> u64 {
+        self.target.generation()
+    }
+
+    /// The client's topology epoch: it changes whenever the connection layer sees a sign
+    /// of the deployment changing (see [`Topology`]), a Sentinel failover included.
+    pub(crate) fn topology_epoch(&self) -> u64 {
+        self.topology
+            .changes()
+            .wrapping_add(self.target.generation())
+    }
+
+    /// Whether the deployment, as far as this client can see, stayed the same since it
+    /// read `epoch` ([`topology_epoch`](Executor::topology_epoch)): then two times read from
+    /// its server's clock meanwhile came from one clock. Never on a cluster, whose `MOVED`
+    /// and `ASK` redirections redis-rs follows unseen (a slot may have moved to another
+    /// node, with another clock).
+    pub(crate) fn same_topology_since(&self, epoch: u64) -> bool {
+        !self.target.is_cluster() && self.topology_epoch() == epoch
+    }
+
+    /// Whether this client talks to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.target.is_cluster()
+    }
+
+    /// Queue-entry flags saying where this client listens (see `lua/queue.lua`): on a
+    /// cluster, perhaps on another node than the lock's, so that a release there cannot
+    /// count it among the subscribers.
+    pub(crate) fn listener_flags(&self) -> u8 {
+        if self.target.is_cluster() {
+            8
+        } else {
+            0
+        }
+    }
+
+    /// Whether `e` is a cluster node refusing connections: a primary killed, its slots
+    /// not yet taken over. redis-rs reports it once its own reconnects failed; the
+    /// command reached no server then, unless an earlier attempt of redis-rs's own did, so
+    /// only a call that may run twice waits it out.
+    fn is_node_down(&self, e: &redis::RedisError) -> bool {
+        self.target.is_cluster() && e.is_connection_refusal()
+    }
+
+    /// Records a refusal by a node that is down (see `node_down`) seen at `now`, and
+    /// returns since when the outage lasts: a refusal after a quiet spell starts a new
+    /// one. The spell is longer than a watchdog timeout, so that a node down for good,
+    /// whose holds the watchdog tries to renew every third of one, costs each round a few
+    /// quick tries, not `connect_timeout` again.
+    fn node_down_since(&self, now: Instant) -> Instant {
+        let mut down = self.node_down.lock();
+        let quiet = self.config.connect_timeout + self.config.lease.watchdog();
+        let (since, last) = match *down {
+            Some((since, last)) if now.saturating_duration_since(last) < quiet => (since, now),
+            _ => (now, now),
+        };
+        *down = Some((since, last));
+        since
+    }
+
+    /// Fails with [`Error::Forked`] in a process that did not make this client.
+    pub(crate) fn check_process(&self) -> Result<(), Error> {
+        if std::process::id() == self.pid {
+            Ok(())
+        } else {
+            Err(Error::Forked {
+                created_in: self.pid,
+            })
+        }
+    }
+
+    /// A pooled connection to a single server that is ready now, if there is one: calls
+    /// sent to several clients at once (`fanout`) must not wait for one client's pool (its
+    /// server down) while the other replies arrive.
+    pub(crate) fn idle_connection(&self) -> Option<r2d2::PooledConnection<Manager>> {
+        let mut conn = self.pool.try_get()?;
+        if conn.generation != self.target.generation() || conn.single().is_none() {
+            conn.mark_broken();
+            return None;
+        }
+        Some(conn)
+    }
+
+    /// Runs `f` on a pooled connection with the configured timeouts; see
+    /// [`run_until`](Executor::run_until).
+    pub(crate) fn run<T>(
+        &self,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_until(None, f)
+    }
+
+    /// Runs `f` on a pooled connection, retiring the connection if `f` failed on I/O.
+    /// With `until`, neither the pool checkout nor any read or write waits past it (nor
+    /// past the configured timeouts), so a bounded call stays bounded against a frozen or
+    /// unreachable server.
+    ///
+    /// A connection the server dropped (a restart, an idle timeout, a lost reply) fails
+    /// fast, and `f` runs again on another one: after a restart every pooled connection
+    /// is stale, hence up to `pool_size` retries. That is safe because every call this
+    /// crate makes can be repeated: reads, renewals, and acquire and release scripts that
+    /// are told how many levels the thread holds, so a repeated one changes nothing.
+    /// Timeouts are not retried: they surface as `Error::Timeout` at `command_timeout`.
+    /// A settling deployment (see `pool::is_settling`, and a cluster node refusing
+    /// connections until its replica is promoted) is waited out for up to
+    /// `connect_timeout`, and never past `until`, where it gives `Error::Timeout`.
+    pub(crate) fn run_until<T>(
+        &self,
+        until: Option<Instant>,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_with(until, true, None, f)
+    }
+
+    /// [`run_until`](Executor::run_until) for the watchdog thread: while the call waits out
+    /// a settling deployment, `meanwhile` runs in its pauses (the extensions of holds
+    /// handed over, whose pickup window is shorter than such a wait may last).
+    pub(crate) fn run_minding<T>(
+        &self,
+        until: Option<Instant>,
+        meanwhile: &mut dyn FnMut(),
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_with(until, true, Some(meanwhile), f)
+    }
+
+    /// A new id for one call whose script records it (see [`CALL_MEMORY`]): the client's
+    /// id and a random part, so no two calls anywhere share one.
+    pub(crate) fn call_id(&self) -> String {
+        format!("{}:{}", self.id, uuid::Uuid::new_v4())
+    }
+
+    /// Runs `f` like [`run`](Executor::run), for a call whose script records the call's id for
+    /// [`CALL_MEMORY`] and answers a repeat of the same id with what the first run did.
+    /// A repeat after half of that (the first run might be forgotten by the time it
+    /// lands) is not sent: the call fails with `Error::Timeout`, its outcome unknown.
+    pub(crate) fn run_remembered<T>(
+        &self,
+        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        let started = Instant::now();
+        let mut runs = 0;
+        self.run(|con| {
+            runs += 1;
+            if runs > 1 && started.elapsed() > CALL_MEMORY / 2 {
+                return Err(crate::error::timed_out(
+                    "the reply was lost, and too long ago to repeat the call safely",
+                ));
+            }
+            f(con)
+        })
+    }
+
+    /// Runs `f` once on a pooled connection: for a call that must not run twice (it is not
+    /// told enough to make a repeat harmless), a dropped connection is the caller's error.
+    pub(crate) fn run_once<T>(
+        &self,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_with(None, false, None, f)
+    }
+
+    fn run_with<T>(
+        &self,
+        until: Option<Instant>,
+        repeatable: bool,
+        mut meanwhile: Option<&mut dyn FnMut()>,
+        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.check_process()?;
+        let config = &self.config;
+        let mut retries = 0;
+        // While the deployment settles (see `pool::is_settling`): since when, and the
+        // next pause.
+        let mut settling: Option<(Instant, Duration)> = None;
+        loop {
+            let (checkout, io) = match until {
+                None => (config.connect_timeout, config.command_timeout),
+                Some(until) => {
+                    let left = time_left(until);
+                    (
+                        left.min(config.connect_timeout),
+                        left.min(config.command_timeout),
+                    )
+                }
+            };
+            let mut pooled: r2d2::PooledConnection<Manager> = self.pool.get_timeout(checkout)?;
+            let conn: &mut Conn = &mut pooled;
+            if conn.generation != self.target.generation() {
+                // Made to a primary the sentinels no longer name: retired on return. The
+                // generation changes once per failover, so this ends within the pool.
+                conn.mark_broken();
+                continue;
+            }
+            let result = conn.run(io, &mut f);
+            // Back to the pool before any pause: what runs meanwhile may need it.
+            drop(pooled);
+            match result {
+                // Refused before it ran: a slot mid-migration, a failover under way (the
+                // slot's primary dead and its replica not yet promoted: its connections
+                // refused, or CLUSTERDOWN). The call waits it out, with a growing pause,
+                // for as long as a connection to a new primary would be waited for, and
+                // never past its deadline: a call stopped by its deadline says `Timeout`.
+                Err(e) if pool::is_settling(&e) || (repeatable && self.is_node_down(&e)) => {
+                    let down = self.is_node_down(&e);
+                    let (began, pause) = settling.get_or_insert_with(|| {
+                        let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
+                        (Instant::now(), first)
+                    });
+                    let now = Instant::now();
+                    let give_up = if down {
+                        // Past the outage's bound a call still gets a few quick tries:
+                        // a refusal may come from a slot-map refresh on the way to a
+                        // node that is up.
+                        (*began + config.connect_timeout)
+                            .min(self.node_down_since(now) + config.connect_timeout)
+                            .max(*began + DOWN_PAUSE * 7)
+                    } else {
+                        *began + config.connect_timeout
+                    };
+                    if now + *pause >= give_up {
+                        return Err(e.into());
+                    }
+                    if until.is_some_and(|u| now + *pause >= u) {
+                        return Err(Error::timeout(e));
+                    }
+                    log::debug!("redmutex: retrying in {pause:?}: {e}");
+                    if let Some(meanwhile) = meanwhile.as_mut() {
+                        meanwhile();
+                    }
+                    std::thread::sleep((now + *pause).saturating_duration_since(Instant::now()));
+                    let most = if down {
+                        MAX_DOWN_PAUSE
+                    } else {
+                        MAX_SETTLE_PAUSE
+                    };
+                    *pause = (*pause * 2).min(most).max(*pause);
+                }
+                // A demoted primary refused the write: nothing happened, so even a call
+                // that must not run twice may run again, on a connection to the new one.
+                Err(e) if pool::is_readonly(&e) && retries < self.config.pool_size => {
+                    log::info!("redmutex: the primary was demoted; looking for the new one");
+                    self.target.refresh(config.connect_timeout);
+                    retries += 1;
+                }
+                Err(e)
+                    if repeatable
+                        && e.is_connection_dropped()
+                        && !e.is_timeout()
+                        && retries < self.config.pool_size =>
+                {
+                    log::debug!("redmutex: connection dropped, retrying on another: {e}");
+                    retries += 1;
+                }
+                result => return Ok(result?),
+            }
+        }
+    }
+}

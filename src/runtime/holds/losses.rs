@@ -1,0 +1,212 @@
+//! Holds found or judged lost: by the clock (a lease over, a pickup window lapsed, no
+//! renewal confirmed), by the server, by a `force_unlock`, and the loss thread's timers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::runtime::keys::LockKeys;
+use crate::runtime::loss::{Loss, LossSource, Timed, Watcher};
+use crate::runtime::lost_lease::LossReason;
+
+use super::hold::Hold;
+use super::HoldTable;
+
+impl HoldTable {
+    /// For a fixed level whose own lease is over: whether the hold `lost` belongs to is
+    /// over too (no level of it needs the lock now; a level that does covers this one).
+    /// Marks it lost if so, so that it says so from now on.
+    pub(crate) fn lease_over(&self, key: &[u8], token: u64, lost: &Arc<Loss>) -> bool {
+        let now = Instant::now();
+        let holds = self.holds.lock();
+        let covered = holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
+            .is_some_and(|hold| hold.live_levels(now) > 0);
+        if !covered {
+            lost.mark(LossReason::LeaseExpired);
+        }
+        !covered
+    }
+
+    /// The release script freed the lock although levels remain registered (they needed no
+    /// more time, or the lease was gone): their hold is over.
+    pub(crate) fn hold_ended(&self, key: &[u8], lost: &Arc<Loss>) {
+        lost.mark(LossReason::LeaseExpired);
+        self.forget_lost(key, lost);
+    }
+
+    /// Whether the hold `lost` belongs to was handed over and its pickup window ended
+    /// before the watchdog could extend it: its lease is over on the server. Marks it
+    /// lost, so that it says so from now on.
+    pub(crate) fn pickup_lapsed(&self, key: &[u8], token: u64, lost: &Arc<Loss>) -> bool {
+        self.passed(key, token, lost, |hold| {
+            hold.pickup_ends
+                .map(|ends| (ends, LossReason::RenewalFailed))
+        })
+    }
+
+    /// When the pickup window of the hold `lost` belongs to ends, if it was handed over and
+    /// its lease is still only that window (not extended yet).
+    pub(crate) fn pickup_pending(
+        &self,
+        key: &[u8],
+        token: u64,
+        lost: &Arc<Loss>,
+    ) -> Option<Instant> {
+        let holds = self.holds.lock();
+        holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
+            .and_then(|hold| hold.pickup_ends)
+    }
+
+    /// Whether the hold `lost` belongs to may have expired on the server: no grant or
+    /// renewal confirmed that its key lives until now. Marks it lost, so that it says so
+    /// from now on (a renewal that lands late cannot undo what another holder may have
+    /// done meanwhile).
+    pub(crate) fn lease_expired(&self, key: &[u8], token: u64, lost: &Arc<Loss>) -> bool {
+        // (A hold with only fixed levels left is judged by their leases instead.)
+        self.passed(key, token, lost, Hold::unconfirmed_after)
+    }
+
+    /// Whether the instant `when` picks from the hold `lost` belongs to has passed; if so
+    /// the hold is marked lost.
+    fn passed(
+        &self,
+        key: &[u8],
+        token: u64,
+        lost: &Arc<Loss>,
+        when: impl Fn(&Hold) -> Option<(Instant, LossReason)>,
+    ) -> bool {
+        let holds = self.holds.lock();
+        let passed = holds
+            .get(key)
+            .and_then(|by_token| by_token.get(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, lost))
+            .and_then(when)
+            .filter(|(at, _)| *at <= Instant::now());
+        if let Some((_, why)) = passed {
+            lost.mark(why);
+        }
+        passed.is_some()
+    }
+
+    pub(crate) fn forget_lost(&self, key: &[u8], lost: &Arc<Loss>) {
+        let mut holds = self.holds.lock();
+        if let Some(by_token) = holds.get_mut(key) {
+            by_token.retain(|_, h| !Arc::ptr_eq(&h.lost, lost));
+            if by_token.is_empty() {
+                holds.remove(key);
+            }
+        }
+    }
+
+    /// The server no longer has the hold `lost` belongs to: marks it lost for `reason`
+    /// and forgets it.
+    pub(crate) fn hold_lost(&self, key: &[u8], lost: &Arc<Loss>, reason: LossReason) {
+        lost.mark(reason);
+        self.forget_lost(key, lost);
+    }
+
+    /// Marks the hold `loss` belongs to lost if its time is up, or returns when the loss
+    /// thread must look again (`None` once it is lost or over, or when a timer is kept
+    /// for then already). `popped`: the instant of the timer the loss thread is handling,
+    /// which is no longer kept (a stale one, not the hold's own, changes nothing).
+    pub(crate) fn check_loss(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        loss: &Arc<Loss>,
+        popped: Option<Instant>,
+    ) -> Option<Instant> {
+        if loss.is_lost() {
+            return None;
+        }
+        let mut holds = self.holds.lock();
+        let hold = holds
+            .get_mut(keys.hold())
+            .and_then(|by_token| by_token.get_mut(&token))
+            .filter(|hold| Arc::ptr_eq(&hold.lost, loss))?;
+        if let Some(popped) = popped {
+            if hold.timer_at != Some(popped) {
+                return None;
+            }
+            hold.timer_at = None;
+        }
+        hold.arm(Instant::now())
+    }
+
+    /// Adds `watcher` to the hold `loss` belongs to, for the guard `level`, and makes sure
+    /// the loss thread marks the hold lost when its time is up.
+    pub(crate) fn watch_loss<C: LossSource + 'static>(
+        &self,
+        client: &Arc<C>,
+        keys: &Arc<LockKeys>,
+        token: u64,
+        loss: &Arc<Loss>,
+        level: u64,
+        watcher: Watcher,
+    ) {
+        let next = self.check_loss(keys, token, loss, None);
+        loss.watch(level, watcher);
+        let Some(at) = next else {
+            return;
+        };
+        if let Err(e) = self.notifier.ensure_running(client) {
+            // Its guards' polls still see the loss; only the push is missing.
+            log::warn!("redmutex: cannot start the loss thread: {e}");
+        }
+        self.notifier.push(
+            at,
+            Timed::Hold {
+                keys: keys.clone(),
+                token,
+                loss: Arc::downgrade(loss),
+            },
+        );
+    }
+
+    /// A `force_unlock` freed the holder `token` of `key` (whichever side of a read-write
+    /// lock it held): its holds are marked lost (`Deleted`) now, so that their guards and
+    /// the hook are told at once. They stay in the table until released: a release still
+    /// goes to Redis and says `LeaseLost`, and a hold this thread took again after the
+    /// force_unlock, before its message came, is then at worst reported lost too early
+    /// rather than left held without renewals.
+    pub(crate) fn force_unlocked(&self, key: &[u8], token: u64) {
+        let holds = self.holds.lock();
+        for mark in LockKeys::HOLD_MARKS {
+            let name = [&[mark][..], key].concat();
+            let Some(hold) = holds.get(&name[..]).and_then(|h| h.get(&token)) else {
+                continue;
+            };
+            if !hold.lost.is_lost() {
+                log::warn!(
+                    "redmutex: lock {:?} was force-unlocked while this client held it",
+                    String::from_utf8_lossy(key)
+                );
+                hold.lost.mark(LossReason::Deleted);
+            }
+        }
+    }
+
+    /// The watchdog stops for good (every `Client` is gone): holds that relied on it will
+    /// lapse, and their guards must say so rather than look held to the end.
+    pub(crate) fn abandon(&self) {
+        let holds = self.holds.lock();
+        let mut abandoned = 0;
+        for hold in holds.values().flat_map(|by_token| by_token.values()) {
+            if hold.has_watchdog_level() {
+                hold.lost.mark(LossReason::ClientDropped);
+                abandoned += 1;
+            }
+        }
+        if abandoned > 0 {
+            log::warn!(
+                "redmutex: every Client was dropped while {abandoned} watchdog lock(s) were \
+                 held; their leases are no longer renewed and are reported lost"
+            );
+        }
+    }
+}
