@@ -19,10 +19,15 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{CancelToken, Client, Error, MultiLock};
+use redmutex::{CancelToken, Error, MultiLock};
+use support::clients::Clients;
 use support::{wait_until, FaultProxy, RedisServer};
 
 const PREFIX: &str = "cancel:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(10))
+    .command(Duration::from_secs(2));
 /// From `cancel()` to the call's return, on a loaded machine (10 ms asked; see above).
 const CANCEL_BOUND: Duration = Duration::from_millis(100);
 /// From the lock freeing to the next waiter holding it: far below the 1 s pickup window a
@@ -30,10 +35,6 @@ const CANCEL_BOUND: Duration = Duration::from_millis(100);
 const SERVED_BOUND: Duration = Duration::from_millis(500);
 /// How long setup steps (a waiter showing in the queue) may take.
 const SETUP: Duration = Duration::from_secs(5);
-
-fn client(url: &str) -> Client {
-    support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(2))
-}
 
 fn queue(object: &str, name: &str) -> String {
     format!("{PREFIX}!queue:{object}{{{name}}}")
@@ -173,9 +174,9 @@ impl Outcome {
 fn a_blocked_lock_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
@@ -191,9 +192,9 @@ fn a_blocked_lock_is_cancelled_at_once_and_the_next_waiter_served() {
 fn a_blocked_fair_lock_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
@@ -213,9 +214,9 @@ fn a_blocked_fair_lock_is_cancelled_at_once_and_the_next_waiter_served() {
 fn a_blocked_read_is_cancelled_at_once_and_the_next_writer_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
@@ -234,9 +235,9 @@ fn a_blocked_read_is_cancelled_at_once_and_the_next_writer_served() {
 fn a_blocked_write_is_cancelled_at_once_and_the_readers_behind_it_let_in() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
@@ -252,9 +253,9 @@ fn a_blocked_write_is_cancelled_at_once_and_the_readers_behind_it_let_in() {
 fn a_blocked_semaphore_acquire_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
@@ -270,9 +271,9 @@ fn a_blocked_semaphore_acquire_is_cancelled_at_once_and_the_next_waiter_served()
 fn a_blocked_multilock_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     let both = MultiLock::new([b.lock("multi-1"), b.lock("multi-2")]).unwrap();
     cancel_queued_waiter(
@@ -296,7 +297,7 @@ fn a_blocked_multilock_is_cancelled_at_once_and_the_next_waiter_served() {
 #[test]
 fn a_token_cancelled_before_the_call_sends_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let semaphore = c.semaphore("pre-sem", 1);
     let both = MultiLock::new([c.lock("pre-1"), c.lock("pre-2")]).unwrap();
     // Warm the pools and load the scripts: what follows is the calls' own traffic only.
@@ -373,9 +374,9 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
 fn a_cancel_racing_a_grant_hands_the_lock_on() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let a = client(&server.url());
-    let b = client(&proxy.url());
-    let c = client(&server.url());
+    let a = CLIENTS.at(&server.url());
+    let b = CLIENTS.at(&proxy.url());
+    let c = CLIENTS.at(&server.url());
     let name = "raced";
     let q = queue("", name);
     let mut con = server.connection();
@@ -443,9 +444,9 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
 fn cancels_racing_releases_never_strand_or_double_the_lock() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     let name = "race";
     let q = queue("", name);
@@ -517,7 +518,7 @@ fn cancels_racing_releases_never_strand_or_double_the_lock() {
 #[test]
 fn cancel_latency_distribution() {
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url()), client(&server.url()));
+    let (a, b) = (CLIENTS.at(&server.url()), CLIENTS.at(&server.url()));
     let name = "spread";
     let q = queue("", name);
     let mut con = server.connection();

@@ -11,28 +11,19 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::Client;
+use support::clients::Clients;
 use support::topology::{key_slot, tag_for_slot, Cluster};
 use support::wait_until;
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(1500))
+    .connect(Duration::from_secs(10));
 
 const WATCHDOG: Duration = Duration::from_secs(6);
 
 fn cluster_client(cluster: &Cluster) -> Client {
-    client_with_seeds(cluster.seed_urls())
-}
-
-/// A client whose pub/sub connection goes to node `i`: its only seed is that node.
-fn client_listening_on(cluster: &Cluster, i: usize) -> Client {
-    client_with_seeds(vec![format!("redis://{}/", cluster.node(i).addr())])
-}
-
-fn client_with_seeds(seeds: Vec<String>) -> Client {
-    Client::builder()
-        .cluster(seeds)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(1500))
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .expect("cluster client")
+    CLIENTS.cluster_at(cluster.seed_urls())
 }
 
 /// A thread of `client` blocked in `lock()` on `name`; it sends when it got the lock,
@@ -125,7 +116,10 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
     let mut latencies = Vec::new();
     for _ in 0..5 {
         let held = holder.lock(&name).lock().unwrap();
-        let (t, rx) = waiter(client_listening_on(&cluster, 0), &name);
+        let (t, rx) = waiter(
+            CLIENTS.cluster_at(vec![format!("redis://{}/", &cluster.node(0).addr())]),
+            &name,
+        );
         // Subscribed (on node 0) and queued before the release.
         assert!(wait_until(Duration::from_secs(5), || {
             let mut con = cluster.node(0).connection();
@@ -148,7 +142,7 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
     let queued = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     for i in 0..3 {
-        let c = client_listening_on(&cluster, 0);
+        let c = CLIENTS.cluster_at(vec![format!("redis://{}/", &cluster.node(0).addr())]);
         let (order, queued, n) = (order.clone(), queued.clone(), fair_name.clone());
         // Queue one after another, so the expected order is known.
         assert!(wait_until(Duration::from_secs(5), || queued
@@ -231,7 +225,13 @@ fn resharding_a_slot_while_its_locks_are_held_and_waited_for() {
     let held = holder.lock(&held_name).lock().unwrap();
 
     // A waiter blocked on the held lock, listening on a third node.
-    let (waiter, woke) = waiter(client_listening_on(&cluster, (from + 2) % 3), &held_name);
+    let (waiter, woke) = waiter(
+        CLIENTS.cluster_at(vec![format!(
+            "redis://{}/",
+            &cluster.node((from + 2) % 3).addr()
+        )]),
+        &held_name,
+    );
 
     // Two contenders take turns on the other lock of the slot throughout; a witness counts
     // overlaps and errors.
@@ -382,7 +382,13 @@ fn a_primary_failover_is_survived() {
     let holder = cluster_client(&cluster);
     let held = holder.lock(&name).lock().unwrap();
     let listen_on = cluster.primaries()[0];
-    let (waiter, woke) = waiter(client_listening_on(&cluster, listen_on), &name);
+    let (waiter, woke) = waiter(
+        CLIENTS.cluster_at(vec![format!(
+            "redis://{}/",
+            &cluster.node(listen_on).addr()
+        )]),
+        &name,
+    );
     assert!(wait_until(Duration::from_secs(5), || {
         let mut con = cluster.node(listen_on).connection();
         support::subscribers(&mut con, lock_key(&name)) > 0

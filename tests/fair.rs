@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_FAIR_ROLE";
@@ -27,6 +28,10 @@ const URL: &str = "REDMUTEX_FAIR_URL";
 const NAME: &str = "REDMUTEX_FAIR_NAME";
 const WATCHDOG_MS: &str = "REDMUTEX_FAIR_WATCHDOG_MS";
 const PREFIX: &str = "fair:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(10))
+    .command(Duration::from_secs(2));
 /// The documented pickup window of a grant (1 s) plus generous room for a loaded machine.
 const DEAD_HEAD_BOUND: Duration = Duration::from_millis(2_500);
 /// How soon a waiter whose grant message was lost with its pub/sub connection has the lock.
@@ -51,18 +56,6 @@ fn waiters(name: &str) -> String {
 /// Where critical sections record who was inside, in order.
 fn order_key(name: &str) -> String {
     format!("order:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, command)
-}
-
-fn client_10s(server: &RedisServer) -> Client {
-    client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    )
 }
 
 fn llen(con: &mut redis::Connection, key: &str) -> i64 {
@@ -147,7 +140,10 @@ fn waiter_process(url: &str, name: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(Duration::from_secs(10), Duration::from_millis);
-    let client = client(url, watchdog, watchdog.min(Duration::from_secs(4)) / 2);
+    let client = CLIENTS
+        .watchdog(watchdog)
+        .command(watchdog.min(Duration::from_secs(4)) / 2)
+        .at(url);
     say("ready");
     let mut threads = Vec::new();
     for line in std::io::stdin().lock().lines() {
@@ -232,7 +228,7 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
     const LOCK: &str = "fifo";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
+    let holder = CLIENTS.at(&server);
     let lock = holder.fair_lock(LOCK);
     let guard = lock.lock().expect("holder takes the lock");
 
@@ -310,7 +306,7 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
     const LOCK: &str = "skip-dead";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
+    let holder = CLIENTS.at(&server);
     let guard = holder
         .fair_lock(LOCK)
         .lock()
@@ -364,7 +360,7 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
 fn a_waiter_killed_at_the_head_as_the_lock_is_released_costs_a_bounded_time() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
+    let holder = CLIENTS.at(&server);
     for (variant, lock_name) in [
         ("kill, then release", "head-kill-1"),
         ("release, then kill", "head-kill-2"),
@@ -426,8 +422,14 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
     let server = RedisServer::new();
     let mut con = server.connection();
     let timeouts = (Duration::from_secs(10), Duration::from_secs(2));
-    let holder = client(&server.url(), timeouts.0, timeouts.1);
-    let waiter = client(&server.url(), timeouts.0, timeouts.1);
+    let holder = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
+    let waiter = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
     let waiter_id = waiter.id().to_owned();
     let inside = Arc::new(AtomicUsize::new(0));
 
@@ -536,8 +538,8 @@ fn a_grant_in_flight_survives_a_pubsub_connection_kill() {
     const ROUNDS: usize = 6;
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let waiter = client_10s(&server);
+    let holder = CLIENTS.at(&server);
+    let waiter = CLIENTS.at(&server);
 
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (res_tx, res_rx) = mpsc::channel::<(Instant, usize)>();
@@ -614,7 +616,10 @@ const THOUSAND_WATCHDOG: Duration = Duration::from_secs(3);
 /// `queued <LLEN> <watchdog threads> <all threads>`, then on any line releases and says
 /// `drained <ms> <overlaps> <threads that got it exactly once> <errors>`.
 fn thousand_waiters(url: &str, name: &str) {
-    let client = client(url, THOUSAND_WATCHDOG, Duration::from_secs(1));
+    let client = CLIENTS
+        .watchdog(THOUSAND_WATCHDOG)
+        .command(Duration::from_secs(1))
+        .at(url);
     let lock = client.fair_lock(name);
     let guard = lock.lock().expect("holder lock");
     let counts: Arc<Vec<AtomicU32>> = Arc::new((0..THOUSAND).map(|_| AtomicU32::new(0)).collect());
@@ -774,10 +779,10 @@ fn a_plain_lock_arriving_later_queues_behind_a_fair_waiter() {
     const LOCK: &str = "mixed";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let fair = client_10s(&server);
-    let plain = client_10s(&server);
-    let barger = client_10s(&server);
+    let holder = CLIENTS.at(&server);
+    let fair = CLIENTS.at(&server);
+    let plain = CLIENTS.at(&server);
+    let barger = CLIENTS.at(&server);
     let guard = holder
         .lock(LOCK)
         .lock()
@@ -869,7 +874,7 @@ fn a_plain_lock_arriving_later_queues_behind_a_fair_waiter() {
 fn force_unlock_refuses_a_key_that_is_not_a_lock() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_10s(&server);
+    let c = CLIENTS.at(&server);
     type ForceUnlock<'a> = &'a dyn Fn(&str) -> Result<bool, Error>;
     let kinds: [(&str, ForceUnlock); 3] = [
         ("lock", &|n| c.lock(n).force_unlock()),
@@ -917,12 +922,11 @@ fn fair_lock_guards_behave_like_lock_guards() {
     const LOCK: &str = "guards";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c1 = client(
-        &server.url(),
-        Duration::from_millis(1_500),
-        Duration::from_millis(400),
-    );
-    let c2 = client_10s(&server);
+    let c1 = CLIENTS
+        .watchdog(Duration::from_millis(1_500))
+        .command(Duration::from_millis(400))
+        .at(&server.url());
+    let c2 = CLIENTS.at(&server);
     let lock = c1.fair_lock(LOCK);
     assert_eq!(lock.name(), LOCK.as_bytes());
 
@@ -981,8 +985,8 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     const LOCK: &str = "queued-free";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let other = client_10s(&server);
+    let holder = CLIENTS.at(&server);
+    let other = CLIENTS.at(&server);
     let guard = holder
         .fair_lock(LOCK)
         .lock_with_lease(Duration::from_millis(400))
@@ -1048,7 +1052,7 @@ fn a_handed_over_hold_confirmed_too_late_is_not_returned() {
 #[test]
 fn a_wait_queued_with_its_first_try_does_not_poll() {
     let server = RedisServer::new();
-    let (holder, waiter) = (client_10s(&server), client_10s(&server));
+    let (holder, waiter) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let mut con = server.connection();
     let scripts = |con: &mut redis::Connection| support::script_calls(&support::commandstats(con));
     // An earlier wait, against a short lease, handed over.
@@ -1122,8 +1126,8 @@ fn a_stale_plain_entry(
 ) -> (u64, u64, Option<u64>, u64) {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let waiter = Arc::new(client_10s(&server));
+    let holder = CLIENTS.at(&server);
+    let waiter = Arc::new(CLIENTS.at(&server));
     let first_hold = holder.fenced_lock(name).lock().expect("holder");
     let holder_token = first_hold.token();
 
@@ -1255,12 +1259,11 @@ fn a_grant_that_arrives_after_its_pickup_window_is_not_returned_as_held() {
 fn late_pickup(name: &str, slow: impl Fn(&RedisServer, &FaultProxy, Duration)) {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let (holder, other) = (client_10s(&server), client_10s(&server));
-    let waiter = client(
-        &proxy.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    );
+    let (holder, other) = (CLIENTS.at(&server), CLIENTS.at(&server));
+    let waiter = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     let mut con = server.connection();
     let guard = holder.fair_lock(name).lock().expect("holder");
     let other_holds = Arc::new(AtomicBool::new(false));

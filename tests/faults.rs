@@ -8,20 +8,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
+use support::clients::Clients;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "faults:";
 
-fn client(server: &RedisServer, watchdog: Duration) -> Client {
-    Client::builder()
-        .url(server.url())
-        .key_prefix(PREFIX)
-        .watchdog_timeout(watchdog)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .expect("build client")
-}
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .command(Duration::from_millis(500))
+    .connect(Duration::from_millis(500));
 
 fn key(name: &str) -> String {
     format!("{PREFIX}{{{name}}}")
@@ -38,8 +32,8 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 fn redis_restarted_with_its_data_lost() {
     const WATCHDOG: Duration = Duration::from_millis(900);
     let mut server = RedisServer::new();
-    let holder = client(&server, WATCHDOG);
-    let waiter = client(&server, WATCHDOG);
+    let holder = CLIENTS.watchdog(WATCHDOG).at(&server);
+    let waiter = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = holder.lock("restart").lock().expect("lock");
     let fixed = holder
         .lock("fixed")
@@ -98,7 +92,7 @@ fn redis_restarted_with_its_data_lost() {
 #[test]
 fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
     let server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(3));
+    let c = CLIENTS.watchdog(Duration::from_secs(3)).at(&server);
     let guard = c.lock("frozen").lock().expect("lock");
     let other = c.lock("other");
 
@@ -131,7 +125,7 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
 fn a_freeze_longer_than_the_lease_is_reported() {
     const WATCHDOG: Duration = Duration::from_millis(900);
     let server = RedisServer::new();
-    let c = client(&server, WATCHDOG);
+    let c = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = c.lock("long-freeze").lock().expect("lock");
     server.freeze();
     thread::sleep(WATCHDOG + Duration::from_millis(600));
@@ -158,7 +152,7 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
     const WATCHDOG: Duration = Duration::from_millis(1_500);
     const MARGIN: Duration = Duration::from_millis(300);
     let server = RedisServer::new();
-    let c = client(&server, WATCHDOG);
+    let c = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = c.lock("frozen-loss").lock().expect("lock");
     let mut con = server.connection();
     let pttl = |con: &mut redis::Connection| -> u64 {
@@ -224,7 +218,7 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
 #[test]
 fn script_flush_between_calls_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(5));
+    let c = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     let lock = c.lock("flushed");
     // The scripts and the library (a restart without persistence loses both).
     let flush = || {
@@ -258,7 +252,7 @@ fn script_flush_between_calls_changes_nothing() {
 #[test]
 fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     let server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(5));
+    let c = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     let mut con = server.connection();
     redis::cmd("SET")
         .arg(key("taken"))
@@ -290,7 +284,7 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
 fn dropping_the_client_while_guards_live_lets_leases_expire() {
     const WATCHDOG: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
-    let c = client(&server, WATCHDOG);
+    let c = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = c.lock("orphan").lock().expect("lock");
     let forgotten = c.lock("forgotten").lock().expect("lock");
     // A forgotten guard is never released: its lease must still end once the client
@@ -349,7 +343,7 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     // Released once: the outer level still holds the lock.
     assert_eq!(lock.hold_count().unwrap(), 1);
     assert!(c.lock("lost-release").is_locked().unwrap());
-    let other = client(&server, Duration::from_secs(5));
+    let other = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     assert!(other.lock("lost-release").try_lock().unwrap().is_none());
 
     // The outermost release losing its reply: the retry finds the lock already free and
@@ -396,7 +390,7 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
 #[test]
 fn stale_pooled_connections_after_a_restart_are_replaced_transparently() {
     let mut server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(5));
+    let c = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     // Fill the pool with several connections.
     thread::scope(|s| {
         for i in 0..4 {
@@ -431,7 +425,7 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let w = through(&proxy);
-    let holder = client(&server, Duration::from_secs(5));
+    let holder = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     // The waiter's client listens on the lock already (it waited a moment ago), so its
     // next lock() queues with its very first attempt: the one whose reply is lost.
     let guard = holder.fair_lock(NAME).lock().expect("holder");
@@ -489,7 +483,7 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let w = through(&proxy);
-    let holder = client(&server, Duration::from_secs(5));
+    let holder = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let cancel = call(&server, "cancel");
     proxy.lose_next_reply_to(&cancel);

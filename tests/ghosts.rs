@@ -5,20 +5,15 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::Error;
+use support::clients::Clients;
 use support::RedisServer;
 
-const WATCHDOG: Duration = Duration::from_secs(6);
+const CLIENTS: Clients = Clients::new("ghosts:")
+    .watchdog(WATCHDOG)
+    .command(Duration::from_secs(1));
 
-fn client(server: &RedisServer) -> Client {
-    Client::builder()
-        .url(server.url())
-        .key_prefix("ghosts:")
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_secs(1))
-        .build()
-        .expect("build client")
-}
+const WATCHDOG: Duration = Duration::from_secs(6);
 
 fn exists(server: &RedisServer, key: &str) -> bool {
     redis::cmd("EXISTS")
@@ -41,7 +36,7 @@ impl Drop for Thaw<'_> {
 #[test]
 fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
     let server = RedisServer::new();
-    let c = client(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("late");
     // Warm the pool and load the scripts, so the attempt below is sent (not stuck
     // connecting) and runs when the server thaws (not refused with NOSCRIPT).
@@ -92,7 +87,7 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
 #[test]
 fn cleaning_up_a_doubtful_nested_attempt_keeps_the_outer_hold() {
     let server = RedisServer::new();
-    let c = client(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("nested");
     let outer = lock.lock().unwrap();
 

@@ -10,9 +10,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, Kind, Lock};
+use support::clients::Clients;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const PREFIX: &str = "handoff:";
+
+const CLIENTS: Clients = Clients::new(PREFIX).command(Duration::from_secs(2));
 
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
@@ -27,10 +30,6 @@ fn queue(name: &str) -> String {
 
 fn waiters(name: &str) -> String {
     format!("{PREFIX}!waiters:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, Duration::from_secs(2))
 }
 
 fn pttl(server: &RedisServer, name: &str) -> i64 {
@@ -126,8 +125,8 @@ fn a_plain_lock_under_steady_contention_is_handed_over_in_turn() {
 #[test]
 fn a_waiter_queued_longer_than_the_window_takes_its_grant_without_a_call() {
     let server = RedisServer::new();
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     long_wait(&server, &holder, waiter.fair_lock("long-wait-fair"));
     long_wait(&server, &holder, waiter.lock("long-wait-plain"));
 }
@@ -175,8 +174,8 @@ fn a_grant_that_arrives_late_is_confirmed() {
     // Renewals are counted: the renewal script is no first call to load on 6.2.
     server.load_scripts();
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&proxy.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&proxy.url());
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = waiter.fair_lock(NAME);
     let thread = thread::spawn(move || {
@@ -215,8 +214,8 @@ fn a_grant_stamped_after_its_arrival_is_confirmed() {
     let server = RedisServer::new();
     // Renewals are counted: the renewal script is no first call to load on 6.2.
     server.load_scripts();
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = waiter.fair_lock(NAME);
     let (held_tx, held) = mpsc::channel();
@@ -292,12 +291,12 @@ fn ping_pong(name: &str, fair: bool, hold: Duration, rounds: usize) {
     let server = RedisServer::new();
     // A long watchdog: no renewal round falls inside the run.
     let clients = [
-        client(&server.url(), Duration::from_secs(30)),
-        client(&server.url(), Duration::from_secs(30)),
+        CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url()),
+        CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url()),
     ];
     // Both start queued behind a third client's hold (so both listen on the lock, and the
     // run starts with a handoff); the recording starts after their first attempts.
-    let holder = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     let guard = holder.lock(name).lock().expect("holder");
     let order = Arc::new(Mutex::new(Vec::new()));
     let threads: Vec<_> = clients
@@ -359,9 +358,9 @@ fn ping_pong(name: &str, fair: bool, hold: Duration, rounds: usize) {
 fn a_handed_over_hold_kept_past_its_window_is_extended() {
     let server = RedisServer::new();
     let (holder, waiter, other) = (
-        client(&server.url(), Duration::from_secs(10)),
-        client(&server.url(), Duration::from_secs(10)),
-        client(&server.url(), Duration::from_secs(10)),
+        CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url()),
+        CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url()),
+        CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url()),
     );
     for (name, lease) in [("kept-watchdog", None), ("kept-fixed", Some(5_000u64))] {
         let guard = holder.fair_lock(name).lock().expect("holder");
@@ -437,9 +436,9 @@ fn a_handed_over_hold_extended_too_late_says_lost_before_another_holds() {
     let server = RedisServer::new();
     let renew = support::function_name(&server.url(), "renew");
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(10));
-    let other = client(&server.url(), Duration::from_secs(10));
-    let waiter = client(&proxy.url(), Duration::from_secs(10));
+    let holder = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let other = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(10)).at(&proxy.url());
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = waiter.fair_lock(NAME);
     let other_holds = Arc::new(AtomicBool::new(false));
@@ -505,9 +504,9 @@ fn a_stale_grant_of_an_earlier_attempt_is_not_taken_for_a_fresh_one() {
     const NAME: &str = "stale-grant";
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(10));
-    let other = client(&server.url(), Duration::from_secs(10));
-    let waiter = client(&proxy.url(), Duration::from_secs(10));
+    let holder = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let other = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(10)).at(&proxy.url());
     let held_at = Instant::now();
     let guard = holder
         .fair_lock(NAME)
@@ -569,9 +568,9 @@ fn grant_timed_by_a_clock_ahead(name: &str, change: impl FnOnce(&FaultProxy, &Cl
     // Renewals are counted: the renewal script is no first call to load on 6.2.
     server.load_scripts();
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&proxy.url(), Duration::from_secs(30));
-    let other = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&proxy.url());
+    let other = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     let guard = holder.lock(name).lock().expect("holder");
     let lock = waiter.lock(name);
     let (got_tx, got) = mpsc::channel();

@@ -15,9 +15,14 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "holes:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(3))
+    .command(Duration::from_secs(1));
 const ROLE: &str = "REDMUTEX_HOLES_CHILD_ROLE";
 const URL: &str = "REDMUTEX_HOLES_CHILD_URL";
 
@@ -35,19 +40,6 @@ fn exists(con: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
 }
 
-fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, command)
-}
-
-/// Watchdog 3 s, command timeout 1 s.
-fn client_3s(server: &RedisServer) -> Client {
-    client(
-        &server.url(),
-        Duration::from_secs(3),
-        Duration::from_secs(1),
-    )
-}
-
 const MS300: Duration = Duration::from_millis(300);
 
 // ---------------------------------------------------------------------------------------
@@ -61,7 +53,7 @@ const MS300: Duration = Duration::from_millis(300);
 fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let (a, b) = (client_3s(&server), client_3s(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let lock = a.lock("nest-wd");
     let outer = lock.lock().expect("outer lock");
     let inner = lock.lock_with_lease(MS300).expect("inner lock");
@@ -87,7 +79,7 @@ fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
 fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("nest-fixed");
     let outer = lock
         .lock_with_lease(Duration::from_secs(10))
@@ -109,7 +101,7 @@ fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
 fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("nest-rest");
     let outer = lock
         .lock_with_lease(Duration::from_secs(1))
@@ -152,7 +144,10 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
 fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_millis(900), MS300);
+    let c = CLIENTS
+        .watchdog(Duration::from_millis(900))
+        .command(MS300)
+        .at(&server.url());
     let lock = c.lock("nest-renew");
     let outer = lock.lock().expect("outer lock");
     let inner = lock
@@ -260,7 +255,7 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
 #[test]
 fn a_lock_named_like_a_fence_counter_is_an_ordinary_lock() {
     let server = RedisServer::new();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let fenced = c.fenced_lock("user:{42}");
     let mut last = 0;
     for _ in 0..2 {
@@ -299,7 +294,7 @@ fn a_lock_named_like_a_fence_counter_is_an_ordinary_lock() {
 fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let _plain = c.lock("user:{7}:fence").lock().expect("plain lock");
     let fenced = c.fenced_lock("user:{7}");
     let attempt = fenced.try_lock();
@@ -326,7 +321,7 @@ fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
 #[test]
 fn adversarial_names_never_share_a_counter() {
     let server = RedisServer::new();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let names: [&str; 16] = [
         "x",
         "x:fence",
@@ -396,7 +391,7 @@ fn flushall(server: &RedisServer) {
 #[test]
 fn a_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
     let server = RedisServer::new();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("flushed");
     let g1 = lock.lock().expect("first lock");
     flushall(&server);
@@ -420,7 +415,7 @@ fn a_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again()
 #[test]
 fn a_fixed_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
     let server = RedisServer::new();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("flushed-fixed");
     let lease = Duration::from_secs(10);
     let g1 = lock.lock_with_lease(lease).expect("first lock");
@@ -492,7 +487,10 @@ fn a_refused_wait_leaves_no_hold() {
 #[test]
 fn a_refused_incr_leaves_no_hold() {
     let (server, url) = acl_server(" +incr");
-    let c = client(&url, Duration::from_secs(3), Duration::from_secs(1));
+    let c = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1))
+        .at(&url);
     let r = c.fenced_lock("no-incr").try_lock();
     assert!(r.is_err(), "INCR is refused, yet try_lock() returned {r:?}");
     let mut con = server.connection();
@@ -514,7 +512,10 @@ fn a_refused_incr_leaves_no_hold() {
 fn dropping_the_last_handle_marks_watchdog_guards_lost() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_millis(900), MS300);
+    let c = CLIENTS
+        .watchdog(Duration::from_millis(900))
+        .command(MS300)
+        .at(&server.url());
     let lock = c.lock("orphan");
     let g = lock.lock().expect("lock");
     drop(lock);
@@ -575,7 +576,10 @@ const FORK_REFUSED: i32 = 0;
 /// Holds `forked`, forks, and lets the forked copy try the inherited client.
 fn fork_holder(url: &str) {
     // A long watchdog period: no renewal runs (holding a pooled connection) at the fork.
-    let c = client(url, Duration::from_secs(30), Duration::from_secs(1));
+    let c = CLIENTS
+        .watchdog(Duration::from_secs(30))
+        .command(Duration::from_secs(1))
+        .at(url);
     let lock = c.lock("forked");
     let guard = lock.lock().expect("lock");
     // SAFETY: the forked copy only makes lock calls and a release on the inherited client
@@ -659,7 +663,7 @@ fn calls_but_info(server: &RedisServer) -> Vec<(String, u64)> {
 #[test]
 fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
     let server = RedisServer::new();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("quiet");
     // This thread held the lock once, so the client has connections and scripts loaded.
     lock.lock().expect("lock").unlock().expect("unlock");
@@ -697,7 +701,7 @@ fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
 #[test]
 fn try_lock_for_duration_max_waits_for_a_held_lock() {
     let server = RedisServer::new();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("forever");
     let (held_tx, held) = std::sync::mpsc::channel();
     let other = lock.clone();
@@ -758,9 +762,12 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
-    let a = client(&proxy.url(), Duration::from_secs(3), Duration::from_secs(1));
+    let a = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1))
+        .at(&proxy.url());
     a.lock("warm-up").lock().unwrap().unlock().unwrap();
-    let b = client_3s(&server);
+    let b = CLIENTS.at(&server);
     // A pooled connection first: a single try has no time to connect on a busy machine.
     assert!(!b.lock(NAME).is_locked().unwrap());
     let lock = a.lock(NAME);
@@ -826,7 +833,10 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
-    let c = client(&proxy.url(), LEASE, Duration::from_secs(2));
+    let c = CLIENTS
+        .watchdog(LEASE)
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     // Every script loaded before the faults begin.
     c.lock("warm-up").lock().unwrap().unlock().unwrap();
     let rw = c.read_write_lock("warm-up");
@@ -919,7 +929,10 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
 
     // A MultiLock with a fixed lease (its validity ends before its members' holds).
     // Its members on two clients, so that their calls lag side by side, not in turn.
-    let c2 = client(&proxy.url(), LEASE, Duration::from_secs(2));
+    let c2 = CLIENTS
+        .watchdog(LEASE)
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     c2.lock("warm-up").lock().unwrap().unlock().unwrap();
     let multi = MultiLock::new([c.lock("lagging-1"), c2.lock("lagging-2")])
         .unwrap()
@@ -970,7 +983,7 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     const NAME: &str = "cancel-miscounted";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock(NAME);
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
@@ -1026,7 +1039,7 @@ fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
     const NAME: &str = "reentry-gone";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let (a, b) = (client_3s(&server), client_3s(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let lock = a.lock(NAME);
     let outer = lock.lock().expect("outer");
     assert!(b.lock(NAME).force_unlock().unwrap());

@@ -9,24 +9,19 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::Error;
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::{wait_until, RedisServer};
 
 const ROLE: &str = "REDMUTEX_LATCH_ROLE";
 const URL: &str = "REDMUTEX_LATCH_URL";
 const PREFIX: &str = "latch:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 const NAME: &str = "jobs";
 /// Waiters wake within this of the count-down that opened the latch.
 const WAKE_BOUND: Duration = Duration::from_millis(500);
-fn client(url: &str) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .build()
-        .expect("build client")
-}
-
 fn key(name: &str) -> String {
     format!("{PREFIX}!latch:{{{name}}}")
 }
@@ -47,7 +42,7 @@ fn latch_entry() {
     let (Ok(role), Ok(url)) = (std::env::var(ROLE), std::env::var(URL)) else {
         return;
     };
-    let c = client(&url);
+    let c = CLIENTS.at(&url);
     match role.as_str() {
         "waiter" => {
             let threads: Vec<_> = (0..2)
@@ -86,7 +81,7 @@ fn spawn(role: &str, server: &RedisServer) -> ChildProc {
 #[test]
 fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch(NAME);
     assert!(latch.try_set_count(3, Duration::from_secs(60)).unwrap());
     let waiters: Vec<ChildProc> = (0..2).map(|_| spawn("waiter", &server)).collect();
@@ -157,7 +152,7 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 #[test]
 fn setting_and_counting() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch("basics");
     assert_eq!(latch.count().unwrap(), 0, "never set: open");
     assert_eq!(
@@ -226,7 +221,7 @@ fn setting_and_counting() {
 #[test]
 fn an_expired_latch_opens() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch("expiring");
     assert!(latch.try_set_count(5, Duration::from_millis(400)).unwrap());
     let waiter = c.count_down_latch("expiring");
@@ -249,7 +244,7 @@ fn an_expired_latch_opens() {
 #[test]
 fn bad_input_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch("bad");
     for (count, expiry) in [
         (0, Duration::from_secs(1)),
@@ -318,7 +313,7 @@ fn bad_input_changes_nothing() {
 fn a_count_down_whose_reply_is_lost_counts_once() {
     let server = RedisServer::new();
     let proxy = support::FaultProxy::new(server.port());
-    let c = client(&proxy.url());
+    let c = CLIENTS.at(&proxy.url());
     let latch = c.count_down_latch("lost");
     assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
     // Loaded already (by the set), so the fault hits the real call, not a load round.
@@ -336,7 +331,7 @@ fn a_count_down_whose_reply_is_lost_counts_once() {
 #[test]
 fn large_counts_are_exact() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let two_53 = 1u64 << 53;
     for (i, count) in [
         i64::MAX as u64,
@@ -383,7 +378,7 @@ fn large_counts_are_exact() {
 fn a_set_whose_reply_is_lost_answers_that_it_set() {
     let server = RedisServer::new();
     let proxy = support::FaultProxy::new(server.port());
-    let c = client(&proxy.url());
+    let c = CLIENTS.at(&proxy.url());
     let latch = c.count_down_latch("lost-set");
     let sha = support::function_name(&server.url(), "latch_set");
     proxy.lose_next_reply_to(&sha);
@@ -401,7 +396,9 @@ fn a_set_whose_reply_is_lost_answers_that_it_set() {
     proxy.lose_next_reply_to(&sha);
     let setter = c.count_down_latch("lost-set-opened");
     let call = thread::spawn(move || setter.try_set_count(1, Duration::from_secs(30)));
-    let direct = client(&server.url()).count_down_latch("lost-set-opened");
+    let direct = CLIENTS
+        .at(&server.url())
+        .count_down_latch("lost-set-opened");
     assert!(wait_until(Duration::from_secs(10), || direct
         .count()
         .unwrap()

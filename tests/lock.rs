@@ -11,9 +11,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, ClientBuilder, Error, Lock};
+use support::clients::Clients;
 use support::{free_port, wait_until, RedisServer};
 
 /// The key of a lock named `name` (plain names, default prefix).
+/// Clients whose command timeout is half their watchdog's, as it must be shorter.
+fn with_watchdog(timeout: Duration) -> Clients {
+    Clients::DEFAULT.watchdog(timeout).command(timeout / 2)
+}
+
 fn key_of(name: &str) -> Vec<u8> {
     format!("redmutex:{{{name}}}").into_bytes()
 }
@@ -26,16 +32,6 @@ fn channel_of(name: &str) -> Vec<u8> {
 
 fn open(server: &RedisServer) -> Client {
     Client::open(server.url()).expect("build client")
-}
-
-fn client_with_watchdog(server: &RedisServer, timeout: Duration) -> Client {
-    Client::builder()
-        .url(server.url())
-        .watchdog_timeout(timeout)
-        // The command timeout must be shorter than the watchdog's.
-        .command_timeout(timeout / 2)
-        .build()
-        .expect("build client")
 }
 
 fn exists(con: &mut redis::Connection, key: &[u8]) -> bool {
@@ -382,7 +378,7 @@ fn watchdog_keeps_a_lock_past_three_timeouts() {
     const TIMEOUT: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = client_with_watchdog(&server, TIMEOUT);
+    let client = with_watchdog(TIMEOUT).at(&server);
     let lock = client.lock("kept");
     let key = key_of("kept");
 
@@ -418,7 +414,7 @@ fn watchdog_reports_a_lost_lease() {
     const TIMEOUT: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = client_with_watchdog(&server, TIMEOUT);
+    let client = with_watchdog(TIMEOUT).at(&server);
     let lock = client.lock("lost");
 
     let guard = lock.lock().unwrap();
@@ -891,7 +887,7 @@ fn nested_fixed_and_watchdog_leases_restore_each_other() {
     const WATCHDOG: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = client_with_watchdog(&server, WATCHDOG);
+    let client = with_watchdog(WATCHDOG).at(&server);
     let lock = client.lock("mixed");
     let key = key_of("mixed");
 

@@ -10,20 +10,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, MultiLock};
+use support::clients::Clients;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "multi:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(5))
+    .command(Duration::from_secs(2));
 const ROUNDS: usize = 30;
 const THREADS: usize = 10;
-
-fn client(server: &RedisServer) -> Client {
-    support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_secs(5),
-        Duration::from_secs(2),
-    )
-}
 
 fn key(name: &str) -> String {
     format!("{PREFIX}{{{name}}}")
@@ -80,7 +76,7 @@ fn assert_one_winner_each_round(what: &str, winners: &[usize]) {
 #[test]
 fn try_lock_on_free_locks_of_one_shared_client_has_exactly_one_winner() {
     let server = RedisServer::new();
-    let c = client(&server);
+    let c = CLIENTS.at(&server);
     let winners = race(|_, round| {
         MultiLock::new((0..3).map(|i| c.lock(format!("shared-{round}-{i}")))).unwrap()
     });
@@ -98,7 +94,7 @@ fn try_lock_on_free_locks_of_one_shared_client_has_exactly_one_winner() {
 fn try_lock_on_free_locks_of_one_server_with_new_clients_has_exactly_one_winner() {
     let server = RedisServer::new();
     let winners = race(|_, round| {
-        let c = client(&server);
+        let c = CLIENTS.at(&server);
         MultiLock::new((0..3).map(|i| c.lock(format!("own-{round}-{i}")))).unwrap()
     });
     assert_one_winner_each_round("new clients", &winners);
@@ -113,7 +109,7 @@ fn connected_sets(servers: &[RedisServer]) -> Vec<Vec<Client>> {
             servers
                 .iter()
                 .map(|s| {
-                    let c = client(s);
+                    let c = CLIENTS.at(s);
                     c.lock("warm-up").is_locked().expect("warm-up");
                     c
                 })
@@ -164,7 +160,7 @@ fn red_lock_try_lock_on_free_masters_has_exactly_one_winner() {
 #[test]
 fn a_release_reaches_a_master_whose_call_just_timed_out() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let cs: Vec<Client> = servers.iter().map(client).collect();
+    let cs: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
     // A short bound for the call that times out; a long one for the release, which may
     // need a new connection to the master just thawed on a busy machine.
     let short = Duration::from_millis(150);
@@ -213,8 +209,8 @@ fn a_release_reaches_a_master_whose_call_just_timed_out() {
 #[test]
 fn a_waiter_leaves_the_queue_of_a_master_whose_call_just_timed_out() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let holders: Vec<Client> = servers.iter().map(client).collect();
-    let waiters: Vec<Client> = servers.iter().map(client).collect();
+    let holders: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
+    let waiters: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
     let make = |cs: &[Client], name: &str, timeout: u64| {
         MultiLock::red_lock(cs.iter().map(|c| c.lock(name)))
             .unwrap()
@@ -848,7 +844,7 @@ fn pause(server: &RedisServer, ms: u64) {
 #[test]
 fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
     let server = RedisServer::new();
-    let c = client(&server);
+    let c = CLIENTS.at(&server);
     let lock = MultiLock::new([c.lock("too-long")]).unwrap();
     // Warm: scripts loaded, a connection pooled.
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
@@ -924,7 +920,7 @@ fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
 #[test]
 fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let cs: Vec<Client> = servers.iter().map(client).collect();
+    let cs: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
     let lock = MultiLock::red_lock(cs.iter().map(|c| c.lock("too-long-red"))).unwrap();
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
     for s in &servers {
@@ -967,7 +963,7 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
 #[test]
 fn a_lock_granted_after_its_lease_is_not_said_held() {
     let server = RedisServer::new();
-    let c = client(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("too-long-plain");
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
     pause(&server, 150);

@@ -15,7 +15,12 @@ use redmutex::{
     CancelToken, Client, Error, Fair, Fenced, LossReason, LostLease, OwnedGuard, Plain, Read,
     Upgradeable, Write,
 };
+use support::clients::Clients;
 use support::RedisServer;
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(500));
 
 /// The margin on time bounds: generous for a loaded 2-core machine, small beside the
 /// leases (1.5 s).
@@ -23,10 +28,6 @@ const MARGIN: Duration = Duration::from_millis(400);
 const WATCHDOG: Duration = Duration::from_millis(1500);
 /// How long setup steps may take.
 const SETUP: Duration = Duration::from_secs(5);
-
-fn client(url: &str, prefix: &str) -> Client {
-    support::client(url, prefix, WATCHDOG, Duration::from_millis(500))
-}
 
 fn key(prefix: &str, name: &str) -> String {
     format!("{prefix}{{{name}}}")
@@ -71,7 +72,10 @@ fn owned_guards_of_every_kind_are_send_sync_and_static() {
 fn an_owned_guard_moved_to_another_thread_is_released_there() {
     let server = RedisServer::new();
     let prefix = "owned:moved:";
-    let (a, b) = (client(&server.url(), prefix), client(&server.url(), prefix));
+    let (a, b) = (
+        CLIENTS.prefix(prefix).at(&server.url()),
+        CLIENTS.prefix(prefix).at(&server.url()),
+    );
     for kind in ["plain", "fair", "fenced"] {
         let name = format!("job:{kind}");
         let guard_thread = match kind {
@@ -107,7 +111,10 @@ fn an_owned_guard_moved_to_another_thread_is_released_there() {
 fn an_owned_guard_dropped_on_another_thread_releases_it() {
     let server = RedisServer::new();
     let prefix = "owned:dropped:";
-    let (a, b) = (client(&server.url(), prefix), client(&server.url(), prefix));
+    let (a, b) = (
+        CLIENTS.prefix(prefix).at(&server.url()),
+        CLIENTS.prefix(prefix).at(&server.url()),
+    );
     let guard = a.lock("job").lock_owned().unwrap();
     assert!(exists(&server, &key(prefix, "job")));
     assert!(
@@ -142,7 +149,7 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
         })
         .build()
         .unwrap();
-    let b = client(&server.url(), prefix);
+    let b = CLIENTS.prefix(prefix).at(&server.url());
     let guard = a.lock("job").lock_owned().unwrap();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(0);
     let holder = thread::spawn(move || {
@@ -184,8 +191,8 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
 fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
     let server = RedisServer::new();
     let prefix = "owned:renewed:";
-    let a = client(&server.url(), prefix);
-    let b = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
+    let b = CLIENTS.prefix(prefix).at(&server.url());
     let guard = a.lock("job").lock_owned().unwrap();
     let acquired = Instant::now();
     let lost = guard.lost();
@@ -217,7 +224,7 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
 fn owned_holds_are_not_reentrant_either_way() {
     let server = RedisServer::new();
     let prefix = "owned:reentry:";
-    let a = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
     let lock = a.lock("job");
 
     // A thread hold, then an owned acquisition by the same thread: refused, it waits.
@@ -267,7 +274,7 @@ fn owned_holds_are_not_reentrant_either_way() {
 #[test]
 fn owned_read_holds_share_and_exclude_writers() {
     let server = RedisServer::new();
-    let a = client(&server.url(), "owned:rw:");
+    let a = CLIENTS.prefix("owned:rw:").at(&server.url());
     let rw = a.read_write_lock("doc");
     let r1 = rw.read().lock_owned().unwrap();
     let r2 = rw.read().try_lock_owned().unwrap().expect("readers share");
@@ -292,7 +299,7 @@ fn owned_read_holds_share_and_exclude_writers() {
 fn a_blocked_owned_acquisition_is_cancelled() {
     let server = RedisServer::new();
     let prefix = "owned:cancel:";
-    let a = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
     let lock = a.lock("job");
     let held = lock.lock().unwrap();
     let token = CancelToken::new();
@@ -326,7 +333,7 @@ fn a_blocked_owned_acquisition_is_cancelled() {
 #[test]
 fn an_owned_fixed_lease_runs_out_and_extends() {
     let server = RedisServer::new();
-    let a = client(&server.url(), "owned:lease:");
+    let a = CLIENTS.prefix("owned:lease:").at(&server.url());
     let lease = Duration::from_millis(1000);
     let guard = a.lock("job").lock_owned_with_lease(lease).unwrap();
     let acquired = Instant::now();
@@ -367,7 +374,7 @@ fn an_owned_fixed_lease_runs_out_and_extends() {
 fn a_thread_pool_passing_owned_holds_never_lets_two_jobs_in() {
     let server = RedisServer::new();
     let prefix = "owned:pool:";
-    let a = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
     let lock = a.fenced_lock("shared");
     let inside = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
@@ -426,7 +433,10 @@ fn a_thread_pool_passing_owned_holds_never_lets_two_jobs_in() {
 fn an_owned_waiter_of_a_fair_lock_is_handed_it_in_turn() {
     let server = RedisServer::new();
     let prefix = "owned:fair:";
-    let (a, b) = (client(&server.url(), prefix), client(&server.url(), prefix));
+    let (a, b) = (
+        CLIENTS.prefix(prefix).at(&server.url()),
+        CLIENTS.prefix(prefix).at(&server.url()),
+    );
     let held = a.fair_lock("job").lock().unwrap();
     let (order_tx, order) = crossbeam_channel::unbounded();
     let first = {

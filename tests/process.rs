@@ -8,13 +8,21 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::Error;
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::RedisServer;
 
 const ROLE: &str = "REDMUTEX_TEST_CHILD_ROLE";
 const URL: &str = "REDMUTEX_TEST_CHILD_URL";
 const PREFIX: &str = "redmutex-test:";
+
+/// Clients of `watchdog` whose commands time out within half of it (at most 3 s).
+fn with_watchdog(watchdog: Duration) -> Clients {
+    Clients::new(PREFIX)
+        .watchdog(watchdog)
+        .command(watchdog.min(Duration::from_secs(6)) / 2)
+}
 
 const WORKERS: usize = 4;
 const THREADS: usize = 4;
@@ -39,18 +47,8 @@ fn child_entry() {
     }
 }
 
-fn client(url: &str, watchdog: Duration) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(watchdog)
-        .command_timeout(watchdog.min(Duration::from_secs(6)) / 2)
-        .build()
-        .expect("build client")
-}
-
 fn counter_worker(url: &str) {
-    let client = client(url, Duration::from_secs(30));
+    let client = with_watchdog(Duration::from_secs(30)).at(url);
     let threads: Vec<_> = (0..THREADS)
         .map(|_| {
             let client = client.clone();
@@ -88,7 +86,7 @@ fn counter_worker(url: &str) {
 }
 
 fn crash_holder(url: &str) {
-    let client = client(url, Duration::from_secs(1));
+    let client = with_watchdog(Duration::from_secs(1)).at(url);
     let _guard = client.lock("crash").lock().expect("lock");
     say("held");
     // Killed here by the parent, guard and all.
@@ -98,7 +96,7 @@ fn crash_holder(url: &str) {
 }
 
 fn nested_holder(url: &str) {
-    let client = client(url, Duration::from_secs(30));
+    let client = with_watchdog(Duration::from_secs(30)).at(url);
     let lock = client.lock("nested");
     let outer = lock.lock().expect("outer lock");
     let inner = lock.lock().expect("re-entry");
@@ -112,7 +110,7 @@ fn nested_holder(url: &str) {
 }
 
 fn fenced_holder(url: &str) {
-    let client = client(url, Duration::from_millis(600));
+    let client = with_watchdog(Duration::from_millis(600)).at(url);
     let guard = client.fenced_lock("fenced").lock().expect("lock");
     say(&format!("token {}", guard.token()));
     let mut line = String::new();
@@ -197,7 +195,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
     let mut holder = spawn("crash-holder", &server);
     holder.expect("held");
 
-    let waiter_client = client(&server.url(), WATCHDOG);
+    let waiter_client = with_watchdog(WATCHDOG).at(&server.url());
     let (tx, acquired) = mpsc::channel();
     let lock = waiter_client.lock("crash");
     let waiter = thread::spawn(move || {
@@ -265,7 +263,7 @@ fn ownership_is_visible_across_processes() {
     let mut holder = spawn("nested-holder", &server);
     holder.expect("held");
 
-    let client = client(&server.url(), Duration::from_secs(30));
+    let client = with_watchdog(Duration::from_secs(30)).at(&server.url());
     let lock = client.lock("nested");
     assert!(lock.is_locked().unwrap());
     assert!(!lock.is_held_by_current_thread().unwrap());
@@ -313,7 +311,7 @@ fn fencing_tokens_stop_a_paused_holder_from_writing() {
         "the paused holder's lease never ran out"
     );
 
-    let b_client = client(&server.url(), Duration::from_secs(30));
+    let b_client = with_watchdog(Duration::from_secs(30)).at(&server.url());
     let b = b_client
         .fenced_lock("fenced")
         .lock()

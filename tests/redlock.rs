@@ -10,21 +10,18 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::RedisServer;
 
 const PREFIX: &str = "redlock:";
+
+const CLIENTS: Clients = Clients::new(PREFIX).command(Duration::from_millis(500));
 const ROLE: &str = "REDMUTEX_REDLOCK_CHILD_ROLE";
 const URLS: &str = "REDMUTEX_REDLOCK_CHILD_URLS";
 const WITNESS: &str = "REDMUTEX_REDLOCK_CHILD_WITNESS";
 
 fn masters(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::new()).collect()
-}
-
-fn clients(urls: &[String], watchdog: Duration) -> Vec<Client> {
-    urls.iter()
-        .map(|url| support::client(url, PREFIX, watchdog, Duration::from_millis(500)))
-        .collect()
 }
 
 fn urls(servers: &[RedisServer]) -> Vec<String> {
@@ -75,8 +72,8 @@ fn holder_on(client: &Client, name: &str, server: &RedisServer) -> String {
 fn a_red_lock_is_held_on_every_master_exclusive_and_reentrant() {
     let servers = masters(5);
     let urls = urls(&servers);
-    let mine = clients(&urls, Duration::from_secs(5));
-    let theirs = clients(&urls, Duration::from_secs(5));
+    let mine = CLIENTS.watchdog(Duration::from_secs(5)).each_at(&urls);
+    let theirs = CLIENTS.watchdog(Duration::from_secs(5)).each_at(&urls);
     let lock = red_lock(&mine, "basic");
     let other = red_lock(&theirs, "basic");
     assert_eq!(lock.quorum(), 3);
@@ -134,7 +131,7 @@ fn with_two_masters_killed_locks_are_still_acquired_and_exclusive() {
             let urls = urls.clone();
             let (inside, overlaps, acquired) = (inside.clone(), overlaps.clone(), acquired.clone());
             thread::spawn(move || {
-                let cs = clients(&urls, Duration::from_secs(3));
+                let cs = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
                 let lock = red_lock(&cs, "two-down");
                 for _ in 0..6 {
                     let guard = lock.lock().unwrap_or_else(|e| panic!("worker {w}: {e}"));
@@ -169,7 +166,7 @@ fn with_two_masters_killed_locks_are_still_acquired_and_exclusive() {
 fn with_three_masters_killed_acquisition_fails_at_its_deadline_with_no_quorum() {
     let mut servers = masters(5);
     let urls = urls(&servers);
-    let cs = clients(&urls, Duration::from_secs(3));
+    let cs = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let lock = red_lock(&cs, "three-down");
     // Warm pools: the live masters answer from pooled connections.
     lock.lock().expect("lock").unlock().expect("unlock");
@@ -220,8 +217,8 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
     const WATCHDOG: Duration = Duration::from_millis(900);
     let mut servers = masters(5);
     let urls = urls(&servers);
-    let cs = clients(&urls, WATCHDOG);
-    let others = clients(&urls, WATCHDOG);
+    let cs = CLIENTS.watchdog(WATCHDOG).each_at(&urls);
+    let others = CLIENTS.watchdog(WATCHDOG).each_at(&urls);
     let lock = red_lock(&cs, "renewed");
     let guard = lock.lock().expect("lock");
     // Time is the subject: three leases pass.
@@ -260,8 +257,8 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
 fn a_waiter_sleeps_without_commands_and_wakes_on_release() {
     let servers = masters(5);
     let urls = urls(&servers);
-    let holder_clients = clients(&urls, Duration::from_secs(3));
-    let waiter_clients = clients(&urls, Duration::from_secs(3));
+    let holder_clients = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
+    let waiter_clients = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let held = red_lock(&holder_clients, "wake")
         .lock_with_lease(Duration::from_secs(20))
         .expect("hold");
@@ -355,7 +352,7 @@ fn a_multi_lock_takes_all_of_its_locks_or_none() {
 fn bad_input_is_refused_with_typed_errors() {
     let servers = masters(3);
     let urls = urls(&servers);
-    let cs = clients(&urls, Duration::from_secs(3));
+    let cs = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let invalid = |r: Result<MultiLock, Error>| matches!(r, Err(Error::InvalidArgument(_)));
     assert!(invalid(MultiLock::new(Vec::new())));
     assert!(invalid(MultiLock::red_lock([
@@ -408,7 +405,7 @@ fn contenders_on_five_masters_take_turns_without_overlap() {
     let overlaps = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let sets: Vec<Vec<Client>> = (0..3)
-        .map(|_| clients(&urls, Duration::from_secs(3)))
+        .map(|_| CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls))
         .collect();
     thread::scope(|scope| {
         for w in 0..6 {
@@ -521,7 +518,7 @@ fn contender() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let cs = clients(&urls, Duration::from_secs(1));
+    let cs = CLIENTS.watchdog(Duration::from_secs(1)).each_at(&urls);
     let lock = red_lock(&cs, "frozen");
     let stop = Arc::new(AtomicBool::new(false));
     {

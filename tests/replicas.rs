@@ -6,7 +6,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
+use support::clients::{build, Clients};
 use support::RedisServer;
+
+const CLIENTS: Clients =
+    Clients::new("replicas:").command(SYNC_WAIT.saturating_add(Duration::from_secs(2)));
 
 /// A primary that starts a replica's sync at once instead of waiting 5 s for others.
 fn primary() -> RedisServer {
@@ -43,22 +47,12 @@ fn synced_replica(primary: &RedisServer) -> RedisServer {
 /// for a whole second (`NotReplicated { acked: 0 }` with the replica up).
 const SYNC_WAIT: Duration = Duration::from_secs(3);
 
-fn client(primary: &RedisServer, replicas: u32) -> Client {
-    Client::builder()
-        .url(primary.url())
-        .key_prefix("replicas:")
-        .sync_replicas(replicas, SYNC_WAIT)
-        .command_timeout(SYNC_WAIT + Duration::from_secs(2))
-        .build()
-        .expect("build client")
-}
-
 #[test]
 fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
     let primary = primary();
     let mut replica = synced_replica(&primary);
 
-    let c = client(&primary, 1);
+    let c = build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT));
     let lock = c.lock("replicated");
     let guard = lock.lock().expect("lock with a replica up");
     let nested = lock.lock().expect("re-entry with a replica up");
@@ -120,7 +114,7 @@ fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
 fn a_release_the_replicas_miss_is_reported() {
     let primary = primary();
     let mut replica = synced_replica(&primary);
-    let c = client(&primary, 1);
+    let c = build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT));
     let guard = c.lock("release").lock().expect("lock");
     replica.kill();
     assert!(matches!(
@@ -154,7 +148,10 @@ fn bad_sync_settings_are_refused() {
 fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
     let primary = primary();
     let replica = synced_replica(&primary);
-    let (holder, waiter) = (client(&primary, 1), client(&primary, 1));
+    let (holder, waiter) = (
+        build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT)),
+        build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT)),
+    );
     for (name, lease) in [("handed-watchdog", None), ("handed-fixed", Some(5_000))] {
         let key = format!("replicas:{{{name}}}");
         let queue = format!("replicas:!queue:{{{name}}}");

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, Kind, Lock};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_RW_ROLE";
@@ -28,6 +29,8 @@ const URL: &str = "REDMUTEX_RW_URL";
 const NAME: &str = "REDMUTEX_RW_NAME";
 const WATCHDOG_MS: &str = "REDMUTEX_RW_WATCHDOG_MS";
 const PREFIX: &str = "rwt:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
 /// The fixed lease of the streaming readers. Equal to the 1 s pickup window, so a read
@@ -126,11 +129,6 @@ fn waiters_key(name: &str) -> String {
 
 fn witness_key(name: &str) -> String {
     format!("witness:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration) -> Client {
-    let command = (watchdog / 3).min(Duration::from_secs(2));
-    support::client(url, PREFIX, watchdog, command)
 }
 
 /// One witness call: (readers inside, writers inside, violations so far).
@@ -298,7 +296,7 @@ fn holder_process(url: &str, name: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(Duration::from_secs(10), Duration::from_millis);
-    let client = client(url, watchdog);
+    let client = CLIENTS.scaled(watchdog).at(url);
     say(&format!("ready {}", client.id()));
     let mut threads = HashMap::new();
     for line in std::io::stdin().lock().lines() {
@@ -424,7 +422,7 @@ struct StreamStats {
 /// Takes read holds of `name` back to back until `stop`, each `READ_SECTION` long, on a
 /// client of its own (the witness tells its hold by its client id).
 fn stream_reader(url: &str, name: &str, stop: &AtomicBool) -> StreamStats {
-    let client = client(url, Duration::from_secs(10));
+    let client = CLIENTS.scaled(Duration::from_secs(10)).at(url);
     let read = client.read_write_lock(name).read();
     let mut con = connect(url);
     let mut stats = StreamStats::default();
@@ -594,7 +592,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let c = client(&url, Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let rw = c.read_write_lock(LOCK);
     let (mut other, other_id) = spawn_holder(&url, LOCK, 10_000);
 
@@ -698,7 +696,7 @@ fn a_writer_that_also_reads_may_reenter_the_write_side() {
     const LOCK: &str = "reenter";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let w = rw.write().lock().unwrap();
     let r = rw.read().lock().unwrap();
@@ -730,7 +728,7 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
     const LOCK: &str = "upgrade";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let outer = rw.read().lock().unwrap();
     let before = (holds(&mut con, LOCK), leases(&mut con, LOCK));
@@ -843,7 +841,7 @@ fn a_writer_behind_a_stream_of_readers_gets_in_within_a_bound() {
         })
         .collect();
 
-    let c = client(&url, Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let write = c.read_write_lock(LOCK).write();
     let mut waits = Vec::new();
     let mut inside_when_asked = Vec::new();
@@ -941,7 +939,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     let dead = field_of(&mut con, LOCK, "r", &id1).expect("the first reader's hold");
     let survivor = field_of(&mut con, LOCK, "r", &id2).expect("the second reader's hold");
 
-    let c = client(&url, Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let write = c.read_write_lock(LOCK).write();
     let (tx, got) = mpsc::channel();
     let writer = thread::spawn(move || {
@@ -1043,8 +1041,8 @@ fn a_fixed_read_lease_that_ends_is_lost() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let reader = client(&url, Duration::from_secs(10));
-    let writer = client(&url, Duration::from_secs(10));
+    let reader = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
+    let writer = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let taken = Instant::now();
     let g = reader
         .read_write_lock(LOCK)
@@ -1093,8 +1091,8 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let a = client(&url, WATCHDOG);
-    let b = client(&url, WATCHDOG);
+    let a = CLIENTS.scaled(WATCHDOG).at(&url);
+    let b = CLIENTS.scaled(WATCHDOG).at(&url);
     let ga = a.read_write_lock(LOCK).read().lock().unwrap();
     let (tx, rx) = mpsc::channel();
     let (go, next) = mpsc::channel::<&str>();
@@ -1190,7 +1188,7 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
     let c = through(&proxy);
-    let other = client(&server.url(), Duration::from_secs(10));
+    let other = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let acquire = rw_acquire_call(&server);
     let release = rw_release_call(&server);
@@ -1292,7 +1290,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
     let c = through(&proxy);
-    let holder = client(&server.url(), Duration::from_secs(10));
+    let holder = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     // The reader's client listens on the lock already (it waited a moment ago), so its
     // next read queues with its very first attempt: the one whose reply is lost.
     let w = holder.read_write_lock(LOCK).write().lock().unwrap();
@@ -1345,7 +1343,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
 fn bad_input_gives_typed_errors_and_changes_nothing() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(30));
+    let c = CLIENTS.scaled(Duration::from_secs(30)).at(&server.url());
     let empty = c.read_write_lock("");
     let (r, w) = (empty.read(), empty.write());
     let name_errors = [
@@ -1407,7 +1405,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
     assert_eq!(dbsize, 0, "bad input wrote something");
 
     // A force-unlocked read guard whose lock another reader holds now.
-    let other = client(&server.url(), Duration::from_secs(30));
+    let other = CLIENTS.scaled(Duration::from_secs(30)).at(&server.url());
     let ga = rw.read().lock().unwrap();
     assert!(other.read_write_lock("bad").read().force_unlock().unwrap());
     let rw_o = other.read_write_lock("bad");
@@ -1453,8 +1451,8 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let reader = client(&url, Duration::from_secs(30));
-    let writer = client(&url, Duration::from_secs(30));
+    let reader = CLIENTS.scaled(Duration::from_secs(30)).at(&url);
+    let writer = CLIENTS.scaled(Duration::from_secs(30)).at(&url);
     // The scripts are loaded first, so the release below is one FCALL, not a load round.
     let warm = reader.read_write_lock("warm-up");
     warm.read().lock().unwrap().unlock().unwrap();
@@ -1599,7 +1597,7 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
     const LEASE: Duration = Duration::from_secs(1);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(3));
+    let c = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let taken = Instant::now();
     let read = rw
@@ -1647,7 +1645,7 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     const LOCK: &str = "cancel-miscounted";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(3));
+    let c = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let outer = rw.read().lock().unwrap();
     let inner = rw.read().lock().unwrap();
@@ -1689,7 +1687,7 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
         holds(&mut con, LOCK).get(&field).map(String::as_str),
         Some("1")
     );
-    let other = client(&server.url(), Duration::from_secs(3));
+    let other = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     // A pooled connection first: a single try has no time to connect on a busy machine.
     assert!(other.read_write_lock(LOCK).read().is_locked().unwrap());
     assert!(other

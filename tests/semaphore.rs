@@ -17,11 +17,14 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, Permit, Semaphore};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_SEM_ROLE";
 const URL: &str = "REDMUTEX_SEM_URL";
 const PREFIX: &str = "sem:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 /// A watchdog long enough that no renewal round falls inside a test's measurements.
 const LONG: Duration = Duration::from_secs(30);
 
@@ -47,16 +50,6 @@ fn renew_call(server: &RedisServer) -> String {
 /// their permits: the windows measured below then hold no load round.
 fn load_renew(server: &RedisServer) {
     renew_call(server);
-}
-
-/// A client whose leases last `watchdog`; commands time out well within it.
-fn client(url: &str, watchdog: Duration) -> Client {
-    support::client(
-        url,
-        PREFIX,
-        watchdog,
-        (watchdog / 3).min(Duration::from_secs(2)),
-    )
 }
 
 /// The holds hash of semaphore `name`.
@@ -283,7 +276,7 @@ fn semaphore_entry() {
     match role.as_str() {
         "worker" => worker(&url),
         "holder" => {
-            let c = client(&url, CRASH_WATCHDOG);
+            let c = CLIENTS.scaled(CRASH_WATCHDOG).at(&url);
             let permit = c.semaphore(CRASH, 3).acquire_many(2).expect("acquire 2");
             say(&format!("held {}", c.id()));
             // Until killed (or the parent is gone).
@@ -295,7 +288,7 @@ fn semaphore_entry() {
 }
 
 fn worker(url: &str) {
-    let client = client(url, CHAOS_WATCHDOG);
+    let client = CLIENTS.scaled(CHAOS_WATCHDOG).at(url);
     let stop = Arc::new(AtomicBool::new(false));
     let report = Arc::new(AtomicBool::new(false));
     {
@@ -515,7 +508,10 @@ fn never_more_than_n_permits_in_use_across_processes_with_one_killed() {
         w.wait_success();
     }
     assert_eq!(get("inuse"), 0, "sections left open");
-    let sem = client(&server.url(), LONG).semaphore(POOL, POOL_PERMITS);
+    let sem = CLIENTS
+        .scaled(LONG)
+        .at(&server.url())
+        .semaphore(POOL, POOL_PERMITS);
     assert_eq!(sem.available_permits().unwrap(), POOL_PERMITS);
     assert!(queue(&server, POOL).is_empty());
     assert!(!exists(&server, &key(POOL)), "holds left behind");
@@ -547,12 +543,14 @@ fn lease_left(server: &RedisServer, name: &str, holder: &str) -> Duration {
 #[test]
 fn permits_of_a_killed_holder_return_when_its_lease_ends() {
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     let sem = c.semaphore(CRASH, 3);
     let mut child = spawn("holder", &server);
     let line = child.next_line();
     let dead_id = line.strip_prefix("held ").expect("held").to_owned();
-    let bystander = client(&server.url(), LONG)
+    let bystander = CLIENTS
+        .scaled(LONG)
+        .at(&server.url())
         .semaphore(CRASH, 3)
         .acquire()
         .unwrap();
@@ -638,9 +636,9 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
     const NAME: &str = "gate";
     let server = RedisServer::new();
     let (holder, waiters, operator) = (
-        client(&server.url(), LONG),
-        client(&server.url(), LONG),
-        client(&server.url(), LONG),
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
     );
     let first = holder.semaphore(NAME, 1).acquire().unwrap();
     let sem = waiters.semaphore(NAME, 1);
@@ -746,7 +744,10 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
 fn waiters_get_permits_in_queue_order() {
     const NAME: &str = "line";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
     let mut holders: Vec<Permit> = (0..3).map(|_| sa.acquire().unwrap()).collect();
     let (got_tx, got) = mpsc::channel();
@@ -798,7 +799,10 @@ fn waiters_get_permits_in_queue_order() {
 fn a_large_request_at_the_head_is_not_passed_by_smaller_ones() {
     const NAME: &str = "strict";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
     let two = sa.acquire_many(2).unwrap();
     let one = sa.acquire().unwrap();
@@ -842,7 +846,10 @@ fn a_large_request_at_the_head_is_not_passed_by_smaller_ones() {
 fn a_release_admits_every_head_waiter_it_covers_at_once() {
     const NAME: &str = "batch";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 4), b.semaphore(NAME, 4));
     // Loads the release script, so the window below holds the release and nothing else.
     sa.acquire().unwrap().release().unwrap();
@@ -930,7 +937,7 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     fn is_send<T: Send>() {}
     is_send::<Permit>();
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     let sem = c.semaphore(NAME, 3);
 
     let p = sem.acquire_many(2).unwrap();
@@ -988,7 +995,10 @@ fn a_release_after_the_lease_ended_is_refused() {
     const NAME: &str = "lost";
     const WATCHDOG: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
-    let (watched, slow) = (client(&server.url(), WATCHDOG), client(&server.url(), LONG));
+    let (watched, slow) = (
+        CLIENTS.scaled(WATCHDOG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sw, ss) = (watched.semaphore(NAME, 4), slow.semaphore(NAME, 4));
     let lost = sw.acquire_many(2).unwrap();
     let lost_id = holders_of(&server, NAME, watched.id());
@@ -1041,7 +1051,7 @@ fn operators_change_the_stored_number_of_permits() {
     const NAME: &str = "ops";
     const WATCHDOG: Duration = Duration::from_secs(5);
     let server = RedisServer::new();
-    let c = client(&server.url(), WATCHDOG);
+    let c = CLIENTS.scaled(WATCHDOG).at(&server.url());
     let sem = c.semaphore(NAME, 3);
     assert!(
         !exists(&server, &aux("permits", NAME)),
@@ -1053,14 +1063,17 @@ fn operators_change_the_stored_number_of_permits() {
         -1,
         "the number never expires"
     );
-    let other = client(&server.url(), LONG).semaphore(NAME, 10);
+    let other = CLIENTS.scaled(LONG).at(&server.url()).semaphore(NAME, 10);
     assert_eq!(
         other.permits().unwrap(),
         3,
         "the stored number counts, not the handle's"
     );
     assert_eq!(other.available_permits().unwrap(), 3);
-    let fresh = client(&server.url(), LONG).semaphore("ops-other", 10);
+    let fresh = CLIENTS
+        .scaled(LONG)
+        .at(&server.url())
+        .semaphore("ops-other", 10);
     let p = fresh.acquire().unwrap();
     assert_eq!(
         fresh.available_permits().unwrap(),
@@ -1174,7 +1187,7 @@ fn dbsize(server: &RedisServer) -> i64 {
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     for (op, r) in every_op(&c.semaphore("zero", 0)) {
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{op}: {r:?}");
     }
@@ -1330,7 +1343,7 @@ fn lost_replies_take_and_free_permits_once() {
     let proxy = FaultProxy::new(server.port());
     let c = through(&proxy, LONG);
     let sem = c.semaphore(NAME, 4);
-    let other = client(&server.url(), LONG).semaphore(NAME, 4);
+    let other = CLIENTS.scaled(LONG).at(&server.url()).semaphore(NAME, 4);
     let bystander = other.acquire().unwrap();
 
     proxy.lose_next_reply_to(&acquire_call(&server));
@@ -1386,7 +1399,7 @@ fn permits_granted_to_an_acquisition_that_timed_out_are_given_back() {
     let c = through(&proxy, WATCHDOG);
     let sem = c.semaphore(NAME, 3);
     assert_eq!(sem.permits().unwrap(), 3);
-    let watcher = client(&server.url(), LONG).semaphore(NAME, 3);
+    let watcher = CLIENTS.scaled(LONG).at(&server.url()).semaphore(NAME, 3);
 
     // Reaches Redis 450 ms late: after a try_acquire gave up (250 ms), before the
     // clean-up's second round.
@@ -1438,7 +1451,10 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
     const NAME: &str = "timed";
     const WAIT: Duration = Duration::from_millis(300);
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 2), b.semaphore(NAME, 2));
     // The admitted waiter's confirmation below is then one round trip, not a NOSCRIPT round.
     load_renew(&server);
@@ -1519,7 +1535,7 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
 fn a_request_for_more_permits_than_there_are_fails_at_once() {
     const NAME: &str = "oversized";
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     let sem = c.semaphore(NAME, 2);
     let (tx, rx) = mpsc::channel();
     let asking = sem.clone();
@@ -1564,7 +1580,10 @@ fn a_request_for_more_permits_than_there_are_fails_at_once() {
 fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
     const NAME: &str = "shrunk";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
     let held = sa.acquire_many(2).unwrap();
     // The big one waits for 2 (1 free), the small one behind it.
@@ -1641,8 +1660,11 @@ fn a_permit_granted_after_its_pickup_window_is_not_returned_as_held() {
     const NAME: &str = "late-permit";
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let (holder, other) = (client(&server.url(), LONG), client(&server.url(), LONG));
-    let waiter = client(&proxy.url(), LONG);
+    let (holder, other) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
+    let waiter = CLIENTS.scaled(LONG).at(&proxy.url());
     let first = holder.semaphore(NAME, 1).acquire().expect("holder");
     let other_holds = Arc::new(AtomicBool::new(false));
     let (done, returned) = mpsc::channel();

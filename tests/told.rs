@@ -17,21 +17,18 @@ use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
 use redmutex::{
     Client, Error, Kind, LockGuard, LossReason, LostLease, MultiLock, OwnedGuard, Permit,
 };
+use support::clients::{Clients, Heard, Told};
 use support::topology::Cluster;
 use support::RedisServer;
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(2000));
 
 /// The default watchdog timeout: its renewal comes a third of it (10 s) after a grant.
 const WATCHDOG: Duration = Duration::from_secs(30);
 /// How soon a loss must be told: far under the 10 s renewal, ample on a loaded machine.
 const TOLD_WITHIN: Duration = Duration::from_secs(2);
-
-/// What the hook is told: the lock's name, its kind, why.
-type Told = (String, &'static str, LossReason);
-
-struct Heard {
-    all: Arc<Mutex<Vec<Told>>>,
-    each: Receiver<()>,
-}
 
 impl Heard {
     /// Waits until the hook was told `n` losses in all (up to `TOLD_WITHIN`), then a
@@ -51,27 +48,6 @@ impl Heard {
         let _ = self.each.recv_timeout(Duration::from_millis(100));
         self.all.lock().unwrap().clone()
     }
-}
-
-fn client_with_hook(url: &str, prefix: &str, functions: bool) -> (Client, Heard) {
-    let all = Arc::new(Mutex::new(Vec::new()));
-    let (tx, each) = crossbeam_channel::unbounded();
-    let seen = all.clone();
-    let client = Client::builder()
-        .url(url)
-        .key_prefix(prefix)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(2000))
-        .use_functions(functions)
-        .on_lease_lost(move |lost: &LostLease| {
-            seen.lock()
-                .unwrap()
-                .push((lost.name_lossy(), lost.kind(), lost.reason()));
-            let _ = tx.send(());
-        })
-        .build()
-        .unwrap();
-    (client, Heard { all, each })
 }
 
 /// Waits for `lost` to be ready (disconnected), up to `TOLD_WITHIN` from `since`: how long
@@ -137,7 +113,10 @@ fn an_inner_release_that_finds_the_hold_gone_tells_the_outer_guard_and_the_hook_
     let server = RedisServer::new();
     macro_rules! case {
         ($kind:literal, $prefix:literal, $name:literal, |$c:ident| $lock:expr) => {{
-            let (client, heard) = client_with_hook(&server.url(), $prefix, true);
+            let (client, heard) = CLIENTS
+                .prefix($prefix)
+                .functions(true)
+                .heard_at(&server.url());
             let $c = &client;
             let lock = $lock;
             let outer = lock.lock().unwrap();
@@ -187,7 +166,10 @@ fn an_outermost_release_that_finds_the_hold_gone_says_lease_lost_and_calls_the_h
     let server = RedisServer::new();
     macro_rules! case {
         ($kind:literal, $prefix:literal, $name:literal, |$c:ident| $guard:expr) => {{
-            let (client, heard) = client_with_hook(&server.url(), $prefix, true);
+            let (client, heard) = CLIENTS
+                .prefix($prefix)
+                .functions(true)
+                .heard_at(&server.url());
             let $c = &client;
             let guard = $guard;
             let lost = guard.lost();
@@ -239,7 +221,10 @@ fn an_outermost_release_that_finds_the_hold_gone_says_lease_lost_and_calls_the_h
     // A MultiLock's member found gone by the release: the multi guard says LeaseLost and
     // the member's loss reaches the hook, once.
     let prefix = "told:out:multi:";
-    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let (client, heard) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let multi = MultiLock::new([client.lock("m1"), client.lock("m2"), client.lock("m3")]).unwrap();
     let held = multi.lock().unwrap();
     let mut con = server.connection();
@@ -276,7 +261,10 @@ fn a_force_unlock_right_after_the_first_hold_is_told() {
         .unwrap();
     for i in 0..5 {
         let name = format!("first-{i}");
-        let (client, heard) = client_with_hook(&server.url(), prefix, true);
+        let (client, heard) = CLIENTS
+            .prefix(prefix)
+            .functions(true)
+            .heard_at(&server.url());
         let guard = client.lock(&name).lock().unwrap();
         let forced = Instant::now();
         assert!(other.lock(&name).force_unlock().unwrap());
@@ -306,7 +294,10 @@ fn a_force_unlock_is_told_to_the_holder_at_once() {
         macro_rules! case {
             ($kind:literal, $name:literal, |$c:ident| $guard:expr) => {{
                 let prefix = format!("told:forced:{path}:{}:", $kind);
-                let (client, heard) = client_with_hook(&server.url(), &prefix, functions);
+                let (client, heard) = CLIENTS
+                    .prefix(&prefix)
+                    .functions(functions)
+                    .heard_at(&server.url());
                 let other = Client::builder()
                     .url(server.url())
                     .key_prefix(&prefix)
@@ -387,8 +378,14 @@ fn a_force_unlock_is_told_to_the_holder_at_once() {
 fn a_force_unlock_tells_every_holder_and_every_level() {
     let server = RedisServer::new();
     let prefix = "told:many:";
-    let (a, heard_a) = client_with_hook(&server.url(), prefix, true);
-    let (b, heard_b) = client_with_hook(&server.url(), prefix, true);
+    let (a, heard_a) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
+    let (b, heard_b) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let ra = a.read_write_lock("rw").read().lock().unwrap();
     let ra2 = a.read_write_lock("rw").read().lock().unwrap();
     let rb = b.read_write_lock("rw").read().lock().unwrap();
@@ -492,7 +489,10 @@ fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
 fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
     let server = RedisServer::new();
     let prefix = "told:again:";
-    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let (client, heard) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let lock = client.lock("again");
     let outer = lock.lock().unwrap();
     let lost = outer.lost();
@@ -536,7 +536,10 @@ fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
 fn a_force_unlock_of_a_multilock_member_is_told_at_once() {
     let server = RedisServer::new();
     let prefix = "told:multi:";
-    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let (client, heard) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
     let held = multi.lock().unwrap();
     let lost = held.lost();

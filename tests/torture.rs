@@ -33,12 +33,17 @@ use std::time::{Duration, Instant};
 
 use redmutex::{CancelToken, Client, Error, Kind, Lock, LockGuard, OwnedGuard};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::RedisServer;
 
 const ROLE: &str = "REDMUTEX_TORTURE_ROLE";
 const URL: &str = "REDMUTEX_TORTURE_URL";
 const KIND: &str = "REDMUTEX_TORTURE_KIND";
 const PREFIX: &str = "torture:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(500));
 const LOCKS: [&str; 5] = ["alpha", "{x}", "{x}:fence", "x:fence", "beta:released"];
 /// One section in this many nests a short fixed lease and outlasts it.
 const LONG_EVERY: u64 = 16;
@@ -204,7 +209,7 @@ fn torture_entry() {
     };
     assert_eq!(role, "worker");
     let url = std::env::var(URL).expect("URL");
-    let client = client(&url);
+    let client = CLIENTS.at(&url);
     say("started");
     // Each thread's current token; the canceller cancels one and puts a fresh one there.
     let tokens: Arc<Vec<Mutex<CancelToken>>> = Arc::new(
@@ -272,16 +277,6 @@ fn torture_entry() {
     for t in threads {
         let _ = t.join();
     }
-}
-
-fn client(url: &str) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(500))
-        .build()
-        .expect("build client")
 }
 
 /// What worker threads of one kind `K` take and how their sections are witnessed.

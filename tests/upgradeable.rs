@@ -19,12 +19,15 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
 use support::{wait_until, RedisServer};
 
 const ROLE: &str = "REDMUTEX_UP_ROLE";
 const URL: &str = "REDMUTEX_UP_URL";
 const NAME: &str = "REDMUTEX_UP_NAME";
 const PREFIX: &str = "upt:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
 /// Long enough that a waiter that is not going to be served shows it, on a loaded machine.
@@ -36,11 +39,6 @@ fn key(name: &str) -> String {
 
 fn queue_key(name: &str) -> String {
     format!("{PREFIX}!queue:!rw:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration) -> Client {
-    let command = (watchdog / 3).min(Duration::from_secs(2));
-    support::client(url, PREFIX, watchdog, command)
 }
 
 fn connect(url: &str) -> redis::Connection {
@@ -115,9 +113,9 @@ fn upgradeable_shares_with_readers_and_excludes_writers_and_upgradeables() {
     let url = server.url();
     let name = "share";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let up = a
@@ -139,7 +137,7 @@ fn upgradeable_shares_with_readers_and_excludes_writers_and_upgradeables() {
         .any(|f| f.starts_with(&format!("u:{}:", a.id()))));
 
     // (From a client this thread does not read with: that would be `WouldDeadlock`.)
-    let d = client(&url, Duration::from_secs(5));
+    let d = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let other = d
         .read_write_lock(name)
         .upgradeable()
@@ -185,9 +183,9 @@ fn a_second_upgradeable_and_a_writer_wait_in_turn() {
     let url = server.url();
     let name = "turns";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let up = a
@@ -273,9 +271,9 @@ fn upgrade_scenario(url: &str) {
     let url = url.to_owned();
     let name = "upgrade";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let (tx, rx) = mpsc::channel();
@@ -412,7 +410,7 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
     let inside_key = format!("inside:{{{name}}}");
     let mut streamers = Vec::new();
     for _ in 0..3 {
-        let c = client(&url, Duration::from_secs(5));
+        let c = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
         let (stop, reads, url, inside_key) =
             (stop.clone(), reads.clone(), url.clone(), inside_key.clone());
         streamers.push(thread::spawn(move || {
@@ -433,8 +431,8 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
         wait_until(SETUP, || reads.load(Ordering::Relaxed) >= 6),
         "the readers stream"
     );
-    let a = client(&url, Duration::from_secs(5));
-    let writer_client = client(&url, Duration::from_secs(5));
+    let a = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
+    let writer_client = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let rw = a.read_write_lock(name);
     let mut worst = Duration::ZERO;
     for round in 0..ROUNDS {
@@ -576,7 +574,7 @@ const CHILD_ROUNDS: usize = 15;
 /// writes a moment (inside as a writer), releases; `CHILD_ROUNDS` times, then says
 /// `done`.
 fn upgrader_process(url: &str, name: &str) {
-    let client = client(url, Duration::from_secs(5));
+    let client = CLIENTS.scaled(Duration::from_secs(5)).at(url);
     let mut con = connect(url);
     let rw = client.read_write_lock(name);
     say("ready");
@@ -597,7 +595,7 @@ fn upgrader_process(url: &str, name: &str) {
 
 /// Loops plain reads (inside the witness as a reader) until told `stop`, then says `done`.
 fn reader_process(url: &str, name: &str) {
-    let client = client(url, Duration::from_secs(5));
+    let client = CLIENTS.scaled(Duration::from_secs(5)).at(url);
     let mut con = connect(url);
     let read = client.read_write_lock(name).read();
     let stop = Arc::new(AtomicBool::new(false));
@@ -668,7 +666,7 @@ fn upgraded_holds_exclude_everyone_across_processes() {
 /// Takes the upgradeable side (lease: the watchdog's, 1.5 s) and says `held <client id>`;
 /// on `upgrade`, says `upgrading` and upgrades (and says `upgraded`). Killed by the test.
 fn crash_holder_process(url: &str, name: &str) {
-    let client = client(url, CRASH_LEASE);
+    let client = CLIENTS.scaled(CRASH_LEASE).at(url);
     let rw = client.read_write_lock(name);
     let up = rw.upgradeable().lock().expect("upgradeable");
     say(&format!("held {}", client.id()));
@@ -720,7 +718,7 @@ fn a_dead_upgradeable_holder_frees_the_slot_when_its_lease_ends() {
     let left = Duration::from_millis((ends - (now.0 * 1000 + now.1 / 1000)).max(0) as u64);
     assert!(left <= CRASH_LEASE, "lease left {left:?}");
 
-    let other = client(&url, Duration::from_secs(5));
+    let other = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let up = other.read_write_lock(name).upgradeable();
     assert!(
         up.try_lock().unwrap().is_none(),
@@ -755,7 +753,7 @@ fn a_dead_pending_upgrade_blocks_nobody() {
     let url = server.url();
     let name = "crash-pending";
     let mut con = connect(&url);
-    let reader_client = client(&url, Duration::from_secs(5));
+    let reader_client = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let (tx, rx) = mpsc::channel();
     let (release_r, tr) = holder_thread(&reader_client, name, "read", tx.clone());
     assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
@@ -767,7 +765,7 @@ fn a_dead_pending_upgrade_blocks_nobody() {
     await_queue_len(&mut con, name, 1, "the pending upgrade");
     assert!(queue(&mut con, name)[0].starts_with(&format!("{id}:")));
     // A reader behind the pending upgrade.
-    let late_client = client(&url, Duration::from_secs(5));
+    let late_client = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let (ltx, lrx) = mpsc::channel();
     let (release_l, tl) = holder_thread(&late_client, name, "read", ltx);
     await_queue_len(&mut con, name, 2, "the late reader");
@@ -812,7 +810,7 @@ fn bad_input_is_refused_typed() {
     let server = RedisServer::new();
     let url = server.url();
     let name = "bad";
-    let a = client(&url, Duration::from_secs(5));
+    let a = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let mut con = connect(&url);
     let rw = a.read_write_lock(name);
     let r = rw.read().lock().expect("read");
@@ -870,9 +868,9 @@ fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
     let url = server.url();
     let name = "give-up";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let (tx, rx) = mpsc::channel();
@@ -924,7 +922,7 @@ fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
         1
     );
     assert!(!up.is_lease_lost());
-    let d = client(&url, Duration::from_secs(5));
+    let d = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     assert!(d
         .read_write_lock(name)
         .write()
@@ -960,8 +958,8 @@ fn downgrades_to_upgradeable_and_to_read() {
     let url = server.url();
     let name = "downgrade";
     let (a, b) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let rw = a.read_write_lock(name);
@@ -978,7 +976,7 @@ fn downgrades_to_upgradeable_and_to_read() {
     let fields = hold_fields(&mut con, name);
     assert_eq!(fields.len(), 1, "{fields:?}");
     assert!(fields[0].starts_with("u:"));
-    let c = client(&url, Duration::from_secs(5));
+    let c = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     assert!(rx.recv_timeout(STILL_WAITING).is_err(), "the writer waits");
     assert!(c
         .read_write_lock(name)
@@ -1097,8 +1095,8 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
     let url = server.url();
     let name = "long";
     let (a, b) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let (tx, rx) = mpsc::channel();

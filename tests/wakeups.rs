@@ -14,9 +14,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, LockGuard};
+use support::clients::Clients;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "wakeups:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 
 fn key(name: &str) -> String {
     format!("{PREFIX}{{{name}}}")
@@ -41,10 +44,6 @@ fn acquire_call(server: &RedisServer) -> String {
 
 fn renew_call(server: &RedisServer) -> String {
     support::function_name(&server.url(), "renew")
-}
-
-fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, command)
 }
 
 /// Loads the scripts, so that every script call counted or trapped is the real call and
@@ -80,16 +79,14 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let holder = client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let waiter = client(
-        &proxy.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(1))
+        .at(&server.url());
+    let waiter = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(1))
+        .at(&proxy.url());
     let acquire = acquire_call(&server);
     proxy.watch(&acquire);
     // Holding the subscription back makes both waiters subscribe before it is confirmed,
@@ -214,9 +211,18 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
     let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h1 = client(&server.url(), timeouts.0, timeouts.1);
-    let h2 = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&proxy.url(), timeouts.0, timeouts.1);
+    let h1 = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
+    let h2 = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
+    let w = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&proxy.url());
     let acquire = acquire_call(&server);
     proxy.watch(&acquire);
 
@@ -323,8 +329,14 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
     let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&proxy.url(), timeouts.0, timeouts.1);
+    let h = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
+    let w = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&proxy.url());
     let _first = h
         .lock(FIRST)
         .lock_with_lease(Duration::from_secs(10))
@@ -417,11 +429,10 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
     let proxy = FaultProxy::new(server.port());
     // Renewals every 500 ms, each held back 200 ms (under the 500 ms command timeout, and
     // under the re-take's lease, so that a late renewal still finds the re-take's hold).
-    let c = client(
-        &proxy.url(),
-        Duration::from_millis(1500),
-        Duration::from_millis(500),
-    );
+    let c = CLIENTS
+        .watchdog(Duration::from_millis(1500))
+        .command(Duration::from_millis(500))
+        .at(&proxy.url());
     let renew = renew_call(&server);
     proxy.delay_requests_containing(&renew, Duration::from_millis(200));
     let lock = c.lock(NAME);
@@ -540,11 +551,10 @@ fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let holder = client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(1))
+        .at(&server.url());
     let waiter = default_timeouts(&proxy.url());
     let _held = holder
         .lock(NAME)
@@ -597,8 +607,14 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     let server = RedisServer::new();
     load_scripts(&server);
     let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&server.url(), timeouts.0, timeouts.1);
+    let h = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
+    let w = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
     let _held = h
         .lock(NAME)
         .lock_with_lease(Duration::from_secs(20))
@@ -671,8 +687,14 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     let server = RedisServer::new();
     load_scripts(&server);
     let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&server.url(), timeouts.0, timeouts.1);
+    let h = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
+    let w = CLIENTS
+        .watchdog(timeouts.0)
+        .command(timeouts.1)
+        .at(&server.url());
     let lease = Duration::from_millis(1000);
     let taken = Instant::now();
     // Never released: the holder "crashed" with the lock.
@@ -762,11 +784,12 @@ fn wakeups_entry() {
     };
     assert_eq!(role, "waiters");
     let url = std::env::var(URL).expect("url");
-    let c = std::sync::Arc::new(client(
-        &url,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    ));
+    let c = std::sync::Arc::new(
+        CLIENTS
+            .watchdog(Duration::from_secs(10))
+            .command(Duration::from_secs(2))
+            .at(&url),
+    );
     let mut threads = Vec::new();
     for line in std::io::BufRead::lines(std::io::stdin().lock()) {
         let line = line.expect("stdin");
@@ -818,11 +841,10 @@ fn subscribes(server: &RedisServer) -> u64 {
 fn a_stopped_and_continued_process_keeps_its_waiters_places() {
     use support::child::ChildProc;
     let server = RedisServer::new();
-    let holder = client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    );
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2))
+        .at(&server.url());
     let held = holder.fair_lock(STOPPED_LOCK).lock().expect("holder");
     // The holder's own pub/sub connection (a client listens on its own channel while it
     // holds anything), subscribed before the counts below are taken.
@@ -900,8 +922,14 @@ fn lingering_channels_go_each_in_its_own_time() {
     const LATE: Duration = Duration::from_millis(3_000);
     let server = RedisServer::new();
     let url = server.url();
-    let holder = client(&url, Duration::from_secs(30), Duration::from_secs(5));
-    let waiter = client(&url, Duration::from_secs(30), Duration::from_secs(5));
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(30))
+        .command(Duration::from_secs(5))
+        .at(&url);
+    let waiter = CLIENTS
+        .watchdog(Duration::from_secs(30))
+        .command(Duration::from_secs(5))
+        .at(&url);
     let subscribed = |name: &str| numsub(&server, &channel_of(name, &waiter)) > 0;
     let wait_once = |name: &str| -> Instant {
         let held = holder

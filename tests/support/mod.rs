@@ -20,10 +20,16 @@ use redis::IntoConnectionInfo;
 pub mod child;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod clients;
 pub mod deployment;
+pub mod keys;
 mod proxy;
 pub mod topology;
 // Not every test binary that includes the harness injects faults.
+#[allow(unused_imports)]
+pub use clients::{build, Clients};
+#[allow(unused_imports)]
+pub use keys::Keys;
 #[allow(unused_imports)]
 pub use proxy::FaultProxy;
 
@@ -832,15 +838,13 @@ fn script_text(script: &str) -> String {
 }
 
 /// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and
-/// command timeouts are the test's to choose.
+/// command timeouts are the test's to choose (the shorthand of [`Clients`]).
 pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) -> redmutex::Client {
-    redmutex::Client::builder()
-        .url(url)
-        .key_prefix(prefix)
-        .watchdog_timeout(watchdog)
-        .command_timeout(command)
-        .build()
-        .expect("build client")
+    Clients::DEFAULT
+        .prefix(prefix)
+        .watchdog(watchdog)
+        .command(command)
+        .at(url)
 }
 
 /// Blocks until `client`'s pub/sub connection listens on its own channel
@@ -848,7 +852,7 @@ pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) ->
 /// once it first holds or waits: a count of commands that starts after this counts the
 /// calls' own traffic only.
 pub fn await_own_channel(server: &RedisServer, prefix: &str, client: &redmutex::Client) {
-    let own = format!("{prefix}__control:{}", client.id());
+    let own = keys::control_channel(prefix, client);
     assert!(
         wait_until(Duration::from_secs(10), || {
             subscribers(&mut server.connection(), &own) == 1
