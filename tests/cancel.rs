@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{CancelToken, Error, MultiLock};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, RedisServer};
 
 const PREFIX: &str = "cancel:";
@@ -35,10 +36,6 @@ const CANCEL_BOUND: Duration = Duration::from_millis(100);
 const SERVED_BOUND: Duration = Duration::from_millis(500);
 /// How long setup steps (a waiter showing in the queue) may take.
 const SETUP: Duration = Duration::from_secs(5);
-
-fn queue(object: &str, name: &str) -> String {
-    format!("{PREFIX}!queue:{object}{{{name}}}")
-}
 
 fn llen(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
@@ -180,7 +177,7 @@ fn a_blocked_lock_is_cancelled_at_once_and_the_next_waiter_served() {
     );
     cancel_queued_waiter(
         &server,
-        &queue("", "plain"),
+        &Keys::lock(PREFIX, "plain").queue(),
         || a.lock("plain").lock().unwrap(),
         |t| b.lock("plain").lock_cancellable(t),
         || c.lock("plain").lock().unwrap(),
@@ -198,7 +195,7 @@ fn a_blocked_fair_lock_is_cancelled_at_once_and_the_next_waiter_served() {
     );
     cancel_queued_waiter(
         &server,
-        &queue("", "fair"),
+        &Keys::lock(PREFIX, "fair").queue(),
         || a.fair_lock("fair").lock().unwrap(),
         |t| {
             b.fair_lock("fair")
@@ -220,7 +217,7 @@ fn a_blocked_read_is_cancelled_at_once_and_the_next_writer_served() {
     );
     cancel_queued_waiter(
         &server,
-        &queue("!rw:", "rw-read"),
+        &Keys::rw(PREFIX, "rw-read").queue(),
         || a.read_write_lock("rw-read").write().lock().unwrap(),
         |t| b.read_write_lock("rw-read").read().lock_cancellable(t),
         || c.read_write_lock("rw-read").write().lock().unwrap(),
@@ -241,7 +238,7 @@ fn a_blocked_write_is_cancelled_at_once_and_the_readers_behind_it_let_in() {
     );
     cancel_queued_waiter(
         &server,
-        &queue("!rw:", "rw-write"),
+        &Keys::rw(PREFIX, "rw-write").queue(),
         || a.read_write_lock("rw-write").read().lock().unwrap(),
         |t| b.read_write_lock("rw-write").write().lock_cancellable(t),
         || c.read_write_lock("rw-write").read().lock().unwrap(),
@@ -259,7 +256,7 @@ fn a_blocked_semaphore_acquire_is_cancelled_at_once_and_the_next_waiter_served()
     );
     cancel_queued_waiter(
         &server,
-        &queue("!sem:", "sem"),
+        &Keys::sem(PREFIX, "sem").queue(),
         || a.semaphore("sem", 2).acquire_many(2).unwrap(),
         |t| b.semaphore("sem", 2).acquire_cancellable(t),
         || c.semaphore("sem", 2).acquire().unwrap(),
@@ -278,7 +275,7 @@ fn a_blocked_multilock_is_cancelled_at_once_and_the_next_waiter_served() {
     let both = MultiLock::new([b.lock("multi-1"), b.lock("multi-2")]).unwrap();
     cancel_queued_waiter(
         &server,
-        &queue("", "multi-1"),
+        &Keys::lock(PREFIX, "multi-1").queue(),
         || a.lock("multi-1").lock().unwrap(),
         |t| both.lock_cancellable(t),
         || c.lock("multi-1").lock().unwrap(),
@@ -378,7 +375,7 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
     let b = CLIENTS.at(&proxy.url());
     let c = CLIENTS.at(&server.url());
     let name = "raced";
-    let q = queue("", name);
+    let q = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let token = CancelToken::new();
     thread::scope(|s| {
@@ -449,7 +446,7 @@ fn cancels_racing_releases_never_strand_or_double_the_lock() {
         CLIENTS.at(&server.url()),
     );
     let name = "race";
-    let q = queue("", name);
+    let q = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let inside = AtomicBool::new(false);
     let (mut won, mut lost) = (0, 0);
@@ -520,7 +517,7 @@ fn cancel_latency_distribution() {
     let server = RedisServer::new();
     let (a, b) = (CLIENTS.at(&server.url()), CLIENTS.at(&server.url()));
     let name = "spread";
-    let q = queue("", name);
+    let q = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let _held = a.lock(name).lock().unwrap();
     let lock = b.lock(name);

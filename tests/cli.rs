@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use redmutex::Client;
 use support::cli::output;
 use support::clients::Clients;
+use support::keys::{self, Keys};
 use support::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
@@ -31,7 +32,7 @@ fn locked(c: &Client, name: &str) -> bool {
 
 /// Waits until one thread waits in the queue of the lock `name`.
 fn queued(server: &RedisServer, name: &str) {
-    let queue = format!("{PREFIX}!queue:{{{name}}}");
+    let queue = Keys::lock(PREFIX, name).queue();
     assert!(support::wait_until(Duration::from_secs(5), || {
         redis::cmd("LLEN")
             .arg(&queue)
@@ -226,7 +227,7 @@ fn a_force_unlock_stops_the_command_at_once_with_the_default_watchdog() {
     let listening = support::wait_until(Duration::from_secs(5), || {
         let channels: Vec<String> = redis::cmd("PUBSUB")
             .arg("CHANNELS")
-            .arg(format!("{PREFIX}__control:*"))
+            .arg(keys::control_channels(PREFIX))
             .query(&mut con)
             .unwrap();
         !channels.is_empty()
@@ -775,11 +776,11 @@ fn unlock_force_frees_every_kind_status_shows_held() {
     let mut con = server.connection();
     let moved = [
         (
-            format!("{PREFIX}!rw:{{both}}"),
+            Keys::rw(PREFIX, "both").key(),
             format!("{PREFIX}aside:{{both}}"),
         ),
         (
-            format!("{PREFIX}!leases:!rw:{{both}}"),
+            Keys::rw(PREFIX, "both").leases(),
             format!("{PREFIX}aside2:{{both}}"),
         ),
     ];
@@ -909,19 +910,25 @@ fn a_signal_while_waiting_ends_the_wait_at_once() {
     let mut took = Vec::new();
     for (queue, args) in [
         (
-            "{busy}",
+            Keys::lock(PREFIX, "busy"),
             &["run", "--lease", "6s", "busy", "--", "true"][..],
         ),
-        ("{busy}", &["run", "--wait", "1h", "busy", "--", "true"]),
-        ("{busy}", &["hold", "busy"]),
-        ("{busy}", &["wait", "busy"]),
-        ("!sem:{busy-sem}", &["run", "-n", "1", "busy-sem", "true"]),
         (
-            "!rw:{busy-rw}",
+            Keys::lock(PREFIX, "busy"),
+            &["run", "--wait", "1h", "busy", "--", "true"],
+        ),
+        (Keys::lock(PREFIX, "busy"), &["hold", "busy"]),
+        (Keys::lock(PREFIX, "busy"), &["wait", "busy"]),
+        (
+            Keys::sem(PREFIX, "busy-sem"),
+            &["run", "-n", "1", "busy-sem", "true"],
+        ),
+        (
+            Keys::rw(PREFIX, "busy-rw"),
             &["run", "--shared", "-w", "1h", "busy-rw", "true"],
         ),
     ] {
-        let queue = format!("{PREFIX}!queue:{queue}");
+        let queue = queue.queue();
         let len = || {
             redis::cmd("LLEN")
                 .arg(&queue)

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::Client;
 use support::clients::Clients;
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::topology::{key_slot, tag_for_slot, Cluster};
 use support::wait_until;
 
@@ -157,7 +158,7 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
             g.unlock().unwrap();
         }));
         assert!(wait_until(Duration::from_secs(5), || {
-            let key = format!("redmutex:!queue:{{{fair_name}}}");
+            let key = Keys::lock(DEFAULT_PREFIX, &fair_name).queue();
             let mut con = cluster.connection_for_key(&key);
             let len: usize = redis::cmd("LLEN").arg(&key).query(&mut con).unwrap();
             len == i + 1
@@ -799,46 +800,34 @@ fn a_call_redirected_to_a_node_without_the_library_gets_it_loaded() {
     let migration = cluster.begin_migration(slot, from, to);
     // Every key of `fresh` already on `to` (held by someone else, one waiter queued):
     // `from` answers ASK, and `to` runs the call.
-    let tag = format!("{{{fresh}}}");
+    let keys = Keys::lock(DEFAULT_PREFIX, &fresh);
     let mut pipe = redis::pipe();
     for cmd in [
         redis::cmd("HSET")
-            .arg(format!("redmutex:{tag}"))
+            .arg(keys.key())
             .arg("other:1")
             .arg(1)
             .clone(),
-        redis::cmd("PEXPIRE")
-            .arg(format!("redmutex:{tag}"))
-            .arg(30_000)
-            .clone(),
-        redis::cmd("SET")
-            .arg(format!("redmutex:!fence:{tag}"))
-            .arg(7)
-            .clone(),
-        redis::cmd("RPUSH")
-            .arg(format!("redmutex:!queue:{tag}"))
-            .arg("gone:1")
-            .clone(),
+        redis::cmd("PEXPIRE").arg(keys.key()).arg(30_000).clone(),
+        redis::cmd("SET").arg(keys.fence()).arg(7).clone(),
+        redis::cmd("RPUSH").arg(keys.queue()).arg("gone:1").clone(),
         redis::cmd("HSET")
-            .arg(format!("redmutex:!waiters:{tag}"))
+            .arg(keys.waiters())
             .arg("x")
             .arg("1")
             .clone(),
         // The name's other kinds: a read-write lock's and a semaphore's holds, a latch.
         redis::cmd("HSET")
-            .arg(format!("redmutex:!rw:{tag}"))
+            .arg(Keys::rw(DEFAULT_PREFIX, &fresh).key())
             .arg("other:1")
             .arg(1)
             .clone(),
         redis::cmd("HSET")
-            .arg(format!("redmutex:!sem:{tag}"))
+            .arg(Keys::sem(DEFAULT_PREFIX, &fresh).key())
             .arg("other:1")
             .arg(1)
             .clone(),
-        redis::cmd("SET")
-            .arg(format!("redmutex:!latch:{tag}"))
-            .arg(1)
-            .clone(),
+        redis::cmd("SET").arg(keys.latch()).arg(1).clone(),
     ] {
         pipe.cmd("ASKING").ignore().add_command(cmd).ignore();
     }
@@ -876,7 +865,7 @@ fn refused_as_split(cluster: &Cluster, i: usize, code: &str) -> u64 {
 
 /// The length of `name`'s queue on the node that owns its slot.
 fn queued(cluster: &Cluster, name: &str) -> i64 {
-    let queue = format!("redmutex:!queue:{{{name}}}");
+    let queue = Keys::lock(DEFAULT_PREFIX, name).queue();
     let mut con = cluster.connection_for_key(&queue);
     redis::cmd("LLEN").arg(&queue).query(&mut con).unwrap()
 }
@@ -972,7 +961,7 @@ fn handed_over_as_the_slot_splits(unlock_at_once: bool) {
     let handed_back = Instant::now();
     // The slot splits: its queue moves, the lock's hash and the waiters stay.
     let migration = cluster.begin_migration(slot, from, to);
-    assert!(migration.move_key(format!("redmutex:!queue:{{{name}}}")));
+    assert!(migration.move_key(Keys::lock(DEFAULT_PREFIX, name).queue()));
     b_got
         .recv_timeout(Duration::from_secs(5))
         .expect("the lock handed back");
@@ -1066,9 +1055,9 @@ fn split_write_hold(unlock_at_once: bool) {
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
     // The write lock's keys: its holds, their leases, its queue.
-    let holds = format!("redmutex:!rw:{{{name}}}");
-    let leases = format!("redmutex:!leases:!rw:{{{name}}}");
-    let queue = format!("redmutex:!queue:!rw:{{{name}}}");
+    let holds = Keys::rw(DEFAULT_PREFIX, name).key();
+    let leases = Keys::rw(DEFAULT_PREFIX, name).leases();
+    let queue = Keys::rw(DEFAULT_PREFIX, name).queue();
     assert_eq!(key_slot(&leases), slot);
     let writer = cluster_client(&cluster);
     let held = writer.read_write_lock(name).write().lock().unwrap();

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_FAIR_ROLE";
@@ -40,18 +41,6 @@ const RECONNECT_BOUND: Duration = Duration::from_secs(2);
 const AT_ONCE: Duration = Duration::from_millis(500);
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
-
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
-fn queue(name: &str) -> String {
-    format!("{PREFIX}!queue:{{{name}}}")
-}
-
-fn waiters(name: &str) -> String {
-    format!("{PREFIX}!waiters:{{{name}}}")
-}
 
 /// Where critical sections record who was inside, in order.
 fn order_key(name: &str) -> String {
@@ -78,7 +67,7 @@ fn order(con: &mut redis::Connection, name: &str) -> Vec<String> {
 /// Holder ids in the lock's hash (fields starting with `~` are the scripts' own data).
 fn holders(con: &mut redis::Connection, name: &str) -> Vec<String> {
     let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(con)
         .expect("HKEYS");
     fields.into_iter().filter(|f| !f.starts_with('~')).collect()
@@ -98,13 +87,13 @@ fn pubsub_clients(con: &mut redis::Connection) -> usize {
 fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     let mut seen = 0;
     let ok = wait_until(SETUP, || {
-        seen = llen(con, &queue(name));
+        seen = llen(con, &Keys::lock(PREFIX, name).queue());
         seen == n
     });
     assert!(
         ok,
         "{who} never showed in the queue: LLEN {} is {seen}, expected {n} within {SETUP:?}",
-        queue(name)
+        Keys::lock(PREFIX, name).queue()
     );
 }
 
@@ -248,7 +237,7 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
     let inner = lock.lock().expect("the holder re-enters");
     assert_eq!(lock.hold_count().unwrap(), 2, "re-entry must add a level");
     assert_eq!(
-        llen(&mut con, &queue(LOCK)),
+        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         plan.len() as i64,
         "the holder's re-entry changed the queue"
     );
@@ -287,12 +276,19 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
         }
         p.wait_success();
     }
-    assert_eq!(llen(&mut con, &queue(LOCK)), 0, "queue left behind");
+    assert_eq!(
+        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        0,
+        "queue left behind"
+    );
     assert!(
-        !exists(&mut con, &waiters(LOCK)),
+        !exists(&mut con, &Keys::lock(PREFIX, LOCK).waiters()),
         "waiter entries left behind"
     );
-    assert!(!exists(&mut con, &key(LOCK)), "lock still held");
+    assert!(
+        !exists(&mut con, &Keys::lock(PREFIX, LOCK).key()),
+        "lock still held"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -347,7 +343,10 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
         p.expect("done");
     }
     assert!(
-        wait_until(Duration::from_secs(1), || llen(&mut con, &queue(LOCK)) == 0),
+        wait_until(Duration::from_secs(1), || llen(
+            &mut con,
+            &Keys::lock(PREFIX, LOCK).queue()
+        ) == 0),
         "the dead waiter's entry stays in the queue"
     );
 }
@@ -481,7 +480,7 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
                 panic!(
                     "round {round}: the lock was not free at the start: holders {:?}, queue {}",
                     holders(&mut con, LOCK),
-                    llen(&mut con, &queue(LOCK))
+                    llen(&mut con, &Keys::lock(PREFIX, LOCK).queue())
                 )
             });
         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "round {round}");
@@ -506,13 +505,13 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
             Err(e) => panic!("round {round} (wait {wait:?}, release after {delay:?}): {e}"),
         }
         assert!(
-            !exists(&mut con, &key(LOCK)),
+            !exists(&mut con, &Keys::lock(PREFIX, LOCK).key()),
             "round {round} (wait {wait:?}, release after {delay:?}): the lock is still held \
              by {:?} once both sides are done",
             holders(&mut con, LOCK)
         );
         assert_eq!(
-            llen(&mut con, &queue(LOCK)),
+            llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
             0,
             "round {round} (wait {wait:?}): the waiter's queue entry outlived its call"
         );
@@ -597,7 +596,7 @@ fn a_grant_in_flight_survives_a_pubsub_connection_kill() {
             "round {round}: {n} holders while the waiter held the lock"
         );
         assert!(
-            wait_until(SETUP, || !exists(&mut con, &key(LOCK))),
+            wait_until(SETUP, || !exists(&mut con, &Keys::lock(PREFIX, LOCK).key())),
             "round {round}: the waiter's release did not free the lock"
         );
     }
@@ -658,7 +657,7 @@ fn thousand_waiters(url: &str, name: &str) {
         .expect("connection");
     let mut n = 0;
     wait_until(Duration::from_secs(10), || {
-        n = llen(&mut con, &queue(name));
+        n = llen(&mut con, &Keys::lock(PREFIX, name).queue());
         n >= THOUSAND as i64
     });
     let comms: Vec<String> = std::fs::read_dir("/proc/self/task")
@@ -883,7 +882,7 @@ fn force_unlock_refuses_a_key_that_is_not_a_lock() {
     ];
     for (kind, force_unlock) in kinds {
         let name = format!("not-a-lock-{kind}");
-        let k = key(&name);
+        let k = Keys::lock(PREFIX, &name).key();
         redis::cmd("SET")
             .arg(&k)
             .arg("someone's data")
@@ -936,7 +935,11 @@ fn fair_lock_guards_behave_like_lock_guards() {
     assert!(lock.is_held_by_current_thread().unwrap());
     assert!(lock.is_locked().unwrap());
     assert!(lock.remaining_lease().unwrap().is_some());
-    assert_eq!(llen(&mut con, &queue(LOCK)), 0, "a re-entry queued");
+    assert_eq!(
+        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        0,
+        "a re-entry queued"
+    );
     let other = thread::scope(|s| {
         s.spawn(|| {
             let r = lock.try_lock().expect("other thread try_lock");
@@ -997,11 +1000,11 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     await_queued(&mut con, LOCK, 1, "w");
     signal(&w, libc::SIGSTOP);
     assert!(
-        wait_until(SETUP, || !exists(&mut con, &key(LOCK))),
+        wait_until(SETUP, || !exists(&mut con, &Keys::lock(PREFIX, LOCK).key())),
         "the holder's 400 ms lease never ran out"
     );
     assert_eq!(
-        llen(&mut con, &queue(LOCK)),
+        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         1,
         "the frozen waiter left the queue"
     );
@@ -1021,8 +1024,9 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     w.send("exit");
     w.expect("done");
     assert!(
-        wait_until(SETUP, || llen(&mut con, &queue(LOCK)) == 0
-            && !exists(&mut con, &key(LOCK))),
+        wait_until(SETUP, || llen(&mut con, &Keys::lock(PREFIX, LOCK).queue())
+            == 0
+            && !exists(&mut con, &Keys::lock(PREFIX, LOCK).key())),
         "the waiter's release did not leave the lock free"
     );
     assert!(
@@ -1105,7 +1109,7 @@ type Job = Box<dyn FnOnce() -> Option<u64> + Send>;
 /// <ticket> <amount>"), without the scripts' own fields.
 fn entries(con: &mut redis::Connection, name: &str) -> Vec<(String, Vec<String>)> {
     let all: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(waiters(name))
+        .arg(Keys::lock(PREFIX, name).waiters())
         .query(con)
         .expect("HGETALL");
     all.into_iter()
@@ -1149,7 +1153,11 @@ fn a_stale_plain_entry(
     let (id, plain) = entries(&mut con, name).pop().expect("the plain entry");
     assert_eq!(plain[3], "0", "a plain entry: {plain:?}");
     done_rx.recv_timeout(SETUP).expect("the plain wait ended");
-    assert_eq!(llen(&mut con, &queue(name)), 0, "the wait left the queue");
+    assert_eq!(
+        llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        0,
+        "the wait left the queue"
+    );
 
     // Put back as it was, but living a minute: the stale entry.
     let (now, _): (u64, u64) = redis::cmd("TIME").query(&mut con).expect("TIME");
@@ -1157,10 +1165,10 @@ fn a_stale_plain_entry(
     stale[0] = ((now + 60) * 1000).to_string();
     let _: () = redis::pipe()
         .cmd("RPUSH")
-        .arg(queue(name))
+        .arg(Keys::lock(PREFIX, name).queue())
         .arg(&id)
         .cmd("HSET")
-        .arg(waiters(name))
+        .arg(Keys::lock(PREFIX, name).waiters())
         .arg(&id)
         .arg(stale.join(" "))
         .query(&mut con)
@@ -1180,10 +1188,14 @@ fn a_stale_plain_entry(
         }),
         "the second wait never refreshed the entry: {now_entry:?}"
     );
-    assert_eq!(llen(&mut con, &queue(name)), 1, "one entry, not two");
+    assert_eq!(
+        llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        1,
+        "one entry, not two"
+    );
     let flags: u64 = now_entry[3].parse().unwrap();
     let fair: Option<u64> = redis::cmd("HGET")
-        .arg(waiters(name))
+        .arg(Keys::lock(PREFIX, name).waiters())
         .arg("~fair")
         .query(&mut con)
         .expect("HGET ~fair");
@@ -1194,8 +1206,15 @@ fn a_stale_plain_entry(
         .unwrap_or(0);
     drop(jobs);
     thread.join().unwrap();
-    assert!(!exists(&mut con, &key(name)), "the lock is free at the end");
-    assert_eq!(llen(&mut con, &queue(name)), 0, "and nobody queued");
+    assert!(
+        !exists(&mut con, &Keys::lock(PREFIX, name).key()),
+        "the lock is free at the end"
+    );
+    assert_eq!(
+        llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        0,
+        "and nobody queued"
+    );
     (holder_token, token, fair, flags)
 }
 

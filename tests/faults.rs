@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "faults:";
@@ -411,7 +412,7 @@ fn stale_pooled_connections_after_a_restart_are_replaced_transparently() {
 
 fn queue_len(server: &RedisServer, name: &str) -> i64 {
     redis::cmd("LLEN")
-        .arg(format!("{PREFIX}!queue:{{{name}}}"))
+        .arg(Keys::lock(PREFIX, name).queue())
         .query(&mut server.connection())
         .expect("LLEN")
 }

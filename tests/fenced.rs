@@ -7,6 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
+use support::keys::Keys;
 use support::RedisServer;
 
 fn open(server: &RedisServer) -> Client {
@@ -181,7 +182,7 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         });
         assert!(support::wait_until(Duration::from_secs(5), || {
             let queued: i64 = redis::cmd("LLEN")
-                .arg("fenced:!queue:{handoff}")
+                .arg(Keys::lock("fenced:", "handoff").queue())
                 .query(&mut con)
                 .unwrap();
             queued == 1
@@ -232,7 +233,7 @@ fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
     for (i, start) in starts.into_iter().enumerate() {
         let name = format!("huge{i}");
         let _: () = redis::cmd("SET")
-            .arg(format!("fenced:!fence:{{{name}}}"))
+            .arg(Keys::lock("fenced:", &name).fence())
             .arg(start)
             .query(&mut con)
             .unwrap();
@@ -247,7 +248,7 @@ fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
                 .map(|g| g.token());
             (g, Instant::now())
         });
-        let queue = format!("fenced:!queue:{{{name}}}");
+        let queue = Keys::lock("fenced:", &name).queue();
         assert!(
             support::wait_until(Duration::from_secs(5), || {
                 redis::cmd("LLEN")

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, Kind, Lock};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const PREFIX: &str = "handoff:";
@@ -20,21 +21,9 @@ const CLIENTS: Clients = Clients::new(PREFIX).command(Duration::from_secs(2));
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
-fn queue(name: &str) -> String {
-    format!("{PREFIX}!queue:{{{name}}}")
-}
-
-fn waiters(name: &str) -> String {
-    format!("{PREFIX}!waiters:{{{name}}}")
-}
-
 fn pttl(server: &RedisServer, name: &str) -> i64 {
     redis::cmd("PTTL")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(&mut server.connection())
         .unwrap()
 }
@@ -44,12 +33,16 @@ fn await_queued(server: &RedisServer, name: &str, n: i64) {
     let mut seen = 0;
     let ok = wait_until(SETUP, || {
         seen = redis::cmd("LLEN")
-            .arg(queue(name))
+            .arg(Keys::lock(PREFIX, name).queue())
             .query::<i64>(&mut con)
             .unwrap();
         seen == n
     });
-    assert!(ok, "LLEN {} is {seen}, expected {n}", queue(name));
+    assert!(
+        ok,
+        "LLEN {} is {seen}, expected {n}",
+        Keys::lock(PREFIX, name).queue()
+    );
 }
 
 /// A plain lock's release hands the lock to its first waiter only once that waiter has
@@ -64,7 +57,7 @@ fn await_queued_past_starvation_bound(server: &RedisServer, name: &str) {
     let mut youngest = None;
     let ok = wait_until(SETUP, || {
         let entries: Vec<(String, String)> = redis::cmd("HGETALL")
-            .arg(waiters(name))
+            .arg(Keys::lock(PREFIX, name).waiters())
             .query(&mut con)
             .unwrap();
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
@@ -227,7 +220,7 @@ fn a_grant_stamped_after_its_arrival_is_confirmed() {
     await_queued(&server, NAME, 1);
     let mut con = server.connection();
     let entries: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(waiters(NAME))
+        .arg(Keys::lock(PREFIX, NAME).waiters())
         .query(&mut con)
         .unwrap();
     let (id, entry) = entries
@@ -240,7 +233,7 @@ fn a_grant_stamped_after_its_arrival_is_confirmed() {
     let ahead = secs * 1_000 + micros / 1_000 + 5_000;
     let monitor = server.monitor();
     let _: i64 = redis::cmd("PUBLISH")
-        .arg(format!("{}:to:{client_id}", key(NAME)))
+        .arg(format!("{}:to:{client_id}", Keys::lock(PREFIX, NAME).key()))
         .arg(format!("g {token} {ticket} 0 {ahead}"))
         .query(&mut con)
         .unwrap();
@@ -587,7 +580,7 @@ fn grant_timed_by_a_clock_ahead(name: &str, change: impl FnOnce(&FaultProxy, &Cl
     await_queued(&server, name, 1);
     change(&proxy, &waiter);
 
-    let channel = format!("{}:to:{}", key(name), waiter.id());
+    let channel = format!("{}:to:{}", Keys::lock(PREFIX, name).key(), waiter.id());
     proxy.shift_grant_times(&channel, AHEAD);
     proxy.delay_replies_containing(&channel, AHEAD);
     // A plain lock: the release must hand it over (a grant), not wake the waiter to try,

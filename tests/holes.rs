@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "holes:";
@@ -745,7 +746,7 @@ fn call(server: &RedisServer, script: &str) -> String {
 
 fn queue_len(con: &mut redis::Connection, name: &str) -> i64 {
     redis::cmd("LLEN")
-        .arg(format!("{PREFIX}!queue:{{{name}}}"))
+        .arg(Keys::lock(PREFIX, name).queue())
         .query(con)
         .expect("LLEN")
 }
@@ -992,9 +993,9 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     let cancel = |expected: u32| -> Vec<i64> {
         redis::Script::new(&support::queued_script(include_str!("../lua/cancel.lua")))
             .key(key(NAME))
-            .key(format!("{PREFIX}!fence:{{{NAME}}}"))
-            .key(format!("{PREFIX}!queue:{{{NAME}}}"))
-            .key(format!("{PREFIX}!waiters:{{{NAME}}}"))
+            .key(Keys::lock(PREFIX, NAME).fence())
+            .key(Keys::lock(PREFIX, NAME).queue())
+            .key(Keys::lock(PREFIX, NAME).waiters())
             .arg(&holder)
             .arg(expected)
             .arg(3_000)

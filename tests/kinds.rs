@@ -13,6 +13,7 @@ use redmutex::{
     WriteGuard,
 };
 use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const PREFIX: &str = "kinds:";
@@ -256,7 +257,7 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
     let waiter = CLIENTS.functions(true).at(&server);
     let other = CLIENTS.functions(true).at(&server);
     let lock_key = format!("{PREFIX}{{gone}}");
-    let queue = format!("{PREFIX}!queue:{{gone}}");
+    let queue = Keys::lock(PREFIX, "gone").queue();
     let guard = holder
         .lock("gone")
         .lock_with_lease(Duration::from_secs(2))

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use redmutex::Error;
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, RedisServer};
 
 const ROLE: &str = "REDMUTEX_LATCH_ROLE";
@@ -22,10 +23,6 @@ const CLIENTS: Clients = Clients::new(PREFIX);
 const NAME: &str = "jobs";
 /// Waiters wake within this of the count-down that opened the latch.
 const WAKE_BOUND: Duration = Duration::from_millis(500);
-fn key(name: &str) -> String {
-    format!("{PREFIX}!latch:{{{name}}}")
-}
-
 /// Milliseconds of wall-clock time: the processes compared run on one machine.
 fn mono_ms() -> f64 {
     std::time::SystemTime::now()
@@ -92,7 +89,7 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     for c in &counters {
         c.expect("ready");
     }
-    let channel = format!("{}:opened", key(NAME));
+    let channel = format!("{}:opened", Keys::lock(PREFIX, NAME).latch());
     let mut con = server.connection();
     assert!(
         wait_until(Duration::from_secs(5), || support::subscribers(
@@ -131,7 +128,10 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
         }
     }
     assert_eq!(latch.count().unwrap(), 0);
-    assert!(!exists(&server, &key(NAME)), "an open latch leaves no key");
+    assert!(
+        !exists(&server, &Keys::lock(PREFIX, NAME).latch()),
+        "an open latch leaves no key"
+    );
     for c in counters {
         drop(c);
     }
@@ -160,7 +160,10 @@ fn setting_and_counting() {
         0,
         "counting down an open latch"
     );
-    assert!(!exists(&server, &key("basics")), "…writes nothing");
+    assert!(
+        !exists(&server, &Keys::lock(PREFIX, "basics").latch()),
+        "…writes nothing"
+    );
     assert!(
         latch.wait_for(Duration::ZERO).unwrap(),
         "an open latch does not block"
@@ -172,7 +175,7 @@ fn setting_and_counting() {
     );
     assert_eq!(latch.count().unwrap(), 2);
     let pttl: i64 = redis::cmd("PTTL")
-        .arg(key("basics"))
+        .arg(Keys::lock(PREFIX, "basics").latch())
         .query(&mut server.connection())
         .unwrap();
     assert!(
@@ -260,7 +263,7 @@ fn bad_input_changes_nothing() {
             "try_set_count({count}, {expiry:?})"
         );
     }
-    assert!(!exists(&server, &key("bad")));
+    assert!(!exists(&server, &Keys::lock(PREFIX, "bad").latch()));
     let empty = c.count_down_latch("");
     assert!(matches!(empty.count(), Err(Error::InvalidName(_))));
     assert!(matches!(empty.count_down(), Err(Error::InvalidName(_))));
@@ -272,7 +275,7 @@ fn bad_input_changes_nothing() {
     // Someone else's data under the latch's key: refused, left as it was.
     let mut con = server.connection();
     let _: () = redis::cmd("SET")
-        .arg(key("bad"))
+        .arg(Keys::lock(PREFIX, "bad").latch())
         .arg("not a number")
         .arg("PX")
         .arg(60_000)
@@ -281,9 +284,15 @@ fn bad_input_changes_nothing() {
     assert!(latch.count_down().is_err());
     assert!(latch.count().is_err());
     assert!(latch.try_set_count(3, Duration::from_secs(1)).is_err());
-    let value: String = redis::cmd("GET").arg(key("bad")).query(&mut con).unwrap();
+    let value: String = redis::cmd("GET")
+        .arg(Keys::lock(PREFIX, "bad").latch())
+        .query(&mut con)
+        .unwrap();
     assert_eq!(value, "not a number");
-    let pttl: i64 = redis::cmd("PTTL").arg(key("bad")).query(&mut con).unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(Keys::lock(PREFIX, "bad").latch())
+        .query(&mut con)
+        .unwrap();
     assert!(pttl > 50_000, "TTL untouched: {pttl}");
 
     // Numbers that are not Redis integers (a count is never rounded through a double).
@@ -295,13 +304,16 @@ fn bad_input_changes_nothing() {
         " 5",
     ] {
         let _: () = redis::cmd("SET")
-            .arg(key("bad"))
+            .arg(Keys::lock(PREFIX, "bad").latch())
             .arg(foreign)
             .query(&mut con)
             .unwrap();
         assert!(latch.count_down().is_err(), "count_down on {foreign:?}");
         assert!(latch.count().is_err(), "count of {foreign:?}");
-        let value: String = redis::cmd("GET").arg(key("bad")).query(&mut con).unwrap();
+        let value: String = redis::cmd("GET")
+            .arg(Keys::lock(PREFIX, "bad").latch())
+            .query(&mut con)
+            .unwrap();
         assert_eq!(value, foreign);
     }
 }
@@ -364,7 +376,7 @@ fn large_counts_are_exact() {
         let info = c.inspect(format!("large-{i}")).unwrap();
         assert_eq!(info[0].count, Some(count - 2), "as inspect reports it");
         let stored: String = redis::cmd("GET")
-            .arg(key(&format!("large-{i}")))
+            .arg(Keys::lock(PREFIX, &format!("large-{i}")).latch())
             .query(&mut server.connection())
             .unwrap();
         assert_eq!(stored, (count - 2).to_string(), "as Redis holds it");

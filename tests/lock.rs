@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, ClientBuilder, Error, Lock};
 use support::clients::Clients;
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::{free_port, wait_until, RedisServer};
 
 /// The key of a lock named `name` (plain names, default prefix).
@@ -826,7 +827,7 @@ fn one_release_wakes_one_waiting_thread_per_process() {
     let mut con = server.connection();
     let queued = wait_until(Duration::from_secs(5), || {
         redis::cmd("LLEN")
-            .arg("redmutex:!queue:{herd}")
+            .arg(Keys::lock(DEFAULT_PREFIX, "herd").queue())
             .query::<i64>(&mut con)
             .unwrap()
             == 3

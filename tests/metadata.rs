@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redmutex::{Client, Error, HolderMetadata, LockInfo};
 use support::clients::Clients;
+use support::keys::{self, DEFAULT_PREFIX};
 use support::{wait_until, RedisServer};
 
 /// The server's clock (`TIME`), rounded down to the millisecond as the scripts record it.
@@ -628,7 +629,7 @@ fn renewals_cost_nothing_more_with_metadata() {
             .expect("read");
         // The client's pub/sub connection subscribes its own channel once it holds: done
         // before the count starts, so that only renewals are counted.
-        let own = format!("redmutex:__control:{}", client.id());
+        let own = keys::control_channel(DEFAULT_PREFIX, &client);
         assert!(support::wait_until(Duration::from_secs(5), || {
             support::subscribers(&mut server.connection(), &own) == 1
         }));

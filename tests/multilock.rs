@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, MultiLock};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "multi:";
@@ -221,7 +222,7 @@ fn a_waiter_leaves_the_queue_of_a_master_whose_call_just_timed_out() {
     // Leaving the queue may need a new connection to the master just thawed.
     let waiting = make(&waiters, "queue-left", 1000);
     let probe = make(&waiters, "probe", 150);
-    let queue = format!("{PREFIX}!queue:{{queue-left}}");
+    let queue = Keys::lock(PREFIX, "queue-left").queue();
     let queued = |s: &RedisServer| -> i64 {
         redis::cmd("LLEN")
             .arg(&queue)
@@ -305,7 +306,7 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
 
 fn queue_len(server: &RedisServer, name: &str) -> i64 {
     redis::cmd("LLEN")
-        .arg(format!("{PREFIX}!queue:{{{name}}}"))
+        .arg(Keys::lock(PREFIX, name).queue())
         .query(&mut server.connection())
         .expect("LLEN")
 }

@@ -16,6 +16,7 @@ use redmutex::{
     Upgradeable, Write,
 };
 use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const CLIENTS: Clients = Clients::DEFAULT
@@ -40,7 +41,7 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 
 /// Waits (up to 5 s) until `n` waiters are queued on the plain lock `name`.
 fn await_queued(server: &RedisServer, prefix: &str, name: &str, n: i64) {
-    let queue = format!("{prefix}!queue:{{{name}}}");
+    let queue = Keys::lock(prefix, name).queue();
     let mut con = server.connection();
     let mut seen = -1;
     let ok = support::wait_until(SETUP, || {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const PREFIX: &str = "redlock:";
@@ -278,7 +279,7 @@ fn a_waiter_sleeps_without_commands_and_wakes_on_release() {
     };
     started.wait();
     // Queued on every master: each has one entry in the lock's queue.
-    let queue = format!("{PREFIX}!queue:{{wake}}");
+    let queue = Keys::lock(PREFIX, "wake").queue();
     assert!(support::wait_until(Duration::from_secs(5), || servers
         .iter()
         .all(|s| redis::cmd("LLEN")

@@ -5,6 +5,7 @@
 mod support;
 
 use redmutex::{Client, Error};
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::{FaultProxy, RedisServer};
 
 fn exists(server: &RedisServer, key: &str) -> bool {
@@ -69,6 +70,9 @@ fn a_read_write_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock(
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "the repeat answers that the lock was freed");
-    assert!(!exists(&server, "redmutex:!rw:{shared}"), "freed");
+    assert!(
+        !exists(&server, &Keys::rw(DEFAULT_PREFIX, "shared").key()),
+        "freed"
+    );
     assert!(read.unlock().is_err(), "the reader's hold is gone");
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::clients::{build, Clients};
+use support::keys::Keys;
 use support::RedisServer;
 
 const CLIENTS: Clients =
@@ -154,7 +155,7 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
     );
     for (name, lease) in [("handed-watchdog", None), ("handed-fixed", Some(5_000))] {
         let key = format!("replicas:{{{name}}}");
-        let queue = format!("replicas:!queue:{{{name}}}");
+        let queue = Keys::lock("replicas:", name).queue();
         let full = lease.map_or(30_000, |ms: u64| ms as i64);
         let guard = holder.fair_lock(name).lock().expect("holder");
         let lock = waiter.fair_lock(name);

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error, Kind, Lock};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_RW_ROLE";
@@ -111,22 +112,6 @@ end
 return {num('readers'), num('writers'), num('violations')}
 ";
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}!rw:{{{name}}}")
-}
-
-fn leases_key(name: &str) -> String {
-    format!("{PREFIX}!leases:!rw:{{{name}}}")
-}
-
-fn queue_key(name: &str) -> String {
-    format!("{PREFIX}!queue:!rw:{{{name}}}")
-}
-
-fn waiters_key(name: &str) -> String {
-    format!("{PREFIX}!waiters:!rw:{{{name}}}")
-}
-
 fn witness_key(name: &str) -> String {
     format!("witness:{{{name}}}")
 }
@@ -142,9 +127,9 @@ fn witness(
 ) -> (i64, i64, i64) {
     redis::Script::new(WITNESS)
         .key(witness_key(name))
-        .key(key(name))
-        .key(leases_key(name))
-        .key(waiters_key(name))
+        .key(Keys::rw(PREFIX, name).key())
+        .key(Keys::rw(PREFIX, name).leases())
+        .key(Keys::rw(PREFIX, name).waiters())
         .arg(op)
         .arg(mode)
         .arg(client_id)
@@ -179,7 +164,7 @@ fn exists(con: &mut redis::Connection, key: &str) -> bool {
 /// The lock's hash: field -> value.
 fn holds(con: &mut redis::Connection, name: &str) -> HashMap<String, String> {
     redis::cmd("HGETALL")
-        .arg(key(name))
+        .arg(Keys::rw(PREFIX, name).key())
         .query(con)
         .expect("HGETALL")
 }
@@ -187,7 +172,7 @@ fn holds(con: &mut redis::Connection, name: &str) -> HashMap<String, String> {
 /// The leases ZSET: field -> lease end (server ms).
 fn leases(con: &mut redis::Connection, name: &str) -> HashMap<String, i64> {
     let flat: Vec<(String, i64)> = redis::cmd("ZRANGE")
-        .arg(leases_key(name))
+        .arg(Keys::rw(PREFIX, name).leases())
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
@@ -228,7 +213,7 @@ fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     let mut seen = 0;
     assert!(
         wait_until(SETUP, || {
-            seen = llen(con, &queue_key(name));
+            seen = llen(con, &Keys::rw(PREFIX, name).queue());
             seen == n
         }),
         "{who}: the queue holds {seen} entries, expected {n} within {SETUP:?}"
@@ -528,7 +513,7 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
         "the writer got in while a reader (c) was still inside"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the writer still waits"
     );
@@ -558,7 +543,7 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
     let (r_e, w_e, v_e) = expect_in(&p3, "e");
     assert_eq!((w_d, w_e, v_d, v_e), (0, 0, 0, 0));
     assert_eq!(r_d.max(r_e), 2, "both readers inside together");
-    assert_eq!(llen(&mut con, &queue_key(LOCK)), 0);
+    assert_eq!(llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
     assert!(field_of(&mut con, LOCK, "r", &id2).is_some());
     release(&mut p2, "d");
     release(&mut p3, "e");
@@ -568,8 +553,14 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
     eprintln!("overlap: max readers inside at once {max}, violations {violations}");
     assert_eq!(max, 3);
     assert_eq!(violations, 0);
-    assert!(!exists(&mut con, &key(LOCK)), "all released: no hash left");
-    assert!(!exists(&mut con, &leases_key(LOCK)), "…and no leases left");
+    assert!(
+        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        "all released: no hash left"
+    );
+    assert!(
+        !exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()),
+        "…and no leases left"
+    );
     for mut p in [p1, p2, p3] {
         p.send("exit");
         p.expect("done");
@@ -626,7 +617,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
         "the write hold, the read hold, the writer mark: {h:?}"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the reader still waits"
     );
@@ -683,7 +674,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
     let (none, unlocked) = writer_thread.join().unwrap();
     assert!(none.unwrap(), "try_lock to write beside a reader succeeded");
     unlocked.unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
     other.send("exit");
     other.expect("done");
     other.wait_success();
@@ -712,7 +703,7 @@ fn a_writer_that_also_reads_may_reenter_the_write_side() {
     drop(again);
     w.unlock().unwrap();
     r.unlock().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -784,8 +775,14 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
                 "{depth}: {what} took {took:?} to refuse"
             );
         }
-        assert!(!exists(con, &queue_key(LOCK)), "{depth}: nobody queued");
-        assert!(!exists(con, &waiters_key(LOCK)), "{depth}: no waiter entry");
+        assert!(
+            !exists(con, &Keys::rw(PREFIX, LOCK).queue()),
+            "{depth}: nobody queued"
+        );
+        assert!(
+            !exists(con, &Keys::rw(PREFIX, LOCK).waiters()),
+            "{depth}: no waiter entry"
+        );
         slowest
     };
     let slow1 = check(&mut con, "one read level");
@@ -810,7 +807,7 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
         .unwrap()
         .expect("writes once the read hold is gone");
     w.unlock().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1011,7 +1008,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     p2.send("count b");
     assert_eq!(expect_words(&p2, "count", "b")[2], "1");
     assert!(got.try_recv().is_err(), "the writer got in beside a reader");
-    assert_eq!(llen(&mut con, &queue_key(LOCK)), 1);
+    assert_eq!(llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 1);
 
     let released = Instant::now();
     release(&mut p2, "b");
@@ -1022,7 +1019,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     eprintln!("killed reader: writer in {handoff:?} after the survivor's release");
     assert!(handoff < Duration::from_millis(500));
     writer.join().unwrap().unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
     p2.send("exit");
     p2.expect("done");
     p2.wait_success();
@@ -1077,7 +1074,7 @@ fn a_fixed_read_lease_that_ends_is_lost() {
     );
     go.send(()).unwrap();
     t.join().unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Two watchdog read holds (900 ms lease, renewed every 300 ms): one's field is deleted
@@ -1119,10 +1116,10 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let field_a = field_of(&mut con, LOCK, "r", a.id()).unwrap();
     let _: () = redis::pipe()
         .cmd("HDEL")
-        .arg(key(LOCK))
+        .arg(Keys::rw(PREFIX, LOCK).key())
         .arg(&field_a)
         .cmd("ZREM")
-        .arg(leases_key(LOCK))
+        .arg(Keys::rw(PREFIX, LOCK).leases())
         .arg(&field_a)
         .query(&mut con)
         .unwrap();
@@ -1147,8 +1144,8 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let (lost, unlocked) = tb.join().unwrap().unwrap();
     assert!(lost, "a force-unlocked read hold was not reported lost");
     assert_eq!(unlocked, r#"Err(LeaseLost { lock: Some("taken") })"#);
-    assert!(!exists(&mut con, &key(LOCK)));
-    assert!(!exists(&mut con, &leases_key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1231,8 +1228,11 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 4);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
-    assert!(!exists(&mut con, &key(LOCK)), "the read hold is gone");
-    assert!(!exists(&mut con, &leases_key(LOCK)));
+    assert!(
+        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        "the read hold is gone"
+    );
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()));
 
     proxy.lose_next_reply_to(&acquire);
     let w = rw.write().lock().expect("the repeated write acquire");
@@ -1266,8 +1266,11 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let r = w.unlock();
     assert_eq!(proxy.lost_replies(), 8);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
-    assert!(!exists(&mut con, &key(LOCK)), "no ghost hold");
-    assert!(!exists(&mut con, &leases_key(LOCK)));
+    assert!(
+        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        "no ghost hold"
+    );
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()));
 
     // The lock is free for everybody.
     let g = other
@@ -1319,7 +1322,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
         "the reader got in beside the writer"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "queued once, not twice"
     );
@@ -1329,8 +1332,11 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     let (count, unlocked) = reader.join().unwrap().unwrap();
     assert_eq!(count, 1);
     unlocked.unwrap();
-    assert_eq!(llen(&mut con, &queue_key(LOCK)), 0);
-    assert!(!exists(&mut con, &key(LOCK)), "no ghost hold");
+    assert_eq!(llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
+    assert!(
+        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        "no ghost hold"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1434,7 +1440,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
         "the failed release changed the other writer's hold"
     );
     wb.unlock().unwrap();
-    assert!(!exists(&mut con, &key("bad")));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, "bad").key()));
     assert!(!rw.read().force_unlock().unwrap(), "nothing left to free");
 }
 
@@ -1519,7 +1525,7 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     assert!(field_of(&mut con, LOCK, "w", writer.id()).is_some());
     go.send(()).unwrap();
     t.join().unwrap().unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 1: a reader's nested read fails while another thread of its client waits
@@ -1571,7 +1577,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         "the read hold is gone"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the writer kept its place"
     );
@@ -1584,7 +1590,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         .unwrap()
         .expect("writer lock")
         .expect("writer unlock");
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 5 (Redisson's testReadLockLeaseTimeout): a read hold with a fixed lease
@@ -1635,7 +1641,7 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
     assert!(matches!(read.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(rw.write().hold_count().unwrap(), 1);
     write.unlock().expect("write unlock");
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 1, in the scripts: a read-write lock's cancel told fewer read levels
@@ -1661,16 +1667,16 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
             ]
             .concat(),
         )
-        .key(key(LOCK))
-        .key(format!("{PREFIX}!fence:!rw:{{{LOCK}}}"))
-        .key(queue_key(LOCK))
-        .key(waiters_key(LOCK))
-        .key(leases_key(LOCK))
+        .key(Keys::rw(PREFIX, LOCK).key())
+        .key(Keys::rw(PREFIX, LOCK).fence())
+        .key(Keys::rw(PREFIX, LOCK).queue())
+        .key(Keys::rw(PREFIX, LOCK).waiters())
+        .key(Keys::rw(PREFIX, LOCK).leases())
         .arg(&holder)
         .arg(expected)
         .arg(3_000)
         .arg(0)
-        .arg(format!("{}:to:", key(LOCK)))
+        .arg(format!("{}:to:", Keys::rw(PREFIX, LOCK).key()))
         .arg(1_000)
         .arg(10)
         .arg(5)
@@ -1699,5 +1705,5 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     assert!(!outer.is_lease_lost());
     drop(inner);
     outer.unlock().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
 }

@@ -13,6 +13,7 @@ use std::thread;
 use std::time::Duration;
 
 use redmutex::Client;
+use support::keys::{self, DEFAULT_PREFIX};
 use support::RedisServer;
 
 /// Commands the test itself sends to read the counters (or a client sends to set up a
@@ -49,7 +50,10 @@ fn per_op(
     // first hold, on a thread of its own: once, not per operation.
     assert!(
         support::wait_until(Duration::from_secs(10), || {
-            support::subscribers(&mut server.connection(), "redmutex:__control:") > 0
+            support::subscribers(
+                &mut server.connection(),
+                keys::control_prefix(DEFAULT_PREFIX),
+            ) > 0
         }),
         "the client never listened on its own channel"
     );

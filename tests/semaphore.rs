@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error, Permit, Semaphore};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_SEM_ROLE";
@@ -52,19 +53,9 @@ fn load_renew(server: &RedisServer) {
     renew_call(server);
 }
 
-/// The holds hash of semaphore `name`.
-fn key(name: &str) -> String {
-    format!("{PREFIX}!sem:{{{name}}}")
-}
-
-/// An auxiliary key of semaphore `name`: "queue", "waiters", "leases", "permits".
-fn aux(kind: &str, name: &str) -> String {
-    format!("{PREFIX}!{kind}:!sem:{{{name}}}")
-}
-
 fn queue(server: &RedisServer, name: &str) -> Vec<String> {
     redis::cmd("LRANGE")
-        .arg(aux("queue", name))
+        .arg(Keys::sem(PREFIX, name).aux("queue"))
         .arg(0)
         .arg(-1)
         .query(&mut server.connection())
@@ -74,7 +65,7 @@ fn queue(server: &RedisServer, name: &str) -> Vec<String> {
 /// Holder id -> permits it holds (the `~used` sum left out).
 fn holds(server: &RedisServer, name: &str) -> HashMap<String, i64> {
     let mut all: HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(key(name))
+        .arg(Keys::sem(PREFIX, name).key())
         .query(&mut server.connection())
         .expect("HGETALL");
     all.remove("~used");
@@ -84,7 +75,7 @@ fn holds(server: &RedisServer, name: &str) -> HashMap<String, i64> {
 /// The `~used` sum as stored (0 when absent).
 fn used(server: &RedisServer, name: &str) -> i64 {
     let v: Option<i64> = redis::cmd("HGET")
-        .arg(key(name))
+        .arg(Keys::sem(PREFIX, name).key())
         .arg("~used")
         .query(&mut server.connection())
         .expect("HGET");
@@ -118,7 +109,7 @@ fn holders_of(server: &RedisServer, name: &str, client_id: &str) -> Vec<String> 
 /// than the lease would).
 fn end_lease(server: &RedisServer, name: &str, holder: &str) {
     let _: i64 = redis::cmd("ZADD")
-        .arg(aux("leases", name))
+        .arg(Keys::sem(PREFIX, name).aux("leases"))
         .arg("XX")
         .arg(1)
         .arg(holder)
@@ -514,7 +505,10 @@ fn never_more_than_n_permits_in_use_across_processes_with_one_killed() {
         .semaphore(POOL, POOL_PERMITS);
     assert_eq!(sem.available_permits().unwrap(), POOL_PERMITS);
     assert!(queue(&server, POOL).is_empty());
-    assert!(!exists(&server, &key(POOL)), "holds left behind");
+    assert!(
+        !exists(&server, &Keys::sem(PREFIX, POOL).key()),
+        "holds left behind"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -527,7 +521,7 @@ const CRASH_WATCHDOG: Duration = Duration::from_millis(1_000);
 fn lease_left(server: &RedisServer, name: &str, holder: &str) -> Duration {
     let (ends, (secs, micros)): (Option<u64>, (u64, u64)) = redis::pipe()
         .cmd("ZSCORE")
-        .arg(aux("leases", name))
+        .arg(Keys::sem(PREFIX, name).aux("leases"))
         .arg(holder)
         .cmd("TIME")
         .query(&mut server.connection())
@@ -649,7 +643,7 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
     // Loads the operators' script, so the window below holds the add and nothing else.
     assert_eq!(ops.permits().unwrap(), 1);
     load_renew(&server);
-    let channel = format!("{}:to:", key(NAME));
+    let channel = format!("{}:to:", Keys::sem(PREFIX, NAME).key());
     assert_eq!(support::subscribers(&mut server.connection(), &channel), 1);
 
     // Settled: every waiter is queued and its client subscribed.
@@ -950,10 +944,10 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     p.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 3);
     assert!(
-        !exists(&server, &key(NAME)),
+        !exists(&server, &Keys::sem(PREFIX, NAME).key()),
         "holds left after the last release"
     );
-    assert!(!exists(&server, &aux("leases", NAME)));
+    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).aux("leases")));
 
     {
         let _p = sem.acquire().unwrap();
@@ -1054,12 +1048,12 @@ fn operators_change_the_stored_number_of_permits() {
     let c = CLIENTS.scaled(WATCHDOG).at(&server.url());
     let sem = c.semaphore(NAME, 3);
     assert!(
-        !exists(&server, &aux("permits", NAME)),
+        !exists(&server, &Keys::sem(PREFIX, NAME).aux("permits")),
         "made without touching Redis"
     );
     assert_eq!(sem.permits().unwrap(), 3);
     assert_eq!(
-        pttl(&server, &aux("permits", NAME)),
+        pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")),
         -1,
         "the number never expires"
     );
@@ -1083,14 +1077,17 @@ fn operators_change_the_stored_number_of_permits() {
     drop(p);
 
     let p1 = sem.acquire_many(2).unwrap();
-    for k in [key(NAME), aux("leases", NAME)] {
+    for k in [
+        Keys::sem(PREFIX, NAME).key(),
+        Keys::sem(PREFIX, NAME).aux("leases"),
+    ] {
         let ttl = pttl(&server, &k);
         assert!(
             ttl > 0 && ttl <= WATCHDOG.as_millis() as i64,
             "{k} expires with the lease ({WATCHDOG:?}): {ttl}"
         );
     }
-    assert_eq!(pttl(&server, &aux("permits", NAME)), -1);
+    assert_eq!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")), -1);
     assert_eq!(sem.add_permits(2).unwrap(), 5);
     assert_eq!(sem.available_permits().unwrap(), 3);
     let p2 = sem.acquire().unwrap();
@@ -1135,14 +1132,14 @@ fn operators_change_the_stored_number_of_permits() {
     assert_eq!(sem.available_permits().unwrap(), 1);
 
     // Nothing held: the holds are gone, the number stays.
-    assert!(!exists(&server, &key(NAME)));
-    assert!(!exists(&server, &aux("leases", NAME)));
+    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).key()));
+    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).aux("leases")));
     let stored: String = redis::cmd("GET")
-        .arg(aux("permits", NAME))
+        .arg(Keys::sem(PREFIX, NAME).aux("permits"))
         .query(&mut server.connection())
         .unwrap();
     assert_eq!(stored, "1");
-    assert_eq!(pttl(&server, &aux("permits", NAME)), -1);
+    assert_eq!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")), -1);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1240,7 +1237,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         .unwrap();
     assert_eq!(
         keys,
-        [aux("permits", "bad")],
+        [Keys::sem(PREFIX, "bad").aux("permits")],
         "only the semaphore that was used"
     );
 }
@@ -1383,7 +1380,7 @@ fn lost_replies_take_and_free_permits_once() {
     drop(three);
     bystander.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 4);
-    assert!(!exists(&server, &key(NAME)));
+    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).key()));
     eprintln!("a release whose reply was lost returned {r:?}");
 }
 
@@ -1470,7 +1467,7 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
         );
         assert!(queue(&server, NAME).is_empty(), "left its entry behind");
         let waiting: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(aux("waiters", NAME))
+            .arg(Keys::sem(PREFIX, NAME).aux("waiters"))
             .query(&mut server.connection())
             .unwrap();
         assert!(waiting.is_empty(), "left its waiter data: {waiting:?}");

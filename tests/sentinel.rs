@@ -11,6 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::topology::{addr_of, Sentinels};
 use support::wait_until;
 
@@ -389,7 +390,7 @@ fn a_frozen_sentinel_does_not_hold_up_a_reconnect() {
     let topo = Sentinels::new(1, 3);
     let mut primary = primary_connection(&topo);
     let (held, acquired, waiter, _clients) = held_and_waited_for(&topo, NAME);
-    let queue = format!("redmutex:!queue:{{{NAME}}}");
+    let queue = Keys::lock(DEFAULT_PREFIX, NAME).queue();
     assert!(
         wait_until(Duration::from_secs(5), || redis::cmd("LLEN")
             .arg(&queue)

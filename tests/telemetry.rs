@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use capture::{counter, histogram, metrics_of, observed};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, RedisServer};
 
 const PREFIX: &str = "telemetry:";
@@ -22,7 +23,7 @@ const CLIENTS: Clients = Clients::new(PREFIX)
     .command(Duration::from_secs(2));
 
 fn await_queued(server: &RedisServer, name: &str, n: i64) {
-    let queue = format!("{PREFIX}!queue:{{{name}}}");
+    let queue = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let mut seen = 0;
     let ok = wait_until(Duration::from_secs(5), || {

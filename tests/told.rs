@@ -18,6 +18,7 @@ use redmutex::{
     Client, Error, Kind, LockGuard, LossReason, LostLease, MultiLock, OwnedGuard, Permit,
 };
 use support::clients::{Clients, Heard, Told};
+use support::keys::{self, DEFAULT_PREFIX};
 use support::topology::Cluster;
 use support::RedisServer;
 
@@ -465,7 +466,7 @@ fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
         .unwrap();
     let guard = holder.lock(&name).lock().unwrap();
     let lost = guard.lost();
-    let own = format!("redmutex:__control:{}", holder.id());
+    let own = keys::control_channel(DEFAULT_PREFIX, &holder);
     let mut con = cluster.node(0).connection();
     assert!(
         support::wait_until(Duration::from_secs(5), || support::subscribers(

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use redmutex::{CancelToken, Client, Error, Kind, Lock, LockGuard, OwnedGuard};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const ROLE: &str = "REDMUTEX_TORTURE_ROLE";
@@ -182,21 +183,6 @@ end
 return violations
 ";
 
-/// The Redis key of lock `name` (the names above are brace-free or carry a valid tag).
-fn lock_key(name: &str) -> String {
-    if name.contains('{') {
-        format!("{PREFIX}~{name}")
-    } else {
-        format!("{PREFIX}{{{name}}}")
-    }
-}
-
-/// The Redis key of the holds of read-write lock `name`.
-fn rw_key(name: &str) -> String {
-    let key = lock_key(name);
-    format!("{PREFIX}!rw:{}", &key[PREFIX.len()..])
-}
-
 /// The witness's own key: no lock key starts like this after the prefix.
 fn witness_key(name: &str) -> String {
     format!("{PREFIX}witness:{name}")
@@ -240,7 +226,7 @@ fn torture_entry() {
                 tag: |_| "0".to_owned(),
                 owned_tag: |_| "0".to_owned(),
                 witness: WITNESS,
-                key: lock_key,
+                key: |name| Keys::lock(PREFIX, name).key(),
             };
             fair.spawn(&client, &url, &tokens, 0..THREADS)
         }
@@ -250,14 +236,14 @@ fn torture_entry() {
                 tag: |_| "r".to_owned(),
                 owned_tag: |_| "r".to_owned(),
                 witness: RW_WITNESS,
-                key: rw_key,
+                key: |name| Keys::rw(PREFIX, name).key(),
             };
             let write = Worker {
                 make: |c, name| c.read_write_lock(name).write(),
                 tag: |_| "w".to_owned(),
                 owned_tag: |_| "w".to_owned(),
                 witness: RW_WITNESS,
-                key: rw_key,
+                key: |name| Keys::rw(PREFIX, name).key(),
             };
             let mut threads = read.spawn(&client, &url, &tokens, 0..THREADS / 2);
             threads.extend(write.spawn(&client, &url, &tokens, THREADS / 2..THREADS));
@@ -269,7 +255,7 @@ fn torture_entry() {
                 tag: |g| g.token().to_string(),
                 owned_tag: |g| g.token().to_string(),
                 witness: WITNESS,
-                key: lock_key,
+                key: |name| Keys::lock(PREFIX, name).key(),
             };
             fenced.spawn(&client, &url, &tokens, 0..THREADS)
         }

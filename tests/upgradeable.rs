@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, RedisServer};
 
 const ROLE: &str = "REDMUTEX_UP_ROLE";
@@ -33,14 +34,6 @@ const SETUP: Duration = Duration::from_secs(5);
 /// Long enough that a waiter that is not going to be served shows it, on a loaded machine.
 const STILL_WAITING: Duration = Duration::from_millis(300);
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}!rw:{{{name}}}")
-}
-
-fn queue_key(name: &str) -> String {
-    format!("{PREFIX}!queue:!rw:{{{name}}}")
-}
-
 fn connect(url: &str) -> redis::Connection {
     redis::Client::open(url)
         .and_then(|c| c.get_connection())
@@ -50,7 +43,7 @@ fn connect(url: &str) -> redis::Connection {
 /// The hold fields of the lock's hash (not the scripts' `~` fields), sorted.
 fn hold_fields(con: &mut redis::Connection, name: &str) -> Vec<String> {
     let all: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(key(name))
+        .arg(Keys::rw(PREFIX, name).key())
         .query(con)
         .expect("HGETALL");
     let mut f: Vec<String> = all.into_keys().filter(|f| !f.starts_with('~')).collect();
@@ -61,7 +54,7 @@ fn hold_fields(con: &mut redis::Connection, name: &str) -> Vec<String> {
 /// The holder ids queued, in order.
 fn queue(con: &mut redis::Connection, name: &str) -> Vec<String> {
     redis::cmd("LRANGE")
-        .arg(queue_key(name))
+        .arg(Keys::rw(PREFIX, name).queue())
         .arg(0)
         .arg(-1)
         .query(con)
@@ -710,7 +703,7 @@ fn a_dead_upgradeable_holder_frees_the_slot_when_its_lease_ends() {
     // When its lease ends, by the server's clock.
     let (ends, now): (i64, (i64, i64)) = redis::pipe()
         .cmd("ZSCORE")
-        .arg(format!("{PREFIX}!leases:!rw:{{{name}}}"))
+        .arg(Keys::rw(PREFIX, name).leases())
         .arg(&field)
         .cmd("TIME")
         .query(&mut con)
@@ -1114,15 +1107,21 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
     let fakes: Vec<String> = (0..FAKES).map(|i| format!("fake-{i}:1")).collect();
     let mut pipe = redis::pipe();
     for f in &fakes {
-        pipe.cmd("RPUSH").arg(queue_key(name)).arg(f).ignore();
+        pipe.cmd("RPUSH")
+            .arg(Keys::rw(PREFIX, name).queue())
+            .arg(f)
+            .ignore();
         pipe.cmd("HSET")
-            .arg(format!("{PREFIX}!waiters:!rw:{{{name}}}"))
+            .arg(Keys::rw(PREFIX, name).waiters())
             .arg(f)
             .arg(format!("{} {now} 5000 1 1 1", now + 60_000))
             .ignore();
     }
     // Both keys, as the queue's own rules keep them (queue.lua's Q.outlive).
-    for k in [queue_key(name), format!("{PREFIX}!waiters:!rw:{{{name}}}")] {
+    for k in [
+        Keys::rw(PREFIX, name).queue(),
+        Keys::rw(PREFIX, name).waiters(),
+    ] {
         pipe.cmd("PEXPIRE").arg(k).arg(60_000).ignore();
     }
     pipe.query::<()>(&mut con).unwrap();
@@ -1134,7 +1133,7 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
             assert!(wait_until(SETUP, || queue(&mut con, name).len() == FAKES + 1));
             let q = queue(&mut con, name);
             let ttl: i64 = redis::cmd("PTTL")
-                .arg(queue_key(name))
+                .arg(Keys::rw(PREFIX, name).queue())
                 .query(&mut con)
                 .unwrap();
             release_r.send(()).unwrap();

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, LockGuard};
 use support::clients::Clients;
+use support::keys::{self, Keys};
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "wakeups:";
@@ -123,7 +124,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     let second = spawn_waiter(2);
     // Both queued: with their second attempts (a script call count could include the
     // watchdog's keep-alive of the first one's queue entry).
-    let queue = format!("{PREFIX}!queue:{{{NAME}}}");
+    let queue = Keys::lock(PREFIX, NAME).queue();
     let llen = |con: &mut redis::Connection| -> i64 {
         redis::cmd("LLEN").arg(&queue).query(con).expect("LLEN")
     };
@@ -154,7 +155,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
         end
         return n",
     )
-    .key(format!("{PREFIX}!waiters:{{{NAME}}}"))
+    .key(Keys::lock(PREFIX, NAME).waiters())
     .invoke(&mut con)
     .expect("refresh the queue entries");
     assert_eq!(fresh, 2, "setup: the two waiters' queue entries");
@@ -848,7 +849,7 @@ fn a_stopped_and_continued_process_keeps_its_waiters_places() {
     let held = holder.fair_lock(STOPPED_LOCK).lock().expect("holder");
     // The holder's own pub/sub connection (a client listens on its own channel while it
     // holds anything), subscribed before the counts below are taken.
-    let own = format!("{PREFIX}__control:{}", holder.id());
+    let own = keys::control_channel(PREFIX, &holder);
     assert!(
         support::wait_until(Duration::from_secs(5), || numsub(&server, &own) == 1),
         "the holder's client never listened on its own channel"
@@ -856,7 +857,7 @@ fn a_stopped_and_continued_process_keeps_its_waiters_places() {
     let parent = pubsub_ids(&server);
     let url = server.url();
     let mut child = ChildProc::spawn("wakeups_entry", &[(ROLE, "waiters"), (URL, &url)]);
-    let queue = format!("{PREFIX}!queue:{{{STOPPED_LOCK}}}");
+    let queue = Keys::lock(PREFIX, STOPPED_LOCK).queue();
     let llen = |con: &mut redis::Connection| -> i64 {
         redis::cmd("LLEN").arg(&queue).query(con).expect("LLEN")
     };

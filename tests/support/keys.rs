@@ -7,6 +7,9 @@
 //! `p!rw:{name}`, a semaphore in `p!sem:{name}`. Each object's auxiliary keys are
 //! `p!<kind>:<its key less the prefix>`.
 
+/// The prefix of a client that sets none.
+pub const DEFAULT_PREFIX: &str = "redmutex:";
+
 /// The keys of one object (a lock, read-write lock or semaphore) of one prefix.
 #[derive(Clone, Debug)]
 pub struct Keys {
@@ -110,10 +113,15 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// The channel a client listens on for what is told to it alone.
 pub fn control_channel(prefix: &str, client: &redmutex::Client) -> String {
-    format!("{prefix}__control:{}", client.id())
+    format!("{}{}", control_prefix(prefix), client.id())
+}
+
+/// What every client's own channel of `prefix` starts with.
+pub fn control_prefix(prefix: &str) -> String {
+    format!("{prefix}__control:")
 }
 
 /// The pattern of every client's own channel of `prefix`.
 pub fn control_channels(prefix: &str) -> String {
-    format!("{prefix}__control:*")
+    format!("{}*", control_prefix(prefix))
 }
