@@ -403,7 +403,7 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
         let released = Instant::now();
         // The release made the cancellable waiter the holder.
         let holders: Vec<String> = redis::cmd("HKEYS")
-            .arg(format!("{PREFIX}{{{name}}}"))
+            .arg(Keys::lock(PREFIX, name).key())
             .query(&mut con)
             .unwrap();
         assert_eq!(holders.iter().filter(|h| !h.starts_with('~')).count(), 1);

@@ -40,13 +40,9 @@ fn waiter(client: Client, name: &str) -> (thread::JoinHandle<()>, mpsc::Receiver
     (t, rx)
 }
 
-fn lock_key(name: &str) -> String {
-    format!("redmutex:{{{name}}}")
-}
-
 /// The holder ids in `name`'s hash on the node that owns its slot.
 fn holders(cluster: &Cluster, name: &str) -> Vec<(String, i64)> {
-    let key = lock_key(name);
+    let key = Keys::lock(DEFAULT_PREFIX, name).key();
     let mut con = cluster.connection_for_key(&key);
     redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap()
 }
@@ -55,7 +51,7 @@ fn holders(cluster: &Cluster, name: &str) -> Vec<(String, i64)> {
 fn name_on_other_node(cluster: &Cluster, not: usize, prefix: &str) -> String {
     (0..)
         .map(|i| format!("{prefix}{i}"))
-        .find(|n| cluster.node_for_key(lock_key(n)) != not)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) != not)
         .unwrap()
 }
 
@@ -74,7 +70,7 @@ fn a_thousand_lock_names_spread_over_every_primary() {
         assert_eq!(on_node.len(), 1, "{name} is on the node of its slot");
         assert_eq!(on_node[0].1, 2);
         *per_node
-            .entry(cluster.node_for_key(lock_key(name)))
+            .entry(cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, name).key()))
             .or_insert(0) += 1;
         drop(inner);
         outer.unlock().unwrap();
@@ -95,7 +91,7 @@ fn a_thousand_lock_names_spread_over_every_primary() {
     let renewed_past = WATCHDOG.as_millis() as i64 * 2 / 3 + 100;
     assert!(wait_until(WATCHDOG, || taken.elapsed() >= WATCHDOG / 2
         && names[..30].iter().all(|n| {
-            let key = lock_key(n);
+            let key = Keys::lock(DEFAULT_PREFIX, n).key();
             let mut con = cluster.connection_for_key(&key);
             let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
             pttl > renewed_past
@@ -124,7 +120,7 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
         // Subscribed (on node 0) and queued before the release.
         assert!(wait_until(Duration::from_secs(5), || {
             let mut con = cluster.node(0).connection();
-            support::subscribers(&mut con, lock_key(&name)) > 0
+            support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
         }));
         let released = Instant::now();
         held.unlock().unwrap();
@@ -207,10 +203,10 @@ fn every_kind_of_primitive_works_on_a_cluster() {
 /// Two lock names whose keys share one slot (found by brute force over the CRC16).
 fn two_names_in_one_slot() -> (String, String, u16) {
     let first = "resharded".to_owned();
-    let slot = key_slot(lock_key(&first));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, &first).key());
     let second = (0..)
         .map(|i| format!("same-slot-{i}"))
-        .find(|n| key_slot(lock_key(n)) == slot)
+        .find(|n| key_slot(Keys::lock(DEFAULT_PREFIX, n).key()) == slot)
         .unwrap();
     (first, second, slot)
 }
@@ -378,7 +374,7 @@ fn a_primary_failover_is_survived() {
     let primary = cluster.primaries()[1];
     let name = (0..)
         .map(|i| format!("failover-{i}"))
-        .find(|n| cluster.node_for_key(lock_key(n)) == primary)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == primary)
         .unwrap();
     let holder = cluster_client(&cluster);
     let held = holder.lock(&name).lock().unwrap();
@@ -392,7 +388,7 @@ fn a_primary_failover_is_survived() {
     );
     assert!(wait_until(Duration::from_secs(5), || {
         let mut con = cluster.node(listen_on).connection();
-        support::subscribers(&mut con, lock_key(&name)) > 0
+        support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
     }));
     cluster.wait_replicas_synced(Duration::from_secs(5));
 
@@ -406,7 +402,7 @@ fn a_primary_failover_is_survived() {
     // The same client takes new locks in the failed-over slots and keeps renewing.
     let other = (0..)
         .map(|i| format!("after-{i}"))
-        .find(|n| cluster.node_for_key(lock_key(n)) == promoted)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == promoted)
         .unwrap();
     let g = holder.lock(&other).lock().unwrap();
     assert_eq!(holders(&cluster, &other).len(), 1);
@@ -415,7 +411,7 @@ fn a_primary_failover_is_survived() {
     assert!(wait_until(WATCHDOG, || {
         let mut con = cluster.node(promoted).connection();
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(lock_key(&name))
+            .arg(Keys::lock(DEFAULT_PREFIX, &name).key())
             .query(&mut con)
             .unwrap();
         taken.elapsed() >= WATCHDOG / 3 && pttl > WATCHDOG.as_millis() as i64 * 2 / 3
@@ -462,7 +458,7 @@ fn calls_on_a_failing_over_primary_wait_it_out() {
     let primary = cluster.primaries()[1];
     let mut names = (0..)
         .map(|i| format!("settle-{i}"))
-        .filter(|n| cluster.node_for_key(lock_key(n)) == primary);
+        .filter(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == primary);
     let client = cluster_client(&cluster);
     // A hold taken (and replicated) before the kill, released during the failover.
     let across_name = names.next().unwrap();
@@ -665,7 +661,7 @@ fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
     let on = |cluster: &Cluster, node: usize, prefix: &str| -> Vec<String> {
         (0..)
             .map(|i| format!("{prefix}-{i}"))
-            .filter(|n| cluster.node_for_key(lock_key(n)) == node)
+            .filter(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == node)
             .take(4)
             .collect()
     };
@@ -691,7 +687,10 @@ fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
     let mut lowest = i64::MAX;
     while killed.elapsed() < WATCHDOG * 2 {
         for n in &names {
-            let pttl: i64 = redis::cmd("PTTL").arg(lock_key(n)).query(&mut con).unwrap();
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(Keys::lock(DEFAULT_PREFIX, n).key())
+                .query(&mut con)
+                .unwrap();
             lowest = lowest.min(pttl);
         }
         thread::sleep(Duration::from_millis(100));
@@ -738,7 +737,7 @@ fn held_locks_in_one_slot_are_renewed_in_one_call_per_round() {
     let (first, second, slot) = two_names_in_one_slot();
     let third = (0..)
         .map(|i| format!("also-same-slot-{i}"))
-        .find(|n| key_slot(lock_key(n)) == slot)
+        .find(|n| key_slot(Keys::lock(DEFAULT_PREFIX, n).key()) == slot)
         .unwrap();
     let client = Client::builder()
         .cluster(cluster.seed_urls())
@@ -750,7 +749,7 @@ fn held_locks_in_one_slot_are_renewed_in_one_call_per_round() {
         .iter()
         .map(|n| client.lock(n.as_str()).lock().unwrap())
         .collect();
-    let mut con = cluster.connection_for_key(lock_key(&first));
+    let mut con = cluster.connection_for_key(Keys::lock(DEFAULT_PREFIX, &first).key());
     let before = script_calls(&mut con);
     let started = Instant::now();
     thread::sleep(Duration::from_millis(2_500));
@@ -916,7 +915,7 @@ fn a_hold_handed_over_as_its_slot_splits_is_extended_through_the_split() {
 fn handed_over_as_the_slot_splits(unlock_at_once: bool) {
     let cluster = Cluster::new(3, 0);
     let name = "handed-over";
-    let slot = key_slot(lock_key(name));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
     let contender = cluster_client(&cluster);
@@ -1051,7 +1050,7 @@ fn the_release_of_a_hold_whose_lease_passed_in_a_split_slot_says_lease_lost() {
 fn split_write_hold(unlock_at_once: bool) {
     let cluster = Cluster::new(3, 0);
     let name = "split-write";
-    let slot = key_slot(lock_key(name));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
     // The write lock's keys: its holds, their leases, its queue.
@@ -1228,7 +1227,7 @@ fn an_evalsha_renewal_goes_through_a_slot_half_way_through_a_migration() {
     const SPLIT: Duration = Duration::from_secs(4);
     let cluster = Cluster::new(3, 0);
     let name = "evalsha-split";
-    let slot = key_slot(lock_key(name));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
     let client = Client::builder()

@@ -18,10 +18,6 @@ const CLIENTS: Clients = Clients::new(PREFIX)
     .command(Duration::from_millis(500))
     .connect(Duration::from_millis(500));
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
 fn exists(server: &RedisServer, key: &str) -> bool {
     redis::cmd("EXISTS")
         .arg(key)
@@ -62,7 +58,7 @@ fn redis_restarted_with_its_data_lost() {
             }
         }
     });
-    let channel = format!("{}:to:", key("restart"));
+    let channel = format!("{}:to:", Keys::lock(PREFIX, "restart").key());
     assert!(support::wait_until(Duration::from_secs(10), || {
         support::subscribers(&mut server.connection(), &channel) >= 1
     }));
@@ -117,9 +113,9 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
     // Renewals resume: the lock outlives its 3 s lease.
     thread::sleep(Duration::from_millis(3500));
     assert!(!guard.is_lease_lost());
-    assert!(exists(&server, &key("frozen")));
+    assert!(exists(&server, &Keys::lock(PREFIX, "frozen").key()));
     guard.unlock().expect("unlock after the freeze");
-    assert!(!exists(&server, &key("frozen")));
+    assert!(!exists(&server, &Keys::lock(PREFIX, "frozen").key()));
 }
 
 #[test]
@@ -158,7 +154,7 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
     let mut con = server.connection();
     let pttl = |con: &mut redis::Connection| -> u64 {
         redis::cmd("PTTL")
-            .arg(key("frozen-loss"))
+            .arg(Keys::lock(PREFIX, "frozen-loss").key())
             .query(con)
             .expect("PTTL")
     };
@@ -213,7 +209,10 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
     );
     let r = guard.unlock();
     assert!(matches!(r, Err(Error::LeaseLost { .. })), "{r:?}");
-    assert!(!exists(&server, &key("frozen-loss")), "nothing left behind");
+    assert!(
+        !exists(&server, &Keys::lock(PREFIX, "frozen-loss").key()),
+        "nothing left behind"
+    );
 }
 
 #[test]
@@ -256,7 +255,7 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     let c = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     let mut con = server.connection();
     redis::cmd("SET")
-        .arg(key("taken"))
+        .arg(Keys::lock(PREFIX, "taken").key())
         .arg("user data")
         .exec(&mut con)
         .unwrap();
@@ -275,9 +274,15 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     // This thread has no guard of the lock: answered locally, without touching the key.
     assert_eq!(lock.hold_count().unwrap(), 0);
     assert!(matches!(lock.is_locked(), Ok(true)));
-    let value: String = redis::cmd("GET").arg(key("taken")).query(&mut con).unwrap();
+    let value: String = redis::cmd("GET")
+        .arg(Keys::lock(PREFIX, "taken").key())
+        .query(&mut con)
+        .unwrap();
     assert_eq!(value, "user data");
-    let ttl: i64 = redis::cmd("TTL").arg(key("taken")).query(&mut con).unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(Keys::lock(PREFIX, "taken").key())
+        .query(&mut con)
+        .unwrap();
     assert_eq!(ttl, -1, "no expiry was put on the user's key");
 }
 
@@ -301,7 +306,7 @@ fn dropping_the_client_while_guards_live_lets_leases_expire() {
     assert!(
         support::wait_until(Duration::from_secs(5), || !exists(
             &server,
-            &key("forgotten")
+            &Keys::lock(PREFIX, "forgotten").key()
         )),
         "a forgotten guard's lease was renewed forever"
     );
@@ -353,7 +358,10 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 2);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
-    assert!(!exists(&server, &key("lost-release")), "the lock is free");
+    assert!(
+        !exists(&server, &Keys::lock(PREFIX, "lost-release").key()),
+        "the lock is free"
+    );
 }
 
 #[test]
@@ -375,7 +383,10 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
 
     drop(inner);
     outer.unlock().unwrap();
-    assert!(!exists(&server, &key("lost-acquire")), "fully released");
+    assert!(
+        !exists(&server, &Keys::lock(PREFIX, "lost-acquire").key()),
+        "fully released"
+    );
 
     // Fenced: the retry keeps the token the lost call drew.
     let fenced = c.fenced_lock("lost-fenced");
@@ -472,7 +483,10 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         .expect("waiter lock")
         .expect("waiter unlock");
     assert_eq!(queue_len(&server, NAME), 0);
-    assert!(!exists(&server, &key(NAME)), "the lock is free");
+    assert!(
+        !exists(&server, &Keys::lock(PREFIX, NAME).key()),
+        "the lock is free"
+    );
 }
 
 /// Issue 7, point 4: a `try_lock_for` whose deadline passes leaves the queue; when the
@@ -498,7 +512,10 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
     assert!(holder.fair_lock(NAME).is_locked().unwrap());
     assert_eq!(holder.fair_lock(NAME).hold_count().unwrap(), 1);
     guard.unlock().expect("the holder's lock was untouched");
-    assert!(!exists(&server, &key(NAME)), "no ghost hold");
+    assert!(
+        !exists(&server, &Keys::lock(PREFIX, NAME).key()),
+        "no ghost hold"
+    );
 }
 
 /// A bounded call stays bounded even while the clean-up of the same thread's earlier
@@ -546,7 +563,7 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
     proxy.delay_requests_containing(&cancel, Duration::ZERO);
     // Nothing taken in doubt is left behind, and the lock works.
     assert!(support::wait_until(Duration::from_secs(10), || {
-        !exists(&server, &key(NAME))
+        !exists(&server, &Keys::lock(PREFIX, NAME).key())
     }));
     lock.try_lock_for(Duration::from_secs(5))
         .unwrap()

@@ -27,11 +27,6 @@ const CLIENTS: Clients = Clients::new(PREFIX)
 const ROLE: &str = "REDMUTEX_HOLES_CHILD_ROLE";
 const URL: &str = "REDMUTEX_HOLES_CHILD_URL";
 
-/// The Redis key of the lock `name` (a name without braces).
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
 /// The remaining lease of `key` in ms as Redis reports it (-2: no such key).
 fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query(con).expect("PTTL")
@@ -58,7 +53,7 @@ fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
     let lock = a.lock("nest-wd");
     let outer = lock.lock().expect("outer lock");
     let inner = lock.lock_with_lease(MS300).expect("inner lock");
-    let left = pttl(&mut con, &key("nest-wd"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-wd").key());
     assert!(
         left > 2000,
         "the nested 300 ms lease shortened the watchdog hold: PTTL {left} ms"
@@ -86,7 +81,7 @@ fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
         .lock_with_lease(Duration::from_secs(10))
         .expect("outer lock");
     let inner = lock.lock_with_lease(MS300).expect("inner lock");
-    let left = pttl(&mut con, &key("nest-fixed"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-fixed").key());
     assert!(
         left > 9000,
         "the nested 300 ms lease shortened the outer 10 s lease: PTTL {left} ms"
@@ -118,7 +113,7 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     // server applies it when the script runs, up to one unlock call later.
     let transit = unlocking.elapsed().as_millis() as i64 + 1;
     let elapsed = t0.elapsed().as_millis() as i64;
-    let left = pttl(&mut con, &key("nest-rest"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-rest").key());
     assert!(
         left > 0,
         "the outer level's lease is not over yet, but the key is gone: PTTL {left}"
@@ -132,7 +127,7 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     assert!(
         support::wait_until(
             Duration::from_millis(1150).saturating_sub(t0.elapsed()),
-            || !exists(&mut con, &key("nest-rest"))
+            || !exists(&mut con, &Keys::lock(PREFIX, "nest-rest").key())
         ),
         "the lock outlived its outer 1 s lease"
     );
@@ -156,7 +151,7 @@ fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
         .expect("inner lock");
     // Past at least one renewal (every 300 ms); time is the subject here.
     thread::sleep(Duration::from_millis(700));
-    let left = pttl(&mut con, &key("nest-renew"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-renew").key());
     assert!(
         left > 4000,
         "a watchdog renewal shortened the nested 5 s lease: PTTL {left} ms"
@@ -235,7 +230,7 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
         matches!(nested, Err(Error::NotReplicated { acked: 0, .. })),
         "expected NotReplicated with the replica frozen, got {nested:?}"
     );
-    let left = pttl(&mut con, &key("nest-repl"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-repl").key());
     assert!(
         left > 4000,
         "the rolled-back nested 300 ms level shortened the outer 6 s watchdog lease: \
@@ -477,9 +472,9 @@ fn a_refused_wait_leaves_no_hold() {
     assert!(r.is_err(), "WAIT is refused, yet lock() returned {r:?}");
     let mut con = server.connection();
     assert!(
-        !exists(&mut con, &key("no-wait")),
+        !exists(&mut con, &Keys::lock(PREFIX, "no-wait").key()),
         "lock() failed but left the lock held (PTTL {} ms)",
-        pttl(&mut con, &key("no-wait"))
+        pttl(&mut con, &Keys::lock(PREFIX, "no-wait").key())
     );
 }
 
@@ -496,9 +491,9 @@ fn a_refused_incr_leaves_no_hold() {
     assert!(r.is_err(), "INCR is refused, yet try_lock() returned {r:?}");
     let mut con = server.connection();
     assert!(
-        !exists(&mut con, &key("no-incr")),
+        !exists(&mut con, &Keys::lock(PREFIX, "no-incr").key()),
         "try_lock() failed but left the lock held (PTTL {} ms)",
-        pttl(&mut con, &key("no-incr"))
+        pttl(&mut con, &Keys::lock(PREFIX, "no-incr").key())
     );
 }
 
@@ -525,7 +520,7 @@ fn dropping_the_last_handle_marks_watchdog_guards_lost() {
         support::wait_until(Duration::from_secs(3), || g.is_lease_lost()),
         "no handle is left and the watchdog stopped, but the guard still looks held \
          (key exists: {})",
-        exists(&mut con, &key("orphan"))
+        exists(&mut con, &Keys::lock(PREFIX, "orphan").key())
     );
     drop(g);
 }
@@ -625,7 +620,7 @@ fn a_forked_child_cannot_use_the_parents_client() {
     let status = child.next_line();
     let mut con = server.connection();
     let counts: Vec<i64> = redis::cmd("HVALS")
-        .arg(key("forked"))
+        .arg(Keys::lock(PREFIX, "forked").key())
         .query(&mut con)
         .expect("HVALS");
     assert_eq!(
@@ -817,7 +812,10 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         .unwrap()
         .expect("waiter lock")
         .expect("waiter unlock");
-    assert!(!exists(&mut con, &key(NAME)), "fully released");
+    assert!(
+        !exists(&mut con, &Keys::lock(PREFIX, NAME).key()),
+        "fully released"
+    );
 }
 
 /// Issue 17, item 13: once a guard says its lease is lost, `unlock()` says `LeaseLost`,
@@ -872,7 +870,7 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
         ),
     );
     assert!(
-        !exists(&mut con, &key("lagging")),
+        !exists(&mut con, &Keys::lock(PREFIX, "lagging").key()),
         "the hold, still ours, was given back"
     );
     check(
@@ -885,7 +883,7 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
             |g| g.unlock(),
         ),
     );
-    assert!(!exists(&mut con, &key("lagging")));
+    assert!(!exists(&mut con, &Keys::lock(PREFIX, "lagging").key()));
 
     // The read and write sides of a read-write lock.
     let rw = c.read_write_lock("lagging");
@@ -988,11 +986,14 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     let lock = c.lock(NAME);
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
-    let fields: Vec<String> = redis::cmd("HKEYS").arg(key(NAME)).query(&mut con).unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(Keys::lock(PREFIX, NAME).key())
+        .query(&mut con)
+        .unwrap();
     let holder = fields.into_iter().find(|f| !f.starts_with('~')).unwrap();
     let cancel = |expected: u32| -> Vec<i64> {
         redis::Script::new(&support::queued_script(include_str!("../lua/cancel.lua")))
-            .key(key(NAME))
+            .key(Keys::lock(PREFIX, NAME).key())
             .key(Keys::lock(PREFIX, NAME).fence())
             .key(Keys::lock(PREFIX, NAME).queue())
             .key(Keys::lock(PREFIX, NAME).waiters())
@@ -1000,7 +1001,7 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
             .arg(expected)
             .arg(3_000)
             .arg(0)
-            .arg(format!("{}:to:", key(NAME)))
+            .arg(format!("{}:to:", Keys::lock(PREFIX, NAME).key()))
             .arg(1_000)
             .arg(10)
             .invoke(&mut server.connection())
@@ -1008,7 +1009,7 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     };
     let count = |con: &mut redis::Connection| -> Option<i64> {
         redis::cmd("HGET")
-            .arg(key(NAME))
+            .arg(Keys::lock(PREFIX, NAME).key())
             .arg(&holder)
             .query(con)
             .unwrap()
@@ -1024,7 +1025,7 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     assert_eq!(cancel(1), vec![0, 0]);
     assert_eq!(count(&mut con), Some(1));
     assert!(
-        pttl(&mut con, &key(NAME)) > 2_000,
+        pttl(&mut con, &Keys::lock(PREFIX, NAME).key()) > 2_000,
         "the remaining level keeps its lease"
     );
     assert!(!outer.is_lease_lost());
@@ -1067,5 +1068,5 @@ fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
     assert!(matches!(outer.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(lock.hold_count().unwrap(), 1, "the old guard took nothing");
     again.unlock().expect("unlock");
-    assert!(!exists(&mut con, &key(NAME)));
+    assert!(!exists(&mut con, &Keys::lock(PREFIX, NAME).key()));
 }

@@ -363,7 +363,7 @@ fn on_a_cluster_the_kinds_of_a_name_refuse_each_other() {
             }
             let key = holder.inspect(name.as_str()).unwrap();
             assert!(key.is_empty(), "{key:?}");
-            nodes.insert(cluster.node_for_key(format!("{PREFIX}{{{name}}}")));
+            nodes.insert(cluster.node_for_key(Keys::lock(PREFIX, &name).key()));
         }
     }
     assert!(nodes.len() > 1, "the names spread over nodes: {nodes:?}");

@@ -22,7 +22,7 @@ fn with_watchdog(timeout: Duration) -> Clients {
 }
 
 fn key_of(name: &str) -> Vec<u8> {
-    format!("redmutex:{{{name}}}").into_bytes()
+    Keys::lock(DEFAULT_PREFIX, name).key().into_bytes()
 }
 
 fn channel_of(name: &str) -> Vec<u8> {

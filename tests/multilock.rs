@@ -22,13 +22,9 @@ const CLIENTS: Clients = Clients::new(PREFIX)
 const ROUNDS: usize = 30;
 const THREADS: usize = 10;
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
 fn exists(server: &RedisServer, name: &str) -> bool {
     redis::cmd("EXISTS")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(&mut server.connection())
         .expect("EXISTS")
 }
@@ -421,7 +417,7 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
     };
     let del = |s: &RedisServer, name: &str| {
         let n: i64 = redis::cmd("DEL")
-            .arg(key(name))
+            .arg(Keys::lock(PREFIX, name).key())
             .query(&mut s.connection())
             .expect("DEL");
         assert_eq!(n, 1, "{name} was held");

@@ -30,10 +30,6 @@ const WATCHDOG: Duration = Duration::from_millis(1500);
 /// How long setup steps may take.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn key(prefix: &str, name: &str) -> String {
-    format!("{prefix}{{{name}}}")
-}
-
 fn exists(server: &RedisServer, key: &str) -> bool {
     let mut con = server.connection();
     redis::cmd("EXISTS").arg(key).query(&mut con).unwrap()
@@ -99,7 +95,10 @@ fn an_owned_guard_moved_to_another_thread_is_released_there() {
             .join()
             .unwrap()
             .expect("released on the other thread");
-        assert!(!exists(&server, &key(prefix, &name)), "{kind}: key left");
+        assert!(
+            !exists(&server, &Keys::lock(prefix, &name).key()),
+            "{kind}: key left"
+        );
         let other = b.lock(name.as_str()).try_lock().unwrap();
         assert!(
             other.is_some(),
@@ -117,14 +116,14 @@ fn an_owned_guard_dropped_on_another_thread_releases_it() {
         CLIENTS.prefix(prefix).at(&server.url()),
     );
     let guard = a.lock("job").lock_owned().unwrap();
-    assert!(exists(&server, &key(prefix, "job")));
+    assert!(exists(&server, &Keys::lock(prefix, "job").key()));
     assert!(
         b.lock("job").try_lock().unwrap().is_none(),
         "held meanwhile"
     );
     thread::spawn(move || drop(guard)).join().unwrap();
     assert!(
-        !exists(&server, &key(prefix, "job")),
+        !exists(&server, &Keys::lock(prefix, "job").key()),
         "the drop released it"
     );
     assert!(b.lock("job").try_lock().unwrap().is_some());
@@ -205,7 +204,10 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
     });
     // Watched from here while the other thread holds it: still there, still renewed.
     while acquired.elapsed() < Duration::from_millis(3500) {
-        assert!(exists(&server, &key(prefix, "job")), "the key expired");
+        assert!(
+            exists(&server, &Keys::lock(prefix, "job").key()),
+            "the key expired"
+        );
         assert!(
             b.lock("job").try_lock().unwrap().is_none(),
             "taken meanwhile"
@@ -214,7 +216,7 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
         thread::sleep(Duration::from_millis(250));
     }
     holder.join().unwrap().expect("released after 4 s");
-    assert!(!exists(&server, &key(prefix, "job")));
+    assert!(!exists(&server, &Keys::lock(prefix, "job").key()));
     assert!(
         lost.recv_timeout(MARGIN).is_err(),
         "ready (disconnected) once released"

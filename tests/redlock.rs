@@ -36,14 +36,10 @@ fn red_lock(clients: &[Client], name: &str) -> MultiLock {
         .expect("member timeout")
 }
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
 /// The reentry count `holder` has on the lock `name` of `server` (0: none).
 fn count(server: &RedisServer, name: &str, holder: &str) -> u32 {
     let n: Option<u32> = redis::cmd("HGET")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .arg(holder)
         .query(&mut server.connection())
         .expect("HGET");
@@ -52,7 +48,7 @@ fn count(server: &RedisServer, name: &str, holder: &str) -> u32 {
 
 fn exists(server: &RedisServer, name: &str) -> bool {
     redis::cmd("EXISTS")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(&mut server.connection())
         .expect("EXISTS")
 }
@@ -60,7 +56,7 @@ fn exists(server: &RedisServer, name: &str) -> bool {
 /// The holder id the current thread has on `client`.
 fn holder_on(client: &Client, name: &str, server: &RedisServer) -> String {
     let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(&mut server.connection())
         .expect("HKEYS");
     fields
@@ -227,7 +223,7 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
     assert!(!guard.is_lease_lost());
     for s in &servers {
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(key("renewed"))
+            .arg(Keys::lock(PREFIX, "renewed").key())
             .query(&mut s.connection())
             .unwrap();
         assert!(pttl > 0, "not renewed on a master: {pttl}");

@@ -38,7 +38,10 @@ fn a_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock() {
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "the repeat answers that the lock was freed");
-    assert!(!exists(&server, "redmutex:{held}"), "freed");
+    assert!(
+        !exists(&server, &Keys::lock(DEFAULT_PREFIX, "held").key()),
+        "freed"
+    );
     assert!(matches!(
         guard.unlock(),
         Err(Error::NotHeld { .. } | Error::LeaseLost { .. })

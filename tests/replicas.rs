@@ -154,7 +154,7 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
         build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT)),
     );
     for (name, lease) in [("handed-watchdog", None), ("handed-fixed", Some(5_000))] {
-        let key = format!("replicas:{{{name}}}");
+        let key = Keys::lock("replicas:", name).key();
         let queue = Keys::lock("replicas:", name).queue();
         let full = lease.map_or(30_000, |ms: u64| ms as i64);
         let guard = holder.fair_lock(name).lock().expect("holder");

@@ -18,7 +18,7 @@ use redmutex::{
     Client, Error, Kind, LockGuard, LossReason, LostLease, MultiLock, OwnedGuard, Permit,
 };
 use support::clients::{Clients, Heard, Told};
-use support::keys::{self, DEFAULT_PREFIX};
+use support::keys::{self, Keys, DEFAULT_PREFIX};
 use support::topology::Cluster;
 use support::RedisServer;
 
@@ -439,7 +439,7 @@ fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
     let cluster = Cluster::new(3, 0);
     let name = (0..)
         .map(|i| format!("forced-{i}"))
-        .find(|n| cluster.node_for_key(format!("redmutex:{{{n}}}")) != 0)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) != 0)
         .unwrap();
     let all = Arc::new(Mutex::new(Vec::new()));
     let (tx, each) = crossbeam_channel::unbounded();

@@ -245,7 +245,7 @@ fn cluster_forms_and_routes_keys() {
     let keys: Vec<String> = (0..1000)
         .map(|n| match n % 4 {
             0 => format!("key:{n}"),
-            1 => format!("redmutex:{{lock{n}}}"),
+            1 => Keys::lock(DEFAULT_PREFIX, &format!("lock{n}")).key(),
             2 => Keys::lock(DEFAULT_PREFIX, &format!("lock{n}")).queue(),
             _ => format!("x{{}}{n}{{y}}"),
         })

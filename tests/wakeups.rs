@@ -22,13 +22,9 @@ const PREFIX: &str = "wakeups:";
 
 const CLIENTS: Clients = Clients::new(PREFIX);
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
 /// The common prefix of the lock's channels (one per waiting client: `<key>:to:<id>`).
 fn channel(name: &str) -> String {
-    format!("{}:to:", key(name))
+    format!("{}:to:", Keys::lock(PREFIX, name).key())
 }
 
 /// The lock's channel of one client: only its SUBSCRIBE and UNSUBSCRIBE name it in full
@@ -456,7 +452,7 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
     // The re-take's 400 ms lease is long over 800 ms later, unless a renewal extended it
     // (to the 1.5 s watchdog lease).
     thread::sleep(Duration::from_millis(800).saturating_sub(at.elapsed()));
-    let left = pttl(&server, &key(NAME));
+    let left = pttl(&server, &Keys::lock(PREFIX, NAME).key());
     assert_eq!(
         left, -2,
         "800 ms after a re-take with a 400 ms lease the lock still lives ({left} ms left): \
@@ -664,7 +660,10 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     let monitor = server.monitor();
     let r = lock.try_lock_with_lease_for(Duration::from_millis(500), Duration::from_secs(1));
     let lines = monitor.stop();
-    let (acquire, lock_key) = (acquire_call(&server), format!("\"{}\"", key(NAME)));
+    let (acquire, lock_key) = (
+        acquire_call(&server),
+        format!("\"{}\"", Keys::lock(PREFIX, NAME).key()),
+    );
     let attempts = support::Monitor::top_level(&lines)
         .into_iter()
         .filter(|l| l.contains(&acquire) && l.contains(&lock_key))
@@ -738,7 +737,7 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     let acquire = acquire_call(&server);
     let monitor = server.monitor();
     assert!(
-        pttl(&server, &key(NAME)) > 20,
+        pttl(&server, &Keys::lock(PREFIX, NAME).key()) > 20,
         "setup too slow: the lease ran out before the count started"
     );
 
