@@ -809,10 +809,7 @@ fn child_wait(kind: Kind, url: &str, prefix: &str) {
             "go" => {
                 go.wait();
                 done.wait();
-                for (a, r) in results.lock().expect("results").drain(..) {
-                    say(&format!("acq {a} {r}"));
-                }
-                say("done");
+                report_events(results.lock().expect("results").drain(..).as_slice());
             }
             "quit" => {
                 quit.store(true, std::sync::atomic::Ordering::SeqCst);
