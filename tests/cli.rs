@@ -53,8 +53,7 @@ fn read_ns(path: &std::path::Path) -> u128 {
 
 #[test]
 fn two_runs_never_overlap_and_the_second_starts_when_the_first_ends() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let dir = tempfile::tempdir().unwrap();
     let script = |tag: &str| {
         let d = dir.path().display();
@@ -107,8 +106,7 @@ fn exit_codes_pass_through() {
 
 #[test]
 fn a_held_lock_gives_75_at_once_with_no_wait_and_at_the_bound_with_wait() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("busy").lock().unwrap();
     let t = Instant::now();
     let out = output(redmutex(&server).args(["run", "--no-wait", "busy", "--", "true"]));
@@ -130,8 +128,7 @@ fn a_held_lock_gives_75_at_once_with_no_wait_and_at_the_bound_with_wait() {
 
 #[test]
 fn a_killed_redmutex_frees_its_lock_within_the_lease() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let mut run = redmutex(&server)
         .args(["run", "--lease", "1s", "crash", "--", "sleep", "3"])
         .spawn()
@@ -180,8 +177,7 @@ fn trapping(
 
 #[test]
 fn sigterm_is_passed_on_and_the_lock_released_once_the_command_exits() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let (mut run, _out) = trapping(&server, &["term"], "exit 7");
     assert!(locked(&c, "term"));
     nix::sys::signal::kill(
@@ -197,8 +193,7 @@ fn sigterm_is_passed_on_and_the_lock_released_once_the_command_exits() {
 
 #[test]
 fn a_lease_lost_while_the_command_runs_signals_it_and_exits_76() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let (mut run, _out) = trapping(&server, &["--lease", "900ms", "lost"], "exit 9");
     assert!(c.lock("lost").force_unlock().unwrap());
     let t = Instant::now();
@@ -218,8 +213,7 @@ fn a_lease_lost_while_the_command_runs_signals_it_and_exits_76() {
 /// the command is signalled well before the next renewal could have found the loss.
 #[test]
 fn a_force_unlock_stops_the_command_at_once_with_the_default_watchdog() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let (mut run, _out) = trapping(&server, &["forced"], "exit 9");
     assert!(locked(&c, "forced"));
     // Its pub/sub connection listens on its client's own channel once it holds.
@@ -249,8 +243,7 @@ fn a_force_unlock_stops_the_command_at_once_with_the_default_watchdog() {
 
 #[test]
 fn status_json_is_what_the_library_reports() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("report");
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
@@ -300,8 +293,7 @@ fn status_json_is_what_the_library_reports() {
 
 #[test]
 fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("stuck").lock().unwrap();
     let out = output(redmutex(&server).args(["unlock", "--force", "stuck"]));
     assert!(out.status.success());
@@ -333,8 +325,7 @@ fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
 
 #[test]
 fn wait_returns_when_the_lock_is_released() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("gate").lock().unwrap();
     let waiting = redmutex(&server).args(["wait", "gate"]).spawn().unwrap();
     queued(&server, "gate");
@@ -457,8 +448,7 @@ fn ended(pid: i32) -> bool {
 
 #[test]
 fn a_sigkilled_redmutex_takes_its_command_and_the_commands_children_with_it() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
     // A shell with a background loop of its own (a grandchild of redmutex, with children
@@ -585,8 +575,7 @@ fn a_signal_while_the_lock_is_being_acquired_releases_it_at_once() {
 
 #[test]
 fn a_signal_while_waiting_ends_the_wait_and_takes_nothing() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     for (name, args) in [
         (
             "queue-run",
@@ -622,8 +611,7 @@ fn a_signal_while_waiting_ends_the_wait_and_takes_nothing() {
 
 #[test]
 fn status_and_list_into_a_closed_pipe_exit_quietly() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let _guard = c.lock("piped").lock().unwrap();
     for args in [
         &["list"][..],
@@ -679,8 +667,7 @@ fn force_unlock_with_a_waiter(server: &RedisServer, holder: &Client, name: &str,
 
 #[test]
 fn unlock_force_frees_every_kind_status_shows_held() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let other = CLIENTS.at(&server);
 
     // A read-write lock held by two readers, with a writer waiting behind them.
@@ -902,8 +889,7 @@ fn ctrl_z_stops_the_command_with_redmutex_and_fg_continues_both() {
 
 #[test]
 fn a_signal_while_waiting_ends_the_wait_at_once() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("busy").lock().unwrap();
     let permit = c.semaphore("busy-sem", 1).acquire().unwrap();
     let writer = c.read_write_lock("busy-rw").write().lock().unwrap();

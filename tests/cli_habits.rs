@@ -105,8 +105,7 @@ fn run_takes_the_command_after_the_name_without_a_double_dash() {
 
 #[test]
 fn hold_holds_until_a_signal_then_releases_and_exits_0() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     for sig in [Signal::SIGTERM, Signal::SIGINT] {
         let holding = Holding::start(&server, &["-l", "3s", "maint"]);
         assert!(c.lock("maint").is_locked().unwrap());
@@ -122,8 +121,7 @@ fn hold_holds_until_a_signal_then_releases_and_exits_0() {
 
 #[test]
 fn hold_exits_76_when_its_lease_is_lost() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let holding = Holding::start(&server, &["--lease", "900ms", "fragile"]);
     assert!(c.lock("fragile").force_unlock().unwrap());
     let t = Instant::now();
@@ -178,8 +176,7 @@ fn a_semaphore_of_n_lets_n_hold_at_once_and_status_shows_them() {
 
 #[test]
 fn shared_holds_are_readers_of_the_read_write_lock() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let r1 = Holding::start(&server, &["--shared", "schema"]);
     let r2 = Holding::start(&server, &["--shared", "schema"]);
     let write = c.read_write_lock("schema").write();
@@ -246,8 +243,7 @@ fn latch_set_count_down_and_wait() {
 
 #[test]
 fn after_a_second_of_waiting_it_says_who_holds_the_lock_unless_quiet() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("busy").lock().unwrap();
     let started = Instant::now();
     let mut run = redmutex(&server)
@@ -326,8 +322,7 @@ fn help_reads_right_and_completions_and_the_manual_are_generated() {
 
 #[test]
 fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     // (A name is one kind at a time: one name each.)
     let _l = c.lock("all").lock().unwrap();
     let _r = c.read_write_lock("all-rw").read().lock().unwrap();
@@ -469,8 +464,7 @@ fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
 
 #[test]
 fn a_user_name_over_a_kibibyte_is_cut_and_the_command_runs() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     // ASCII, and two-byte characters whose cut must fall between them.
     for (name, user) in [
         ("long-user", "u".repeat(2100)),

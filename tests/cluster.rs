@@ -666,13 +666,10 @@ fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
             .collect()
     };
     let (doomed_names, names) = (on(&cluster, dead, "doomed"), on(&cluster, alive, "kept"));
-    let client = Client::builder()
-        .cluster(cluster.seed_urls())
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_secs(1))
-        .connect_timeout(Duration::from_millis(1500))
-        .build()
-        .unwrap();
+    let client = CLIENTS
+        .command(Duration::from_secs(1))
+        .connect(Duration::from_millis(1500))
+        .cluster_at(cluster.seed_urls());
     let doomed: Vec<_> = doomed_names
         .iter()
         .map(|n| client.lock(n).lock().unwrap())
@@ -739,12 +736,10 @@ fn held_locks_in_one_slot_are_renewed_in_one_call_per_round() {
         .map(|i| format!("also-same-slot-{i}"))
         .find(|n| key_slot(Keys::lock(DEFAULT_PREFIX, n).key()) == slot)
         .unwrap();
-    let client = Client::builder()
-        .cluster(cluster.seed_urls())
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(400))
-        .build()
-        .unwrap();
+    let client = Clients::DEFAULT
+        .watchdog(WATCHDOG)
+        .command(Duration::from_millis(400))
+        .cluster_at(cluster.seed_urls());
     let guards: Vec<_> = [&first, &second, &third]
         .iter()
         .map(|n| client.lock(n.as_str()).lock().unwrap())
@@ -1230,14 +1225,11 @@ fn an_evalsha_renewal_goes_through_a_slot_half_way_through_a_migration() {
     let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
-    let client = Client::builder()
-        .cluster(cluster.seed_urls())
-        .watchdog_timeout(LEASE)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(10))
-        .use_functions(false)
-        .build()
-        .unwrap();
+    let client = CLIENTS
+        .watchdog(LEASE)
+        .command(Duration::from_millis(500))
+        .functions(false)
+        .cluster_at(cluster.seed_urls());
     let guard = client.lock(name).lock().unwrap();
     let migration = cluster.begin_migration(slot, from, to);
     let split = Instant::now();

@@ -35,8 +35,7 @@ impl Drop for Thaw<'_> {
 /// after the thaw stayed until its 6 s lease ran out.
 #[test]
 fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("late");
     // Warm the pool and load the scripts, so the attempt below is sent (not stuck
     // connecting) and runs when the server thaws (not refused with NOSCRIPT).
@@ -86,8 +85,7 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
 /// extra level only, never the levels the thread really holds.
 #[test]
 fn cleaning_up_a_doubtful_nested_attempt_keeps_the_outer_hold() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("nested");
     let outer = lock.lock().unwrap();
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
-use support::clients::Clients;
+use support::clients::{build, Clients};
 use support::keys::Keys;
 use support::{FaultProxy, RedisServer};
 
@@ -203,14 +203,13 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
     let primary = primary();
     let replica = synced_replica(&primary);
     let mut con = primary.connection();
-    let c = Client::builder()
-        .url(primary.url())
-        .key_prefix(PREFIX)
-        .watchdog_timeout(Duration::from_secs(6))
-        .command_timeout(Duration::from_secs(2))
-        .sync_replicas(1, Duration::from_secs(1))
-        .build()
-        .expect("build client");
+    let c = build(
+        CLIENTS
+            .watchdog(Duration::from_secs(6))
+            .command(Duration::from_secs(2))
+            .builder_at(&primary)
+            .sync_replicas(1, Duration::from_secs(1)),
+    );
     let lock = c.lock("nest-repl");
     // A replica that has just synced may miss its first WAIT; a refused acquisition is
     // rolled back, so trying again is safe.
@@ -250,8 +249,7 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
 /// failed with WRONGTYPE, and its force_unlock deleted the counter (tokens restarted at 1).
 #[test]
 fn a_lock_named_like_a_fence_counter_is_an_ordinary_lock() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (_server, c) = CLIENTS.serve();
     let fenced = c.fenced_lock("user:{42}");
     let mut last = 0;
     for _ in 0..2 {
@@ -316,8 +314,7 @@ fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
 /// (counter vs lock hash): one of them failed with WRONGTYPE.
 #[test]
 fn adversarial_names_never_share_a_counter() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (_server, c) = CLIENTS.serve();
     let names: [&str; 16] = [
         "x",
         "x:fence",
@@ -386,8 +383,7 @@ fn flushall(server: &RedisServer) {
 /// `g1.is_lease_lost()` stayed false and `g1.unlock()` was `Err(NotHeld)`.
 #[test]
 fn a_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("flushed");
     let g1 = lock.lock().expect("first lock");
     flushall(&server);
@@ -410,8 +406,7 @@ fn a_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again()
 /// stayed false.
 #[test]
 fn a_fixed_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("flushed-fixed");
     let lease = Duration::from_secs(10);
     let g1 = lock.lock_with_lease(lease).expect("first lock");
@@ -460,14 +455,11 @@ fn acl_server(missing: &str) -> (RedisServer, String) {
 #[test]
 fn a_refused_wait_leaves_no_hold() {
     let (server, url) = acl_server(" +wait");
-    let c = Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(Duration::from_secs(3))
-        .command_timeout(Duration::from_secs(1))
-        .sync_replicas(1, Duration::from_millis(100))
-        .build()
-        .expect("build client");
+    let c = build(
+        CLIENTS
+            .builder_at(&url)
+            .sync_replicas(1, Duration::from_millis(100)),
+    );
     let r = c.lock("no-wait").lock();
     assert!(r.is_err(), "WAIT is refused, yet lock() returned {r:?}");
     let mut con = server.connection();
@@ -658,8 +650,7 @@ fn calls_but_info(server: &RedisServer) -> Vec<(String, u64)> {
 /// guard answer from the local table and send nothing. Before the fix each sent an HGET.
 #[test]
 fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("quiet");
     // This thread held the lock once, so the client has connections and scripts loaded.
     lock.lock().expect("lock").unlock().expect("unlock");
@@ -696,8 +687,7 @@ fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
 /// once with `InvalidArgument` (the deadline overflows the clock).
 #[test]
 fn try_lock_for_duration_max_waits_for_a_held_lock() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (_server, c) = CLIENTS.serve();
     let lock = c.lock("forever");
     let (held_tx, held) = std::sync::mpsc::channel();
     let other = lock.clone();

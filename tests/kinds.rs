@@ -334,13 +334,10 @@ fn a_refused_semaphore_defines_nothing_and_a_refused_latch_is_not_set() {
 fn on_a_cluster_the_kinds_of_a_name_refuse_each_other() {
     let cluster = support::topology::Cluster::new(3, 0);
     let client = || {
-        Client::builder()
-            .cluster(cluster.seed_urls())
-            .key_prefix(PREFIX)
-            .command_timeout(Duration::from_millis(1500))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("cluster client")
+        Clients::new(PREFIX)
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .cluster_at(cluster.seed_urls())
     };
     let (holder, other) = (client(), client());
     let mut nodes = std::collections::BTreeSet::new();

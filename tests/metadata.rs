@@ -713,13 +713,11 @@ fn evalsha_and_redis_6_record_it_too() {
 fn metadata_on_a_cluster() {
     let cluster = support::topology::Cluster::new(3, 0);
     let client = |text: &str| {
-        Client::builder()
-            .cluster(cluster.seed_urls())
+        Clients::DEFAULT
             .metadata(text)
-            .command_timeout(Duration::from_millis(1500))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("cluster client")
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .cluster_at(cluster.seed_urls())
     };
     let a = client("on a cluster");
     let b = client("waiter on a cluster");

@@ -72,8 +72,7 @@ fn assert_one_winner_each_round(what: &str, winners: &[usize]) {
 /// Issue 17 item 6: three free locks on one server, one client shared by ten threads.
 #[test]
 fn try_lock_on_free_locks_of_one_shared_client_has_exactly_one_winner() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let winners = race(|_, round| {
         MultiLock::new((0..3).map(|i| c.lock(format!("shared-{round}-{i}")))).unwrap()
     });
@@ -840,8 +839,7 @@ fn pause(server: &RedisServer, ms: u64) {
 /// not return it as held: it gives it back and returns `None` (its wait is zero).
 #[test]
 fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = MultiLock::new([c.lock("too-long")]).unwrap();
     // Warm: scripts loaded, a connection pooled.
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
@@ -959,8 +957,7 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
 /// nothing, never a hold said to stand.
 #[test]
 fn a_lock_granted_after_its_lease_is_not_said_held() {
-    let server = RedisServer::new();
-    let c = CLIENTS.at(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("too-long-plain");
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
     pause(&server, 150);

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, TryRecvError};
 use redmutex::{
-    CancelToken, Client, Error, Fair, Fenced, LossReason, LostLease, OwnedGuard, Plain, Read,
-    Upgradeable, Write,
+    CancelToken, Error, Fair, Fenced, LossReason, OwnedGuard, Plain, Read, Upgradeable, Write,
 };
 use support::clients::Clients;
 use support::keys::Keys;
@@ -133,22 +132,7 @@ fn an_owned_guard_dropped_on_another_thread_releases_it() {
 fn an_owned_hold_lost_on_another_thread_is_told_there() {
     let server = RedisServer::new();
     let prefix = "owned:lost:";
-    let heard = Arc::new(Mutex::new(Vec::new()));
-    let seen = heard.clone();
-    let (told_tx, told) = crossbeam_channel::unbounded();
-    let a = Client::builder()
-        .url(server.url())
-        .key_prefix(prefix)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(500))
-        .on_lease_lost(move |lost: &LostLease| {
-            seen.lock()
-                .unwrap()
-                .push((lost.name_lossy(), lost.kind(), lost.reason()));
-            let _ = told_tx.send(());
-        })
-        .build()
-        .unwrap();
+    let (a, heard) = CLIENTS.prefix(prefix).heard_at(&server);
     let b = CLIENTS.prefix(prefix).at(&server.url());
     let guard = a.lock("job").lock_owned().unwrap();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(0);
@@ -179,9 +163,12 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
         matches!(unlocked, Err(Error::LeaseLost { .. })),
         "{unlocked:?}"
     );
-    told.recv_timeout(MARGIN).expect("the hook heard of it");
+    heard
+        .each
+        .recv_timeout(MARGIN)
+        .expect("the hook heard of it");
     assert_eq!(
-        *heard.lock().unwrap(),
+        *heard.all.lock().unwrap(),
         [("job".to_owned(), "Lock", LossReason::Deleted)],
         "the hook is told once"
     );

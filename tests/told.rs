@@ -10,14 +10,11 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
-use redmutex::{
-    Client, Error, Kind, LockGuard, LossReason, LostLease, MultiLock, OwnedGuard, Permit,
-};
-use support::clients::{Clients, Heard, Told};
+use redmutex::{Client, Error, Kind, LockGuard, LossReason, MultiLock, OwnedGuard, Permit};
+use support::clients::{with_hook, Clients, Heard, Told};
 use support::keys::{self, Keys, DEFAULT_PREFIX};
 use support::topology::Cluster;
 use support::RedisServer;
@@ -255,11 +252,7 @@ fn await_listening(server: &RedisServer, prefix: &str, client: &Client) {
 fn a_force_unlock_right_after_the_first_hold_is_told() {
     let server = RedisServer::new();
     let prefix = "told:first:";
-    let other = Client::builder()
-        .url(server.url())
-        .key_prefix(prefix)
-        .build()
-        .unwrap();
+    let other = Clients::DEFAULT.prefix(prefix).at(&server);
     for i in 0..5 {
         let name = format!("first-{i}");
         let (client, heard) = CLIENTS
@@ -299,12 +292,10 @@ fn a_force_unlock_is_told_to_the_holder_at_once() {
                     .prefix(&prefix)
                     .functions(functions)
                     .heard_at(&server.url());
-                let other = Client::builder()
-                    .url(server.url())
-                    .key_prefix(&prefix)
-                    .use_functions(functions)
-                    .build()
-                    .unwrap();
+                let other = Clients::DEFAULT
+                    .prefix(&prefix)
+                    .functions(functions)
+                    .at(&server);
                 let $c = &client;
                 let guard = $guard;
                 let bystander = client.lock("bystander").lock().unwrap();
@@ -441,29 +432,17 @@ fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
         .map(|i| format!("forced-{i}"))
         .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) != 0)
         .unwrap();
-    let all = Arc::new(Mutex::new(Vec::new()));
-    let (tx, each) = crossbeam_channel::unbounded();
-    let seen = all.clone();
     // Its only seed is node 0: its pub/sub connection goes there.
-    let holder = Client::builder()
-        .cluster(vec![format!("redis://{}/", cluster.node(0).addr())])
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(1500))
-        .connect_timeout(Duration::from_secs(10))
-        .on_lease_lost(move |lost: &LostLease| {
-            seen.lock()
-                .unwrap()
-                .push((lost.name_lossy(), lost.kind(), lost.reason()));
-            let _ = tx.send(());
-        })
-        .build()
-        .unwrap();
-    let heard = Heard { all, each };
-    let other = Client::builder()
-        .cluster(cluster.seed_urls())
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let (holder, heard) = with_hook(
+        CLIENTS
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .builder()
+            .cluster(vec![format!("redis://{}/", cluster.node(0).addr())]),
+    );
+    let other = Clients::DEFAULT
+        .connect(Duration::from_secs(10))
+        .cluster_at(cluster.seed_urls());
     let guard = holder.lock(&name).lock().unwrap();
     let lost = guard.lost();
     let own = keys::control_channel(DEFAULT_PREFIX, &holder);

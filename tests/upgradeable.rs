@@ -1012,13 +1012,11 @@ fn downgrades_to_upgradeable_and_to_read() {
 fn an_upgrade_works_on_a_cluster() {
     let cluster = support::topology::Cluster::new(3, 0);
     let build = || {
-        Client::builder()
-            .cluster(cluster.seed_urls())
-            .watchdog_timeout(Duration::from_secs(5))
-            .command_timeout(Duration::from_millis(1500))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("cluster client")
+        Clients::DEFAULT
+            .watchdog(Duration::from_secs(5))
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .cluster_at(cluster.seed_urls())
     };
     let (a, b, c) = (build(), build(), build());
     let name = "clustered";

@@ -159,6 +159,13 @@ impl Clients {
         build(self.builder().cluster(seeds))
     }
 
+    /// A fresh server (the harness defaults) and a client of it: how most tests begin.
+    pub fn serve(&self) -> (RedisServer, Client) {
+        let server = RedisServer::new();
+        let client = self.at(&server);
+        (server, client)
+    }
+
     /// A client of `to` whose lost leases are [`Heard`].
     pub fn heard_at<E: Endpoint + ?Sized>(&self, to: &E) -> (Client, Heard) {
         with_hook(self.builder_at(to))
