@@ -37,14 +37,10 @@ const SERVED_BOUND: Duration = Duration::from_millis(500);
 /// How long setup steps (a waiter showing in the queue) may take.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn llen(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
-}
-
 fn await_len(con: &mut redis::Connection, key: &str, n: i64, who: &str) {
     let mut seen = -1;
     let ok = wait_until(SETUP, || {
-        seen = llen(con, key);
+        seen = support::llen(con, key);
         seen == n
     });
     assert!(ok, "{who}: LLEN {key} is {seen}, expected {n}");
@@ -75,7 +71,7 @@ fn cancel_queued_waiter<G1, G2, G3>(
     next_in_on_cancel: bool,
 ) -> Outcome {
     let mut con = server.connection();
-    assert_eq!(llen(&mut con, queue), 0, "a queue before the test");
+    assert_eq!(support::llen(&mut con, queue), 0, "a queue before the test");
     let token = CancelToken::new();
     let (cancelled_in, served_in) = thread::scope(|s| {
         let (held_tx, held_rx) = mpsc::channel();
@@ -125,7 +121,7 @@ fn cancel_queued_waiter<G1, G2, G3>(
         } else {
             // Out of the queue before the call returned: only the next waiter is left.
             assert_eq!(
-                llen(&mut con, queue),
+                support::llen(&mut con, queue),
                 1,
                 "the cancelled waiter left a ghost"
             );
@@ -147,7 +143,7 @@ fn cancel_queued_waiter<G1, G2, G3>(
         (cancelled_in, served_in)
     });
     assert!(
-        wait_until(SETUP, || llen(&mut con, queue) == 0),
+        wait_until(SETUP, || support::llen(&mut con, queue) == 0),
         "the queue kept entries"
     );
     Outcome {
@@ -407,7 +403,7 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
             .query(&mut con)
             .unwrap();
         assert_eq!(holders.iter().filter(|h| !h.starts_with('~')).count(), 1);
-        assert_eq!(llen(&mut con, &q), 1, "handed to the first waiter");
+        assert_eq!(support::llen(&mut con, &q), 1, "handed to the first waiter");
         let cancelled = Instant::now();
         token.cancel();
         let (r, returned) = result_rx.recv_timeout(SETUP).expect("returned");
@@ -427,7 +423,7 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
         eprintln!("raced grant: cancelled in {cancelled_in:?}, next served in {served_in:?}");
     });
     proxy.delay_replies_containing(name, Duration::ZERO);
-    assert!(wait_until(SETUP, || llen(&mut con, &q) == 0));
+    assert!(wait_until(SETUP, || support::llen(&mut con, &q) == 0));
     assert!(wait_until(SETUP, || !a
         .fair_lock(name)
         .is_locked()
@@ -504,7 +500,7 @@ fn cancels_racing_releases_never_strand_or_double_the_lock() {
             );
         });
         assert!(
-            wait_until(SETUP, || llen(&mut con, &q) == 0),
+            wait_until(SETUP, || support::llen(&mut con, &q) == 0),
             "round {round}: entries left"
         );
     }
@@ -542,7 +538,7 @@ fn cancel_latency_distribution() {
             let (r, returned) = rx.recv_timeout(SETUP).expect("returned");
             assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
             times.push(returned - cancelled);
-            assert_eq!(llen(&mut con, &q), 0, "a ghost entry");
+            assert_eq!(support::llen(&mut con, &q), 0, "a ghost entry");
         });
     }
     times.sort();

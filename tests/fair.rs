@@ -47,10 +47,6 @@ fn order_key(name: &str) -> String {
     format!("order:{{{name}}}")
 }
 
-fn llen(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
-}
-
 fn exists(con: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
 }
@@ -87,7 +83,7 @@ fn pubsub_clients(con: &mut redis::Connection) -> usize {
 fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     let mut seen = 0;
     let ok = wait_until(SETUP, || {
-        seen = llen(con, &Keys::lock(PREFIX, name).queue());
+        seen = support::llen(con, &Keys::lock(PREFIX, name).queue());
         seen == n
     });
     assert!(
@@ -237,7 +233,7 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
     let inner = lock.lock().expect("the holder re-enters");
     assert_eq!(lock.hold_count().unwrap(), 2, "re-entry must add a level");
     assert_eq!(
-        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         plan.len() as i64,
         "the holder's re-entry changed the queue"
     );
@@ -277,7 +273,7 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
         p.wait_success();
     }
     assert_eq!(
-        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         0,
         "queue left behind"
     );
@@ -343,7 +339,7 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
         p.expect("done");
     }
     assert!(
-        wait_until(Duration::from_secs(1), || llen(
+        wait_until(Duration::from_secs(1), || support::llen(
             &mut con,
             &Keys::lock(PREFIX, LOCK).queue()
         ) == 0),
@@ -480,7 +476,7 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
                 panic!(
                     "round {round}: the lock was not free at the start: holders {:?}, queue {}",
                     holders(&mut con, LOCK),
-                    llen(&mut con, &Keys::lock(PREFIX, LOCK).queue())
+                    support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue())
                 )
             });
         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "round {round}");
@@ -511,7 +507,7 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
             holders(&mut con, LOCK)
         );
         assert_eq!(
-            llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+            support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
             0,
             "round {round} (wait {wait:?}): the waiter's queue entry outlived its call"
         );
@@ -657,7 +653,7 @@ fn thousand_waiters(url: &str, name: &str) {
         .expect("connection");
     let mut n = 0;
     wait_until(Duration::from_secs(10), || {
-        n = llen(&mut con, &Keys::lock(PREFIX, name).queue());
+        n = support::llen(&mut con, &Keys::lock(PREFIX, name).queue());
         n >= THOUSAND as i64
     });
     let comms: Vec<String> = std::fs::read_dir("/proc/self/task")
@@ -936,7 +932,7 @@ fn fair_lock_guards_behave_like_lock_guards() {
     assert!(lock.is_locked().unwrap());
     assert!(lock.remaining_lease().unwrap().is_some());
     assert_eq!(
-        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         0,
         "a re-entry queued"
     );
@@ -1004,7 +1000,7 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
         "the holder's 400 ms lease never ran out"
     );
     assert_eq!(
-        llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         1,
         "the frozen waiter left the queue"
     );
@@ -1024,8 +1020,10 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     w.send("exit");
     w.expect("done");
     assert!(
-        wait_until(SETUP, || llen(&mut con, &Keys::lock(PREFIX, LOCK).queue())
-            == 0
+        wait_until(SETUP, || support::llen(
+            &mut con,
+            &Keys::lock(PREFIX, LOCK).queue()
+        ) == 0
             && !exists(&mut con, &Keys::lock(PREFIX, LOCK).key())),
         "the waiter's release did not leave the lock free"
     );
@@ -1154,7 +1152,7 @@ fn a_stale_plain_entry(
     assert_eq!(plain[3], "0", "a plain entry: {plain:?}");
     done_rx.recv_timeout(SETUP).expect("the plain wait ended");
     assert_eq!(
-        llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        support::llen(&mut con, &Keys::lock(PREFIX, name).queue()),
         0,
         "the wait left the queue"
     );
@@ -1189,7 +1187,7 @@ fn a_stale_plain_entry(
         "the second wait never refreshed the entry: {now_entry:?}"
     );
     assert_eq!(
-        llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        support::llen(&mut con, &Keys::lock(PREFIX, name).queue()),
         1,
         "one entry, not two"
     );
@@ -1211,7 +1209,7 @@ fn a_stale_plain_entry(
         "the lock is free at the end"
     );
     assert_eq!(
-        llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        support::llen(&mut con, &Keys::lock(PREFIX, name).queue()),
         0,
         "and nobody queued"
     );

@@ -421,13 +421,6 @@ fn stale_pooled_connections_after_a_restart_are_replaced_transparently() {
     }
 }
 
-fn queue_len(server: &RedisServer, name: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(Keys::lock(PREFIX, name).queue())
-        .query(&mut server.connection())
-        .expect("LLEN")
-}
-
 /// Issue 7, point 4: a waiter's attempt that queues it, whose reply is lost (the client
 /// repeats it on another connection), leaves one queue entry, keeps the waiter's place,
 /// and the waiter still gets the lock from the release.
@@ -443,9 +436,10 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = w.fair_lock(NAME);
     let warm = thread::spawn(move || lock.lock().map(|g| g.unlock()));
-    assert!(support::wait_until(Duration::from_secs(5), || queue_len(
-        &server, NAME
-    ) == 1));
+    assert!(support::wait_until(
+        Duration::from_secs(5),
+        || support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()) == 1
+    ));
     guard.unlock().unwrap();
     warm.join()
         .unwrap()
@@ -466,14 +460,19 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         support::wait_until(Duration::from_secs(5), || proxy.lost_replies() == 1),
         "the fault was never injected"
     );
-    assert!(support::wait_until(Duration::from_secs(5), || queue_len(
-        &server, NAME
-    ) == 1));
+    assert!(support::wait_until(
+        Duration::from_secs(5),
+        || support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()) == 1
+    ));
     assert!(
         rx.recv_timeout(Duration::from_millis(300)).is_err(),
         "the waiter got a held lock"
     );
-    assert_eq!(queue_len(&server, NAME), 1, "queued once, not twice");
+    assert_eq!(
+        support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()),
+        1,
+        "queued once, not twice"
+    );
     guard.unlock().unwrap();
     rx.recv_timeout(Duration::from_secs(2))
         .expect("the release handed the lock to the waiter");
@@ -482,7 +481,10 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         .unwrap()
         .expect("waiter lock")
         .expect("waiter unlock");
-    assert_eq!(queue_len(&server, NAME), 0);
+    assert_eq!(
+        support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()),
+        0
+    );
     assert!(
         !exists(&server, &Keys::lock(PREFIX, NAME).key()),
         "the lock is free"
@@ -508,7 +510,11 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
         .expect("the repeated cancel succeeds");
     assert!(got.is_none(), "the lock was held throughout");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
-    assert_eq!(queue_len(&server, NAME), 0, "the waiter left the queue");
+    assert_eq!(
+        support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()),
+        0,
+        "the waiter left the queue"
+    );
     assert!(holder.fair_lock(NAME).is_locked().unwrap());
     assert_eq!(holder.fair_lock(NAME).hold_count().unwrap(), 1);
     guard.unlock().expect("the holder's lock was untouched");

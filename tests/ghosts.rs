@@ -22,15 +22,6 @@ fn exists(server: &RedisServer, key: &str) -> bool {
         .expect("EXISTS")
 }
 
-/// Thaws the server however the test ends, so a failed assertion cannot leave it stopped.
-struct Thaw<'a>(&'a RedisServer);
-
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.thaw();
-    }
-}
-
 /// Before the fix there was no clean-up at all: the level granted by the script that ran
 /// after the thaw stayed until its 6 s lease ran out.
 #[test]
@@ -41,7 +32,7 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
     // connecting) and runs when the server thaws (not refused with NOSCRIPT).
     c.lock("warm").lock().unwrap().unlock().unwrap();
 
-    let thaw = Thaw(&server);
+    let thaw = support::Thaw(&server);
     server.freeze();
     let t = Instant::now();
     let r = lock.try_lock_for(Duration::from_millis(100));
@@ -89,7 +80,7 @@ fn cleaning_up_a_doubtful_nested_attempt_keeps_the_outer_hold() {
     let lock = c.lock("nested");
     let outer = lock.lock().unwrap();
 
-    let thaw = Thaw(&server);
+    let thaw = support::Thaw(&server);
     server.freeze();
     let r = lock.try_lock_for(Duration::from_millis(50));
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");

@@ -160,48 +160,13 @@ fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
     outer.unlock().expect("outer unlock");
 }
 
-/// A primary that starts a replica's sync at once instead of waiting 5 s for others.
-fn primary() -> RedisServer {
-    RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
-}
-
-/// A replica of `primary`, returned once writes stream to it (as in tests/replicas.rs).
-fn synced_replica(primary: &RedisServer) -> RedisServer {
-    let port = primary.port().to_string();
-    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
-    let (mut p, mut r) = (primary.connection(), replica.connection());
-    assert!(
-        support::wait_until(Duration::from_secs(10), || {
-            let n: i64 = redis::cmd("INCR").arg("probe").query(&mut p).unwrap();
-            support::wait_until(Duration::from_millis(100), || {
-                redis::cmd("GET")
-                    .arg("probe")
-                    .query::<Option<i64>>(&mut r)
-                    .unwrap()
-                    == Some(n)
-            })
-        }),
-        "the replica never synced"
-    );
-    replica
-}
-
-/// Thaws a frozen server when dropped, also when the test panics.
-struct Thaw<'a>(&'a RedisServer);
-
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.thaw();
-    }
-}
-
 /// Point 1: the `sync_replicas` rollback of a nested acquisition restores the outer level's
 /// need. Before the fix the nested 300 ms lease (and the rollback's PEXPIRE 300) let the
 /// key expire during WAIT: the outer watchdog hold was gone (PTTL -2).
 #[test]
 fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
-    let primary = primary();
-    let replica = synced_replica(&primary);
+    let primary = support::primary();
+    let replica = support::synced_replica(&primary);
     let mut con = primary.connection();
     let c = build(
         CLIENTS
@@ -223,7 +188,7 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
     let outer = outer.expect("outer lock, confirmed by the replica");
 
     replica.freeze();
-    let thaw = Thaw(&replica);
+    let thaw = support::Thaw(&replica);
     let nested = lock.lock_with_lease(MS300);
     assert!(
         matches!(nested, Err(Error::NotReplicated { acked: 0, .. })),
@@ -729,13 +694,6 @@ fn call(server: &RedisServer, script: &str) -> String {
     support::function_name(&server.url(), script)
 }
 
-fn queue_len(con: &mut redis::Connection, name: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(Keys::lock(PREFIX, name).queue())
-        .query(con)
-        .expect("LLEN")
-}
-
 /// Issue 17, item 1: a thread holds a lock while another thread of its client waits for it
 /// (so the client listens on the lock's channel, and a new call of the holder queues with
 /// its first attempt). The holder's nested `try_lock_for` fails (its acquire answered with
@@ -767,7 +725,10 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         g.map(|g| g.unlock())
     });
     assert!(
-        support::wait_until(Duration::from_secs(5), || queue_len(&mut con, NAME) == 1),
+        support::wait_until(Duration::from_secs(5), || support::llen(
+            &mut con,
+            &Keys::lock(PREFIX, NAME).queue()
+        ) == 1),
         "the other thread never queued"
     );
 
@@ -792,7 +753,11 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         1,
         "the outer level is held once"
     );
-    assert_eq!(queue_len(&mut con, NAME), 1, "the waiter kept its place");
+    assert_eq!(
+        support::llen(&mut con, &Keys::lock(PREFIX, NAME).queue()),
+        1,
+        "the waiter kept its place"
+    );
 
     outer.unlock().expect("outer unlock");
     got.recv_timeout(Duration::from_secs(2))
@@ -1043,7 +1008,9 @@ fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
         held_tx.send(()).unwrap();
         let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
         // Released once the first client's thread waits in the queue.
-        let queued = support::wait_until(Duration::from_secs(5), || queue_len(&mut con, NAME) == 1);
+        let queued = support::wait_until(Duration::from_secs(5), || {
+            support::llen(&mut con, &Keys::lock(PREFIX, NAME).queue()) == 1
+        });
         g.unlock().expect("the other client's unlock");
         queued
     });

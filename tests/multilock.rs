@@ -299,13 +299,6 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
 // Issue 17, item 1: a nested call of a thread that holds the MultiLock
 // ---------------------------------------------------------------------------------------
 
-fn queue_len(server: &RedisServer, name: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(Keys::lock(PREFIX, name).queue())
-        .query(&mut server.connection())
-        .expect("LLEN")
-}
-
 /// A thread holds `lock` (its members on `servers`, `name` on each, or `names` on the one
 /// server) while another thread of the same clients waits for it, queued on every member
 /// (so each client listens on the locks' channels). The holder's nested try fails: its
@@ -327,9 +320,9 @@ fn nested_failure_keeps_the_outer_hold(
         g.map(|g| g.unlock())
     });
     assert!(
-        support::wait_until(Duration::from_secs(5), || queues
-            .iter()
-            .all(|(s, name)| queue_len(s, name) == 1)),
+        support::wait_until(Duration::from_secs(5), || queues.iter().all(
+            |(s, name)| support::llen(&mut s.connection(), &Keys::lock(PREFIX, name).queue()) == 1
+        )),
         "{what}: the other thread never queued on every member"
     );
 
@@ -357,7 +350,10 @@ fn nested_failure_keeps_the_outer_hold(
     );
     assert_eq!(outer.held_on(), lock.locks().len(), "{what}");
     assert!(
-        queues.iter().all(|(s, name)| queue_len(s, name) == 1),
+        queues.iter().all(|(s, name)| support::llen(
+            &mut s.connection(),
+            &Keys::lock(PREFIX, name).queue()
+        ) == 1),
         "{what}: the waiter lost its place"
     );
 
@@ -622,7 +618,14 @@ fn handed_while_leaving(name: &str, late: bool) {
     });
     assert!(
         support::wait_until(Duration::from_secs(5), || {
-            queue_len(&server, &names[1]) == 1 && queue_len(&server, &names[2]) == 1
+            support::llen(
+                &mut server.connection(),
+                &Keys::lock(PREFIX, &names[1]).queue(),
+            ) == 1
+                && support::llen(
+                    &mut server.connection(),
+                    &Keys::lock(PREFIX, &names[2]).queue(),
+                ) == 1
         }),
         "the waiter never queued on b and c"
     );
@@ -748,7 +751,14 @@ fn handed_while_giving_up(name: &str, late: bool) {
     });
     assert!(
         support::wait_until(Duration::from_secs(5), || {
-            queue_len(&server, &names[1]) == 1 && queue_len(&server, &names[2]) == 1
+            support::llen(
+                &mut server.connection(),
+                &Keys::lock(PREFIX, &names[1]).queue(),
+            ) == 1
+                && support::llen(
+                    &mut server.connection(),
+                    &Keys::lock(PREFIX, &names[2]).queue(),
+                ) == 1
         }),
         "the waiter never queued on b and c"
     );

@@ -8,40 +8,9 @@ use std::time::{Duration, Instant};
 use redmutex::{Client, Error};
 use support::clients::{build, Clients};
 use support::keys::Keys;
-use support::RedisServer;
 
 const CLIENTS: Clients =
     Clients::new("replicas:").command(SYNC_WAIT.saturating_add(Duration::from_secs(2)));
-
-/// A primary that starts a replica's sync at once instead of waiting 5 s for others.
-fn primary() -> RedisServer {
-    RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
-}
-
-/// A replica of `primary`, returned once writes stream to it: the replica has read a
-/// value written after its sync. (`INFO` and `WAIT` can look ready earlier: after a
-/// diskless sync the primary streams only from the replica's first ACK.)
-fn synced_replica(primary: &RedisServer) -> RedisServer {
-    let port = primary.port().to_string();
-    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
-    let (mut p, mut r) = (primary.connection(), replica.connection());
-    assert!(
-        support::wait_until(Duration::from_secs(10), || {
-            let n: i64 = redis::cmd("INCR").arg("probe").query(&mut p).unwrap();
-            let seen: Option<i64> = redis::cmd("GET").arg("probe").query(&mut r).unwrap();
-            seen == Some(n)
-                || support::wait_until(Duration::from_millis(100), || {
-                    redis::cmd("GET")
-                        .arg("probe")
-                        .query::<Option<i64>>(&mut r)
-                        .unwrap()
-                        == Some(n)
-                })
-        }),
-        "the replica never synced"
-    );
-    replica
-}
 
 /// How long `WAIT` waits for the replicas. A replica answers the primary's GETACK within
 /// a millisecond on a quiet machine, but with both cores busy it was once not scheduled
@@ -50,8 +19,8 @@ const SYNC_WAIT: Duration = Duration::from_secs(3);
 
 #[test]
 fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
-    let primary = primary();
-    let mut replica = synced_replica(&primary);
+    let primary = support::primary();
+    let mut replica = support::synced_replica(&primary);
 
     let c = build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT));
     let lock = c.lock("replicated");
@@ -113,8 +82,8 @@ fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
 
 #[test]
 fn a_release_the_replicas_miss_is_reported() {
-    let primary = primary();
-    let mut replica = synced_replica(&primary);
+    let primary = support::primary();
+    let mut replica = support::synced_replica(&primary);
     let c = build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT));
     let guard = c.lock("release").lock().expect("lock");
     replica.kill();
@@ -147,8 +116,8 @@ fn bad_sync_settings_are_refused() {
 /// it: the replica has the hold, with (about) the whole lease, the moment `lock()` returns.
 #[test]
 fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
-    let primary = primary();
-    let replica = synced_replica(&primary);
+    let primary = support::primary();
+    let replica = support::synced_replica(&primary);
     let (holder, waiter) = (
         build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT)),
         build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT)),

@@ -153,10 +153,6 @@ fn connect(url: &str) -> redis::Connection {
         .expect("connection")
 }
 
-fn llen(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
-}
-
 fn exists(con: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
 }
@@ -213,7 +209,7 @@ fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     let mut seen = 0;
     assert!(
         wait_until(SETUP, || {
-            seen = llen(con, &Keys::rw(PREFIX, name).queue());
+            seen = support::llen(con, &Keys::rw(PREFIX, name).queue());
             seen == n
         }),
         "{who}: the queue holds {seen} entries, expected {n} within {SETUP:?}"
@@ -513,7 +509,7 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
         "the writer got in while a reader (c) was still inside"
     );
     assert_eq!(
-        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the writer still waits"
     );
@@ -543,7 +539,7 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
     let (r_e, w_e, v_e) = expect_in(&p3, "e");
     assert_eq!((w_d, w_e, v_d, v_e), (0, 0, 0, 0));
     assert_eq!(r_d.max(r_e), 2, "both readers inside together");
-    assert_eq!(llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
+    assert_eq!(support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
     assert!(field_of(&mut con, LOCK, "r", &id2).is_some());
     release(&mut p2, "d");
     release(&mut p3, "e");
@@ -617,7 +613,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
         "the write hold, the read hold, the writer mark: {h:?}"
     );
     assert_eq!(
-        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the reader still waits"
     );
@@ -1008,7 +1004,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     p2.send("count b");
     assert_eq!(expect_words(&p2, "count", "b")[2], "1");
     assert!(got.try_recv().is_err(), "the writer got in beside a reader");
-    assert_eq!(llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 1);
+    assert_eq!(support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 1);
 
     let released = Instant::now();
     release(&mut p2, "b");
@@ -1322,7 +1318,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
         "the reader got in beside the writer"
     );
     assert_eq!(
-        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "queued once, not twice"
     );
@@ -1332,7 +1328,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     let (count, unlocked) = reader.join().unwrap().unwrap();
     assert_eq!(count, 1);
     unlocked.unwrap();
-    assert_eq!(llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
+    assert_eq!(support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
     assert!(
         !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
         "no ghost hold"
@@ -1577,7 +1573,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         "the read hold is gone"
     );
     assert_eq!(
-        llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the writer kept its place"
     );

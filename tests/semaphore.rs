@@ -39,18 +39,10 @@ fn release_call(server: &RedisServer) -> String {
     support::function_name(&server.url(), "sem_release")
 }
 
-fn permits_call(server: &RedisServer) -> String {
-    support::function_name(&server.url(), "sem_permits")
-}
-
-fn renew_call(server: &RedisServer) -> String {
-    support::function_name(&server.url(), "renew")
-}
-
 /// Loads the scripts, the renewal one included, which admitted waiters run to confirm
 /// their permits: the windows measured below then hold no load round.
 fn load_renew(server: &RedisServer) {
-    renew_call(server);
+    support::function_name(&server.url(), "renew");
 }
 
 fn queue(server: &RedisServer, name: &str) -> Vec<String> {
@@ -686,11 +678,20 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
         0,
         "a waiter ran the acquire script"
     );
-    assert_eq!(script_calls(&lines, &permits_call(&server)), 1);
-    let renew = renew_call(&server);
+    assert_eq!(
+        script_calls(
+            &lines,
+            &support::function_name(&server.url(), "sem_permits")
+        ),
+        1
+    );
+    let renew = support::function_name(&server.url(), "renew");
     let others: Vec<&String> = Monitor::top_level(&lines)
         .into_iter()
-        .filter(|l| !l.contains(&permits_call(&server)) && !l.contains(&renew))
+        .filter(|l| {
+            !l.contains(&support::function_name(&server.url(), "sem_permits"))
+                && !l.contains(&renew)
+        })
         .collect();
     assert!(others.is_empty(), "commands besides the add: {others:?}");
 
@@ -884,7 +885,7 @@ fn a_release_admits_every_head_waiter_it_covers_at_once() {
         0,
         "a waiter ran the acquire script"
     );
-    let renew = renew_call(&server);
+    let renew = support::function_name(&server.url(), "renew");
     let top: Vec<&String> = Monitor::top_level(&lines)
         .into_iter()
         .filter(|l| !l.contains(&renew))

@@ -39,10 +39,6 @@ fn acquire_call(server: &RedisServer) -> String {
     support::function_name(&server.url(), "acquire")
 }
 
-fn renew_call(server: &RedisServer) -> String {
-    support::function_name(&server.url(), "renew")
-}
-
 /// Loads the scripts, so that every script call counted or trapped is the real call and
 /// not a load round followed by a second one.
 fn load_scripts(server: &RedisServer) {
@@ -430,7 +426,7 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
         .watchdog(Duration::from_millis(1500))
         .command(Duration::from_millis(500))
         .at(&proxy.url());
-    let renew = renew_call(&server);
+    let renew = support::function_name(&server.url(), "renew");
     proxy.delay_requests_containing(&renew, Duration::from_millis(200));
     let lock = c.lock(NAME);
 
@@ -459,15 +455,6 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
          the renewal sent for the released hold extended the new one"
     );
     let _ = retaken.unlock();
-}
-
-/// Thaws the server when the test ends, also when it failed while the server was frozen.
-struct Thaw<'a>(&'a RedisServer);
-
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.thaw();
-    }
 }
 
 /// What a bounded call may return from a frozen server.
@@ -504,7 +491,7 @@ fn bounded_calls_return_in_time_from_a_frozen_server() {
     let cold = default_timeouts(&server.url());
 
     server.freeze();
-    let _thaw = Thaw(&server);
+    let _thaw = support::Thaw(&server);
 
     let t = Instant::now();
     let r = warm
@@ -569,7 +556,7 @@ fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
     assert_eq!(numsub(&server, &channel("warm-up")), 1);
 
     proxy.delay_requests_containing("PUBLISH", Duration::from_millis(300));
-    let _thaw = Thaw(&server);
+    let _thaw = support::Thaw(&server);
     let (r, took) = thread::scope(|s| {
         let freezer = s.spawn(|| {
             // The nudge is held back at the proxy: freeze before it reaches Redis.
