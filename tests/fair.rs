@@ -47,10 +47,6 @@ fn order_key(name: &str) -> String {
     format!("order:{{{name}}}")
 }
 
-fn exists(con: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
-}
-
 fn order(con: &mut redis::Connection, name: &str) -> Vec<String> {
     redis::cmd("LRANGE")
         .arg(order_key(name))
@@ -278,11 +274,11 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
         "queue left behind"
     );
     assert!(
-        !exists(&mut con, &Keys::lock(PREFIX, LOCK).waiters()),
+        !support::exists(&mut con, Keys::lock(PREFIX, LOCK).waiters()),
         "waiter entries left behind"
     );
     assert!(
-        !exists(&mut con, &Keys::lock(PREFIX, LOCK).key()),
+        !support::exists(&mut con, Keys::lock(PREFIX, LOCK).key()),
         "lock still held"
     );
 }
@@ -501,7 +497,7 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
             Err(e) => panic!("round {round} (wait {wait:?}, release after {delay:?}): {e}"),
         }
         assert!(
-            !exists(&mut con, &Keys::lock(PREFIX, LOCK).key()),
+            !support::exists(&mut con, Keys::lock(PREFIX, LOCK).key()),
             "round {round} (wait {wait:?}, release after {delay:?}): the lock is still held \
              by {:?} once both sides are done",
             holders(&mut con, LOCK)
@@ -592,7 +588,10 @@ fn a_grant_in_flight_survives_a_pubsub_connection_kill() {
             "round {round}: {n} holders while the waiter held the lock"
         );
         assert!(
-            wait_until(SETUP, || !exists(&mut con, &Keys::lock(PREFIX, LOCK).key())),
+            wait_until(SETUP, || !support::exists(
+                &mut con,
+                Keys::lock(PREFIX, LOCK).key()
+            )),
             "round {round}: the waiter's release did not free the lock"
         );
     }
@@ -996,7 +995,10 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     await_queued(&mut con, LOCK, 1, "w");
     signal(&w, libc::SIGSTOP);
     assert!(
-        wait_until(SETUP, || !exists(&mut con, &Keys::lock(PREFIX, LOCK).key())),
+        wait_until(SETUP, || !support::exists(
+            &mut con,
+            Keys::lock(PREFIX, LOCK).key()
+        )),
         "the holder's 400 ms lease never ran out"
     );
     assert_eq!(
@@ -1024,7 +1026,7 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
             &mut con,
             &Keys::lock(PREFIX, LOCK).queue()
         ) == 0
-            && !exists(&mut con, &Keys::lock(PREFIX, LOCK).key())),
+            && !support::exists(&mut con, Keys::lock(PREFIX, LOCK).key())),
         "the waiter's release did not leave the lock free"
     );
     assert!(
@@ -1205,7 +1207,7 @@ fn a_stale_plain_entry(
     drop(jobs);
     thread.join().unwrap();
     assert!(
-        !exists(&mut con, &Keys::lock(PREFIX, name).key()),
+        !support::exists(&mut con, Keys::lock(PREFIX, name).key()),
         "the lock is free at the end"
     );
     assert_eq!(

@@ -18,13 +18,6 @@ const CLIENTS: Clients = Clients::new(PREFIX)
     .command(Duration::from_millis(500))
     .connect(Duration::from_millis(500));
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
-
 #[test]
 fn redis_restarted_with_its_data_lost() {
     const WATCHDOG: Duration = Duration::from_millis(900);
@@ -113,9 +106,15 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
     // Renewals resume: the lock outlives its 3 s lease.
     thread::sleep(Duration::from_millis(3500));
     assert!(!guard.is_lease_lost());
-    assert!(exists(&server, &Keys::lock(PREFIX, "frozen").key()));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "frozen").key()
+    ));
     guard.unlock().expect("unlock after the freeze");
-    assert!(!exists(&server, &Keys::lock(PREFIX, "frozen").key()));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "frozen").key()
+    ));
 }
 
 #[test]
@@ -210,7 +209,10 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
     let r = guard.unlock();
     assert!(matches!(r, Err(Error::LeaseLost { .. })), "{r:?}");
     assert!(
-        !exists(&server, &Keys::lock(PREFIX, "frozen-loss").key()),
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "frozen-loss").key()
+        ),
         "nothing left behind"
     );
 }
@@ -304,9 +306,9 @@ fn dropping_the_client_while_guards_live_lets_leases_expire() {
     guard.unlock().expect("a live guard still releases");
     let t = Instant::now();
     assert!(
-        support::wait_until(Duration::from_secs(5), || !exists(
-            &server,
-            &Keys::lock(PREFIX, "forgotten").key()
+        support::wait_until(Duration::from_secs(5), || !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "forgotten").key()
         )),
         "a forgotten guard's lease was renewed forever"
     );
@@ -359,7 +361,10 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     assert_eq!(proxy.lost_replies(), 2);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
     assert!(
-        !exists(&server, &Keys::lock(PREFIX, "lost-release").key()),
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "lost-release").key()
+        ),
         "the lock is free"
     );
 }
@@ -384,7 +389,10 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
     drop(inner);
     outer.unlock().unwrap();
     assert!(
-        !exists(&server, &Keys::lock(PREFIX, "lost-acquire").key()),
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "lost-acquire").key()
+        ),
         "fully released"
     );
 
@@ -486,7 +494,7 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         0
     );
     assert!(
-        !exists(&server, &Keys::lock(PREFIX, NAME).key()),
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).key()),
         "the lock is free"
     );
 }
@@ -519,7 +527,7 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
     assert_eq!(holder.fair_lock(NAME).hold_count().unwrap(), 1);
     guard.unlock().expect("the holder's lock was untouched");
     assert!(
-        !exists(&server, &Keys::lock(PREFIX, NAME).key()),
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).key()),
         "no ghost hold"
     );
 }
@@ -569,7 +577,7 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
     proxy.delay_requests_containing(&cancel, Duration::ZERO);
     // Nothing taken in doubt is left behind, and the lock works.
     assert!(support::wait_until(Duration::from_secs(10), || {
-        !exists(&server, &Keys::lock(PREFIX, NAME).key())
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).key())
     }));
     lock.try_lock_for(Duration::from_secs(5))
         .unwrap()

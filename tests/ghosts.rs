@@ -7,20 +7,12 @@ use std::time::{Duration, Instant};
 
 use redmutex::Error;
 use support::clients::Clients;
-use support::RedisServer;
 
 const CLIENTS: Clients = Clients::new("ghosts:")
     .watchdog(WATCHDOG)
     .command(Duration::from_secs(1));
 
 const WATCHDOG: Duration = Duration::from_secs(6);
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
 
 /// Before the fix there was no clean-up at all: the level granted by the script that ran
 /// after the thaw stayed until its 6 s lease ran out.
@@ -53,7 +45,10 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
     let thawed = Instant::now();
 
     assert!(
-        support::wait_until(Duration::from_secs(4), || !exists(&server, key)),
+        support::wait_until(Duration::from_secs(4), || !support::exists(
+            &mut server.connection(),
+            key
+        )),
         "the doubtful level was still there {:?} after the thaw",
         thawed.elapsed()
     );
@@ -69,7 +64,7 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
     let g = lock.try_lock().unwrap().expect("free again");
     assert_eq!(lock.hold_count().unwrap(), 1);
     g.unlock().unwrap();
-    assert!(!exists(&server, key));
+    assert!(!support::exists(&mut server.connection(), key));
 }
 
 /// A doubtful attempt by a thread that already holds the lock: the clean-up gives back the
@@ -102,5 +97,5 @@ fn cleaning_up_a_doubtful_nested_attempt_keeps_the_outer_hold() {
     assert!(!outer.is_lease_lost());
     assert_eq!(lock.hold_count().unwrap(), 1);
     outer.unlock().unwrap();
-    assert!(!exists(&server, key));
+    assert!(!support::exists(&mut server.connection(), key));
 }

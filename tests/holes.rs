@@ -32,10 +32,6 @@ fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query(con).expect("PTTL")
 }
 
-fn exists(con: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
-}
-
 const MS300: Duration = Duration::from_millis(300);
 
 // ---------------------------------------------------------------------------------------
@@ -127,7 +123,7 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     assert!(
         support::wait_until(
             Duration::from_millis(1150).saturating_sub(t0.elapsed()),
-            || !exists(&mut con, &Keys::lock(PREFIX, "nest-rest").key())
+            || !support::exists(&mut con, Keys::lock(PREFIX, "nest-rest").key())
         ),
         "the lock outlived its outer 1 s lease"
     );
@@ -257,7 +253,7 @@ fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
     let _plain = c.lock("user:{7}:fence").lock().expect("plain lock");
     let fenced = c.fenced_lock("user:{7}");
     let attempt = fenced.try_lock();
-    let ghost = exists(&mut con, &format!("{PREFIX}~user:{{7}}"));
+    let ghost = support::exists(&mut con, Keys::lock(PREFIX, "user:{7}").key());
     let g = match attempt {
         Ok(Some(g)) => g,
         other => panic!(
@@ -268,7 +264,7 @@ fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
     assert!(g.token() >= 1);
     g.unlock().expect("fenced unlock");
     assert!(
-        !exists(&mut con, &format!("{PREFIX}~user:{{7}}")),
+        !support::exists(&mut con, Keys::lock(PREFIX, "user:{7}").key()),
         "user:{{7}} still locked after its unlock"
     );
 }
@@ -429,7 +425,7 @@ fn a_refused_wait_leaves_no_hold() {
     assert!(r.is_err(), "WAIT is refused, yet lock() returned {r:?}");
     let mut con = server.connection();
     assert!(
-        !exists(&mut con, &Keys::lock(PREFIX, "no-wait").key()),
+        !support::exists(&mut con, Keys::lock(PREFIX, "no-wait").key()),
         "lock() failed but left the lock held (PTTL {} ms)",
         pttl(&mut con, &Keys::lock(PREFIX, "no-wait").key())
     );
@@ -448,7 +444,7 @@ fn a_refused_incr_leaves_no_hold() {
     assert!(r.is_err(), "INCR is refused, yet try_lock() returned {r:?}");
     let mut con = server.connection();
     assert!(
-        !exists(&mut con, &Keys::lock(PREFIX, "no-incr").key()),
+        !support::exists(&mut con, Keys::lock(PREFIX, "no-incr").key()),
         "try_lock() failed but left the lock held (PTTL {} ms)",
         pttl(&mut con, &Keys::lock(PREFIX, "no-incr").key())
     );
@@ -477,7 +473,7 @@ fn dropping_the_last_handle_marks_watchdog_guards_lost() {
         support::wait_until(Duration::from_secs(3), || g.is_lease_lost()),
         "no handle is left and the watchdog stopped, but the guard still looks held \
          (key exists: {})",
-        exists(&mut con, &Keys::lock(PREFIX, "orphan").key())
+        support::exists(&mut con, Keys::lock(PREFIX, "orphan").key())
     );
     drop(g);
 }
@@ -768,7 +764,7 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         .expect("waiter lock")
         .expect("waiter unlock");
     assert!(
-        !exists(&mut con, &Keys::lock(PREFIX, NAME).key()),
+        !support::exists(&mut con, Keys::lock(PREFIX, NAME).key()),
         "fully released"
     );
 }
@@ -825,7 +821,7 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
         ),
     );
     assert!(
-        !exists(&mut con, &Keys::lock(PREFIX, "lagging").key()),
+        !support::exists(&mut con, Keys::lock(PREFIX, "lagging").key()),
         "the hold, still ours, was given back"
     );
     check(
@@ -838,7 +834,10 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
             |g| g.unlock(),
         ),
     );
-    assert!(!exists(&mut con, &Keys::lock(PREFIX, "lagging").key()));
+    assert!(!support::exists(
+        &mut con,
+        Keys::lock(PREFIX, "lagging").key()
+    ));
 
     // The read and write sides of a read-write lock.
     let rw = c.read_write_lock("lagging");
@@ -1025,5 +1024,5 @@ fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
     assert!(matches!(outer.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(lock.hold_count().unwrap(), 1, "the old guard took nothing");
     again.unlock().expect("unlock");
-    assert!(!exists(&mut con, &Keys::lock(PREFIX, NAME).key()));
+    assert!(!support::exists(&mut con, Keys::lock(PREFIX, NAME).key()));
 }

@@ -129,7 +129,7 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     }
     assert_eq!(latch.count().unwrap(), 0);
     assert!(
-        !exists(&server, &Keys::lock(PREFIX, NAME).latch()),
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).latch()),
         "an open latch leaves no key"
     );
     for c in counters {
@@ -138,13 +138,6 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     for w in waiters {
         w.wait_success();
     }
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .unwrap()
 }
 
 /// try_set_count only sets a latch that is not counting; count_down counts one at a time
@@ -161,7 +154,10 @@ fn setting_and_counting() {
         "counting down an open latch"
     );
     assert!(
-        !exists(&server, &Keys::lock(PREFIX, "basics").latch()),
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "basics").latch()
+        ),
         "…writes nothing"
     );
     assert!(
@@ -263,7 +259,10 @@ fn bad_input_changes_nothing() {
             "try_set_count({count}, {expiry:?})"
         );
     }
-    assert!(!exists(&server, &Keys::lock(PREFIX, "bad").latch()));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "bad").latch()
+    ));
     let empty = c.count_down_latch("");
     assert!(matches!(empty.count(), Err(Error::InvalidName(_))));
     assert!(matches!(empty.count_down(), Err(Error::InvalidName(_))));

@@ -22,13 +22,6 @@ const CLIENTS: Clients = Clients::new(PREFIX)
 const ROUNDS: usize = 30;
 const THREADS: usize = 10;
 
-fn exists(server: &RedisServer, name: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(Keys::lock(PREFIX, name).key())
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
-
 /// `ROUNDS` rounds of `THREADS` threads that each call `try_lock` once, all at the same
 /// moment, on free locks (`make(thread, round)` builds the thread's MultiLock); the
 /// winners keep their guard until every thread has tried. Returns the winners of each
@@ -79,7 +72,10 @@ fn try_lock_on_free_locks_of_one_shared_client_has_exactly_one_winner() {
     assert_one_winner_each_round("one shared client", &winners);
     for round in 0..ROUNDS {
         for i in 0..3 {
-            assert!(!exists(&server, &format!("shared-{round}-{i}")));
+            assert!(!support::exists(
+                &mut server.connection(),
+                Keys::lock(PREFIX, &format!("shared-{round}-{i}")).key()
+            ));
         }
     }
 }
@@ -191,11 +187,16 @@ fn a_release_reaches_a_master_whose_call_just_timed_out() {
         assert!(since < Duration::from_millis(800), "{name}: {since:?}");
         let unlocked = guard.unlock();
         assert!(
-            !exists(&servers[0], name),
+            !support::exists(&mut servers[0].connection(), Keys::lock(PREFIX, name).key()),
             "{name}: the release did not reach the master that had timed out (unlock said \
              {unlocked:?})"
         );
-        assert!(servers.iter().all(|s| !exists(s, name)), "{name}");
+        assert!(
+            servers
+                .iter()
+                .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, name).key())),
+            "{name}"
+        );
         unlocked.unwrap_or_else(|e| panic!("{name}: unlock failed: {e}"));
     }
 }
@@ -288,7 +289,10 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
         );
         assert!(took < Duration::from_millis(250), "{took:?}");
         assert!(
-            !exists(&servers[2], "split"),
+            !support::exists(
+                &mut servers[2].connection(),
+                Keys::lock(PREFIX, "split").key()
+            ),
             "the free master was left held"
         );
     }
@@ -457,7 +461,15 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
         outer.unlock(),
         Err(redmutex::Error::LeaseLost { .. })
     ));
-    assert!(!exists(&server, "refused-1") && !exists(&server, "refused-2"));
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "refused-1").key()
+        ) && !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "refused-2").key()
+        )
+    );
 
     // RedLock over three servers: the loss of one leaves the quorum.
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
@@ -492,7 +504,9 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
     }
     taken.unlock().expect("unlock on one master");
     outer.unlock().expect("outer unlock");
-    assert!(servers.iter().all(|s| !exists(s, "refused-red")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "refused-red").key())));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -646,7 +660,13 @@ fn handed_while_leaving(name: &str, late: bool) {
         0,
         "the cancel ran before c was released: nothing was handed over"
     );
-    assert!(exists(&server, &names[2]), "c was not handed to the waiter");
+    assert!(
+        support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[2]).key()
+        ),
+        "c was not handed to the waiter"
+    );
 
     // A third client wants c: it gets it once the waiter's hold lapses, or is released.
     let (other_got, free) = wants(other.lock(names[2].as_str()), other_holds);
@@ -696,7 +716,10 @@ fn handed_while_leaving(name: &str, late: bool) {
         );
     }
     // The other client's hold of c was never touched.
-    assert!(exists(&server, &names[2]));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, &names[2]).key()
+    ));
     free.send(()).unwrap();
     let done = other_got.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!(
@@ -704,7 +727,15 @@ fn handed_while_leaving(name: &str, late: bool) {
         Some((false, true)),
         "the other client's hold of c (lost, unlocked)"
     );
-    assert!(!exists(&server, &names[0]) && !exists(&server, &names[1]));
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[0]).key()
+        ) && !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[1]).key()
+        )
+    );
 }
 
 /// The handed hold's pickup window ran out before the cancel's reply came in, and another
@@ -776,7 +807,13 @@ fn handed_while_giving_up(name: &str, late: bool) {
         0,
         "the cancel ran before c was released: nothing was handed over"
     );
-    assert!(exists(&server, &names[2]), "c was not handed to the waiter");
+    assert!(
+        support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[2]).key()
+        ),
+        "c was not handed to the waiter"
+    );
 
     let (other_got, free) = wants(other.lock(names[2].as_str()), other_holds);
 
@@ -807,7 +844,10 @@ fn handed_while_giving_up(name: &str, late: bool) {
         );
     }
     // The other client's hold of c stands, untouched by the waiter's release.
-    assert!(exists(&server, &names[2]));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, &names[2]).key()
+    ));
     free.send(()).unwrap();
     assert_eq!(
         other_got.recv_timeout(Duration::from_secs(5)).unwrap(),
@@ -815,7 +855,9 @@ fn handed_while_giving_up(name: &str, late: bool) {
         "the other client's hold of c (lost, unlocked)"
     );
     b.unlock().expect("b's release");
-    assert!(!names.iter().any(|n| exists(&server, n)));
+    assert!(!names
+        .iter()
+        .any(|n| support::exists(&mut server.connection(), Keys::lock(PREFIX, n).key())));
 }
 
 /// Given up at its deadline with `c` handed over meanwhile: what was handed over goes back.
@@ -867,7 +909,10 @@ fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
     assert!(took >= Duration::from_millis(140), "{took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(
-        !exists(&server, "too-long"),
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "too-long").key()
+        ),
         "the late grant was not given back"
     );
 }
@@ -902,7 +947,10 @@ fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
     );
     assert!(took >= Duration::from_millis(390), "{took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
-    assert!(!exists(&server, "too-long-watchdog"));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "too-long-watchdog").key()
+    ));
 
     // Within a wait: tried again once the server answers in time.
     pause(&server, 400);
@@ -943,7 +991,10 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
     );
     assert!(took >= Duration::from_millis(140), "{took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
-    assert!(servers.iter().all(|s| !exists(s, "too-long-red")));
+    assert!(servers.iter().all(|s| !support::exists(
+        &mut s.connection(),
+        Keys::lock(PREFIX, "too-long-red").key()
+    )));
 
     for s in &servers {
         pause(s, 400);

@@ -29,11 +29,6 @@ const WATCHDOG: Duration = Duration::from_millis(1500);
 /// How long setup steps may take.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    let mut con = server.connection();
-    redis::cmd("EXISTS").arg(key).query(&mut con).unwrap()
-}
-
 /// Waits (up to 5 s) until `n` waiters are queued on the plain lock `name`.
 fn await_queued(server: &RedisServer, prefix: &str, name: &str, n: i64) {
     let queue = Keys::lock(prefix, name).queue();
@@ -95,7 +90,7 @@ fn an_owned_guard_moved_to_another_thread_is_released_there() {
             .unwrap()
             .expect("released on the other thread");
         assert!(
-            !exists(&server, &Keys::lock(prefix, &name).key()),
+            !support::exists(&mut server.connection(), Keys::lock(prefix, &name).key()),
             "{kind}: key left"
         );
         let other = b.lock(name.as_str()).try_lock().unwrap();
@@ -115,14 +110,17 @@ fn an_owned_guard_dropped_on_another_thread_releases_it() {
         CLIENTS.prefix(prefix).at(&server.url()),
     );
     let guard = a.lock("job").lock_owned().unwrap();
-    assert!(exists(&server, &Keys::lock(prefix, "job").key()));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(prefix, "job").key()
+    ));
     assert!(
         b.lock("job").try_lock().unwrap().is_none(),
         "held meanwhile"
     );
     thread::spawn(move || drop(guard)).join().unwrap();
     assert!(
-        !exists(&server, &Keys::lock(prefix, "job").key()),
+        !support::exists(&mut server.connection(), Keys::lock(prefix, "job").key()),
         "the drop released it"
     );
     assert!(b.lock("job").try_lock().unwrap().is_some());
@@ -192,7 +190,7 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
     // Watched from here while the other thread holds it: still there, still renewed.
     while acquired.elapsed() < Duration::from_millis(3500) {
         assert!(
-            exists(&server, &Keys::lock(prefix, "job").key()),
+            support::exists(&mut server.connection(), Keys::lock(prefix, "job").key()),
             "the key expired"
         );
         assert!(
@@ -203,7 +201,10 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
         thread::sleep(Duration::from_millis(250));
     }
     holder.join().unwrap().expect("released after 4 s");
-    assert!(!exists(&server, &Keys::lock(prefix, "job").key()));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(prefix, "job").key()
+    ));
     assert!(
         lost.recv_timeout(MARGIN).is_err(),
         "ready (disconnected) once released"

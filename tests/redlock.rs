@@ -46,13 +46,6 @@ fn count(server: &RedisServer, name: &str, holder: &str) -> u32 {
     n.unwrap_or(0)
 }
 
-fn exists(server: &RedisServer, name: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(Keys::lock(PREFIX, name).key())
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
-
 /// The holder id the current thread has on `client`.
 fn holder_on(client: &Client, name: &str, server: &RedisServer) -> String {
     let fields: Vec<String> = redis::cmd("HKEYS")
@@ -101,12 +94,16 @@ fn a_red_lock_is_held_on_every_master_exclusive_and_reentrant() {
     }
     assert!(lock.is_locked().unwrap());
     outer.unlock().expect("unlock");
-    assert!(servers.iter().all(|s| !exists(s, "basic")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "basic").key())));
     assert!(!lock.is_locked().unwrap());
     let theirs_now = other.try_lock().unwrap().expect("free for the others");
     // Forced open on every master at once: their release then finds it gone.
     assert!(lock.force_unlock().unwrap());
-    assert!(servers.iter().all(|s| !exists(s, "basic")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "basic").key())));
     assert!(!lock.force_unlock().unwrap());
     assert!(matches!(theirs_now.unlock(), Err(Error::LeaseLost { .. })));
 }
@@ -155,7 +152,13 @@ fn with_two_masters_killed_locks_are_still_acquired_and_exclusive() {
     );
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
     for i in [0, 2, 4] {
-        assert!(!exists(&servers[i], "two-down"), "left held on master {i}");
+        assert!(
+            !support::exists(
+                &mut servers[i].connection(),
+                Keys::lock(PREFIX, "two-down").key()
+            ),
+            "left held on master {i}"
+        );
     }
 }
 
@@ -200,7 +203,10 @@ fn with_three_masters_killed_acquisition_fails_at_its_deadline_with_no_quorum() 
     // Nothing is left on the live masters.
     for i in [1, 3] {
         assert!(
-            !exists(&servers[i], "three-down"),
+            !support::exists(
+                &mut servers[i].connection(),
+                Keys::lock(PREFIX, "three-down").key()
+            ),
             "left held on master {i}"
         );
     }
@@ -337,12 +343,21 @@ fn a_multi_lock_takes_all_of_its_locks_or_none() {
         .join()
         .unwrap()));
     // The lock it did get was given back at once.
-    assert!(!exists(&server, "acct-1"));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "acct-1").key()
+    ));
     one.unlock().unwrap();
     let guard = both.lock().unwrap();
-    assert!(exists(&server, "acct-1") && exists(&server, "acct-2"));
+    assert!(
+        support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-1").key())
+            && support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-2").key())
+    );
     guard.unlock().unwrap();
-    assert!(!exists(&server, "acct-1") && !exists(&server, "acct-2"));
+    assert!(
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-1").key())
+            && !support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-2").key())
+    );
 }
 
 #[test]
@@ -382,7 +397,9 @@ fn bad_input_is_refused_with_typed_errors() {
         Err(Error::InvalidArgument(_))
     ));
     // Nothing was written by any of it.
-    assert!(servers.iter().all(|s| !exists(s, "x")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "x").key())));
     // A hold force-unlocked on a quorum is reported lost on release.
     let guard = lock.lock().unwrap();
     for c in &cs[..2] {
@@ -424,7 +441,9 @@ fn contenders_on_five_masters_take_turns_without_overlap() {
     });
     eprintln!("120 contended RedLock acquisitions in {:?}", t.elapsed());
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
-    assert!(servers.iter().all(|s| !exists(s, "turns")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "turns").key())));
 }
 
 /// Two processes contend for a RedLock while one of the five masters is frozen (SIGSTOP)

@@ -8,13 +8,6 @@ use redmutex::{Client, Error};
 use support::keys::{Keys, DEFAULT_PREFIX};
 use support::{FaultProxy, RedisServer};
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .unwrap()
-}
-
 /// Loads the scripts on `server` (so that the fault hits the real call, not a load round)
 /// and returns the name of `script`'s function, the marker of its calls.
 fn load(server: &RedisServer, script: &str) -> String {
@@ -39,7 +32,10 @@ fn a_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock() {
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "the repeat answers that the lock was freed");
     assert!(
-        !exists(&server, &Keys::lock(DEFAULT_PREFIX, "held").key()),
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(DEFAULT_PREFIX, "held").key()
+        ),
         "freed"
     );
     assert!(matches!(
@@ -74,7 +70,10 @@ fn a_read_write_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock(
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "the repeat answers that the lock was freed");
     assert!(
-        !exists(&server, &Keys::rw(DEFAULT_PREFIX, "shared").key()),
+        !support::exists(
+            &mut server.connection(),
+            Keys::rw(DEFAULT_PREFIX, "shared").key()
+        ),
         "freed"
     );
     assert!(read.unlock().is_err(), "the reader's hold is gone");

@@ -153,10 +153,6 @@ fn connect(url: &str) -> redis::Connection {
         .expect("connection")
 }
 
-fn exists(con: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
-}
-
 /// The lock's hash: field -> value.
 fn holds(con: &mut redis::Connection, name: &str) -> HashMap<String, String> {
     redis::cmd("HGETALL")
@@ -550,11 +546,11 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
     assert_eq!(max, 3);
     assert_eq!(violations, 0);
     assert!(
-        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
         "all released: no hash left"
     );
     assert!(
-        !exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()),
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()),
         "…and no leases left"
     );
     for mut p in [p1, p2, p3] {
@@ -670,7 +666,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
     let (none, unlocked) = writer_thread.join().unwrap();
     assert!(none.unwrap(), "try_lock to write beside a reader succeeded");
     unlocked.unwrap().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
     other.send("exit");
     other.expect("done");
     other.wait_success();
@@ -699,7 +695,7 @@ fn a_writer_that_also_reads_may_reenter_the_write_side() {
     drop(again);
     w.unlock().unwrap();
     r.unlock().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -772,11 +768,11 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
             );
         }
         assert!(
-            !exists(con, &Keys::rw(PREFIX, LOCK).queue()),
+            !support::exists(con, Keys::rw(PREFIX, LOCK).queue()),
             "{depth}: nobody queued"
         );
         assert!(
-            !exists(con, &Keys::rw(PREFIX, LOCK).waiters()),
+            !support::exists(con, Keys::rw(PREFIX, LOCK).waiters()),
             "{depth}: no waiter entry"
         );
         slowest
@@ -803,7 +799,7 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
         .unwrap()
         .expect("writes once the read hold is gone");
     w.unlock().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1015,7 +1011,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     eprintln!("killed reader: writer in {handoff:?} after the survivor's release");
     assert!(handoff < Duration::from_millis(500));
     writer.join().unwrap().unwrap().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
     p2.send("exit");
     p2.expect("done");
     p2.wait_success();
@@ -1070,7 +1066,7 @@ fn a_fixed_read_lease_that_ends_is_lost() {
     );
     go.send(()).unwrap();
     t.join().unwrap().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Two watchdog read holds (900 ms lease, renewed every 300 ms): one's field is deleted
@@ -1140,8 +1136,8 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let (lost, unlocked) = tb.join().unwrap().unwrap();
     assert!(lost, "a force-unlocked read hold was not reported lost");
     assert_eq!(unlocked, r#"Err(LeaseLost { lock: Some("taken") })"#);
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1225,10 +1221,10 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     assert_eq!(proxy.lost_replies(), 4);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
     assert!(
-        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
         "the read hold is gone"
     );
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()));
 
     proxy.lose_next_reply_to(&acquire);
     let w = rw.write().lock().expect("the repeated write acquire");
@@ -1263,10 +1259,10 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     assert_eq!(proxy.lost_replies(), 8);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
     assert!(
-        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
         "no ghost hold"
     );
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).leases()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()));
 
     // The lock is free for everybody.
     let g = other
@@ -1330,7 +1326,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     unlocked.unwrap();
     assert_eq!(support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
     assert!(
-        !exists(&mut con, &Keys::rw(PREFIX, LOCK).key()),
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
         "no ghost hold"
     );
 }
@@ -1436,7 +1432,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
         "the failed release changed the other writer's hold"
     );
     wb.unlock().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, "bad").key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, "bad").key()));
     assert!(!rw.read().force_unlock().unwrap(), "nothing left to free");
 }
 
@@ -1521,7 +1517,7 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     assert!(field_of(&mut con, LOCK, "w", writer.id()).is_some());
     go.send(()).unwrap();
     t.join().unwrap().unwrap().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 1: a reader's nested read fails while another thread of its client waits
@@ -1586,7 +1582,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         .unwrap()
         .expect("writer lock")
         .expect("writer unlock");
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 5 (Redisson's testReadLockLeaseTimeout): a read hold with a fixed lease
@@ -1637,7 +1633,7 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
     assert!(matches!(read.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(rw.write().hold_count().unwrap(), 1);
     write.unlock().expect("write unlock");
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 1, in the scripts: a read-write lock's cancel told fewer read levels
@@ -1701,5 +1697,5 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     assert!(!outer.is_lease_lost());
     drop(inner);
     outer.unlock().unwrap();
-    assert!(!exists(&mut con, &Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }

@@ -13,6 +13,7 @@ use std::thread;
 use std::time::Duration;
 
 use redmutex::Client;
+use support::clients::Clients;
 use support::keys::{self, DEFAULT_PREFIX};
 use support::RedisServer;
 
@@ -92,14 +93,9 @@ fn marker() -> f64 {
     }
 }
 
-fn open(server: &RedisServer) -> Client {
-    Client::open(server.url()).expect("build client")
-}
-
 #[test]
 fn uncontended_lock_pair_executes_few_commands() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let lock = client.lock("pair");
     let (total, _) = per_op(&server, "Lock lock+unlock", 200, |_| {
         drop(lock.lock().unwrap());
@@ -117,8 +113,7 @@ fn uncontended_lock_pair_executes_few_commands() {
 
 #[test]
 fn uncontended_fair_and_fenced_pairs_execute_few_commands() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let fair = client.fair_lock("fair");
     let (total, _) = per_op(&server, "FairLock lock+unlock", 200, |_| {
         drop(fair.lock().unwrap());
@@ -141,8 +136,7 @@ fn uncontended_fair_and_fenced_pairs_execute_few_commands() {
 
 #[test]
 fn uncontended_reentry_executes_few_commands() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let lock = client.lock("nested");
     let _outer = lock.lock().unwrap();
     let (total, _) = per_op(&server, "Lock re-entry + release of the level", 200, |_| {
@@ -157,8 +151,7 @@ fn uncontended_reentry_executes_few_commands() {
 
 #[test]
 fn uncontended_read_write_and_semaphore_pairs() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let rw = client.read_write_lock("rw");
     let (read, _) = per_op(&server, "ReadWriteLock read pair", 200, |_| {
         drop(rw.read().lock().unwrap());
@@ -196,7 +189,7 @@ fn contend(
     hold: Duration,
     take: impl Fn(&Client) -> Box<dyn FnMut() + Send> + Sync,
 ) -> f64 {
-    let clients: Vec<Client> = (0..threads).map(|_| open(server)).collect();
+    let clients: Vec<Client> = (0..threads).map(|_| Clients::DEFAULT.at(server)).collect();
     let barrier = Barrier::new(threads + 1);
     let mut before = HashMap::new();
     thread::scope(|s| {

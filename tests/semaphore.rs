@@ -81,13 +81,6 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
         .expect("PTTL")
 }
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
-
 /// The holder ids of `client_id` in semaphore `name`.
 fn holders_of(server: &RedisServer, name: &str, client_id: &str) -> Vec<String> {
     let prefix = format!("{client_id}:");
@@ -498,7 +491,7 @@ fn never_more_than_n_permits_in_use_across_processes_with_one_killed() {
     assert_eq!(sem.available_permits().unwrap(), POOL_PERMITS);
     assert!(queue(&server, POOL).is_empty());
     assert!(
-        !exists(&server, &Keys::sem(PREFIX, POOL).key()),
+        !support::exists(&mut server.connection(), Keys::sem(PREFIX, POOL).key()),
         "holds left behind"
     );
 }
@@ -945,10 +938,13 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     p.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 3);
     assert!(
-        !exists(&server, &Keys::sem(PREFIX, NAME).key()),
+        !support::exists(&mut server.connection(), Keys::sem(PREFIX, NAME).key()),
         "holds left after the last release"
     );
-    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).aux("leases")));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).aux("leases")
+    ));
 
     {
         let _p = sem.acquire().unwrap();
@@ -1049,7 +1045,10 @@ fn operators_change_the_stored_number_of_permits() {
     let c = CLIENTS.scaled(WATCHDOG).at(&server.url());
     let sem = c.semaphore(NAME, 3);
     assert!(
-        !exists(&server, &Keys::sem(PREFIX, NAME).aux("permits")),
+        !support::exists(
+            &mut server.connection(),
+            Keys::sem(PREFIX, NAME).aux("permits")
+        ),
         "made without touching Redis"
     );
     assert_eq!(sem.permits().unwrap(), 3);
@@ -1133,8 +1132,14 @@ fn operators_change_the_stored_number_of_permits() {
     assert_eq!(sem.available_permits().unwrap(), 1);
 
     // Nothing held: the holds are gone, the number stays.
-    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).key()));
-    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).aux("leases")));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).key()
+    ));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).aux("leases")
+    ));
     let stored: String = redis::cmd("GET")
         .arg(Keys::sem(PREFIX, NAME).aux("permits"))
         .query(&mut server.connection())
@@ -1381,7 +1386,10 @@ fn lost_replies_take_and_free_permits_once() {
     drop(three);
     bystander.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 4);
-    assert!(!exists(&server, &Keys::sem(PREFIX, NAME).key()));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).key()
+    ));
     eprintln!("a release whose reply was lost returned {r:?}");
 }
 

@@ -852,6 +852,11 @@ pub fn llen(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
 }
 
+/// Whether `key` exists.
+pub fn exists(con: &mut redis::Connection, key: impl redis::ToRedisArgs) -> bool {
+    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
+}
+
 /// Thaws a frozen server when dropped, however the test ends, so a failed assertion
 /// cannot leave it stopped.
 pub struct Thaw<'a>(pub &'a RedisServer);
