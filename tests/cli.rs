@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis::Commands;
 use redmutex::Client;
 use support::cli::output;
 use support::clients::Clients;
@@ -309,12 +310,8 @@ fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
     assert_eq!(out.status.code(), Some(2));
 
     let mut con = server.connection();
-    let key = format!("{PREFIX}{{data}}");
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("precious")
-        .query(&mut con)
-        .unwrap();
+    let key = Keys::lock(PREFIX, "data").key();
+    let _: () = con.set(&key, "precious").unwrap();
     let out = output(redmutex(&server).args(["unlock", "--force", "data"]));
     assert_eq!(out.status.code(), Some(65));
     let stderr = String::from_utf8_lossy(&out.stderr);

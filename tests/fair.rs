@@ -101,10 +101,9 @@ fn signal(child: &ChildProc, sig: libc::c_int) {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn fair_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     let name = std::env::var(NAME).expect("lock name for the child");
     match role.as_str() {
         "waiter" => waiter_process(&url, &name),
@@ -412,15 +411,11 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
     const ROUNDS: usize = 200;
     let server = RedisServer::new();
     let mut con = server.connection();
-    let timeouts = (Duration::from_secs(10), Duration::from_secs(2));
-    let holder = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
-    let waiter = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2));
+    let holder = clients.at(&server.url());
+    let waiter = clients.at(&server.url());
     let waiter_id = waiter.id().to_owned();
     let inside = Arc::new(AtomicUsize::new(0));
 
@@ -702,12 +697,7 @@ fn a_thousand_queued_waiters_cost_one_watchdog_thread_and_few_round_trips() {
         &[(ROLE, "thousand"), (URL, &url), (NAME, LOCK)],
     );
     let queued = child.next_line();
-    let words: Vec<usize> = queued
-        .strip_prefix("queued ")
-        .unwrap_or_else(|| panic!("unexpected line {queued:?}"))
-        .split(' ')
-        .map(|w| w.parse().expect("number"))
-        .collect();
+    let words: Vec<usize> = support::child::numbers(&queued, "queued ");
     let (n, watchdogs, threads) = (words[0], words[1], words[2]);
     eprintln!("thousand: {n} queued, {watchdogs} watchdog thread(s), {threads} threads");
     assert_eq!(n, THOUSAND, "not every waiting thread joined the queue");

@@ -183,7 +183,7 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         held.unlock().unwrap();
         let token = took_rx.recv_timeout(Duration::from_secs(2)).unwrap();
         let stored: u64 = redis::cmd("HGET")
-            .arg("fenced:{handoff}")
+            .arg(Keys::lock("fenced:", "handoff").key())
             .arg("~fence")
             .query(&mut con)
             .unwrap();
@@ -240,13 +240,8 @@ fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
         });
         let queue = Keys::lock("fenced:", &name).queue();
         assert!(
-            support::wait_until(Duration::from_secs(5), || {
-                redis::cmd("LLEN")
-                    .arg(&queue)
-                    .query::<i64>(&mut con)
-                    .unwrap()
-                    == 1
-            }),
+            support::wait_until(Duration::from_secs(5), || support::llen(&mut con, &queue)
+                == 1),
             "setup: the waiter never queued"
         );
         // Past the starvation bound (2 ms), the release hands the lock over (a grant

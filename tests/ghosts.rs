@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use redmutex::Error;
 use support::clients::Clients;
+use support::keys::Keys;
 
 const CLIENTS: Clients = Clients::new("ghosts:")
     .watchdog(WATCHDOG)
@@ -41,7 +42,7 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
 
     // The script sent before the freeze runs once Redis is thawed: the lock is taken by a
     // thread that was told it did not get it.
-    let key = "ghosts:{late}";
+    let key = &Keys::lock("ghosts:", "late").key();
     let thawed = Instant::now();
 
     assert!(
@@ -81,7 +82,7 @@ fn cleaning_up_a_doubtful_nested_attempt_keeps_the_outer_hold() {
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     drop(thaw);
 
-    let key = "ghosts:{nested}";
+    let key = &Keys::lock("ghosts:", "nested").key();
     let count = || -> Option<i64> {
         let vals: Vec<i64> = redis::cmd("HVALS")
             .arg(key)

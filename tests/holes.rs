@@ -509,10 +509,9 @@ fn a_watchdog_timeout_not_above_the_command_timeout_is_refused() {
 /// The child side of the fork test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     match role.as_str() {
         "fork" => fork_holder(&url),
         other => panic!("unknown child role {other:?}"),

@@ -256,7 +256,7 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
     let holder = CLIENTS.functions(true).at(&server);
     let waiter = CLIENTS.functions(true).at(&server);
     let other = CLIENTS.functions(true).at(&server);
-    let lock_key = format!("{PREFIX}{{gone}}");
+    let lock_key = Keys::lock(PREFIX, "gone").key();
     let queue = Keys::lock(PREFIX, "gone").queue();
     let guard = holder
         .lock("gone")

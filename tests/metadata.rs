@@ -556,13 +556,9 @@ fn cost(
         op();
     }
     server
-        .command_calls()
+        .calls_since(&before, skip)
         .into_iter()
-        .filter(|(c, _)| !skip(c))
-        .filter_map(|(c, v)| {
-            let d = v - before.get(&c).copied().unwrap_or(0);
-            (d > 0).then_some((c, d as f64 / n as f64))
-        })
+        .map(|(c, d)| (c, d as f64 / n as f64))
         .collect()
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use redmutex::Error;
 use support::child::{say, ChildProc};
 use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const ROLE: &str = "REDMUTEX_TEST_CHILD_ROLE";
@@ -34,10 +35,9 @@ const STUCK: Duration = Duration::from_secs(30);
 /// The child side of every test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     match role.as_str() {
         "counter" => counter_worker(&url),
         "crash-holder" => crash_holder(&url),
@@ -182,7 +182,7 @@ fn mutual_exclusion_across_processes() {
         .query(&mut con)
         .expect("GET");
     assert_eq!(n, (WORKERS * THREADS * ITERATIONS) as u64, "lost updates");
-    let key = format!("{PREFIX}{{counter}}");
+    let key = Keys::lock(PREFIX, "counter").key();
     let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut con).unwrap();
     assert!(!exists, "the lock must be free after every release");
 }
@@ -203,7 +203,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
         tx.send(Instant::now()).expect("report");
         guard.unlock().expect("waiter unlock");
     });
-    let channel = format!("{PREFIX}{{crash}}:to:");
+    let channel = format!("{}:to:", Keys::lock(PREFIX, "crash").key());
     assert!(
         support::wait_until(STUCK, || numsub(&mut con, &channel) >= 1),
         "the waiter never subscribed"
@@ -220,7 +220,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
     let before = script_calls(&server);
     let killed = Instant::now();
     holder.child.kill().expect("SIGKILL the holder");
-    let key = format!("{PREFIX}{{crash}}");
+    let key = Keys::lock(PREFIX, "crash").key();
     let left: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
     assert!(
         left > 0,
@@ -269,7 +269,7 @@ fn ownership_is_visible_across_processes() {
     assert!(!lock.is_held_by_current_thread().unwrap());
     assert_eq!(lock.hold_count().unwrap(), 0);
     assert!(lock.try_lock().unwrap().is_none());
-    let key = format!("{PREFIX}{{nested}}");
+    let key = Keys::lock(PREFIX, "nested").key();
     let counts: Vec<i64> = redis::cmd("HVALS").arg(&key).query(&mut con).unwrap();
     assert_eq!(counts, vec![2], "one holder, two levels");
 
@@ -300,7 +300,7 @@ fn fencing_tokens_stop_a_paused_holder_from_writing() {
     // A stops (a GC pause, a frozen VM): its watchdog stops renewing with it.
     let pid = a.child.id();
     signal(pid, "STOP");
-    let key = format!("{PREFIX}{{fenced}}");
+    let key = Keys::lock(PREFIX, "fenced").key();
     assert!(
         support::wait_until(Duration::from_secs(5), || {
             !redis::cmd("EXISTS")

@@ -536,15 +536,7 @@ fn contender() {
         .unwrap();
     let cs = CLIENTS.watchdog(Duration::from_secs(1)).each_at(&urls);
     let lock = red_lock(&cs, "frozen");
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::stdin().read_line(&mut line);
-            stop.store(true, Ordering::SeqCst);
-        });
-    }
+    let stop = support::child::stop_on_stdin();
     say("running");
     let (mut n, mut overlaps) = (0u64, 0u64);
     while !stop.load(Ordering::SeqCst) {

@@ -28,7 +28,7 @@ fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
     let nested = lock.lock().expect("re-entry with a replica up");
     // The replica has the lock: a failover to it would keep it.
     let on_replica: Vec<i64> = redis::cmd("HVALS")
-        .arg("replicas:{replicated}")
+        .arg(Keys::lock("replicas:", "replicated").key())
         .query(&mut replica.connection())
         .unwrap();
     assert_eq!(on_replica, vec![2]);
@@ -149,13 +149,8 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
         });
         let mut con = primary.connection();
         assert!(
-            support::wait_until(Duration::from_secs(5), || {
-                redis::cmd("LLEN")
-                    .arg(&queue)
-                    .query::<i64>(&mut con)
-                    .unwrap()
-                    == 1
-            }),
+            support::wait_until(Duration::from_secs(5), || support::llen(&mut con, &queue)
+                == 1),
             "{name}: setup: the waiter never queued"
         );
         guard.unlock().expect("holder unlock");

@@ -229,10 +229,9 @@ fn rw_release_call(server: &RedisServer) -> String {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn rw_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     let name = std::env::var(NAME).expect("lock name for the child");
     match role.as_str() {
         "holder" => holder_process(&url, &name),
@@ -868,12 +867,7 @@ fn a_writer_behind_a_stream_of_readers_gets_in_within_a_bound() {
     }
     streamer.send("stop");
     let line = streamer.next_line();
-    let child: Vec<u64> = line
-        .strip_prefix("stopped ")
-        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
-        .split(' ')
-        .map(|w| w.parse().expect("number"))
-        .collect();
+    let child: Vec<u64> = support::child::numbers(&line, "stopped ");
     stats.sections += child[0];
     stats.waited += child[1];
     stats.errors += child[2];

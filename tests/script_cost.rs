@@ -25,15 +25,7 @@ fn is_overhead(cmd: &str) -> bool {
 
 /// Executed commands by name since `before`, overhead left out.
 fn delta(server: &RedisServer, before: &HashMap<String, u64>) -> HashMap<String, u64> {
-    server
-        .command_calls()
-        .into_iter()
-        .filter(|(cmd, _)| !is_overhead(cmd))
-        .filter_map(|(cmd, n)| {
-            let d = n - before.get(&cmd).copied().unwrap_or(0);
-            (d > 0).then_some((cmd, d))
-        })
-        .collect()
+    server.calls_since(before, is_overhead)
 }
 
 /// Runs `op` `n` times after a warm-up and returns the executed commands per operation,

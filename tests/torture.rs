@@ -190,11 +190,10 @@ fn witness_key(name: &str) -> String {
 
 #[test]
 fn torture_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
     assert_eq!(role, "worker");
-    let url = std::env::var(URL).expect("URL");
     let client = CLIENTS.at(&url);
     say("started");
     // Each thread's current token; the canceller cancels one and puts a fresh one there.

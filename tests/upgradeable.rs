@@ -512,10 +512,9 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn upgradeable_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     let name = std::env::var(NAME).expect("lock name for the child");
     match role.as_str() {
         "upgrader" => upgrader_process(&url, &name),
@@ -591,13 +590,7 @@ fn reader_process(url: &str, name: &str) {
     let client = CLIENTS.scaled(Duration::from_secs(5)).at(url);
     let mut con = connect(url);
     let read = client.read_write_lock(name).read();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
-        s.store(true, Ordering::Relaxed);
-    });
+    let stop = support::child::stop_on_stdin();
     say("ready");
     while !stop.load(Ordering::Relaxed) {
         let g = read.lock().expect("read");

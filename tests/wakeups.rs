@@ -203,19 +203,12 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h1 = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
-    let h2 = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
-    let w = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&proxy.url());
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h1 = clients.at(&server.url());
+    let h2 = clients.at(&server.url());
+    let w = clients.at(&proxy.url());
     let acquire = acquire_call(&server);
     proxy.watch(&acquire);
 
@@ -321,15 +314,11 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
-    let w = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&proxy.url());
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h = clients.at(&server.url());
+    let w = clients.at(&proxy.url());
     let _first = h
         .lock(FIRST)
         .lock_with_lease(Duration::from_secs(10))
@@ -590,15 +579,11 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     const NAME: &str = "lingering";
     let server = RedisServer::new();
     load_scripts(&server);
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
-    let w = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h = clients.at(&server.url());
+    let w = clients.at(&server.url());
     let _held = h
         .lock(NAME)
         .lock_with_lease(Duration::from_secs(20))
@@ -673,15 +658,11 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     const THREADS: usize = 8;
     let server = RedisServer::new();
     load_scripts(&server);
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
-    let w = CLIENTS
-        .watchdog(timeouts.0)
-        .command(timeouts.1)
-        .at(&server.url());
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h = clients.at(&server.url());
+    let w = clients.at(&server.url());
     let lease = Duration::from_millis(1000);
     let taken = Instant::now();
     // Never released: the holder "crashed" with the lock.
@@ -766,11 +747,10 @@ const STOPPED_LOCK: &str = "stopped";
 /// once it holds it, then releases it; told "exit", it ends once they all did.
 #[test]
 fn wakeups_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
     assert_eq!(role, "waiters");
-    let url = std::env::var(URL).expect("url");
     let c = std::sync::Arc::new(
         CLIENTS
             .watchdog(Duration::from_secs(10))

@@ -41,6 +41,29 @@ impl<T: Endpoint + ?Sized> Endpoint for &T {
     }
 }
 
+/// `const` setters of [`Clients`]: each returns the same clients with one more setting.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty;)*) => {
+        impl Clients {
+            $($(#[$doc])* pub const fn $field(mut self, $field: $ty) -> Clients {
+                self.$field = Some($field);
+                self
+            })*
+        }
+    };
+}
+
+setters! {
+    /// The watchdog timeout (the lease).
+    watchdog: Duration;
+    /// The command timeout.
+    command: Duration;
+    /// The connect timeout.
+    connect: Duration;
+    /// Scripts run as functions (`true`) or with EVALSHA (`false`).
+    functions: bool;
+}
+
 /// How a test's clients are made. What is left unset keeps the library's default.
 #[derive(Clone, Debug)]
 pub struct Clients {
@@ -77,35 +100,11 @@ impl Clients {
         self
     }
 
-    /// The same, with watchdog timeout (lease) `watchdog`.
-    pub const fn watchdog(mut self, watchdog: Duration) -> Clients {
-        self.watchdog = Some(watchdog);
-        self
-    }
-
-    /// The same, with command timeout `command`.
-    pub const fn command(mut self, command: Duration) -> Clients {
-        self.command = Some(command);
-        self
-    }
-
     /// The same, with watchdog timeout `watchdog` and a command timeout a third of it (at
     /// most 2 s): short enough that a stalled call fails before the lease runs out.
     pub fn scaled(self, watchdog: Duration) -> Clients {
         self.watchdog(watchdog)
             .command((watchdog / 3).min(Duration::from_secs(2)))
-    }
-
-    /// The same, running the scripts as functions (`true`) or with EVALSHA (`false`).
-    pub const fn functions(mut self, functions: bool) -> Clients {
-        self.functions = Some(functions);
-        self
-    }
-
-    /// The same, with connect timeout `connect`.
-    pub const fn connect(mut self, connect: Duration) -> Clients {
-        self.connect = Some(connect);
-        self
     }
 
     /// The same, with holder metadata `text`.

@@ -215,6 +215,23 @@ impl RedisServer {
         parse_commandstats(&info)
     }
 
+    /// The calls per command since `before` (a [`command_calls`](Self::command_calls)),
+    /// commands `skip` names (the test's own, say) left out, and those not called since.
+    pub fn calls_since(
+        &self,
+        before: &HashMap<String, u64>,
+        skip: impl Fn(&str) -> bool,
+    ) -> HashMap<String, u64> {
+        self.command_calls()
+            .into_iter()
+            .filter(|(c, _)| !skip(c))
+            .filter_map(|(c, v)| {
+                let d = v - before.get(&c).copied().unwrap_or(0);
+                (d > 0).then_some((c, d))
+            })
+            .collect()
+    }
+
     /// Sum of all command calls, for "no traffic happened" assertions.
     pub fn total_calls(&self) -> u64 {
         self.command_calls().values().sum()
