@@ -114,12 +114,11 @@ fn a_force_unlock_by_another_client_reaches_a_select_of_every_level() {
         .prefix("lost:forced:")
         .watchdog(watchdog)
         .heard_at(&server.url());
-    let other = support::client(
-        &server.url(),
-        "lost:forced:",
-        watchdog,
-        Duration::from_millis(500),
-    );
+    let other = Clients::DEFAULT
+        .prefix("lost:forced:")
+        .watchdog(watchdog)
+        .command(Duration::from_millis(500))
+        .at(&server.url());
     let guard = client.lock("job:7").lock().unwrap();
     let nested = client.lock("job:7").lock().unwrap();
     let (outer_lost, inner_lost) = (guard.lost(), nested.lost());
@@ -205,12 +204,11 @@ fn permits_and_multilocks_are_told_of_their_loss() {
         .prefix("lost:others:")
         .watchdog(watchdog)
         .heard_at(&server.url());
-    let other = support::client(
-        &server.url(),
-        "lost:others:",
-        watchdog,
-        Duration::from_millis(500),
-    );
+    let other = Clients::DEFAULT
+        .prefix("lost:others:")
+        .watchdog(watchdog)
+        .command(Duration::from_millis(500))
+        .at(&server.url());
 
     // All of a MultiLock's locks must stand: one force-unlocked loses it.
     let multi = MultiLock::new([client.lock("a"), client.lock("b")]).unwrap();

@@ -261,7 +261,12 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
     let with_watchdog = |watchdog: Duration| -> Vec<Client> {
         servers
             .iter()
-            .map(|s| support::client(&s.url(), PREFIX, watchdog, Duration::from_secs(2)))
+            .map(|s| {
+                Clients::new(PREFIX)
+                    .watchdog(watchdog)
+                    .command(Duration::from_secs(2))
+                    .at(&s.url())
+            })
             .collect()
     };
     let holders = with_watchdog(Duration::from_secs(5));
@@ -374,12 +379,10 @@ fn nested_failure_keeps_the_outer_hold(
 #[test]
 fn a_failed_nested_try_keeps_the_outer_hold_on_every_member() {
     let long = |s: &RedisServer| {
-        support::client(
-            &s.url(),
-            PREFIX,
-            Duration::from_secs(30),
-            Duration::from_secs(2),
-        )
+        Clients::new(PREFIX)
+            .watchdog(Duration::from_secs(30))
+            .command(Duration::from_secs(2))
+            .at(&s.url())
     };
     // Three locks on one server, of one client.
     let server = RedisServer::new();
@@ -407,12 +410,10 @@ fn a_failed_nested_try_keeps_the_outer_hold_on_every_member() {
 #[test]
 fn a_refused_nested_re_entry_marks_that_member_lost() {
     let long = |s: &RedisServer| {
-        support::client(
-            &s.url(),
-            PREFIX,
-            Duration::from_secs(30),
-            Duration::from_secs(2),
-        )
+        Clients::new(PREFIX)
+            .watchdog(Duration::from_secs(30))
+            .command(Duration::from_secs(2))
+            .at(&s.url())
     };
     let del = |s: &RedisServer, name: &str| {
         let n: i64 = redis::cmd("DEL")
@@ -544,7 +545,10 @@ impl Scene {
         let server = RedisServer::new();
         let proxy = FaultProxy::new(server.port());
         let long = |url: &str| {
-            support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(5))
+            Clients::new(PREFIX)
+                .watchdog(Duration::from_secs(10))
+                .command(Duration::from_secs(5))
+                .at(url)
         };
         let (holder, other, waiter) =
             (long(&server.url()), long(&server.url()), long(&proxy.url()));
@@ -923,12 +927,10 @@ fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
 #[test]
 fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
     let server = RedisServer::new();
-    let c = support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_millis(300),
-        Duration::from_millis(250),
-    );
+    let c = Clients::new(PREFIX)
+        .watchdog(Duration::from_millis(300))
+        .command(Duration::from_millis(250))
+        .at(&server.url());
     let lock = MultiLock::new([c.lock("too-long-watchdog")])
         .unwrap()
         .with_member_timeout(Duration::from_secs(1))

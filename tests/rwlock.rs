@@ -1139,12 +1139,10 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
 
 /// A client whose connections pass through `proxy`, with the read-write scripts loaded.
 fn through(proxy: &FaultProxy) -> Client {
-    let c = support::client(
-        &proxy.url(),
-        PREFIX,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    );
+    let c = Clients::new(PREFIX)
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     let rw = c.read_write_lock("warm-up");
     rw.read().lock().unwrap().unlock().unwrap();
     rw.write().lock().unwrap().unlock().unwrap();
@@ -1525,12 +1523,10 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
-    let c = support::client(
-        &proxy.url(),
-        PREFIX,
-        Duration::from_secs(3),
-        Duration::from_secs(1),
-    );
+    let c = Clients::new(PREFIX)
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1))
+        .at(&proxy.url());
     let rw = c.read_write_lock("warm-up");
     rw.read().lock().unwrap().unlock().unwrap();
     rw.write().lock().unwrap().unlock().unwrap();

@@ -854,16 +854,6 @@ fn script_text(script: &str) -> String {
     parts.concat()
 }
 
-/// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and
-/// command timeouts are the test's to choose (the shorthand of [`Clients`]).
-pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) -> redmutex::Client {
-    Clients::DEFAULT
-        .prefix(prefix)
-        .watchdog(watchdog)
-        .command(command)
-        .at(url)
-}
-
 /// The length of list `key` (a lock's queue, say).
 pub fn llen(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
