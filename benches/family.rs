@@ -151,10 +151,7 @@ const ALL_LUA: [&str; 18] = [
 const NOOP: &str = "return 0";
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(role) => child_main(&role),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, child_main, parent_main);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -61,10 +61,7 @@ const NAIVE_LEASE_MS: u64 = 30_000;
 const STUCK: Duration = Duration::from_secs(60);
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(_) => child_main(),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, |_| child_main(), parent_main);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

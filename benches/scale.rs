@@ -86,10 +86,7 @@ const LOCK_NAME: &str = "queued";
 const STUCK: Duration = Duration::from_secs(60);
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(role) => child_main(&role),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, child_main, parent_main);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

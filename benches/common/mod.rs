@@ -806,6 +806,15 @@ return 0
     }
 }
 
+/// A multi-process bench's `main`: a re-executed worker (`role_env` set) runs `child`
+/// with its role, the bench itself runs `parent`.
+pub fn dispatch(role_env: &str, child: impl FnOnce(&str), parent: impl FnOnce()) {
+    match std::env::var(role_env) {
+        Ok(role) => child(&role),
+        Err(_) => parent(),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The worker protocol the multi-process benches share: the parent spawns workers, each
 // says `ready`, the parent sends them all one window `go <start> <end>` (CLOCK_MONOTONIC
