@@ -98,10 +98,7 @@ const LOCK_NAME: &str = "contended";
 const STUCK: Duration = Duration::from_secs(30);
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(role) => child_main(&role),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, child_main, parent_main);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -302,48 +299,27 @@ impl Contention {
 
 fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Contention {
     let prefix = unique_prefix("contention", &format!("contend-{}", kind.name()));
-    let mut children: Vec<ChildProc> = (0..PROCESSES)
-        .map(|_| {
-            ChildProc::spawn(
-                "contend",
-                &[
-                    (ROLE_ENV, "contend"),
-                    (KIND_ENV, kind.name()),
-                    (URL_ENV, url),
-                    (PREFIX_ENV, &prefix),
-                ],
-            )
-        })
-        .collect();
+    let mut children = spawn_workers(
+        PROCESSES,
+        ROLE_ENV,
+        "contend",
+        &[
+            (KIND_ENV, kind.name()),
+            (URL_ENV, url),
+            (PREFIX_ENV, &prefix),
+        ],
+    );
     for c in &children {
         c.expect("ready");
     }
     let before = ServerSnapshot::take(&mut admin.con);
-    let start = mono_ns() + 50_000_000;
-    let end = start + (secs * 1e9) as u64;
-    for c in &mut children {
-        c.send(&format!("go {start} {end}"));
-    }
+    let (start, _) = start_window(&mut children, secs);
     let deadline = Duration::from_secs_f64(secs) + STUCK;
-    let mut events = Vec::new();
-    for c in children {
-        let mut mine = Vec::new();
-        loop {
-            let line = c
-                .try_line(deadline)
-                .unwrap_or_else(|| panic!("a {} contention worker hung", kind.name()));
-            if line == "done" {
-                break;
-            }
-            let mut w = line.split_whitespace();
-            assert_eq!(w.next(), Some("acq"), "unexpected worker line {line:?}");
-            let acq = parse_u64(w.next().unwrap_or(""));
-            let rel = parse_u64(w.next().unwrap_or(""));
-            mine.push((acq, rel));
-        }
-        c.wait_success();
-        events.push(mine);
-    }
+    let events = collect_events(
+        children,
+        deadline,
+        &format!("a {} contention worker hung", kind.name()),
+    );
     let cost = ServerSnapshot::take(&mut admin.con).since(&before);
     Contention {
         kind,
@@ -524,25 +500,14 @@ fn child_contend(kind: Kind, url: &str, prefix: &str) {
     let held = lock.acquire();
     lock.release(held);
     say("ready");
-    let line = read_line();
-    let mut w = line.split_whitespace();
-    assert_eq!(w.next(), Some("go"), "unexpected parent line {line:?}");
-    let start = parse_u64(w.next().unwrap_or(""));
-    let end = parse_u64(w.next().unwrap_or(""));
-    sleep_until_mono(start);
-    let mut events = Vec::new();
-    while mono_ns() < end {
-        let held = lock.acquire();
-        let acquired = mono_ns();
-        hold();
-        let releasing = mono_ns();
-        lock.release(held);
-        events.push((acquired, releasing));
-    }
-    for (a, r) in events {
-        say(&format!("acq {a} {r}"));
-    }
-    say("done");
+    let lock = std::cell::RefCell::new(lock);
+    let events = work_window(
+        read_window(),
+        || lock.borrow_mut().acquire(),
+        hold,
+        |held| lock.borrow_mut().release(held),
+    );
+    report_events(&events);
 }
 
 fn child_drain(kind: Kind, url: &str, prefix: &str) {

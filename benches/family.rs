@@ -151,10 +151,7 @@ const ALL_LUA: [&str; 18] = [
 const NOOP: &str = "return 0";
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(role) => child_main(&role),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, child_main, parent_main);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -609,19 +606,16 @@ impl Run {
 
 fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
     let prefix = unique_prefix("family", &format!("contend-{}", kind.name()));
-    let mut children: Vec<ChildProc> = (0..PROCESSES)
-        .map(|_| {
-            ChildProc::spawn(
-                "contend",
-                &[
-                    (ROLE_ENV, "contend"),
-                    (KIND_ENV, kind.name()),
-                    (URL_ENV, url),
-                    (PREFIX_ENV, &prefix),
-                ],
-            )
-        })
-        .collect();
+    let mut children = spawn_workers(
+        PROCESSES,
+        ROLE_ENV,
+        "contend",
+        &[
+            (KIND_ENV, kind.name()),
+            (URL_ENV, url),
+            (PREFIX_ENV, &prefix),
+        ],
+    );
     // Warm-ups one process at a time (and one thread at a time in each): nobody queues,
     // nothing is handed on, so no check of a handoff lands in the measured run.
     for c in &mut children {
@@ -630,32 +624,13 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
     }
     let before = admin.commandstats();
     let cost_from = ServerSnapshot::take(&mut admin.con);
-    let start = mono_ns() + 50_000_000;
-    let end = start + (secs * 1e9) as u64;
-    for c in &mut children {
-        c.send(&format!("go {start} {end}"));
-    }
+    let (start, _) = start_window(&mut children, secs);
     let deadline = Duration::from_secs_f64(secs) + STUCK;
-    let mut events = Vec::new();
-    for c in children {
-        let mut mine = Vec::new();
-        loop {
-            let line = c
-                .try_line(deadline)
-                .unwrap_or_else(|| panic!("a {} worker hung", kind.name()));
-            if line == "done" {
-                break;
-            }
-            let mut w = line.split_whitespace();
-            assert_eq!(w.next(), Some("acq"), "unexpected worker line {line:?}");
-            let acq = parse_u64(w.next().unwrap_or(""));
-            let rel = parse_u64(w.next().unwrap_or(""));
-            mine.push((acq, rel));
-        }
-        // Exited: its clients are gone, every command they sent is counted below.
-        c.wait_success();
-        events.push(mine);
-    }
+    let events = collect_events(
+        children,
+        deadline,
+        &format!("a {} worker hung", kind.name()),
+    );
     let cost = ServerSnapshot::take(&mut admin.con).since(&cost_from);
     let after = admin.commandstats();
     let calls = after
@@ -788,37 +763,20 @@ fn child_contend(kind: Kind, url: &str, prefix: &str) {
                 }
                 ready.wait();
                 go.wait();
-                let &(start, end) = window.get().expect("the run's window");
-                sleep_until_mono(start);
-                let mut events = Vec::new();
-                while mono_ns() < end {
-                    let held = handle.acquire();
-                    let acquired = mono_ns();
-                    hold();
-                    let releasing = mono_ns();
-                    held.release();
-                    events.push((acquired, releasing));
-                }
+                let window = *window.get().expect("the run's window");
+                let events = work_window(window, || handle.acquire(), hold, |held| held.release());
                 results.lock().expect("results").extend(events);
             })
         })
         .collect();
     ready.wait();
     say("ready");
-    let line = read_line();
-    let mut w = line.split_whitespace();
-    assert_eq!(w.next(), Some("go"), "unexpected parent line {line:?}");
-    let start = parse_u64(w.next().unwrap_or(""));
-    let end = parse_u64(w.next().unwrap_or(""));
-    window.set((start, end)).expect("one window");
+    window.set(read_window()).expect("one window");
     go.wait();
     for t in workers {
         t.join().expect("worker thread");
     }
-    for (a, r) in results.lock().expect("results").iter() {
-        say(&format!("acq {a} {r}"));
-    }
-    say("done");
+    report_events(results.lock().expect("results").iter());
 }
 
 fn child_floor(url: &str, prefix: &str) {

@@ -27,7 +27,7 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{connect, median, percentile, unique_prefix};
+use common::{connect, dispatch, median, percentile, unique_prefix};
 
 /// Set in the re-executed child: which lock it contends with ("redmutex" or "naive").
 const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
@@ -64,10 +64,7 @@ const WATCHDOG_COMM: &str = "redmutex-watchd";
 const STUCK: Duration = Duration::from_secs(15);
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(role) => child_main(&role),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, child_main, parent_main);
 }
 
 // ---------------------------------------------------------------------------------------

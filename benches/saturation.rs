@@ -36,7 +36,7 @@ mod support;
 
 use common::*;
 
-use support::child::{say, ChildProc};
+use support::child::say;
 
 const ROLE_ENV: &str = "REDMUTEX_SATURATION_ROLE";
 const KIND_ENV: &str = "REDMUTEX_SATURATION_KIND";
@@ -61,10 +61,7 @@ const NAIVE_LEASE_MS: u64 = 30_000;
 const STUCK: Duration = Duration::from_secs(60);
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(_) => child_main(),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, |_| child_main(), parent_main);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -204,29 +201,22 @@ fn parent_main() {
 fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connection) -> Run {
     let prefix = unique_prefix("saturation", &format!("{}-{names}", kind.name()));
     let names_s = names.to_string();
-    let mut children: Vec<ChildProc> = (0..PROCESSES)
-        .map(|_| {
-            ChildProc::spawn(
-                "worker",
-                &[
-                    (ROLE_ENV, "worker"),
-                    (KIND_ENV, kind.name()),
-                    (URL_ENV, url),
-                    (PREFIX_ENV, &prefix),
-                    (NAMES_ENV, &names_s),
-                ],
-            )
-        })
-        .collect();
+    let mut children = spawn_workers(
+        PROCESSES,
+        ROLE_ENV,
+        "worker",
+        &[
+            (KIND_ENV, kind.name()),
+            (URL_ENV, url),
+            (PREFIX_ENV, &prefix),
+            (NAMES_ENV, &names_s),
+        ],
+    );
     for c in &children {
         c.expect("ready");
     }
     let before = ServerSnapshot::take(admin);
-    let start = mono_ns() + 50_000_000;
-    let end = start + (secs * 1e9) as u64;
-    for c in &mut children {
-        c.send(&format!("go {start} {end}"));
-    }
+    let (start, end) = start_window(&mut children, secs);
     let mut counts = Vec::new();
     let mut client_cpu_s = 0.0;
     let mut last_end = end;
@@ -354,12 +344,7 @@ fn child_main() {
         .collect();
     ready.wait();
     say("ready");
-    let line = read_line();
-    let mut w = line.split_whitespace();
-    assert_eq!(w.next(), Some("go"), "unexpected parent line {line:?}");
-    let start = parse_u64(w.next().unwrap_or(""));
-    let end = parse_u64(w.next().unwrap_or(""));
-    *window.lock().expect("window") = (start, end);
+    *window.lock().expect("window") = read_window();
     let cpu_before = process_cpu_ns();
     go.wait();
     let mut count = 0;

@@ -86,10 +86,7 @@ const LOCK_NAME: &str = "queued";
 const STUCK: Duration = Duration::from_secs(60);
 
 fn main() {
-    match std::env::var(ROLE_ENV) {
-        Ok(role) => child_main(&role),
-        Err(_) => parent_main(),
-    }
+    dispatch(ROLE_ENV, child_main, parent_main);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -809,10 +806,7 @@ fn child_wait(kind: Kind, url: &str, prefix: &str) {
             "go" => {
                 go.wait();
                 done.wait();
-                for (a, r) in results.lock().expect("results").drain(..) {
-                    say(&format!("acq {a} {r}"));
-                }
-                say("done");
+                report_events(results.lock().expect("results").drain(..).as_slice());
             }
             "quit" => {
                 quit.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -19,10 +19,16 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{CancelToken, Client, Error, MultiLock};
+use redmutex::{CancelToken, Error, MultiLock};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, RedisServer};
 
 const PREFIX: &str = "cancel:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(10))
+    .command(Duration::from_secs(2));
 /// From `cancel()` to the call's return, on a loaded machine (10 ms asked; see above).
 const CANCEL_BOUND: Duration = Duration::from_millis(100);
 /// From the lock freeing to the next waiter holding it: far below the 1 s pickup window a
@@ -31,22 +37,10 @@ const SERVED_BOUND: Duration = Duration::from_millis(500);
 /// How long setup steps (a waiter showing in the queue) may take.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn client(url: &str) -> Client {
-    support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(2))
-}
-
-fn queue(object: &str, name: &str) -> String {
-    format!("{PREFIX}!queue:{object}{{{name}}}")
-}
-
-fn llen(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
-}
-
 fn await_len(con: &mut redis::Connection, key: &str, n: i64, who: &str) {
     let mut seen = -1;
     let ok = wait_until(SETUP, || {
-        seen = llen(con, key);
+        seen = support::llen(con, key);
         seen == n
     });
     assert!(ok, "{who}: LLEN {key} is {seen}, expected {n}");
@@ -77,7 +71,7 @@ fn cancel_queued_waiter<G1, G2, G3>(
     next_in_on_cancel: bool,
 ) -> Outcome {
     let mut con = server.connection();
-    assert_eq!(llen(&mut con, queue), 0, "a queue before the test");
+    assert_eq!(support::llen(&mut con, queue), 0, "a queue before the test");
     let token = CancelToken::new();
     let (cancelled_in, served_in) = thread::scope(|s| {
         let (held_tx, held_rx) = mpsc::channel();
@@ -127,7 +121,7 @@ fn cancel_queued_waiter<G1, G2, G3>(
         } else {
             // Out of the queue before the call returned: only the next waiter is left.
             assert_eq!(
-                llen(&mut con, queue),
+                support::llen(&mut con, queue),
                 1,
                 "the cancelled waiter left a ghost"
             );
@@ -149,7 +143,7 @@ fn cancel_queued_waiter<G1, G2, G3>(
         (cancelled_in, served_in)
     });
     assert!(
-        wait_until(SETUP, || llen(&mut con, queue) == 0),
+        wait_until(SETUP, || support::llen(&mut con, queue) == 0),
         "the queue kept entries"
     );
     Outcome {
@@ -173,13 +167,13 @@ impl Outcome {
 fn a_blocked_lock_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
-        &queue("", "plain"),
+        &Keys::lock(PREFIX, "plain").queue(),
         || a.lock("plain").lock().unwrap(),
         |t| b.lock("plain").lock_cancellable(t),
         || c.lock("plain").lock().unwrap(),
@@ -191,13 +185,13 @@ fn a_blocked_lock_is_cancelled_at_once_and_the_next_waiter_served() {
 fn a_blocked_fair_lock_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
-        &queue("", "fair"),
+        &Keys::lock(PREFIX, "fair").queue(),
         || a.fair_lock("fair").lock().unwrap(),
         |t| {
             b.fair_lock("fair")
@@ -213,13 +207,13 @@ fn a_blocked_fair_lock_is_cancelled_at_once_and_the_next_waiter_served() {
 fn a_blocked_read_is_cancelled_at_once_and_the_next_writer_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
-        &queue("!rw:", "rw-read"),
+        &Keys::rw(PREFIX, "rw-read").queue(),
         || a.read_write_lock("rw-read").write().lock().unwrap(),
         |t| b.read_write_lock("rw-read").read().lock_cancellable(t),
         || c.read_write_lock("rw-read").write().lock().unwrap(),
@@ -234,13 +228,13 @@ fn a_blocked_read_is_cancelled_at_once_and_the_next_writer_served() {
 fn a_blocked_write_is_cancelled_at_once_and_the_readers_behind_it_let_in() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
-        &queue("!rw:", "rw-write"),
+        &Keys::rw(PREFIX, "rw-write").queue(),
         || a.read_write_lock("rw-write").read().lock().unwrap(),
         |t| b.read_write_lock("rw-write").write().lock_cancellable(t),
         || c.read_write_lock("rw-write").read().lock().unwrap(),
@@ -252,13 +246,13 @@ fn a_blocked_write_is_cancelled_at_once_and_the_readers_behind_it_let_in() {
 fn a_blocked_semaphore_acquire_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     cancel_queued_waiter(
         &server,
-        &queue("!sem:", "sem"),
+        &Keys::sem(PREFIX, "sem").queue(),
         || a.semaphore("sem", 2).acquire_many(2).unwrap(),
         |t| b.semaphore("sem", 2).acquire_cancellable(t),
         || c.semaphore("sem", 2).acquire().unwrap(),
@@ -270,14 +264,14 @@ fn a_blocked_semaphore_acquire_is_cancelled_at_once_and_the_next_waiter_served()
 fn a_blocked_multilock_is_cancelled_at_once_and_the_next_waiter_served() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     let both = MultiLock::new([b.lock("multi-1"), b.lock("multi-2")]).unwrap();
     cancel_queued_waiter(
         &server,
-        &queue("", "multi-1"),
+        &Keys::lock(PREFIX, "multi-1").queue(),
         || a.lock("multi-1").lock().unwrap(),
         |t| both.lock_cancellable(t),
         || c.lock("multi-1").lock().unwrap(),
@@ -296,7 +290,7 @@ fn a_blocked_multilock_is_cancelled_at_once_and_the_next_waiter_served() {
 #[test]
 fn a_token_cancelled_before_the_call_sends_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let semaphore = c.semaphore("pre-sem", 1);
     let both = MultiLock::new([c.lock("pre-1"), c.lock("pre-2")]).unwrap();
     // Warm the pools and load the scripts: what follows is the calls' own traffic only.
@@ -373,11 +367,11 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
 fn a_cancel_racing_a_grant_hands_the_lock_on() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let a = client(&server.url());
-    let b = client(&proxy.url());
-    let c = client(&server.url());
+    let a = CLIENTS.at(&server.url());
+    let b = CLIENTS.at(&proxy.url());
+    let c = CLIENTS.at(&server.url());
     let name = "raced";
-    let q = queue("", name);
+    let q = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let token = CancelToken::new();
     thread::scope(|s| {
@@ -405,11 +399,11 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
         let released = Instant::now();
         // The release made the cancellable waiter the holder.
         let holders: Vec<String> = redis::cmd("HKEYS")
-            .arg(format!("{PREFIX}{{{name}}}"))
+            .arg(Keys::lock(PREFIX, name).key())
             .query(&mut con)
             .unwrap();
         assert_eq!(holders.iter().filter(|h| !h.starts_with('~')).count(), 1);
-        assert_eq!(llen(&mut con, &q), 1, "handed to the first waiter");
+        assert_eq!(support::llen(&mut con, &q), 1, "handed to the first waiter");
         let cancelled = Instant::now();
         token.cancel();
         let (r, returned) = result_rx.recv_timeout(SETUP).expect("returned");
@@ -429,7 +423,7 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
         eprintln!("raced grant: cancelled in {cancelled_in:?}, next served in {served_in:?}");
     });
     proxy.delay_replies_containing(name, Duration::ZERO);
-    assert!(wait_until(SETUP, || llen(&mut con, &q) == 0));
+    assert!(wait_until(SETUP, || support::llen(&mut con, &q) == 0));
     assert!(wait_until(SETUP, || !a
         .fair_lock(name)
         .is_locked()
@@ -443,12 +437,12 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
 fn cancels_racing_releases_never_strand_or_double_the_lock() {
     let server = RedisServer::new();
     let (a, b, c) = (
-        client(&server.url()),
-        client(&server.url()),
-        client(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
+        CLIENTS.at(&server.url()),
     );
     let name = "race";
-    let q = queue("", name);
+    let q = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let inside = AtomicBool::new(false);
     let (mut won, mut lost) = (0, 0);
@@ -506,7 +500,7 @@ fn cancels_racing_releases_never_strand_or_double_the_lock() {
             );
         });
         assert!(
-            wait_until(SETUP, || llen(&mut con, &q) == 0),
+            wait_until(SETUP, || support::llen(&mut con, &q) == 0),
             "round {round}: entries left"
         );
     }
@@ -517,9 +511,9 @@ fn cancels_racing_releases_never_strand_or_double_the_lock() {
 #[test]
 fn cancel_latency_distribution() {
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url()), client(&server.url()));
+    let (a, b) = (CLIENTS.at(&server.url()), CLIENTS.at(&server.url()));
     let name = "spread";
-    let q = queue("", name);
+    let q = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let _held = a.lock(name).lock().unwrap();
     let lock = b.lock(name);
@@ -544,7 +538,7 @@ fn cancel_latency_distribution() {
             let (r, returned) = rx.recv_timeout(SETUP).expect("returned");
             assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
             times.push(returned - cancelled);
-            assert_eq!(llen(&mut con, &q), 0, "a ghost entry");
+            assert_eq!(support::llen(&mut con, &q), 0, "a ghost entry");
         });
     }
     times.sort();

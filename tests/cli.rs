@@ -8,25 +8,23 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use redis::Commands;
 use redmutex::Client;
 use support::cli::output;
+use support::clients::Clients;
+use support::keys::{self, Keys};
 use support::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
 
 const PREFIX: &str = "cli:";
 
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(5))
+    .command(Duration::from_secs(1));
+
 fn redmutex(server: &RedisServer) -> Command {
     support::cli::redmutex(server, PREFIX)
-}
-
-fn client(server: &RedisServer) -> Client {
-    support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_secs(5),
-        Duration::from_secs(1),
-    )
 }
 
 fn locked(c: &Client, name: &str) -> bool {
@@ -35,7 +33,7 @@ fn locked(c: &Client, name: &str) -> bool {
 
 /// Waits until one thread waits in the queue of the lock `name`.
 fn queued(server: &RedisServer, name: &str) {
-    let queue = format!("{PREFIX}!queue:{{{name}}}");
+    let queue = Keys::lock(PREFIX, name).queue();
     assert!(support::wait_until(Duration::from_secs(5), || {
         redis::cmd("LLEN")
             .arg(&queue)
@@ -56,8 +54,7 @@ fn read_ns(path: &std::path::Path) -> u128 {
 
 #[test]
 fn two_runs_never_overlap_and_the_second_starts_when_the_first_ends() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let dir = tempfile::tempdir().unwrap();
     let script = |tag: &str| {
         let d = dir.path().display();
@@ -105,13 +102,12 @@ fn exit_codes_pass_through() {
     // Not found: 127, like a shell.
     let out = output(redmutex(&server).args(["run", "codes", "--", "/no/such/command"]));
     assert_eq!(out.status.code(), Some(127));
-    assert!(!locked(&client(&server), "codes"));
+    assert!(!locked(&CLIENTS.at(&server), "codes"));
 }
 
 #[test]
 fn a_held_lock_gives_75_at_once_with_no_wait_and_at_the_bound_with_wait() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("busy").lock().unwrap();
     let t = Instant::now();
     let out = output(redmutex(&server).args(["run", "--no-wait", "busy", "--", "true"]));
@@ -133,8 +129,7 @@ fn a_held_lock_gives_75_at_once_with_no_wait_and_at_the_bound_with_wait() {
 
 #[test]
 fn a_killed_redmutex_frees_its_lock_within_the_lease() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let mut run = redmutex(&server)
         .args(["run", "--lease", "1s", "crash", "--", "sleep", "3"])
         .spawn()
@@ -183,8 +178,7 @@ fn trapping(
 
 #[test]
 fn sigterm_is_passed_on_and_the_lock_released_once_the_command_exits() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let (mut run, _out) = trapping(&server, &["term"], "exit 7");
     assert!(locked(&c, "term"));
     nix::sys::signal::kill(
@@ -200,8 +194,7 @@ fn sigterm_is_passed_on_and_the_lock_released_once_the_command_exits() {
 
 #[test]
 fn a_lease_lost_while_the_command_runs_signals_it_and_exits_76() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let (mut run, _out) = trapping(&server, &["--lease", "900ms", "lost"], "exit 9");
     assert!(c.lock("lost").force_unlock().unwrap());
     let t = Instant::now();
@@ -221,8 +214,7 @@ fn a_lease_lost_while_the_command_runs_signals_it_and_exits_76() {
 /// the command is signalled well before the next renewal could have found the loss.
 #[test]
 fn a_force_unlock_stops_the_command_at_once_with_the_default_watchdog() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let (mut run, _out) = trapping(&server, &["forced"], "exit 9");
     assert!(locked(&c, "forced"));
     // Its pub/sub connection listens on its client's own channel once it holds.
@@ -230,7 +222,7 @@ fn a_force_unlock_stops_the_command_at_once_with_the_default_watchdog() {
     let listening = support::wait_until(Duration::from_secs(5), || {
         let channels: Vec<String> = redis::cmd("PUBSUB")
             .arg("CHANNELS")
-            .arg(format!("{PREFIX}__control:*"))
+            .arg(keys::control_channels(PREFIX))
             .query(&mut con)
             .unwrap();
         !channels.is_empty()
@@ -252,12 +244,11 @@ fn a_force_unlock_stops_the_command_at_once_with_the_default_watchdog() {
 
 #[test]
 fn status_json_is_what_the_library_reports() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("report");
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
-    let waiter_client = client(&server);
+    let waiter_client = CLIENTS.at(&server);
     let waiter = thread::spawn(move || {
         let g = waiter_client.lock("report").lock().unwrap();
         g.unlock().unwrap();
@@ -303,8 +294,7 @@ fn status_json_is_what_the_library_reports() {
 
 #[test]
 fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("stuck").lock().unwrap();
     let out = output(redmutex(&server).args(["unlock", "--force", "stuck"]));
     assert!(out.status.success());
@@ -320,12 +310,8 @@ fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
     assert_eq!(out.status.code(), Some(2));
 
     let mut con = server.connection();
-    let key = format!("{PREFIX}{{data}}");
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("precious")
-        .query(&mut con)
-        .unwrap();
+    let key = Keys::lock(PREFIX, "data").key();
+    let _: () = con.set(&key, "precious").unwrap();
     let out = output(redmutex(&server).args(["unlock", "--force", "data"]));
     assert_eq!(out.status.code(), Some(65));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -336,8 +322,7 @@ fn unlock_force_frees_a_held_lock_and_refuses_a_key_that_is_not_a_lock() {
 
 #[test]
 fn wait_returns_when_the_lock_is_released() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("gate").lock().unwrap();
     let waiting = redmutex(&server).args(["wait", "gate"]).spawn().unwrap();
     queued(&server, "gate");
@@ -460,8 +445,7 @@ fn ended(pid: i32) -> bool {
 
 #[test]
 fn a_sigkilled_redmutex_takes_its_command_and_the_commands_children_with_it() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
     // A shell with a background loop of its own (a grandchild of redmutex, with children
@@ -543,7 +527,7 @@ fn a_sigkilled_redmutex_takes_its_command_and_the_commands_children_with_it() {
 fn a_signal_while_the_lock_is_being_acquired_releases_it_at_once() {
     let server = RedisServer::new();
     let proxy = support::FaultProxy::new(server.port());
-    let c = client(&server);
+    let c = CLIENTS.at(&server);
     // The acquisition's requests reach Redis 100 ms late each: a SIGTERM sent meanwhile
     // arrives while the lock is being taken. Redis then grants it; redmutex must give it
     // back at once rather than die and leave it held for the 6 s lease. (--wait, not
@@ -588,8 +572,7 @@ fn a_signal_while_the_lock_is_being_acquired_releases_it_at_once() {
 
 #[test]
 fn a_signal_while_waiting_ends_the_wait_and_takes_nothing() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     for (name, args) in [
         (
             "queue-run",
@@ -625,8 +608,7 @@ fn a_signal_while_waiting_ends_the_wait_and_takes_nothing() {
 
 #[test]
 fn status_and_list_into_a_closed_pipe_exit_quietly() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let _guard = c.lock("piped").lock().unwrap();
     for args in [
         &["list"][..],
@@ -682,16 +664,15 @@ fn force_unlock_with_a_waiter(server: &RedisServer, holder: &Client, name: &str,
 
 #[test]
 fn unlock_force_frees_every_kind_status_shows_held() {
-    let server = RedisServer::new();
-    let c = client(&server);
-    let other = client(&server);
+    let (server, c) = CLIENTS.serve();
+    let other = CLIENTS.at(&server);
 
     // A read-write lock held by two readers, with a writer waiting behind them.
     let rw = c.read_write_lock("rw");
     let r1 = rw.read().lock().unwrap();
     let r2 = other.read_write_lock("rw").read().lock().unwrap();
     assert_eq!(held_kinds(&server, "rw"), ["rwlock"]);
-    let writer_client = client(&server);
+    let writer_client = CLIENTS.at(&server);
     let writer = thread::spawn(move || {
         let w = writer_client.read_write_lock("rw").write().lock().unwrap();
         w.unlock().unwrap();
@@ -711,7 +692,7 @@ fn unlock_force_frees_every_kind_status_shows_held() {
     let sem = c.semaphore("sem", 2);
     let p = sem.acquire_many(2).unwrap();
     assert_eq!(held_kinds(&server, "sem"), ["semaphore"]);
-    let waiter_client = client(&server);
+    let waiter_client = CLIENTS.at(&server);
     let (took_tx, took) = std::sync::mpsc::channel();
     let (done_tx, done) = std::sync::mpsc::channel::<()>();
     let waiter = thread::spawn(move || {
@@ -779,11 +760,11 @@ fn unlock_force_frees_every_kind_status_shows_held() {
     let mut con = server.connection();
     let moved = [
         (
-            format!("{PREFIX}!rw:{{both}}"),
+            Keys::rw(PREFIX, "both").key(),
             format!("{PREFIX}aside:{{both}}"),
         ),
         (
-            format!("{PREFIX}!leases:!rw:{{both}}"),
+            Keys::rw(PREFIX, "both").leases(),
             format!("{PREFIX}aside2:{{both}}"),
         ),
     ];
@@ -900,32 +881,37 @@ fn ctrl_z_stops_the_command_with_redmutex_and_fg_continues_both() {
     assert_ne!(state(sh), 'T');
     nix::sys::signal::kill(me, nix::sys::signal::Signal::SIGTERM).unwrap();
     assert_eq!(run.wait().unwrap().code(), Some(128 + 15));
-    assert!(!locked(&client(&server), "job"));
+    assert!(!locked(&CLIENTS.at(&server), "job"));
 }
 
 #[test]
 fn a_signal_while_waiting_ends_the_wait_at_once() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("busy").lock().unwrap();
     let permit = c.semaphore("busy-sem", 1).acquire().unwrap();
     let writer = c.read_write_lock("busy-rw").write().lock().unwrap();
     let mut took = Vec::new();
     for (queue, args) in [
         (
-            "{busy}",
+            Keys::lock(PREFIX, "busy"),
             &["run", "--lease", "6s", "busy", "--", "true"][..],
         ),
-        ("{busy}", &["run", "--wait", "1h", "busy", "--", "true"]),
-        ("{busy}", &["hold", "busy"]),
-        ("{busy}", &["wait", "busy"]),
-        ("!sem:{busy-sem}", &["run", "-n", "1", "busy-sem", "true"]),
         (
-            "!rw:{busy-rw}",
+            Keys::lock(PREFIX, "busy"),
+            &["run", "--wait", "1h", "busy", "--", "true"],
+        ),
+        (Keys::lock(PREFIX, "busy"), &["hold", "busy"]),
+        (Keys::lock(PREFIX, "busy"), &["wait", "busy"]),
+        (
+            Keys::sem(PREFIX, "busy-sem"),
+            &["run", "-n", "1", "busy-sem", "true"],
+        ),
+        (
+            Keys::rw(PREFIX, "busy-rw"),
             &["run", "--shared", "-w", "1h", "busy-rw", "true"],
         ),
     ] {
-        let queue = format!("{PREFIX}!queue:{queue}");
+        let queue = queue.queue();
         let len = || {
             redis::cmd("LLEN")
                 .arg(&queue)

@@ -10,12 +10,16 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use redmutex::Client;
 use serde_json::Value;
 use support::cli::{bare, output};
+use support::clients::Clients;
 use support::RedisServer;
 
 const PREFIX: &str = "habits:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(5))
+    .command(Duration::from_secs(1));
 
 fn redmutex(server: &RedisServer) -> Command {
     support::cli::redmutex(server, PREFIX)
@@ -23,15 +27,6 @@ fn redmutex(server: &RedisServer) -> Command {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn client(server: &RedisServer) -> Client {
-    support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_secs(5),
-        Duration::from_secs(1),
-    )
 }
 
 fn json(out: &Output) -> Value {
@@ -105,13 +100,12 @@ fn run_takes_the_command_after_the_name_without_a_double_dash() {
     // `--` still works, and still lets a command start with a dash-less name after it.
     let out = output(redmutex(&server).args(["run", "job", "--", "echo", "--", "x"]));
     assert_eq!(text(&out.stdout), "-- x\n");
-    assert!(!client(&server).lock("job").is_locked().unwrap());
+    assert!(!CLIENTS.at(&server).lock("job").is_locked().unwrap());
 }
 
 #[test]
 fn hold_holds_until_a_signal_then_releases_and_exits_0() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     for sig in [Signal::SIGTERM, Signal::SIGINT] {
         let holding = Holding::start(&server, &["-l", "3s", "maint"]);
         assert!(c.lock("maint").is_locked().unwrap());
@@ -127,8 +121,7 @@ fn hold_holds_until_a_signal_then_releases_and_exits_0() {
 
 #[test]
 fn hold_exits_76_when_its_lease_is_lost() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let holding = Holding::start(&server, &["--lease", "900ms", "fragile"]);
     assert!(c.lock("fragile").force_unlock().unwrap());
     let t = Instant::now();
@@ -172,7 +165,8 @@ fn a_semaphore_of_n_lets_n_hold_at_once_and_status_shows_them() {
     b.signal(Signal::SIGTERM);
     assert_eq!(b.finish().0, Some(0));
     assert_eq!(
-        client(&server)
+        CLIENTS
+            .at(&server)
             .semaphore("encoders", 2)
             .available_permits()
             .unwrap(),
@@ -182,8 +176,7 @@ fn a_semaphore_of_n_lets_n_hold_at_once_and_status_shows_them() {
 
 #[test]
 fn shared_holds_are_readers_of_the_read_write_lock() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let r1 = Holding::start(&server, &["--shared", "schema"]);
     let r2 = Holding::start(&server, &["--shared", "schema"]);
     let write = c.read_write_lock("schema").write();
@@ -250,8 +243,7 @@ fn latch_set_count_down_and_wait() {
 
 #[test]
 fn after_a_second_of_waiting_it_says_who_holds_the_lock_unless_quiet() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let guard = c.lock("busy").lock().unwrap();
     let started = Instant::now();
     let mut run = redmutex(&server)
@@ -330,8 +322,7 @@ fn help_reads_right_and_completions_and_the_manual_are_generated() {
 
 #[test]
 fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     // (A name is one kind at a time: one name each.)
     let _l = c.lock("all").lock().unwrap();
     let _r = c.read_write_lock("all-rw").read().lock().unwrap();
@@ -473,8 +464,7 @@ fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
 
 #[test]
 fn a_user_name_over_a_kibibyte_is_cut_and_the_command_runs() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     // ASCII, and two-byte characters whose cut must fall between them.
     for (name, user) in [
         ("long-user", "u".repeat(2100)),

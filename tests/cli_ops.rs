@@ -7,7 +7,9 @@ use std::net::TcpListener;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use redis::Commands;
 use support::cli::{bare, output};
+use support::keys::Keys;
 use support::topology::Cluster;
 use support::RedisServer;
 
@@ -92,12 +94,8 @@ fn a_server_that_never_answers_is_reported_within_the_connect_timeout() {
 fn run_and_wait_on_a_key_that_is_not_a_lock_say_so_cleanly() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let key = format!("{PREFIX}{{data}}");
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("precious")
-        .query(&mut con)
-        .unwrap();
+    let key = Keys::lock(PREFIX, "data").key();
+    let _: () = con.set(&key, "precious").unwrap();
     for args in [
         &["run", "data", "--", "true"][..],
         &["run", "--no-wait", "data", "--", "true"],

@@ -11,28 +11,20 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::Client;
+use support::clients::Clients;
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::topology::{key_slot, tag_for_slot, Cluster};
 use support::wait_until;
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(1500))
+    .connect(Duration::from_secs(10));
 
 const WATCHDOG: Duration = Duration::from_secs(6);
 
 fn cluster_client(cluster: &Cluster) -> Client {
-    client_with_seeds(cluster.seed_urls())
-}
-
-/// A client whose pub/sub connection goes to node `i`: its only seed is that node.
-fn client_listening_on(cluster: &Cluster, i: usize) -> Client {
-    client_with_seeds(vec![format!("redis://{}/", cluster.node(i).addr())])
-}
-
-fn client_with_seeds(seeds: Vec<String>) -> Client {
-    Client::builder()
-        .cluster(seeds)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(1500))
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .expect("cluster client")
+    CLIENTS.cluster_at(cluster.seed_urls())
 }
 
 /// A thread of `client` blocked in `lock()` on `name`; it sends when it got the lock,
@@ -48,13 +40,9 @@ fn waiter(client: Client, name: &str) -> (thread::JoinHandle<()>, mpsc::Receiver
     (t, rx)
 }
 
-fn lock_key(name: &str) -> String {
-    format!("redmutex:{{{name}}}")
-}
-
 /// The holder ids in `name`'s hash on the node that owns its slot.
 fn holders(cluster: &Cluster, name: &str) -> Vec<(String, i64)> {
-    let key = lock_key(name);
+    let key = Keys::lock(DEFAULT_PREFIX, name).key();
     let mut con = cluster.connection_for_key(&key);
     redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap()
 }
@@ -63,7 +51,7 @@ fn holders(cluster: &Cluster, name: &str) -> Vec<(String, i64)> {
 fn name_on_other_node(cluster: &Cluster, not: usize, prefix: &str) -> String {
     (0..)
         .map(|i| format!("{prefix}{i}"))
-        .find(|n| cluster.node_for_key(lock_key(n)) != not)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) != not)
         .unwrap()
 }
 
@@ -82,7 +70,7 @@ fn a_thousand_lock_names_spread_over_every_primary() {
         assert_eq!(on_node.len(), 1, "{name} is on the node of its slot");
         assert_eq!(on_node[0].1, 2);
         *per_node
-            .entry(cluster.node_for_key(lock_key(name)))
+            .entry(cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, name).key()))
             .or_insert(0) += 1;
         drop(inner);
         outer.unlock().unwrap();
@@ -103,7 +91,7 @@ fn a_thousand_lock_names_spread_over_every_primary() {
     let renewed_past = WATCHDOG.as_millis() as i64 * 2 / 3 + 100;
     assert!(wait_until(WATCHDOG, || taken.elapsed() >= WATCHDOG / 2
         && names[..30].iter().all(|n| {
-            let key = lock_key(n);
+            let key = Keys::lock(DEFAULT_PREFIX, n).key();
             let mut con = cluster.connection_for_key(&key);
             let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
             pttl > renewed_past
@@ -125,11 +113,14 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
     let mut latencies = Vec::new();
     for _ in 0..5 {
         let held = holder.lock(&name).lock().unwrap();
-        let (t, rx) = waiter(client_listening_on(&cluster, 0), &name);
+        let (t, rx) = waiter(
+            CLIENTS.cluster_at(vec![format!("redis://{}/", &cluster.node(0).addr())]),
+            &name,
+        );
         // Subscribed (on node 0) and queued before the release.
         assert!(wait_until(Duration::from_secs(5), || {
             let mut con = cluster.node(0).connection();
-            support::subscribers(&mut con, lock_key(&name)) > 0
+            support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
         }));
         let released = Instant::now();
         held.unlock().unwrap();
@@ -148,7 +139,7 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
     let queued = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     for i in 0..3 {
-        let c = client_listening_on(&cluster, 0);
+        let c = CLIENTS.cluster_at(vec![format!("redis://{}/", &cluster.node(0).addr())]);
         let (order, queued, n) = (order.clone(), queued.clone(), fair_name.clone());
         // Queue one after another, so the expected order is known.
         assert!(wait_until(Duration::from_secs(5), || queued
@@ -163,7 +154,7 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
             g.unlock().unwrap();
         }));
         assert!(wait_until(Duration::from_secs(5), || {
-            let key = format!("redmutex:!queue:{{{fair_name}}}");
+            let key = Keys::lock(DEFAULT_PREFIX, &fair_name).queue();
             let mut con = cluster.connection_for_key(&key);
             let len: usize = redis::cmd("LLEN").arg(&key).query(&mut con).unwrap();
             len == i + 1
@@ -212,10 +203,10 @@ fn every_kind_of_primitive_works_on_a_cluster() {
 /// Two lock names whose keys share one slot (found by brute force over the CRC16).
 fn two_names_in_one_slot() -> (String, String, u16) {
     let first = "resharded".to_owned();
-    let slot = key_slot(lock_key(&first));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, &first).key());
     let second = (0..)
         .map(|i| format!("same-slot-{i}"))
-        .find(|n| key_slot(lock_key(n)) == slot)
+        .find(|n| key_slot(Keys::lock(DEFAULT_PREFIX, n).key()) == slot)
         .unwrap();
     (first, second, slot)
 }
@@ -231,7 +222,13 @@ fn resharding_a_slot_while_its_locks_are_held_and_waited_for() {
     let held = holder.lock(&held_name).lock().unwrap();
 
     // A waiter blocked on the held lock, listening on a third node.
-    let (waiter, woke) = waiter(client_listening_on(&cluster, (from + 2) % 3), &held_name);
+    let (waiter, woke) = waiter(
+        CLIENTS.cluster_at(vec![format!(
+            "redis://{}/",
+            &cluster.node((from + 2) % 3).addr()
+        )]),
+        &held_name,
+    );
 
     // Two contenders take turns on the other lock of the slot throughout; a witness counts
     // overlaps and errors.
@@ -377,15 +374,21 @@ fn a_primary_failover_is_survived() {
     let primary = cluster.primaries()[1];
     let name = (0..)
         .map(|i| format!("failover-{i}"))
-        .find(|n| cluster.node_for_key(lock_key(n)) == primary)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == primary)
         .unwrap();
     let holder = cluster_client(&cluster);
     let held = holder.lock(&name).lock().unwrap();
     let listen_on = cluster.primaries()[0];
-    let (waiter, woke) = waiter(client_listening_on(&cluster, listen_on), &name);
+    let (waiter, woke) = waiter(
+        CLIENTS.cluster_at(vec![format!(
+            "redis://{}/",
+            &cluster.node(listen_on).addr()
+        )]),
+        &name,
+    );
     assert!(wait_until(Duration::from_secs(5), || {
         let mut con = cluster.node(listen_on).connection();
-        support::subscribers(&mut con, lock_key(&name)) > 0
+        support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
     }));
     cluster.wait_replicas_synced(Duration::from_secs(5));
 
@@ -399,7 +402,7 @@ fn a_primary_failover_is_survived() {
     // The same client takes new locks in the failed-over slots and keeps renewing.
     let other = (0..)
         .map(|i| format!("after-{i}"))
-        .find(|n| cluster.node_for_key(lock_key(n)) == promoted)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == promoted)
         .unwrap();
     let g = holder.lock(&other).lock().unwrap();
     assert_eq!(holders(&cluster, &other).len(), 1);
@@ -408,7 +411,7 @@ fn a_primary_failover_is_survived() {
     assert!(wait_until(WATCHDOG, || {
         let mut con = cluster.node(promoted).connection();
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(lock_key(&name))
+            .arg(Keys::lock(DEFAULT_PREFIX, &name).key())
             .query(&mut con)
             .unwrap();
         taken.elapsed() >= WATCHDOG / 3 && pttl > WATCHDOG.as_millis() as i64 * 2 / 3
@@ -455,7 +458,7 @@ fn calls_on_a_failing_over_primary_wait_it_out() {
     let primary = cluster.primaries()[1];
     let mut names = (0..)
         .map(|i| format!("settle-{i}"))
-        .filter(|n| cluster.node_for_key(lock_key(n)) == primary);
+        .filter(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == primary);
     let client = cluster_client(&cluster);
     // A hold taken (and replicated) before the kill, released during the failover.
     let across_name = names.next().unwrap();
@@ -658,18 +661,15 @@ fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
     let on = |cluster: &Cluster, node: usize, prefix: &str| -> Vec<String> {
         (0..)
             .map(|i| format!("{prefix}-{i}"))
-            .filter(|n| cluster.node_for_key(lock_key(n)) == node)
+            .filter(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == node)
             .take(4)
             .collect()
     };
     let (doomed_names, names) = (on(&cluster, dead, "doomed"), on(&cluster, alive, "kept"));
-    let client = Client::builder()
-        .cluster(cluster.seed_urls())
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_secs(1))
-        .connect_timeout(Duration::from_millis(1500))
-        .build()
-        .unwrap();
+    let client = CLIENTS
+        .command(Duration::from_secs(1))
+        .connect(Duration::from_millis(1500))
+        .cluster_at(cluster.seed_urls());
     let doomed: Vec<_> = doomed_names
         .iter()
         .map(|n| client.lock(n).lock().unwrap())
@@ -684,7 +684,10 @@ fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
     let mut lowest = i64::MAX;
     while killed.elapsed() < WATCHDOG * 2 {
         for n in &names {
-            let pttl: i64 = redis::cmd("PTTL").arg(lock_key(n)).query(&mut con).unwrap();
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(Keys::lock(DEFAULT_PREFIX, n).key())
+                .query(&mut con)
+                .unwrap();
             lowest = lowest.min(pttl);
         }
         thread::sleep(Duration::from_millis(100));
@@ -731,19 +734,17 @@ fn held_locks_in_one_slot_are_renewed_in_one_call_per_round() {
     let (first, second, slot) = two_names_in_one_slot();
     let third = (0..)
         .map(|i| format!("also-same-slot-{i}"))
-        .find(|n| key_slot(lock_key(n)) == slot)
+        .find(|n| key_slot(Keys::lock(DEFAULT_PREFIX, n).key()) == slot)
         .unwrap();
-    let client = Client::builder()
-        .cluster(cluster.seed_urls())
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(400))
-        .build()
-        .unwrap();
+    let client = Clients::DEFAULT
+        .watchdog(WATCHDOG)
+        .command(Duration::from_millis(400))
+        .cluster_at(cluster.seed_urls());
     let guards: Vec<_> = [&first, &second, &third]
         .iter()
         .map(|n| client.lock(n.as_str()).lock().unwrap())
         .collect();
-    let mut con = cluster.connection_for_key(lock_key(&first));
+    let mut con = cluster.connection_for_key(Keys::lock(DEFAULT_PREFIX, &first).key());
     let before = script_calls(&mut con);
     let started = Instant::now();
     thread::sleep(Duration::from_millis(2_500));
@@ -793,46 +794,34 @@ fn a_call_redirected_to_a_node_without_the_library_gets_it_loaded() {
     let migration = cluster.begin_migration(slot, from, to);
     // Every key of `fresh` already on `to` (held by someone else, one waiter queued):
     // `from` answers ASK, and `to` runs the call.
-    let tag = format!("{{{fresh}}}");
+    let keys = Keys::lock(DEFAULT_PREFIX, &fresh);
     let mut pipe = redis::pipe();
     for cmd in [
         redis::cmd("HSET")
-            .arg(format!("redmutex:{tag}"))
+            .arg(keys.key())
             .arg("other:1")
             .arg(1)
             .clone(),
-        redis::cmd("PEXPIRE")
-            .arg(format!("redmutex:{tag}"))
-            .arg(30_000)
-            .clone(),
-        redis::cmd("SET")
-            .arg(format!("redmutex:!fence:{tag}"))
-            .arg(7)
-            .clone(),
-        redis::cmd("RPUSH")
-            .arg(format!("redmutex:!queue:{tag}"))
-            .arg("gone:1")
-            .clone(),
+        redis::cmd("PEXPIRE").arg(keys.key()).arg(30_000).clone(),
+        redis::cmd("SET").arg(keys.fence()).arg(7).clone(),
+        redis::cmd("RPUSH").arg(keys.queue()).arg("gone:1").clone(),
         redis::cmd("HSET")
-            .arg(format!("redmutex:!waiters:{tag}"))
+            .arg(keys.waiters())
             .arg("x")
             .arg("1")
             .clone(),
         // The name's other kinds: a read-write lock's and a semaphore's holds, a latch.
         redis::cmd("HSET")
-            .arg(format!("redmutex:!rw:{tag}"))
+            .arg(Keys::rw(DEFAULT_PREFIX, &fresh).key())
             .arg("other:1")
             .arg(1)
             .clone(),
         redis::cmd("HSET")
-            .arg(format!("redmutex:!sem:{tag}"))
+            .arg(Keys::sem(DEFAULT_PREFIX, &fresh).key())
             .arg("other:1")
             .arg(1)
             .clone(),
-        redis::cmd("SET")
-            .arg(format!("redmutex:!latch:{tag}"))
-            .arg(1)
-            .clone(),
+        redis::cmd("SET").arg(keys.latch()).arg(1).clone(),
     ] {
         pipe.cmd("ASKING").ignore().add_command(cmd).ignore();
     }
@@ -870,7 +859,7 @@ fn refused_as_split(cluster: &Cluster, i: usize, code: &str) -> u64 {
 
 /// The length of `name`'s queue on the node that owns its slot.
 fn queued(cluster: &Cluster, name: &str) -> i64 {
-    let queue = format!("redmutex:!queue:{{{name}}}");
+    let queue = Keys::lock(DEFAULT_PREFIX, name).queue();
     let mut con = cluster.connection_for_key(&queue);
     redis::cmd("LLEN").arg(&queue).query(&mut con).unwrap()
 }
@@ -921,7 +910,7 @@ fn a_hold_handed_over_as_its_slot_splits_is_extended_through_the_split() {
 fn handed_over_as_the_slot_splits(unlock_at_once: bool) {
     let cluster = Cluster::new(3, 0);
     let name = "handed-over";
-    let slot = key_slot(lock_key(name));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
     let contender = cluster_client(&cluster);
@@ -966,7 +955,7 @@ fn handed_over_as_the_slot_splits(unlock_at_once: bool) {
     let handed_back = Instant::now();
     // The slot splits: its queue moves, the lock's hash and the waiters stay.
     let migration = cluster.begin_migration(slot, from, to);
-    assert!(migration.move_key(format!("redmutex:!queue:{{{name}}}")));
+    assert!(migration.move_key(Keys::lock(DEFAULT_PREFIX, name).queue()));
     b_got
         .recv_timeout(Duration::from_secs(5))
         .expect("the lock handed back");
@@ -1056,13 +1045,13 @@ fn the_release_of_a_hold_whose_lease_passed_in_a_split_slot_says_lease_lost() {
 fn split_write_hold(unlock_at_once: bool) {
     let cluster = Cluster::new(3, 0);
     let name = "split-write";
-    let slot = key_slot(lock_key(name));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
     // The write lock's keys: its holds, their leases, its queue.
-    let holds = format!("redmutex:!rw:{{{name}}}");
-    let leases = format!("redmutex:!leases:!rw:{{{name}}}");
-    let queue = format!("redmutex:!queue:!rw:{{{name}}}");
+    let holds = Keys::rw(DEFAULT_PREFIX, name).key();
+    let leases = Keys::rw(DEFAULT_PREFIX, name).leases();
+    let queue = Keys::rw(DEFAULT_PREFIX, name).queue();
     assert_eq!(key_slot(&leases), slot);
     let writer = cluster_client(&cluster);
     let held = writer.read_write_lock(name).write().lock().unwrap();
@@ -1233,17 +1222,14 @@ fn an_evalsha_renewal_goes_through_a_slot_half_way_through_a_migration() {
     const SPLIT: Duration = Duration::from_secs(4);
     let cluster = Cluster::new(3, 0);
     let name = "evalsha-split";
-    let slot = key_slot(lock_key(name));
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
     let from = cluster.node_for_slot(slot);
     let to = (from + 1) % 3;
-    let client = Client::builder()
-        .cluster(cluster.seed_urls())
-        .watchdog_timeout(LEASE)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(10))
-        .use_functions(false)
-        .build()
-        .unwrap();
+    let client = CLIENTS
+        .watchdog(LEASE)
+        .command(Duration::from_millis(500))
+        .functions(false)
+        .cluster_at(cluster.seed_urls());
     let guard = client.lock(name).lock().unwrap();
     let migration = cluster.begin_migration(slot, from, to);
     let split = Instant::now();

@@ -7,8 +7,13 @@ mod support;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use redmutex::{Client, Error};
+use redmutex::Error;
+use support::clients::Clients;
 use support::{FaultProxy, RedisServer};
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(Duration::from_secs(2))
+    .command(Duration::from_millis(500));
 
 /// Long beside the fixed leases below, short beside a test run.
 const WAIT: Duration = Duration::from_secs(5);
@@ -22,19 +27,10 @@ fn told_lost(lost: &Receiver<()>, what: &str) {
     );
 }
 
-fn client(url: &str, prefix: &str) -> Client {
-    support::client(
-        url,
-        prefix,
-        Duration::from_secs(2),
-        Duration::from_millis(500),
-    )
-}
-
 #[test]
 fn lease_lost_after_force_unlock_names_the_lock() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "en-lost");
+    let c = CLIENTS.prefix("en-lost").at(&server.url());
     let lock = c.lock("orders:42");
     let guard = lock.lock().expect("lock");
     assert!(lock.force_unlock().expect("force_unlock"));
@@ -51,7 +47,7 @@ fn lease_lost_after_force_unlock_names_the_lock() {
 #[test]
 fn a_fixed_lease_run_out_names_the_lock_on_unlock_and_extend() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "en-fixed");
+    let c = CLIENTS.prefix("en-fixed").at(&server.url());
     let guard = c
         .lock("report")
         .lock_with_lease(Duration::from_millis(300))
@@ -71,7 +67,7 @@ fn a_fixed_lease_run_out_names_the_lock_on_unlock_and_extend() {
 fn not_held_names_the_lock() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let c = client(&proxy.url(), "en-notheld");
+    let c = CLIENTS.prefix("en-notheld").at(&proxy.url());
     // (The scripts loaded first: the fault is aimed at the release's own request.)
     c.lock("warm-up").lock().unwrap().unlock().unwrap();
     let guard = c.lock("jobs").lock().expect("lock");
@@ -91,7 +87,7 @@ fn not_held_names_the_lock() {
 #[test]
 fn a_redis_that_is_down_names_the_lock_being_taken() {
     let mut server = RedisServer::new();
-    let c = client(&server.url(), "en-down");
+    let c = CLIENTS.prefix("en-down").at(&server.url());
     c.lock("warmup")
         .lock()
         .expect("lock")
@@ -121,7 +117,7 @@ fn a_redis_that_is_down_names_the_lock_being_taken() {
 #[test]
 fn a_frozen_redis_times_out_naming_the_lock() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "en-frozen");
+    let c = CLIENTS.prefix("en-frozen").at(&server.url());
     c.lock("warmup")
         .lock()
         .expect("lock")
@@ -143,7 +139,7 @@ fn a_frozen_redis_times_out_naming_the_lock() {
 #[test]
 fn would_deadlock_names_the_lock() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "en-deadlock");
+    let c = CLIENTS.prefix("en-deadlock").at(&server.url());
     let rw = c.read_write_lock("catalog");
     let read = rw.read().lock().expect("read");
     let err = rw.write().try_lock().expect_err("would wait for itself");
@@ -156,7 +152,7 @@ fn would_deadlock_names_the_lock() {
 #[test]
 fn a_name_that_is_not_plain_text_is_printed_escaped() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "en-escaped");
+    let c = CLIENTS.prefix("en-escaped").at(&server.url());
     let lock = c.lock(b"bad\xff\n\"name\x1b[31m".to_vec());
     let guard = lock.lock().expect("lock");
     assert!(lock.force_unlock().expect("force_unlock"));
@@ -172,7 +168,7 @@ fn a_name_that_is_not_plain_text_is_printed_escaped() {
 #[test]
 fn a_long_name_is_cut() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "en-long");
+    let c = CLIENTS.prefix("en-long").at(&server.url());
     // The longest name there is (a longer one is refused, see tests/names.rs).
     let name = "n".repeat(redmutex::MAX_NAME_LEN);
     let lock = c.lock(&name);
@@ -195,7 +191,7 @@ fn the_url_and_password_never_show_in_a_named_error() {
         .query(&mut server.connection())
         .unwrap();
     let url = format!("redis://:{secret}@127.0.0.1:{}/", server.port());
-    let c = client(&url, "en-secret");
+    let c = CLIENTS.prefix("en-secret").at(&url);
     let guard = c.lock("payroll").lock().expect("lock with the password");
     server.kill();
     let mut printed = Vec::new();
@@ -217,7 +213,7 @@ fn the_url_and_password_never_show_in_a_named_error() {
 #[test]
 fn semaphore_and_latch_errors_name_them() {
     let mut server = RedisServer::new();
-    let c = client(&server.url(), "en-others");
+    let c = CLIENTS.prefix("en-others").at(&server.url());
     let sem = c.semaphore("pool", 2);
     let latch = c.count_down_latch("start");
     assert!(latch

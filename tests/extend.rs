@@ -7,20 +7,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver};
 use redmutex::{Client, Error, LossReason};
+use support::clients::Clients;
 use support::RedisServer;
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(Duration::from_millis(1500))
+    .command(Duration::from_millis(500));
 
 /// The margin on time bounds: generous for a loaded 2-core machine, small beside the
 /// leases (1-3 s).
 const MARGIN: Duration = Duration::from_millis(400);
-
-fn client(url: &str, prefix: &str) -> Client {
-    support::client(
-        url,
-        prefix,
-        Duration::from_millis(1500),
-        Duration::from_millis(500),
-    )
-}
 
 /// The lock's remaining lease on the server.
 fn pttl(lock: &redmutex::Lock) -> Duration {
@@ -39,7 +35,7 @@ fn ready_at(lost: &Receiver<()>, until: Instant) -> Option<Instant> {
 #[test]
 fn extend_moves_a_held_fixed_lease_on_and_its_loss_with_it() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "extend:held:");
+    let c = CLIENTS.prefix("extend:held:").at(&server.url());
     let lock = c.lock("import");
     let lease = Duration::from_millis(1000);
     let guard = lock.lock_with_lease(lease).unwrap();
@@ -77,8 +73,8 @@ fn extend_moves_a_held_fixed_lease_on_and_its_loss_with_it() {
 #[test]
 fn extend_on_a_hold_the_server_lost_fails_and_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "extend:gone:");
-    let admin = client(&server.url(), "extend:gone:");
+    let c = CLIENTS.prefix("extend:gone:").at(&server.url());
+    let admin = CLIENTS.prefix("extend:gone:").at(&server.url());
     let lock = c.lock("job");
     let guard = lock.lock_with_lease(Duration::from_secs(3)).unwrap();
     assert!(admin.lock("job").force_unlock().unwrap());
@@ -110,7 +106,7 @@ fn extend_on_a_hold_the_server_lost_fails_and_changes_nothing() {
 #[test]
 fn extend_never_shortens_the_lease_a_nested_level_needs() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "extend:nested:");
+    let c = CLIENTS.prefix("extend:nested:").at(&server.url());
     let lock = c.lock("n");
     let outer = lock.lock_with_lease(Duration::from_secs(3)).unwrap();
     let inner = lock.lock_with_lease(Duration::from_millis(1000)).unwrap();
@@ -142,7 +138,7 @@ fn extend_never_shortens_the_lease_a_nested_level_needs() {
 #[test]
 fn bad_input_is_typed_and_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url(), "extend:bad:");
+    let c = CLIENTS.prefix("extend:bad:").at(&server.url());
     let lock = c.lock("b");
     let fixed = lock.lock_with_lease(Duration::from_secs(2)).unwrap();
     let before = pttl(&lock);
@@ -231,7 +227,7 @@ fn max_hold_ends_a_watchdog_hold_and_reports_it() {
         .build()
         .unwrap()
     };
-    let other = client(&server.url(), "extend:cap:");
+    let other = CLIENTS.prefix("extend:cap:").at(&server.url());
 
     // Client-wide.
     let c = build(Some(Duration::from_millis(2500)));

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_FAIR_ROLE";
@@ -27,6 +29,10 @@ const URL: &str = "REDMUTEX_FAIR_URL";
 const NAME: &str = "REDMUTEX_FAIR_NAME";
 const WATCHDOG_MS: &str = "REDMUTEX_FAIR_WATCHDOG_MS";
 const PREFIX: &str = "fair:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(10))
+    .command(Duration::from_secs(2));
 /// The documented pickup window of a grant (1 s) plus generous room for a loaded machine.
 const DEAD_HEAD_BOUND: Duration = Duration::from_millis(2_500);
 /// How soon a waiter whose grant message was lost with its pub/sub connection has the lock.
@@ -36,41 +42,9 @@ const AT_ONCE: Duration = Duration::from_millis(500);
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
-fn queue(name: &str) -> String {
-    format!("{PREFIX}!queue:{{{name}}}")
-}
-
-fn waiters(name: &str) -> String {
-    format!("{PREFIX}!waiters:{{{name}}}")
-}
-
 /// Where critical sections record who was inside, in order.
 fn order_key(name: &str) -> String {
     format!("order:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, command)
-}
-
-fn client_10s(server: &RedisServer) -> Client {
-    client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    )
-}
-
-fn llen(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
-}
-
-fn exists(con: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
 }
 
 fn order(con: &mut redis::Connection, name: &str) -> Vec<String> {
@@ -85,7 +59,7 @@ fn order(con: &mut redis::Connection, name: &str) -> Vec<String> {
 /// Holder ids in the lock's hash (fields starting with `~` are the scripts' own data).
 fn holders(con: &mut redis::Connection, name: &str) -> Vec<String> {
     let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(con)
         .expect("HKEYS");
     fields.into_iter().filter(|f| !f.starts_with('~')).collect()
@@ -105,13 +79,13 @@ fn pubsub_clients(con: &mut redis::Connection) -> usize {
 fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     let mut seen = 0;
     let ok = wait_until(SETUP, || {
-        seen = llen(con, &queue(name));
+        seen = support::llen(con, &Keys::lock(PREFIX, name).queue());
         seen == n
     });
     assert!(
         ok,
         "{who} never showed in the queue: LLEN {} is {seen}, expected {n} within {SETUP:?}",
-        queue(name)
+        Keys::lock(PREFIX, name).queue()
     );
 }
 
@@ -127,10 +101,9 @@ fn signal(child: &ChildProc, sig: libc::c_int) {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn fair_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     let name = std::env::var(NAME).expect("lock name for the child");
     match role.as_str() {
         "waiter" => waiter_process(&url, &name),
@@ -147,7 +120,10 @@ fn waiter_process(url: &str, name: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(Duration::from_secs(10), Duration::from_millis);
-    let client = client(url, watchdog, watchdog.min(Duration::from_secs(4)) / 2);
+    let client = CLIENTS
+        .watchdog(watchdog)
+        .command(watchdog.min(Duration::from_secs(4)) / 2)
+        .at(url);
     say("ready");
     let mut threads = Vec::new();
     for line in std::io::stdin().lock().lines() {
@@ -232,7 +208,7 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
     const LOCK: &str = "fifo";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
+    let holder = CLIENTS.at(&server);
     let lock = holder.fair_lock(LOCK);
     let guard = lock.lock().expect("holder takes the lock");
 
@@ -252,7 +228,7 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
     let inner = lock.lock().expect("the holder re-enters");
     assert_eq!(lock.hold_count().unwrap(), 2, "re-entry must add a level");
     assert_eq!(
-        llen(&mut con, &queue(LOCK)),
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         plan.len() as i64,
         "the holder's re-entry changed the queue"
     );
@@ -291,12 +267,19 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
         }
         p.wait_success();
     }
-    assert_eq!(llen(&mut con, &queue(LOCK)), 0, "queue left behind");
+    assert_eq!(
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        0,
+        "queue left behind"
+    );
     assert!(
-        !exists(&mut con, &waiters(LOCK)),
+        !support::exists(&mut con, Keys::lock(PREFIX, LOCK).waiters()),
         "waiter entries left behind"
     );
-    assert!(!exists(&mut con, &key(LOCK)), "lock still held");
+    assert!(
+        !support::exists(&mut con, Keys::lock(PREFIX, LOCK).key()),
+        "lock still held"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -310,7 +293,7 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
     const LOCK: &str = "skip-dead";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
+    let holder = CLIENTS.at(&server);
     let guard = holder
         .fair_lock(LOCK)
         .lock()
@@ -351,7 +334,10 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
         p.expect("done");
     }
     assert!(
-        wait_until(Duration::from_secs(1), || llen(&mut con, &queue(LOCK)) == 0),
+        wait_until(Duration::from_secs(1), || support::llen(
+            &mut con,
+            &Keys::lock(PREFIX, LOCK).queue()
+        ) == 0),
         "the dead waiter's entry stays in the queue"
     );
 }
@@ -364,7 +350,7 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
 fn a_waiter_killed_at_the_head_as_the_lock_is_released_costs_a_bounded_time() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
+    let holder = CLIENTS.at(&server);
     for (variant, lock_name) in [
         ("kill, then release", "head-kill-1"),
         ("release, then kill", "head-kill-2"),
@@ -425,9 +411,11 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
     const ROUNDS: usize = 200;
     let server = RedisServer::new();
     let mut con = server.connection();
-    let timeouts = (Duration::from_secs(10), Duration::from_secs(2));
-    let holder = client(&server.url(), timeouts.0, timeouts.1);
-    let waiter = client(&server.url(), timeouts.0, timeouts.1);
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2));
+    let holder = clients.at(&server.url());
+    let waiter = clients.at(&server.url());
     let waiter_id = waiter.id().to_owned();
     let inside = Arc::new(AtomicUsize::new(0));
 
@@ -479,7 +467,7 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
                 panic!(
                     "round {round}: the lock was not free at the start: holders {:?}, queue {}",
                     holders(&mut con, LOCK),
-                    llen(&mut con, &queue(LOCK))
+                    support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue())
                 )
             });
         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "round {round}");
@@ -504,13 +492,13 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
             Err(e) => panic!("round {round} (wait {wait:?}, release after {delay:?}): {e}"),
         }
         assert!(
-            !exists(&mut con, &key(LOCK)),
+            !support::exists(&mut con, Keys::lock(PREFIX, LOCK).key()),
             "round {round} (wait {wait:?}, release after {delay:?}): the lock is still held \
              by {:?} once both sides are done",
             holders(&mut con, LOCK)
         );
         assert_eq!(
-            llen(&mut con, &queue(LOCK)),
+            support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
             0,
             "round {round} (wait {wait:?}): the waiter's queue entry outlived its call"
         );
@@ -536,8 +524,8 @@ fn a_grant_in_flight_survives_a_pubsub_connection_kill() {
     const ROUNDS: usize = 6;
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let waiter = client_10s(&server);
+    let holder = CLIENTS.at(&server);
+    let waiter = CLIENTS.at(&server);
 
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (res_tx, res_rx) = mpsc::channel::<(Instant, usize)>();
@@ -595,7 +583,10 @@ fn a_grant_in_flight_survives_a_pubsub_connection_kill() {
             "round {round}: {n} holders while the waiter held the lock"
         );
         assert!(
-            wait_until(SETUP, || !exists(&mut con, &key(LOCK))),
+            wait_until(SETUP, || !support::exists(
+                &mut con,
+                Keys::lock(PREFIX, LOCK).key()
+            )),
             "round {round}: the waiter's release did not free the lock"
         );
     }
@@ -614,7 +605,10 @@ const THOUSAND_WATCHDOG: Duration = Duration::from_secs(3);
 /// `queued <LLEN> <watchdog threads> <all threads>`, then on any line releases and says
 /// `drained <ms> <overlaps> <threads that got it exactly once> <errors>`.
 fn thousand_waiters(url: &str, name: &str) {
-    let client = client(url, THOUSAND_WATCHDOG, Duration::from_secs(1));
+    let client = CLIENTS
+        .watchdog(THOUSAND_WATCHDOG)
+        .command(Duration::from_secs(1))
+        .at(url);
     let lock = client.fair_lock(name);
     let guard = lock.lock().expect("holder lock");
     let counts: Arc<Vec<AtomicU32>> = Arc::new((0..THOUSAND).map(|_| AtomicU32::new(0)).collect());
@@ -653,7 +647,7 @@ fn thousand_waiters(url: &str, name: &str) {
         .expect("connection");
     let mut n = 0;
     wait_until(Duration::from_secs(10), || {
-        n = llen(&mut con, &queue(name));
+        n = support::llen(&mut con, &Keys::lock(PREFIX, name).queue());
         n >= THOUSAND as i64
     });
     let comms: Vec<String> = std::fs::read_dir("/proc/self/task")
@@ -703,12 +697,7 @@ fn a_thousand_queued_waiters_cost_one_watchdog_thread_and_few_round_trips() {
         &[(ROLE, "thousand"), (URL, &url), (NAME, LOCK)],
     );
     let queued = child.next_line();
-    let words: Vec<usize> = queued
-        .strip_prefix("queued ")
-        .unwrap_or_else(|| panic!("unexpected line {queued:?}"))
-        .split(' ')
-        .map(|w| w.parse().expect("number"))
-        .collect();
+    let words: Vec<usize> = support::child::numbers(&queued, "queued ");
     let (n, watchdogs, threads) = (words[0], words[1], words[2]);
     eprintln!("thousand: {n} queued, {watchdogs} watchdog thread(s), {threads} threads");
     assert_eq!(n, THOUSAND, "not every waiting thread joined the queue");
@@ -774,10 +763,10 @@ fn a_plain_lock_arriving_later_queues_behind_a_fair_waiter() {
     const LOCK: &str = "mixed";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let fair = client_10s(&server);
-    let plain = client_10s(&server);
-    let barger = client_10s(&server);
+    let holder = CLIENTS.at(&server);
+    let fair = CLIENTS.at(&server);
+    let plain = CLIENTS.at(&server);
+    let barger = CLIENTS.at(&server);
     let guard = holder
         .lock(LOCK)
         .lock()
@@ -869,7 +858,7 @@ fn a_plain_lock_arriving_later_queues_behind_a_fair_waiter() {
 fn force_unlock_refuses_a_key_that_is_not_a_lock() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_10s(&server);
+    let c = CLIENTS.at(&server);
     type ForceUnlock<'a> = &'a dyn Fn(&str) -> Result<bool, Error>;
     let kinds: [(&str, ForceUnlock); 3] = [
         ("lock", &|n| c.lock(n).force_unlock()),
@@ -878,7 +867,7 @@ fn force_unlock_refuses_a_key_that_is_not_a_lock() {
     ];
     for (kind, force_unlock) in kinds {
         let name = format!("not-a-lock-{kind}");
-        let k = key(&name);
+        let k = Keys::lock(PREFIX, &name).key();
         redis::cmd("SET")
             .arg(&k)
             .arg("someone's data")
@@ -917,12 +906,11 @@ fn fair_lock_guards_behave_like_lock_guards() {
     const LOCK: &str = "guards";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c1 = client(
-        &server.url(),
-        Duration::from_millis(1_500),
-        Duration::from_millis(400),
-    );
-    let c2 = client_10s(&server);
+    let c1 = CLIENTS
+        .watchdog(Duration::from_millis(1_500))
+        .command(Duration::from_millis(400))
+        .at(&server.url());
+    let c2 = CLIENTS.at(&server);
     let lock = c1.fair_lock(LOCK);
     assert_eq!(lock.name(), LOCK.as_bytes());
 
@@ -932,7 +920,11 @@ fn fair_lock_guards_behave_like_lock_guards() {
     assert!(lock.is_held_by_current_thread().unwrap());
     assert!(lock.is_locked().unwrap());
     assert!(lock.remaining_lease().unwrap().is_some());
-    assert_eq!(llen(&mut con, &queue(LOCK)), 0, "a re-entry queued");
+    assert_eq!(
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
+        0,
+        "a re-entry queued"
+    );
     let other = thread::scope(|s| {
         s.spawn(|| {
             let r = lock.try_lock().expect("other thread try_lock");
@@ -981,8 +973,8 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     const LOCK: &str = "queued-free";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let other = client_10s(&server);
+    let holder = CLIENTS.at(&server);
+    let other = CLIENTS.at(&server);
     let guard = holder
         .fair_lock(LOCK)
         .lock_with_lease(Duration::from_millis(400))
@@ -993,11 +985,14 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     await_queued(&mut con, LOCK, 1, "w");
     signal(&w, libc::SIGSTOP);
     assert!(
-        wait_until(SETUP, || !exists(&mut con, &key(LOCK))),
+        wait_until(SETUP, || !support::exists(
+            &mut con,
+            Keys::lock(PREFIX, LOCK).key()
+        )),
         "the holder's 400 ms lease never ran out"
     );
     assert_eq!(
-        llen(&mut con, &queue(LOCK)),
+        support::llen(&mut con, &Keys::lock(PREFIX, LOCK).queue()),
         1,
         "the frozen waiter left the queue"
     );
@@ -1017,8 +1012,11 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     w.send("exit");
     w.expect("done");
     assert!(
-        wait_until(SETUP, || llen(&mut con, &queue(LOCK)) == 0
-            && !exists(&mut con, &key(LOCK))),
+        wait_until(SETUP, || support::llen(
+            &mut con,
+            &Keys::lock(PREFIX, LOCK).queue()
+        ) == 0
+            && !support::exists(&mut con, Keys::lock(PREFIX, LOCK).key())),
         "the waiter's release did not leave the lock free"
     );
     assert!(
@@ -1048,7 +1046,7 @@ fn a_handed_over_hold_confirmed_too_late_is_not_returned() {
 #[test]
 fn a_wait_queued_with_its_first_try_does_not_poll() {
     let server = RedisServer::new();
-    let (holder, waiter) = (client_10s(&server), client_10s(&server));
+    let (holder, waiter) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let mut con = server.connection();
     let scripts = |con: &mut redis::Connection| support::script_calls(&support::commandstats(con));
     // An earlier wait, against a short lease, handed over.
@@ -1101,7 +1099,7 @@ type Job = Box<dyn FnOnce() -> Option<u64> + Send>;
 /// <ticket> <amount>"), without the scripts' own fields.
 fn entries(con: &mut redis::Connection, name: &str) -> Vec<(String, Vec<String>)> {
     let all: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(waiters(name))
+        .arg(Keys::lock(PREFIX, name).waiters())
         .query(con)
         .expect("HGETALL");
     all.into_iter()
@@ -1122,8 +1120,8 @@ fn a_stale_plain_entry(
 ) -> (u64, u64, Option<u64>, u64) {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let holder = client_10s(&server);
-    let waiter = Arc::new(client_10s(&server));
+    let holder = CLIENTS.at(&server);
+    let waiter = Arc::new(CLIENTS.at(&server));
     let first_hold = holder.fenced_lock(name).lock().expect("holder");
     let holder_token = first_hold.token();
 
@@ -1145,7 +1143,11 @@ fn a_stale_plain_entry(
     let (id, plain) = entries(&mut con, name).pop().expect("the plain entry");
     assert_eq!(plain[3], "0", "a plain entry: {plain:?}");
     done_rx.recv_timeout(SETUP).expect("the plain wait ended");
-    assert_eq!(llen(&mut con, &queue(name)), 0, "the wait left the queue");
+    assert_eq!(
+        support::llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        0,
+        "the wait left the queue"
+    );
 
     // Put back as it was, but living a minute: the stale entry.
     let (now, _): (u64, u64) = redis::cmd("TIME").query(&mut con).expect("TIME");
@@ -1153,10 +1155,10 @@ fn a_stale_plain_entry(
     stale[0] = ((now + 60) * 1000).to_string();
     let _: () = redis::pipe()
         .cmd("RPUSH")
-        .arg(queue(name))
+        .arg(Keys::lock(PREFIX, name).queue())
         .arg(&id)
         .cmd("HSET")
-        .arg(waiters(name))
+        .arg(Keys::lock(PREFIX, name).waiters())
         .arg(&id)
         .arg(stale.join(" "))
         .query(&mut con)
@@ -1176,10 +1178,14 @@ fn a_stale_plain_entry(
         }),
         "the second wait never refreshed the entry: {now_entry:?}"
     );
-    assert_eq!(llen(&mut con, &queue(name)), 1, "one entry, not two");
+    assert_eq!(
+        support::llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        1,
+        "one entry, not two"
+    );
     let flags: u64 = now_entry[3].parse().unwrap();
     let fair: Option<u64> = redis::cmd("HGET")
-        .arg(waiters(name))
+        .arg(Keys::lock(PREFIX, name).waiters())
         .arg("~fair")
         .query(&mut con)
         .expect("HGET ~fair");
@@ -1190,8 +1196,15 @@ fn a_stale_plain_entry(
         .unwrap_or(0);
     drop(jobs);
     thread.join().unwrap();
-    assert!(!exists(&mut con, &key(name)), "the lock is free at the end");
-    assert_eq!(llen(&mut con, &queue(name)), 0, "and nobody queued");
+    assert!(
+        !support::exists(&mut con, Keys::lock(PREFIX, name).key()),
+        "the lock is free at the end"
+    );
+    assert_eq!(
+        support::llen(&mut con, &Keys::lock(PREFIX, name).queue()),
+        0,
+        "and nobody queued"
+    );
     (holder_token, token, fair, flags)
 }
 
@@ -1255,12 +1268,11 @@ fn a_grant_that_arrives_after_its_pickup_window_is_not_returned_as_held() {
 fn late_pickup(name: &str, slow: impl Fn(&RedisServer, &FaultProxy, Duration)) {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let (holder, other) = (client_10s(&server), client_10s(&server));
-    let waiter = client(
-        &proxy.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    );
+    let (holder, other) = (CLIENTS.at(&server), CLIENTS.at(&server));
+    let waiter = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     let mut con = server.connection();
     let guard = holder.fair_lock(name).lock().expect("holder");
     let other_holds = Arc::new(AtomicBool::new(false));

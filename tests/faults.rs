@@ -8,38 +8,22 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "faults:";
 
-fn client(server: &RedisServer, watchdog: Duration) -> Client {
-    Client::builder()
-        .url(server.url())
-        .key_prefix(PREFIX)
-        .watchdog_timeout(watchdog)
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .expect("build client")
-}
-
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .command(Duration::from_millis(500))
+    .connect(Duration::from_millis(500));
 
 #[test]
 fn redis_restarted_with_its_data_lost() {
     const WATCHDOG: Duration = Duration::from_millis(900);
     let mut server = RedisServer::new();
-    let holder = client(&server, WATCHDOG);
-    let waiter = client(&server, WATCHDOG);
+    let holder = CLIENTS.watchdog(WATCHDOG).at(&server);
+    let waiter = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = holder.lock("restart").lock().expect("lock");
     let fixed = holder
         .lock("fixed")
@@ -67,7 +51,7 @@ fn redis_restarted_with_its_data_lost() {
             }
         }
     });
-    let channel = format!("{}:to:", key("restart"));
+    let channel = format!("{}:to:", Keys::lock(PREFIX, "restart").key());
     assert!(support::wait_until(Duration::from_secs(10), || {
         support::subscribers(&mut server.connection(), &channel) >= 1
     }));
@@ -98,7 +82,7 @@ fn redis_restarted_with_its_data_lost() {
 #[test]
 fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
     let server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(3));
+    let c = CLIENTS.watchdog(Duration::from_secs(3)).at(&server);
     let guard = c.lock("frozen").lock().expect("lock");
     let other = c.lock("other");
 
@@ -122,16 +106,22 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
     // Renewals resume: the lock outlives its 3 s lease.
     thread::sleep(Duration::from_millis(3500));
     assert!(!guard.is_lease_lost());
-    assert!(exists(&server, &key("frozen")));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "frozen").key()
+    ));
     guard.unlock().expect("unlock after the freeze");
-    assert!(!exists(&server, &key("frozen")));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "frozen").key()
+    ));
 }
 
 #[test]
 fn a_freeze_longer_than_the_lease_is_reported() {
     const WATCHDOG: Duration = Duration::from_millis(900);
     let server = RedisServer::new();
-    let c = client(&server, WATCHDOG);
+    let c = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = c.lock("long-freeze").lock().expect("lock");
     server.freeze();
     thread::sleep(WATCHDOG + Duration::from_millis(600));
@@ -158,12 +148,12 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
     const WATCHDOG: Duration = Duration::from_millis(1_500);
     const MARGIN: Duration = Duration::from_millis(300);
     let server = RedisServer::new();
-    let c = client(&server, WATCHDOG);
+    let c = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = c.lock("frozen-loss").lock().expect("lock");
     let mut con = server.connection();
     let pttl = |con: &mut redis::Connection| -> u64 {
         redis::cmd("PTTL")
-            .arg(key("frozen-loss"))
+            .arg(Keys::lock(PREFIX, "frozen-loss").key())
             .query(con)
             .expect("PTTL")
     };
@@ -218,13 +208,19 @@ fn a_lease_that_runs_out_while_redis_is_frozen_is_reported_while_frozen() {
     );
     let r = guard.unlock();
     assert!(matches!(r, Err(Error::LeaseLost { .. })), "{r:?}");
-    assert!(!exists(&server, &key("frozen-loss")), "nothing left behind");
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "frozen-loss").key()
+        ),
+        "nothing left behind"
+    );
 }
 
 #[test]
 fn script_flush_between_calls_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(5));
+    let c = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     let lock = c.lock("flushed");
     // The scripts and the library (a restart without persistence loses both).
     let flush = || {
@@ -258,10 +254,10 @@ fn script_flush_between_calls_changes_nothing() {
 #[test]
 fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     let server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(5));
+    let c = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     let mut con = server.connection();
     redis::cmd("SET")
-        .arg(key("taken"))
+        .arg(Keys::lock(PREFIX, "taken").key())
         .arg("user data")
         .exec(&mut con)
         .unwrap();
@@ -280,9 +276,15 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     // This thread has no guard of the lock: answered locally, without touching the key.
     assert_eq!(lock.hold_count().unwrap(), 0);
     assert!(matches!(lock.is_locked(), Ok(true)));
-    let value: String = redis::cmd("GET").arg(key("taken")).query(&mut con).unwrap();
+    let value: String = redis::cmd("GET")
+        .arg(Keys::lock(PREFIX, "taken").key())
+        .query(&mut con)
+        .unwrap();
     assert_eq!(value, "user data");
-    let ttl: i64 = redis::cmd("TTL").arg(key("taken")).query(&mut con).unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(Keys::lock(PREFIX, "taken").key())
+        .query(&mut con)
+        .unwrap();
     assert_eq!(ttl, -1, "no expiry was put on the user's key");
 }
 
@@ -290,7 +292,7 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
 fn dropping_the_client_while_guards_live_lets_leases_expire() {
     const WATCHDOG: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
-    let c = client(&server, WATCHDOG);
+    let c = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = c.lock("orphan").lock().expect("lock");
     let forgotten = c.lock("forgotten").lock().expect("lock");
     // A forgotten guard is never released: its lease must still end once the client
@@ -304,9 +306,9 @@ fn dropping_the_client_while_guards_live_lets_leases_expire() {
     guard.unlock().expect("a live guard still releases");
     let t = Instant::now();
     assert!(
-        support::wait_until(Duration::from_secs(5), || !exists(
-            &server,
-            &key("forgotten")
+        support::wait_until(Duration::from_secs(5), || !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "forgotten").key()
         )),
         "a forgotten guard's lease was renewed forever"
     );
@@ -349,7 +351,7 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     // Released once: the outer level still holds the lock.
     assert_eq!(lock.hold_count().unwrap(), 1);
     assert!(c.lock("lost-release").is_locked().unwrap());
-    let other = client(&server, Duration::from_secs(5));
+    let other = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     assert!(other.lock("lost-release").try_lock().unwrap().is_none());
 
     // The outermost release losing its reply: the retry finds the lock already free and
@@ -358,7 +360,13 @@ fn a_release_whose_reply_is_lost_is_retried_without_releasing_twice() {
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 2);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
-    assert!(!exists(&server, &key("lost-release")), "the lock is free");
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "lost-release").key()
+        ),
+        "the lock is free"
+    );
 }
 
 #[test]
@@ -380,7 +388,13 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
 
     drop(inner);
     outer.unlock().unwrap();
-    assert!(!exists(&server, &key("lost-acquire")), "fully released");
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "lost-acquire").key()
+        ),
+        "fully released"
+    );
 
     // Fenced: the retry keeps the token the lost call drew.
     let fenced = c.fenced_lock("lost-fenced");
@@ -396,7 +410,7 @@ fn an_acquire_whose_reply_is_lost_counts_one_level() {
 #[test]
 fn stale_pooled_connections_after_a_restart_are_replaced_transparently() {
     let mut server = RedisServer::new();
-    let c = client(&server, Duration::from_secs(5));
+    let c = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     // Fill the pool with several connections.
     thread::scope(|s| {
         for i in 0..4 {
@@ -415,13 +429,6 @@ fn stale_pooled_connections_after_a_restart_are_replaced_transparently() {
     }
 }
 
-fn queue_len(server: &RedisServer, name: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(format!("{PREFIX}!queue:{{{name}}}"))
-        .query(&mut server.connection())
-        .expect("LLEN")
-}
-
 /// Issue 7, point 4: a waiter's attempt that queues it, whose reply is lost (the client
 /// repeats it on another connection), leaves one queue entry, keeps the waiter's place,
 /// and the waiter still gets the lock from the release.
@@ -431,15 +438,16 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let w = through(&proxy);
-    let holder = client(&server, Duration::from_secs(5));
+    let holder = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     // The waiter's client listens on the lock already (it waited a moment ago), so its
     // next lock() queues with its very first attempt: the one whose reply is lost.
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = w.fair_lock(NAME);
     let warm = thread::spawn(move || lock.lock().map(|g| g.unlock()));
-    assert!(support::wait_until(Duration::from_secs(5), || queue_len(
-        &server, NAME
-    ) == 1));
+    assert!(support::wait_until(
+        Duration::from_secs(5),
+        || support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()) == 1
+    ));
     guard.unlock().unwrap();
     warm.join()
         .unwrap()
@@ -460,14 +468,19 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         support::wait_until(Duration::from_secs(5), || proxy.lost_replies() == 1),
         "the fault was never injected"
     );
-    assert!(support::wait_until(Duration::from_secs(5), || queue_len(
-        &server, NAME
-    ) == 1));
+    assert!(support::wait_until(
+        Duration::from_secs(5),
+        || support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()) == 1
+    ));
     assert!(
         rx.recv_timeout(Duration::from_millis(300)).is_err(),
         "the waiter got a held lock"
     );
-    assert_eq!(queue_len(&server, NAME), 1, "queued once, not twice");
+    assert_eq!(
+        support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()),
+        1,
+        "queued once, not twice"
+    );
     guard.unlock().unwrap();
     rx.recv_timeout(Duration::from_secs(2))
         .expect("the release handed the lock to the waiter");
@@ -476,8 +489,14 @@ fn a_queuing_attempt_whose_reply_is_lost_queues_once() {
         .unwrap()
         .expect("waiter lock")
         .expect("waiter unlock");
-    assert_eq!(queue_len(&server, NAME), 0);
-    assert!(!exists(&server, &key(NAME)), "the lock is free");
+    assert_eq!(
+        support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()),
+        0
+    );
+    assert!(
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).key()),
+        "the lock is free"
+    );
 }
 
 /// Issue 7, point 4: a `try_lock_for` whose deadline passes leaves the queue; when the
@@ -489,7 +508,7 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let w = through(&proxy);
-    let holder = client(&server, Duration::from_secs(5));
+    let holder = CLIENTS.watchdog(Duration::from_secs(5)).at(&server);
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let cancel = call(&server, "cancel");
     proxy.lose_next_reply_to(&cancel);
@@ -499,11 +518,18 @@ fn a_cancel_whose_reply_is_lost_leaves_nothing_behind() {
         .expect("the repeated cancel succeeds");
     assert!(got.is_none(), "the lock was held throughout");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
-    assert_eq!(queue_len(&server, NAME), 0, "the waiter left the queue");
+    assert_eq!(
+        support::llen(&mut server.connection(), &Keys::lock(PREFIX, NAME).queue()),
+        0,
+        "the waiter left the queue"
+    );
     assert!(holder.fair_lock(NAME).is_locked().unwrap());
     assert_eq!(holder.fair_lock(NAME).hold_count().unwrap(), 1);
     guard.unlock().expect("the holder's lock was untouched");
-    assert!(!exists(&server, &key(NAME)), "no ghost hold");
+    assert!(
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).key()),
+        "no ghost hold"
+    );
 }
 
 /// A bounded call stays bounded even while the clean-up of the same thread's earlier
@@ -551,7 +577,7 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
     proxy.delay_requests_containing(&cancel, Duration::ZERO);
     // Nothing taken in doubt is left behind, and the lock works.
     assert!(support::wait_until(Duration::from_secs(10), || {
-        !exists(&server, &key(NAME))
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).key())
     }));
     lock.try_lock_for(Duration::from_secs(5))
         .unwrap()

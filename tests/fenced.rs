@@ -6,21 +6,17 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::Error;
+use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
-fn open(server: &RedisServer) -> Client {
-    Client::builder()
-        .url(server.url())
-        .key_prefix("fenced:")
-        .build()
-        .expect("build client")
-}
+const CLIENTS: Clients = Clients::new("fenced:");
 
 #[test]
 fn tokens_grow_with_every_hold_by_any_client() {
     let server = RedisServer::new();
-    let (a, b) = (open(&server), open(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let mut last = 0;
     for i in 0..6 {
         let client = if i % 2 == 0 { &a } else { &b };
@@ -48,8 +44,7 @@ fn tokens_grow_with_every_hold_by_any_client() {
 
 #[test]
 fn nested_levels_share_their_hold_token() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (_server, client) = CLIENTS.serve();
     let lock = client.fenced_lock("nested");
     let outer = lock.lock().unwrap();
     let inner = lock.lock_with_lease(Duration::from_secs(30)).unwrap();
@@ -67,8 +62,7 @@ fn nested_levels_share_their_hold_token() {
 
 #[test]
 fn force_unlock_and_expiry_never_reuse_a_token() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (_server, client) = CLIENTS.serve();
     let lock = client.fenced_lock("admin");
     let stale = lock.lock().unwrap();
     assert!(lock.force_unlock().unwrap());
@@ -87,8 +81,7 @@ fn force_unlock_and_expiry_never_reuse_a_token() {
 
 #[test]
 fn fenced_and_plain_handles_of_a_name_are_one_lock() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = CLIENTS.serve();
     let plain = client.lock("shared");
     let fenced = client.fenced_lock("shared");
     let outer = plain.lock().unwrap();
@@ -97,7 +90,7 @@ fn fenced_and_plain_handles_of_a_name_are_one_lock() {
     assert_eq!(plain.hold_count().unwrap(), 2);
     assert!(inner.token() >= 1);
     // Another client is excluded either way.
-    let other = open(&server);
+    let other = CLIENTS.at(&server);
     assert!(other.fenced_lock("shared").try_lock().unwrap().is_none());
     assert!(other.lock("shared").try_lock().unwrap().is_none());
     drop(inner);
@@ -112,8 +105,7 @@ fn fenced_and_plain_handles_of_a_name_are_one_lock() {
 
 #[test]
 fn the_token_is_drawn_inside_the_acquire_round_trip() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = CLIENTS.serve();
     let lock = client.fenced_lock("cheap");
     drop(lock.lock().unwrap()); // loads the scripts
     let before = server.command_calls();
@@ -136,8 +128,7 @@ fn the_token_is_drawn_inside_the_acquire_round_trip() {
 
 #[test]
 fn invalid_names_and_leases_are_refused() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = CLIENTS.serve();
     assert!(matches!(
         client.fenced_lock("").lock(),
         Err(Error::InvalidName(_))
@@ -157,7 +148,7 @@ fn invalid_names_and_leases_are_refused() {
 #[test]
 fn a_handed_over_fenced_hold_gets_a_larger_token() {
     let server = RedisServer::new();
-    let (a, b) = (open(&server), open(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let mut con = server.connection();
     // Loads the scripts: no NOSCRIPT round in the counts below.
     a.fenced_lock("handoff").lock().unwrap().unlock().unwrap();
@@ -181,7 +172,7 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         });
         assert!(support::wait_until(Duration::from_secs(5), || {
             let queued: i64 = redis::cmd("LLEN")
-                .arg("fenced:!queue:{handoff}")
+                .arg(Keys::lock("fenced:", "handoff").queue())
                 .query(&mut con)
                 .unwrap();
             queued == 1
@@ -192,7 +183,7 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         held.unlock().unwrap();
         let token = took_rx.recv_timeout(Duration::from_secs(2)).unwrap();
         let stored: u64 = redis::cmd("HGET")
-            .arg("fenced:{handoff}")
+            .arg(Keys::lock("fenced:", "handoff").key())
             .arg("~fence")
             .query(&mut con)
             .unwrap();
@@ -217,7 +208,7 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
 #[test]
 fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
     let server = RedisServer::new();
-    let (a, b) = (open(&server), open(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let mut con = server.connection();
     let starts: [u64; 6] = [
         99_999_999_999_999,
@@ -232,7 +223,7 @@ fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
     for (i, start) in starts.into_iter().enumerate() {
         let name = format!("huge{i}");
         let _: () = redis::cmd("SET")
-            .arg(format!("fenced:!fence:{{{name}}}"))
+            .arg(Keys::lock("fenced:", &name).fence())
             .arg(start)
             .query(&mut con)
             .unwrap();
@@ -247,15 +238,10 @@ fn huge_tokens_are_exact_in_grants_handoffs_and_reentries() {
                 .map(|g| g.token());
             (g, Instant::now())
         });
-        let queue = format!("fenced:!queue:{{{name}}}");
+        let queue = Keys::lock("fenced:", &name).queue();
         assert!(
-            support::wait_until(Duration::from_secs(5), || {
-                redis::cmd("LLEN")
-                    .arg(&queue)
-                    .query::<i64>(&mut con)
-                    .unwrap()
-                    == 1
-            }),
+            support::wait_until(Duration::from_secs(5), || support::llen(&mut con, &queue)
+                == 1),
             "setup: the waiter never queued"
         );
         // Past the starvation bound (2 ms), the release hands the lock over (a grant

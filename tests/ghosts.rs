@@ -5,49 +5,27 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
-use support::RedisServer;
+use redmutex::Error;
+use support::clients::Clients;
+use support::keys::Keys;
+
+const CLIENTS: Clients = Clients::new("ghosts:")
+    .watchdog(WATCHDOG)
+    .command(Duration::from_secs(1));
 
 const WATCHDOG: Duration = Duration::from_secs(6);
-
-fn client(server: &RedisServer) -> Client {
-    Client::builder()
-        .url(server.url())
-        .key_prefix("ghosts:")
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_secs(1))
-        .build()
-        .expect("build client")
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
-
-/// Thaws the server however the test ends, so a failed assertion cannot leave it stopped.
-struct Thaw<'a>(&'a RedisServer);
-
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.thaw();
-    }
-}
 
 /// Before the fix there was no clean-up at all: the level granted by the script that ran
 /// after the thaw stayed until its 6 s lease ran out.
 #[test]
 fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("late");
     // Warm the pool and load the scripts, so the attempt below is sent (not stuck
     // connecting) and runs when the server thaws (not refused with NOSCRIPT).
     c.lock("warm").lock().unwrap().unlock().unwrap();
 
-    let thaw = Thaw(&server);
+    let thaw = support::Thaw(&server);
     server.freeze();
     let t = Instant::now();
     let r = lock.try_lock_for(Duration::from_millis(100));
@@ -64,11 +42,14 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
 
     // The script sent before the freeze runs once Redis is thawed: the lock is taken by a
     // thread that was told it did not get it.
-    let key = "ghosts:{late}";
+    let key = &Keys::lock("ghosts:", "late").key();
     let thawed = Instant::now();
 
     assert!(
-        support::wait_until(Duration::from_secs(4), || !exists(&server, key)),
+        support::wait_until(Duration::from_secs(4), || !support::exists(
+            &mut server.connection(),
+            key
+        )),
         "the doubtful level was still there {:?} after the thaw",
         thawed.elapsed()
     );
@@ -84,25 +65,24 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
     let g = lock.try_lock().unwrap().expect("free again");
     assert_eq!(lock.hold_count().unwrap(), 1);
     g.unlock().unwrap();
-    assert!(!exists(&server, key));
+    assert!(!support::exists(&mut server.connection(), key));
 }
 
 /// A doubtful attempt by a thread that already holds the lock: the clean-up gives back the
 /// extra level only, never the levels the thread really holds.
 #[test]
 fn cleaning_up_a_doubtful_nested_attempt_keeps_the_outer_hold() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("nested");
     let outer = lock.lock().unwrap();
 
-    let thaw = Thaw(&server);
+    let thaw = support::Thaw(&server);
     server.freeze();
     let r = lock.try_lock_for(Duration::from_millis(50));
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     drop(thaw);
 
-    let key = "ghosts:{nested}";
+    let key = &Keys::lock("ghosts:", "nested").key();
     let count = || -> Option<i64> {
         let vals: Vec<i64> = redis::cmd("HVALS")
             .arg(key)
@@ -118,5 +98,5 @@ fn cleaning_up_a_doubtful_nested_attempt_keeps_the_outer_hold() {
     assert!(!outer.is_lease_lost());
     assert_eq!(lock.hold_count().unwrap(), 1);
     outer.unlock().unwrap();
-    assert!(!exists(&server, key));
+    assert!(!support::exists(&mut server.connection(), key));
 }

@@ -10,32 +10,20 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, Kind, Lock};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const PREFIX: &str = "handoff:";
 
+const CLIENTS: Clients = Clients::new(PREFIX).command(Duration::from_secs(2));
+
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
-fn queue(name: &str) -> String {
-    format!("{PREFIX}!queue:{{{name}}}")
-}
-
-fn waiters(name: &str) -> String {
-    format!("{PREFIX}!waiters:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, Duration::from_secs(2))
-}
-
 fn pttl(server: &RedisServer, name: &str) -> i64 {
     redis::cmd("PTTL")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(&mut server.connection())
         .unwrap()
 }
@@ -45,12 +33,16 @@ fn await_queued(server: &RedisServer, name: &str, n: i64) {
     let mut seen = 0;
     let ok = wait_until(SETUP, || {
         seen = redis::cmd("LLEN")
-            .arg(queue(name))
+            .arg(Keys::lock(PREFIX, name).queue())
             .query::<i64>(&mut con)
             .unwrap();
         seen == n
     });
-    assert!(ok, "LLEN {} is {seen}, expected {n}", queue(name));
+    assert!(
+        ok,
+        "LLEN {} is {seen}, expected {n}",
+        Keys::lock(PREFIX, name).queue()
+    );
 }
 
 /// A plain lock's release hands the lock to its first waiter only once that waiter has
@@ -65,7 +57,7 @@ fn await_queued_past_starvation_bound(server: &RedisServer, name: &str) {
     let mut youngest = None;
     let ok = wait_until(SETUP, || {
         let entries: Vec<(String, String)> = redis::cmd("HGETALL")
-            .arg(waiters(name))
+            .arg(Keys::lock(PREFIX, name).waiters())
             .query(&mut con)
             .unwrap();
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
@@ -126,8 +118,8 @@ fn a_plain_lock_under_steady_contention_is_handed_over_in_turn() {
 #[test]
 fn a_waiter_queued_longer_than_the_window_takes_its_grant_without_a_call() {
     let server = RedisServer::new();
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     long_wait(&server, &holder, waiter.fair_lock("long-wait-fair"));
     long_wait(&server, &holder, waiter.lock("long-wait-plain"));
 }
@@ -175,8 +167,8 @@ fn a_grant_that_arrives_late_is_confirmed() {
     // Renewals are counted: the renewal script is no first call to load on 6.2.
     server.load_scripts();
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&proxy.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&proxy.url());
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = waiter.fair_lock(NAME);
     let thread = thread::spawn(move || {
@@ -215,8 +207,8 @@ fn a_grant_stamped_after_its_arrival_is_confirmed() {
     let server = RedisServer::new();
     // Renewals are counted: the renewal script is no first call to load on 6.2.
     server.load_scripts();
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = waiter.fair_lock(NAME);
     let (held_tx, held) = mpsc::channel();
@@ -228,7 +220,7 @@ fn a_grant_stamped_after_its_arrival_is_confirmed() {
     await_queued(&server, NAME, 1);
     let mut con = server.connection();
     let entries: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(waiters(NAME))
+        .arg(Keys::lock(PREFIX, NAME).waiters())
         .query(&mut con)
         .unwrap();
     let (id, entry) = entries
@@ -241,7 +233,7 @@ fn a_grant_stamped_after_its_arrival_is_confirmed() {
     let ahead = secs * 1_000 + micros / 1_000 + 5_000;
     let monitor = server.monitor();
     let _: i64 = redis::cmd("PUBLISH")
-        .arg(format!("{}:to:{client_id}", key(NAME)))
+        .arg(format!("{}:to:{client_id}", Keys::lock(PREFIX, NAME).key()))
         .arg(format!("g {token} {ticket} 0 {ahead}"))
         .query(&mut con)
         .unwrap();
@@ -292,12 +284,12 @@ fn ping_pong(name: &str, fair: bool, hold: Duration, rounds: usize) {
     let server = RedisServer::new();
     // A long watchdog: no renewal round falls inside the run.
     let clients = [
-        client(&server.url(), Duration::from_secs(30)),
-        client(&server.url(), Duration::from_secs(30)),
+        CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url()),
+        CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url()),
     ];
     // Both start queued behind a third client's hold (so both listen on the lock, and the
     // run starts with a handoff); the recording starts after their first attempts.
-    let holder = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     let guard = holder.lock(name).lock().expect("holder");
     let order = Arc::new(Mutex::new(Vec::new()));
     let threads: Vec<_> = clients
@@ -359,9 +351,9 @@ fn ping_pong(name: &str, fair: bool, hold: Duration, rounds: usize) {
 fn a_handed_over_hold_kept_past_its_window_is_extended() {
     let server = RedisServer::new();
     let (holder, waiter, other) = (
-        client(&server.url(), Duration::from_secs(10)),
-        client(&server.url(), Duration::from_secs(10)),
-        client(&server.url(), Duration::from_secs(10)),
+        CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url()),
+        CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url()),
+        CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url()),
     );
     for (name, lease) in [("kept-watchdog", None), ("kept-fixed", Some(5_000u64))] {
         let guard = holder.fair_lock(name).lock().expect("holder");
@@ -437,9 +429,9 @@ fn a_handed_over_hold_extended_too_late_says_lost_before_another_holds() {
     let server = RedisServer::new();
     let renew = support::function_name(&server.url(), "renew");
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(10));
-    let other = client(&server.url(), Duration::from_secs(10));
-    let waiter = client(&proxy.url(), Duration::from_secs(10));
+    let holder = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let other = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(10)).at(&proxy.url());
     let guard = holder.fair_lock(NAME).lock().expect("holder");
     let lock = waiter.fair_lock(NAME);
     let other_holds = Arc::new(AtomicBool::new(false));
@@ -505,9 +497,9 @@ fn a_stale_grant_of_an_earlier_attempt_is_not_taken_for_a_fresh_one() {
     const NAME: &str = "stale-grant";
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(10));
-    let other = client(&server.url(), Duration::from_secs(10));
-    let waiter = client(&proxy.url(), Duration::from_secs(10));
+    let holder = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let other = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(10)).at(&proxy.url());
     let held_at = Instant::now();
     let guard = holder
         .fair_lock(NAME)
@@ -569,9 +561,9 @@ fn grant_timed_by_a_clock_ahead(name: &str, change: impl FnOnce(&FaultProxy, &Cl
     // Renewals are counted: the renewal script is no first call to load on 6.2.
     server.load_scripts();
     let proxy = FaultProxy::new(server.port());
-    let holder = client(&server.url(), Duration::from_secs(30));
-    let waiter = client(&proxy.url(), Duration::from_secs(30));
-    let other = client(&server.url(), Duration::from_secs(30));
+    let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
+    let waiter = CLIENTS.watchdog(Duration::from_secs(30)).at(&proxy.url());
+    let other = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     let guard = holder.lock(name).lock().expect("holder");
     let lock = waiter.lock(name);
     let (got_tx, got) = mpsc::channel();
@@ -588,7 +580,7 @@ fn grant_timed_by_a_clock_ahead(name: &str, change: impl FnOnce(&FaultProxy, &Cl
     await_queued(&server, name, 1);
     change(&proxy, &waiter);
 
-    let channel = format!("{}:to:{}", key(name), waiter.id());
+    let channel = format!("{}:to:{}", Keys::lock(PREFIX, name).key(), waiter.id());
     proxy.shift_grant_times(&channel, AHEAD);
     proxy.delay_replies_containing(&channel, AHEAD);
     // A plain lock: the release must hand it over (a grant), not wake the waiter to try,

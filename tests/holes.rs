@@ -15,37 +15,21 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
+use support::clients::{build, Clients};
+use support::keys::Keys;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "holes:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(3))
+    .command(Duration::from_secs(1));
 const ROLE: &str = "REDMUTEX_HOLES_CHILD_ROLE";
 const URL: &str = "REDMUTEX_HOLES_CHILD_URL";
-
-/// The Redis key of the lock `name` (a name without braces).
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
 
 /// The remaining lease of `key` in ms as Redis reports it (-2: no such key).
 fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query(con).expect("PTTL")
-}
-
-fn exists(con: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
-}
-
-fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, command)
-}
-
-/// Watchdog 3 s, command timeout 1 s.
-fn client_3s(server: &RedisServer) -> Client {
-    client(
-        &server.url(),
-        Duration::from_secs(3),
-        Duration::from_secs(1),
-    )
 }
 
 const MS300: Duration = Duration::from_millis(300);
@@ -61,11 +45,11 @@ const MS300: Duration = Duration::from_millis(300);
 fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let (a, b) = (client_3s(&server), client_3s(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let lock = a.lock("nest-wd");
     let outer = lock.lock().expect("outer lock");
     let inner = lock.lock_with_lease(MS300).expect("inner lock");
-    let left = pttl(&mut con, &key("nest-wd"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-wd").key());
     assert!(
         left > 2000,
         "the nested 300 ms lease shortened the watchdog hold: PTTL {left} ms"
@@ -87,13 +71,13 @@ fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
 fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("nest-fixed");
     let outer = lock
         .lock_with_lease(Duration::from_secs(10))
         .expect("outer lock");
     let inner = lock.lock_with_lease(MS300).expect("inner lock");
-    let left = pttl(&mut con, &key("nest-fixed"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-fixed").key());
     assert!(
         left > 9000,
         "the nested 300 ms lease shortened the outer 10 s lease: PTTL {left} ms"
@@ -109,7 +93,7 @@ fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
 fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("nest-rest");
     let outer = lock
         .lock_with_lease(Duration::from_secs(1))
@@ -125,7 +109,7 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     // server applies it when the script runs, up to one unlock call later.
     let transit = unlocking.elapsed().as_millis() as i64 + 1;
     let elapsed = t0.elapsed().as_millis() as i64;
-    let left = pttl(&mut con, &key("nest-rest"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-rest").key());
     assert!(
         left > 0,
         "the outer level's lease is not over yet, but the key is gone: PTTL {left}"
@@ -139,7 +123,7 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     assert!(
         support::wait_until(
             Duration::from_millis(1150).saturating_sub(t0.elapsed()),
-            || !exists(&mut con, &key("nest-rest"))
+            || !support::exists(&mut con, Keys::lock(PREFIX, "nest-rest").key())
         ),
         "the lock outlived its outer 1 s lease"
     );
@@ -152,7 +136,10 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
 fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_millis(900), MS300);
+    let c = CLIENTS
+        .watchdog(Duration::from_millis(900))
+        .command(MS300)
+        .at(&server.url());
     let lock = c.lock("nest-renew");
     let outer = lock.lock().expect("outer lock");
     let inner = lock
@@ -160,7 +147,7 @@ fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
         .expect("inner lock");
     // Past at least one renewal (every 300 ms); time is the subject here.
     thread::sleep(Duration::from_millis(700));
-    let left = pttl(&mut con, &key("nest-renew"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-renew").key());
     assert!(
         left > 4000,
         "a watchdog renewal shortened the nested 5 s lease: PTTL {left} ms"
@@ -169,57 +156,21 @@ fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
     outer.unlock().expect("outer unlock");
 }
 
-/// A primary that starts a replica's sync at once instead of waiting 5 s for others.
-fn primary() -> RedisServer {
-    RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
-}
-
-/// A replica of `primary`, returned once writes stream to it (as in tests/replicas.rs).
-fn synced_replica(primary: &RedisServer) -> RedisServer {
-    let port = primary.port().to_string();
-    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
-    let (mut p, mut r) = (primary.connection(), replica.connection());
-    assert!(
-        support::wait_until(Duration::from_secs(10), || {
-            let n: i64 = redis::cmd("INCR").arg("probe").query(&mut p).unwrap();
-            support::wait_until(Duration::from_millis(100), || {
-                redis::cmd("GET")
-                    .arg("probe")
-                    .query::<Option<i64>>(&mut r)
-                    .unwrap()
-                    == Some(n)
-            })
-        }),
-        "the replica never synced"
-    );
-    replica
-}
-
-/// Thaws a frozen server when dropped, also when the test panics.
-struct Thaw<'a>(&'a RedisServer);
-
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.thaw();
-    }
-}
-
 /// Point 1: the `sync_replicas` rollback of a nested acquisition restores the outer level's
 /// need. Before the fix the nested 300 ms lease (and the rollback's PEXPIRE 300) let the
 /// key expire during WAIT: the outer watchdog hold was gone (PTTL -2).
 #[test]
 fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
-    let primary = primary();
-    let replica = synced_replica(&primary);
+    let primary = support::primary();
+    let replica = support::synced_replica(&primary);
     let mut con = primary.connection();
-    let c = Client::builder()
-        .url(primary.url())
-        .key_prefix(PREFIX)
-        .watchdog_timeout(Duration::from_secs(6))
-        .command_timeout(Duration::from_secs(2))
-        .sync_replicas(1, Duration::from_secs(1))
-        .build()
-        .expect("build client");
+    let c = build(
+        CLIENTS
+            .watchdog(Duration::from_secs(6))
+            .command(Duration::from_secs(2))
+            .builder_at(&primary)
+            .sync_replicas(1, Duration::from_secs(1)),
+    );
     let lock = c.lock("nest-repl");
     // A replica that has just synced may miss its first WAIT; a refused acquisition is
     // rolled back, so trying again is safe.
@@ -233,13 +184,13 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
     let outer = outer.expect("outer lock, confirmed by the replica");
 
     replica.freeze();
-    let thaw = Thaw(&replica);
+    let thaw = support::Thaw(&replica);
     let nested = lock.lock_with_lease(MS300);
     assert!(
         matches!(nested, Err(Error::NotReplicated { acked: 0, .. })),
         "expected NotReplicated with the replica frozen, got {nested:?}"
     );
-    let left = pttl(&mut con, &key("nest-repl"));
+    let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-repl").key());
     assert!(
         left > 4000,
         "the rolled-back nested 300 ms level shortened the outer 6 s watchdog lease: \
@@ -259,8 +210,7 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
 /// failed with WRONGTYPE, and its force_unlock deleted the counter (tokens restarted at 1).
 #[test]
 fn a_lock_named_like_a_fence_counter_is_an_ordinary_lock() {
-    let server = RedisServer::new();
-    let c = client_3s(&server);
+    let (_server, c) = CLIENTS.serve();
     let fenced = c.fenced_lock("user:{42}");
     let mut last = 0;
     for _ in 0..2 {
@@ -299,11 +249,11 @@ fn a_lock_named_like_a_fence_counter_is_an_ordinary_lock() {
 fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let _plain = c.lock("user:{7}:fence").lock().expect("plain lock");
     let fenced = c.fenced_lock("user:{7}");
     let attempt = fenced.try_lock();
-    let ghost = exists(&mut con, &format!("{PREFIX}~user:{{7}}"));
+    let ghost = support::exists(&mut con, Keys::lock(PREFIX, "user:{7}").key());
     let g = match attempt {
         Ok(Some(g)) => g,
         other => panic!(
@@ -314,7 +264,7 @@ fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
     assert!(g.token() >= 1);
     g.unlock().expect("fenced unlock");
     assert!(
-        !exists(&mut con, &format!("{PREFIX}~user:{{7}}")),
+        !support::exists(&mut con, Keys::lock(PREFIX, "user:{7}").key()),
         "user:{{7}} still locked after its unlock"
     );
 }
@@ -325,8 +275,7 @@ fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
 /// (counter vs lock hash): one of them failed with WRONGTYPE.
 #[test]
 fn adversarial_names_never_share_a_counter() {
-    let server = RedisServer::new();
-    let c = client_3s(&server);
+    let (_server, c) = CLIENTS.serve();
     let names: [&str; 16] = [
         "x",
         "x:fence",
@@ -395,8 +344,7 @@ fn flushall(server: &RedisServer) {
 /// `g1.is_lease_lost()` stayed false and `g1.unlock()` was `Err(NotHeld)`.
 #[test]
 fn a_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
-    let server = RedisServer::new();
-    let c = client_3s(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("flushed");
     let g1 = lock.lock().expect("first lock");
     flushall(&server);
@@ -419,8 +367,7 @@ fn a_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again()
 /// stayed false.
 #[test]
 fn a_fixed_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_again() {
-    let server = RedisServer::new();
-    let c = client_3s(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("flushed-fixed");
     let lease = Duration::from_secs(10);
     let g1 = lock.lock_with_lease(lease).expect("first lock");
@@ -469,21 +416,18 @@ fn acl_server(missing: &str) -> (RedisServer, String) {
 #[test]
 fn a_refused_wait_leaves_no_hold() {
     let (server, url) = acl_server(" +wait");
-    let c = Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(Duration::from_secs(3))
-        .command_timeout(Duration::from_secs(1))
-        .sync_replicas(1, Duration::from_millis(100))
-        .build()
-        .expect("build client");
+    let c = build(
+        CLIENTS
+            .builder_at(&url)
+            .sync_replicas(1, Duration::from_millis(100)),
+    );
     let r = c.lock("no-wait").lock();
     assert!(r.is_err(), "WAIT is refused, yet lock() returned {r:?}");
     let mut con = server.connection();
     assert!(
-        !exists(&mut con, &key("no-wait")),
+        !support::exists(&mut con, Keys::lock(PREFIX, "no-wait").key()),
         "lock() failed but left the lock held (PTTL {} ms)",
-        pttl(&mut con, &key("no-wait"))
+        pttl(&mut con, &Keys::lock(PREFIX, "no-wait").key())
     );
 }
 
@@ -492,14 +436,17 @@ fn a_refused_wait_leaves_no_hold() {
 #[test]
 fn a_refused_incr_leaves_no_hold() {
     let (server, url) = acl_server(" +incr");
-    let c = client(&url, Duration::from_secs(3), Duration::from_secs(1));
+    let c = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1))
+        .at(&url);
     let r = c.fenced_lock("no-incr").try_lock();
     assert!(r.is_err(), "INCR is refused, yet try_lock() returned {r:?}");
     let mut con = server.connection();
     assert!(
-        !exists(&mut con, &key("no-incr")),
+        !support::exists(&mut con, Keys::lock(PREFIX, "no-incr").key()),
         "try_lock() failed but left the lock held (PTTL {} ms)",
-        pttl(&mut con, &key("no-incr"))
+        pttl(&mut con, &Keys::lock(PREFIX, "no-incr").key())
     );
 }
 
@@ -514,7 +461,10 @@ fn a_refused_incr_leaves_no_hold() {
 fn dropping_the_last_handle_marks_watchdog_guards_lost() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_millis(900), MS300);
+    let c = CLIENTS
+        .watchdog(Duration::from_millis(900))
+        .command(MS300)
+        .at(&server.url());
     let lock = c.lock("orphan");
     let g = lock.lock().expect("lock");
     drop(lock);
@@ -523,7 +473,7 @@ fn dropping_the_last_handle_marks_watchdog_guards_lost() {
         support::wait_until(Duration::from_secs(3), || g.is_lease_lost()),
         "no handle is left and the watchdog stopped, but the guard still looks held \
          (key exists: {})",
-        exists(&mut con, &key("orphan"))
+        support::exists(&mut con, Keys::lock(PREFIX, "orphan").key())
     );
     drop(g);
 }
@@ -559,10 +509,9 @@ fn a_watchdog_timeout_not_above_the_command_timeout_is_refused() {
 /// The child side of the fork test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     match role.as_str() {
         "fork" => fork_holder(&url),
         other => panic!("unknown child role {other:?}"),
@@ -575,7 +524,10 @@ const FORK_REFUSED: i32 = 0;
 /// Holds `forked`, forks, and lets the forked copy try the inherited client.
 fn fork_holder(url: &str) {
     // A long watchdog period: no renewal runs (holding a pooled connection) at the fork.
-    let c = client(url, Duration::from_secs(30), Duration::from_secs(1));
+    let c = CLIENTS
+        .watchdog(Duration::from_secs(30))
+        .command(Duration::from_secs(1))
+        .at(url);
     let lock = c.lock("forked");
     let guard = lock.lock().expect("lock");
     // SAFETY: the forked copy only makes lock calls and a release on the inherited client
@@ -620,7 +572,7 @@ fn a_forked_child_cannot_use_the_parents_client() {
     let status = child.next_line();
     let mut con = server.connection();
     let counts: Vec<i64> = redis::cmd("HVALS")
-        .arg(key("forked"))
+        .arg(Keys::lock(PREFIX, "forked").key())
         .query(&mut con)
         .expect("HVALS");
     assert_eq!(
@@ -658,8 +610,7 @@ fn calls_but_info(server: &RedisServer) -> Vec<(String, u64)> {
 /// guard answer from the local table and send nothing. Before the fix each sent an HGET.
 #[test]
 fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
-    let server = RedisServer::new();
-    let c = client_3s(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("quiet");
     // This thread held the lock once, so the client has connections and scripts loaded.
     lock.lock().expect("lock").unlock().expect("unlock");
@@ -696,8 +647,7 @@ fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
 /// once with `InvalidArgument` (the deadline overflows the clock).
 #[test]
 fn try_lock_for_duration_max_waits_for_a_held_lock() {
-    let server = RedisServer::new();
-    let c = client_3s(&server);
+    let (_server, c) = CLIENTS.serve();
     let lock = c.lock("forever");
     let (held_tx, held) = std::sync::mpsc::channel();
     let other = lock.clone();
@@ -739,13 +689,6 @@ fn call(server: &RedisServer, script: &str) -> String {
     support::function_name(&server.url(), script)
 }
 
-fn queue_len(con: &mut redis::Connection, name: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(format!("{PREFIX}!queue:{{{name}}}"))
-        .query(con)
-        .expect("LLEN")
-}
-
 /// Issue 17, item 1: a thread holds a lock while another thread of its client waits for it
 /// (so the client listens on the lock's channel, and a new call of the holder queues with
 /// its first attempt). The holder's nested `try_lock_for` fails (its acquire answered with
@@ -758,9 +701,12 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
-    let a = client(&proxy.url(), Duration::from_secs(3), Duration::from_secs(1));
+    let a = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1))
+        .at(&proxy.url());
     a.lock("warm-up").lock().unwrap().unlock().unwrap();
-    let b = client_3s(&server);
+    let b = CLIENTS.at(&server);
     // A pooled connection first: a single try has no time to connect on a busy machine.
     assert!(!b.lock(NAME).is_locked().unwrap());
     let lock = a.lock(NAME);
@@ -774,7 +720,10 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         g.map(|g| g.unlock())
     });
     assert!(
-        support::wait_until(Duration::from_secs(5), || queue_len(&mut con, NAME) == 1),
+        support::wait_until(Duration::from_secs(5), || support::llen(
+            &mut con,
+            &Keys::lock(PREFIX, NAME).queue()
+        ) == 1),
         "the other thread never queued"
     );
 
@@ -799,7 +748,11 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         1,
         "the outer level is held once"
     );
-    assert_eq!(queue_len(&mut con, NAME), 1, "the waiter kept its place");
+    assert_eq!(
+        support::llen(&mut con, &Keys::lock(PREFIX, NAME).queue()),
+        1,
+        "the waiter kept its place"
+    );
 
     outer.unlock().expect("outer unlock");
     got.recv_timeout(Duration::from_secs(2))
@@ -809,7 +762,10 @@ fn a_failed_re_entry_keeps_the_outer_hold() {
         .unwrap()
         .expect("waiter lock")
         .expect("waiter unlock");
-    assert!(!exists(&mut con, &key(NAME)), "fully released");
+    assert!(
+        !support::exists(&mut con, Keys::lock(PREFIX, NAME).key()),
+        "fully released"
+    );
 }
 
 /// Issue 17, item 13: once a guard says its lease is lost, `unlock()` says `LeaseLost`,
@@ -826,7 +782,10 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
-    let c = client(&proxy.url(), LEASE, Duration::from_secs(2));
+    let c = CLIENTS
+        .watchdog(LEASE)
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     // Every script loaded before the faults begin.
     c.lock("warm-up").lock().unwrap().unlock().unwrap();
     let rw = c.read_write_lock("warm-up");
@@ -861,7 +820,7 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
         ),
     );
     assert!(
-        !exists(&mut con, &key("lagging")),
+        !support::exists(&mut con, Keys::lock(PREFIX, "lagging").key()),
         "the hold, still ours, was given back"
     );
     check(
@@ -874,7 +833,10 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
             |g| g.unlock(),
         ),
     );
-    assert!(!exists(&mut con, &key("lagging")));
+    assert!(!support::exists(
+        &mut con,
+        Keys::lock(PREFIX, "lagging").key()
+    ));
 
     // The read and write sides of a read-write lock.
     let rw = c.read_write_lock("lagging");
@@ -919,7 +881,10 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
 
     // A MultiLock with a fixed lease (its validity ends before its members' holds).
     // Its members on two clients, so that their calls lag side by side, not in turn.
-    let c2 = client(&proxy.url(), LEASE, Duration::from_secs(2));
+    let c2 = CLIENTS
+        .watchdog(LEASE)
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     c2.lock("warm-up").lock().unwrap().unlock().unwrap();
     let multi = MultiLock::new([c.lock("lagging-1"), c2.lock("lagging-2")])
         .unwrap()
@@ -970,23 +935,26 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     const NAME: &str = "cancel-miscounted";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client_3s(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock(NAME);
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
-    let fields: Vec<String> = redis::cmd("HKEYS").arg(key(NAME)).query(&mut con).unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(Keys::lock(PREFIX, NAME).key())
+        .query(&mut con)
+        .unwrap();
     let holder = fields.into_iter().find(|f| !f.starts_with('~')).unwrap();
     let cancel = |expected: u32| -> Vec<i64> {
         redis::Script::new(&support::queued_script(include_str!("../lua/cancel.lua")))
-            .key(key(NAME))
-            .key(format!("{PREFIX}!fence:{{{NAME}}}"))
-            .key(format!("{PREFIX}!queue:{{{NAME}}}"))
-            .key(format!("{PREFIX}!waiters:{{{NAME}}}"))
+            .key(Keys::lock(PREFIX, NAME).key())
+            .key(Keys::lock(PREFIX, NAME).fence())
+            .key(Keys::lock(PREFIX, NAME).queue())
+            .key(Keys::lock(PREFIX, NAME).waiters())
             .arg(&holder)
             .arg(expected)
             .arg(3_000)
             .arg(0)
-            .arg(format!("{}:to:", key(NAME)))
+            .arg(format!("{}:to:", Keys::lock(PREFIX, NAME).key()))
             .arg(1_000)
             .arg(10)
             .invoke(&mut server.connection())
@@ -994,7 +962,7 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     };
     let count = |con: &mut redis::Connection| -> Option<i64> {
         redis::cmd("HGET")
-            .arg(key(NAME))
+            .arg(Keys::lock(PREFIX, NAME).key())
             .arg(&holder)
             .query(con)
             .unwrap()
@@ -1010,7 +978,7 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
     assert_eq!(cancel(1), vec![0, 0]);
     assert_eq!(count(&mut con), Some(1));
     assert!(
-        pttl(&mut con, &key(NAME)) > 2_000,
+        pttl(&mut con, &Keys::lock(PREFIX, NAME).key()) > 2_000,
         "the remaining level keeps its lease"
     );
     assert!(!outer.is_lease_lost());
@@ -1026,7 +994,7 @@ fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
     const NAME: &str = "reentry-gone";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let (a, b) = (client_3s(&server), client_3s(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let lock = a.lock(NAME);
     let outer = lock.lock().expect("outer");
     assert!(b.lock(NAME).force_unlock().unwrap());
@@ -1038,7 +1006,9 @@ fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
         held_tx.send(()).unwrap();
         let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
         // Released once the first client's thread waits in the queue.
-        let queued = support::wait_until(Duration::from_secs(5), || queue_len(&mut con, NAME) == 1);
+        let queued = support::wait_until(Duration::from_secs(5), || {
+            support::llen(&mut con, &Keys::lock(PREFIX, NAME).queue()) == 1
+        });
         g.unlock().expect("the other client's unlock");
         queued
     });
@@ -1053,5 +1023,5 @@ fn a_re_entry_into_a_hold_gone_on_the_server_waits_as_a_new_acquisition() {
     assert!(matches!(outer.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(lock.hold_count().unwrap(), 1, "the old guard took nothing");
     again.unlock().expect("unlock");
-    assert!(!exists(&mut con, &key(NAME)));
+    assert!(!support::exists(&mut con, Keys::lock(PREFIX, NAME).key()));
 }

@@ -13,8 +13,12 @@ mod support;
 use std::time::Duration;
 
 use redmutex::Client;
+use support::clients::Clients;
 use support::{wait_until, RedisServer};
 
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(30))
+    .command(Duration::from_secs(2));
 const PREFIX: &str = "kc:";
 
 /// A client that runs the scripts with `EVALSHA` (`use_functions(false)`), whatever the
@@ -30,26 +34,14 @@ fn evalsha_client(server: &RedisServer, watchdog: Duration) -> Client {
         .expect("build client")
 }
 
-/// A client that runs the scripts the server's default way, whose watchdog (30 s) does
-/// not renew during a test: only the other client's calls run meanwhile.
-fn victim_client(server: &RedisServer) -> Client {
-    support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_secs(30),
-        Duration::from_secs(2),
-    )
-}
-
 /// The lock `job{t}:!oom`, held by one client, outlives a release, a cancelled wait and a
 /// force-unlock of the lock `job{t}` by another: nobody else can take it meanwhile.
 #[test]
 fn releasing_a_lock_leaves_the_lock_named_after_its_marker_alone() {
-    let server = RedisServer::new();
-    let victim = victim_client(&server);
+    let (server, victim) = CLIENTS.serve();
     let held = victim.lock("job{t}:!oom");
     let guard = held.lock().unwrap();
-    let third = victim_client(&server);
+    let third = CLIENTS.at(&server);
     let still_held = |after: &str| {
         assert_eq!(held.hold_count().unwrap(), 1, "after {after}: hold lost");
         assert!(
@@ -79,11 +71,10 @@ fn releasing_a_lock_leaves_the_lock_named_after_its_marker_alone() {
 /// `job{t}` taken and released, and a force-unlock of it.
 #[test]
 fn releasing_a_read_write_lock_leaves_the_one_named_after_its_marker_alone() {
-    let server = RedisServer::new();
-    let victim = victim_client(&server);
+    let (server, victim) = CLIENTS.serve();
     let held = victim.read_write_lock("job{t}:!oom");
     let guard = held.write().lock().unwrap();
-    let third = victim_client(&server);
+    let third = CLIENTS.at(&server);
     let still_held = |after: &str| {
         assert_eq!(held.write().hold_count().unwrap(), 1, "after {after}");
         let rw = third.read_write_lock("job{t}:!oom");
@@ -108,11 +99,10 @@ fn releasing_a_read_write_lock_leaves_the_one_named_after_its_marker_alone() {
 /// third client after permits of `job{t}` are taken and given back.
 #[test]
 fn releasing_a_permit_leaves_the_semaphore_named_after_its_marker_alone() {
-    let server = RedisServer::new();
-    let victim = victim_client(&server);
+    let (server, victim) = CLIENTS.serve();
     let held = victim.semaphore("job{t}:!oom", 1);
     let permit = held.acquire().unwrap();
-    let third = victim_client(&server);
+    let third = CLIENTS.at(&server);
     let still_held = |after: &str| {
         assert_eq!(held.available_permits().unwrap(), 0, "after {after}");
         assert!(
@@ -136,8 +126,7 @@ fn releasing_a_permit_leaves_the_semaphore_named_after_its_marker_alone() {
 /// release at all: the lock `q{t}:!oom` outlives two rounds.
 #[test]
 fn a_renewal_leaves_the_lock_named_after_its_marker_alone() {
-    let server = RedisServer::new();
-    let victim = victim_client(&server);
+    let (server, victim) = CLIENTS.serve();
     let held = victim.lock("q{t}:!oom");
     let guard = held.lock().unwrap();
 
@@ -156,7 +145,8 @@ fn a_renewal_leaves_the_lock_named_after_its_marker_alone() {
         "the renewals freed q{{t}}:!oom"
     );
     assert!(
-        victim_client(&server)
+        CLIENTS
+            .at(&server)
             .lock("q{t}:!oom")
             .try_lock()
             .unwrap()
@@ -171,8 +161,7 @@ fn a_renewal_leaves_the_lock_named_after_its_marker_alone() {
 /// `job{t}:!oom` counting.
 #[test]
 fn counting_a_latch_down_leaves_the_latch_named_after_its_marker_alone() {
-    let server = RedisServer::new();
-    let victim = victim_client(&server);
+    let (server, victim) = CLIENTS.serve();
     let counting = victim.count_down_latch("job{t}:!oom");
     assert!(counting.try_set_count(2, Duration::from_secs(60)).unwrap());
 

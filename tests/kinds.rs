@@ -12,9 +12,13 @@ use redmutex::{
     Client, CountDownLatch, Error, FencedGuard, LockGuard, Permit, ReadGuard, UpgradeableGuard,
     WriteGuard,
 };
+use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const PREFIX: &str = "kinds:";
+
+const CLIENTS: Clients = Clients::new(PREFIX).watchdog(Duration::from_secs(5));
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -117,16 +121,6 @@ fn take(c: &Client, kind: Kind, name: &str, wait: Duration) -> Result<Option<Hel
     })
 }
 
-fn client(server: &RedisServer, functions: bool) -> Client {
-    Client::builder()
-        .url(server.url())
-        .key_prefix(PREFIX)
-        .use_functions(functions)
-        .watchdog_timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
-
 /// The keys under the prefix, sorted.
 fn keys(server: &RedisServer) -> Vec<String> {
     let mut keys: Vec<String> = redis::cmd("KEYS")
@@ -145,8 +139,8 @@ const NAMES: [&str; 3] = ["job", "user:{42}:cart", "}odd{"];
 /// scripts: the second is refused while the first holds the name, at once even when it
 /// would wait, and takes it once the first let go.
 fn every_pair_refuses_the_other(server: &RedisServer, functions: bool) {
-    let holder = client(server, functions);
-    let other = client(server, functions);
+    let holder = CLIENTS.functions(functions).at(server);
+    let other = CLIENTS.functions(functions).at(server);
     let mut pairs = 0;
     for name in NAMES {
         for first in KINDS {
@@ -221,8 +215,8 @@ fn every_pair_of_kinds_refuses_the_other_with_evalsha() {
 #[test]
 fn the_kinds_of_one_object_exclude_each_other_as_holders() {
     let server = RedisServer::new();
-    let holder = client(&server, true);
-    let other = client(&server, true);
+    let holder = CLIENTS.functions(true).at(&server);
+    let other = CLIENTS.functions(true).at(&server);
     for group in [
         [Kind::Plain, Kind::Fair, Kind::Fenced],
         [Kind::Write, Kind::Upgradeable, Kind::Upgradeable],
@@ -259,11 +253,11 @@ fn the_kinds_of_one_object_exclude_each_other_as_holders() {
 #[test]
 fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
     let server = RedisServer::new();
-    let holder = client(&server, true);
-    let waiter = client(&server, true);
-    let other = client(&server, true);
-    let lock_key = format!("{PREFIX}{{gone}}");
-    let queue = format!("{PREFIX}!queue:{{gone}}");
+    let holder = CLIENTS.functions(true).at(&server);
+    let waiter = CLIENTS.functions(true).at(&server);
+    let other = CLIENTS.functions(true).at(&server);
+    let lock_key = Keys::lock(PREFIX, "gone").key();
+    let queue = Keys::lock(PREFIX, "gone").queue();
     let guard = holder
         .lock("gone")
         .lock_with_lease(Duration::from_secs(2))
@@ -309,7 +303,7 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
 #[test]
 fn a_refused_semaphore_defines_nothing_and_a_refused_latch_is_not_set() {
     let server = RedisServer::new();
-    let c = client(&server, true);
+    let c = CLIENTS.functions(true).at(&server);
     let g = c.lock("x").lock().unwrap();
     let before = keys(&server);
     let err = c.semaphore("x", 3).try_acquire().unwrap_err();
@@ -340,13 +334,10 @@ fn a_refused_semaphore_defines_nothing_and_a_refused_latch_is_not_set() {
 fn on_a_cluster_the_kinds_of_a_name_refuse_each_other() {
     let cluster = support::topology::Cluster::new(3, 0);
     let client = || {
-        Client::builder()
-            .cluster(cluster.seed_urls())
-            .key_prefix(PREFIX)
-            .command_timeout(Duration::from_millis(1500))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("cluster client")
+        Clients::new(PREFIX)
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .cluster_at(cluster.seed_urls())
     };
     let (holder, other) = (client(), client());
     let mut nodes = std::collections::BTreeSet::new();
@@ -369,7 +360,7 @@ fn on_a_cluster_the_kinds_of_a_name_refuse_each_other() {
             }
             let key = holder.inspect(name.as_str()).unwrap();
             assert!(key.is_empty(), "{key:?}");
-            nodes.insert(cluster.node_for_key(format!("{PREFIX}{{{name}}}")));
+            nodes.insert(cluster.node_for_key(Keys::lock(PREFIX, &name).key()));
         }
     }
     assert!(nodes.len() > 1, "the names spread over nodes: {nodes:?}");

@@ -9,28 +9,20 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::Error;
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, RedisServer};
 
 const ROLE: &str = "REDMUTEX_LATCH_ROLE";
 const URL: &str = "REDMUTEX_LATCH_URL";
 const PREFIX: &str = "latch:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 const NAME: &str = "jobs";
 /// Waiters wake within this of the count-down that opened the latch.
 const WAKE_BOUND: Duration = Duration::from_millis(500);
-fn client(url: &str) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .build()
-        .expect("build client")
-}
-
-fn key(name: &str) -> String {
-    format!("{PREFIX}!latch:{{{name}}}")
-}
-
 /// Milliseconds of wall-clock time: the processes compared run on one machine.
 fn mono_ms() -> f64 {
     std::time::SystemTime::now()
@@ -47,7 +39,7 @@ fn latch_entry() {
     let (Ok(role), Ok(url)) = (std::env::var(ROLE), std::env::var(URL)) else {
         return;
     };
-    let c = client(&url);
+    let c = CLIENTS.at(&url);
     match role.as_str() {
         "waiter" => {
             let threads: Vec<_> = (0..2)
@@ -86,7 +78,7 @@ fn spawn(role: &str, server: &RedisServer) -> ChildProc {
 #[test]
 fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch(NAME);
     assert!(latch.try_set_count(3, Duration::from_secs(60)).unwrap());
     let waiters: Vec<ChildProc> = (0..2).map(|_| spawn("waiter", &server)).collect();
@@ -97,7 +89,7 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     for c in &counters {
         c.expect("ready");
     }
-    let channel = format!("{}:opened", key(NAME));
+    let channel = format!("{}:opened", Keys::lock(PREFIX, NAME).latch());
     let mut con = server.connection();
     assert!(
         wait_until(Duration::from_secs(5), || support::subscribers(
@@ -136,7 +128,10 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
         }
     }
     assert_eq!(latch.count().unwrap(), 0);
-    assert!(!exists(&server, &key(NAME)), "an open latch leaves no key");
+    assert!(
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, NAME).latch()),
+        "an open latch leaves no key"
+    );
     for c in counters {
         drop(c);
     }
@@ -145,19 +140,12 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     }
 }
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .unwrap()
-}
-
 /// try_set_count only sets a latch that is not counting; count_down counts one at a time
 /// and does nothing to an open latch; the count can be set again once it opened.
 #[test]
 fn setting_and_counting() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch("basics");
     assert_eq!(latch.count().unwrap(), 0, "never set: open");
     assert_eq!(
@@ -165,7 +153,13 @@ fn setting_and_counting() {
         0,
         "counting down an open latch"
     );
-    assert!(!exists(&server, &key("basics")), "…writes nothing");
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "basics").latch()
+        ),
+        "…writes nothing"
+    );
     assert!(
         latch.wait_for(Duration::ZERO).unwrap(),
         "an open latch does not block"
@@ -177,7 +171,7 @@ fn setting_and_counting() {
     );
     assert_eq!(latch.count().unwrap(), 2);
     let pttl: i64 = redis::cmd("PTTL")
-        .arg(key("basics"))
+        .arg(Keys::lock(PREFIX, "basics").latch())
         .query(&mut server.connection())
         .unwrap();
     assert!(
@@ -226,7 +220,7 @@ fn setting_and_counting() {
 #[test]
 fn an_expired_latch_opens() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch("expiring");
     assert!(latch.try_set_count(5, Duration::from_millis(400)).unwrap());
     let waiter = c.count_down_latch("expiring");
@@ -249,7 +243,7 @@ fn an_expired_latch_opens() {
 #[test]
 fn bad_input_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch("bad");
     for (count, expiry) in [
         (0, Duration::from_secs(1)),
@@ -265,7 +259,10 @@ fn bad_input_changes_nothing() {
             "try_set_count({count}, {expiry:?})"
         );
     }
-    assert!(!exists(&server, &key("bad")));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "bad").latch()
+    ));
     let empty = c.count_down_latch("");
     assert!(matches!(empty.count(), Err(Error::InvalidName(_))));
     assert!(matches!(empty.count_down(), Err(Error::InvalidName(_))));
@@ -277,7 +274,7 @@ fn bad_input_changes_nothing() {
     // Someone else's data under the latch's key: refused, left as it was.
     let mut con = server.connection();
     let _: () = redis::cmd("SET")
-        .arg(key("bad"))
+        .arg(Keys::lock(PREFIX, "bad").latch())
         .arg("not a number")
         .arg("PX")
         .arg(60_000)
@@ -286,9 +283,15 @@ fn bad_input_changes_nothing() {
     assert!(latch.count_down().is_err());
     assert!(latch.count().is_err());
     assert!(latch.try_set_count(3, Duration::from_secs(1)).is_err());
-    let value: String = redis::cmd("GET").arg(key("bad")).query(&mut con).unwrap();
+    let value: String = redis::cmd("GET")
+        .arg(Keys::lock(PREFIX, "bad").latch())
+        .query(&mut con)
+        .unwrap();
     assert_eq!(value, "not a number");
-    let pttl: i64 = redis::cmd("PTTL").arg(key("bad")).query(&mut con).unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(Keys::lock(PREFIX, "bad").latch())
+        .query(&mut con)
+        .unwrap();
     assert!(pttl > 50_000, "TTL untouched: {pttl}");
 
     // Numbers that are not Redis integers (a count is never rounded through a double).
@@ -300,13 +303,16 @@ fn bad_input_changes_nothing() {
         " 5",
     ] {
         let _: () = redis::cmd("SET")
-            .arg(key("bad"))
+            .arg(Keys::lock(PREFIX, "bad").latch())
             .arg(foreign)
             .query(&mut con)
             .unwrap();
         assert!(latch.count_down().is_err(), "count_down on {foreign:?}");
         assert!(latch.count().is_err(), "count of {foreign:?}");
-        let value: String = redis::cmd("GET").arg(key("bad")).query(&mut con).unwrap();
+        let value: String = redis::cmd("GET")
+            .arg(Keys::lock(PREFIX, "bad").latch())
+            .query(&mut con)
+            .unwrap();
         assert_eq!(value, foreign);
     }
 }
@@ -318,7 +324,7 @@ fn bad_input_changes_nothing() {
 fn a_count_down_whose_reply_is_lost_counts_once() {
     let server = RedisServer::new();
     let proxy = support::FaultProxy::new(server.port());
-    let c = client(&proxy.url());
+    let c = CLIENTS.at(&proxy.url());
     let latch = c.count_down_latch("lost");
     assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
     // Loaded already (by the set), so the fault hits the real call, not a load round.
@@ -336,7 +342,7 @@ fn a_count_down_whose_reply_is_lost_counts_once() {
 #[test]
 fn large_counts_are_exact() {
     let server = RedisServer::new();
-    let c = client(&server.url());
+    let c = CLIENTS.at(&server.url());
     let two_53 = 1u64 << 53;
     for (i, count) in [
         i64::MAX as u64,
@@ -369,7 +375,7 @@ fn large_counts_are_exact() {
         let info = c.inspect(format!("large-{i}")).unwrap();
         assert_eq!(info[0].count, Some(count - 2), "as inspect reports it");
         let stored: String = redis::cmd("GET")
-            .arg(key(&format!("large-{i}")))
+            .arg(Keys::lock(PREFIX, &format!("large-{i}")).latch())
             .query(&mut server.connection())
             .unwrap();
         assert_eq!(stored, (count - 2).to_string(), "as Redis holds it");
@@ -383,7 +389,7 @@ fn large_counts_are_exact() {
 fn a_set_whose_reply_is_lost_answers_that_it_set() {
     let server = RedisServer::new();
     let proxy = support::FaultProxy::new(server.port());
-    let c = client(&proxy.url());
+    let c = CLIENTS.at(&proxy.url());
     let latch = c.count_down_latch("lost-set");
     let sha = support::function_name(&server.url(), "latch_set");
     proxy.lose_next_reply_to(&sha);
@@ -401,7 +407,9 @@ fn a_set_whose_reply_is_lost_answers_that_it_set() {
     proxy.lose_next_reply_to(&sha);
     let setter = c.count_down_latch("lost-set-opened");
     let call = thread::spawn(move || setter.try_set_count(1, Duration::from_secs(30)));
-    let direct = client(&server.url()).count_down_latch("lost-set-opened");
+    let direct = CLIENTS
+        .at(&server.url())
+        .count_down_latch("lost-set-opened");
     assert!(wait_until(Duration::from_secs(10), || direct
         .count()
         .unwrap()

@@ -11,36 +11,24 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, ClientBuilder, Error, Lock};
+use support::clients::Clients;
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::{free_port, wait_until, RedisServer};
 
 /// The key of a lock named `name` (plain names, default prefix).
+/// Clients whose command timeout is half their watchdog's, as it must be shorter.
+fn with_watchdog(timeout: Duration) -> Clients {
+    Clients::DEFAULT.watchdog(timeout).command(timeout / 2)
+}
+
 fn key_of(name: &str) -> Vec<u8> {
-    format!("redmutex:{{{name}}}").into_bytes()
+    Keys::lock(DEFAULT_PREFIX, name).key().into_bytes()
 }
 
 fn channel_of(name: &str) -> Vec<u8> {
     let mut channel = key_of(name);
     channel.extend_from_slice(b":to:");
     channel
-}
-
-fn open(server: &RedisServer) -> Client {
-    Client::open(server.url()).expect("build client")
-}
-
-fn client_with_watchdog(server: &RedisServer, timeout: Duration) -> Client {
-    Client::builder()
-        .url(server.url())
-        .watchdog_timeout(timeout)
-        // The command timeout must be shorter than the watchdog's.
-        .command_timeout(timeout / 2)
-        .build()
-        .expect("build client")
-}
-
-fn exists(con: &mut redis::Connection, key: &[u8]) -> bool {
-    let n: i64 = redis::cmd("EXISTS").arg(key).query(con).unwrap();
-    n == 1
 }
 
 fn pttl(con: &mut redis::Connection, key: &[u8]) -> i64 {
@@ -95,7 +83,7 @@ fn mutual_exclusion_across_threads_and_clients() {
     let barrier = Barrier::new(CLIENTS * THREADS);
     thread::scope(|s| {
         for _ in 0..CLIENTS {
-            let client = open(&server);
+            let client = Clients::DEFAULT.at(&server);
             for t in 0..THREADS {
                 let lock = client.lock("counter");
                 let (server, inside, overlaps, barrier) = (&server, &inside, &overlaps, &barrier);
@@ -135,7 +123,7 @@ fn mutual_exclusion_across_threads_and_clients() {
     let counter: i64 = redis::cmd("GET").arg("counter").query(&mut con).unwrap();
     assert_eq!(counter, (CLIENTS * THREADS * N) as i64);
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
-    assert!(!exists(&mut con, &key_of("counter")));
+    assert!(!support::exists(&mut con, key_of("counter")));
 }
 
 /// Checks this thread's view and Redis's view of a hold of depth `n`.
@@ -145,7 +133,7 @@ fn assert_depth(lock: &Lock, client: &Client, con: &mut redis::Connection, n: u3
     assert_eq!(lock.is_held_by_current_thread().unwrap(), n > 0);
     assert_eq!(lock.is_locked().unwrap(), n > 0);
     if n == 0 {
-        assert!(!exists(con, &key));
+        assert!(!support::exists(con, &key));
     } else {
         assert_eq!(hvals(con, &key), vec![i64::from(n)]);
         let fields = hkeys(con, &key);
@@ -160,8 +148,8 @@ fn assert_depth(lock: &Lock, client: &Client, con: &mut redis::Connection, n: u3
 fn reentrancy_three_levels_deep() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = open(&server);
-    let other = open(&server);
+    let client = Clients::DEFAULT.at(&server);
+    let other = Clients::DEFAULT.at(&server);
     let lock = client.lock("nested");
     let other_lock = other.lock("nested");
 
@@ -217,8 +205,8 @@ fn reentrancy_three_levels_deep() {
 fn waiters_blocked_until_the_outermost_release() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = open(&server);
-    let other = open(&server);
+    let client = Clients::DEFAULT.at(&server);
+    let other = Clients::DEFAULT.at(&server);
     let lock = client.lock("outer");
     let other_lock = other.lock("outer");
 
@@ -264,21 +252,21 @@ fn waiters_blocked_until_the_outermost_release() {
             assert!(after < Duration::from_secs(1), "{who} took {after:?}");
         }
     });
-    assert!(!exists(&mut con, &key_of("outer")));
+    assert!(!support::exists(&mut con, key_of("outer")));
 }
 
 #[test]
 fn releasing_a_hold_that_is_gone_fails_with_lease_lost() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = open(&server);
+    let client = Clients::DEFAULT.at(&server);
     let lock = client.lock("admin");
 
     assert!(!lock.force_unlock().unwrap());
     let guard = lock.lock().unwrap();
     assert!(lock.force_unlock().unwrap());
     assert!(!lock.force_unlock().unwrap());
-    assert!(!exists(&mut con, &key_of("admin")));
+    assert!(!support::exists(&mut con, key_of("admin")));
     assert_eq!(lock.hold_count().unwrap(), 0);
     // The force_unlock told the holder's client (or the release finds it gone): lost.
     assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
@@ -309,10 +297,10 @@ fn releasing_a_hold_that_is_gone_fails_with_lease_lost() {
         check_tx.send(()).unwrap();
         holder.join().unwrap().unwrap();
     });
-    assert!(!exists(&mut con, &key_of("admin")));
+    assert!(!support::exists(&mut con, key_of("admin")));
 
     // Another client releasing a lock only this one holds.
-    let other = open(&server);
+    let other = Clients::DEFAULT.at(&server);
     let guard = lock.lock().unwrap();
     other.lock("admin").force_unlock().unwrap();
     let theirs = other.lock("admin").lock().unwrap();
@@ -325,8 +313,8 @@ fn releasing_a_hold_that_is_gone_fails_with_lease_lost() {
 fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = open(&server);
-    let other = open(&server);
+    let client = Clients::DEFAULT.at(&server);
+    let other = Clients::DEFAULT.at(&server);
     let lock = client.lock("lease");
     let key = key_of("lease");
 
@@ -340,7 +328,7 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     if start.elapsed() < Duration::from_millis(500) {
         assert!(!guard.is_lease_lost());
     }
-    assert!(wait_until(Duration::from_secs(5), || !exists(
+    assert!(wait_until(Duration::from_secs(5), || !support::exists(
         &mut con, &key
     )));
     let gone = start.elapsed();
@@ -364,7 +352,7 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     // The same thread taking the lock again after its lease ran out: the stale guard must
     // not take a level from the new hold.
     let stale = lock.lock_with_lease(Duration::from_millis(300)).unwrap();
-    assert!(wait_until(Duration::from_secs(5), || !exists(
+    assert!(wait_until(Duration::from_secs(5), || !support::exists(
         &mut con, &key
     )));
     let fresh = lock.lock().unwrap();
@@ -374,7 +362,7 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     assert_eq!(lock.hold_count().unwrap(), 1);
     assert_eq!(hvals(&mut con, &key), vec![1]);
     fresh.unlock().unwrap();
-    assert!(!exists(&mut con, &key));
+    assert!(!support::exists(&mut con, &key));
 }
 
 #[test]
@@ -382,7 +370,7 @@ fn watchdog_keeps_a_lock_past_three_timeouts() {
     const TIMEOUT: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = client_with_watchdog(&server, TIMEOUT);
+    let client = with_watchdog(TIMEOUT).at(&server);
     let lock = client.lock("kept");
     let key = key_of("kept");
 
@@ -404,13 +392,13 @@ fn watchdog_keeps_a_lock_past_three_timeouts() {
     assert!(left > Duration::ZERO && left <= TIMEOUT, "{left:?}");
 
     guard.unlock().unwrap();
-    assert!(!exists(&mut con, &key));
+    assert!(!support::exists(&mut con, &key));
     // A renewal round already under way may finish; after that, none may run.
     thread::sleep(TIMEOUT / 3);
     let before = script_calls(&server);
     thread::sleep(TIMEOUT);
     assert_eq!(script_calls(&server), before, "watchdog still renewing");
-    assert!(!exists(&mut con, &key));
+    assert!(!support::exists(&mut con, &key));
 }
 
 #[test]
@@ -418,7 +406,7 @@ fn watchdog_reports_a_lost_lease() {
     const TIMEOUT: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = client_with_watchdog(&server, TIMEOUT);
+    let client = with_watchdog(TIMEOUT).at(&server);
     let lock = client.lock("lost");
 
     let guard = lock.lock().unwrap();
@@ -436,16 +424,19 @@ fn watchdog_reports_a_lost_lease() {
     // Documented: once the watchdog found the lease gone, unlock reports LeaseLost.
     assert!(matches!(guard.unlock(), Err(Error::LeaseLost { .. })));
     // The renewal never resurrected the key.
-    assert!(!exists(&mut con, &key_of("lost")));
-    let g = open(&server).lock("lost").try_lock().unwrap();
+    assert!(!support::exists(&mut con, key_of("lost")));
+    let g = Clients::DEFAULT
+        .at(&server)
+        .lock("lost")
+        .try_lock()
+        .unwrap();
     assert!(g.is_some());
 }
 
 #[test]
 fn try_lock_for_gives_up_close_to_its_bound() {
-    let server = RedisServer::new();
-    let client = open(&server);
-    let other = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
+    let other = Clients::DEFAULT.at(&server);
     let lock = client.lock("bounded");
     let other_lock = other.lock("bounded");
 
@@ -519,7 +510,7 @@ fn release_to_waiter(
 fn a_waiter_wakes_promptly_on_release() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let (holder, waiter) = (open(&server), open(&server));
+    let (holder, waiter) = (Clients::DEFAULT.at(&server), Clients::DEFAULT.at(&server));
     let latency = release_to_waiter(&holder, &waiter, &mut con, "handoff", |_| {});
     assert!(latency < Duration::from_millis(300), "{latency:?}");
 }
@@ -528,7 +519,7 @@ fn a_waiter_wakes_promptly_on_release() {
 fn invalid_names_and_durations_change_nothing() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = open(&server);
+    let client = Clients::DEFAULT.at(&server);
 
     let empty = client.lock("");
     let now = Instant::now();
@@ -619,7 +610,7 @@ fn invalid_names_and_durations_change_nothing() {
 
     // Any other byte string up to the longest allowed is a name: it locks, excludes and
     // unlocks (a longer one is refused, tests/names.rs).
-    let other = open(&server);
+    let other = Clients::DEFAULT.at(&server);
     let long = vec![b'n'; redmutex::MAX_NAME_LEN];
     let names: [&[u8]; 12] = [
         b"a\x00b\xff",
@@ -656,9 +647,8 @@ fn invalid_names_and_durations_change_nothing() {
 // to the key of the plain name "a" ("redmutex:{a}") and the two aliased.
 #[test]
 fn distinct_names_never_share_a_lock() {
-    let server = RedisServer::new();
-    let client = open(&server);
-    let other = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
+    let other = Clients::DEFAULT.at(&server);
     // Each pair differs as byte strings, so each is two independent locks.
     for (a, b) in [("a", "{a}"), ("orders", "{orders}")] {
         let guard = client.lock(a).lock().unwrap();
@@ -673,8 +663,8 @@ fn distinct_names_never_share_a_lock() {
 fn guards_are_released_when_a_panic_unwinds() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = open(&server);
-    let other = open(&server);
+    let client = Clients::DEFAULT.at(&server);
+    let other = Clients::DEFAULT.at(&server);
     let lock = client.lock("panicky");
 
     let (held_tx, held_rx) = mpsc::channel();
@@ -690,7 +680,7 @@ fn guards_are_released_when_a_panic_unwinds() {
     assert_eq!(held_rx.recv().unwrap(), 2);
     assert!(worker.join().is_err());
     // The leases had 30 s left: only the unwinding drops could have freed it.
-    assert!(!exists(&mut con, &key_of("panicky")));
+    assert!(!support::exists(&mut con, key_of("panicky")));
     let g = other.lock("panicky").try_lock().unwrap();
     assert!(g.is_some());
 }
@@ -729,7 +719,7 @@ fn building_while_redis_is_down_succeeds_and_fails_on_use() {
         matches!(lock.try_lock(), Ok(Some(_)))
     }));
     let g = lock.lock().unwrap();
-    assert!(exists(&mut server.connection(), &key_of("down")));
+    assert!(support::exists(&mut server.connection(), key_of("down")));
     g.unlock().unwrap();
 }
 
@@ -737,7 +727,7 @@ fn building_while_redis_is_down_succeeds_and_fails_on_use() {
 fn waiter_survives_its_pubsub_connection_being_killed() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let (holder, waiter) = (open(&server), open(&server));
+    let (holder, waiter) = (Clients::DEFAULT.at(&server), Clients::DEFAULT.at(&server));
     // Released while the waiter's subscription is (probably) gone: the release message
     // may never reach it, so the reconnect itself must make it look again.
     let latency = release_to_waiter(&holder, &waiter, &mut con, "resub", |con| {
@@ -790,9 +780,8 @@ fn handles_are_clone_send_sync() {
 
 #[test]
 fn one_release_wakes_one_waiting_thread_per_process() {
-    let server = RedisServer::new();
-    let holder = open(&server);
-    let waiters = open(&server);
+    let (server, holder) = Clients::DEFAULT.serve();
+    let waiters = Clients::DEFAULT.at(&server);
     // Load the scripts, so that no NOSCRIPT retry shows up in the counts below.
     holder.lock("herd").lock().unwrap().unlock().unwrap();
     // And the renewal script, with which the hold handed to the waiter is confirmed or
@@ -830,7 +819,7 @@ fn one_release_wakes_one_waiting_thread_per_process() {
     let mut con = server.connection();
     let queued = wait_until(Duration::from_secs(5), || {
         redis::cmd("LLEN")
-            .arg("redmutex:!queue:{herd}")
+            .arg(Keys::lock(DEFAULT_PREFIX, "herd").queue())
             .query::<i64>(&mut con)
             .unwrap()
             == 3
@@ -891,7 +880,7 @@ fn nested_fixed_and_watchdog_leases_restore_each_other() {
     const WATCHDOG: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let client = client_with_watchdog(&server, WATCHDOG);
+    let client = with_watchdog(WATCHDOG).at(&server);
     let lock = client.lock("mixed");
     let key = key_of("mixed");
 
@@ -905,7 +894,10 @@ fn nested_fixed_and_watchdog_leases_restore_each_other() {
         "re-entry kept the outer level's longer lease"
     );
     thread::sleep(WATCHDOG * 2); // time is the subject: renewals must keep it alive
-    assert!(exists(&mut con, &key), "the watchdog level kept the lock");
+    assert!(
+        support::exists(&mut con, &key),
+        "the watchdog level kept the lock"
+    );
     drop(inner);
     // Back to the outer level's lease: fixed, not renewed.
     let left = pttl(&mut con, &key);
@@ -922,17 +914,17 @@ fn nested_fixed_and_watchdog_leases_restore_each_other() {
     drop(inner);
     assert!(pttl(&mut con, &key) <= 600, "watchdog lease restored");
     thread::sleep(WATCHDOG * 2);
-    assert!(exists(&mut con, &key), "still renewed");
+    assert!(support::exists(&mut con, &key), "still renewed");
     assert!(!outer.is_lease_lost());
     outer.unlock().unwrap();
-    assert!(!exists(&mut con, &key));
+    assert!(!support::exists(&mut con, &key));
 }
 
 #[test]
 fn a_bounded_wait_with_an_explicit_lease_gets_that_lease() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let (holder, waiter) = (open(&server), open(&server));
+    let (holder, waiter) = (Clients::DEFAULT.at(&server), Clients::DEFAULT.at(&server));
     let held = holder
         .lock("bounded")
         .lock_with_lease(Duration::from_millis(400))

@@ -5,45 +5,18 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
-use redmutex::{Client, LossReason, LostLease, MultiLock};
+use redmutex::{LossReason, MultiLock};
+use support::clients::Clients;
 use support::RedisServer;
+
+const CLIENTS: Clients = Clients::DEFAULT.command(Duration::from_millis(500));
 
 /// The margin on time bounds: generous for a loaded 2-core machine, small beside the
 /// leases (1-1.5 s).
 const MARGIN: Duration = Duration::from_millis(400);
-
-/// What the hook is told: the lock's name, its kind, why.
-type Told = (String, &'static str, LossReason);
-
-/// The losses the hook was told of, and a channel that has one message per loss.
-struct Heard {
-    all: Arc<Mutex<Vec<Told>>>,
-    each: Receiver<()>,
-}
-
-fn client_with_hook(url: &str, prefix: &str, watchdog: Duration) -> (Client, Heard) {
-    let all = Arc::new(Mutex::new(Vec::new()));
-    let (tx, each) = crossbeam_channel::unbounded();
-    let seen = all.clone();
-    let client = Client::builder()
-        .url(url)
-        .key_prefix(prefix)
-        .watchdog_timeout(watchdog)
-        .command_timeout(Duration::from_millis(500))
-        .on_lease_lost(move |lost: &LostLease| {
-            seen.lock()
-                .unwrap()
-                .push((lost.name_lossy(), lost.kind(), lost.reason()));
-            let _ = tx.send(());
-        })
-        .build()
-        .unwrap();
-    (client, Heard { all, each })
-}
 
 /// Waits for `lost` to be ready (disconnected) in a `select!`, up to `until`; the instant.
 fn ready_at(lost: &Receiver<()>, until: Instant) -> Option<Instant> {
@@ -63,7 +36,10 @@ fn not_ready(lost: &Receiver<()>) -> bool {
 #[test]
 fn a_fixed_lease_that_runs_out_reaches_a_select_within_its_bound() {
     let server = RedisServer::new();
-    let (client, heard) = client_with_hook(&server.url(), "lost:fixed:", Duration::from_secs(3));
+    let (client, heard) = CLIENTS
+        .prefix("lost:fixed:")
+        .watchdog(Duration::from_secs(3))
+        .heard_at(&server.url());
     let lease = Duration::from_millis(1500);
     let before = Instant::now();
     let guard = client.lock("nightly").lock_with_lease(lease).unwrap();
@@ -97,7 +73,10 @@ fn a_fixed_lease_that_runs_out_reaches_a_select_within_its_bound() {
 fn redis_frozen_past_a_watchdog_lease_reaches_a_select_within_its_bound() {
     let server = RedisServer::new();
     let watchdog = Duration::from_millis(1500);
-    let (client, heard) = client_with_hook(&server.url(), "lost:frozen:", watchdog);
+    let (client, heard) = CLIENTS
+        .prefix("lost:frozen:")
+        .watchdog(watchdog)
+        .heard_at(&server.url());
     let guard = client.fair_lock("ledger").lock().unwrap();
     let lost = guard.lost();
     // Renewed: a lease and more go by without a word.
@@ -131,13 +110,15 @@ fn redis_frozen_past_a_watchdog_lease_reaches_a_select_within_its_bound() {
 fn a_force_unlock_by_another_client_reaches_a_select_of_every_level() {
     let server = RedisServer::new();
     let watchdog = Duration::from_millis(1500);
-    let (client, heard) = client_with_hook(&server.url(), "lost:forced:", watchdog);
-    let other = support::client(
-        &server.url(),
-        "lost:forced:",
-        watchdog,
-        Duration::from_millis(500),
-    );
+    let (client, heard) = CLIENTS
+        .prefix("lost:forced:")
+        .watchdog(watchdog)
+        .heard_at(&server.url());
+    let other = Clients::DEFAULT
+        .prefix("lost:forced:")
+        .watchdog(watchdog)
+        .command(Duration::from_millis(500))
+        .at(&server.url());
     let guard = client.lock("job:7").lock().unwrap();
     let nested = client.lock("job:7").lock().unwrap();
     let (outer_lost, inner_lost) = (guard.lost(), nested.lost());
@@ -166,7 +147,10 @@ fn a_force_unlock_by_another_client_reaches_a_select_of_every_level() {
 fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
     let server = RedisServer::new();
     let lease = Duration::from_millis(1000);
-    let (client, heard) = client_with_hook(&server.url(), "lost:released:", lease);
+    let (client, heard) = CLIENTS
+        .prefix("lost:released:")
+        .watchdog(lease)
+        .heard_at(&server.url());
     let lock = client.lock("r");
 
     let guard = lock.lock().unwrap();
@@ -216,13 +200,15 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
 fn permits_and_multilocks_are_told_of_their_loss() {
     let server = RedisServer::new();
     let watchdog = Duration::from_millis(1500);
-    let (client, heard) = client_with_hook(&server.url(), "lost:others:", watchdog);
-    let other = support::client(
-        &server.url(),
-        "lost:others:",
-        watchdog,
-        Duration::from_millis(500),
-    );
+    let (client, heard) = CLIENTS
+        .prefix("lost:others:")
+        .watchdog(watchdog)
+        .heard_at(&server.url());
+    let other = Clients::DEFAULT
+        .prefix("lost:others:")
+        .watchdog(watchdog)
+        .command(Duration::from_millis(500))
+        .at(&server.url());
 
     // All of a MultiLock's locks must stand: one force-unlocked loses it.
     let multi = MultiLock::new([client.lock("a"), client.lock("b")]).unwrap();

@@ -12,15 +12,9 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redmutex::{Client, Error, HolderMetadata, LockInfo};
+use support::clients::Clients;
+use support::keys::{self, DEFAULT_PREFIX};
 use support::{wait_until, RedisServer};
-
-fn client_with(url: &str, text: Option<&str>) -> Client {
-    let mut builder = Client::builder().url(url);
-    if let Some(text) = text {
-        builder = builder.metadata(text);
-    }
-    builder.build().expect("build client")
-}
 
 /// The server's clock (`TIME`), rounded down to the millisecond as the scripts record it.
 fn server_time(server: &RedisServer) -> SystemTime {
@@ -78,8 +72,10 @@ fn assert_between(since: SystemTime, before: SystemTime, after: SystemTime) {
 #[test]
 fn lock_holds_record_their_metadata_and_server_start_time() {
     let server = RedisServer::new();
-    let client = client_with(&server.url(), Some("host=a pid=1 cmd=backup --all"));
-    let other = client_with(&server.url(), None);
+    let client = Clients::DEFAULT
+        .metadata("host=a pid=1 cmd=backup --all")
+        .at(&server.url());
+    let other = Clients::DEFAULT.at(&server.url());
     for (name, kind) in [("plain", 0), ("fair", 1), ("fenced", 2)] {
         let before = server_time(&server);
         let unlock: Box<dyn FnOnce()> = match kind {
@@ -115,7 +111,7 @@ fn lock_holds_record_their_metadata_and_server_start_time() {
 #[test]
 fn reentry_keeps_one_record_and_the_first_start_time() {
     let server = RedisServer::new();
-    let client = client_with(&server.url(), Some("outer"));
+    let client = Clients::DEFAULT.metadata("outer").at(&server.url());
     let lock = client.lock("nested");
     let outer = lock.lock().expect("lock");
     let key = info_of(&client, "nested", "lock").expect("held").key;
@@ -139,8 +135,8 @@ fn reentry_keeps_one_record_and_the_first_start_time() {
 #[test]
 fn force_unlock_removes_the_record() {
     let server = RedisServer::new();
-    let holder = client_with(&server.url(), Some("holder"));
-    let admin = client_with(&server.url(), None);
+    let holder = Clients::DEFAULT.metadata("holder").at(&server.url());
+    let admin = Clients::DEFAULT.at(&server.url());
     let _guard = holder.lock("forced").lock().expect("lock");
     let rw = holder.read_write_lock(named("forced", "read-write lock"));
     let _read = rw.read().lock().expect("read");
@@ -173,7 +169,7 @@ fn force_unlock_removes_the_record() {
 #[test]
 fn expiry_removes_the_record_with_the_lease() {
     let server = RedisServer::new();
-    let client = client_with(&server.url(), Some("short"));
+    let client = Clients::DEFAULT.metadata("short").at(&server.url());
     let lease = Duration::from_millis(1500);
     let margin = Duration::from_millis(300);
     let start = Instant::now();
@@ -185,8 +181,8 @@ fn expiry_removes_the_record_with_the_lease() {
     assert_eq!(metadata_of(&client, "expiring", "lock").len(), 1);
     // A reader with a short lease next to one that keeps the read-write lock alive: its
     // record must go when its own lease ends, not when the last one does.
-    let rw_short = client_with(&server.url(), Some("short reader"));
-    let rw_long = client_with(&server.url(), Some("long reader"));
+    let rw_short = Clients::DEFAULT.metadata("short reader").at(&server.url());
+    let rw_long = Clients::DEFAULT.metadata("long reader").at(&server.url());
     let short = rw_short
         .read_write_lock("expiring-rw")
         .read()
@@ -228,9 +224,9 @@ fn expiry_removes_the_record_with_the_lease() {
 #[test]
 fn read_write_holds_each_record_their_own() {
     let server = RedisServer::new();
-    let a = client_with(&server.url(), Some("reader a"));
-    let b = client_with(&server.url(), Some("reader b"));
-    let u = client_with(&server.url(), Some("upgrader"));
+    let a = Clients::DEFAULT.metadata("reader a").at(&server.url());
+    let b = Clients::DEFAULT.metadata("reader b").at(&server.url());
+    let u = Clients::DEFAULT.metadata("upgrader").at(&server.url());
     let before = server_time(&server);
     let ra = a.read_write_lock("rw").read().lock().expect("read a");
     let rb = b.read_write_lock("rw").read().lock().expect("read b");
@@ -312,9 +308,9 @@ fn holder_of(info: &LockInfo, prefix: &str, client_id: &str) -> String {
 #[test]
 fn semaphore_permits_record_their_holders() {
     let server = RedisServer::new();
-    let a = client_with(&server.url(), Some("permit a"));
-    let b = client_with(&server.url(), Some("permit b"));
-    let plain = client_with(&server.url(), None);
+    let a = Clients::DEFAULT.metadata("permit a").at(&server.url());
+    let b = Clients::DEFAULT.metadata("permit b").at(&server.url());
+    let plain = Clients::DEFAULT.at(&server.url());
     let before = server_time(&server);
     let pa = a.semaphore("sem", 3).acquire().expect("a");
     let pb = b.semaphore("sem", 3).acquire_many(2).expect("b");
@@ -343,9 +339,9 @@ fn semaphore_permits_record_their_holders() {
 #[test]
 fn a_handoff_records_the_waiters_metadata() {
     let server = RedisServer::new();
-    let first = client_with(&server.url(), Some("first"));
-    let second = client_with(&server.url(), Some("second"));
-    let watcher = client_with(&server.url(), None);
+    let first = Clients::DEFAULT.metadata("first").at(&server.url());
+    let second = Clients::DEFAULT.metadata("second").at(&server.url());
+    let watcher = Clients::DEFAULT.at(&server.url());
 
     // A fair lock is always handed to its first waiter; a semaphore admits its waiters.
     for kind in ["lock", "semaphore"] {
@@ -409,14 +405,16 @@ fn a_handoff_records_the_waiters_metadata() {
 #[test]
 fn a_read_write_handoff_records_each_readers_metadata() {
     let server = RedisServer::new();
-    let writer = client_with(&server.url(), Some("writer"));
-    let watcher = client_with(&server.url(), None);
+    let writer = Clients::DEFAULT.metadata("writer").at(&server.url());
+    let watcher = Clients::DEFAULT.at(&server.url());
     let w = writer.read_write_lock("rwh").write().lock().expect("write");
     let mut readers = Vec::new();
     let (got_tx, got_rx) = mpsc::channel();
     let mut dones = Vec::new();
     for i in 0..2 {
-        let c = client_with(&server.url(), Some(&format!("reader {i}")));
+        let c = Clients::DEFAULT
+            .metadata(&format!("reader {i}"))
+            .at(&server.url());
         let got_tx = got_tx.clone();
         let (done_tx, done_rx) = mpsc::channel::<()>();
         dones.push(done_tx);
@@ -456,7 +454,7 @@ fn a_read_write_handoff_records_each_readers_metadata() {
 #[test]
 fn owned_holds_carry_metadata_too() {
     let server = RedisServer::new();
-    let client = client_with(&server.url(), Some("owned"));
+    let client = Clients::DEFAULT.metadata("owned").at(&server.url());
     let guard = client.lock("owned").lock_owned().expect("lock_owned");
     let info = info_of(&client, "owned", "lock").expect("held");
     assert_eq!(info.metadata.len(), 1);
@@ -471,7 +469,7 @@ fn owned_holds_carry_metadata_too() {
 #[test]
 fn multilock_holds_carry_metadata_on_every_lock() {
     let server = RedisServer::new();
-    let client = client_with(&server.url(), Some("multi"));
+    let client = Clients::DEFAULT.metadata("multi").at(&server.url());
     let names = ["m0", "m1", "m2"];
     let multi = redmutex::MultiLock::new(names.iter().map(|n| client.lock(*n))).expect("multi");
     let guard = multi.lock().expect("lock");
@@ -489,7 +487,7 @@ fn multilock_holds_carry_metadata_on_every_lock() {
 #[test]
 fn without_metadata_nothing_is_recorded() {
     let server = RedisServer::new();
-    let client = client_with(&server.url(), None);
+    let client = Clients::DEFAULT.at(&server.url());
     let _g = client.lock("bare").lock().expect("lock");
     let _r = client
         .read_write_lock("bare-rw")
@@ -527,7 +525,7 @@ fn any_text_comes_back_as_given() {
         "é ü ☃",
         " lead and trail ",
     ] {
-        let client = client_with(&server.url(), Some(text));
+        let client = Clients::DEFAULT.metadata(text).at(&server.url());
         let g = client.lock("texts").lock().expect("lock");
         let m = metadata_of(&client, "texts", "lock");
         assert_eq!(m.len(), 1);
@@ -558,13 +556,9 @@ fn cost(
         op();
     }
     server
-        .command_calls()
+        .calls_since(&before, skip)
         .into_iter()
-        .filter(|(c, _)| !skip(c))
-        .filter_map(|(c, v)| {
-            let d = v - before.get(&c).copied().unwrap_or(0);
-            (d > 0).then_some((c, d as f64 / n as f64))
-        })
+        .map(|(c, d)| (c, d as f64 / n as f64))
         .collect()
 }
 
@@ -579,8 +573,8 @@ fn total(calls: &HashMap<String, f64>) -> f64 {
 #[test]
 fn metadata_costs_at_most_one_command_per_acquisition() {
     let server = RedisServer::new();
-    let bare = client_with(&server.url(), None);
-    let meta = client_with(&server.url(), Some("host=a pid=1"));
+    let bare = Clients::DEFAULT.at(&server.url());
+    let meta = Clients::DEFAULT.metadata("host=a pid=1").at(&server.url());
     let n = 50;
     for (label, extra) in [("lock", 1.0), ("read-write lock", 0.0), ("semaphore", 0.0)] {
         let run = |c: &Client| {
@@ -631,7 +625,7 @@ fn renewals_cost_nothing_more_with_metadata() {
             .expect("read");
         // The client's pub/sub connection subscribes its own channel once it holds: done
         // before the count starts, so that only renewals are counted.
-        let own = format!("redmutex:__control:{}", client.id());
+        let own = keys::control_channel(DEFAULT_PREFIX, &client);
         assert!(support::wait_until(Duration::from_secs(5), || {
             support::subscribers(&mut server.connection(), &own) == 1
         }));
@@ -715,13 +709,11 @@ fn evalsha_and_redis_6_record_it_too() {
 fn metadata_on_a_cluster() {
     let cluster = support::topology::Cluster::new(3, 0);
     let client = |text: &str| {
-        Client::builder()
-            .cluster(cluster.seed_urls())
+        Clients::DEFAULT
             .metadata(text)
-            .command_timeout(Duration::from_millis(1500))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("cluster client")
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .cluster_at(cluster.seed_urls())
     };
     let a = client("on a cluster");
     let b = client("waiter on a cluster");

@@ -10,31 +10,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, MultiLock};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "multi:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(5))
+    .command(Duration::from_secs(2));
 const ROUNDS: usize = 30;
 const THREADS: usize = 10;
-
-fn client(server: &RedisServer) -> Client {
-    support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_secs(5),
-        Duration::from_secs(2),
-    )
-}
-
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
-fn exists(server: &RedisServer, name: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key(name))
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
 
 /// `ROUNDS` rounds of `THREADS` threads that each call `try_lock` once, all at the same
 /// moment, on free locks (`make(thread, round)` builds the thread's MultiLock); the
@@ -79,15 +65,17 @@ fn assert_one_winner_each_round(what: &str, winners: &[usize]) {
 /// Issue 17 item 6: three free locks on one server, one client shared by ten threads.
 #[test]
 fn try_lock_on_free_locks_of_one_shared_client_has_exactly_one_winner() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let winners = race(|_, round| {
         MultiLock::new((0..3).map(|i| c.lock(format!("shared-{round}-{i}")))).unwrap()
     });
     assert_one_winner_each_round("one shared client", &winners);
     for round in 0..ROUNDS {
         for i in 0..3 {
-            assert!(!exists(&server, &format!("shared-{round}-{i}")));
+            assert!(!support::exists(
+                &mut server.connection(),
+                Keys::lock(PREFIX, &format!("shared-{round}-{i}")).key()
+            ));
         }
     }
 }
@@ -98,7 +86,7 @@ fn try_lock_on_free_locks_of_one_shared_client_has_exactly_one_winner() {
 fn try_lock_on_free_locks_of_one_server_with_new_clients_has_exactly_one_winner() {
     let server = RedisServer::new();
     let winners = race(|_, round| {
-        let c = client(&server);
+        let c = CLIENTS.at(&server);
         MultiLock::new((0..3).map(|i| c.lock(format!("own-{round}-{i}")))).unwrap()
     });
     assert_one_winner_each_round("new clients", &winners);
@@ -113,7 +101,7 @@ fn connected_sets(servers: &[RedisServer]) -> Vec<Vec<Client>> {
             servers
                 .iter()
                 .map(|s| {
-                    let c = client(s);
+                    let c = CLIENTS.at(s);
                     c.lock("warm-up").is_locked().expect("warm-up");
                     c
                 })
@@ -164,7 +152,7 @@ fn red_lock_try_lock_on_free_masters_has_exactly_one_winner() {
 #[test]
 fn a_release_reaches_a_master_whose_call_just_timed_out() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let cs: Vec<Client> = servers.iter().map(client).collect();
+    let cs: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
     // A short bound for the call that times out; a long one for the release, which may
     // need a new connection to the master just thawed on a busy machine.
     let short = Duration::from_millis(150);
@@ -199,11 +187,16 @@ fn a_release_reaches_a_master_whose_call_just_timed_out() {
         assert!(since < Duration::from_millis(800), "{name}: {since:?}");
         let unlocked = guard.unlock();
         assert!(
-            !exists(&servers[0], name),
+            !support::exists(&mut servers[0].connection(), Keys::lock(PREFIX, name).key()),
             "{name}: the release did not reach the master that had timed out (unlock said \
              {unlocked:?})"
         );
-        assert!(servers.iter().all(|s| !exists(s, name)), "{name}");
+        assert!(
+            servers
+                .iter()
+                .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, name).key())),
+            "{name}"
+        );
         unlocked.unwrap_or_else(|e| panic!("{name}: unlock failed: {e}"));
     }
 }
@@ -213,8 +206,8 @@ fn a_release_reaches_a_master_whose_call_just_timed_out() {
 #[test]
 fn a_waiter_leaves_the_queue_of_a_master_whose_call_just_timed_out() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let holders: Vec<Client> = servers.iter().map(client).collect();
-    let waiters: Vec<Client> = servers.iter().map(client).collect();
+    let holders: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
+    let waiters: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
     let make = |cs: &[Client], name: &str, timeout: u64| {
         MultiLock::red_lock(cs.iter().map(|c| c.lock(name)))
             .unwrap()
@@ -225,7 +218,7 @@ fn a_waiter_leaves_the_queue_of_a_master_whose_call_just_timed_out() {
     // Leaving the queue may need a new connection to the master just thawed.
     let waiting = make(&waiters, "queue-left", 1000);
     let probe = make(&waiters, "probe", 150);
-    let queue = format!("{PREFIX}!queue:{{queue-left}}");
+    let queue = Keys::lock(PREFIX, "queue-left").queue();
     let queued = |s: &RedisServer| -> i64 {
         redis::cmd("LLEN")
             .arg(&queue)
@@ -268,7 +261,12 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
     let with_watchdog = |watchdog: Duration| -> Vec<Client> {
         servers
             .iter()
-            .map(|s| support::client(&s.url(), PREFIX, watchdog, Duration::from_secs(2)))
+            .map(|s| {
+                Clients::new(PREFIX)
+                    .watchdog(watchdog)
+                    .command(Duration::from_secs(2))
+                    .at(&s.url())
+            })
             .collect()
     };
     let holders = with_watchdog(Duration::from_secs(5));
@@ -296,7 +294,10 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
         );
         assert!(took < Duration::from_millis(250), "{took:?}");
         assert!(
-            !exists(&servers[2], "split"),
+            !support::exists(
+                &mut servers[2].connection(),
+                Keys::lock(PREFIX, "split").key()
+            ),
             "the free master was left held"
         );
     }
@@ -306,13 +307,6 @@ fn a_try_that_splits_with_a_real_holder_gives_up_soon() {
 // ---------------------------------------------------------------------------------------
 // Issue 17, item 1: a nested call of a thread that holds the MultiLock
 // ---------------------------------------------------------------------------------------
-
-fn queue_len(server: &RedisServer, name: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(format!("{PREFIX}!queue:{{{name}}}"))
-        .query(&mut server.connection())
-        .expect("LLEN")
-}
 
 /// A thread holds `lock` (its members on `servers`, `name` on each, or `names` on the one
 /// server) while another thread of the same clients waits for it, queued on every member
@@ -335,9 +329,9 @@ fn nested_failure_keeps_the_outer_hold(
         g.map(|g| g.unlock())
     });
     assert!(
-        support::wait_until(Duration::from_secs(5), || queues
-            .iter()
-            .all(|(s, name)| queue_len(s, name) == 1)),
+        support::wait_until(Duration::from_secs(5), || queues.iter().all(
+            |(s, name)| support::llen(&mut s.connection(), &Keys::lock(PREFIX, name).queue()) == 1
+        )),
         "{what}: the other thread never queued on every member"
     );
 
@@ -365,7 +359,10 @@ fn nested_failure_keeps_the_outer_hold(
     );
     assert_eq!(outer.held_on(), lock.locks().len(), "{what}");
     assert!(
-        queues.iter().all(|(s, name)| queue_len(s, name) == 1),
+        queues.iter().all(|(s, name)| support::llen(
+            &mut s.connection(),
+            &Keys::lock(PREFIX, name).queue()
+        ) == 1),
         "{what}: the waiter lost its place"
     );
 
@@ -382,12 +379,10 @@ fn nested_failure_keeps_the_outer_hold(
 #[test]
 fn a_failed_nested_try_keeps_the_outer_hold_on_every_member() {
     let long = |s: &RedisServer| {
-        support::client(
-            &s.url(),
-            PREFIX,
-            Duration::from_secs(30),
-            Duration::from_secs(2),
-        )
+        Clients::new(PREFIX)
+            .watchdog(Duration::from_secs(30))
+            .command(Duration::from_secs(2))
+            .at(&s.url())
     };
     // Three locks on one server, of one client.
     let server = RedisServer::new();
@@ -415,16 +410,14 @@ fn a_failed_nested_try_keeps_the_outer_hold_on_every_member() {
 #[test]
 fn a_refused_nested_re_entry_marks_that_member_lost() {
     let long = |s: &RedisServer| {
-        support::client(
-            &s.url(),
-            PREFIX,
-            Duration::from_secs(30),
-            Duration::from_secs(2),
-        )
+        Clients::new(PREFIX)
+            .watchdog(Duration::from_secs(30))
+            .command(Duration::from_secs(2))
+            .at(&s.url())
     };
     let del = |s: &RedisServer, name: &str| {
         let n: i64 = redis::cmd("DEL")
-            .arg(key(name))
+            .arg(Keys::lock(PREFIX, name).key())
             .query(&mut s.connection())
             .expect("DEL");
         assert_eq!(n, 1, "{name} was held");
@@ -469,7 +462,15 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
         outer.unlock(),
         Err(redmutex::Error::LeaseLost { .. })
     ));
-    assert!(!exists(&server, "refused-1") && !exists(&server, "refused-2"));
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "refused-1").key()
+        ) && !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "refused-2").key()
+        )
+    );
 
     // RedLock over three servers: the loss of one leaves the quorum.
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
@@ -504,7 +505,9 @@ fn a_refused_nested_re_entry_marks_that_member_lost() {
     }
     taken.unlock().expect("unlock on one master");
     outer.unlock().expect("outer unlock");
-    assert!(servers.iter().all(|s| !exists(s, "refused-red")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "refused-red").key())));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -542,7 +545,10 @@ impl Scene {
         let server = RedisServer::new();
         let proxy = FaultProxy::new(server.port());
         let long = |url: &str| {
-            support::client(url, PREFIX, Duration::from_secs(10), Duration::from_secs(5))
+            Clients::new(PREFIX)
+                .watchdog(Duration::from_secs(10))
+                .command(Duration::from_secs(5))
+                .at(url)
         };
         let (holder, other, waiter) =
             (long(&server.url()), long(&server.url()), long(&proxy.url()));
@@ -630,7 +636,14 @@ fn handed_while_leaving(name: &str, late: bool) {
     });
     assert!(
         support::wait_until(Duration::from_secs(5), || {
-            queue_len(&server, &names[1]) == 1 && queue_len(&server, &names[2]) == 1
+            support::llen(
+                &mut server.connection(),
+                &Keys::lock(PREFIX, &names[1]).queue(),
+            ) == 1
+                && support::llen(
+                    &mut server.connection(),
+                    &Keys::lock(PREFIX, &names[2]).queue(),
+                ) == 1
         }),
         "the waiter never queued on b and c"
     );
@@ -651,7 +664,13 @@ fn handed_while_leaving(name: &str, late: bool) {
         0,
         "the cancel ran before c was released: nothing was handed over"
     );
-    assert!(exists(&server, &names[2]), "c was not handed to the waiter");
+    assert!(
+        support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[2]).key()
+        ),
+        "c was not handed to the waiter"
+    );
 
     // A third client wants c: it gets it once the waiter's hold lapses, or is released.
     let (other_got, free) = wants(other.lock(names[2].as_str()), other_holds);
@@ -701,7 +720,10 @@ fn handed_while_leaving(name: &str, late: bool) {
         );
     }
     // The other client's hold of c was never touched.
-    assert!(exists(&server, &names[2]));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, &names[2]).key()
+    ));
     free.send(()).unwrap();
     let done = other_got.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!(
@@ -709,7 +731,15 @@ fn handed_while_leaving(name: &str, late: bool) {
         Some((false, true)),
         "the other client's hold of c (lost, unlocked)"
     );
-    assert!(!exists(&server, &names[0]) && !exists(&server, &names[1]));
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[0]).key()
+        ) && !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[1]).key()
+        )
+    );
 }
 
 /// The handed hold's pickup window ran out before the cancel's reply came in, and another
@@ -756,7 +786,14 @@ fn handed_while_giving_up(name: &str, late: bool) {
     });
     assert!(
         support::wait_until(Duration::from_secs(5), || {
-            queue_len(&server, &names[1]) == 1 && queue_len(&server, &names[2]) == 1
+            support::llen(
+                &mut server.connection(),
+                &Keys::lock(PREFIX, &names[1]).queue(),
+            ) == 1
+                && support::llen(
+                    &mut server.connection(),
+                    &Keys::lock(PREFIX, &names[2]).queue(),
+                ) == 1
         }),
         "the waiter never queued on b and c"
     );
@@ -774,7 +811,13 @@ fn handed_while_giving_up(name: &str, late: bool) {
         0,
         "the cancel ran before c was released: nothing was handed over"
     );
-    assert!(exists(&server, &names[2]), "c was not handed to the waiter");
+    assert!(
+        support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, &names[2]).key()
+        ),
+        "c was not handed to the waiter"
+    );
 
     let (other_got, free) = wants(other.lock(names[2].as_str()), other_holds);
 
@@ -805,7 +848,10 @@ fn handed_while_giving_up(name: &str, late: bool) {
         );
     }
     // The other client's hold of c stands, untouched by the waiter's release.
-    assert!(exists(&server, &names[2]));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, &names[2]).key()
+    ));
     free.send(()).unwrap();
     assert_eq!(
         other_got.recv_timeout(Duration::from_secs(5)).unwrap(),
@@ -813,7 +859,9 @@ fn handed_while_giving_up(name: &str, late: bool) {
         "the other client's hold of c (lost, unlocked)"
     );
     b.unlock().expect("b's release");
-    assert!(!names.iter().any(|n| exists(&server, n)));
+    assert!(!names
+        .iter()
+        .any(|n| support::exists(&mut server.connection(), Keys::lock(PREFIX, n).key())));
 }
 
 /// Given up at its deadline with `c` handed over meanwhile: what was handed over goes back.
@@ -847,8 +895,7 @@ fn pause(server: &RedisServer, ms: u64) {
 /// not return it as held: it gives it back and returns `None` (its wait is zero).
 #[test]
 fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = MultiLock::new([c.lock("too-long")]).unwrap();
     // Warm: scripts loaded, a connection pooled.
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
@@ -866,7 +913,10 @@ fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
     assert!(took >= Duration::from_millis(140), "{took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(
-        !exists(&server, "too-long"),
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(PREFIX, "too-long").key()
+        ),
         "the late grant was not given back"
     );
 }
@@ -877,12 +927,10 @@ fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
 #[test]
 fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
     let server = RedisServer::new();
-    let c = support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_millis(300),
-        Duration::from_millis(250),
-    );
+    let c = Clients::new(PREFIX)
+        .watchdog(Duration::from_millis(300))
+        .command(Duration::from_millis(250))
+        .at(&server.url());
     let lock = MultiLock::new([c.lock("too-long-watchdog")])
         .unwrap()
         .with_member_timeout(Duration::from_secs(1))
@@ -901,7 +949,10 @@ fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
     );
     assert!(took >= Duration::from_millis(390), "{took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
-    assert!(!exists(&server, "too-long-watchdog"));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "too-long-watchdog").key()
+    ));
 
     // Within a wait: tried again once the server answers in time.
     pause(&server, 400);
@@ -924,7 +975,7 @@ fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
 #[test]
 fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::new()).collect();
-    let cs: Vec<Client> = servers.iter().map(client).collect();
+    let cs: Vec<Client> = servers.iter().map(|s| CLIENTS.at(s)).collect();
     let lock = MultiLock::red_lock(cs.iter().map(|c| c.lock("too-long-red"))).unwrap();
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
     for s in &servers {
@@ -942,7 +993,10 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
     );
     assert!(took >= Duration::from_millis(140), "{took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
-    assert!(servers.iter().all(|s| !exists(s, "too-long-red")));
+    assert!(servers.iter().all(|s| !support::exists(
+        &mut s.connection(),
+        Keys::lock(PREFIX, "too-long-red").key()
+    )));
 
     for s in &servers {
         pause(s, 400);
@@ -966,8 +1020,7 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
 /// nothing, never a hold said to stand.
 #[test]
 fn a_lock_granted_after_its_lease_is_not_said_held() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("too-long-plain");
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
     pause(&server, 150);

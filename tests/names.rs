@@ -9,24 +9,18 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use redmutex::{Client, Error, MAX_NAME_LEN};
+use support::clients::Clients;
 use support::RedisServer;
 
-fn client(server: &RedisServer) -> Client {
-    Client::builder()
-        .url(server.url())
-        .key_prefix("names:")
-        .watchdog_timeout(Duration::from_secs(3))
-        .command_timeout(Duration::from_secs(1))
-        .build()
-        .expect("build client")
-}
+const CLIENTS: Clients = Clients::new("names:")
+    .watchdog(Duration::from_secs(3))
+    .command(Duration::from_secs(1));
 
 /// Point 11: a lock taken through each borrowed or owned form is the lock of the `&str`
 /// form: the `&str` lock sees this thread's hold (same key, same holder).
 #[test]
 fn every_string_form_names_the_same_lock() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (_server, c) = CLIENTS.serve();
     let string = String::from("names-a");
     let bytes: Vec<u8> = b"names-a".to_vec();
     let by_str = c.lock("names-a");
@@ -63,8 +57,7 @@ fn every_string_form_names_the_same_lock() {
 /// one hold with one token.
 #[test]
 fn every_string_form_names_the_same_fenced_lock() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (_server, c) = CLIENTS.serve();
     let string = String::from("names-f");
     let bytes: Vec<u8> = b"names-f".to_vec();
     let by_str = c.fenced_lock("names-f");
@@ -148,8 +141,7 @@ fn executed(server: &RedisServer) -> u64 {
 fn a_name_longer_than_the_maximum_is_refused_and_never_sent() {
     // The number docs/api.md and the refusal's message give.
     assert_eq!(MAX_NAME_LEN, 4096);
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let longest = "n".repeat(MAX_NAME_LEN);
     let guard = c
         .lock(&longest)

@@ -12,10 +12,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, TryRecvError};
 use redmutex::{
-    CancelToken, Client, Error, Fair, Fenced, LossReason, LostLease, OwnedGuard, Plain, Read,
-    Upgradeable, Write,
+    CancelToken, Error, Fair, Fenced, LossReason, OwnedGuard, Plain, Read, Upgradeable, Write,
 };
+use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(500));
 
 /// The margin on time bounds: generous for a loaded 2-core machine, small beside the
 /// leases (1.5 s).
@@ -24,22 +29,9 @@ const WATCHDOG: Duration = Duration::from_millis(1500);
 /// How long setup steps may take.
 const SETUP: Duration = Duration::from_secs(5);
 
-fn client(url: &str, prefix: &str) -> Client {
-    support::client(url, prefix, WATCHDOG, Duration::from_millis(500))
-}
-
-fn key(prefix: &str, name: &str) -> String {
-    format!("{prefix}{{{name}}}")
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    let mut con = server.connection();
-    redis::cmd("EXISTS").arg(key).query(&mut con).unwrap()
-}
-
 /// Waits (up to 5 s) until `n` waiters are queued on the plain lock `name`.
 fn await_queued(server: &RedisServer, prefix: &str, name: &str, n: i64) {
-    let queue = format!("{prefix}!queue:{{{name}}}");
+    let queue = Keys::lock(prefix, name).queue();
     let mut con = server.connection();
     let mut seen = -1;
     let ok = support::wait_until(SETUP, || {
@@ -71,7 +63,10 @@ fn owned_guards_of_every_kind_are_send_sync_and_static() {
 fn an_owned_guard_moved_to_another_thread_is_released_there() {
     let server = RedisServer::new();
     let prefix = "owned:moved:";
-    let (a, b) = (client(&server.url(), prefix), client(&server.url(), prefix));
+    let (a, b) = (
+        CLIENTS.prefix(prefix).at(&server.url()),
+        CLIENTS.prefix(prefix).at(&server.url()),
+    );
     for kind in ["plain", "fair", "fenced"] {
         let name = format!("job:{kind}");
         let guard_thread = match kind {
@@ -94,7 +89,10 @@ fn an_owned_guard_moved_to_another_thread_is_released_there() {
             .join()
             .unwrap()
             .expect("released on the other thread");
-        assert!(!exists(&server, &key(prefix, &name)), "{kind}: key left");
+        assert!(
+            !support::exists(&mut server.connection(), Keys::lock(prefix, &name).key()),
+            "{kind}: key left"
+        );
         let other = b.lock(name.as_str()).try_lock().unwrap();
         assert!(
             other.is_some(),
@@ -107,16 +105,22 @@ fn an_owned_guard_moved_to_another_thread_is_released_there() {
 fn an_owned_guard_dropped_on_another_thread_releases_it() {
     let server = RedisServer::new();
     let prefix = "owned:dropped:";
-    let (a, b) = (client(&server.url(), prefix), client(&server.url(), prefix));
+    let (a, b) = (
+        CLIENTS.prefix(prefix).at(&server.url()),
+        CLIENTS.prefix(prefix).at(&server.url()),
+    );
     let guard = a.lock("job").lock_owned().unwrap();
-    assert!(exists(&server, &key(prefix, "job")));
+    assert!(support::exists(
+        &mut server.connection(),
+        Keys::lock(prefix, "job").key()
+    ));
     assert!(
         b.lock("job").try_lock().unwrap().is_none(),
         "held meanwhile"
     );
     thread::spawn(move || drop(guard)).join().unwrap();
     assert!(
-        !exists(&server, &key(prefix, "job")),
+        !support::exists(&mut server.connection(), Keys::lock(prefix, "job").key()),
         "the drop released it"
     );
     assert!(b.lock("job").try_lock().unwrap().is_some());
@@ -126,23 +130,8 @@ fn an_owned_guard_dropped_on_another_thread_releases_it() {
 fn an_owned_hold_lost_on_another_thread_is_told_there() {
     let server = RedisServer::new();
     let prefix = "owned:lost:";
-    let heard = Arc::new(Mutex::new(Vec::new()));
-    let seen = heard.clone();
-    let (told_tx, told) = crossbeam_channel::unbounded();
-    let a = Client::builder()
-        .url(server.url())
-        .key_prefix(prefix)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(500))
-        .on_lease_lost(move |lost: &LostLease| {
-            seen.lock()
-                .unwrap()
-                .push((lost.name_lossy(), lost.kind(), lost.reason()));
-            let _ = told_tx.send(());
-        })
-        .build()
-        .unwrap();
-    let b = client(&server.url(), prefix);
+    let (a, heard) = CLIENTS.prefix(prefix).heard_at(&server);
+    let b = CLIENTS.prefix(prefix).at(&server.url());
     let guard = a.lock("job").lock_owned().unwrap();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(0);
     let holder = thread::spawn(move || {
@@ -172,9 +161,12 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
         matches!(unlocked, Err(Error::LeaseLost { .. })),
         "{unlocked:?}"
     );
-    told.recv_timeout(MARGIN).expect("the hook heard of it");
+    heard
+        .each
+        .recv_timeout(MARGIN)
+        .expect("the hook heard of it");
     assert_eq!(
-        *heard.lock().unwrap(),
+        *heard.all.lock().unwrap(),
         [("job".to_owned(), "Lock", LossReason::Deleted)],
         "the hook is told once"
     );
@@ -184,8 +176,8 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
 fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
     let server = RedisServer::new();
     let prefix = "owned:renewed:";
-    let a = client(&server.url(), prefix);
-    let b = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
+    let b = CLIENTS.prefix(prefix).at(&server.url());
     let guard = a.lock("job").lock_owned().unwrap();
     let acquired = Instant::now();
     let lost = guard.lost();
@@ -197,7 +189,10 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
     });
     // Watched from here while the other thread holds it: still there, still renewed.
     while acquired.elapsed() < Duration::from_millis(3500) {
-        assert!(exists(&server, &key(prefix, "job")), "the key expired");
+        assert!(
+            support::exists(&mut server.connection(), Keys::lock(prefix, "job").key()),
+            "the key expired"
+        );
         assert!(
             b.lock("job").try_lock().unwrap().is_none(),
             "taken meanwhile"
@@ -206,7 +201,10 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
         thread::sleep(Duration::from_millis(250));
     }
     holder.join().unwrap().expect("released after 4 s");
-    assert!(!exists(&server, &key(prefix, "job")));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(prefix, "job").key()
+    ));
     assert!(
         lost.recv_timeout(MARGIN).is_err(),
         "ready (disconnected) once released"
@@ -217,7 +215,7 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
 fn owned_holds_are_not_reentrant_either_way() {
     let server = RedisServer::new();
     let prefix = "owned:reentry:";
-    let a = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
     let lock = a.lock("job");
 
     // A thread hold, then an owned acquisition by the same thread: refused, it waits.
@@ -267,7 +265,7 @@ fn owned_holds_are_not_reentrant_either_way() {
 #[test]
 fn owned_read_holds_share_and_exclude_writers() {
     let server = RedisServer::new();
-    let a = client(&server.url(), "owned:rw:");
+    let a = CLIENTS.prefix("owned:rw:").at(&server.url());
     let rw = a.read_write_lock("doc");
     let r1 = rw.read().lock_owned().unwrap();
     let r2 = rw.read().try_lock_owned().unwrap().expect("readers share");
@@ -292,7 +290,7 @@ fn owned_read_holds_share_and_exclude_writers() {
 fn a_blocked_owned_acquisition_is_cancelled() {
     let server = RedisServer::new();
     let prefix = "owned:cancel:";
-    let a = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
     let lock = a.lock("job");
     let held = lock.lock().unwrap();
     let token = CancelToken::new();
@@ -326,7 +324,7 @@ fn a_blocked_owned_acquisition_is_cancelled() {
 #[test]
 fn an_owned_fixed_lease_runs_out_and_extends() {
     let server = RedisServer::new();
-    let a = client(&server.url(), "owned:lease:");
+    let a = CLIENTS.prefix("owned:lease:").at(&server.url());
     let lease = Duration::from_millis(1000);
     let guard = a.lock("job").lock_owned_with_lease(lease).unwrap();
     let acquired = Instant::now();
@@ -367,7 +365,7 @@ fn an_owned_fixed_lease_runs_out_and_extends() {
 fn a_thread_pool_passing_owned_holds_never_lets_two_jobs_in() {
     let server = RedisServer::new();
     let prefix = "owned:pool:";
-    let a = client(&server.url(), prefix);
+    let a = CLIENTS.prefix(prefix).at(&server.url());
     let lock = a.fenced_lock("shared");
     let inside = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
@@ -426,7 +424,10 @@ fn a_thread_pool_passing_owned_holds_never_lets_two_jobs_in() {
 fn an_owned_waiter_of_a_fair_lock_is_handed_it_in_turn() {
     let server = RedisServer::new();
     let prefix = "owned:fair:";
-    let (a, b) = (client(&server.url(), prefix), client(&server.url(), prefix));
+    let (a, b) = (
+        CLIENTS.prefix(prefix).at(&server.url()),
+        CLIENTS.prefix(prefix).at(&server.url()),
+    );
     let held = a.fair_lock("job").lock().unwrap();
     let (order_tx, order) = crossbeam_channel::unbounded();
     let first = {

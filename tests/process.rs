@@ -8,13 +8,22 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::Error;
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const ROLE: &str = "REDMUTEX_TEST_CHILD_ROLE";
 const URL: &str = "REDMUTEX_TEST_CHILD_URL";
 const PREFIX: &str = "redmutex-test:";
+
+/// Clients of `watchdog` whose commands time out within half of it (at most 3 s).
+fn with_watchdog(watchdog: Duration) -> Clients {
+    Clients::new(PREFIX)
+        .watchdog(watchdog)
+        .command(watchdog.min(Duration::from_secs(6)) / 2)
+}
 
 const WORKERS: usize = 4;
 const THREADS: usize = 4;
@@ -26,10 +35,9 @@ const STUCK: Duration = Duration::from_secs(30);
 /// The child side of every test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     match role.as_str() {
         "counter" => counter_worker(&url),
         "crash-holder" => crash_holder(&url),
@@ -39,18 +47,8 @@ fn child_entry() {
     }
 }
 
-fn client(url: &str, watchdog: Duration) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(watchdog)
-        .command_timeout(watchdog.min(Duration::from_secs(6)) / 2)
-        .build()
-        .expect("build client")
-}
-
 fn counter_worker(url: &str) {
-    let client = client(url, Duration::from_secs(30));
+    let client = with_watchdog(Duration::from_secs(30)).at(url);
     let threads: Vec<_> = (0..THREADS)
         .map(|_| {
             let client = client.clone();
@@ -88,7 +86,7 @@ fn counter_worker(url: &str) {
 }
 
 fn crash_holder(url: &str) {
-    let client = client(url, Duration::from_secs(1));
+    let client = with_watchdog(Duration::from_secs(1)).at(url);
     let _guard = client.lock("crash").lock().expect("lock");
     say("held");
     // Killed here by the parent, guard and all.
@@ -98,7 +96,7 @@ fn crash_holder(url: &str) {
 }
 
 fn nested_holder(url: &str) {
-    let client = client(url, Duration::from_secs(30));
+    let client = with_watchdog(Duration::from_secs(30)).at(url);
     let lock = client.lock("nested");
     let outer = lock.lock().expect("outer lock");
     let inner = lock.lock().expect("re-entry");
@@ -112,7 +110,7 @@ fn nested_holder(url: &str) {
 }
 
 fn fenced_holder(url: &str) {
-    let client = client(url, Duration::from_millis(600));
+    let client = with_watchdog(Duration::from_millis(600)).at(url);
     let guard = client.fenced_lock("fenced").lock().expect("lock");
     say(&format!("token {}", guard.token()));
     let mut line = String::new();
@@ -184,7 +182,7 @@ fn mutual_exclusion_across_processes() {
         .query(&mut con)
         .expect("GET");
     assert_eq!(n, (WORKERS * THREADS * ITERATIONS) as u64, "lost updates");
-    let key = format!("{PREFIX}{{counter}}");
+    let key = Keys::lock(PREFIX, "counter").key();
     let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut con).unwrap();
     assert!(!exists, "the lock must be free after every release");
 }
@@ -197,7 +195,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
     let mut holder = spawn("crash-holder", &server);
     holder.expect("held");
 
-    let waiter_client = client(&server.url(), WATCHDOG);
+    let waiter_client = with_watchdog(WATCHDOG).at(&server.url());
     let (tx, acquired) = mpsc::channel();
     let lock = waiter_client.lock("crash");
     let waiter = thread::spawn(move || {
@@ -205,7 +203,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
         tx.send(Instant::now()).expect("report");
         guard.unlock().expect("waiter unlock");
     });
-    let channel = format!("{PREFIX}{{crash}}:to:");
+    let channel = format!("{}:to:", Keys::lock(PREFIX, "crash").key());
     assert!(
         support::wait_until(STUCK, || numsub(&mut con, &channel) >= 1),
         "the waiter never subscribed"
@@ -222,7 +220,7 @@ fn a_crashed_holder_releases_within_the_watchdog_timeout() {
     let before = script_calls(&server);
     let killed = Instant::now();
     holder.child.kill().expect("SIGKILL the holder");
-    let key = format!("{PREFIX}{{crash}}");
+    let key = Keys::lock(PREFIX, "crash").key();
     let left: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
     assert!(
         left > 0,
@@ -265,13 +263,13 @@ fn ownership_is_visible_across_processes() {
     let mut holder = spawn("nested-holder", &server);
     holder.expect("held");
 
-    let client = client(&server.url(), Duration::from_secs(30));
+    let client = with_watchdog(Duration::from_secs(30)).at(&server.url());
     let lock = client.lock("nested");
     assert!(lock.is_locked().unwrap());
     assert!(!lock.is_held_by_current_thread().unwrap());
     assert_eq!(lock.hold_count().unwrap(), 0);
     assert!(lock.try_lock().unwrap().is_none());
-    let key = format!("{PREFIX}{{nested}}");
+    let key = Keys::lock(PREFIX, "nested").key();
     let counts: Vec<i64> = redis::cmd("HVALS").arg(&key).query(&mut con).unwrap();
     assert_eq!(counts, vec![2], "one holder, two levels");
 
@@ -302,7 +300,7 @@ fn fencing_tokens_stop_a_paused_holder_from_writing() {
     // A stops (a GC pause, a frozen VM): its watchdog stops renewing with it.
     let pid = a.child.id();
     signal(pid, "STOP");
-    let key = format!("{PREFIX}{{fenced}}");
+    let key = Keys::lock(PREFIX, "fenced").key();
     assert!(
         support::wait_until(Duration::from_secs(5), || {
             !redis::cmd("EXISTS")
@@ -313,7 +311,7 @@ fn fencing_tokens_stop_a_paused_holder_from_writing() {
         "the paused holder's lease never ran out"
     );
 
-    let b_client = client(&server.url(), Duration::from_secs(30));
+    let b_client = with_watchdog(Duration::from_secs(30)).at(&server.url());
     let b = b_client
         .fenced_lock("fenced")
         .lock()

@@ -10,21 +10,19 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, MultiLock};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const PREFIX: &str = "redlock:";
+
+const CLIENTS: Clients = Clients::new(PREFIX).command(Duration::from_millis(500));
 const ROLE: &str = "REDMUTEX_REDLOCK_CHILD_ROLE";
 const URLS: &str = "REDMUTEX_REDLOCK_CHILD_URLS";
 const WITNESS: &str = "REDMUTEX_REDLOCK_CHILD_WITNESS";
 
 fn masters(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::new()).collect()
-}
-
-fn clients(urls: &[String], watchdog: Duration) -> Vec<Client> {
-    urls.iter()
-        .map(|url| support::client(url, PREFIX, watchdog, Duration::from_millis(500)))
-        .collect()
 }
 
 fn urls(servers: &[RedisServer]) -> Vec<String> {
@@ -38,31 +36,20 @@ fn red_lock(clients: &[Client], name: &str) -> MultiLock {
         .expect("member timeout")
 }
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
-
 /// The reentry count `holder` has on the lock `name` of `server` (0: none).
 fn count(server: &RedisServer, name: &str, holder: &str) -> u32 {
     let n: Option<u32> = redis::cmd("HGET")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .arg(holder)
         .query(&mut server.connection())
         .expect("HGET");
     n.unwrap_or(0)
 }
 
-fn exists(server: &RedisServer, name: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key(name))
-        .query(&mut server.connection())
-        .expect("EXISTS")
-}
-
 /// The holder id the current thread has on `client`.
 fn holder_on(client: &Client, name: &str, server: &RedisServer) -> String {
     let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(key(name))
+        .arg(Keys::lock(PREFIX, name).key())
         .query(&mut server.connection())
         .expect("HKEYS");
     fields
@@ -75,8 +62,8 @@ fn holder_on(client: &Client, name: &str, server: &RedisServer) -> String {
 fn a_red_lock_is_held_on_every_master_exclusive_and_reentrant() {
     let servers = masters(5);
     let urls = urls(&servers);
-    let mine = clients(&urls, Duration::from_secs(5));
-    let theirs = clients(&urls, Duration::from_secs(5));
+    let mine = CLIENTS.watchdog(Duration::from_secs(5)).each_at(&urls);
+    let theirs = CLIENTS.watchdog(Duration::from_secs(5)).each_at(&urls);
     let lock = red_lock(&mine, "basic");
     let other = red_lock(&theirs, "basic");
     assert_eq!(lock.quorum(), 3);
@@ -107,12 +94,16 @@ fn a_red_lock_is_held_on_every_master_exclusive_and_reentrant() {
     }
     assert!(lock.is_locked().unwrap());
     outer.unlock().expect("unlock");
-    assert!(servers.iter().all(|s| !exists(s, "basic")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "basic").key())));
     assert!(!lock.is_locked().unwrap());
     let theirs_now = other.try_lock().unwrap().expect("free for the others");
     // Forced open on every master at once: their release then finds it gone.
     assert!(lock.force_unlock().unwrap());
-    assert!(servers.iter().all(|s| !exists(s, "basic")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "basic").key())));
     assert!(!lock.force_unlock().unwrap());
     assert!(matches!(theirs_now.unlock(), Err(Error::LeaseLost { .. })));
 }
@@ -134,7 +125,7 @@ fn with_two_masters_killed_locks_are_still_acquired_and_exclusive() {
             let urls = urls.clone();
             let (inside, overlaps, acquired) = (inside.clone(), overlaps.clone(), acquired.clone());
             thread::spawn(move || {
-                let cs = clients(&urls, Duration::from_secs(3));
+                let cs = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
                 let lock = red_lock(&cs, "two-down");
                 for _ in 0..6 {
                     let guard = lock.lock().unwrap_or_else(|e| panic!("worker {w}: {e}"));
@@ -161,7 +152,13 @@ fn with_two_masters_killed_locks_are_still_acquired_and_exclusive() {
     );
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
     for i in [0, 2, 4] {
-        assert!(!exists(&servers[i], "two-down"), "left held on master {i}");
+        assert!(
+            !support::exists(
+                &mut servers[i].connection(),
+                Keys::lock(PREFIX, "two-down").key()
+            ),
+            "left held on master {i}"
+        );
     }
 }
 
@@ -169,7 +166,7 @@ fn with_two_masters_killed_locks_are_still_acquired_and_exclusive() {
 fn with_three_masters_killed_acquisition_fails_at_its_deadline_with_no_quorum() {
     let mut servers = masters(5);
     let urls = urls(&servers);
-    let cs = clients(&urls, Duration::from_secs(3));
+    let cs = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let lock = red_lock(&cs, "three-down");
     // Warm pools: the live masters answer from pooled connections.
     lock.lock().expect("lock").unlock().expect("unlock");
@@ -206,7 +203,10 @@ fn with_three_masters_killed_acquisition_fails_at_its_deadline_with_no_quorum() 
     // Nothing is left on the live masters.
     for i in [1, 3] {
         assert!(
-            !exists(&servers[i], "three-down"),
+            !support::exists(
+                &mut servers[i].connection(),
+                Keys::lock(PREFIX, "three-down").key()
+            ),
             "left held on master {i}"
         );
     }
@@ -220,8 +220,8 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
     const WATCHDOG: Duration = Duration::from_millis(900);
     let mut servers = masters(5);
     let urls = urls(&servers);
-    let cs = clients(&urls, WATCHDOG);
-    let others = clients(&urls, WATCHDOG);
+    let cs = CLIENTS.watchdog(WATCHDOG).each_at(&urls);
+    let others = CLIENTS.watchdog(WATCHDOG).each_at(&urls);
     let lock = red_lock(&cs, "renewed");
     let guard = lock.lock().expect("lock");
     // Time is the subject: three leases pass.
@@ -229,7 +229,7 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
     assert!(!guard.is_lease_lost());
     for s in &servers {
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(key("renewed"))
+            .arg(Keys::lock(PREFIX, "renewed").key())
             .query(&mut s.connection())
             .unwrap();
         assert!(pttl > 0, "not renewed on a master: {pttl}");
@@ -260,8 +260,8 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
 fn a_waiter_sleeps_without_commands_and_wakes_on_release() {
     let servers = masters(5);
     let urls = urls(&servers);
-    let holder_clients = clients(&urls, Duration::from_secs(3));
-    let waiter_clients = clients(&urls, Duration::from_secs(3));
+    let holder_clients = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
+    let waiter_clients = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let held = red_lock(&holder_clients, "wake")
         .lock_with_lease(Duration::from_secs(20))
         .expect("hold");
@@ -281,7 +281,7 @@ fn a_waiter_sleeps_without_commands_and_wakes_on_release() {
     };
     started.wait();
     // Queued on every master: each has one entry in the lock's queue.
-    let queue = format!("{PREFIX}!queue:{{wake}}");
+    let queue = Keys::lock(PREFIX, "wake").queue();
     assert!(support::wait_until(Duration::from_secs(5), || servers
         .iter()
         .all(|s| redis::cmd("LLEN")
@@ -343,19 +343,28 @@ fn a_multi_lock_takes_all_of_its_locks_or_none() {
         .join()
         .unwrap()));
     // The lock it did get was given back at once.
-    assert!(!exists(&server, "acct-1"));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::lock(PREFIX, "acct-1").key()
+    ));
     one.unlock().unwrap();
     let guard = both.lock().unwrap();
-    assert!(exists(&server, "acct-1") && exists(&server, "acct-2"));
+    assert!(
+        support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-1").key())
+            && support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-2").key())
+    );
     guard.unlock().unwrap();
-    assert!(!exists(&server, "acct-1") && !exists(&server, "acct-2"));
+    assert!(
+        !support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-1").key())
+            && !support::exists(&mut server.connection(), Keys::lock(PREFIX, "acct-2").key())
+    );
 }
 
 #[test]
 fn bad_input_is_refused_with_typed_errors() {
     let servers = masters(3);
     let urls = urls(&servers);
-    let cs = clients(&urls, Duration::from_secs(3));
+    let cs = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let invalid = |r: Result<MultiLock, Error>| matches!(r, Err(Error::InvalidArgument(_)));
     assert!(invalid(MultiLock::new(Vec::new())));
     assert!(invalid(MultiLock::red_lock([
@@ -388,7 +397,9 @@ fn bad_input_is_refused_with_typed_errors() {
         Err(Error::InvalidArgument(_))
     ));
     // Nothing was written by any of it.
-    assert!(servers.iter().all(|s| !exists(s, "x")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "x").key())));
     // A hold force-unlocked on a quorum is reported lost on release.
     let guard = lock.lock().unwrap();
     for c in &cs[..2] {
@@ -408,7 +419,7 @@ fn contenders_on_five_masters_take_turns_without_overlap() {
     let overlaps = Arc::new(AtomicUsize::new(0));
     let t = Instant::now();
     let sets: Vec<Vec<Client>> = (0..3)
-        .map(|_| clients(&urls, Duration::from_secs(3)))
+        .map(|_| CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls))
         .collect();
     thread::scope(|scope| {
         for w in 0..6 {
@@ -430,7 +441,9 @@ fn contenders_on_five_masters_take_turns_without_overlap() {
     });
     eprintln!("120 contended RedLock acquisitions in {:?}", t.elapsed());
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
-    assert!(servers.iter().all(|s| !exists(s, "turns")));
+    assert!(servers
+        .iter()
+        .all(|s| !support::exists(&mut s.connection(), Keys::lock(PREFIX, "turns").key())));
 }
 
 /// Two processes contend for a RedLock while one of the five masters is frozen (SIGSTOP)
@@ -521,17 +534,9 @@ fn contender() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let cs = clients(&urls, Duration::from_secs(1));
+    let cs = CLIENTS.watchdog(Duration::from_secs(1)).each_at(&urls);
     let lock = red_lock(&cs, "frozen");
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::stdin().read_line(&mut line);
-            stop.store(true, Ordering::SeqCst);
-        });
-    }
+    let stop = support::child::stop_on_stdin();
     say("running");
     let (mut n, mut overlaps) = (0u64, 0u64);
     while !stop.load(Ordering::SeqCst) {

@@ -5,14 +5,8 @@
 mod support;
 
 use redmutex::{Client, Error};
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::{FaultProxy, RedisServer};
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .unwrap()
-}
 
 /// Loads the scripts on `server` (so that the fault hits the real call, not a load round)
 /// and returns the name of `script`'s function, the marker of its calls.
@@ -37,7 +31,13 @@ fn a_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock() {
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "the repeat answers that the lock was freed");
-    assert!(!exists(&server, "redmutex:{held}"), "freed");
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::lock(DEFAULT_PREFIX, "held").key()
+        ),
+        "freed"
+    );
     assert!(matches!(
         guard.unlock(),
         Err(Error::NotHeld { .. } | Error::LeaseLost { .. })
@@ -69,6 +69,12 @@ fn a_read_write_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock(
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "the repeat answers that the lock was freed");
-    assert!(!exists(&server, "redmutex:!rw:{shared}"), "freed");
+    assert!(
+        !support::exists(
+            &mut server.connection(),
+            Keys::rw(DEFAULT_PREFIX, "shared").key()
+        ),
+        "freed"
+    );
     assert!(read.unlock().is_err(), "the reader's hold is gone");
 }

@@ -6,65 +6,29 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
-use support::RedisServer;
+use support::clients::{build, Clients};
+use support::keys::Keys;
 
-/// A primary that starts a replica's sync at once instead of waiting 5 s for others.
-fn primary() -> RedisServer {
-    RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
-}
-
-/// A replica of `primary`, returned once writes stream to it: the replica has read a
-/// value written after its sync. (`INFO` and `WAIT` can look ready earlier: after a
-/// diskless sync the primary streams only from the replica's first ACK.)
-fn synced_replica(primary: &RedisServer) -> RedisServer {
-    let port = primary.port().to_string();
-    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
-    let (mut p, mut r) = (primary.connection(), replica.connection());
-    assert!(
-        support::wait_until(Duration::from_secs(10), || {
-            let n: i64 = redis::cmd("INCR").arg("probe").query(&mut p).unwrap();
-            let seen: Option<i64> = redis::cmd("GET").arg("probe").query(&mut r).unwrap();
-            seen == Some(n)
-                || support::wait_until(Duration::from_millis(100), || {
-                    redis::cmd("GET")
-                        .arg("probe")
-                        .query::<Option<i64>>(&mut r)
-                        .unwrap()
-                        == Some(n)
-                })
-        }),
-        "the replica never synced"
-    );
-    replica
-}
+const CLIENTS: Clients =
+    Clients::new("replicas:").command(SYNC_WAIT.saturating_add(Duration::from_secs(2)));
 
 /// How long `WAIT` waits for the replicas. A replica answers the primary's GETACK within
 /// a millisecond on a quiet machine, but with both cores busy it was once not scheduled
 /// for a whole second (`NotReplicated { acked: 0 }` with the replica up).
 const SYNC_WAIT: Duration = Duration::from_secs(3);
 
-fn client(primary: &RedisServer, replicas: u32) -> Client {
-    Client::builder()
-        .url(primary.url())
-        .key_prefix("replicas:")
-        .sync_replicas(replicas, SYNC_WAIT)
-        .command_timeout(SYNC_WAIT + Duration::from_secs(2))
-        .build()
-        .expect("build client")
-}
-
 #[test]
 fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
-    let primary = primary();
-    let mut replica = synced_replica(&primary);
+    let primary = support::primary();
+    let mut replica = support::synced_replica(&primary);
 
-    let c = client(&primary, 1);
+    let c = build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT));
     let lock = c.lock("replicated");
     let guard = lock.lock().expect("lock with a replica up");
     let nested = lock.lock().expect("re-entry with a replica up");
     // The replica has the lock: a failover to it would keep it.
     let on_replica: Vec<i64> = redis::cmd("HVALS")
-        .arg("replicas:{replicated}")
+        .arg(Keys::lock("replicas:", "replicated").key())
         .query(&mut replica.connection())
         .unwrap();
     assert_eq!(on_replica, vec![2]);
@@ -118,9 +82,9 @@ fn acquisitions_wait_for_replicas_and_roll_back_without_them() {
 
 #[test]
 fn a_release_the_replicas_miss_is_reported() {
-    let primary = primary();
-    let mut replica = synced_replica(&primary);
-    let c = client(&primary, 1);
+    let primary = support::primary();
+    let mut replica = support::synced_replica(&primary);
+    let c = build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT));
     let guard = c.lock("release").lock().expect("lock");
     replica.kill();
     assert!(matches!(
@@ -152,12 +116,15 @@ fn bad_sync_settings_are_refused() {
 /// it: the replica has the hold, with (about) the whole lease, the moment `lock()` returns.
 #[test]
 fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
-    let primary = primary();
-    let replica = synced_replica(&primary);
-    let (holder, waiter) = (client(&primary, 1), client(&primary, 1));
+    let primary = support::primary();
+    let replica = support::synced_replica(&primary);
+    let (holder, waiter) = (
+        build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT)),
+        build(CLIENTS.builder_at(&primary).sync_replicas(1, SYNC_WAIT)),
+    );
     for (name, lease) in [("handed-watchdog", None), ("handed-fixed", Some(5_000))] {
-        let key = format!("replicas:{{{name}}}");
-        let queue = format!("replicas:!queue:{{{name}}}");
+        let key = Keys::lock("replicas:", name).key();
+        let queue = Keys::lock("replicas:", name).queue();
         let full = lease.map_or(30_000, |ms: u64| ms as i64);
         let guard = holder.fair_lock(name).lock().expect("holder");
         let lock = waiter.fair_lock(name);
@@ -182,13 +149,8 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
         });
         let mut con = primary.connection();
         assert!(
-            support::wait_until(Duration::from_secs(5), || {
-                redis::cmd("LLEN")
-                    .arg(&queue)
-                    .query::<i64>(&mut con)
-                    .unwrap()
-                    == 1
-            }),
+            support::wait_until(Duration::from_secs(5), || support::llen(&mut con, &queue)
+                == 1),
             "{name}: setup: the waiter never queued"
         );
         guard.unlock().expect("holder unlock");

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, Kind, Lock};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_RW_ROLE";
@@ -28,6 +30,8 @@ const URL: &str = "REDMUTEX_RW_URL";
 const NAME: &str = "REDMUTEX_RW_NAME";
 const WATCHDOG_MS: &str = "REDMUTEX_RW_WATCHDOG_MS";
 const PREFIX: &str = "rwt:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
 /// The fixed lease of the streaming readers. Equal to the 1 s pickup window, so a read
@@ -108,29 +112,8 @@ end
 return {num('readers'), num('writers'), num('violations')}
 ";
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}!rw:{{{name}}}")
-}
-
-fn leases_key(name: &str) -> String {
-    format!("{PREFIX}!leases:!rw:{{{name}}}")
-}
-
-fn queue_key(name: &str) -> String {
-    format!("{PREFIX}!queue:!rw:{{{name}}}")
-}
-
-fn waiters_key(name: &str) -> String {
-    format!("{PREFIX}!waiters:!rw:{{{name}}}")
-}
-
 fn witness_key(name: &str) -> String {
     format!("witness:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration) -> Client {
-    let command = (watchdog / 3).min(Duration::from_secs(2));
-    support::client(url, PREFIX, watchdog, command)
 }
 
 /// One witness call: (readers inside, writers inside, violations so far).
@@ -144,9 +127,9 @@ fn witness(
 ) -> (i64, i64, i64) {
     redis::Script::new(WITNESS)
         .key(witness_key(name))
-        .key(key(name))
-        .key(leases_key(name))
-        .key(waiters_key(name))
+        .key(Keys::rw(PREFIX, name).key())
+        .key(Keys::rw(PREFIX, name).leases())
+        .key(Keys::rw(PREFIX, name).waiters())
         .arg(op)
         .arg(mode)
         .arg(client_id)
@@ -170,18 +153,10 @@ fn connect(url: &str) -> redis::Connection {
         .expect("connection")
 }
 
-fn llen(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
-}
-
-fn exists(con: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
-}
-
 /// The lock's hash: field -> value.
 fn holds(con: &mut redis::Connection, name: &str) -> HashMap<String, String> {
     redis::cmd("HGETALL")
-        .arg(key(name))
+        .arg(Keys::rw(PREFIX, name).key())
         .query(con)
         .expect("HGETALL")
 }
@@ -189,7 +164,7 @@ fn holds(con: &mut redis::Connection, name: &str) -> HashMap<String, String> {
 /// The leases ZSET: field -> lease end (server ms).
 fn leases(con: &mut redis::Connection, name: &str) -> HashMap<String, i64> {
     let flat: Vec<(String, i64)> = redis::cmd("ZRANGE")
-        .arg(leases_key(name))
+        .arg(Keys::rw(PREFIX, name).leases())
         .arg(0)
         .arg(-1)
         .arg("WITHSCORES")
@@ -230,7 +205,7 @@ fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     let mut seen = 0;
     assert!(
         wait_until(SETUP, || {
-            seen = llen(con, &queue_key(name));
+            seen = support::llen(con, &Keys::rw(PREFIX, name).queue());
             seen == n
         }),
         "{who}: the queue holds {seen} entries, expected {n} within {SETUP:?}"
@@ -254,10 +229,9 @@ fn rw_release_call(server: &RedisServer) -> String {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn rw_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     let name = std::env::var(NAME).expect("lock name for the child");
     match role.as_str() {
         "holder" => holder_process(&url, &name),
@@ -298,7 +272,7 @@ fn holder_process(url: &str, name: &str) {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(Duration::from_secs(10), Duration::from_millis);
-    let client = client(url, watchdog);
+    let client = CLIENTS.scaled(watchdog).at(url);
     say(&format!("ready {}", client.id()));
     let mut threads = HashMap::new();
     for line in std::io::stdin().lock().lines() {
@@ -424,7 +398,7 @@ struct StreamStats {
 /// Takes read holds of `name` back to back until `stop`, each `READ_SECTION` long, on a
 /// client of its own (the witness tells its hold by its client id).
 fn stream_reader(url: &str, name: &str, stop: &AtomicBool) -> StreamStats {
-    let client = client(url, Duration::from_secs(10));
+    let client = CLIENTS.scaled(Duration::from_secs(10)).at(url);
     let read = client.read_write_lock(name).read();
     let mut con = connect(url);
     let mut stats = StreamStats::default();
@@ -530,7 +504,7 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
         "the writer got in while a reader (c) was still inside"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the writer still waits"
     );
@@ -560,7 +534,7 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
     let (r_e, w_e, v_e) = expect_in(&p3, "e");
     assert_eq!((w_d, w_e, v_d, v_e), (0, 0, 0, 0));
     assert_eq!(r_d.max(r_e), 2, "both readers inside together");
-    assert_eq!(llen(&mut con, &queue_key(LOCK)), 0);
+    assert_eq!(support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
     assert!(field_of(&mut con, LOCK, "r", &id2).is_some());
     release(&mut p2, "d");
     release(&mut p3, "e");
@@ -570,8 +544,14 @@ fn readers_in_three_processes_overlap_and_a_writer_excludes_them_all() {
     eprintln!("overlap: max readers inside at once {max}, violations {violations}");
     assert_eq!(max, 3);
     assert_eq!(violations, 0);
-    assert!(!exists(&mut con, &key(LOCK)), "all released: no hash left");
-    assert!(!exists(&mut con, &leases_key(LOCK)), "…and no leases left");
+    assert!(
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
+        "all released: no hash left"
+    );
+    assert!(
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()),
+        "…and no leases left"
+    );
     for mut p in [p1, p2, p3] {
         p.send("exit");
         p.expect("done");
@@ -594,7 +574,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let c = client(&url, Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let rw = c.read_write_lock(LOCK);
     let (mut other, other_id) = spawn_holder(&url, LOCK, 10_000);
 
@@ -628,7 +608,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
         "the write hold, the read hold, the writer mark: {h:?}"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the reader still waits"
     );
@@ -685,7 +665,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
     let (none, unlocked) = writer_thread.join().unwrap();
     assert!(none.unwrap(), "try_lock to write beside a reader succeeded");
     unlocked.unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
     other.send("exit");
     other.expect("done");
     other.wait_success();
@@ -698,7 +678,7 @@ fn a_writer_that_also_reads_may_reenter_the_write_side() {
     const LOCK: &str = "reenter";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let w = rw.write().lock().unwrap();
     let r = rw.read().lock().unwrap();
@@ -714,7 +694,7 @@ fn a_writer_that_also_reads_may_reenter_the_write_side() {
     drop(again);
     w.unlock().unwrap();
     r.unlock().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -730,7 +710,7 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
     const LOCK: &str = "upgrade";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let outer = rw.read().lock().unwrap();
     let before = (holds(&mut con, LOCK), leases(&mut con, LOCK));
@@ -786,8 +766,14 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
                 "{depth}: {what} took {took:?} to refuse"
             );
         }
-        assert!(!exists(con, &queue_key(LOCK)), "{depth}: nobody queued");
-        assert!(!exists(con, &waiters_key(LOCK)), "{depth}: no waiter entry");
+        assert!(
+            !support::exists(con, Keys::rw(PREFIX, LOCK).queue()),
+            "{depth}: nobody queued"
+        );
+        assert!(
+            !support::exists(con, Keys::rw(PREFIX, LOCK).waiters()),
+            "{depth}: no waiter entry"
+        );
         slowest
     };
     let slow1 = check(&mut con, "one read level");
@@ -812,7 +798,7 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
         .unwrap()
         .expect("writes once the read hold is gone");
     w.unlock().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -843,7 +829,7 @@ fn a_writer_behind_a_stream_of_readers_gets_in_within_a_bound() {
         })
         .collect();
 
-    let c = client(&url, Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let write = c.read_write_lock(LOCK).write();
     let mut waits = Vec::new();
     let mut inside_when_asked = Vec::new();
@@ -881,12 +867,7 @@ fn a_writer_behind_a_stream_of_readers_gets_in_within_a_bound() {
     }
     streamer.send("stop");
     let line = streamer.next_line();
-    let child: Vec<u64> = line
-        .strip_prefix("stopped ")
-        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
-        .split(' ')
-        .map(|w| w.parse().expect("number"))
-        .collect();
+    let child: Vec<u64> = support::child::numbers(&line, "stopped ");
     stats.sections += child[0];
     stats.waited += child[1];
     stats.errors += child[2];
@@ -941,7 +922,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     let dead = field_of(&mut con, LOCK, "r", &id1).expect("the first reader's hold");
     let survivor = field_of(&mut con, LOCK, "r", &id2).expect("the second reader's hold");
 
-    let c = client(&url, Duration::from_secs(10));
+    let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let write = c.read_write_lock(LOCK).write();
     let (tx, got) = mpsc::channel();
     let writer = thread::spawn(move || {
@@ -1013,7 +994,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     p2.send("count b");
     assert_eq!(expect_words(&p2, "count", "b")[2], "1");
     assert!(got.try_recv().is_err(), "the writer got in beside a reader");
-    assert_eq!(llen(&mut con, &queue_key(LOCK)), 1);
+    assert_eq!(support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 1);
 
     let released = Instant::now();
     release(&mut p2, "b");
@@ -1024,7 +1005,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     eprintln!("killed reader: writer in {handoff:?} after the survivor's release");
     assert!(handoff < Duration::from_millis(500));
     writer.join().unwrap().unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
     p2.send("exit");
     p2.expect("done");
     p2.wait_success();
@@ -1043,8 +1024,8 @@ fn a_fixed_read_lease_that_ends_is_lost() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let reader = client(&url, Duration::from_secs(10));
-    let writer = client(&url, Duration::from_secs(10));
+    let reader = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
+    let writer = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
     let taken = Instant::now();
     let g = reader
         .read_write_lock(LOCK)
@@ -1079,7 +1060,7 @@ fn a_fixed_read_lease_that_ends_is_lost() {
     );
     go.send(()).unwrap();
     t.join().unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Two watchdog read holds (900 ms lease, renewed every 300 ms): one's field is deleted
@@ -1093,8 +1074,8 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let a = client(&url, WATCHDOG);
-    let b = client(&url, WATCHDOG);
+    let a = CLIENTS.scaled(WATCHDOG).at(&url);
+    let b = CLIENTS.scaled(WATCHDOG).at(&url);
     let ga = a.read_write_lock(LOCK).read().lock().unwrap();
     let (tx, rx) = mpsc::channel();
     let (go, next) = mpsc::channel::<&str>();
@@ -1121,10 +1102,10 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let field_a = field_of(&mut con, LOCK, "r", a.id()).unwrap();
     let _: () = redis::pipe()
         .cmd("HDEL")
-        .arg(key(LOCK))
+        .arg(Keys::rw(PREFIX, LOCK).key())
         .arg(&field_a)
         .cmd("ZREM")
-        .arg(leases_key(LOCK))
+        .arg(Keys::rw(PREFIX, LOCK).leases())
         .arg(&field_a)
         .query(&mut con)
         .unwrap();
@@ -1149,8 +1130,8 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let (lost, unlocked) = tb.join().unwrap().unwrap();
     assert!(lost, "a force-unlocked read hold was not reported lost");
     assert_eq!(unlocked, r#"Err(LeaseLost { lock: Some("taken") })"#);
-    assert!(!exists(&mut con, &key(LOCK)));
-    assert!(!exists(&mut con, &leases_key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1158,12 +1139,10 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
 
 /// A client whose connections pass through `proxy`, with the read-write scripts loaded.
 fn through(proxy: &FaultProxy) -> Client {
-    let c = support::client(
-        &proxy.url(),
-        PREFIX,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    );
+    let c = Clients::new(PREFIX)
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2))
+        .at(&proxy.url());
     let rw = c.read_write_lock("warm-up");
     rw.read().lock().unwrap().unlock().unwrap();
     rw.write().lock().unwrap().unlock().unwrap();
@@ -1190,7 +1169,7 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
     let c = through(&proxy);
-    let other = client(&server.url(), Duration::from_secs(10));
+    let other = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let acquire = rw_acquire_call(&server);
     let release = rw_release_call(&server);
@@ -1233,8 +1212,11 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let r = outer.unlock();
     assert_eq!(proxy.lost_replies(), 4);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
-    assert!(!exists(&mut con, &key(LOCK)), "the read hold is gone");
-    assert!(!exists(&mut con, &leases_key(LOCK)));
+    assert!(
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
+        "the read hold is gone"
+    );
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()));
 
     proxy.lose_next_reply_to(&acquire);
     let w = rw.write().lock().expect("the repeated write acquire");
@@ -1268,8 +1250,11 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let r = w.unlock();
     assert_eq!(proxy.lost_replies(), 8);
     assert!(matches!(r, Ok(()) | Err(Error::NotHeld { .. })), "{r:?}");
-    assert!(!exists(&mut con, &key(LOCK)), "no ghost hold");
-    assert!(!exists(&mut con, &leases_key(LOCK)));
+    assert!(
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
+        "no ghost hold"
+    );
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()));
 
     // The lock is free for everybody.
     let g = other
@@ -1292,7 +1277,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
     let c = through(&proxy);
-    let holder = client(&server.url(), Duration::from_secs(10));
+    let holder = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     // The reader's client listens on the lock already (it waited a moment ago), so its
     // next read queues with its very first attempt: the one whose reply is lost.
     let w = holder.read_write_lock(LOCK).write().lock().unwrap();
@@ -1321,7 +1306,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
         "the reader got in beside the writer"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "queued once, not twice"
     );
@@ -1331,8 +1316,11 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     let (count, unlocked) = reader.join().unwrap().unwrap();
     assert_eq!(count, 1);
     unlocked.unwrap();
-    assert_eq!(llen(&mut con, &queue_key(LOCK)), 0);
-    assert!(!exists(&mut con, &key(LOCK)), "no ghost hold");
+    assert_eq!(support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()), 0);
+    assert!(
+        !support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()),
+        "no ghost hold"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1345,7 +1333,7 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
 fn bad_input_gives_typed_errors_and_changes_nothing() {
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(30));
+    let c = CLIENTS.scaled(Duration::from_secs(30)).at(&server.url());
     let empty = c.read_write_lock("");
     let (r, w) = (empty.read(), empty.write());
     let name_errors = [
@@ -1407,7 +1395,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
     assert_eq!(dbsize, 0, "bad input wrote something");
 
     // A force-unlocked read guard whose lock another reader holds now.
-    let other = client(&server.url(), Duration::from_secs(30));
+    let other = CLIENTS.scaled(Duration::from_secs(30)).at(&server.url());
     let ga = rw.read().lock().unwrap();
     assert!(other.read_write_lock("bad").read().force_unlock().unwrap());
     let rw_o = other.read_write_lock("bad");
@@ -1436,7 +1424,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
         "the failed release changed the other writer's hold"
     );
     wb.unlock().unwrap();
-    assert!(!exists(&mut con, &key("bad")));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, "bad").key()));
     assert!(!rw.read().force_unlock().unwrap(), "nothing left to free");
 }
 
@@ -1453,8 +1441,8 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     let server = RedisServer::new();
     let url = server.url();
     let mut con = server.connection();
-    let reader = client(&url, Duration::from_secs(30));
-    let writer = client(&url, Duration::from_secs(30));
+    let reader = CLIENTS.scaled(Duration::from_secs(30)).at(&url);
+    let writer = CLIENTS.scaled(Duration::from_secs(30)).at(&url);
     // The scripts are loaded first, so the release below is one FCALL, not a load round.
     let warm = reader.read_write_lock("warm-up");
     warm.read().lock().unwrap().unlock().unwrap();
@@ -1521,7 +1509,7 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     assert!(field_of(&mut con, LOCK, "w", writer.id()).is_some());
     go.send(()).unwrap();
     t.join().unwrap().unwrap().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 1: a reader's nested read fails while another thread of its client waits
@@ -1535,12 +1523,10 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
     let mut con = server.connection();
-    let c = support::client(
-        &proxy.url(),
-        PREFIX,
-        Duration::from_secs(3),
-        Duration::from_secs(1),
-    );
+    let c = Clients::new(PREFIX)
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1))
+        .at(&proxy.url());
     let rw = c.read_write_lock("warm-up");
     rw.read().lock().unwrap().unlock().unwrap();
     rw.write().lock().unwrap().unlock().unwrap();
@@ -1573,7 +1559,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         "the read hold is gone"
     );
     assert_eq!(
-        llen(&mut con, &queue_key(LOCK)),
+        support::llen(&mut con, &Keys::rw(PREFIX, LOCK).queue()),
         1,
         "the writer kept its place"
     );
@@ -1586,7 +1572,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         .unwrap()
         .expect("writer lock")
         .expect("writer unlock");
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 5 (Redisson's testReadLockLeaseTimeout): a read hold with a fixed lease
@@ -1599,7 +1585,7 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
     const LEASE: Duration = Duration::from_secs(1);
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(3));
+    let c = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let taken = Instant::now();
     let read = rw
@@ -1637,7 +1623,7 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
     assert!(matches!(read.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(rw.write().hold_count().unwrap(), 1);
     write.unlock().expect("write unlock");
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
 
 /// Issue 17, item 1, in the scripts: a read-write lock's cancel told fewer read levels
@@ -1647,7 +1633,7 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     const LOCK: &str = "cancel-miscounted";
     let server = RedisServer::new();
     let mut con = server.connection();
-    let c = client(&server.url(), Duration::from_secs(3));
+    let c = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
     let outer = rw.read().lock().unwrap();
     let inner = rw.read().lock().unwrap();
@@ -1663,16 +1649,16 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
             ]
             .concat(),
         )
-        .key(key(LOCK))
-        .key(format!("{PREFIX}!fence:!rw:{{{LOCK}}}"))
-        .key(queue_key(LOCK))
-        .key(waiters_key(LOCK))
-        .key(leases_key(LOCK))
+        .key(Keys::rw(PREFIX, LOCK).key())
+        .key(Keys::rw(PREFIX, LOCK).fence())
+        .key(Keys::rw(PREFIX, LOCK).queue())
+        .key(Keys::rw(PREFIX, LOCK).waiters())
+        .key(Keys::rw(PREFIX, LOCK).leases())
         .arg(&holder)
         .arg(expected)
         .arg(3_000)
         .arg(0)
-        .arg(format!("{}:to:", key(LOCK)))
+        .arg(format!("{}:to:", Keys::rw(PREFIX, LOCK).key()))
         .arg(1_000)
         .arg(10)
         .arg(5)
@@ -1689,7 +1675,7 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
         holds(&mut con, LOCK).get(&field).map(String::as_str),
         Some("1")
     );
-    let other = client(&server.url(), Duration::from_secs(3));
+    let other = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     // A pooled connection first: a single try has no time to connect on a busy machine.
     assert!(other.read_write_lock(LOCK).read().is_locked().unwrap());
     assert!(other
@@ -1701,5 +1687,5 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     assert!(!outer.is_lease_lost());
     drop(inner);
     outer.unlock().unwrap();
-    assert!(!exists(&mut con, &key(LOCK)));
+    assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }

@@ -13,6 +13,8 @@ use std::thread;
 use std::time::Duration;
 
 use redmutex::Client;
+use support::clients::Clients;
+use support::keys::{self, DEFAULT_PREFIX};
 use support::RedisServer;
 
 /// Commands the test itself sends to read the counters (or a client sends to set up a
@@ -23,15 +25,7 @@ fn is_overhead(cmd: &str) -> bool {
 
 /// Executed commands by name since `before`, overhead left out.
 fn delta(server: &RedisServer, before: &HashMap<String, u64>) -> HashMap<String, u64> {
-    server
-        .command_calls()
-        .into_iter()
-        .filter(|(cmd, _)| !is_overhead(cmd))
-        .filter_map(|(cmd, n)| {
-            let d = n - before.get(&cmd).copied().unwrap_or(0);
-            (d > 0).then_some((cmd, d))
-        })
-        .collect()
+    server.calls_since(before, is_overhead)
 }
 
 /// Runs `op` `n` times after a warm-up and returns the executed commands per operation,
@@ -49,7 +43,10 @@ fn per_op(
     // first hold, on a thread of its own: once, not per operation.
     assert!(
         support::wait_until(Duration::from_secs(10), || {
-            support::subscribers(&mut server.connection(), "redmutex:__control:") > 0
+            support::subscribers(
+                &mut server.connection(),
+                keys::control_prefix(DEFAULT_PREFIX),
+            ) > 0
         }),
         "the client never listened on its own channel"
     );
@@ -88,14 +85,9 @@ fn marker() -> f64 {
     }
 }
 
-fn open(server: &RedisServer) -> Client {
-    Client::open(server.url()).expect("build client")
-}
-
 #[test]
 fn uncontended_lock_pair_executes_few_commands() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let lock = client.lock("pair");
     let (total, _) = per_op(&server, "Lock lock+unlock", 200, |_| {
         drop(lock.lock().unwrap());
@@ -113,8 +105,7 @@ fn uncontended_lock_pair_executes_few_commands() {
 
 #[test]
 fn uncontended_fair_and_fenced_pairs_execute_few_commands() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let fair = client.fair_lock("fair");
     let (total, _) = per_op(&server, "FairLock lock+unlock", 200, |_| {
         drop(fair.lock().unwrap());
@@ -137,8 +128,7 @@ fn uncontended_fair_and_fenced_pairs_execute_few_commands() {
 
 #[test]
 fn uncontended_reentry_executes_few_commands() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let lock = client.lock("nested");
     let _outer = lock.lock().unwrap();
     let (total, _) = per_op(&server, "Lock re-entry + release of the level", 200, |_| {
@@ -153,8 +143,7 @@ fn uncontended_reentry_executes_few_commands() {
 
 #[test]
 fn uncontended_read_write_and_semaphore_pairs() {
-    let server = RedisServer::new();
-    let client = open(&server);
+    let (server, client) = Clients::DEFAULT.serve();
     let rw = client.read_write_lock("rw");
     let (read, _) = per_op(&server, "ReadWriteLock read pair", 200, |_| {
         drop(rw.read().lock().unwrap());
@@ -192,7 +181,7 @@ fn contend(
     hold: Duration,
     take: impl Fn(&Client) -> Box<dyn FnMut() + Send> + Sync,
 ) -> f64 {
-    let clients: Vec<Client> = (0..threads).map(|_| open(server)).collect();
+    let clients: Vec<Client> = (0..threads).map(|_| Clients::DEFAULT.at(server)).collect();
     let barrier = Barrier::new(threads + 1);
     let mut before = HashMap::new();
     thread::scope(|s| {

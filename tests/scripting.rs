@@ -12,19 +12,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, MultiLock};
+use support::clients::Clients;
 use support::{wait_until, RedisServer};
 
-const WATCHDOG: Duration = Duration::from_millis(1_500);
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(700));
 
-fn client(server: &RedisServer, functions: bool) -> Client {
-    Client::builder()
-        .url(server.url())
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(700))
-        .use_functions(functions)
-        .build()
-        .expect("build client")
-}
+const WATCHDOG: Duration = Duration::from_millis(1_500);
 
 fn calls(stats: &HashMap<String, u64>, command: &str) -> u64 {
     stats.get(command).copied().unwrap_or(0)
@@ -229,7 +224,7 @@ fn assert_evalsha(stats: &HashMap<String, u64>) {
 #[test]
 fn the_default_client_runs_every_script_the_servers_way() {
     let server = RedisServer::new();
-    let client = client(&server, true);
+    let client = CLIENTS.functions(true).at(&server);
     exercise(&client);
     let stats = server.command_calls();
     if support::server_kind().has_functions() {
@@ -244,7 +239,7 @@ fn the_default_client_runs_every_script_the_servers_way() {
 #[test]
 fn a_client_told_to_runs_every_script_with_evalsha() {
     let server = RedisServer::new();
-    let client = client(&server, false);
+    let client = CLIENTS.functions(false).at(&server);
     exercise(&client);
     assert_evalsha(&server.command_calls());
     if support::server_kind().has_functions() {
@@ -275,7 +270,7 @@ fn redis6_runs_every_script_with_evalsha() {
     let Some(server) = redis6() else { return };
     assert!(support::redis_version(&mut server.connection()).starts_with("6."));
     // The default client: it tries FCALL once, and is refused.
-    let client = client(&server, true);
+    let client = CLIENTS.functions(true).at(&server);
     exercise(&client);
     assert_evalsha(&server.command_calls());
 }
@@ -295,7 +290,7 @@ fn a_server_without_functions_after_one_with_them_gets_evalsha() {
         return;
     };
     let mut server = RedisServer::new();
-    let client = client(&server, true);
+    let client = CLIENTS.functions(true).at(&server);
     let lock = client.lock("moving");
     lock.lock().unwrap().unlock().unwrap();
     assert!(calls(&server.command_calls(), "fcall") > 0);
@@ -321,7 +316,11 @@ fn redlock_over_masters_of_different_versions() {
     }
     let Some(old) = redis6() else { return };
     let (a, b) = (RedisServer::new(), RedisServer::new());
-    let clients = [client(&a, true), client(&b, false), client(&old, true)];
+    let clients = [
+        CLIENTS.functions(true).at(&a),
+        CLIENTS.functions(false).at(&b),
+        CLIENTS.functions(true).at(&old),
+    ];
     let red = MultiLock::red_lock(clients.iter().map(|c| c.lock("red"))).unwrap();
     for _ in 0..2 {
         let guard = red.lock().unwrap();
@@ -342,7 +341,7 @@ fn a_flushed_library_is_loaded_again() {
         return support::skip("a_flushed_library_is_loaded_again", "FUNCTION");
     }
     let server = RedisServer::new();
-    let client = client(&server, true);
+    let client = CLIENTS.functions(true).at(&server);
     let lock = client.lock("flushed");
     lock.lock().unwrap().unlock().unwrap();
     let flush = |server: &RedisServer| {
@@ -373,7 +372,7 @@ fn a_flushed_library_is_loaded_again() {
 #[test]
 fn flushed_scripts_are_loaded_again() {
     let server = RedisServer::new();
-    let evalsha = self::client(&server, false);
+    let evalsha = CLIENTS.functions(false).at(&server);
     let lock = evalsha.lock("flushed");
     lock.lock().unwrap().unlock().unwrap();
     let _: () = redis::cmd("SCRIPT")
@@ -410,7 +409,7 @@ fn two_library_versions_share_a_server() {
         .arg(other)
         .query(&mut admin)
         .unwrap();
-    let client = client(&server, true);
+    let client = CLIENTS.functions(true).at(&server);
     let lock = client.lock("shared");
     let guard = lock.lock().unwrap();
     assert!(lock.is_locked().unwrap());
@@ -428,7 +427,7 @@ fn two_library_versions_share_a_server() {
     assert_eq!(theirs, "other");
     // A second client of this version finds its library there and loads nothing: the
     // loads were the other version's and the first client's.
-    let again = self::client(&server, true);
+    let again = CLIENTS.functions(true).at(&server);
     again.lock("shared").lock().unwrap().unlock().unwrap();
     assert_eq!(calls(&server.command_calls(), "function|load"), 2);
 }
@@ -556,7 +555,7 @@ fn holds_are_renewed_and_released_at_the_memory_limit_with_evalsha() {
 
 fn at_the_memory_limit(functions: bool) {
     let server = RedisServer::new();
-    let client = client(&server, functions);
+    let client = CLIENTS.functions(functions).at(&server);
     let lock = client.lock("full");
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
@@ -628,7 +627,7 @@ fn a_first_call_with_a_name_that_is_not_utf8_runs_on_any_server() {
             .next()
             .and_then(|major| major.parse::<u32>().ok())
             .is_some_and(|major| major >= 7);
-        let client = client(server, true);
+        let client = CLIENTS.functions(true).at(server);
         let name = b"bin\xff\xfe".to_vec();
         let lock = client.lock(name.clone());
         let guard = lock

@@ -8,6 +8,7 @@ use std::thread;
 use std::time::Duration;
 
 use redmutex::{Client, Error};
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::RedisServer;
 
 /// The minimal ACL rule for the default prefix, as the README documents it.
@@ -104,7 +105,10 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
     let r2 = rw.read().lock().expect("read re-entry");
     let writer = b.read_write_lock("acl-rw").write();
     let waiter = thread::spawn(move || writer.lock().map(|g| g.unlock()));
-    assert!(queued(&mut admin, "redmutex:!queue:!rw:{acl-rw}"));
+    assert!(queued(
+        &mut admin,
+        &Keys::rw(DEFAULT_PREFIX, "acl-rw").queue()
+    ));
     thread::sleep(Duration::from_millis(700)); // past the 600 ms lease: renewed meanwhile
     assert!(!r1.is_lease_lost());
     assert_eq!(rw.read().hold_count().unwrap(), 2);
@@ -122,7 +126,10 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
     let permit = sem.acquire().expect("permit");
     let other = b.semaphore("acl-sem", 1);
     let waiter = thread::spawn(move || other.acquire().map(|p| p.release()));
-    assert!(queued(&mut admin, "redmutex:!queue:!sem:{acl-sem}"));
+    assert!(queued(
+        &mut admin,
+        &Keys::sem(DEFAULT_PREFIX, "acl-sem").queue()
+    ));
     permit.release().expect("permit release");
     waiter
         .join()

@@ -17,11 +17,15 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, Permit, Semaphore};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, FaultProxy, Monitor, RedisServer};
 
 const ROLE: &str = "REDMUTEX_SEM_ROLE";
 const URL: &str = "REDMUTEX_SEM_URL";
 const PREFIX: &str = "sem:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 /// A watchdog long enough that no renewal round falls inside a test's measurements.
 const LONG: Duration = Duration::from_secs(30);
 
@@ -35,43 +39,15 @@ fn release_call(server: &RedisServer) -> String {
     support::function_name(&server.url(), "sem_release")
 }
 
-fn permits_call(server: &RedisServer) -> String {
-    support::function_name(&server.url(), "sem_permits")
-}
-
-fn renew_call(server: &RedisServer) -> String {
-    support::function_name(&server.url(), "renew")
-}
-
 /// Loads the scripts, the renewal one included, which admitted waiters run to confirm
 /// their permits: the windows measured below then hold no load round.
 fn load_renew(server: &RedisServer) {
-    renew_call(server);
-}
-
-/// A client whose leases last `watchdog`; commands time out well within it.
-fn client(url: &str, watchdog: Duration) -> Client {
-    support::client(
-        url,
-        PREFIX,
-        watchdog,
-        (watchdog / 3).min(Duration::from_secs(2)),
-    )
-}
-
-/// The holds hash of semaphore `name`.
-fn key(name: &str) -> String {
-    format!("{PREFIX}!sem:{{{name}}}")
-}
-
-/// An auxiliary key of semaphore `name`: "queue", "waiters", "leases", "permits".
-fn aux(kind: &str, name: &str) -> String {
-    format!("{PREFIX}!{kind}:!sem:{{{name}}}")
+    support::function_name(&server.url(), "renew");
 }
 
 fn queue(server: &RedisServer, name: &str) -> Vec<String> {
     redis::cmd("LRANGE")
-        .arg(aux("queue", name))
+        .arg(Keys::sem(PREFIX, name).aux("queue"))
         .arg(0)
         .arg(-1)
         .query(&mut server.connection())
@@ -81,7 +57,7 @@ fn queue(server: &RedisServer, name: &str) -> Vec<String> {
 /// Holder id -> permits it holds (the `~used` sum left out).
 fn holds(server: &RedisServer, name: &str) -> HashMap<String, i64> {
     let mut all: HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(key(name))
+        .arg(Keys::sem(PREFIX, name).key())
         .query(&mut server.connection())
         .expect("HGETALL");
     all.remove("~used");
@@ -91,7 +67,7 @@ fn holds(server: &RedisServer, name: &str) -> HashMap<String, i64> {
 /// The `~used` sum as stored (0 when absent).
 fn used(server: &RedisServer, name: &str) -> i64 {
     let v: Option<i64> = redis::cmd("HGET")
-        .arg(key(name))
+        .arg(Keys::sem(PREFIX, name).key())
         .arg("~used")
         .query(&mut server.connection())
         .expect("HGET");
@@ -103,13 +79,6 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
         .arg(key)
         .query(&mut server.connection())
         .expect("PTTL")
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query(&mut server.connection())
-        .expect("EXISTS")
 }
 
 /// The holder ids of `client_id` in semaphore `name`.
@@ -125,7 +94,7 @@ fn holders_of(server: &RedisServer, name: &str, client_id: &str) -> Vec<String> 
 /// than the lease would).
 fn end_lease(server: &RedisServer, name: &str, holder: &str) {
     let _: i64 = redis::cmd("ZADD")
-        .arg(aux("leases", name))
+        .arg(Keys::sem(PREFIX, name).aux("leases"))
         .arg("XX")
         .arg(1)
         .arg(holder)
@@ -283,7 +252,7 @@ fn semaphore_entry() {
     match role.as_str() {
         "worker" => worker(&url),
         "holder" => {
-            let c = client(&url, CRASH_WATCHDOG);
+            let c = CLIENTS.scaled(CRASH_WATCHDOG).at(&url);
             let permit = c.semaphore(CRASH, 3).acquire_many(2).expect("acquire 2");
             say(&format!("held {}", c.id()));
             // Until killed (or the parent is gone).
@@ -295,7 +264,7 @@ fn semaphore_entry() {
 }
 
 fn worker(url: &str) {
-    let client = client(url, CHAOS_WATCHDOG);
+    let client = CLIENTS.scaled(CHAOS_WATCHDOG).at(url);
     let stop = Arc::new(AtomicBool::new(false));
     let report = Arc::new(AtomicBool::new(false));
     {
@@ -515,10 +484,16 @@ fn never_more_than_n_permits_in_use_across_processes_with_one_killed() {
         w.wait_success();
     }
     assert_eq!(get("inuse"), 0, "sections left open");
-    let sem = client(&server.url(), LONG).semaphore(POOL, POOL_PERMITS);
+    let sem = CLIENTS
+        .scaled(LONG)
+        .at(&server.url())
+        .semaphore(POOL, POOL_PERMITS);
     assert_eq!(sem.available_permits().unwrap(), POOL_PERMITS);
     assert!(queue(&server, POOL).is_empty());
-    assert!(!exists(&server, &key(POOL)), "holds left behind");
+    assert!(
+        !support::exists(&mut server.connection(), Keys::sem(PREFIX, POOL).key()),
+        "holds left behind"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -531,7 +506,7 @@ const CRASH_WATCHDOG: Duration = Duration::from_millis(1_000);
 fn lease_left(server: &RedisServer, name: &str, holder: &str) -> Duration {
     let (ends, (secs, micros)): (Option<u64>, (u64, u64)) = redis::pipe()
         .cmd("ZSCORE")
-        .arg(aux("leases", name))
+        .arg(Keys::sem(PREFIX, name).aux("leases"))
         .arg(holder)
         .cmd("TIME")
         .query(&mut server.connection())
@@ -547,12 +522,14 @@ fn lease_left(server: &RedisServer, name: &str, holder: &str) -> Duration {
 #[test]
 fn permits_of_a_killed_holder_return_when_its_lease_ends() {
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     let sem = c.semaphore(CRASH, 3);
     let mut child = spawn("holder", &server);
     let line = child.next_line();
     let dead_id = line.strip_prefix("held ").expect("held").to_owned();
-    let bystander = client(&server.url(), LONG)
+    let bystander = CLIENTS
+        .scaled(LONG)
+        .at(&server.url())
         .semaphore(CRASH, 3)
         .acquire()
         .unwrap();
@@ -638,9 +615,9 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
     const NAME: &str = "gate";
     let server = RedisServer::new();
     let (holder, waiters, operator) = (
-        client(&server.url(), LONG),
-        client(&server.url(), LONG),
-        client(&server.url(), LONG),
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
     );
     let first = holder.semaphore(NAME, 1).acquire().unwrap();
     let sem = waiters.semaphore(NAME, 1);
@@ -651,7 +628,7 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
     // Loads the operators' script, so the window below holds the add and nothing else.
     assert_eq!(ops.permits().unwrap(), 1);
     load_renew(&server);
-    let channel = format!("{}:to:", key(NAME));
+    let channel = format!("{}:to:", Keys::sem(PREFIX, NAME).key());
     assert_eq!(support::subscribers(&mut server.connection(), &channel), 1);
 
     // Settled: every waiter is queued and its client subscribed.
@@ -694,11 +671,20 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
         0,
         "a waiter ran the acquire script"
     );
-    assert_eq!(script_calls(&lines, &permits_call(&server)), 1);
-    let renew = renew_call(&server);
+    assert_eq!(
+        script_calls(
+            &lines,
+            &support::function_name(&server.url(), "sem_permits")
+        ),
+        1
+    );
+    let renew = support::function_name(&server.url(), "renew");
     let others: Vec<&String> = Monitor::top_level(&lines)
         .into_iter()
-        .filter(|l| !l.contains(&permits_call(&server)) && !l.contains(&renew))
+        .filter(|l| {
+            !l.contains(&support::function_name(&server.url(), "sem_permits"))
+                && !l.contains(&renew)
+        })
         .collect();
     assert!(others.is_empty(), "commands besides the add: {others:?}");
 
@@ -746,7 +732,10 @@ fn add_permits_admits_exactly_the_waiters_it_covers_without_polling() {
 fn waiters_get_permits_in_queue_order() {
     const NAME: &str = "line";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
     let mut holders: Vec<Permit> = (0..3).map(|_| sa.acquire().unwrap()).collect();
     let (got_tx, got) = mpsc::channel();
@@ -798,7 +787,10 @@ fn waiters_get_permits_in_queue_order() {
 fn a_large_request_at_the_head_is_not_passed_by_smaller_ones() {
     const NAME: &str = "strict";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
     let two = sa.acquire_many(2).unwrap();
     let one = sa.acquire().unwrap();
@@ -842,7 +834,10 @@ fn a_large_request_at_the_head_is_not_passed_by_smaller_ones() {
 fn a_release_admits_every_head_waiter_it_covers_at_once() {
     const NAME: &str = "batch";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 4), b.semaphore(NAME, 4));
     // Loads the release script, so the window below holds the release and nothing else.
     sa.acquire().unwrap().release().unwrap();
@@ -883,7 +878,7 @@ fn a_release_admits_every_head_waiter_it_covers_at_once() {
         0,
         "a waiter ran the acquire script"
     );
-    let renew = renew_call(&server);
+    let renew = support::function_name(&server.url(), "renew");
     let top: Vec<&String> = Monitor::top_level(&lines)
         .into_iter()
         .filter(|l| !l.contains(&renew))
@@ -930,7 +925,7 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     fn is_send<T: Send>() {}
     is_send::<Permit>();
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     let sem = c.semaphore(NAME, 3);
 
     let p = sem.acquire_many(2).unwrap();
@@ -943,10 +938,13 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     p.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 3);
     assert!(
-        !exists(&server, &key(NAME)),
+        !support::exists(&mut server.connection(), Keys::sem(PREFIX, NAME).key()),
         "holds left after the last release"
     );
-    assert!(!exists(&server, &aux("leases", NAME)));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).aux("leases")
+    ));
 
     {
         let _p = sem.acquire().unwrap();
@@ -988,7 +986,10 @@ fn a_release_after_the_lease_ended_is_refused() {
     const NAME: &str = "lost";
     const WATCHDOG: Duration = Duration::from_millis(600);
     let server = RedisServer::new();
-    let (watched, slow) = (client(&server.url(), WATCHDOG), client(&server.url(), LONG));
+    let (watched, slow) = (
+        CLIENTS.scaled(WATCHDOG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sw, ss) = (watched.semaphore(NAME, 4), slow.semaphore(NAME, 4));
     let lost = sw.acquire_many(2).unwrap();
     let lost_id = holders_of(&server, NAME, watched.id());
@@ -1041,26 +1042,32 @@ fn operators_change_the_stored_number_of_permits() {
     const NAME: &str = "ops";
     const WATCHDOG: Duration = Duration::from_secs(5);
     let server = RedisServer::new();
-    let c = client(&server.url(), WATCHDOG);
+    let c = CLIENTS.scaled(WATCHDOG).at(&server.url());
     let sem = c.semaphore(NAME, 3);
     assert!(
-        !exists(&server, &aux("permits", NAME)),
+        !support::exists(
+            &mut server.connection(),
+            Keys::sem(PREFIX, NAME).aux("permits")
+        ),
         "made without touching Redis"
     );
     assert_eq!(sem.permits().unwrap(), 3);
     assert_eq!(
-        pttl(&server, &aux("permits", NAME)),
+        pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")),
         -1,
         "the number never expires"
     );
-    let other = client(&server.url(), LONG).semaphore(NAME, 10);
+    let other = CLIENTS.scaled(LONG).at(&server.url()).semaphore(NAME, 10);
     assert_eq!(
         other.permits().unwrap(),
         3,
         "the stored number counts, not the handle's"
     );
     assert_eq!(other.available_permits().unwrap(), 3);
-    let fresh = client(&server.url(), LONG).semaphore("ops-other", 10);
+    let fresh = CLIENTS
+        .scaled(LONG)
+        .at(&server.url())
+        .semaphore("ops-other", 10);
     let p = fresh.acquire().unwrap();
     assert_eq!(
         fresh.available_permits().unwrap(),
@@ -1070,14 +1077,17 @@ fn operators_change_the_stored_number_of_permits() {
     drop(p);
 
     let p1 = sem.acquire_many(2).unwrap();
-    for k in [key(NAME), aux("leases", NAME)] {
+    for k in [
+        Keys::sem(PREFIX, NAME).key(),
+        Keys::sem(PREFIX, NAME).aux("leases"),
+    ] {
         let ttl = pttl(&server, &k);
         assert!(
             ttl > 0 && ttl <= WATCHDOG.as_millis() as i64,
             "{k} expires with the lease ({WATCHDOG:?}): {ttl}"
         );
     }
-    assert_eq!(pttl(&server, &aux("permits", NAME)), -1);
+    assert_eq!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")), -1);
     assert_eq!(sem.add_permits(2).unwrap(), 5);
     assert_eq!(sem.available_permits().unwrap(), 3);
     let p2 = sem.acquire().unwrap();
@@ -1122,14 +1132,20 @@ fn operators_change_the_stored_number_of_permits() {
     assert_eq!(sem.available_permits().unwrap(), 1);
 
     // Nothing held: the holds are gone, the number stays.
-    assert!(!exists(&server, &key(NAME)));
-    assert!(!exists(&server, &aux("leases", NAME)));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).key()
+    ));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).aux("leases")
+    ));
     let stored: String = redis::cmd("GET")
-        .arg(aux("permits", NAME))
+        .arg(Keys::sem(PREFIX, NAME).aux("permits"))
         .query(&mut server.connection())
         .unwrap();
     assert_eq!(stored, "1");
-    assert_eq!(pttl(&server, &aux("permits", NAME)), -1);
+    assert_eq!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")), -1);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1174,7 +1190,7 @@ fn dbsize(server: &RedisServer) -> i64 {
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     for (op, r) in every_op(&c.semaphore("zero", 0)) {
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{op}: {r:?}");
     }
@@ -1227,7 +1243,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         .unwrap();
     assert_eq!(
         keys,
-        [aux("permits", "bad")],
+        [Keys::sem(PREFIX, "bad").aux("permits")],
         "only the semaphore that was used"
     );
 }
@@ -1330,7 +1346,7 @@ fn lost_replies_take_and_free_permits_once() {
     let proxy = FaultProxy::new(server.port());
     let c = through(&proxy, LONG);
     let sem = c.semaphore(NAME, 4);
-    let other = client(&server.url(), LONG).semaphore(NAME, 4);
+    let other = CLIENTS.scaled(LONG).at(&server.url()).semaphore(NAME, 4);
     let bystander = other.acquire().unwrap();
 
     proxy.lose_next_reply_to(&acquire_call(&server));
@@ -1370,7 +1386,10 @@ fn lost_replies_take_and_free_permits_once() {
     drop(three);
     bystander.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 4);
-    assert!(!exists(&server, &key(NAME)));
+    assert!(!support::exists(
+        &mut server.connection(),
+        Keys::sem(PREFIX, NAME).key()
+    ));
     eprintln!("a release whose reply was lost returned {r:?}");
 }
 
@@ -1386,7 +1405,7 @@ fn permits_granted_to_an_acquisition_that_timed_out_are_given_back() {
     let c = through(&proxy, WATCHDOG);
     let sem = c.semaphore(NAME, 3);
     assert_eq!(sem.permits().unwrap(), 3);
-    let watcher = client(&server.url(), LONG).semaphore(NAME, 3);
+    let watcher = CLIENTS.scaled(LONG).at(&server.url()).semaphore(NAME, 3);
 
     // Reaches Redis 450 ms late: after a try_acquire gave up (250 ms), before the
     // clean-up's second round.
@@ -1438,7 +1457,10 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
     const NAME: &str = "timed";
     const WAIT: Duration = Duration::from_millis(300);
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 2), b.semaphore(NAME, 2));
     // The admitted waiter's confirmation below is then one round trip, not a NOSCRIPT round.
     load_renew(&server);
@@ -1454,7 +1476,7 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
         );
         assert!(queue(&server, NAME).is_empty(), "left its entry behind");
         let waiting: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(aux("waiters", NAME))
+            .arg(Keys::sem(PREFIX, NAME).aux("waiters"))
             .query(&mut server.connection())
             .unwrap();
         assert!(waiting.is_empty(), "left its waiter data: {waiting:?}");
@@ -1519,7 +1541,7 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
 fn a_request_for_more_permits_than_there_are_fails_at_once() {
     const NAME: &str = "oversized";
     let server = RedisServer::new();
-    let c = client(&server.url(), LONG);
+    let c = CLIENTS.scaled(LONG).at(&server.url());
     let sem = c.semaphore(NAME, 2);
     let (tx, rx) = mpsc::channel();
     let asking = sem.clone();
@@ -1564,7 +1586,10 @@ fn a_request_for_more_permits_than_there_are_fails_at_once() {
 fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
     const NAME: &str = "shrunk";
     let server = RedisServer::new();
-    let (a, b) = (client(&server.url(), LONG), client(&server.url(), LONG));
+    let (a, b) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
     let held = sa.acquire_many(2).unwrap();
     // The big one waits for 2 (1 free), the small one behind it.
@@ -1641,8 +1666,11 @@ fn a_permit_granted_after_its_pickup_window_is_not_returned_as_held() {
     const NAME: &str = "late-permit";
     let server = RedisServer::new();
     let proxy = FaultProxy::new(server.port());
-    let (holder, other) = (client(&server.url(), LONG), client(&server.url(), LONG));
-    let waiter = client(&proxy.url(), LONG);
+    let (holder, other) = (
+        CLIENTS.scaled(LONG).at(&server.url()),
+        CLIENTS.scaled(LONG).at(&server.url()),
+    );
+    let waiter = CLIENTS.scaled(LONG).at(&proxy.url());
     let first = holder.semaphore(NAME, 1).acquire().expect("holder");
     let other_holds = Arc::new(AtomicBool::new(false));
     let (done, returned) = mpsc::channel();

@@ -11,6 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::topology::{addr_of, Sentinels};
 use support::wait_until;
 
@@ -27,14 +28,10 @@ fn sentinel_client(topo: &Sentinels) -> redmutex::ClientBuilder {
         .connect_timeout(Duration::from_secs(10))
 }
 
-fn lock_key(name: &str) -> String {
-    format!("redmutex:{{{name}}}")
-}
-
 /// The holder ids in `name`'s hash on the node `con`, with their counts.
 fn holders(con: &mut redis::Connection, name: &str) -> Vec<(String, i64)> {
     redis::cmd("HGETALL")
-        .arg(lock_key(name))
+        .arg(Keys::lock(DEFAULT_PREFIX, name).key())
         .query(con)
         .expect("HGETALL")
 }
@@ -74,7 +71,7 @@ fn the_client_finds_the_primary_and_follows_a_failover() {
     assert!(
         wait_until(Duration::from_secs(5), || support::subscribers(
             &mut primary,
-            "redmutex:{held}"
+            Keys::lock(DEFAULT_PREFIX, "held").key()
         ) > 0),
         "the waiter subscribes on the primary"
     );
@@ -100,7 +97,7 @@ fn the_client_finds_the_primary_and_follows_a_failover() {
     // here is a renewal on the new primary.
     let mut pttl = || -> i64 {
         redis::cmd("PTTL")
-            .arg(lock_key("held"))
+            .arg(Keys::lock(DEFAULT_PREFIX, "held").key())
             .query(&mut primary)
             .unwrap()
     };
@@ -355,7 +352,7 @@ fn a_frozen_sentinel_does_not_hold_up_grants() {
     assert!(
         wait_until(Duration::from_secs(5), || support::subscribers(
             &mut primary,
-            lock_key(NAME)
+            Keys::lock(DEFAULT_PREFIX, NAME).key()
         ) > 0),
         "the waiter subscribes on the primary"
     );
@@ -389,7 +386,7 @@ fn a_frozen_sentinel_does_not_hold_up_a_reconnect() {
     let topo = Sentinels::new(1, 3);
     let mut primary = primary_connection(&topo);
     let (held, acquired, waiter, _clients) = held_and_waited_for(&topo, NAME);
-    let queue = format!("redmutex:!queue:{{{NAME}}}");
+    let queue = Keys::lock(DEFAULT_PREFIX, NAME).queue();
     assert!(
         wait_until(Duration::from_secs(5), || redis::cmd("LLEN")
             .arg(&queue)

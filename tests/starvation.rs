@@ -38,10 +38,9 @@ return 0
 /// The child side; a no-op in a normal run.
 #[test]
 fn starvation_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     worker(&url, role == "fair");
 }
 
@@ -128,12 +127,7 @@ fn contend(kind: &str) -> (Vec<u64>, i64) {
     let mut counts = Vec::new();
     for w in workers {
         let line = w.next_line();
-        let words: Vec<u64> = line
-            .strip_prefix("count ")
-            .unwrap_or_else(|| panic!("unexpected line {line:?}"))
-            .split(' ')
-            .map(|n| n.parse().expect("number"))
-            .collect();
+        let words: Vec<u64> = support::child::numbers(&line, "count ");
         assert_eq!(words[1], 0, "{kind}: a worker's lock or unlock failed");
         counts.push(words[0]);
         w.wait_success();

@@ -12,21 +12,18 @@ use std::thread;
 use std::time::Duration;
 
 use capture::{counter, histogram, metrics_of, observed};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, RedisServer};
 
 const PREFIX: &str = "telemetry:";
 
-fn client(server: &RedisServer) -> redmutex::Client {
-    support::client(
-        &server.url(),
-        PREFIX,
-        Duration::from_secs(30),
-        Duration::from_secs(2),
-    )
-}
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(Duration::from_secs(30))
+    .command(Duration::from_secs(2));
 
 fn await_queued(server: &RedisServer, name: &str, n: i64) {
-    let queue = format!("{PREFIX}!queue:{{{name}}}");
+    let queue = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
     let mut seen = 0;
     let ok = wait_until(Duration::from_secs(5), || {
@@ -38,8 +35,7 @@ fn await_queued(server: &RedisServer, name: &str, n: i64) {
 
 #[test]
 fn an_uncontended_acquisition_has_its_span_its_release_event_and_its_metrics() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.lock("free");
     let ((), captured, snapshotter) = observed(|| {
         let guard = lock.lock().unwrap();
@@ -111,8 +107,7 @@ fn an_uncontended_acquisition_has_its_span_its_release_event_and_its_metrics() {
 
 #[test]
 fn a_try_lock_of_a_held_lock_is_timed_out_and_not_a_wait() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (_server, c) = CLIENTS.serve();
     let lock = c.lock("held");
     let (tx, rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -160,10 +155,9 @@ fn a_try_lock_of_a_held_lock_is_timed_out_and_not_a_wait() {
 
 #[test]
 fn a_cancelled_wait_is_counted_and_its_span_says_cancelled() {
-    let server = RedisServer::new();
-    let holder = client(&server);
+    let (server, holder) = CLIENTS.serve();
     let _held = holder.lock("cancelled").lock().unwrap();
-    let c = client(&server);
+    let c = CLIENTS.at(&server);
     let lock = c.lock("cancelled");
     let token = redmutex::CancelToken::new();
     let (got, captured, snapshotter) = observed(|| {
@@ -198,8 +192,7 @@ fn a_cancelled_wait_is_counted_and_its_span_says_cancelled() {
 
 #[test]
 fn a_contended_fair_lock_handed_over_says_so_in_its_span_and_counts_a_handoff() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (server, c) = CLIENTS.serve();
     let lock = c.fair_lock("queue");
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
@@ -256,8 +249,7 @@ fn a_contended_fair_lock_handed_over_says_so_in_its_span_and_counts_a_handoff() 
 
 #[test]
 fn semaphore_and_read_write_acquisitions_are_told_apart_by_kind() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (_server, c) = CLIENTS.serve();
     let ((), captured, snapshotter) = observed(|| {
         let permit = c.semaphore("pool", 2).acquire().unwrap();
         permit.release().unwrap();
@@ -284,8 +276,7 @@ fn semaphore_and_read_write_acquisitions_are_told_apart_by_kind() {
 
 #[test]
 fn a_fixed_lease_that_ran_out_is_lost_once_however_often_it_is_found() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (_server, c) = CLIENTS.serve();
     let lock = c.lock("fixed");
     let lease = Duration::from_secs(1);
     let ((), captured, snapshotter) = observed(|| {
@@ -324,8 +315,7 @@ fn a_fixed_lease_that_ran_out_is_lost_once_however_often_it_is_found() {
 
 #[test]
 fn a_multilock_acquisition_has_one_span_naming_its_locks() {
-    let server = RedisServer::new();
-    let c = client(&server);
+    let (_server, c) = CLIENTS.serve();
     let multi = redmutex::MultiLock::new([c.lock("m1"), c.lock("m2")]).unwrap();
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -370,7 +360,7 @@ fn the_metrics_are_described_with_their_units_to_the_recorder() {
     let server = RedisServer::new();
     let ((), _, snapshotter) = observed(|| {
         // Described as the client is built: the recorder is installed by then.
-        let c = client(&server);
+        let c = CLIENTS.at(&server);
         c.lock("described").lock().unwrap().unlock().unwrap();
     });
     let hold = snapshotter

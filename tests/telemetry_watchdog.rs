@@ -13,6 +13,7 @@ use std::time::Duration;
 use capture::{metrics_of, Captured};
 use metrics_util::debugging::{DebugValue, Snapshotter};
 use redmutex::Error;
+use support::clients::Clients;
 use support::{wait_until, RedisServer};
 
 const PREFIX: &str = "telemetry-wd:";
@@ -51,7 +52,10 @@ fn lost_events(captured: &Captured, lock: &str) -> Vec<HashMap<String, String>> 
 fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     let (captured, snapshotter) = capture::global();
     let server = RedisServer::new();
-    let c = support::client(&server.url(), PREFIX, WATCHDOG, Duration::from_millis(500));
+    let c = Clients::new(PREFIX)
+        .watchdog(WATCHDOG)
+        .command(Duration::from_millis(500))
+        .at(&server.url());
 
     // Renewals: every script call while the lock is held (nothing else runs one) renews
     // its one hold, and each is counted. Time is the subject here: rounds every 500 ms.
@@ -77,7 +81,10 @@ fn renewals_failed_renewals_and_lost_leases_are_counted_once_each() {
     // Force-unlocked: the next renewal finds the hold gone; it is lost once, whatever
     // else asks afterwards.
     let guard = c.lock("forced").lock().unwrap();
-    let other = support::client(&server.url(), PREFIX, WATCHDOG, Duration::from_millis(500));
+    let other = Clients::new(PREFIX)
+        .watchdog(WATCHDOG)
+        .command(Duration::from_millis(500))
+        .at(&server.url());
     assert_eq!(other.force_unlock("forced").unwrap().len(), 1);
     assert!(wait_until(WATCHDOG * 5, || guard.is_lease_lost()));
     assert!(guard.is_lease_lost());

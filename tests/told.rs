@@ -10,28 +10,23 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
-use redmutex::{
-    Client, Error, Kind, LockGuard, LossReason, LostLease, MultiLock, OwnedGuard, Permit,
-};
+use redmutex::{Client, Error, Kind, LockGuard, LossReason, MultiLock, OwnedGuard, Permit};
+use support::clients::{with_hook, Clients, Heard, Told};
+use support::keys::{self, Keys, DEFAULT_PREFIX};
 use support::topology::Cluster;
 use support::RedisServer;
+
+const CLIENTS: Clients = Clients::DEFAULT
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(2000));
 
 /// The default watchdog timeout: its renewal comes a third of it (10 s) after a grant.
 const WATCHDOG: Duration = Duration::from_secs(30);
 /// How soon a loss must be told: far under the 10 s renewal, ample on a loaded machine.
 const TOLD_WITHIN: Duration = Duration::from_secs(2);
-
-/// What the hook is told: the lock's name, its kind, why.
-type Told = (String, &'static str, LossReason);
-
-struct Heard {
-    all: Arc<Mutex<Vec<Told>>>,
-    each: Receiver<()>,
-}
 
 impl Heard {
     /// Waits until the hook was told `n` losses in all (up to `TOLD_WITHIN`), then a
@@ -51,27 +46,6 @@ impl Heard {
         let _ = self.each.recv_timeout(Duration::from_millis(100));
         self.all.lock().unwrap().clone()
     }
-}
-
-fn client_with_hook(url: &str, prefix: &str, functions: bool) -> (Client, Heard) {
-    let all = Arc::new(Mutex::new(Vec::new()));
-    let (tx, each) = crossbeam_channel::unbounded();
-    let seen = all.clone();
-    let client = Client::builder()
-        .url(url)
-        .key_prefix(prefix)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(2000))
-        .use_functions(functions)
-        .on_lease_lost(move |lost: &LostLease| {
-            seen.lock()
-                .unwrap()
-                .push((lost.name_lossy(), lost.kind(), lost.reason()));
-            let _ = tx.send(());
-        })
-        .build()
-        .unwrap();
-    (client, Heard { all, each })
 }
 
 /// Waits for `lost` to be ready (disconnected), up to `TOLD_WITHIN` from `since`: how long
@@ -137,7 +111,10 @@ fn an_inner_release_that_finds_the_hold_gone_tells_the_outer_guard_and_the_hook_
     let server = RedisServer::new();
     macro_rules! case {
         ($kind:literal, $prefix:literal, $name:literal, |$c:ident| $lock:expr) => {{
-            let (client, heard) = client_with_hook(&server.url(), $prefix, true);
+            let (client, heard) = CLIENTS
+                .prefix($prefix)
+                .functions(true)
+                .heard_at(&server.url());
             let $c = &client;
             let lock = $lock;
             let outer = lock.lock().unwrap();
@@ -187,7 +164,10 @@ fn an_outermost_release_that_finds_the_hold_gone_says_lease_lost_and_calls_the_h
     let server = RedisServer::new();
     macro_rules! case {
         ($kind:literal, $prefix:literal, $name:literal, |$c:ident| $guard:expr) => {{
-            let (client, heard) = client_with_hook(&server.url(), $prefix, true);
+            let (client, heard) = CLIENTS
+                .prefix($prefix)
+                .functions(true)
+                .heard_at(&server.url());
             let $c = &client;
             let guard = $guard;
             let lost = guard.lost();
@@ -239,7 +219,10 @@ fn an_outermost_release_that_finds_the_hold_gone_says_lease_lost_and_calls_the_h
     // A MultiLock's member found gone by the release: the multi guard says LeaseLost and
     // the member's loss reaches the hook, once.
     let prefix = "told:out:multi:";
-    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let (client, heard) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let multi = MultiLock::new([client.lock("m1"), client.lock("m2"), client.lock("m3")]).unwrap();
     let held = multi.lock().unwrap();
     let mut con = server.connection();
@@ -269,14 +252,13 @@ fn await_listening(server: &RedisServer, prefix: &str, client: &Client) {
 fn a_force_unlock_right_after_the_first_hold_is_told() {
     let server = RedisServer::new();
     let prefix = "told:first:";
-    let other = Client::builder()
-        .url(server.url())
-        .key_prefix(prefix)
-        .build()
-        .unwrap();
+    let other = Clients::DEFAULT.prefix(prefix).at(&server);
     for i in 0..5 {
         let name = format!("first-{i}");
-        let (client, heard) = client_with_hook(&server.url(), prefix, true);
+        let (client, heard) = CLIENTS
+            .prefix(prefix)
+            .functions(true)
+            .heard_at(&server.url());
         let guard = client.lock(&name).lock().unwrap();
         let forced = Instant::now();
         assert!(other.lock(&name).force_unlock().unwrap());
@@ -306,13 +288,14 @@ fn a_force_unlock_is_told_to_the_holder_at_once() {
         macro_rules! case {
             ($kind:literal, $name:literal, |$c:ident| $guard:expr) => {{
                 let prefix = format!("told:forced:{path}:{}:", $kind);
-                let (client, heard) = client_with_hook(&server.url(), &prefix, functions);
-                let other = Client::builder()
-                    .url(server.url())
-                    .key_prefix(&prefix)
-                    .use_functions(functions)
-                    .build()
-                    .unwrap();
+                let (client, heard) = CLIENTS
+                    .prefix(&prefix)
+                    .functions(functions)
+                    .heard_at(&server.url());
+                let other = Clients::DEFAULT
+                    .prefix(&prefix)
+                    .functions(functions)
+                    .at(&server);
                 let $c = &client;
                 let guard = $guard;
                 let bystander = client.lock("bystander").lock().unwrap();
@@ -387,8 +370,14 @@ fn a_force_unlock_is_told_to_the_holder_at_once() {
 fn a_force_unlock_tells_every_holder_and_every_level() {
     let server = RedisServer::new();
     let prefix = "told:many:";
-    let (a, heard_a) = client_with_hook(&server.url(), prefix, true);
-    let (b, heard_b) = client_with_hook(&server.url(), prefix, true);
+    let (a, heard_a) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
+    let (b, heard_b) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let ra = a.read_write_lock("rw").read().lock().unwrap();
     let ra2 = a.read_write_lock("rw").read().lock().unwrap();
     let rb = b.read_write_lock("rw").read().lock().unwrap();
@@ -441,34 +430,22 @@ fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
     let cluster = Cluster::new(3, 0);
     let name = (0..)
         .map(|i| format!("forced-{i}"))
-        .find(|n| cluster.node_for_key(format!("redmutex:{{{n}}}")) != 0)
+        .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) != 0)
         .unwrap();
-    let all = Arc::new(Mutex::new(Vec::new()));
-    let (tx, each) = crossbeam_channel::unbounded();
-    let seen = all.clone();
     // Its only seed is node 0: its pub/sub connection goes there.
-    let holder = Client::builder()
-        .cluster(vec![format!("redis://{}/", cluster.node(0).addr())])
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(1500))
-        .connect_timeout(Duration::from_secs(10))
-        .on_lease_lost(move |lost: &LostLease| {
-            seen.lock()
-                .unwrap()
-                .push((lost.name_lossy(), lost.kind(), lost.reason()));
-            let _ = tx.send(());
-        })
-        .build()
-        .unwrap();
-    let heard = Heard { all, each };
-    let other = Client::builder()
-        .cluster(cluster.seed_urls())
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let (holder, heard) = with_hook(
+        CLIENTS
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .builder()
+            .cluster(vec![format!("redis://{}/", cluster.node(0).addr())]),
+    );
+    let other = Clients::DEFAULT
+        .connect(Duration::from_secs(10))
+        .cluster_at(cluster.seed_urls());
     let guard = holder.lock(&name).lock().unwrap();
     let lost = guard.lost();
-    let own = format!("redmutex:__control:{}", holder.id());
+    let own = keys::control_channel(DEFAULT_PREFIX, &holder);
     let mut con = cluster.node(0).connection();
     assert!(
         support::wait_until(Duration::from_secs(5), || support::subscribers(
@@ -492,7 +469,10 @@ fn a_force_unlock_on_a_cluster_is_told_across_nodes() {
 fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
     let server = RedisServer::new();
     let prefix = "told:again:";
-    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let (client, heard) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let lock = client.lock("again");
     let outer = lock.lock().unwrap();
     let lost = outer.lost();
@@ -536,7 +516,10 @@ fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
 fn a_force_unlock_of_a_multilock_member_is_told_at_once() {
     let server = RedisServer::new();
     let prefix = "told:multi:";
-    let (client, heard) = client_with_hook(&server.url(), prefix, true);
+    let (client, heard) = CLIENTS
+        .prefix(prefix)
+        .functions(true)
+        .heard_at(&server.url());
     let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
     let held = multi.lock().unwrap();
     let lost = held.lost();

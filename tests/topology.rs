@@ -7,6 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::keys::{Keys, DEFAULT_PREFIX};
 use support::topology::{addr_of, crc16, key_slot, tag_for_slot, Cluster, Sentinels, SLOTS};
 
 /// Upper bound on any failover here; the measured figures are printed.
@@ -244,8 +245,8 @@ fn cluster_forms_and_routes_keys() {
     let keys: Vec<String> = (0..1000)
         .map(|n| match n % 4 {
             0 => format!("key:{n}"),
-            1 => format!("redmutex:{{lock{n}}}"),
-            2 => format!("redmutex:!queue:{{lock{n}}}"),
+            1 => Keys::lock(DEFAULT_PREFIX, &format!("lock{n}")).key(),
+            2 => Keys::lock(DEFAULT_PREFIX, &format!("lock{n}")).queue(),
             _ => format!("x{{}}{n}{{y}}"),
         })
         .collect();

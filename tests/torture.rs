@@ -33,12 +33,18 @@ use std::time::{Duration, Instant};
 
 use redmutex::{CancelToken, Client, Error, Kind, Lock, LockGuard, OwnedGuard};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::RedisServer;
 
 const ROLE: &str = "REDMUTEX_TORTURE_ROLE";
 const URL: &str = "REDMUTEX_TORTURE_URL";
 const KIND: &str = "REDMUTEX_TORTURE_KIND";
 const PREFIX: &str = "torture:";
+
+const CLIENTS: Clients = Clients::new(PREFIX)
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(500));
 const LOCKS: [&str; 5] = ["alpha", "{x}", "{x}:fence", "x:fence", "beta:released"];
 /// One section in this many nests a short fixed lease and outlasts it.
 const LONG_EVERY: u64 = 16;
@@ -177,21 +183,6 @@ end
 return violations
 ";
 
-/// The Redis key of lock `name` (the names above are brace-free or carry a valid tag).
-fn lock_key(name: &str) -> String {
-    if name.contains('{') {
-        format!("{PREFIX}~{name}")
-    } else {
-        format!("{PREFIX}{{{name}}}")
-    }
-}
-
-/// The Redis key of the holds of read-write lock `name`.
-fn rw_key(name: &str) -> String {
-    let key = lock_key(name);
-    format!("{PREFIX}!rw:{}", &key[PREFIX.len()..])
-}
-
 /// The witness's own key: no lock key starts like this after the prefix.
 fn witness_key(name: &str) -> String {
     format!("{PREFIX}witness:{name}")
@@ -199,12 +190,11 @@ fn witness_key(name: &str) -> String {
 
 #[test]
 fn torture_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
     assert_eq!(role, "worker");
-    let url = std::env::var(URL).expect("URL");
-    let client = client(&url);
+    let client = CLIENTS.at(&url);
     say("started");
     // Each thread's current token; the canceller cancels one and puts a fresh one there.
     let tokens: Arc<Vec<Mutex<CancelToken>>> = Arc::new(
@@ -235,7 +225,7 @@ fn torture_entry() {
                 tag: |_| "0".to_owned(),
                 owned_tag: |_| "0".to_owned(),
                 witness: WITNESS,
-                key: lock_key,
+                key: |name| Keys::lock(PREFIX, name).key(),
             };
             fair.spawn(&client, &url, &tokens, 0..THREADS)
         }
@@ -245,14 +235,14 @@ fn torture_entry() {
                 tag: |_| "r".to_owned(),
                 owned_tag: |_| "r".to_owned(),
                 witness: RW_WITNESS,
-                key: rw_key,
+                key: |name| Keys::rw(PREFIX, name).key(),
             };
             let write = Worker {
                 make: |c, name| c.read_write_lock(name).write(),
                 tag: |_| "w".to_owned(),
                 owned_tag: |_| "w".to_owned(),
                 witness: RW_WITNESS,
-                key: rw_key,
+                key: |name| Keys::rw(PREFIX, name).key(),
             };
             let mut threads = read.spawn(&client, &url, &tokens, 0..THREADS / 2);
             threads.extend(write.spawn(&client, &url, &tokens, THREADS / 2..THREADS));
@@ -264,7 +254,7 @@ fn torture_entry() {
                 tag: |g| g.token().to_string(),
                 owned_tag: |g| g.token().to_string(),
                 witness: WITNESS,
-                key: lock_key,
+                key: |name| Keys::lock(PREFIX, name).key(),
             };
             fenced.spawn(&client, &url, &tokens, 0..THREADS)
         }
@@ -272,16 +262,6 @@ fn torture_entry() {
     for t in threads {
         let _ = t.join();
     }
-}
-
-fn client(url: &str) -> Client {
-    Client::builder()
-        .url(url)
-        .key_prefix(PREFIX)
-        .watchdog_timeout(WATCHDOG)
-        .command_timeout(Duration::from_millis(500))
-        .build()
-        .expect("build client")
 }
 
 /// What worker threads of one kind `K` take and how their sections are witnessed.

@@ -19,29 +19,20 @@ use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
+use support::clients::Clients;
+use support::keys::Keys;
 use support::{wait_until, RedisServer};
 
 const ROLE: &str = "REDMUTEX_UP_ROLE";
 const URL: &str = "REDMUTEX_UP_URL";
 const NAME: &str = "REDMUTEX_UP_NAME";
 const PREFIX: &str = "upt:";
+
+const CLIENTS: Clients = Clients::new(PREFIX);
 /// How long setup steps (a waiter showing in the queue) may take before the test fails.
 const SETUP: Duration = Duration::from_secs(5);
 /// Long enough that a waiter that is not going to be served shows it, on a loaded machine.
 const STILL_WAITING: Duration = Duration::from_millis(300);
-
-fn key(name: &str) -> String {
-    format!("{PREFIX}!rw:{{{name}}}")
-}
-
-fn queue_key(name: &str) -> String {
-    format!("{PREFIX}!queue:!rw:{{{name}}}")
-}
-
-fn client(url: &str, watchdog: Duration) -> Client {
-    let command = (watchdog / 3).min(Duration::from_secs(2));
-    support::client(url, PREFIX, watchdog, command)
-}
 
 fn connect(url: &str) -> redis::Connection {
     redis::Client::open(url)
@@ -52,7 +43,7 @@ fn connect(url: &str) -> redis::Connection {
 /// The hold fields of the lock's hash (not the scripts' `~` fields), sorted.
 fn hold_fields(con: &mut redis::Connection, name: &str) -> Vec<String> {
     let all: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(key(name))
+        .arg(Keys::rw(PREFIX, name).key())
         .query(con)
         .expect("HGETALL");
     let mut f: Vec<String> = all.into_keys().filter(|f| !f.starts_with('~')).collect();
@@ -63,7 +54,7 @@ fn hold_fields(con: &mut redis::Connection, name: &str) -> Vec<String> {
 /// The holder ids queued, in order.
 fn queue(con: &mut redis::Connection, name: &str) -> Vec<String> {
     redis::cmd("LRANGE")
-        .arg(queue_key(name))
+        .arg(Keys::rw(PREFIX, name).queue())
         .arg(0)
         .arg(-1)
         .query(con)
@@ -115,9 +106,9 @@ fn upgradeable_shares_with_readers_and_excludes_writers_and_upgradeables() {
     let url = server.url();
     let name = "share";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let up = a
@@ -139,7 +130,7 @@ fn upgradeable_shares_with_readers_and_excludes_writers_and_upgradeables() {
         .any(|f| f.starts_with(&format!("u:{}:", a.id()))));
 
     // (From a client this thread does not read with: that would be `WouldDeadlock`.)
-    let d = client(&url, Duration::from_secs(5));
+    let d = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let other = d
         .read_write_lock(name)
         .upgradeable()
@@ -185,9 +176,9 @@ fn a_second_upgradeable_and_a_writer_wait_in_turn() {
     let url = server.url();
     let name = "turns";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let up = a
@@ -273,9 +264,9 @@ fn upgrade_scenario(url: &str) {
     let url = url.to_owned();
     let name = "upgrade";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let (tx, rx) = mpsc::channel();
@@ -412,7 +403,7 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
     let inside_key = format!("inside:{{{name}}}");
     let mut streamers = Vec::new();
     for _ in 0..3 {
-        let c = client(&url, Duration::from_secs(5));
+        let c = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
         let (stop, reads, url, inside_key) =
             (stop.clone(), reads.clone(), url.clone(), inside_key.clone());
         streamers.push(thread::spawn(move || {
@@ -433,8 +424,8 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
         wait_until(SETUP, || reads.load(Ordering::Relaxed) >= 6),
         "the readers stream"
     );
-    let a = client(&url, Duration::from_secs(5));
-    let writer_client = client(&url, Duration::from_secs(5));
+    let a = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
+    let writer_client = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let rw = a.read_write_lock(name);
     let mut worst = Duration::ZERO;
     for round in 0..ROUNDS {
@@ -521,10 +512,9 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn upgradeable_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
-    let url = std::env::var(URL).expect("URL for the child");
     let name = std::env::var(NAME).expect("lock name for the child");
     match role.as_str() {
         "upgrader" => upgrader_process(&url, &name),
@@ -576,7 +566,7 @@ const CHILD_ROUNDS: usize = 15;
 /// writes a moment (inside as a writer), releases; `CHILD_ROUNDS` times, then says
 /// `done`.
 fn upgrader_process(url: &str, name: &str) {
-    let client = client(url, Duration::from_secs(5));
+    let client = CLIENTS.scaled(Duration::from_secs(5)).at(url);
     let mut con = connect(url);
     let rw = client.read_write_lock(name);
     say("ready");
@@ -597,16 +587,10 @@ fn upgrader_process(url: &str, name: &str) {
 
 /// Loops plain reads (inside the witness as a reader) until told `stop`, then says `done`.
 fn reader_process(url: &str, name: &str) {
-    let client = client(url, Duration::from_secs(5));
+    let client = CLIENTS.scaled(Duration::from_secs(5)).at(url);
     let mut con = connect(url);
     let read = client.read_write_lock(name).read();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
-        s.store(true, Ordering::Relaxed);
-    });
+    let stop = support::child::stop_on_stdin();
     say("ready");
     while !stop.load(Ordering::Relaxed) {
         let g = read.lock().expect("read");
@@ -668,7 +652,7 @@ fn upgraded_holds_exclude_everyone_across_processes() {
 /// Takes the upgradeable side (lease: the watchdog's, 1.5 s) and says `held <client id>`;
 /// on `upgrade`, says `upgrading` and upgrades (and says `upgraded`). Killed by the test.
 fn crash_holder_process(url: &str, name: &str) {
-    let client = client(url, CRASH_LEASE);
+    let client = CLIENTS.scaled(CRASH_LEASE).at(url);
     let rw = client.read_write_lock(name);
     let up = rw.upgradeable().lock().expect("upgradeable");
     say(&format!("held {}", client.id()));
@@ -712,7 +696,7 @@ fn a_dead_upgradeable_holder_frees_the_slot_when_its_lease_ends() {
     // When its lease ends, by the server's clock.
     let (ends, now): (i64, (i64, i64)) = redis::pipe()
         .cmd("ZSCORE")
-        .arg(format!("{PREFIX}!leases:!rw:{{{name}}}"))
+        .arg(Keys::rw(PREFIX, name).leases())
         .arg(&field)
         .cmd("TIME")
         .query(&mut con)
@@ -720,7 +704,7 @@ fn a_dead_upgradeable_holder_frees_the_slot_when_its_lease_ends() {
     let left = Duration::from_millis((ends - (now.0 * 1000 + now.1 / 1000)).max(0) as u64);
     assert!(left <= CRASH_LEASE, "lease left {left:?}");
 
-    let other = client(&url, Duration::from_secs(5));
+    let other = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let up = other.read_write_lock(name).upgradeable();
     assert!(
         up.try_lock().unwrap().is_none(),
@@ -755,7 +739,7 @@ fn a_dead_pending_upgrade_blocks_nobody() {
     let url = server.url();
     let name = "crash-pending";
     let mut con = connect(&url);
-    let reader_client = client(&url, Duration::from_secs(5));
+    let reader_client = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let (tx, rx) = mpsc::channel();
     let (release_r, tr) = holder_thread(&reader_client, name, "read", tx.clone());
     assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
@@ -767,7 +751,7 @@ fn a_dead_pending_upgrade_blocks_nobody() {
     await_queue_len(&mut con, name, 1, "the pending upgrade");
     assert!(queue(&mut con, name)[0].starts_with(&format!("{id}:")));
     // A reader behind the pending upgrade.
-    let late_client = client(&url, Duration::from_secs(5));
+    let late_client = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let (ltx, lrx) = mpsc::channel();
     let (release_l, tl) = holder_thread(&late_client, name, "read", ltx);
     await_queue_len(&mut con, name, 2, "the late reader");
@@ -812,7 +796,7 @@ fn bad_input_is_refused_typed() {
     let server = RedisServer::new();
     let url = server.url();
     let name = "bad";
-    let a = client(&url, Duration::from_secs(5));
+    let a = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let mut con = connect(&url);
     let rw = a.read_write_lock(name);
     let r = rw.read().lock().expect("read");
@@ -870,9 +854,9 @@ fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
     let url = server.url();
     let name = "give-up";
     let (a, b, c) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let (tx, rx) = mpsc::channel();
@@ -924,7 +908,7 @@ fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
         1
     );
     assert!(!up.is_lease_lost());
-    let d = client(&url, Duration::from_secs(5));
+    let d = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     assert!(d
         .read_write_lock(name)
         .write()
@@ -960,8 +944,8 @@ fn downgrades_to_upgradeable_and_to_read() {
     let url = server.url();
     let name = "downgrade";
     let (a, b) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let rw = a.read_write_lock(name);
@@ -978,7 +962,7 @@ fn downgrades_to_upgradeable_and_to_read() {
     let fields = hold_fields(&mut con, name);
     assert_eq!(fields.len(), 1, "{fields:?}");
     assert!(fields[0].starts_with("u:"));
-    let c = client(&url, Duration::from_secs(5));
+    let c = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     assert!(rx.recv_timeout(STILL_WAITING).is_err(), "the writer waits");
     assert!(c
         .read_write_lock(name)
@@ -1021,13 +1005,11 @@ fn downgrades_to_upgradeable_and_to_read() {
 fn an_upgrade_works_on_a_cluster() {
     let cluster = support::topology::Cluster::new(3, 0);
     let build = || {
-        Client::builder()
-            .cluster(cluster.seed_urls())
-            .watchdog_timeout(Duration::from_secs(5))
-            .command_timeout(Duration::from_millis(1500))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("cluster client")
+        Clients::DEFAULT
+            .watchdog(Duration::from_secs(5))
+            .command(Duration::from_millis(1500))
+            .connect(Duration::from_secs(10))
+            .cluster_at(cluster.seed_urls())
     };
     let (a, b, c) = (build(), build(), build());
     let name = "clustered";
@@ -1097,8 +1079,8 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
     let url = server.url();
     let name = "long";
     let (a, b) = (
-        client(&url, Duration::from_secs(5)),
-        client(&url, Duration::from_secs(5)),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
+        CLIENTS.scaled(Duration::from_secs(5)).at(&url),
     );
     let mut con = connect(&url);
     let (tx, rx) = mpsc::channel();
@@ -1116,15 +1098,21 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
     let fakes: Vec<String> = (0..FAKES).map(|i| format!("fake-{i}:1")).collect();
     let mut pipe = redis::pipe();
     for f in &fakes {
-        pipe.cmd("RPUSH").arg(queue_key(name)).arg(f).ignore();
+        pipe.cmd("RPUSH")
+            .arg(Keys::rw(PREFIX, name).queue())
+            .arg(f)
+            .ignore();
         pipe.cmd("HSET")
-            .arg(format!("{PREFIX}!waiters:!rw:{{{name}}}"))
+            .arg(Keys::rw(PREFIX, name).waiters())
             .arg(f)
             .arg(format!("{} {now} 5000 1 1 1", now + 60_000))
             .ignore();
     }
     // Both keys, as the queue's own rules keep them (queue.lua's Q.outlive).
-    for k in [queue_key(name), format!("{PREFIX}!waiters:!rw:{{{name}}}")] {
+    for k in [
+        Keys::rw(PREFIX, name).queue(),
+        Keys::rw(PREFIX, name).waiters(),
+    ] {
         pipe.cmd("PEXPIRE").arg(k).arg(60_000).ignore();
     }
     pipe.query::<()>(&mut con).unwrap();
@@ -1136,7 +1124,7 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
             assert!(wait_until(SETUP, || queue(&mut con, name).len() == FAKES + 1));
             let q = queue(&mut con, name);
             let ttl: i64 = redis::cmd("PTTL")
-                .arg(queue_key(name))
+                .arg(Keys::rw(PREFIX, name).queue())
                 .query(&mut con)
                 .unwrap();
             release_r.send(()).unwrap();

@@ -14,17 +14,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error, LockGuard};
+use support::clients::Clients;
+use support::keys::{self, Keys};
 use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "wakeups:";
 
-fn key(name: &str) -> String {
-    format!("{PREFIX}{{{name}}}")
-}
+const CLIENTS: Clients = Clients::new(PREFIX);
 
 /// The common prefix of the lock's channels (one per waiting client: `<key>:to:<id>`).
 fn channel(name: &str) -> String {
-    format!("{}:to:", key(name))
+    format!("{}:to:", Keys::lock(PREFIX, name).key())
 }
 
 /// The lock's channel of one client: only its SUBSCRIBE and UNSUBSCRIBE name it in full
@@ -37,14 +37,6 @@ fn channel_of(name: &str, client: &redmutex::Client) -> String {
 /// requests carry.
 fn acquire_call(server: &RedisServer) -> String {
     support::function_name(&server.url(), "acquire")
-}
-
-fn renew_call(server: &RedisServer) -> String {
-    support::function_name(&server.url(), "renew")
-}
-
-fn client(url: &str, watchdog: Duration, command: Duration) -> Client {
-    support::client(url, PREFIX, watchdog, command)
 }
 
 /// Loads the scripts, so that every script call counted or trapped is the real call and
@@ -80,16 +72,14 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let holder = client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
-    let waiter = client(
-        &proxy.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(1))
+        .at(&server.url());
+    let waiter = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(1))
+        .at(&proxy.url());
     let acquire = acquire_call(&server);
     proxy.watch(&acquire);
     // Holding the subscription back makes both waiters subscribe before it is confirmed,
@@ -126,7 +116,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     let second = spawn_waiter(2);
     // Both queued: with their second attempts (a script call count could include the
     // watchdog's keep-alive of the first one's queue entry).
-    let queue = format!("{PREFIX}!queue:{{{NAME}}}");
+    let queue = Keys::lock(PREFIX, NAME).queue();
     let llen = |con: &mut redis::Connection| -> i64 {
         redis::cmd("LLEN").arg(&queue).query(con).expect("LLEN")
     };
@@ -157,7 +147,7 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
         end
         return n",
     )
-    .key(format!("{PREFIX}!waiters:{{{NAME}}}"))
+    .key(Keys::lock(PREFIX, NAME).waiters())
     .invoke(&mut con)
     .expect("refresh the queue entries");
     assert_eq!(fresh, 2, "setup: the two waiters' queue entries");
@@ -213,10 +203,12 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h1 = client(&server.url(), timeouts.0, timeouts.1);
-    let h2 = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&proxy.url(), timeouts.0, timeouts.1);
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h1 = clients.at(&server.url());
+    let h2 = clients.at(&server.url());
+    let w = clients.at(&proxy.url());
     let acquire = acquire_call(&server);
     proxy.watch(&acquire);
 
@@ -322,9 +314,11 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&proxy.url(), timeouts.0, timeouts.1);
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h = clients.at(&server.url());
+    let w = clients.at(&proxy.url());
     let _first = h
         .lock(FIRST)
         .lock_with_lease(Duration::from_secs(10))
@@ -417,12 +411,11 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
     let proxy = FaultProxy::new(server.port());
     // Renewals every 500 ms, each held back 200 ms (under the 500 ms command timeout, and
     // under the re-take's lease, so that a late renewal still finds the re-take's hold).
-    let c = client(
-        &proxy.url(),
-        Duration::from_millis(1500),
-        Duration::from_millis(500),
-    );
-    let renew = renew_call(&server);
+    let c = CLIENTS
+        .watchdog(Duration::from_millis(1500))
+        .command(Duration::from_millis(500))
+        .at(&proxy.url());
+    let renew = support::function_name(&server.url(), "renew");
     proxy.delay_requests_containing(&renew, Duration::from_millis(200));
     let lock = c.lock(NAME);
 
@@ -444,22 +437,13 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
     // The re-take's 400 ms lease is long over 800 ms later, unless a renewal extended it
     // (to the 1.5 s watchdog lease).
     thread::sleep(Duration::from_millis(800).saturating_sub(at.elapsed()));
-    let left = pttl(&server, &key(NAME));
+    let left = pttl(&server, &Keys::lock(PREFIX, NAME).key());
     assert_eq!(
         left, -2,
         "800 ms after a re-take with a 400 ms lease the lock still lives ({left} ms left): \
          the renewal sent for the released hold extended the new one"
     );
     let _ = retaken.unlock();
-}
-
-/// Thaws the server when the test ends, also when it failed while the server was frozen.
-struct Thaw<'a>(&'a RedisServer);
-
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.thaw();
-    }
 }
 
 /// What a bounded call may return from a frozen server.
@@ -496,7 +480,7 @@ fn bounded_calls_return_in_time_from_a_frozen_server() {
     let cold = default_timeouts(&server.url());
 
     server.freeze();
-    let _thaw = Thaw(&server);
+    let _thaw = support::Thaw(&server);
 
     let t = Instant::now();
     let r = warm
@@ -540,11 +524,10 @@ fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
     let server = RedisServer::new();
     load_scripts(&server);
     let proxy = FaultProxy::new(server.port());
-    let holder = client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-    );
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(1))
+        .at(&server.url());
     let waiter = default_timeouts(&proxy.url());
     let _held = holder
         .lock(NAME)
@@ -562,7 +545,7 @@ fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
     assert_eq!(numsub(&server, &channel("warm-up")), 1);
 
     proxy.delay_requests_containing("PUBLISH", Duration::from_millis(300));
-    let _thaw = Thaw(&server);
+    let _thaw = support::Thaw(&server);
     let (r, took) = thread::scope(|s| {
         let freezer = s.spawn(|| {
             // The nudge is held back at the proxy: freeze before it reaches Redis.
@@ -596,9 +579,11 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     const NAME: &str = "lingering";
     let server = RedisServer::new();
     load_scripts(&server);
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&server.url(), timeouts.0, timeouts.1);
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h = clients.at(&server.url());
+    let w = clients.at(&server.url());
     let _held = h
         .lock(NAME)
         .lock_with_lease(Duration::from_secs(20))
@@ -647,7 +632,10 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     let monitor = server.monitor();
     let r = lock.try_lock_with_lease_for(Duration::from_millis(500), Duration::from_secs(1));
     let lines = monitor.stop();
-    let (acquire, lock_key) = (acquire_call(&server), format!("\"{}\"", key(NAME)));
+    let (acquire, lock_key) = (
+        acquire_call(&server),
+        format!("\"{}\"", Keys::lock(PREFIX, NAME).key()),
+    );
     let attempts = support::Monitor::top_level(&lines)
         .into_iter()
         .filter(|l| l.contains(&acquire) && l.contains(&lock_key))
@@ -670,9 +658,11 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     const THREADS: usize = 8;
     let server = RedisServer::new();
     load_scripts(&server);
-    let timeouts = (Duration::from_secs(3), Duration::from_secs(1));
-    let h = client(&server.url(), timeouts.0, timeouts.1);
-    let w = client(&server.url(), timeouts.0, timeouts.1);
+    let clients = CLIENTS
+        .watchdog(Duration::from_secs(3))
+        .command(Duration::from_secs(1));
+    let h = clients.at(&server.url());
+    let w = clients.at(&server.url());
     let lease = Duration::from_millis(1000);
     let taken = Instant::now();
     // Never released: the holder "crashed" with the lock.
@@ -715,7 +705,7 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     let acquire = acquire_call(&server);
     let monitor = server.monitor();
     assert!(
-        pttl(&server, &key(NAME)) > 20,
+        pttl(&server, &Keys::lock(PREFIX, NAME).key()) > 20,
         "setup too slow: the lease ran out before the count started"
     );
 
@@ -757,16 +747,16 @@ const STOPPED_LOCK: &str = "stopped";
 /// once it holds it, then releases it; told "exit", it ends once they all did.
 #[test]
 fn wakeups_entry() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, url)) = support::child::entry(ROLE, URL) else {
         return;
     };
     assert_eq!(role, "waiters");
-    let url = std::env::var(URL).expect("url");
-    let c = std::sync::Arc::new(client(
-        &url,
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    ));
+    let c = std::sync::Arc::new(
+        CLIENTS
+            .watchdog(Duration::from_secs(10))
+            .command(Duration::from_secs(2))
+            .at(&url),
+    );
     let mut threads = Vec::new();
     for line in std::io::BufRead::lines(std::io::stdin().lock()) {
         let line = line.expect("stdin");
@@ -818,15 +808,14 @@ fn subscribes(server: &RedisServer) -> u64 {
 fn a_stopped_and_continued_process_keeps_its_waiters_places() {
     use support::child::ChildProc;
     let server = RedisServer::new();
-    let holder = client(
-        &server.url(),
-        Duration::from_secs(10),
-        Duration::from_secs(2),
-    );
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(10))
+        .command(Duration::from_secs(2))
+        .at(&server.url());
     let held = holder.fair_lock(STOPPED_LOCK).lock().expect("holder");
     // The holder's own pub/sub connection (a client listens on its own channel while it
     // holds anything), subscribed before the counts below are taken.
-    let own = format!("{PREFIX}__control:{}", holder.id());
+    let own = keys::control_channel(PREFIX, &holder);
     assert!(
         support::wait_until(Duration::from_secs(5), || numsub(&server, &own) == 1),
         "the holder's client never listened on its own channel"
@@ -834,7 +823,7 @@ fn a_stopped_and_continued_process_keeps_its_waiters_places() {
     let parent = pubsub_ids(&server);
     let url = server.url();
     let mut child = ChildProc::spawn("wakeups_entry", &[(ROLE, "waiters"), (URL, &url)]);
-    let queue = format!("{PREFIX}!queue:{{{STOPPED_LOCK}}}");
+    let queue = Keys::lock(PREFIX, STOPPED_LOCK).queue();
     let llen = |con: &mut redis::Connection| -> i64 {
         redis::cmd("LLEN").arg(&queue).query(con).expect("LLEN")
     };
@@ -900,8 +889,14 @@ fn lingering_channels_go_each_in_its_own_time() {
     const LATE: Duration = Duration::from_millis(3_000);
     let server = RedisServer::new();
     let url = server.url();
-    let holder = client(&url, Duration::from_secs(30), Duration::from_secs(5));
-    let waiter = client(&url, Duration::from_secs(30), Duration::from_secs(5));
+    let holder = CLIENTS
+        .watchdog(Duration::from_secs(30))
+        .command(Duration::from_secs(5))
+        .at(&url);
+    let waiter = CLIENTS
+        .watchdog(Duration::from_secs(30))
+        .command(Duration::from_secs(5))
+        .at(&url);
     let subscribed = |name: &str| numsub(&server, &channel_of(name, &waiter)) > 0;
     let wait_once = |name: &str| -> Instant {
         let held = holder

@@ -805,3 +805,112 @@ return 0
             .expect("queue floor give (not the holder?)");
     }
 }
+
+/// A multi-process bench's `main`: a re-executed worker (`role_env` set) runs `child`
+/// with its role, the bench itself runs `parent`.
+pub fn dispatch(role_env: &str, child: impl FnOnce(&str), parent: impl FnOnce()) {
+    match std::env::var(role_env) {
+        Ok(role) => child(&role),
+        Err(_) => parent(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The worker protocol the multi-process benches share: the parent spawns workers, each
+// says `ready`, the parent sends them all one window `go <start> <end>` (CLOCK_MONOTONIC
+// ns), each works until `end` and reports `acq <acquired> <releasing>` lines, then `done`.
+
+/// Spawns `n` worker processes of role `role` (set in `role_env`), each with `envs`.
+pub fn spawn_workers(
+    n: usize,
+    role_env: &str,
+    role: &str,
+    envs: &[(&str, &str)],
+) -> Vec<ChildProc> {
+    (0..n)
+        .map(|_| {
+            let mut all = vec![(role_env, role)];
+            all.extend_from_slice(envs);
+            ChildProc::spawn(role, &all)
+        })
+        .collect()
+}
+
+/// Sends every worker the same window: `secs` long, starting 50 ms from now (time for
+/// the lines to arrive). Returns the window's start and end.
+pub fn start_window(children: &mut [ChildProc], secs: f64) -> (u64, u64) {
+    let start = mono_ns() + 50_000_000;
+    let end = start + (secs * 1e9) as u64;
+    for c in children {
+        c.send(&format!("go {start} {end}"));
+    }
+    (start, end)
+}
+
+/// Each worker's `acq` events in order, read until its `done` (a worker silent for
+/// `deadline` fails the bench as `hung`), once it exited successfully.
+pub fn collect_events(
+    children: Vec<ChildProc>,
+    deadline: Duration,
+    hung: &str,
+) -> Vec<Vec<(u64, u64)>> {
+    let mut events = Vec::new();
+    for c in children {
+        let mut mine = Vec::new();
+        loop {
+            let line = c.try_line(deadline).unwrap_or_else(|| panic!("{hung}"));
+            if line == "done" {
+                break;
+            }
+            let mut w = line.split_whitespace();
+            assert_eq!(w.next(), Some("acq"), "unexpected worker line {line:?}");
+            let acq = parse_u64(w.next().unwrap_or(""));
+            let rel = parse_u64(w.next().unwrap_or(""));
+            mine.push((acq, rel));
+        }
+        // Exited: its clients are gone, every command they sent is counted after this.
+        c.wait_success();
+        events.push(mine);
+    }
+    events
+}
+
+/// In a worker: the window the parent sent (`go <start> <end>`).
+pub fn read_window() -> (u64, u64) {
+    let line = read_line();
+    let mut w = line.split_whitespace();
+    assert_eq!(w.next(), Some("go"), "unexpected parent line {line:?}");
+    let start = parse_u64(w.next().unwrap_or(""));
+    let end = parse_u64(w.next().unwrap_or(""));
+    (start, end)
+}
+
+/// In a worker: the loop every contention worker runs from `start` until `end`: take
+/// (`acquire`), hold (`hold`), give back (`release`), and note when it held and when it
+/// began to give back.
+pub fn work_window<H>(
+    (start, end): (u64, u64),
+    mut acquire: impl FnMut() -> H,
+    hold: impl Fn(),
+    mut release: impl FnMut(H),
+) -> Vec<(u64, u64)> {
+    sleep_until_mono(start);
+    let mut events = Vec::new();
+    while mono_ns() < end {
+        let held = acquire();
+        let acquired = mono_ns();
+        hold();
+        let releasing = mono_ns();
+        release(held);
+        events.push((acquired, releasing));
+    }
+    events
+}
+
+/// In a worker: tells the parent its events, then `done`.
+pub fn report_events<'a>(events: impl IntoIterator<Item = &'a (u64, u64)>) {
+    for (a, r) in events {
+        say(&format!("acq {a} {r}"));
+    }
+    say("done");
+}

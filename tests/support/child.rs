@@ -94,3 +94,32 @@ impl Drop for ChildProc {
         let _ = self.child.wait();
     }
 }
+
+/// In a test binary re-run as a child: its role and the server URL the parent set in
+/// `role_var` and `url_var`; `None` in a normal run, where the entry does nothing.
+pub fn entry(role_var: &str, url_var: &str) -> Option<(String, String)> {
+    let role = std::env::var(role_var).ok()?;
+    let url = std::env::var(url_var).unwrap_or_else(|_| panic!("{url_var} for the child"));
+    Some((role, url))
+}
+
+/// The numbers of a child's line `<word> <n> <n> ...` (`word` given with its space).
+pub fn numbers<T: std::str::FromStr>(line: &str, word: &str) -> Vec<T> {
+    line.strip_prefix(word)
+        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+        .split(' ')
+        .map(|w| w.parse().unwrap_or_else(|_| panic!("not a number: {w:?}")))
+        .collect()
+}
+
+/// A flag the parent sets by writing a line to (or closing) the child's stdin.
+pub fn stop_on_stdin() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let set = stop.clone();
+    thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        set.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    stop
+}

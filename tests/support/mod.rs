@@ -20,10 +20,16 @@ use redis::IntoConnectionInfo;
 pub mod child;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod clients;
 pub mod deployment;
+pub mod keys;
 mod proxy;
 pub mod topology;
 // Not every test binary that includes the harness injects faults.
+#[allow(unused_imports)]
+pub use clients::{build, Clients};
+#[allow(unused_imports)]
+pub use keys::Keys;
 #[allow(unused_imports)]
 pub use proxy::FaultProxy;
 
@@ -207,6 +213,23 @@ impl RedisServer {
             .query(&mut con)
             .unwrap_or_else(|e| self.fail(&format!("INFO commandstats: {e}")));
         parse_commandstats(&info)
+    }
+
+    /// The calls per command since `before` (a [`command_calls`](Self::command_calls)),
+    /// commands `skip` names (the test's own, say) left out, and those not called since.
+    pub fn calls_since(
+        &self,
+        before: &HashMap<String, u64>,
+        skip: impl Fn(&str) -> bool,
+    ) -> HashMap<String, u64> {
+        self.command_calls()
+            .into_iter()
+            .filter(|(c, _)| !skip(c))
+            .filter_map(|(c, v)| {
+                let d = v - before.get(&c).copied().unwrap_or(0);
+                (d > 0).then_some((c, d))
+            })
+            .collect()
     }
 
     /// Sum of all command calls, for "no traffic happened" assertions.
@@ -831,16 +854,54 @@ fn script_text(script: &str) -> String {
     parts.concat()
 }
 
-/// A redmutex client for a test: `prefix` keeps its keys apart, and the watchdog and
-/// command timeouts are the test's to choose.
-pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) -> redmutex::Client {
-    redmutex::Client::builder()
-        .url(url)
-        .key_prefix(prefix)
-        .watchdog_timeout(watchdog)
-        .command_timeout(command)
-        .build()
-        .expect("build client")
+/// The length of list `key` (a lock's queue, say).
+pub fn llen(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("LLEN").arg(key).query(con).expect("LLEN")
+}
+
+/// Whether `key` exists.
+pub fn exists(con: &mut redis::Connection, key: impl redis::ToRedisArgs) -> bool {
+    redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
+}
+
+/// Thaws a frozen server when dropped, however the test ends, so a failed assertion
+/// cannot leave it stopped.
+pub struct Thaw<'a>(pub &'a RedisServer);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
+    }
+}
+
+/// A primary that starts a replica's sync at once instead of waiting 5 s for others.
+pub fn primary() -> RedisServer {
+    RedisServer::with_args(&["--repl-diskless-sync-delay", "0"])
+}
+
+/// A replica of `primary`, returned once writes stream to it: the replica has read a
+/// value written after its sync. (`INFO` and `WAIT` can look ready earlier: after a
+/// diskless sync the primary streams only from the replica's first ACK.)
+pub fn synced_replica(primary: &RedisServer) -> RedisServer {
+    let port = primary.port().to_string();
+    let replica = RedisServer::with_args(&["--replicaof", "127.0.0.1", &port]);
+    let (mut p, mut r) = (primary.connection(), replica.connection());
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let n: i64 = redis::cmd("INCR").arg("probe").query(&mut p).unwrap();
+            let seen: Option<i64> = redis::cmd("GET").arg("probe").query(&mut r).unwrap();
+            seen == Some(n)
+                || wait_until(Duration::from_millis(100), || {
+                    redis::cmd("GET")
+                        .arg("probe")
+                        .query::<Option<i64>>(&mut r)
+                        .unwrap()
+                        == Some(n)
+                })
+        }),
+        "the replica never synced"
+    );
+    replica
 }
 
 /// Blocks until `client`'s pub/sub connection listens on its own channel
@@ -848,7 +909,7 @@ pub fn client(url: &str, prefix: &str, watchdog: Duration, command: Duration) ->
 /// once it first holds or waits: a count of commands that starts after this counts the
 /// calls' own traffic only.
 pub fn await_own_channel(server: &RedisServer, prefix: &str, client: &redmutex::Client) {
-    let own = format!("{prefix}__control:{}", client.id());
+    let own = keys::control_channel(prefix, client);
     assert!(
         wait_until(Duration::from_secs(10), || {
             subscribers(&mut server.connection(), &own) == 1
