@@ -1,7 +1,7 @@
 //! `cargo bench --bench family`: the lock family's targets (issue 8), measured in one run
 //! against a real redis-server (spawned here, or the one at `REDIS_URL`).
 //!
-//! 1. Uncontended pairs: `rw.read().lock()` + drop, `sem.acquire()` + drop and, for
+//! 1. Uncontended pairs: `rw.read_lock().lock()` + drop, `sem.acquire()` + drop and, for
 //!    reference, `lock()` + drop, each judged as a ratio to a PING round trip on a pooled
 //!    connection and to its own scripts run by hand (the same acquire and release scripts
 //!    the library runs, EVALSHA with the same keys and arguments, over one pooled
@@ -406,7 +406,7 @@ fn cheap_latencies(url: &str, admin: &mut Admin) -> Cheap {
     let lib_prefix = unique_prefix("family", "cheap");
     let hand_prefix = unique_prefix("family", "cheap-by-hand");
     let client = bench_client(url, &lib_prefix);
-    let read = client.read_write_lock(NAME).read();
+    let read = client.read_write_lock(NAME).read_lock();
     let sem = client.semaphore(NAME, SEM_PERMITS);
     let lock = client.lock(NAME);
     let hand: Vec<HandRun> = [Kind::Read, Kind::Sem, Kind::Lock]
@@ -700,7 +700,7 @@ impl Handle {
                 token: format!("{}:{:?}", std::process::id(), thread::current().id()),
                 lock: common::NaiveLock::new(),
             })),
-            Kind::Read => Handle::Read(client.read_write_lock(NAME).read()),
+            Kind::Read => Handle::Read(client.read_write_lock(NAME).read_lock()),
             Kind::Lock => Handle::Lock(client.lock(NAME)),
             Kind::Sem => Handle::Sem(client.semaphore(NAME, SEM_PERMITS)),
         }

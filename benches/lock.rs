@@ -381,7 +381,8 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
     let warm_holder = bench_client(url, &prefix).build().expect("build client");
     let warm = warm_holder
         .lock("warm")
-        .lock_with_lease(FIXED_LEASE)
+        .try_lock_with(redmutex::LockOptions::new().lease(FIXED_LEASE))
+        .map(Option::unwrap)
         .expect("hold warm");
     let w = waiter.clone();
     let warm_waiter = thread::spawn(move || drop(w.lock("warm").lock().expect("warm lock")));
@@ -397,7 +398,8 @@ fn blocked_waiter_commands(url: &str, admin: &mut Admin) -> Blocked {
     // A fixed lease, so no watchdog renewals of the holder add to the count.
     let held = holder
         .lock("held")
-        .lock_with_lease(FIXED_LEASE)
+        .try_lock_with(redmutex::LockOptions::new().lease(FIXED_LEASE))
+        .map(Option::unwrap)
         .expect("hold lock");
     // INFO commandstats also counts the commands a script calls, which are not round
     // trips; MONITOR tells them apart ("[0 lua]"), so it counts what the client sends.

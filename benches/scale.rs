@@ -529,7 +529,8 @@ fn linger_channels(url: &str, prefix: &str, client: &Client) -> usize {
         let name = format!("c{i}");
         let held = other
             .lock(name.as_str())
-            .lock_with_lease(Duration::from_secs(30))
+            .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+            .map(Option::unwrap)
             .expect("hold a lock for another client");
         let got = client
             .lock(name.as_str())

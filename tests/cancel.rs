@@ -1,4 +1,4 @@
-//! Cancelling a blocked acquisition from another thread (`CancelToken`): the call wakes at
+//! Cancelling a blocked acquisition from another thread (`CancellationToken`): the call wakes at
 //! once, leaves the queue in one step (no ghost entry: the next waiter is served as soon as
 //! the lock frees, not after a pickup window), holds nothing, and returns
 //! `Err(Cancelled)`; for every primitive that waits in a queue.
@@ -19,7 +19,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{CancelToken, Error, MultiLock};
+use redmutex::{CancellationToken, Error, MultiLock};
 use support::clients::Clients;
 use support::keys::Keys;
 use support::{wait_until, FaultProxy, RedisServer};
@@ -66,13 +66,13 @@ fn cancel_queued_waiter<G1, G2, G3>(
     server: &RedisServer,
     queue: &str,
     hold: impl FnOnce() -> G1 + Send,
-    wait: impl FnOnce(&CancelToken) -> Result<G2, Error> + Send,
+    wait: impl FnOnce(&CancellationToken) -> Result<G2, Error> + Send,
     next: impl FnOnce() -> G3 + Send,
     next_in_on_cancel: bool,
 ) -> Outcome {
     let mut con = server.connection();
     assert_eq!(support::llen(&mut con, queue), 0, "a queue before the test");
-    let token = CancelToken::new();
+    let token = CancellationToken::new();
     let (cancelled_in, served_in) = thread::scope(|s| {
         let (held_tx, held_rx) = mpsc::channel();
         let (release_tx, release_rx) = mpsc::channel::<()>();
@@ -175,7 +175,11 @@ fn a_blocked_lock_is_cancelled_at_once_and_the_next_waiter_served() {
         &server,
         &Keys::lock(PREFIX, "plain").queue(),
         || a.lock("plain").lock().unwrap(),
-        |t| b.lock("plain").lock_cancellable(t),
+        |t| {
+            b.lock("plain")
+                .try_lock_with(redmutex::LockOptions::new().cancellable(t))
+                .map(Option::unwrap)
+        },
         || c.lock("plain").lock().unwrap(),
         false,
     );
@@ -195,7 +199,11 @@ fn a_blocked_fair_lock_is_cancelled_at_once_and_the_next_waiter_served() {
         || a.fair_lock("fair").lock().unwrap(),
         |t| {
             b.fair_lock("fair")
-                .try_lock_until_cancellable(Instant::now() + Duration::from_secs(60), t)
+                .try_lock_with(
+                    redmutex::LockOptions::new()
+                        .wait_until(Instant::now() + Duration::from_secs(60))
+                        .cancellable(t),
+                )
                 .map(|g| g.expect("a cancel, not the deadline"))
         },
         || c.fair_lock("fair").lock().unwrap(),
@@ -214,9 +222,14 @@ fn a_blocked_read_is_cancelled_at_once_and_the_next_writer_served() {
     cancel_queued_waiter(
         &server,
         &Keys::rw(PREFIX, "rw-read").queue(),
-        || a.read_write_lock("rw-read").write().lock().unwrap(),
-        |t| b.read_write_lock("rw-read").read().lock_cancellable(t),
-        || c.read_write_lock("rw-read").write().lock().unwrap(),
+        || a.read_write_lock("rw-read").write_lock().lock().unwrap(),
+        |t| {
+            b.read_write_lock("rw-read")
+                .read_lock()
+                .try_lock_with(redmutex::LockOptions::new().cancellable(t))
+                .map(Option::unwrap)
+        },
+        || c.read_write_lock("rw-read").write_lock().lock().unwrap(),
         false,
     );
 }
@@ -235,9 +248,14 @@ fn a_blocked_write_is_cancelled_at_once_and_the_readers_behind_it_let_in() {
     cancel_queued_waiter(
         &server,
         &Keys::rw(PREFIX, "rw-write").queue(),
-        || a.read_write_lock("rw-write").read().lock().unwrap(),
-        |t| b.read_write_lock("rw-write").write().lock_cancellable(t),
-        || c.read_write_lock("rw-write").read().lock().unwrap(),
+        || a.read_write_lock("rw-write").read_lock().lock().unwrap(),
+        |t| {
+            b.read_write_lock("rw-write")
+                .write_lock()
+                .try_lock_with(redmutex::LockOptions::new().cancellable(t))
+                .map(Option::unwrap)
+        },
+        || c.read_write_lock("rw-write").read_lock().lock().unwrap(),
         true,
     );
 }
@@ -253,8 +271,17 @@ fn a_blocked_semaphore_acquire_is_cancelled_at_once_and_the_next_waiter_served()
     cancel_queued_waiter(
         &server,
         &Keys::sem(PREFIX, "sem").queue(),
-        || a.semaphore("sem", 2).acquire_many(2).unwrap(),
-        |t| b.semaphore("sem", 2).acquire_cancellable(t),
+        || {
+            a.semaphore("sem", 2)
+                .try_acquire_with(redmutex::LockOptions::new().permits(2))
+                .map(Option::unwrap)
+                .unwrap()
+        },
+        |t| {
+            b.semaphore("sem", 2)
+                .try_acquire_with(redmutex::LockOptions::new().cancellable(t))
+                .map(Option::unwrap)
+        },
         || c.semaphore("sem", 2).acquire().unwrap(),
         false,
     );
@@ -273,7 +300,10 @@ fn a_blocked_multilock_is_cancelled_at_once_and_the_next_waiter_served() {
         &server,
         &Keys::lock(PREFIX, "multi-1").queue(),
         || a.lock("multi-1").lock().unwrap(),
-        |t| both.lock_cancellable(t),
+        |t| {
+            both.try_lock_with(redmutex::LockOptions::new().cancellable(t))
+                .map(Option::unwrap)
+        },
         || c.lock("multi-1").lock().unwrap(),
         false,
     );
@@ -296,7 +326,7 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
     // Warm the pools and load the scripts: what follows is the calls' own traffic only.
     c.lock("warm").lock().unwrap().unlock().unwrap();
     support::await_own_channel(&server, PREFIX, &c);
-    let token = CancelToken::new();
+    let token = CancellationToken::new();
     token.cancel();
     let without_info = |mut stats: std::collections::HashMap<String, u64>| {
         stats.remove("info");
@@ -306,36 +336,57 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
     let far = Instant::now() + Duration::from_secs(60);
     let lock = c.lock("pre");
     assert!(matches!(
-        lock.lock_cancellable(&token),
+        lock.try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+            .map(Option::unwrap),
         Err(Error::Cancelled)
     ));
     assert!(matches!(
-        lock.try_lock_until_cancellable(far, &token),
+        lock.try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_until(far)
+                .cancellable(&token)
+        ),
         Err(Error::Cancelled)
     ));
     let rw = c.read_write_lock("pre-rw");
     assert!(matches!(
-        rw.read().lock_cancellable(&token),
+        rw.read_lock()
+            .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+            .map(Option::unwrap),
         Err(Error::Cancelled)
     ));
     assert!(matches!(
-        rw.write().lock_cancellable(&token),
+        rw.write_lock()
+            .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+            .map(Option::unwrap),
         Err(Error::Cancelled)
     ));
     assert!(matches!(
-        semaphore.acquire_cancellable(&token),
+        semaphore
+            .try_acquire_with(redmutex::LockOptions::new().cancellable(&token))
+            .map(Option::unwrap),
         Err(Error::Cancelled)
     ));
     assert!(matches!(
-        semaphore.try_acquire_many_until_cancellable(1, far, &token),
+        semaphore.try_acquire_with(
+            redmutex::LockOptions::new()
+                .permits(1)
+                .wait_until(far)
+                .cancellable(&token)
+        ),
         Err(Error::Cancelled)
     ));
     assert!(matches!(
-        both.lock_cancellable(&token),
+        both.try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+            .map(Option::unwrap),
         Err(Error::Cancelled)
     ));
     assert!(matches!(
-        both.try_lock_until_cancellable(far, &token),
+        both.try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_until(far)
+                .cancellable(&token)
+        ),
         Err(Error::Cancelled)
     ));
     assert_eq!(
@@ -345,13 +396,16 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
     );
     // Bad input still reads as bad input, not as a cancel.
     assert!(matches!(
-        c.lock("").lock_cancellable(&token),
+        c.lock("")
+            .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+            .map(Option::unwrap),
         Err(Error::InvalidName(_))
     ));
     // A token not cancelled changes nothing: a free lock is taken at once.
-    let fresh = CancelToken::new();
+    let fresh = CancellationToken::new();
     c.lock("free")
-        .lock_cancellable(&fresh)
+        .try_lock_with(redmutex::LockOptions::new().cancellable(&fresh))
+        .map(Option::unwrap)
         .unwrap()
         .unlock()
         .unwrap();
@@ -373,14 +427,18 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
     let name = "raced";
     let q = Keys::lock(PREFIX, name).queue();
     let mut con = server.connection();
-    let token = CancelToken::new();
+    let token = CancellationToken::new();
     thread::scope(|s| {
         let held = a.fair_lock(name).lock().unwrap();
         let (result_tx, result_rx) = mpsc::channel();
         let t = token.clone();
         let b = &b;
         s.spawn(move || {
-            let r = b.fair_lock(name).lock_cancellable(&t).map(drop);
+            let r = b
+                .fair_lock(name)
+                .try_lock_with(redmutex::LockOptions::new().cancellable(&t))
+                .map(Option::unwrap)
+                .map(drop);
             result_tx.send((r, Instant::now())).unwrap();
         });
         await_len(&mut con, &q, 1, "the cancellable waiter queued");
@@ -447,18 +505,22 @@ fn cancels_racing_releases_never_strand_or_double_the_lock() {
     let inside = AtomicBool::new(false);
     let (mut won, mut lost) = (0, 0);
     for round in 0..20u64 {
-        let token = CancelToken::new();
+        let token = CancellationToken::new();
         thread::scope(|s| {
             let held = a.fair_lock(name).lock().unwrap();
             let (result_tx, result_rx) = mpsc::channel();
             let (t, inside, b) = (token.clone(), &inside, &b);
             s.spawn(move || {
-                let r = b.fair_lock(name).lock_cancellable(&t).map(|g| {
-                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
-                    thread::sleep(Duration::from_millis(2));
-                    inside.store(false, Ordering::SeqCst);
-                    g.unlock().unwrap();
-                });
+                let r = b
+                    .fair_lock(name)
+                    .try_lock_with(redmutex::LockOptions::new().cancellable(&t))
+                    .map(Option::unwrap)
+                    .map(|g| {
+                        assert!(!inside.swap(true, Ordering::SeqCst), "two holders");
+                        thread::sleep(Duration::from_millis(2));
+                        inside.store(false, Ordering::SeqCst);
+                        g.unlock().unwrap();
+                    });
                 result_tx.send((r, Instant::now())).unwrap();
             });
             await_len(&mut con, &q, 1, "the cancellable waiter queued");
@@ -519,12 +581,15 @@ fn cancel_latency_distribution() {
     let lock = b.lock(name);
     let mut times = Vec::new();
     for _ in 0..30 {
-        let token = CancelToken::new();
+        let token = CancellationToken::new();
         thread::scope(|s| {
             let (tx, rx) = mpsc::channel();
             let (t, lock) = (token.clone(), &lock);
             s.spawn(move || {
-                let r = lock.lock_cancellable(&t).map(drop);
+                let r = lock
+                    .try_lock_with(redmutex::LockOptions::new().cancellable(&t))
+                    .map(Option::unwrap)
+                    .map(drop);
                 tx.send((r, Instant::now())).unwrap();
             });
             await_len(&mut con, &q, 1, "the waiter queued");

@@ -179,7 +179,7 @@ fn shared_holds_are_readers_of_the_read_write_lock() {
     let (server, c) = CLIENTS.serve();
     let r1 = Holding::start(&server, &["--shared", "schema"]);
     let r2 = Holding::start(&server, &["--shared", "schema"]);
-    let write = c.read_write_lock("schema").write();
+    let write = c.read_write_lock("schema").write_lock();
     assert!(
         write.try_lock().unwrap().is_none(),
         "a writer got in beside readers"
@@ -325,8 +325,12 @@ fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
     let (server, c) = CLIENTS.serve();
     // (A name is one kind at a time: one name each.)
     let _l = c.lock("all").lock().unwrap();
-    let _r = c.read_write_lock("all-rw").read().lock().unwrap();
-    let _p = c.semaphore("all-sem", 3).acquire_many(2).unwrap();
+    let _r = c.read_write_lock("all-rw").read_lock().lock().unwrap();
+    let _p = c
+        .semaphore("all-sem", 3)
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(c
         .count_down_latch("all-latch")
         .try_set_count(4, Duration::from_secs(60))

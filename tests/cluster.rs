@@ -181,8 +181,8 @@ fn every_kind_of_primitive_works_on_a_cluster() {
     let fenced = client.fenced_lock("t").lock().unwrap();
     assert!(fenced.token() > 0);
     let rw = client.read_write_lock("rw");
-    let read = rw.read().lock().unwrap();
-    let read2 = rw.read().lock().unwrap();
+    let read = rw.read_lock().lock().unwrap();
+    let read2 = rw.read_lock().lock().unwrap();
     let sem = client.semaphore("s", 2);
     let p1 = sem.acquire().unwrap();
     let p2 = sem.try_acquire().unwrap().expect("second permit");
@@ -1054,7 +1054,7 @@ fn split_write_hold(unlock_at_once: bool) {
     let queue = Keys::rw(DEFAULT_PREFIX, name).queue();
     assert_eq!(key_slot(&leases), slot);
     let writer = cluster_client(&cluster);
-    let held = writer.read_write_lock(name).write().lock().unwrap();
+    let held = writer.read_write_lock(name).write_lock().lock().unwrap();
 
     let hooked: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
     let hook_at = hooked.clone();
@@ -1077,7 +1077,7 @@ fn split_write_hold(unlock_at_once: bool) {
     let (go, go_rx) = mpsc::channel::<()>();
     let n = name.to_owned();
     let waiter = thread::spawn(move || {
-        let g = waiting.read_write_lock(&n).write().lock().unwrap();
+        let g = waiting.read_write_lock(&n).write_lock().lock().unwrap();
         got_tx.send(()).unwrap();
         if unlock_at_once {
             go_rx.recv().unwrap();

@@ -50,7 +50,8 @@ fn a_fixed_lease_run_out_names_the_lock_on_unlock_and_extend() {
     let c = CLIENTS.prefix("en-fixed").at(&server.url());
     let guard = c
         .lock("report")
-        .lock_with_lease(Duration::from_millis(300))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(300)))
+        .map(Option::unwrap)
         .expect("lock");
     told_lost(&guard.lost(), "the lease runs out");
     let err = guard
@@ -141,8 +142,11 @@ fn would_deadlock_names_the_lock() {
     let server = RedisServer::new();
     let c = CLIENTS.prefix("en-deadlock").at(&server.url());
     let rw = c.read_write_lock("catalog");
-    let read = rw.read().lock().expect("read");
-    let err = rw.write().try_lock().expect_err("would wait for itself");
+    let read = rw.read_lock().lock().expect("read");
+    let err = rw
+        .write_lock()
+        .try_lock()
+        .expect_err("would wait for itself");
     assert!(matches!(err, Error::WouldDeadlock { .. }), "{err:?}");
     assert_eq!(err.lock_name(), Some("catalog"));
     assert!(err.to_string().starts_with("lock \"catalog\": "), "{err}");

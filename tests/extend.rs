@@ -38,7 +38,10 @@ fn extend_moves_a_held_fixed_lease_on_and_its_loss_with_it() {
     let c = CLIENTS.prefix("extend:held:").at(&server.url());
     let lock = c.lock("import");
     let lease = Duration::from_millis(1000);
-    let guard = lock.lock_with_lease(lease).unwrap();
+    let guard = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .unwrap();
     let lost = guard.lost();
     std::thread::sleep(lease / 2); // time is the subject: half the lease goes by
     let extended = Instant::now();
@@ -76,13 +79,17 @@ fn extend_on_a_hold_the_server_lost_fails_and_changes_nothing() {
     let c = CLIENTS.prefix("extend:gone:").at(&server.url());
     let admin = CLIENTS.prefix("extend:gone:").at(&server.url());
     let lock = c.lock("job");
-    let guard = lock.lock_with_lease(Duration::from_secs(3)).unwrap();
+    let guard = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(3)))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(admin.lock("job").force_unlock().unwrap());
     // Another holder takes it: the extension must not touch that hold.
     let theirs = std::thread::spawn(move || {
         let g = admin
             .lock("job")
-            .lock_with_lease(Duration::from_millis(1500))
+            .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(1500)))
+            .map(Option::unwrap)
             .unwrap();
         let left = admin.lock("job").remaining_lease().unwrap().unwrap();
         std::mem::forget(g);
@@ -108,8 +115,14 @@ fn extend_never_shortens_the_lease_a_nested_level_needs() {
     let server = RedisServer::new();
     let c = CLIENTS.prefix("extend:nested:").at(&server.url());
     let lock = c.lock("n");
-    let outer = lock.lock_with_lease(Duration::from_secs(3)).unwrap();
-    let inner = lock.lock_with_lease(Duration::from_millis(1000)).unwrap();
+    let outer = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(3)))
+        .map(Option::unwrap)
+        .unwrap();
+    let inner = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(1000)))
+        .map(Option::unwrap)
+        .unwrap();
     // The inner level asks for less than the outer one still needs: the key keeps the
     // outer's lease.
     inner.extend(Duration::from_millis(1200)).unwrap();
@@ -127,8 +140,14 @@ fn extend_never_shortens_the_lease_a_nested_level_needs() {
     outer.unlock().unwrap();
 
     // The other way round: an outer extension shorter than a nested level's lease.
-    let outer = lock.lock_with_lease(Duration::from_millis(1000)).unwrap();
-    let inner = lock.lock_with_lease(Duration::from_secs(3)).unwrap();
+    let outer = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(1000)))
+        .map(Option::unwrap)
+        .unwrap();
+    let inner = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(3)))
+        .map(Option::unwrap)
+        .unwrap();
     outer.extend(Duration::from_millis(1200)).unwrap();
     assert!(pttl(&lock) > Duration::from_millis(2500));
     drop(outer);
@@ -140,7 +159,10 @@ fn bad_input_is_typed_and_changes_nothing() {
     let server = RedisServer::new();
     let c = CLIENTS.prefix("extend:bad:").at(&server.url());
     let lock = c.lock("b");
-    let fixed = lock.lock_with_lease(Duration::from_secs(2)).unwrap();
+    let fixed = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(2)))
+        .map(Option::unwrap)
+        .unwrap();
     let before = pttl(&lock);
     assert!(matches!(
         fixed.extend(Duration::ZERO),

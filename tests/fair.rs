@@ -956,7 +956,8 @@ fn fair_lock_guards_behave_like_lock_guards() {
 
     // Fixed-lease hold force-unlocked: nothing renews it, the release finds it gone.
     let g = lock
-        .lock_with_lease(Duration::from_secs(10))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
+        .map(Option::unwrap)
         .expect("fixed hold");
     assert!(c2.fair_lock(LOCK).force_unlock().expect("force_unlock"));
     let r = g.unlock();
@@ -977,7 +978,8 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     let other = CLIENTS.at(&server);
     let guard = holder
         .fair_lock(LOCK)
-        .lock_with_lease(Duration::from_millis(400))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(400)))
+        .map(Option::unwrap)
         .expect("holder");
     // A long watchdog timeout: the frozen waiter's queue entry must not lapse meanwhile.
     let mut w = spawn_waiter(&server, LOCK, 30_000);
@@ -1052,7 +1054,8 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     // An earlier wait, against a short lease, handed over.
     let guard = holder
         .fair_lock("stale-timer")
-        .lock_with_lease(Duration::from_millis(300))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(300)))
+        .map(Option::unwrap)
         .unwrap();
     let lock = waiter.fair_lock("stale-timer");
     let earlier = thread::spawn(move || lock.lock().map(|g| g.unlock()));
@@ -1063,7 +1066,8 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     thread::sleep(Duration::from_millis(400));
     let guard = holder
         .fair_lock("stale-timer")
-        .lock_with_lease(Duration::from_secs(10))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
+        .map(Option::unwrap)
         .unwrap();
     let before = scripts(&mut con);
     let lock = waiter.fair_lock("stale-timer");

@@ -27,7 +27,8 @@ fn redis_restarted_with_its_data_lost() {
     let guard = holder.lock("restart").lock().expect("lock");
     let fixed = holder
         .lock("fixed")
-        .lock_with_lease(Duration::from_secs(60))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(60)))
+        .map(Option::unwrap)
         .expect("lock fixed");
 
     let (tx, acquired) = mpsc::channel();
@@ -264,7 +265,9 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     let lock = c.lock("taken");
     for result in [
         lock.try_lock().map(|g| g.is_some()),
-        lock.lock_with_lease(Duration::from_secs(1)).map(|_| true),
+        lock.try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(1)))
+            .map(Option::unwrap)
+            .map(|_| true),
     ] {
         match result {
             Err(Error::Redis { source: e, .. }) => {

@@ -29,7 +29,11 @@ fn tokens_grow_with_every_hold_by_any_client() {
     let lock = a.fenced_lock("orders");
     let t = thread::spawn(move || {
         let g = lock
-            .try_lock_with_lease_for(Duration::from_secs(1), Duration::from_secs(5))
+            .try_lock_with(
+                redmutex::LockOptions::new()
+                    .wait_for(Duration::from_secs(1))
+                    .lease(Duration::from_secs(5)),
+            )
             .unwrap()
             .expect("free");
         g.token()
@@ -47,7 +51,10 @@ fn nested_levels_share_their_hold_token() {
     let (_server, client) = CLIENTS.serve();
     let lock = client.fenced_lock("nested");
     let outer = lock.lock().unwrap();
-    let inner = lock.lock_with_lease(Duration::from_secs(30)).unwrap();
+    let inner = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+        .map(Option::unwrap)
+        .unwrap();
     let innermost = lock.try_lock().unwrap().expect("re-entry");
     assert_eq!(lock.hold_count().unwrap(), 3);
     assert_eq!(outer.token(), inner.token());
@@ -66,7 +73,10 @@ fn force_unlock_and_expiry_never_reuse_a_token() {
     let lock = client.fenced_lock("admin");
     let stale = lock.lock().unwrap();
     assert!(lock.force_unlock().unwrap());
-    let next = lock.lock_with_lease(Duration::from_millis(200)).unwrap();
+    let next = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(200)))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(next.token() > stale.token());
     // Taking it again showed the old hold gone on the server: it reports the loss.
     assert!(stale.is_lease_lost());
@@ -134,7 +144,10 @@ fn invalid_names_and_leases_are_refused() {
         Err(Error::InvalidName(_))
     ));
     assert!(matches!(
-        client.fenced_lock("x").lock_with_lease(Duration::ZERO),
+        client
+            .fenced_lock("x")
+            .try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
+            .map(Option::unwrap),
         Err(Error::InvalidArgument(_))
     ));
     let mut con = server.connection();
@@ -165,7 +178,10 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
         let waiter = thread::spawn(move || {
             // A lease no longer than the pickup window: the hold needs no extension, so
             // the counts below are the handoff's alone.
-            let g = lock.lock_with_lease(Duration::from_secs(1)).unwrap();
+            let g = lock
+                .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(1)))
+                .map(Option::unwrap)
+                .unwrap();
             took.send(g.token()).unwrap();
             let _ = release_rx.recv_timeout(Duration::from_secs(10));
             g.unlock()

@@ -363,7 +363,9 @@ fn a_handed_over_hold_kept_past_its_window_is_extended() {
         let thread = thread::spawn(move || {
             let g = match lease {
                 None => lock.lock(),
-                Some(ms) => lock.lock_with_lease(Duration::from_millis(ms)),
+                Some(ms) => lock
+                    .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(ms)))
+                    .map(Option::unwrap),
             }
             .expect("waiter");
             held_tx.send(Instant::now()).unwrap();
@@ -503,7 +505,8 @@ fn a_stale_grant_of_an_earlier_attempt_is_not_taken_for_a_fresh_one() {
     let held_at = Instant::now();
     let guard = holder
         .fair_lock(NAME)
-        .lock_with_lease(Duration::from_secs(3))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(3)))
+        .map(Option::unwrap)
         .expect("holder");
     let lock = waiter.fair_lock(NAME);
     let other_holds = Arc::new(AtomicBool::new(false));

@@ -48,7 +48,10 @@ fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
     let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let lock = a.lock("nest-wd");
     let outer = lock.lock().expect("outer lock");
-    let inner = lock.lock_with_lease(MS300).expect("inner lock");
+    let inner = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(MS300))
+        .map(Option::unwrap)
+        .expect("inner lock");
     let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-wd").key());
     assert!(
         left > 2000,
@@ -74,9 +77,13 @@ fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
     let c = CLIENTS.at(&server);
     let lock = c.lock("nest-fixed");
     let outer = lock
-        .lock_with_lease(Duration::from_secs(10))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
+        .map(Option::unwrap)
         .expect("outer lock");
-    let inner = lock.lock_with_lease(MS300).expect("inner lock");
+    let inner = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(MS300))
+        .map(Option::unwrap)
+        .expect("inner lock");
     let left = pttl(&mut con, &Keys::lock(PREFIX, "nest-fixed").key());
     assert!(
         left > 9000,
@@ -96,11 +103,13 @@ fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
     let c = CLIENTS.at(&server);
     let lock = c.lock("nest-rest");
     let outer = lock
-        .lock_with_lease(Duration::from_secs(1))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(1)))
+        .map(Option::unwrap)
         .expect("outer lock");
     let t0 = Instant::now(); // the outer lease started before this
     let inner = lock
-        .lock_with_lease(Duration::from_secs(1))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(1)))
+        .map(Option::unwrap)
         .expect("inner lock");
     thread::sleep(Duration::from_millis(500).saturating_sub(t0.elapsed()));
     let unlocking = Instant::now();
@@ -143,7 +152,8 @@ fn a_watchdog_renewal_does_not_shorten_a_longer_nested_fixed_lease() {
     let lock = c.lock("nest-renew");
     let outer = lock.lock().expect("outer lock");
     let inner = lock
-        .lock_with_lease(Duration::from_secs(5))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(5)))
+        .map(Option::unwrap)
         .expect("inner lock");
     // Past at least one renewal (every 300 ms); time is the subject here.
     thread::sleep(Duration::from_millis(700));
@@ -185,7 +195,9 @@ fn a_rolled_back_nested_acquisition_keeps_the_outer_lease() {
 
     replica.freeze();
     let thaw = support::Thaw(&replica);
-    let nested = lock.lock_with_lease(MS300);
+    let nested = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(MS300))
+        .map(Option::unwrap);
     assert!(
         matches!(nested, Err(Error::NotReplicated { acked: 0, .. })),
         "expected NotReplicated with the replica frozen, got {nested:?}"
@@ -370,9 +382,15 @@ fn a_fixed_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_a
     let (server, c) = CLIENTS.serve();
     let lock = c.lock("flushed-fixed");
     let lease = Duration::from_secs(10);
-    let g1 = lock.lock_with_lease(lease).expect("first lock");
+    let g1 = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .expect("first lock");
     flushall(&server);
-    let g2 = lock.lock_with_lease(lease).expect("second lock");
+    let g2 = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .expect("second lock");
     assert!(
         g1.is_lease_lost(),
         "the fixed hold FLUSHALL removed is not marked lost"
@@ -620,7 +638,8 @@ fn hold_queries_of_a_thread_holding_nothing_send_no_command() {
     let other = lock.clone();
     let holder = thread::spawn(move || {
         let g = other
-            .lock_with_lease(Duration::from_secs(10))
+            .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
+            .map(Option::unwrap)
             .expect("other thread's lock");
         held_tx.send(()).unwrap();
         let _ = done.recv();
@@ -789,8 +808,8 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
     // Every script loaded before the faults begin.
     c.lock("warm-up").lock().unwrap().unlock().unwrap();
     let rw = c.read_write_lock("warm-up");
-    rw.read().lock().unwrap().unlock().unwrap();
-    rw.write().lock().unwrap().unlock().unwrap();
+    rw.read_lock().lock().unwrap().unlock().unwrap();
+    rw.write_lock().lock().unwrap().unlock().unwrap();
     c.semaphore("warm-up", 1)
         .acquire()
         .unwrap()
@@ -828,7 +847,10 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
         lagging(
             &proxy,
             LAG,
-            || lock.lock_with_lease(LEASE),
+            || {
+                lock.try_lock_with(redmutex::LockOptions::new().lease(LEASE))
+                    .map(Option::unwrap)
+            },
             |g| g.is_lease_lost(),
             |g| g.unlock(),
         ),
@@ -845,7 +867,11 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
         lagging(
             &proxy,
             LAG,
-            || rw.read().lock_with_lease(LEASE),
+            || {
+                rw.read_lock()
+                    .try_lock_with(redmutex::LockOptions::new().lease(LEASE))
+                    .map(Option::unwrap)
+            },
             |g| g.is_lease_lost(),
             |g| g.unlock(),
         ),
@@ -855,13 +881,13 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
         lagging(
             &proxy,
             LAG,
-            || rw.write().lock(),
+            || rw.write_lock().lock(),
             |g| g.is_lease_lost(),
             |g| g.unlock(),
         ),
     );
     assert!(
-        rw.write().try_lock().unwrap().is_some(),
+        rw.write_lock().try_lock().unwrap().is_some(),
         "the rw lock is free"
     );
 
@@ -893,7 +919,11 @@ fn a_guard_that_said_lost_never_unlocks_ok() {
     let (said, r) = lagging(
         &proxy,
         LAG,
-        || multi.lock_with_lease(LEASE),
+        || {
+            multi
+                .try_lock_with(redmutex::LockOptions::new().lease(LEASE))
+                .map(Option::unwrap)
+        },
         |g| g.is_lease_lost(),
         |g| g.unlock(),
     );

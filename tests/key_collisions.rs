@@ -73,24 +73,24 @@ fn releasing_a_lock_leaves_the_lock_named_after_its_marker_alone() {
 fn releasing_a_read_write_lock_leaves_the_one_named_after_its_marker_alone() {
     let (server, victim) = CLIENTS.serve();
     let held = victim.read_write_lock("job{t}:!oom");
-    let guard = held.write().lock().unwrap();
+    let guard = held.write_lock().lock().unwrap();
     let third = CLIENTS.at(&server);
     let still_held = |after: &str| {
-        assert_eq!(held.write().hold_count().unwrap(), 1, "after {after}");
+        assert_eq!(held.write_lock().hold_count().unwrap(), 1, "after {after}");
         let rw = third.read_write_lock("job{t}:!oom");
         assert!(
-            rw.read().try_lock().unwrap().is_none(),
+            rw.read_lock().try_lock().unwrap().is_none(),
             "after {after}: a third client read under another's write hold"
         );
     };
 
     let client = evalsha_client(&server, Duration::from_secs(30));
     let rw = client.read_write_lock("job{t}");
-    rw.read().lock().unwrap().unlock().unwrap();
+    rw.read_lock().lock().unwrap().unlock().unwrap();
     still_held("a read release");
-    rw.write().lock().unwrap().unlock().unwrap();
+    rw.write_lock().lock().unwrap().unlock().unwrap();
     still_held("a write release");
-    rw.write().force_unlock().unwrap();
+    rw.write_lock().force_unlock().unwrap();
     still_held("a force-unlock");
     guard.unlock().unwrap();
 }

@@ -95,17 +95,17 @@ fn take(c: &Client, kind: Kind, name: &str, wait: Duration) -> Result<Option<Hel
         Kind::Fenced => c.fenced_lock(name).try_lock_for(wait)?.map(Held::Fenced),
         Kind::Read => c
             .read_write_lock(name)
-            .read()
+            .read_lock()
             .try_lock_for(wait)?
             .map(Held::Read),
         Kind::Write => c
             .read_write_lock(name)
-            .write()
+            .write_lock()
             .try_lock_for(wait)?
             .map(Held::Write),
         Kind::Upgradeable => c
             .read_write_lock(name)
-            .upgradeable()
+            .upgradeable_lock()
             .try_lock_for(wait)?
             .map(Held::Upgradeable),
         Kind::Semaphore => c
@@ -260,7 +260,8 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
     let queue = Keys::lock(PREFIX, "gone").queue();
     let guard = holder
         .lock("gone")
-        .lock_with_lease(Duration::from_secs(2))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(2)))
+        .map(Option::unwrap)
         .unwrap();
     let waiting = std::thread::spawn(move || {
         waiter
@@ -281,7 +282,7 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
         .unwrap();
     let reader = other
         .read_write_lock("gone")
-        .read()
+        .read_lock()
         .try_lock()
         .unwrap()
         .expect("free");

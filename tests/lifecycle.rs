@@ -52,18 +52,27 @@ fn child_entry() {
     let (holder, waiter) = (build(), build());
     let held = holder
         .lock("busy")
-        .lock_with_lease(Duration::from_secs(30))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+        .map(Option::unwrap)
         .unwrap();
     let lock = waiter.lock("busy");
     // Warm the pool and the scripts without waiting (no pub/sub thread yet).
     assert!(lock
-        .try_lock_with_lease_for(Duration::ZERO, Duration::from_secs(1))
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::ZERO)
+                .lease(Duration::from_secs(1))
+        )
         .unwrap()
         .is_none());
 
     // No room for another thread's stack: the pub/sub thread cannot start.
     set_address_space_limit(vm_size() + 512 * 1024);
-    let first = lock.try_lock_with_lease_for(Duration::from_millis(200), Duration::from_secs(1));
+    let first = lock.try_lock_with(
+        redmutex::LockOptions::new()
+            .wait_for(Duration::from_millis(200))
+            .lease(Duration::from_secs(1)),
+    );
     set_address_space_limit(u64::MAX);
     say(&match &first {
         Err(Error::Thread(_)) => "thread-error".to_owned(),
@@ -78,7 +87,11 @@ fn child_entry() {
         busy.force_unlock()
     });
     let t = Instant::now();
-    let second = lock.try_lock_with_lease_for(Duration::from_secs(5), Duration::from_secs(1));
+    let second = lock.try_lock_with(
+        redmutex::LockOptions::new()
+            .wait_for(Duration::from_secs(5))
+            .lease(Duration::from_secs(1)),
+    );
     let waited = t.elapsed();
     match second {
         Ok(Some(g)) if waited < Duration::from_secs(2) => {

@@ -273,7 +273,10 @@ fn releasing_a_hold_that_is_gone_fails_with_lease_lost() {
 
     // A stale guard while another thread of the same client holds the lock.
     let stale = lock.lock().unwrap();
-    let stale_nested = lock.lock_with_lease(Duration::from_secs(30)).unwrap();
+    let stale_nested = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(lock.force_unlock().unwrap());
     let (held_tx, held_rx) = mpsc::channel();
     let (check_tx, check_rx) = mpsc::channel::<()>();
@@ -319,7 +322,10 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
     let key = key_of("lease");
 
     let start = Instant::now();
-    let guard = lock.lock_with_lease(Duration::from_millis(700)).unwrap();
+    let guard = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(700)))
+        .map(Option::unwrap)
+        .unwrap();
     let left = lock.remaining_lease().unwrap().expect("held");
     assert!(
         left > Duration::ZERO && left <= Duration::from_millis(700),
@@ -351,7 +357,10 @@ fn explicit_lease_expires_and_the_old_guard_cannot_release() {
 
     // The same thread taking the lock again after its lease ran out: the stale guard must
     // not take a level from the new hold.
-    let stale = lock.lock_with_lease(Duration::from_millis(300)).unwrap();
+    let stale = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(300)))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(wait_until(Duration::from_secs(5), || !support::exists(
         &mut con, &key
     )));
@@ -465,7 +474,11 @@ fn try_lock_for_gives_up_close_to_its_bound() {
     assert_eq!(other_lock.hold_count().unwrap(), 1);
     g.unlock().unwrap();
     let g = other_lock
-        .try_lock_with_lease_until(past, Duration::from_secs(5))
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_until(past)
+                .lease(Duration::from_secs(5)),
+        )
         .unwrap()
         .expect("free");
     g.unlock().unwrap();
@@ -484,7 +497,8 @@ fn release_to_waiter(
 ) -> Duration {
     let guard = holder
         .lock(name)
-        .lock_with_lease(Duration::from_secs(30))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+        .map(Option::unwrap)
         .unwrap();
     let (tx, rx) = mpsc::channel();
     thread::scope(|s| {
@@ -526,12 +540,25 @@ fn invalid_names_and_durations_change_nothing() {
     let s = Duration::from_secs(1);
     let bad_name = |r: Result<(), Error>| assert!(matches!(r, Err(Error::InvalidName(_))), "{r:?}");
     bad_name(empty.lock().map(drop));
-    bad_name(empty.lock_with_lease(s).map(drop));
+    bad_name(
+        empty
+            .try_lock_with(redmutex::LockOptions::new().lease(s))
+            .map(Option::unwrap)
+            .map(drop),
+    );
     bad_name(empty.try_lock().map(drop));
     bad_name(empty.try_lock_for(s).map(drop));
     bad_name(empty.try_lock_until(now).map(drop));
-    bad_name(empty.try_lock_with_lease_for(s, s).map(drop));
-    bad_name(empty.try_lock_with_lease_until(now, s).map(drop));
+    bad_name(
+        empty
+            .try_lock_with(redmutex::LockOptions::new().wait_for(s).lease(s))
+            .map(drop),
+    );
+    bad_name(
+        empty
+            .try_lock_with(redmutex::LockOptions::new().wait_until(now).lease(s))
+            .map(drop),
+    );
     bad_name(empty.is_locked().map(drop));
     bad_name(empty.is_held_by_current_thread().map(drop));
     bad_name(empty.hold_count().map(drop));
@@ -542,13 +569,39 @@ fn invalid_names_and_durations_change_nothing() {
     let lock = client.lock("durations");
     let bad_arg =
         |r: Result<(), Error>| assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
-    bad_arg(lock.lock_with_lease(Duration::ZERO).map(drop));
-    bad_arg(lock.lock_with_lease(Duration::MAX).map(drop));
-    bad_arg(lock.try_lock_with_lease_for(s, Duration::ZERO).map(drop));
-    bad_arg(lock.try_lock_with_lease_for(s, Duration::MAX).map(drop));
     bad_arg(
-        lock.try_lock_with_lease_until(now, Duration::ZERO)
+        lock.try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
+            .map(Option::unwrap)
             .map(drop),
+    );
+    bad_arg(
+        lock.try_lock_with(redmutex::LockOptions::new().lease(Duration::MAX))
+            .map(Option::unwrap)
+            .map(drop),
+    );
+    bad_arg(
+        lock.try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(s)
+                .lease(Duration::ZERO),
+        )
+        .map(drop),
+    );
+    bad_arg(
+        lock.try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(s)
+                .lease(Duration::MAX),
+        )
+        .map(drop),
+    );
+    bad_arg(
+        lock.try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_until(now)
+                .lease(Duration::ZERO),
+        )
+        .map(drop),
     );
 
     let url = server.url();
@@ -603,7 +656,11 @@ fn invalid_names_and_durations_change_nothing() {
         .expect("free lock");
     forever.unlock().unwrap();
     let forever = lock
-        .try_lock_with_lease_for(Duration::MAX, s)
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::MAX)
+                .lease(s),
+        )
         .unwrap()
         .expect("free lock");
     forever.unlock().unwrap();
@@ -671,7 +728,10 @@ fn guards_are_released_when_a_panic_unwinds() {
     let worker = {
         let lock = lock.clone();
         thread::spawn(move || {
-            let _outer = lock.lock_with_lease(Duration::from_secs(30)).unwrap();
+            let _outer = lock
+                .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+                .map(Option::unwrap)
+                .unwrap();
             let _inner = lock.lock().unwrap();
             held_tx.send(lock.hold_count().unwrap()).unwrap();
             panic!("intentional panic while holding the lock");
@@ -792,7 +852,8 @@ fn one_release_wakes_one_waiting_thread_per_process() {
         .unwrap();
     let guard = holder
         .lock("herd")
-        .lock_with_lease(Duration::from_secs(30))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+        .map(Option::unwrap)
         .unwrap();
     let before = script_calls(&server);
     let (acquired_tx, acquired) = mpsc::channel();
@@ -885,7 +946,10 @@ fn nested_fixed_and_watchdog_leases_restore_each_other() {
     let key = key_of("mixed");
 
     // Fixed outer lease, watchdog inner level: renewed while the inner level lives.
-    let outer = lock.lock_with_lease(Duration::from_secs(20)).unwrap();
+    let outer = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(pttl(&mut con, &key) > 10_000);
     let inner = lock.lock().unwrap();
     // The key's expiry is the longest lease a held level needs: re-entry never cuts it.
@@ -909,7 +973,10 @@ fn nested_fixed_and_watchdog_leases_restore_each_other() {
 
     // Watchdog outer, fixed inner: dropping the inner level hands back to the watchdog.
     let outer = lock.lock().unwrap();
-    let inner = lock.lock_with_lease(Duration::from_secs(20)).unwrap();
+    let inner = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(pttl(&mut con, &key) > 10_000);
     drop(inner);
     assert!(pttl(&mut con, &key) <= 600, "watchdog lease restored");
@@ -927,13 +994,18 @@ fn a_bounded_wait_with_an_explicit_lease_gets_that_lease() {
     let (holder, waiter) = (Clients::DEFAULT.at(&server), Clients::DEFAULT.at(&server));
     let held = holder
         .lock("bounded")
-        .lock_with_lease(Duration::from_millis(400))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(400)))
+        .map(Option::unwrap)
         .unwrap();
     let t = Instant::now();
     // Waits for the holder's lease to run out (it never releases), then holds for 5 s.
     let guard = waiter
         .lock("bounded")
-        .try_lock_with_lease_for(Duration::from_secs(5), Duration::from_secs(5))
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::from_secs(5))
+                .lease(Duration::from_secs(5)),
+        )
         .unwrap()
         .expect("acquired once the holder's lease ran out");
     let waited = t.elapsed();

@@ -42,7 +42,11 @@ fn a_fixed_lease_that_runs_out_reaches_a_select_within_its_bound() {
         .heard_at(&server.url());
     let lease = Duration::from_millis(1500);
     let before = Instant::now();
-    let guard = client.lock("nightly").lock_with_lease(lease).unwrap();
+    let guard = client
+        .lock("nightly")
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .unwrap();
     let after = Instant::now();
     let lost = guard.lost();
     // Not before its lease: nobody polls, the channel stays empty...
@@ -159,7 +163,10 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
     assert_eq!(lost.try_recv(), Err(TryRecvError::Disconnected));
 
     // A nested level's release readies its own channel only.
-    let outer = lock.lock_with_lease(lease).unwrap();
+    let outer = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .unwrap();
     let inner = lock.lock().unwrap();
     let (outer_lost, inner_lost) = (outer.lost(), inner.lost());
     drop(inner);
@@ -169,7 +176,10 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
     assert_eq!(outer_lost.try_recv(), Err(TryRecvError::Disconnected));
 
     // Dropped after lost() was asked for, well within its fixed lease.
-    let fixed = lock.lock_with_lease(lease).unwrap();
+    let fixed = lock
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .unwrap();
     let fixed_lost = fixed.lost();
     drop(fixed);
     assert!(ready_at(&fixed_lost, Instant::now() + MARGIN).is_some());
@@ -181,7 +191,10 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
     assert_eq!(permit_lost.try_recv(), Err(TryRecvError::Disconnected));
 
     let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
-    let held = multi.lock_with_lease(lease).unwrap();
+    let held = multi
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .unwrap();
     let multi_lost = held.lost();
     assert!(not_ready(&multi_lost));
     held.unlock().unwrap();
@@ -225,7 +238,8 @@ fn permits_and_multilocks_are_told_of_their_loss() {
     let before = Instant::now();
     let fixed = MultiLock::new([client.lock("c"), client.lock("d")])
         .unwrap()
-        .lock_with_lease(lease)
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
         .unwrap();
     let fixed_lost = fixed.lost();
     assert_eq!(ready_at(&fixed_lost, before + lease / 2), None);

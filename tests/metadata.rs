@@ -139,7 +139,7 @@ fn force_unlock_removes_the_record() {
     let admin = Clients::DEFAULT.at(&server.url());
     let _guard = holder.lock("forced").lock().expect("lock");
     let rw = holder.read_write_lock(named("forced", "read-write lock"));
-    let _read = rw.read().lock().expect("read");
+    let _read = rw.read_lock().lock().expect("read");
     let sem = holder.semaphore(named("forced", "semaphore"), 2);
     let _permit = sem.acquire().expect("permit");
     let mut keys = Vec::new();
@@ -175,7 +175,8 @@ fn expiry_removes_the_record_with_the_lease() {
     let start = Instant::now();
     let guard = client
         .lock("expiring")
-        .lock_with_lease(lease)
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
         .expect("lock");
     let key = info_of(&client, "expiring", "lock").expect("held").key;
     assert_eq!(metadata_of(&client, "expiring", "lock").len(), 1);
@@ -185,12 +186,13 @@ fn expiry_removes_the_record_with_the_lease() {
     let rw_long = Clients::DEFAULT.metadata("long reader").at(&server.url());
     let short = rw_short
         .read_write_lock("expiring-rw")
-        .read()
-        .lock_with_lease(lease)
+        .read_lock()
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
         .expect("read");
     let long = rw_long
         .read_write_lock("expiring-rw")
-        .read()
+        .read_lock()
         .lock()
         .expect("read");
     let texts = |c: &Client| -> Vec<String> {
@@ -228,11 +230,11 @@ fn read_write_holds_each_record_their_own() {
     let b = Clients::DEFAULT.metadata("reader b").at(&server.url());
     let u = Clients::DEFAULT.metadata("upgrader").at(&server.url());
     let before = server_time(&server);
-    let ra = a.read_write_lock("rw").read().lock().expect("read a");
-    let rb = b.read_write_lock("rw").read().lock().expect("read b");
+    let ra = a.read_write_lock("rw").read_lock().lock().expect("read a");
+    let rb = b.read_write_lock("rw").read_lock().lock().expect("read b");
     let up = u
         .read_write_lock("rw")
-        .upgradeable()
+        .upgradeable_lock()
         .lock()
         .expect("upgradeable");
     let after = server_time(&server);
@@ -313,7 +315,11 @@ fn semaphore_permits_record_their_holders() {
     let plain = Clients::DEFAULT.at(&server.url());
     let before = server_time(&server);
     let pa = a.semaphore("sem", 3).acquire().expect("a");
-    let pb = b.semaphore("sem", 3).acquire_many(2).expect("b");
+    let pb = b
+        .semaphore("sem", 3)
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .expect("b");
     let after = server_time(&server);
     let info = info_of(&plain, "sem", "semaphore").expect("held");
     assert_eq!(info.holders.len(), 2);
@@ -407,7 +413,11 @@ fn a_read_write_handoff_records_each_readers_metadata() {
     let server = RedisServer::new();
     let writer = Clients::DEFAULT.metadata("writer").at(&server.url());
     let watcher = Clients::DEFAULT.at(&server.url());
-    let w = writer.read_write_lock("rwh").write().lock().expect("write");
+    let w = writer
+        .read_write_lock("rwh")
+        .write_lock()
+        .lock()
+        .expect("write");
     let mut readers = Vec::new();
     let (got_tx, got_rx) = mpsc::channel();
     let mut dones = Vec::new();
@@ -419,7 +429,7 @@ fn a_read_write_handoff_records_each_readers_metadata() {
         let (done_tx, done_rx) = mpsc::channel::<()>();
         dones.push(done_tx);
         readers.push(thread::spawn(move || {
-            let g = c.read_write_lock("rwh").read().lock().expect("read");
+            let g = c.read_write_lock("rwh").read_lock().lock().expect("read");
             got_tx.send(()).unwrap();
             done_rx.recv().unwrap();
             g.unlock().expect("unlock");
@@ -455,7 +465,7 @@ fn a_read_write_handoff_records_each_readers_metadata() {
 fn owned_holds_carry_metadata_too() {
     let server = RedisServer::new();
     let client = Clients::DEFAULT.metadata("owned").at(&server.url());
-    let guard = client.lock("owned").lock_owned().expect("lock_owned");
+    let guard = client.lock("owned").owned().lock().expect("owned().lock");
     let info = info_of(&client, "owned", "lock").expect("held");
     assert_eq!(info.metadata.len(), 1);
     assert_eq!(info.metadata[0].text, "owned");
@@ -491,7 +501,7 @@ fn without_metadata_nothing_is_recorded() {
     let _g = client.lock("bare").lock().expect("lock");
     let _r = client
         .read_write_lock("bare-rw")
-        .read()
+        .read_lock()
         .lock()
         .expect("read");
     let _p = client.semaphore("bare-sem", 1).acquire().expect("permit");
@@ -581,7 +591,9 @@ fn metadata_costs_at_most_one_command_per_acquisition() {
             let c = c.clone();
             move || match label {
                 "lock" => drop(c.lock("cost").lock().expect("lock")),
-                "read-write lock" => drop(c.read_write_lock("cost").read().lock().expect("read")),
+                "read-write lock" => {
+                    drop(c.read_write_lock("cost").read_lock().lock().expect("read"))
+                }
                 _ => drop(c.semaphore("cost", 1).acquire().expect("permit")),
             }
         };
@@ -620,7 +632,7 @@ fn renewals_cost_nothing_more_with_metadata() {
             .expect("lock");
         let _r = client
             .read_write_lock(format!("renew-{}-rw", text.is_some()))
-            .read()
+            .read_lock()
             .lock()
             .expect("read");
         // The client's pub/sub connection subscribes its own channel once it holds: done
@@ -692,7 +704,11 @@ fn evalsha_and_redis_6_record_it_too() {
             .build()
             .expect("build");
         let _g = client.lock("e").lock().expect("lock");
-        let _r = client.read_write_lock("e-rw").read().lock().expect("read");
+        let _r = client
+            .read_write_lock("e-rw")
+            .read_lock()
+            .lock()
+            .expect("read");
         let _p = client.semaphore("e-sem", 1).acquire().expect("permit");
         for kind in ["lock", "read-write lock", "semaphore"] {
             let m = metadata_of(&client, &named("e", kind), kind);
@@ -723,7 +739,7 @@ fn metadata_on_a_cluster() {
         let g = a.fair_lock(name.as_str()).lock().expect("lock");
         let r = a
             .read_write_lock(named(&name, "read-write lock"))
-            .read()
+            .read_lock()
             .lock()
             .expect("read");
         let p = a

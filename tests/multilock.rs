@@ -335,7 +335,11 @@ fn nested_failure_keeps_the_outer_hold(
         "{what}: the other thread never queued on every member"
     );
 
-    let nested = lock.try_lock_with_lease_for(Duration::from_millis(300), Duration::from_millis(1));
+    let nested = lock.try_lock_with(
+        redmutex::LockOptions::new()
+            .wait_for(Duration::from_millis(300))
+            .lease(Duration::from_millis(1)),
+    );
     assert!(matches!(nested, Ok(None)), "{what}: nested {nested:?}");
 
     assert!(
@@ -902,8 +906,12 @@ fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
     pause(&server, 150);
     let t = Instant::now();
     let got = lock
-        .try_lock_with_lease_for(Duration::ZERO, Duration::from_millis(100))
-        .expect("try_lock_with_lease_for");
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::ZERO)
+                .lease(Duration::from_millis(100)),
+        )
+        .expect("try_lock_with(wait, lease)");
     let took = t.elapsed();
     let held = got.as_ref().map(|g| g.is_lease_lost());
     assert!(
@@ -983,8 +991,12 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
     }
     let t = Instant::now();
     let got = lock
-        .try_lock_with_lease_for(Duration::ZERO, Duration::from_millis(100))
-        .expect("try_lock_with_lease_for");
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::ZERO)
+                .lease(Duration::from_millis(100)),
+        )
+        .expect("try_lock_with(wait, lease)");
     let took = t.elapsed();
     let lost = got.as_ref().map(|g| g.is_lease_lost());
     assert!(
@@ -1003,8 +1015,12 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
     }
     let t = Instant::now();
     let guard = lock
-        .try_lock_with_lease_for(Duration::from_secs(5), Duration::from_millis(300))
-        .expect("try_lock_with_lease_for")
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::from_secs(5))
+                .lease(Duration::from_millis(300)),
+        )
+        .expect("try_lock_with(wait, lease)")
         .expect("acquired within the wait");
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(390), "{took:?}");
@@ -1025,13 +1041,22 @@ fn a_lock_granted_after_its_lease_is_not_said_held() {
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
     pause(&server, 150);
     let got = lock
-        .try_lock_with_lease_for(Duration::ZERO, Duration::from_millis(100))
-        .expect("try_lock_with_lease_for");
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::ZERO)
+                .lease(Duration::from_millis(100)),
+        )
+        .expect("try_lock_with(wait, lease)");
     assert!(got.as_ref().is_none_or(|g| g.is_lease_lost()));
     drop(got);
     pause(&server, 150);
     let got = lock
-        .try_lock_owned_with_lease_for(Duration::ZERO, Duration::from_millis(100))
-        .expect("try_lock_owned_with_lease_for");
+        .owned()
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::ZERO)
+                .lease(Duration::from_millis(100)),
+        )
+        .expect("owned try_lock_with(wait, lease)");
     assert!(got.as_ref().is_none_or(|g| g.is_lease_lost()));
 }

@@ -1,4 +1,4 @@
-//! Owned holds (`Lock::lock_owned` → `OwnedGuard`): a hold that belongs to the acquisition,
+//! Owned holds (`Lock::owned` → `OwnedLock` → `OwnedGuard`): a hold that belongs to the acquisition,
 //! not to a thread, moved to another thread and released, dropped, lost and renewed there;
 //! not reentrant either way; a thread pool passing holds to its workers never lets two jobs
 //! in at once.
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, TryRecvError};
 use redmutex::{
-    CancelToken, Error, Fair, Fenced, LossReason, OwnedGuard, Plain, Read, Upgradeable, Write,
+    CancellationToken, Error, Fair, Fenced, LossReason, OwnedGuard, Plain, Read, Upgradeable, Write,
 };
 use support::clients::Clients;
 use support::keys::Keys;
@@ -71,15 +71,15 @@ fn an_owned_guard_moved_to_another_thread_is_released_there() {
         let name = format!("job:{kind}");
         let guard_thread = match kind {
             "plain" => {
-                let guard = a.lock(name.as_str()).lock_owned().unwrap();
+                let guard = a.lock(name.as_str()).owned().lock().unwrap();
                 thread::spawn(move || guard.unlock())
             }
             "fair" => {
-                let guard = a.fair_lock(name.as_str()).lock_owned().unwrap();
+                let guard = a.fair_lock(name.as_str()).owned().lock().unwrap();
                 thread::spawn(move || guard.unlock())
             }
             _ => {
-                let guard = a.fenced_lock(name.as_str()).lock_owned().unwrap();
+                let guard = a.fenced_lock(name.as_str()).owned().lock().unwrap();
                 assert!(guard.token() > 0);
                 thread::spawn(move || guard.unlock())
             }
@@ -109,7 +109,7 @@ fn an_owned_guard_dropped_on_another_thread_releases_it() {
         CLIENTS.prefix(prefix).at(&server.url()),
         CLIENTS.prefix(prefix).at(&server.url()),
     );
-    let guard = a.lock("job").lock_owned().unwrap();
+    let guard = a.lock("job").owned().lock().unwrap();
     assert!(support::exists(
         &mut server.connection(),
         Keys::lock(prefix, "job").key()
@@ -132,7 +132,7 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
     let prefix = "owned:lost:";
     let (a, heard) = CLIENTS.prefix(prefix).heard_at(&server);
     let b = CLIENTS.prefix(prefix).at(&server.url());
-    let guard = a.lock("job").lock_owned().unwrap();
+    let guard = a.lock("job").owned().lock().unwrap();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(0);
     let holder = thread::spawn(move || {
         let lost = guard.lost();
@@ -178,7 +178,7 @@ fn an_owned_hold_is_renewed_past_its_lease_on_another_thread() {
     let prefix = "owned:renewed:";
     let a = CLIENTS.prefix(prefix).at(&server.url());
     let b = CLIENTS.prefix(prefix).at(&server.url());
-    let guard = a.lock("job").lock_owned().unwrap();
+    let guard = a.lock("job").owned().lock().unwrap();
     let acquired = Instant::now();
     let lost = guard.lost();
     let holder = thread::spawn(move || {
@@ -220,10 +220,11 @@ fn owned_holds_are_not_reentrant_either_way() {
 
     // A thread hold, then an owned acquisition by the same thread: refused, it waits.
     let thread_guard = lock.lock().unwrap();
-    assert!(lock.try_lock_owned().unwrap().is_none());
+    assert!(lock.owned().try_lock().unwrap().is_none());
     let started = Instant::now();
     assert!(lock
-        .try_lock_owned_for(Duration::from_millis(300))
+        .owned()
+        .try_lock_for(Duration::from_millis(300))
         .unwrap()
         .is_none());
     assert!(started.elapsed() >= Duration::from_millis(300), "waited");
@@ -235,20 +236,20 @@ fn owned_holds_are_not_reentrant_either_way() {
 
     // An owned hold, then the same thread: neither a thread acquisition nor a second owned
     // one re-enters it; it does not count as the thread's.
-    let owned = lock.try_lock_owned().unwrap().expect("free");
+    let owned = lock.owned().try_lock().unwrap().expect("free");
     assert!(lock.try_lock().unwrap().is_none());
     assert!(lock
         .try_lock_for(Duration::from_millis(300))
         .unwrap()
         .is_none());
-    assert!(lock.try_lock_owned().unwrap().is_none(), "two owners");
+    assert!(lock.owned().try_lock().unwrap().is_none(), "two owners");
     assert_eq!(lock.hold_count().unwrap(), 0);
     assert!(!lock.is_held_by_current_thread().unwrap());
 
     // A blocked owned acquisition gets it once the first owned hold is released elsewhere.
     let waiter = {
         let lock = lock.clone();
-        thread::spawn(move || lock.lock_owned())
+        thread::spawn(move || lock.owned().lock())
     };
     await_queued(&server, prefix, "job", 1);
     assert!(!waiter.is_finished(), "waits behind the owned hold");
@@ -267,10 +268,15 @@ fn owned_read_holds_share_and_exclude_writers() {
     let server = RedisServer::new();
     let a = CLIENTS.prefix("owned:rw:").at(&server.url());
     let rw = a.read_write_lock("doc");
-    let r1 = rw.read().lock_owned().unwrap();
-    let r2 = rw.read().try_lock_owned().unwrap().expect("readers share");
-    assert!(rw.write().try_lock_owned().unwrap().is_none());
-    assert!(rw.write().try_lock().unwrap().is_none());
+    let r1 = rw.read_lock().owned().lock().unwrap();
+    let r2 = rw
+        .read_lock()
+        .owned()
+        .try_lock()
+        .unwrap()
+        .expect("readers share");
+    assert!(rw.write_lock().owned().try_lock().unwrap().is_none());
+    assert!(rw.write_lock().try_lock().unwrap().is_none());
     let (t1, t2) = (
         thread::spawn(move || r1.unlock()),
         thread::spawn(move || r2.unlock()),
@@ -278,11 +284,12 @@ fn owned_read_holds_share_and_exclude_writers() {
     t1.join().unwrap().unwrap();
     t2.join().unwrap().unwrap();
     let w = rw
-        .write()
-        .try_lock_owned()
+        .write_lock()
+        .owned()
+        .try_lock()
         .unwrap()
         .expect("free for a writer");
-    assert!(rw.read().try_lock().unwrap().is_none());
+    assert!(rw.read_lock().try_lock().unwrap().is_none());
     thread::spawn(move || w.unlock()).join().unwrap().unwrap();
 }
 
@@ -293,10 +300,14 @@ fn a_blocked_owned_acquisition_is_cancelled() {
     let a = CLIENTS.prefix(prefix).at(&server.url());
     let lock = a.lock("job");
     let held = lock.lock().unwrap();
-    let token = CancelToken::new();
+    let token = CancellationToken::new();
     let waiter = {
         let (lock, token) = (lock.clone(), token.clone());
-        thread::spawn(move || lock.lock_owned_cancellable(&token))
+        thread::spawn(move || {
+            lock.owned()
+                .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+                .map(Option::unwrap)
+        })
     };
     await_queued(&server, prefix, "job", 1);
     assert!(!waiter.is_finished());
@@ -312,11 +323,15 @@ fn a_blocked_owned_acquisition_is_cancelled() {
     );
     await_queued(&server, prefix, "job", 0);
     // The bounded variant: a token cancelled before the call fails it at once.
-    let outcome = lock.try_lock_owned_until_cancellable(Instant::now() + SETUP, &token);
+    let outcome = lock.owned().try_lock_with(
+        redmutex::LockOptions::new()
+            .wait_until(Instant::now() + SETUP)
+            .cancellable(&token),
+    );
     assert!(matches!(outcome, Err(Error::Cancelled)), "{outcome:?}");
     held.unlock().unwrap();
     assert!(
-        lock.try_lock_owned().unwrap().is_some(),
+        lock.owned().try_lock().unwrap().is_some(),
         "no ghost holds it"
     );
 }
@@ -326,7 +341,12 @@ fn an_owned_fixed_lease_runs_out_and_extends() {
     let server = RedisServer::new();
     let a = CLIENTS.prefix("owned:lease:").at(&server.url());
     let lease = Duration::from_millis(1000);
-    let guard = a.lock("job").lock_owned_with_lease(lease).unwrap();
+    let guard = a
+        .lock("job")
+        .owned()
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .unwrap();
     let acquired = Instant::now();
     guard.extend(Duration::from_millis(2000)).unwrap();
     let lost = guard.lost();
@@ -397,7 +417,7 @@ fn a_thread_pool_passing_owned_holds_never_lets_two_jobs_in() {
     // The dispatcher takes each job's hold and hands it to whichever worker is free: it
     // blocks until the previous job's worker released it.
     for job in 0..8 {
-        let guard = lock.lock_owned().unwrap();
+        let guard = lock.owned().lock().unwrap();
         jobs_tx.send((job, guard)).unwrap();
     }
     drop(jobs_tx);
@@ -433,7 +453,7 @@ fn an_owned_waiter_of_a_fair_lock_is_handed_it_in_turn() {
     let first = {
         let (lock, order_tx) = (a.fair_lock("job"), order_tx.clone());
         thread::spawn(move || {
-            let guard = lock.lock_owned().unwrap();
+            let guard = lock.owned().lock().unwrap();
             order_tx.send(("owned", Instant::now())).unwrap();
             guard
         })

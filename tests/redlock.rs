@@ -263,7 +263,8 @@ fn a_waiter_sleeps_without_commands_and_wakes_on_release() {
     let holder_clients = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let waiter_clients = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
     let held = red_lock(&holder_clients, "wake")
-        .lock_with_lease(Duration::from_secs(20))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
         .expect("hold");
     let waiting = red_lock(&waiter_clients, "wake");
     let started = Arc::new(Barrier::new(2));
@@ -393,7 +394,8 @@ fn bad_input_is_refused_with_typed_errors() {
         .unwrap();
     assert!(invalid(MultiLock::new([replicated.lock("x")])));
     assert!(matches!(
-        lock.lock_with_lease(Duration::ZERO),
+        lock.try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
+            .map(Option::unwrap),
         Err(Error::InvalidArgument(_))
     ));
     // Nothing was written by any of it.

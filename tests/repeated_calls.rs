@@ -63,9 +63,9 @@ fn a_read_write_force_unlock_whose_reply_is_lost_answers_that_it_freed_the_lock(
     let sha = load(&server, "rw_force_unlock");
 
     let rw = holder.read_write_lock("shared");
-    let read = rw.read().lock().unwrap();
+    let read = rw.read_lock().lock().unwrap();
     proxy.lose_next_reply_to(&sha);
-    let r = admin.read_write_lock("shared").write().force_unlock();
+    let r = admin.read_write_lock("shared").write_lock().force_unlock();
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "the repeat answers that the lock was freed");

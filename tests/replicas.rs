@@ -133,7 +133,9 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
         let thread = std::thread::spawn(move || {
             let g = match lease {
                 None => lock.lock(),
-                Some(ms) => lock.lock_with_lease(Duration::from_millis(ms)),
+                Some(ms) => lock
+                    .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(ms)))
+                    .map(Option::unwrap),
             }
             .expect("waiter");
             // Read at once: what a failover right now would find on the replica.

@@ -294,9 +294,9 @@ fn holder_process(url: &str, name: &str) {
                     let mut con = connect(&url);
                     let ctx = (&mut con, name.as_str(), tag.as_str(), id.as_str());
                     if read {
-                        hold(rw.read(), "r", ctx, rx);
+                        hold(rw.read_lock(), "r", ctx, rx);
                     } else {
-                        hold(rw.write(), "w", ctx, rx);
+                        hold(rw.write_lock(), "w", ctx, rx);
                     }
                 });
                 threads.insert(key, (tx, t));
@@ -308,9 +308,9 @@ fn holder_process(url: &str, name: &str) {
             [cmd @ ("tryread" | "trywrite"), tag] => {
                 let rw = client.read_write_lock(name);
                 let got = if *cmd == "tryread" {
-                    rw.read().try_lock().map(|g| g.is_some())
+                    rw.read_lock().try_lock().map(|g| g.is_some())
                 } else {
-                    rw.write().try_lock().map(|g| g.is_some())
+                    rw.write_lock().try_lock().map(|g| g.is_some())
                 };
                 match got {
                     Ok(true) => say(&format!("try {tag} some")),
@@ -390,7 +390,7 @@ fn release(child: &mut ChildProc, tag: &str) {
 #[derive(Default, Debug)]
 struct StreamStats {
     sections: u64,
-    /// Sections whose `lock_with_lease` waited more than 10 ms (queued behind a writer).
+    /// Sections whose fixed-lease acquisition waited more than 10 ms (queued behind a writer).
     waited: u64,
     errors: u64,
 }
@@ -399,12 +399,15 @@ struct StreamStats {
 /// client of its own (the witness tells its hold by its client id).
 fn stream_reader(url: &str, name: &str, stop: &AtomicBool) -> StreamStats {
     let client = CLIENTS.scaled(Duration::from_secs(10)).at(url);
-    let read = client.read_write_lock(name).read();
+    let read = client.read_write_lock(name).read_lock();
     let mut con = connect(url);
     let mut stats = StreamStats::default();
     while !stop.load(Ordering::SeqCst) {
         let asked = Instant::now();
-        let guard = match read.lock_with_lease(STREAM_LEASE) {
+        let guard = match read
+            .try_lock_with(redmutex::LockOptions::new().lease(STREAM_LEASE))
+            .map(Option::unwrap)
+        {
             Ok(g) => g,
             Err(_) => {
                 stats.errors += 1;
@@ -578,7 +581,7 @@ fn downgrade_lets_readers_in_but_not_writers() {
     let rw = c.read_write_lock(LOCK);
     let (mut other, other_id) = spawn_holder(&url, LOCK, 10_000);
 
-    let w = rw.write().lock().expect("write");
+    let w = rw.write_lock().lock().expect("write");
     other.send("tryread x0");
     assert_eq!(
         expect_words(&other, "try", "x0")[2],
@@ -589,14 +592,17 @@ fn downgrade_lets_readers_in_but_not_writers() {
     await_queued(&mut con, LOCK, 1, "the other process's reader");
 
     let t = Instant::now();
-    let r = rw.read().lock().expect("read while writing: a downgrade");
+    let r = rw
+        .read_lock()
+        .lock()
+        .expect("read while writing: a downgrade");
     let took = t.elapsed();
     assert!(
         took < Duration::from_millis(100),
         "the downgrade waited {took:?} (behind the queued reader?)"
     );
-    assert_eq!(rw.write().hold_count().unwrap(), 1);
-    assert_eq!(rw.read().hold_count().unwrap(), 1);
+    assert_eq!(rw.write_lock().hold_count().unwrap(), 1);
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 1);
     let h = holds(&mut con, LOCK);
     let writer = h.get("~writer").cloned().expect("the writer mark");
     assert!(writer.starts_with(&format!("{}:", c.id())));
@@ -628,12 +634,12 @@ fn downgrade_lets_readers_in_but_not_writers() {
         ]),
         "downgraded: two read holds, no writer"
     );
-    assert_eq!(rw.write().hold_count().unwrap(), 0);
-    assert_eq!(rw.read().hold_count().unwrap(), 1);
+    assert_eq!(rw.write_lock().hold_count().unwrap(), 0);
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 1);
 
     // A writer (another thread) cannot: it waits.
     let (tx, got) = mpsc::channel();
-    let write = rw.write();
+    let write = rw.write_lock();
     let writer_thread = thread::spawn(move || {
         let none = write.try_lock().map(|g| g.is_none());
         let g = write.lock();
@@ -680,9 +686,9 @@ fn a_writer_that_also_reads_may_reenter_the_write_side() {
     let mut con = server.connection();
     let c = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
-    let w = rw.write().lock().unwrap();
-    let r = rw.read().lock().unwrap();
-    let again = rw.write().try_lock_for(Duration::from_secs(1));
+    let w = rw.write_lock().lock().unwrap();
+    let r = rw.read_lock().lock().unwrap();
+    let again = rw.write_lock().try_lock_for(Duration::from_secs(1));
     let again = match again {
         Ok(Some(g)) => g,
         other => panic!(
@@ -690,7 +696,7 @@ fn a_writer_that_also_reads_may_reenter_the_write_side() {
             holds(&mut con, LOCK)
         ),
     };
-    assert_eq!(rw.write().hold_count().unwrap(), 2);
+    assert_eq!(rw.write_lock().hold_count().unwrap(), 2);
     drop(again);
     w.unlock().unwrap();
     r.unlock().unwrap();
@@ -712,12 +718,12 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
     let mut con = server.connection();
     let c = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
-    let outer = rw.read().lock().unwrap();
+    let outer = rw.read_lock().lock().unwrap();
     let before = (holds(&mut con, LOCK), leases(&mut con, LOCK));
     assert_eq!(before.0.len(), 1, "one read hold: {:?}", before.0);
     let long = Duration::from_secs(10);
     let lease = Duration::from_secs(5);
-    let write = rw.write();
+    let write = rw.write_lock();
     let check = |con: &mut redis::Connection, depth: &str| {
         type Attempt<'a> = (&'a str, Box<dyn Fn() -> Result<bool, Error> + 'a>);
         let attempts: Vec<Attempt> = vec![
@@ -739,14 +745,19 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
                 }),
             ),
             (
-                "lock_with_lease(5 s)",
-                Box::new(|| write.lock_with_lease(lease).map(|_| true)),
-            ),
-            (
-                "try_lock_with_lease_for(10 s, 5 s)",
+                "try_lock_with(lease 5 s)",
                 Box::new(|| {
                     write
-                        .try_lock_with_lease_for(long, lease)
+                        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+                        .map(Option::unwrap)
+                        .map(|_| true)
+                }),
+            ),
+            (
+                "try_lock_with(wait 10 s, lease 5 s)",
+                Box::new(|| {
+                    write
+                        .try_lock_with(redmutex::LockOptions::new().wait_for(long).lease(lease))
                         .map(|g| g.is_some())
                 }),
             ),
@@ -782,18 +793,18 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
         before,
         "a refused upgrade changed the lock"
     );
-    let inner = rw.read().lock().unwrap();
+    let inner = rw.read_lock().lock().unwrap();
     let nested = holds(&mut con, LOCK);
     assert_eq!(nested.values().collect::<Vec<_>>(), vec!["2"]);
     let slow2 = check(&mut con, "two read levels");
     assert_eq!(holds(&mut con, LOCK), nested);
-    assert_eq!(rw.write().hold_count().unwrap(), 0);
-    assert_eq!(rw.read().hold_count().unwrap(), 2);
+    assert_eq!(rw.write_lock().hold_count().unwrap(), 0);
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 2);
     eprintln!("upgrade: slowest refusal {:?}", slow1.max(slow2));
     drop(inner);
     outer.unlock().unwrap();
     let w = rw
-        .write()
+        .write_lock()
         .try_lock()
         .unwrap()
         .expect("writes once the read hold is gone");
@@ -830,7 +841,7 @@ fn a_writer_behind_a_stream_of_readers_gets_in_within_a_bound() {
         .collect();
 
     let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
-    let write = c.read_write_lock(LOCK).write();
+    let write = c.read_write_lock(LOCK).write_lock();
     let mut waits = Vec::new();
     let mut inside_when_asked = Vec::new();
     for round in 0..ROUNDS {
@@ -923,7 +934,7 @@ fn a_sigkilled_reader_frees_only_its_own_share() {
     let survivor = field_of(&mut con, LOCK, "r", &id2).expect("the second reader's hold");
 
     let c = CLIENTS.scaled(Duration::from_secs(10)).at(&url);
-    let write = c.read_write_lock(LOCK).write();
+    let write = c.read_write_lock(LOCK).write_lock();
     let (tx, got) = mpsc::channel();
     let writer = thread::spawn(move || {
         let g = write.lock();
@@ -1029,11 +1040,12 @@ fn a_fixed_read_lease_that_ends_is_lost() {
     let taken = Instant::now();
     let g = reader
         .read_write_lock(LOCK)
-        .read()
-        .lock_with_lease(LEASE)
+        .read_lock()
+        .try_lock_with(redmutex::LockOptions::new().lease(LEASE))
+        .map(Option::unwrap)
         .unwrap();
     assert!(!g.is_lease_lost());
-    let write = writer.read_write_lock(LOCK).write();
+    let write = writer.read_write_lock(LOCK).write_lock();
     let (tx, got) = mpsc::channel();
     let (go, hold) = mpsc::channel::<()>();
     let t = thread::spawn(move || {
@@ -1076,12 +1088,12 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     let mut con = server.connection();
     let a = CLIENTS.scaled(WATCHDOG).at(&url);
     let b = CLIENTS.scaled(WATCHDOG).at(&url);
-    let ga = a.read_write_lock(LOCK).read().lock().unwrap();
+    let ga = a.read_write_lock(LOCK).read_lock().lock().unwrap();
     let (tx, rx) = mpsc::channel();
     let (go, next) = mpsc::channel::<&str>();
     let rw_b = b.read_write_lock(LOCK);
     let tb = thread::spawn(move || {
-        let gb = rw_b.read().lock().unwrap();
+        let gb = rw_b.read_lock().lock().unwrap();
         tx.send(()).unwrap();
         // "check": report whether the hold is lost; anything else: unlock and report.
         while let Ok(cmd) = next.recv() {
@@ -1125,7 +1137,7 @@ fn a_watchdog_read_hold_taken_away_is_reported_lost() {
     );
     assert!(matches!(ga.unlock(), Err(Error::LeaseLost { .. })));
 
-    assert!(a.read_write_lock(LOCK).write().force_unlock().unwrap());
+    assert!(a.read_write_lock(LOCK).write_lock().force_unlock().unwrap());
     go.send("unlock").unwrap();
     let (lost, unlocked) = tb.join().unwrap().unwrap();
     assert!(lost, "a force-unlocked read hold was not reported lost");
@@ -1144,8 +1156,8 @@ fn through(proxy: &FaultProxy) -> Client {
         .command(Duration::from_secs(2))
         .at(&proxy.url());
     let rw = c.read_write_lock("warm-up");
-    rw.read().lock().unwrap().unlock().unwrap();
-    rw.write().lock().unwrap().unlock().unwrap();
+    rw.read_lock().lock().unwrap().unlock().unwrap();
+    rw.write_lock().lock().unwrap().unlock().unwrap();
     c
 }
 
@@ -1175,25 +1187,33 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     let release = rw_release_call(&server);
 
     proxy.lose_next_reply_to(&acquire);
-    let outer = rw.read().lock().expect("the repeated read acquire");
+    let outer = rw.read_lock().lock().expect("the repeated read acquire");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
-    assert_eq!(rw.read().hold_count().unwrap(), 1, "one level, not two");
+    assert_eq!(
+        rw.read_lock().hold_count().unwrap(),
+        1,
+        "one level, not two"
+    );
     let (field, count) = only_hold(&mut con, LOCK);
     assert!(field.starts_with(&format!("r:{}:", c.id())));
     assert_eq!(count, "1");
     assert_eq!(leases(&mut con, LOCK).len(), 1);
 
     proxy.lose_next_reply_to(&acquire);
-    let inner = rw.read().lock().expect("the repeated nested read");
+    let inner = rw.read_lock().lock().expect("the repeated nested read");
     assert_eq!(proxy.lost_replies(), 2);
-    assert_eq!(rw.read().hold_count().unwrap(), 2, "two levels, not three");
+    assert_eq!(
+        rw.read_lock().hold_count().unwrap(),
+        2,
+        "two levels, not three"
+    );
     assert_eq!(only_hold(&mut con, LOCK).1, "2");
 
     proxy.lose_next_reply_to(&release);
     inner.unlock().expect("the repeated nested release");
     assert_eq!(proxy.lost_replies(), 3);
     assert_eq!(
-        rw.read().hold_count().unwrap(),
+        rw.read_lock().hold_count().unwrap(),
         1,
         "released once, not twice"
     );
@@ -1201,7 +1221,7 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     assert!(
         other
             .read_write_lock(LOCK)
-            .write()
+            .write_lock()
             .try_lock()
             .unwrap()
             .is_none(),
@@ -1219,10 +1239,10 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).leases()));
 
     proxy.lose_next_reply_to(&acquire);
-    let w = rw.write().lock().expect("the repeated write acquire");
+    let w = rw.write_lock().lock().expect("the repeated write acquire");
     assert_eq!(proxy.lost_replies(), 5);
     assert_eq!(
-        rw.write().hold_count().unwrap(),
+        rw.write_lock().hold_count().unwrap(),
         1,
         "one write level, not two"
     );
@@ -1232,14 +1252,14 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     assert!(
         other
             .read_write_lock(LOCK)
-            .read()
+            .read_lock()
             .try_lock()
             .unwrap()
             .is_none(),
         "a reader got in beside the writer"
     );
     proxy.lose_next_reply_to(&acquire);
-    let w2 = rw.write().lock().expect("the repeated nested write");
+    let w2 = rw.write_lock().lock().expect("the repeated nested write");
     assert_eq!(proxy.lost_replies(), 6);
     assert_eq!(only_hold(&mut con, LOCK).1, "2");
     proxy.lose_next_reply_to(&release);
@@ -1259,13 +1279,13 @@ fn lost_replies_leave_no_ghost_hold_and_no_double_count() {
     // The lock is free for everybody.
     let g = other
         .read_write_lock(LOCK)
-        .write()
+        .write_lock()
         .try_lock()
         .unwrap()
         .expect("the lock is free");
     g.unlock().unwrap();
-    assert_eq!(rw.read().hold_count().unwrap(), 0);
-    assert_eq!(rw.write().hold_count().unwrap(), 0);
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 0);
+    assert_eq!(rw.write_lock().hold_count().unwrap(), 0);
 }
 
 /// A reader queued behind a writer whose queuing attempt's reply is lost is queued once,
@@ -1280,16 +1300,16 @@ fn a_queued_read_whose_reply_is_lost_queues_once() {
     let holder = CLIENTS.scaled(Duration::from_secs(10)).at(&server.url());
     // The reader's client listens on the lock already (it waited a moment ago), so its
     // next read queues with its very first attempt: the one whose reply is lost.
-    let w = holder.read_write_lock(LOCK).write().lock().unwrap();
-    let read = c.read_write_lock(LOCK).read();
+    let w = holder.read_write_lock(LOCK).write_lock().lock().unwrap();
+    let read = c.read_write_lock(LOCK).read_lock();
     let warm = thread::spawn(move || read.lock().map(|g| g.unlock()));
     await_queued(&mut con, LOCK, 1, "the warm-up reader");
     w.unlock().unwrap();
     warm.join().unwrap().unwrap().unwrap();
 
-    let w = holder.read_write_lock(LOCK).write().lock().unwrap();
+    let w = holder.read_write_lock(LOCK).write_lock().lock().unwrap();
     proxy.lose_next_reply_to(&rw_acquire_call(&server));
-    let read = c.read_write_lock(LOCK).read();
+    let read = c.read_write_lock(LOCK).read_lock();
     let (tx, rx) = mpsc::channel();
     let reader = thread::spawn(move || {
         let g = read.lock();
@@ -1335,7 +1355,7 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
     let mut con = server.connection();
     let c = CLIENTS.scaled(Duration::from_secs(30)).at(&server.url());
     let empty = c.read_write_lock("");
-    let (r, w) = (empty.read(), empty.write());
+    let (r, w) = (empty.read_lock(), empty.write_lock());
     let name_errors = [
         ("read lock", r.lock().map(|_| ())),
         ("read try_lock", r.try_lock().map(|_| ())),
@@ -1356,36 +1376,54 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
         );
     }
     let rw = c.read_write_lock("bad");
-    let (r, w) = (rw.read(), rw.write());
+    let (r, w) = (rw.read_lock(), rw.write_lock());
     let too_long = Duration::from_secs(11 * 365 * 24 * 3600);
     let second = Duration::from_secs(1);
     let lease_errors = [
         (
-            "read lock_with_lease(0)",
-            r.lock_with_lease(Duration::ZERO).map(|_| ()),
-        ),
-        (
-            "read lock_with_lease(11 y)",
-            r.lock_with_lease(too_long).map(|_| ()),
-        ),
-        (
-            "read try_lock_with_lease_for(1 s, 0)",
-            r.try_lock_with_lease_for(second, Duration::ZERO)
+            "read try_lock_with(lease 0)",
+            r.try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
+                .map(Option::unwrap)
                 .map(|_| ()),
         ),
         (
-            "write lock_with_lease(0)",
-            w.lock_with_lease(Duration::ZERO).map(|_| ()),
-        ),
-        (
-            "write try_lock_with_lease_until(now, 11 y)",
-            w.try_lock_with_lease_until(Instant::now(), too_long)
+            "read try_lock_with(lease 11 y)",
+            r.try_lock_with(redmutex::LockOptions::new().lease(too_long))
+                .map(Option::unwrap)
                 .map(|_| ()),
         ),
         (
-            "write try_lock_with_lease_for(MAX, 0)",
-            w.try_lock_with_lease_for(Duration::MAX, Duration::ZERO)
+            "read try_lock_with(wait 1 s, lease 0)",
+            r.try_lock_with(
+                redmutex::LockOptions::new()
+                    .wait_for(second)
+                    .lease(Duration::ZERO),
+            )
+            .map(|_| ()),
+        ),
+        (
+            "write try_lock_with(lease 0)",
+            w.try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
+                .map(Option::unwrap)
                 .map(|_| ()),
+        ),
+        (
+            "write try_lock_with(until now, lease 11 y)",
+            w.try_lock_with(
+                redmutex::LockOptions::new()
+                    .wait_until(Instant::now())
+                    .lease(too_long),
+            )
+            .map(|_| ()),
+        ),
+        (
+            "write try_lock_with(wait MAX, lease 0)",
+            w.try_lock_with(
+                redmutex::LockOptions::new()
+                    .wait_for(Duration::MAX)
+                    .lease(Duration::ZERO),
+            )
+            .map(|_| ()),
         ),
     ];
     for (what, r) in lease_errors {
@@ -1396,10 +1434,14 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
 
     // A force-unlocked read guard whose lock another reader holds now.
     let other = CLIENTS.scaled(Duration::from_secs(30)).at(&server.url());
-    let ga = rw.read().lock().unwrap();
-    assert!(other.read_write_lock("bad").read().force_unlock().unwrap());
+    let ga = rw.read_lock().lock().unwrap();
+    assert!(other
+        .read_write_lock("bad")
+        .read_lock()
+        .force_unlock()
+        .unwrap());
     let rw_o = other.read_write_lock("bad");
-    let gb = rw_o.read().lock().unwrap();
+    let gb = rw_o.read_lock().lock().unwrap();
     let snapshot = (holds(&mut con, "bad"), leases(&mut con, "bad"));
     assert!(
         matches!(ga.unlock(), Err(Error::LeaseLost { .. })),
@@ -1413,9 +1455,9 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
     gb.unlock().unwrap();
 
     // The same for a write guard.
-    let wa = rw.write().lock().unwrap();
-    assert!(rw_o.write().force_unlock().unwrap());
-    let wb = rw_o.write().lock().unwrap();
+    let wa = rw.write_lock().lock().unwrap();
+    assert!(rw_o.write_lock().force_unlock().unwrap());
+    let wb = rw_o.write_lock().lock().unwrap();
     let snapshot = (holds(&mut con, "bad"), leases(&mut con, "bad"));
     assert!(matches!(wa.unlock(), Err(Error::LeaseLost { .. })));
     assert_eq!(
@@ -1425,7 +1467,10 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
     );
     wb.unlock().unwrap();
     assert!(!support::exists(&mut con, Keys::rw(PREFIX, "bad").key()));
-    assert!(!rw.read().force_unlock().unwrap(), "nothing left to free");
+    assert!(
+        !rw.read_lock().force_unlock().unwrap(),
+        "nothing left to free"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1445,14 +1490,14 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     let writer = CLIENTS.scaled(Duration::from_secs(30)).at(&url);
     // The scripts are loaded first, so the release below is one FCALL, not a load round.
     let warm = reader.read_write_lock("warm-up");
-    warm.read().lock().unwrap().unlock().unwrap();
+    warm.read_lock().lock().unwrap().unlock().unwrap();
     // And the renewal script, with which the writer confirms the hold handed to it.
     let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
         .prepare_invoke()
         .load(&mut con)
         .unwrap();
-    let r = reader.read_write_lock(LOCK).read().lock().unwrap();
-    let write = writer.read_write_lock(LOCK).write();
+    let r = reader.read_write_lock(LOCK).read_lock().lock().unwrap();
+    let write = writer.read_write_lock(LOCK).write_lock();
     let (tx, got) = mpsc::channel();
     let (go, done) = mpsc::channel::<()>();
     let t = thread::spawn(move || {
@@ -1528,13 +1573,13 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         .command(Duration::from_secs(1))
         .at(&proxy.url());
     let rw = c.read_write_lock("warm-up");
-    rw.read().lock().unwrap().unlock().unwrap();
-    rw.write().lock().unwrap().unlock().unwrap();
+    rw.read_lock().lock().unwrap().unlock().unwrap();
+    rw.write_lock().lock().unwrap().unlock().unwrap();
     let rw = c.read_write_lock(LOCK);
-    let read = rw.read().lock().expect("outer read");
+    let read = rw.read_lock().lock().expect("outer read");
 
     let (tx, got) = mpsc::channel();
-    let write = rw.write();
+    let write = rw.write_lock();
     let writer = thread::spawn(move || {
         let w = write.lock();
         tx.send(()).unwrap();
@@ -1543,7 +1588,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
     await_queued(&mut con, LOCK, 1, "the writer");
 
     proxy.fail_next_request_with(&rw_acquire_call(&server), "-ERR injected\r\n");
-    let r = rw.read().try_lock_for(Duration::from_millis(300));
+    let r = rw.read_lock().try_lock_for(Duration::from_millis(300));
     assert!(matches!(r, Err(Error::Redis { .. })), "{r:?}");
     assert_eq!(proxy.failed_requests(), 1, "the fault was injected");
 
@@ -1553,7 +1598,7 @@ fn a_failed_nested_read_keeps_the_outer_read_hold() {
         "a writer got in beside the reader"
     );
     assert!(!read.is_lease_lost(), "the outer read guard lost its hold");
-    assert_eq!(rw.read().hold_count().unwrap(), 1);
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 1);
     assert!(
         field_of(&mut con, LOCK, "r", c.id()).is_some(),
         "the read hold is gone"
@@ -1589,11 +1634,15 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
     let rw = c.read_write_lock(LOCK);
     let taken = Instant::now();
     let read = rw
-        .read()
-        .try_lock_with_lease_for(Duration::from_secs(1), LEASE)
+        .read_lock()
+        .try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::from_secs(1))
+                .lease(LEASE),
+        )
         .unwrap()
         .expect("read");
-    let r = rw.write().try_lock_for(Duration::from_millis(100));
+    let r = rw.write_lock().try_lock_for(Duration::from_millis(100));
     assert!(matches!(r, Err(Error::WouldDeadlock { .. })), "{r:?}");
     assert!(
         taken.elapsed() < LEASE,
@@ -1610,18 +1659,18 @@ fn a_read_lease_that_ran_out_does_not_block_the_same_threads_write() {
         said >= LEASE - Duration::from_millis(50) && said <= LEASE + Duration::from_millis(500),
         "the read lease showed lost after {said:?}"
     );
-    assert_eq!(rw.read().hold_count().unwrap(), 0);
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 0);
     let write = rw
-        .write()
+        .write_lock()
         .try_lock_for(Duration::from_secs(1))
         .expect("the write lock after the read lease ran out")
         .expect("acquired");
-    assert_eq!(rw.write().hold_count().unwrap(), 1);
+    assert_eq!(rw.write_lock().hold_count().unwrap(), 1);
     assert!(field_of(&mut con, LOCK, "w", c.id()).is_some());
     assert!(field_of(&mut con, LOCK, "r", c.id()).is_none());
     // The read guard's hold is over: its unlock says so and leaves the write hold alone.
     assert!(matches!(read.unlock(), Err(Error::LeaseLost { .. })));
-    assert_eq!(rw.write().hold_count().unwrap(), 1);
+    assert_eq!(rw.write_lock().hold_count().unwrap(), 1);
     write.unlock().expect("write unlock");
     assert!(!support::exists(&mut con, Keys::rw(PREFIX, LOCK).key()));
 }
@@ -1635,8 +1684,8 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     let mut con = server.connection();
     let c = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     let rw = c.read_write_lock(LOCK);
-    let outer = rw.read().lock().unwrap();
-    let inner = rw.read().lock().unwrap();
+    let outer = rw.read_lock().lock().unwrap();
+    let inner = rw.read_lock().lock().unwrap();
     let field = field_of(&mut con, LOCK, "r", c.id()).expect("read hold");
     let holder = field["r:".len()..].to_owned();
     let cancel = |expected: u32| -> Vec<i64> {
@@ -1677,10 +1726,10 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     );
     let other = CLIENTS.scaled(Duration::from_secs(3)).at(&server.url());
     // A pooled connection first: a single try has no time to connect on a busy machine.
-    assert!(other.read_write_lock(LOCK).read().is_locked().unwrap());
+    assert!(other.read_write_lock(LOCK).read_lock().is_locked().unwrap());
     assert!(other
         .read_write_lock(LOCK)
-        .write()
+        .write_lock()
         .try_lock()
         .unwrap()
         .is_none());

@@ -146,10 +146,10 @@ fn uncontended_read_write_and_semaphore_pairs() {
     let (server, client) = Clients::DEFAULT.serve();
     let rw = client.read_write_lock("rw");
     let (read, _) = per_op(&server, "ReadWriteLock read pair", 200, |_| {
-        drop(rw.read().lock().unwrap());
+        drop(rw.read_lock().lock().unwrap());
     });
     let (write, _) = per_op(&server, "ReadWriteLock write pair", 200, |_| {
-        drop(rw.write().lock().unwrap());
+        drop(rw.write_lock().lock().unwrap());
     });
     let sem = client.semaphore("sem", 4);
     let (permit, _) = per_op(&server, "Semaphore acquire+release", 200, |_| {
@@ -252,7 +252,7 @@ fn contended_scenarios_print_their_cost() {
     );
     let readers = contend(&server, "ReadWriteLock, 4 readers", 4, 100, hold, |c| {
         let rw = c.read_write_lock("readers");
-        Box::new(move || drop(rw.read().lock().unwrap()))
+        Box::new(move || drop(rw.read_lock().lock().unwrap()))
     });
     let permits = contend(&server, "Semaphore(2), 4 threads", 4, 100, hold, |c| {
         let sem = c.semaphore("permits", 2);

@@ -128,11 +128,11 @@ fn exercise(client: &Client) {
 
     // A read-write lock: readers share, a writer waits for them and is handed the lock.
     let rw = client.read_write_lock("rw");
-    let read = rw.read().lock().unwrap();
+    let read = rw.read_lock().lock().unwrap();
     let refused = {
         let rw = rw.clone();
         thread::spawn(move || {
-            let writing = rw.write().try_lock_for(Duration::from_millis(200));
+            let writing = rw.write_lock().try_lock_for(Duration::from_millis(200));
             writing.unwrap().is_none()
         })
     };
@@ -141,8 +141,8 @@ fn exercise(client: &Client) {
     let writer = {
         let rw = rw.clone();
         thread::spawn(move || {
-            let guard = rw.write().lock().unwrap();
-            tx.send(rw.write().hold_count().unwrap()).unwrap();
+            let guard = rw.write_lock().lock().unwrap();
+            tx.send(rw.write_lock().hold_count().unwrap()).unwrap();
             guard.unlock().unwrap();
         })
     };
@@ -153,7 +153,10 @@ fn exercise(client: &Client) {
 
     // A semaphore: permits taken, refused, released, added.
     let sem = client.semaphore("sem", 2);
-    let two = sem.acquire_many(2).unwrap();
+    let two = sem
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(sem
         .try_acquire_for(Duration::from_millis(100))
         .unwrap()
@@ -176,7 +179,7 @@ fn exercise(client: &Client) {
     // Each kind force-unlocked (each kind's script; a name is one kind at a time).
     let _lock = client.lock("all").lock().unwrap();
     assert_eq!(client.force_unlock("all").unwrap(), ["lock"]);
-    let _write = client.read_write_lock("all").write().lock().unwrap();
+    let _write = client.read_write_lock("all").write_lock().lock().unwrap();
     assert_eq!(client.force_unlock("all").unwrap(), ["read-write lock"]);
     let _permit = client.semaphore("all", 1).acquire().unwrap();
     assert_eq!(client.force_unlock("all").unwrap(), ["semaphore"]);
@@ -560,7 +563,7 @@ fn at_the_memory_limit(functions: bool) {
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();
     let rw = client.read_write_lock("full-rw");
-    let read = rw.read().lock().unwrap();
+    let read = rw.read_lock().lock().unwrap();
     let sem = client.semaphore("full-sem", 2);
     let permit = sem.acquire().unwrap();
 
@@ -589,7 +592,7 @@ fn at_the_memory_limit(functions: bool) {
         "{way}: the lock's lease lapsed"
     );
     assert_eq!(
-        rw.read().hold_count().unwrap(),
+        rw.read_lock().hold_count().unwrap(),
         1,
         "{way}: the read hold lapsed"
     );
@@ -602,7 +605,7 @@ fn at_the_memory_limit(functions: bool) {
     assert!(!lock.is_locked().unwrap(), "{way}");
     read.unlock()
         .unwrap_or_else(|e| panic!("{way}: read hold: {e}"));
-    assert_eq!(rw.read().hold_count().unwrap(), 0, "{way}");
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 0, "{way}");
     // A permit that lapsed is not given back but reported lost.
     permit
         .release()

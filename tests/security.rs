@@ -101,9 +101,9 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
         })
     };
     let rw = a.read_write_lock("acl-rw");
-    let r1 = rw.read().lock().expect("read lock");
-    let r2 = rw.read().lock().expect("read re-entry");
-    let writer = b.read_write_lock("acl-rw").write();
+    let r1 = rw.read_lock().lock().expect("read lock");
+    let r2 = rw.read_lock().lock().expect("read re-entry");
+    let writer = b.read_write_lock("acl-rw").write_lock();
     let waiter = thread::spawn(move || writer.lock().map(|g| g.unlock()));
     assert!(queued(
         &mut admin,
@@ -111,7 +111,7 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
     ));
     thread::sleep(Duration::from_millis(700)); // past the 600 ms lease: renewed meanwhile
     assert!(!r1.is_lease_lost());
-    assert_eq!(rw.read().hold_count().unwrap(), 2);
+    assert_eq!(rw.read_lock().hold_count().unwrap(), 2);
     drop(r2);
     r1.unlock().expect("read unlock");
     waiter
@@ -119,7 +119,7 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
         .unwrap()
         .expect("writer lock")
         .expect("writer unlock");
-    assert!(rw.write().force_unlock().is_ok());
+    assert!(rw.write_lock().force_unlock().is_ok());
 
     // A semaphore: a waiter handed a released permit, and an operator adding permits.
     let sem = a.semaphore("acl-sem", 1);

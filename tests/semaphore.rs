@@ -126,7 +126,9 @@ impl Holder {
         let (release, told) = mpsc::channel::<()>();
         let (sem, got) = (sem.clone(), got.clone());
         let thread = thread::spawn(move || {
-            let permit = sem.acquire_many(n)?;
+            let permit = sem
+                .try_acquire_with(redmutex::LockOptions::new().permits(n))
+                .map(Option::unwrap)?;
             assert_eq!(permit.permits(), n);
             got.send((id, Instant::now())).expect("report");
             let _ = told.recv();
@@ -253,7 +255,11 @@ fn semaphore_entry() {
         "worker" => worker(&url),
         "holder" => {
             let c = CLIENTS.scaled(CRASH_WATCHDOG).at(&url);
-            let permit = c.semaphore(CRASH, 3).acquire_many(2).expect("acquire 2");
+            let permit = c
+                .semaphore(CRASH, 3)
+                .try_acquire_with(redmutex::LockOptions::new().permits(2))
+                .map(Option::unwrap)
+                .expect("acquire 2");
             say(&format!("held {}", c.id()));
             // Until killed (or the parent is gone).
             for _ in std::io::stdin().lock().lines() {}
@@ -298,7 +304,10 @@ fn worker(url: &str) {
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let n = if rng.is_multiple_of(3) { 2 } else { 1 };
-                    let permit = match sem.acquire_many(n) {
+                    let permit = match sem
+                        .try_acquire_with(redmutex::LockOptions::new().permits(n))
+                        .map(Option::unwrap)
+                    {
                         Ok(p) => p,
                         Err(e) => {
                             eprintln!("acquire failed: {e}");
@@ -540,7 +549,9 @@ fn permits_of_a_killed_holder_return_when_its_lease_ends() {
     let (tx, rx) = mpsc::channel();
     let waiting = sem.clone();
     let waiter = thread::spawn(move || {
-        let permit = waiting.acquire_many(2);
+        let permit = waiting
+            .try_acquire_with(redmutex::LockOptions::new().permits(2))
+            .map(Option::unwrap);
         tx.send(Instant::now()).unwrap();
         permit
     });
@@ -792,7 +803,10 @@ fn a_large_request_at_the_head_is_not_passed_by_smaller_ones() {
         CLIENTS.scaled(LONG).at(&server.url()),
     );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
-    let two = sa.acquire_many(2).unwrap();
+    let two = sa
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     let one = sa.acquire().unwrap();
     let (got_tx, got) = mpsc::channel();
     let (mut waiters, entries) = queue_up(
@@ -842,7 +856,10 @@ fn a_release_admits_every_head_waiter_it_covers_at_once() {
     // Loads the release script, so the window below holds the release and nothing else.
     sa.acquire().unwrap().release().unwrap();
     load_renew(&server);
-    let all = sa.acquire_many(4).unwrap();
+    let all = sa
+        .try_acquire_with(redmutex::LockOptions::new().permits(4))
+        .map(Option::unwrap)
+        .unwrap();
     let (got_tx, got) = mpsc::channel();
     let wants: [(&Semaphore, &str, u32); 5] = [
         (&sa, a.id(), 1),
@@ -928,7 +945,10 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     let c = CLIENTS.scaled(LONG).at(&server.url());
     let sem = c.semaphore(NAME, 3);
 
-    let p = sem.acquire_many(2).unwrap();
+    let p = sem
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     assert_eq!(p.permits(), 2);
     assert!(!p.is_lease_lost());
     assert_eq!(sem.available_permits().unwrap(), 1);
@@ -957,7 +977,10 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     );
 
     // Taken here, released on another thread.
-    let p = sem.acquire_many(3).unwrap();
+    let p = sem
+        .try_acquire_with(redmutex::LockOptions::new().permits(3))
+        .map(Option::unwrap)
+        .unwrap();
     assert!(sem.try_acquire().unwrap().is_none());
     thread::spawn(move || p.release())
         .join()
@@ -966,9 +989,14 @@ fn release_and_drop_give_permits_back_on_any_thread() {
     assert_eq!(sem.available_permits().unwrap(), 3);
     // Taken on another thread, dropped here.
     let other = sem.clone();
-    let p = thread::spawn(move || other.acquire_many(2).unwrap())
-        .join()
-        .unwrap();
+    let p = thread::spawn(move || {
+        other
+            .try_acquire_with(redmutex::LockOptions::new().permits(2))
+            .map(Option::unwrap)
+            .unwrap()
+    })
+    .join()
+    .unwrap();
     assert_eq!(sem.available_permits().unwrap(), 1);
     drop(p);
     assert_eq!(sem.available_permits().unwrap(), 3);
@@ -991,7 +1019,10 @@ fn a_release_after_the_lease_ended_is_refused() {
         CLIENTS.scaled(LONG).at(&server.url()),
     );
     let (sw, ss) = (watched.semaphore(NAME, 4), slow.semaphore(NAME, 4));
-    let lost = sw.acquire_many(2).unwrap();
+    let lost = sw
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     let lost_id = holders_of(&server, NAME, watched.id());
     let kept = ss.acquire().unwrap();
     let kept_id = holders_of(&server, NAME, slow.id());
@@ -1076,7 +1107,10 @@ fn operators_change_the_stored_number_of_permits() {
     );
     drop(p);
 
-    let p1 = sem.acquire_many(2).unwrap();
+    let p1 = sem
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     for k in [
         Keys::sem(PREFIX, NAME).key(),
         Keys::sem(PREFIX, NAME).aux("leases"),
@@ -1107,7 +1141,10 @@ fn operators_change_the_stored_number_of_permits() {
     assert_eq!(sem.available_permits().unwrap(), 2);
 
     // Raising the number admits waiters, as many as it covers.
-    let all = sem.acquire_many(2).unwrap();
+    let all = sem
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     let (got_tx, got) = mpsc::channel();
     let (mut waiters, _) = queue_up(&server, NAME, &[(&sem, c.id(), 2)], &got_tx);
     sem.set_permits(3).unwrap();
@@ -1157,18 +1194,33 @@ fn every_op(sem: &Semaphore) -> Vec<(&'static str, Result<(), Error>)> {
     let ms50 = Duration::from_millis(50);
     vec![
         ("acquire", sem.acquire().map(drop)),
-        ("acquire_many", sem.acquire_many(1).map(drop)),
+        (
+            "try_acquire_with(permits 1)",
+            sem.try_acquire_with(redmutex::LockOptions::new().permits(1))
+                .map(Option::unwrap)
+                .map(drop),
+        ),
         ("try_acquire", sem.try_acquire().map(drop)),
-        ("try_acquire_many", sem.try_acquire_many(1).map(drop)),
+        (
+            "try_acquire_with(permits 1, no wait)",
+            sem.try_acquire_with(
+                redmutex::LockOptions::new()
+                    .permits(1)
+                    .wait_for(std::time::Duration::ZERO),
+            )
+            .map(drop),
+        ),
         ("try_acquire_for", sem.try_acquire_for(ms50).map(drop)),
         ("try_acquire_until", sem.try_acquire_until(soon).map(drop)),
         (
-            "try_acquire_many_for",
-            sem.try_acquire_many_for(1, ms50).map(drop),
+            "try_acquire_with(permits, wait_for)",
+            sem.try_acquire_with(redmutex::LockOptions::new().permits(1).wait_for(ms50))
+                .map(drop),
         ),
         (
-            "try_acquire_many_until",
-            sem.try_acquire_many_until(1, soon).map(drop),
+            "try_acquire_with(permits, wait_until)",
+            sem.try_acquire_with(redmutex::LockOptions::new().permits(1).wait_until(soon))
+                .map(drop),
         ),
         ("available_permits", sem.available_permits().map(drop)),
         ("permits", sem.permits().map(drop)),
@@ -1199,16 +1251,38 @@ fn bad_input_is_refused_and_changes_nothing() {
     }
     let sem = c.semaphore("bad", 3);
     for (what, r) in [
-        ("acquire_many(0)", sem.acquire_many(0).map(drop)),
-        ("try_acquire_many(0)", sem.try_acquire_many(0).map(drop)),
         (
-            "try_acquire_many_for(0)",
-            sem.try_acquire_many_for(0, Duration::from_millis(50))
+            "try_acquire_with(permits 0)",
+            sem.try_acquire_with(redmutex::LockOptions::new().permits(0))
+                .map(Option::unwrap)
                 .map(drop),
         ),
         (
-            "try_acquire_many_until(0)",
-            sem.try_acquire_many_until(0, Instant::now()).map(drop),
+            "try_acquire_with(permits 0, no wait)",
+            sem.try_acquire_with(
+                redmutex::LockOptions::new()
+                    .permits(0)
+                    .wait_for(std::time::Duration::ZERO),
+            )
+            .map(drop),
+        ),
+        (
+            "try_acquire_with(permits 0, wait_for)",
+            sem.try_acquire_with(
+                redmutex::LockOptions::new()
+                    .permits(0)
+                    .wait_for(Duration::from_millis(50)),
+            )
+            .map(drop),
+        ),
+        (
+            "try_acquire_with(permits 0, wait_until)",
+            sem.try_acquire_with(
+                redmutex::LockOptions::new()
+                    .permits(0)
+                    .wait_until(Instant::now()),
+            )
+            .map(drop),
         ),
     ] {
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
@@ -1350,7 +1424,10 @@ fn lost_replies_take_and_free_permits_once() {
     let bystander = other.acquire().unwrap();
 
     proxy.lose_next_reply_to(&acquire_call(&server));
-    let p = sem.acquire_many(2).expect("the repeated acquire succeeds");
+    let p = sem
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .expect("the repeated acquire succeeds");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert_eq!(p.permits(), 2);
     assert_eq!(holders_of(&server, NAME, c.id()).len(), 1, "one holder");
@@ -1381,8 +1458,22 @@ fn lost_replies_take_and_free_permits_once() {
         "freed once: the bystander's permit still counts"
     );
     assert_eq!(sem.available_permits().unwrap(), 3);
-    assert!(sem.try_acquire_many(4).unwrap().is_none());
-    let three = sem.try_acquire_many(3).unwrap().expect("3 free");
+    assert!(sem
+        .try_acquire_with(
+            redmutex::LockOptions::new()
+                .permits(4)
+                .wait_for(std::time::Duration::ZERO)
+        )
+        .unwrap()
+        .is_none());
+    let three = sem
+        .try_acquire_with(
+            redmutex::LockOptions::new()
+                .permits(3)
+                .wait_for(std::time::Duration::ZERO),
+        )
+        .unwrap()
+        .expect("3 free");
     drop(three);
     bystander.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 4);
@@ -1412,7 +1503,11 @@ fn permits_granted_to_an_acquisition_that_timed_out_are_given_back() {
     let sha = acquire_call(&server);
     proxy.delay_requests_containing(&sha, Duration::from_millis(450));
     let t0 = Instant::now();
-    let r = sem.try_acquire_many(2);
+    let r = sem.try_acquire_with(
+        redmutex::LockOptions::new()
+            .permits(2)
+            .wait_for(std::time::Duration::ZERO),
+    );
     let failed = Instant::now();
     proxy.delay_requests_containing(&sha, Duration::ZERO);
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
@@ -1464,15 +1559,20 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
     let (sa, sb) = (a.semaphore(NAME, 2), b.semaphore(NAME, 2));
     // The admitted waiter's confirmation below is then one round trip, not a NOSCRIPT round.
     load_renew(&server);
-    let held = sa.acquire_many(2).unwrap();
+    let held = sa
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     for n in [1, 2] {
         let t = Instant::now();
-        let r = sb.try_acquire_many_for(n, WAIT).unwrap();
+        let r = sb
+            .try_acquire_with(redmutex::LockOptions::new().permits(n).wait_for(WAIT))
+            .unwrap();
         let took = t.elapsed();
         assert!(r.is_none(), "nothing was free");
         assert!(
             took >= WAIT && took <= WAIT + Duration::from_millis(150),
-            "try_acquire_many_for({n}, {WAIT:?}) took {took:?}"
+            "try_acquire_with(permits {n}, wait {WAIT:?}) took {took:?}"
         );
         assert!(queue(&server, NAME).is_empty(), "left its entry behind");
         let waiting: HashMap<String, String> = redis::cmd("HGETALL")
@@ -1481,7 +1581,7 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
             .unwrap();
         assert!(waiting.is_empty(), "left its waiter data: {waiting:?}");
         assert_eq!(used(&server, NAME), 2, "took a permit");
-        eprintln!("try_acquire_many_for({n}, {WAIT:?}) returned None after {took:?}");
+        eprintln!("try_acquire_with(permits {n}, wait {WAIT:?}) returned None after {took:?}");
     }
     let deadline = Instant::now() + WAIT;
     assert!(sb.try_acquire_until(deadline).unwrap().is_none());
@@ -1496,7 +1596,9 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
     let head = sb.clone();
     let started = Instant::now();
     let head_thread = thread::spawn(move || {
-        let r = head.try_acquire_many_for(2, WAIT).map(|p| p.is_some());
+        let r = head
+            .try_acquire_with(redmutex::LockOptions::new().permits(2).wait_for(WAIT))
+            .map(|p| p.is_some());
         head_tx.send(Instant::now()).unwrap();
         r
     });
@@ -1547,12 +1649,15 @@ fn a_request_for_more_permits_than_there_are_fails_at_once() {
     let asking = sem.clone();
     let started = Instant::now();
     let _waiter = thread::spawn(move || {
-        let r = asking.acquire_many(3).map(drop);
+        let r = asking
+            .try_acquire_with(redmutex::LockOptions::new().permits(3))
+            .map(Option::unwrap)
+            .map(drop);
         let _ = tx.send(r);
     });
     let r = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_else(|_| {
         panic!(
-            "acquire_many(3) of 2 permits still waits after 2 s (queue {:?})",
+            "try_acquire_with(permits 3) of 2 permits still waits after 2 s (queue {:?})",
             queue(&server, NAME)
         )
     });
@@ -1560,18 +1665,34 @@ fn a_request_for_more_permits_than_there_are_fails_at_once() {
     assert!(started.elapsed() < Duration::from_secs(1), "not at once");
     assert_eq!(dbsize(&server), 0, "the refused call wrote something");
     for (what, r) in [
-        ("try_acquire_many(3)", sem.try_acquire_many(3).map(drop)),
         (
-            "try_acquire_many_for(3)",
-            sem.try_acquire_many_for(3, Duration::from_secs(5))
-                .map(drop),
+            "try_acquire_with(permits 3, no wait)",
+            sem.try_acquire_with(
+                redmutex::LockOptions::new()
+                    .permits(3)
+                    .wait_for(std::time::Duration::ZERO),
+            )
+            .map(drop),
+        ),
+        (
+            "try_acquire_with(permits 3, wait_for)",
+            sem.try_acquire_with(
+                redmutex::LockOptions::new()
+                    .permits(3)
+                    .wait_for(Duration::from_secs(5)),
+            )
+            .map(drop),
         ),
     ] {
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
     }
     // Nobody is blocked behind it: the semaphore's permits are all there.
     let both = sem
-        .try_acquire_many_for(2, Duration::from_secs(2))
+        .try_acquire_with(
+            redmutex::LockOptions::new()
+                .permits(2)
+                .wait_for(Duration::from_secs(2)),
+        )
         .unwrap()
         .expect("2 of 2 permits");
     both.release().unwrap();
@@ -1591,12 +1712,18 @@ fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
         CLIENTS.scaled(LONG).at(&server.url()),
     );
     let (sa, sb) = (a.semaphore(NAME, 3), b.semaphore(NAME, 3));
-    let held = sa.acquire_many(2).unwrap();
+    let held = sa
+        .try_acquire_with(redmutex::LockOptions::new().permits(2))
+        .map(Option::unwrap)
+        .unwrap();
     // The big one waits for 2 (1 free), the small one behind it.
     let (big_tx, big) = mpsc::channel();
     let big_sem = sa.clone();
     let big_thread = thread::spawn(move || {
-        let r = big_sem.acquire_many(2).map(|p| p.release());
+        let r = big_sem
+            .try_acquire_with(redmutex::LockOptions::new().permits(2))
+            .map(Option::unwrap)
+            .map(|p| p.release());
         let _ = big_tx.send(r);
     });
     assert!(
@@ -1640,7 +1767,12 @@ fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
     let (big_tx, big) = mpsc::channel();
     let big_sem = sa.clone();
     let big_thread = thread::spawn(move || {
-        let _ = big_tx.send(big_sem.acquire_many(3).map(drop));
+        let _ = big_tx.send(
+            big_sem
+                .try_acquire_with(redmutex::LockOptions::new().permits(3))
+                .map(Option::unwrap)
+                .map(drop),
+        );
     });
     assert!(
         wait_until(Duration::from_secs(5), || queue(&server, NAME).len() == 1),

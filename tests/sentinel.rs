@@ -242,7 +242,8 @@ fn without_sync_replicas_a_hold_the_failover_lost_is_reported() {
     let watched = client.lock("watched").lock().unwrap();
     let leased = client
         .lock("leased")
-        .lock_with_lease(Duration::from_secs(30))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
+        .map(Option::unwrap)
         .unwrap();
     // Pushed, not polled: nothing below looks at the guard before the channel is ready.
     let lost = watched.lost();
@@ -291,7 +292,7 @@ fn every_kind_of_primitive_works_on_a_sentinel_primary() {
     let fenced = client.fenced_lock("t").lock().unwrap();
     assert!(fenced.token() > 0);
     let rw = client.read_write_lock("rw");
-    let read = rw.read().lock().unwrap();
+    let read = rw.read_lock().lock().unwrap();
     let permit = client.semaphore("s", 2).acquire().unwrap();
     let latch = client.count_down_latch("l");
     assert!(latch.try_set_count(1, Duration::from_secs(10)).unwrap());

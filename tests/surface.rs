@@ -9,14 +9,18 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redmutex::{CancellationToken, Client, Error, Kind, Lock, LockOptions};
-use support::RedisServer;
+use support::{Clients, Keys, RedisServer};
 
 const WATCHDOG: Duration = Duration::from_millis(1500);
 /// The margin on time bounds: generous for a loaded 2-core machine.
 const MARGIN: Duration = Duration::from_millis(400);
 
+const CLIENTS: Clients = Clients::new("s:")
+    .watchdog(WATCHDOG)
+    .command(Duration::from_millis(500));
+
 fn client(server: &RedisServer) -> Client {
-    support::client(&server.url(), "s:", WATCHDOG, Duration::from_millis(500))
+    CLIENTS.at(server)
 }
 
 fn pttl(server: &RedisServer, key: &str) -> i64 {
@@ -55,11 +59,26 @@ fn fixed_lease_through_options<K: Kind>(
 fn every_kind_takes_a_fixed_lease_through_the_options() {
     let server = RedisServer::new();
     let (a, b) = (client(&server), client(&server));
-    fixed_lease_through_options(&server, &a.lock("l"), &b.lock("l"), "s:{l}");
-    fixed_lease_through_options(&server, &a.fair_lock("f"), &b.fair_lock("f"), "s:{f}");
-    fixed_lease_through_options(&server, &a.fenced_lock("x"), &b.fenced_lock("x"), "s:{x}");
+    fixed_lease_through_options(
+        &server,
+        &a.lock("l"),
+        &b.lock("l"),
+        &Keys::lock("s:", "l").key(),
+    );
+    fixed_lease_through_options(
+        &server,
+        &a.fair_lock("f"),
+        &b.fair_lock("f"),
+        &Keys::lock("s:", "f").key(),
+    );
+    fixed_lease_through_options(
+        &server,
+        &a.fenced_lock("x"),
+        &b.fenced_lock("x"),
+        &Keys::lock("s:", "x").key(),
+    );
     let (rw_a, rw_b) = (a.read_write_lock("rw"), b.read_write_lock("rw"));
-    let rw_key = "s:!rw:{rw}";
+    let rw_key = &Keys::rw("s:", "rw").key();
     fixed_lease_through_options(&server, &rw_a.write_lock(), &rw_b.write_lock(), rw_key);
     fixed_lease_through_options(&server, &rw_a.read_lock(), &rw_b.read_lock(), rw_key);
     fixed_lease_through_options(
@@ -106,7 +125,7 @@ fn the_owned_form_has_the_same_names_and_its_guards_move() {
         .try_lock_with(LockOptions::new().lease(lease).wait_for(Duration::ZERO))
         .unwrap()
         .expect("free");
-    let left = pttl(&server, "s:{o}");
+    let left = pttl(&server, &Keys::lock("s:", "o").key());
     assert!(left > 0 && left <= 700, "the fixed lease: {left} ms");
     // Moved to another thread, its fixed lease runs out there and it says so.
     let lost = thread::spawn(move || {
@@ -209,7 +228,7 @@ fn a_semaphore_takes_permits_a_lease_and_a_token_through_the_options() {
     assert!(
         support::wait_until(Duration::from_secs(5), || {
             redis::cmd("LLEN")
-                .arg("s:!queue:!sem:{gpus}")
+                .arg(Keys::sem("s:", "gpus").queue())
                 .query::<i64>(&mut server.connection())
                 .unwrap()
                 == 1

@@ -159,7 +159,7 @@ fn a_cancelled_wait_is_counted_and_its_span_says_cancelled() {
     let _held = holder.lock("cancelled").lock().unwrap();
     let c = CLIENTS.at(&server);
     let lock = c.lock("cancelled");
-    let token = redmutex::CancelToken::new();
+    let token = redmutex::CancellationToken::new();
     let (got, captured, snapshotter) = observed(|| {
         thread::scope(|s| {
             s.spawn(|| {
@@ -167,7 +167,10 @@ fn a_cancelled_wait_is_counted_and_its_span_says_cancelled() {
                 token.cancel();
             });
             // On the observed thread: its span and metrics are the ones captured.
-            let outcome = lock.lock_cancellable(&token).map(|_| ());
+            let outcome = lock
+                .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+                .map(Option::unwrap)
+                .map(|_| ());
             matches!(outcome, Err(redmutex::Error::Cancelled))
         })
     });
@@ -254,8 +257,8 @@ fn semaphore_and_read_write_acquisitions_are_told_apart_by_kind() {
         let permit = c.semaphore("pool", 2).acquire().unwrap();
         permit.release().unwrap();
         let rw = c.read_write_lock("doc");
-        drop(rw.read().lock().unwrap());
-        drop(rw.write().lock().unwrap());
+        drop(rw.read_lock().lock().unwrap());
+        drop(rw.write_lock().lock().unwrap());
     });
     let kinds: Vec<String> = captured
         .spans("redmutex.acquire")
@@ -280,7 +283,10 @@ fn a_fixed_lease_that_ran_out_is_lost_once_however_often_it_is_found() {
     let lock = c.lock("fixed");
     let lease = Duration::from_secs(1);
     let ((), captured, snapshotter) = observed(|| {
-        let old = lock.lock_with_lease(lease).unwrap();
+        let old = lock
+            .try_lock_with(redmutex::LockOptions::new().lease(lease))
+            .map(Option::unwrap)
+            .unwrap();
         assert!(!old.is_lease_lost());
         // Time is the subject: the lease runs out (bounded from above with a margin).
         assert!(wait_until(lease * 3, || old.is_lease_lost()));

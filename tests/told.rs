@@ -148,13 +148,13 @@ fn an_inner_release_that_finds_the_hold_gone_tells_the_outer_guard_and_the_hook_
     case!("FencedLock", "told:in:fenced:", "c", |c| c.fenced_lock("c"));
     case!("ReadLock", "told:in:read:", "d", |c| c
         .read_write_lock("d")
-        .read());
+        .read_lock());
     case!("WriteLock", "told:in:write:", "e", |c| c
         .read_write_lock("e")
-        .write());
+        .write_lock());
     case!("UpgradeableLock", "told:in:upg:", "f", |c| c
         .read_write_lock("f")
-        .upgradeable());
+        .upgradeable_lock());
 }
 
 /// The outermost (only) level's release finds the hold gone: `LeaseLost`, and the hook is
@@ -194,22 +194,23 @@ fn an_outermost_release_that_finds_the_hold_gone_says_lease_lost_and_calls_the_h
         .unwrap());
     case!("ReadLock", "told:out:read:", "c", |c| c
         .read_write_lock("c")
-        .read()
+        .read_lock()
         .lock()
         .unwrap());
     case!("WriteLock", "told:out:write:", "d", |c| c
         .read_write_lock("d")
-        .write()
+        .write_lock()
         .lock()
         .unwrap());
     case!("UpgradeableLock", "told:out:upg:", "e", |c| c
         .read_write_lock("e")
-        .upgradeable()
+        .upgradeable_lock()
         .lock()
         .unwrap());
     case!("Lock", "told:out:owned:", "f", |c| c
         .lock("f")
-        .lock_owned()
+        .owned()
+        .lock()
         .unwrap());
     case!("Semaphore", "told:out:sem:", "g", |c| c
         .semaphore("g", 2)
@@ -339,21 +340,21 @@ fn a_force_unlock_is_told_to_the_holder_at_once() {
         case!("FairLock", "c", |c| c.fair_lock("c").lock().unwrap());
         case!("ReadLock", "d", |c| c
             .read_write_lock("d")
-            .read()
+            .read_lock()
             .lock()
             .unwrap());
         case!("WriteLock", "e", |c| c
             .read_write_lock("e")
-            .write()
+            .write_lock()
             .lock()
             .unwrap());
         case!("UpgradeableLock", "f", |c| c
             .read_write_lock("f")
-            .upgradeable()
+            .upgradeable_lock()
             .lock()
             .unwrap());
         case!("Semaphore", "g", |c| c.semaphore("g", 3).acquire().unwrap());
-        case!("Lock", "h", |c| c.lock("h").lock_owned().unwrap());
+        case!("Lock", "h", |c| c.lock("h").owned().lock().unwrap());
     }
     figures.sort();
     println!(
@@ -378,9 +379,9 @@ fn a_force_unlock_tells_every_holder_and_every_level() {
         .prefix(prefix)
         .functions(true)
         .heard_at(&server.url());
-    let ra = a.read_write_lock("rw").read().lock().unwrap();
-    let ra2 = a.read_write_lock("rw").read().lock().unwrap();
-    let rb = b.read_write_lock("rw").read().lock().unwrap();
+    let ra = a.read_write_lock("rw").read_lock().lock().unwrap();
+    let ra2 = a.read_write_lock("rw").read_lock().lock().unwrap();
+    let rb = b.read_write_lock("rw").read_lock().lock().unwrap();
     let outer = a.lock("nested").lock().unwrap();
     let inner = a.lock("nested").lock().unwrap();
     let (la, la2, lb) = (ra.lost(), ra2.lost(), rb.lost());
@@ -487,7 +488,8 @@ fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
 
     let fixed = client
         .lock("fixed")
-        .lock_with_lease(Duration::from_secs(20))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
         .unwrap();
     let fixed_lost = fixed.lost();
     delete_all(&server, prefix);

@@ -14,7 +14,7 @@
 //! a cancelled call must hold nothing and leave nothing behind (the witness and the
 //! progress floors would see a hold or a queue entry left over).
 //!
-//! One outer acquisition in eight is an owned hold (`lock_owned`, issue 19, half of them
+//! One outer acquisition in eight is an owned hold (`lock.owned()`, issue 19, half of them
 //! cancellable): it is not nested (owned holds are not reentrant), and its critical
 //! section runs on a thread spawned for it, which releases it (or drops it): the witness
 //! must see the hold as the one holder while it moves between threads.
@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use redmutex::{CancelToken, Client, Error, Kind, Lock, LockGuard, OwnedGuard};
+use redmutex::{CancellationToken, Client, Error, Kind, Lock, LockGuard, OwnedGuard};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
 use support::keys::Keys;
@@ -197,9 +197,9 @@ fn torture_entry() {
     let client = CLIENTS.at(&url);
     say("started");
     // Each thread's current token; the canceller cancels one and puts a fresh one there.
-    let tokens: Arc<Vec<Mutex<CancelToken>>> = Arc::new(
+    let tokens: Arc<Vec<Mutex<CancellationToken>>> = Arc::new(
         (0..THREADS)
-            .map(|_| Mutex::new(CancelToken::new()))
+            .map(|_| Mutex::new(CancellationToken::new()))
             .collect(),
     );
     {
@@ -214,7 +214,7 @@ fn torture_entry() {
                 let slot = &tokens[(rng >> 8) as usize % THREADS];
                 let mut token = slot.lock().unwrap();
                 token.cancel();
-                *token = CancelToken::new();
+                *token = CancellationToken::new();
             }
         });
     }
@@ -231,14 +231,14 @@ fn torture_entry() {
         }
         Ok("rw") => {
             let read = Worker {
-                make: |c, name| c.read_write_lock(name).read(),
+                make: |c, name| c.read_write_lock(name).read_lock(),
                 tag: |_| "r".to_owned(),
                 owned_tag: |_| "r".to_owned(),
                 witness: RW_WITNESS,
                 key: |name| Keys::rw(PREFIX, name).key(),
             };
             let write = Worker {
-                make: |c, name| c.read_write_lock(name).write(),
+                make: |c, name| c.read_write_lock(name).write_lock(),
                 tag: |_| "w".to_owned(),
                 owned_tag: |_| "w".to_owned(),
                 witness: RW_WITNESS,
@@ -286,7 +286,7 @@ impl<K: Kind> Worker<K> {
         &self,
         client: &Client,
         url: &str,
-        tokens: &Arc<Vec<Mutex<CancelToken>>>,
+        tokens: &Arc<Vec<Mutex<CancellationToken>>>,
         ids: Range<usize>,
     ) -> Vec<JoinHandle<()>> {
         ids.map(|t| {
@@ -314,7 +314,11 @@ impl<K: Kind> Worker<K> {
                     if (rng >> 20) & 7 == 0 {
                         let owned = if rng & 2 == 0 {
                             let token = tokens[t].lock().unwrap().clone();
-                            match lock.lock_owned_cancellable(&token) {
+                            match lock
+                                .owned()
+                                .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+                                .map(Option::unwrap)
+                            {
                                 Err(Error::Cancelled) => {
                                     let _ = redis::cmd("HINCRBY")
                                         .arg(witness_key(name))
@@ -326,7 +330,7 @@ impl<K: Kind> Worker<K> {
                                 other => other,
                             }
                         } else {
-                            lock.lock_owned()
+                            lock.owned().lock()
                         };
                         let Ok(owned) = owned else { continue };
                         sections += 1;
@@ -366,7 +370,10 @@ impl<K: Kind> Worker<K> {
                     }
                     let outer = if rng & 2 == 0 {
                         let token = tokens[t].lock().unwrap().clone();
-                        match lock.lock_cancellable(&token) {
+                        match lock
+                            .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
+                            .map(Option::unwrap)
+                        {
                             Err(Error::Cancelled) => {
                                 let _ = redis::cmd("HINCRBY")
                                     .arg(witness_key(name))
@@ -382,7 +389,8 @@ impl<K: Kind> Worker<K> {
                     };
                     let Ok(outer) = outer else { continue };
                     let inner = if long {
-                        lock.lock_with_lease(INNER_LEASE)
+                        lock.try_lock_with(redmutex::LockOptions::new().lease(INNER_LEASE))
+                            .map(Option::unwrap)
                     } else {
                         lock.lock()
                     };

@@ -84,9 +84,9 @@ fn holder_thread(
     let (release, rx) = mpsc::channel::<()>();
     let t = thread::spawn(move || {
         let guard: Box<dyn std::any::Any> = match side {
-            "read" => Box::new(rw.read().lock().expect("read")),
-            "write" => Box::new(rw.write().lock().expect("write")),
-            "upgradeable" => Box::new(rw.upgradeable().lock().expect("upgradeable")),
+            "read" => Box::new(rw.read_lock().lock().expect("read")),
+            "write" => Box::new(rw.write_lock().lock().expect("write")),
+            "upgradeable" => Box::new(rw.upgradeable_lock().lock().expect("upgradeable")),
             other => panic!("side {other}"),
         };
         tx.send((side, Instant::now())).unwrap();
@@ -113,15 +113,23 @@ fn upgradeable_shares_with_readers_and_excludes_writers_and_upgradeables() {
     let mut con = connect(&url);
     let up = a
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .lock()
         .expect("upgradeable");
-    let r1 = b.read_write_lock(name).read().try_lock().expect("read b");
+    let r1 = b
+        .read_write_lock(name)
+        .read_lock()
+        .try_lock()
+        .expect("read b");
     assert!(
         r1.is_some(),
         "a reader shares the lock with the upgradeable reader"
     );
-    let r2 = c.read_write_lock(name).read().try_lock().expect("read c");
+    let r2 = c
+        .read_write_lock(name)
+        .read_lock()
+        .try_lock()
+        .expect("read c");
     assert!(r2.is_some(), "so does a second one");
     let fields = hold_fields(&mut con, name);
     assert_eq!(fields.len(), 3, "{fields:?}");
@@ -133,13 +141,13 @@ fn upgradeable_shares_with_readers_and_excludes_writers_and_upgradeables() {
     let d = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let other = d
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .try_lock()
         .expect("try");
     assert!(other.is_none(), "a second upgradeable reader is excluded");
     let w = d
         .read_write_lock(name)
-        .write()
+        .write_lock()
         .try_lock()
         .expect("try write");
     assert!(w.is_none(), "a writer is excluded");
@@ -154,16 +162,23 @@ fn upgradeable_shares_with_readers_and_excludes_writers_and_upgradeables() {
     drop((r1, r2));
     assert!(d
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .try_lock()
         .unwrap()
         .is_none());
     assert_eq!(
-        a.read_write_lock(name).upgradeable().hold_count().unwrap(),
+        a.read_write_lock(name)
+            .upgradeable_lock()
+            .hold_count()
+            .unwrap(),
         1
     );
     up.unlock().expect("unlock");
-    let next = d.read_write_lock(name).upgradeable().try_lock().unwrap();
+    let next = d
+        .read_write_lock(name)
+        .upgradeable_lock()
+        .try_lock()
+        .unwrap();
     assert!(next.is_some(), "free once released");
 }
 
@@ -183,7 +198,7 @@ fn a_second_upgradeable_and_a_writer_wait_in_turn() {
     let mut con = connect(&url);
     let up = a
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .lock()
         .expect("upgradeable");
     let (tx, rx) = mpsc::channel();
@@ -196,7 +211,12 @@ fn a_second_upgradeable_and_a_writer_wait_in_turn() {
         "both wait while the upgradeable hold is taken"
     );
     // Readers still come in? Not past the queue: first come, first served.
-    assert!(b.read_write_lock(name).read().try_lock().unwrap().is_none());
+    assert!(b
+        .read_write_lock(name)
+        .read_lock()
+        .try_lock()
+        .unwrap()
+        .is_none());
 
     let released = Instant::now();
     up.unlock().expect("unlock");
@@ -280,7 +300,7 @@ fn upgrade_scenario(url: &str) {
     let url2 = url.clone();
     let tu = thread::spawn(move || {
         let mut con = connect(&url2);
-        let up = rw.upgradeable().lock().expect("upgradeable");
+        let up = rw.upgradeable_lock().lock().expect("upgradeable");
         utx.send(("upgradeable", Instant::now(), vec![])).unwrap();
         go_rx.recv().unwrap();
         let w = up.upgrade().expect("upgrade");
@@ -315,7 +335,12 @@ fn upgrade_scenario(url: &str) {
         "the upgrade waits for the reader"
     );
     // A reader arriving now waits behind the upgrade.
-    assert!(c.read_write_lock(name).read().try_lock().unwrap().is_none());
+    assert!(c
+        .read_write_lock(name)
+        .read_lock()
+        .try_lock()
+        .unwrap()
+        .is_none());
 
     let released = Instant::now();
     release_r.send(()).unwrap();
@@ -348,7 +373,12 @@ fn upgrade_scenario(url: &str) {
         "the reader left"
     );
     // Write exclusion: no reader, no writer.
-    assert!(b.read_write_lock(name).read().try_lock().unwrap().is_none());
+    assert!(b
+        .read_write_lock(name)
+        .read_lock()
+        .try_lock()
+        .unwrap()
+        .is_none());
     assert!(
         rx.recv_timeout(STILL_WAITING).is_err(),
         "the writer still waits"
@@ -408,7 +438,7 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
             (stop.clone(), reads.clone(), url.clone(), inside_key.clone());
         streamers.push(thread::spawn(move || {
             let mut con = connect(&url);
-            let read = c.read_write_lock(name).read();
+            let read = c.read_write_lock(name).read_lock();
             while !stop.load(Ordering::Relaxed) {
                 let g = read.lock().expect("read");
                 let _: i64 = redis::cmd("INCR").arg(&inside_key).query(&mut con).unwrap();
@@ -430,7 +460,7 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
     let mut worst = Duration::ZERO;
     for round in 0..ROUNDS {
         let with_writer = round % 2 == 1;
-        let up = rw.upgradeable().lock().expect("upgradeable");
+        let up = rw.upgradeable_lock().lock().expect("upgradeable");
         let (tx, rx) = mpsc::channel();
         let writer = if with_writer {
             // A writer queues behind the upgradeable hold (and the readers behind it).
@@ -571,7 +601,7 @@ fn upgrader_process(url: &str, name: &str) {
     let rw = client.read_write_lock(name);
     say("ready");
     for _ in 0..CHILD_ROUNDS {
-        let up = rw.upgradeable().lock().expect("upgradeable");
+        let up = rw.upgradeable_lock().lock().expect("upgradeable");
         witness(&mut con, name, "enter", "r");
         thread::sleep(Duration::from_millis(5));
         witness(&mut con, name, "exit", "r");
@@ -589,7 +619,7 @@ fn upgrader_process(url: &str, name: &str) {
 fn reader_process(url: &str, name: &str) {
     let client = CLIENTS.scaled(Duration::from_secs(5)).at(url);
     let mut con = connect(url);
-    let read = client.read_write_lock(name).read();
+    let read = client.read_write_lock(name).read_lock();
     let stop = support::child::stop_on_stdin();
     say("ready");
     while !stop.load(Ordering::Relaxed) {
@@ -654,7 +684,7 @@ fn upgraded_holds_exclude_everyone_across_processes() {
 fn crash_holder_process(url: &str, name: &str) {
     let client = CLIENTS.scaled(CRASH_LEASE).at(url);
     let rw = client.read_write_lock(name);
-    let up = rw.upgradeable().lock().expect("upgradeable");
+    let up = rw.upgradeable_lock().lock().expect("upgradeable");
     say(&format!("held {}", client.id()));
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
@@ -705,7 +735,7 @@ fn a_dead_upgradeable_holder_frees_the_slot_when_its_lease_ends() {
     assert!(left <= CRASH_LEASE, "lease left {left:?}");
 
     let other = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
-    let up = other.read_write_lock(name).upgradeable();
+    let up = other.read_write_lock(name).upgradeable_lock();
     assert!(
         up.try_lock().unwrap().is_none(),
         "still taken right after the kill"
@@ -777,7 +807,7 @@ fn a_dead_pending_upgrade_blocks_nobody() {
     // with its lease; then a writer gets in.
     let w = reader_client
         .read_write_lock(name)
-        .write()
+        .write_lock()
         .try_lock_for(CRASH_LEASE + MARGIN)
         .unwrap()
         .expect("a writer gets in once the dead holder's lease ends");
@@ -799,18 +829,18 @@ fn bad_input_is_refused_typed() {
     let a = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     let mut con = connect(&url);
     let rw = a.read_write_lock(name);
-    let r = rw.read().lock().expect("read");
+    let r = rw.read_lock().lock().expect("read");
     let before = hold_fields(&mut con, name);
     assert!(matches!(
-        rw.upgradeable().lock(),
+        rw.upgradeable_lock().lock(),
         Err(Error::WouldDeadlock { .. })
     ));
     assert!(matches!(
-        rw.upgradeable().try_lock(),
+        rw.upgradeable_lock().try_lock(),
         Err(Error::WouldDeadlock { .. })
     ));
     assert!(matches!(
-        rw.write().try_lock(),
+        rw.write_lock().try_lock(),
         Err(Error::WouldDeadlock { .. })
     ));
     assert_eq!(hold_fields(&mut con, name), before);
@@ -818,26 +848,31 @@ fn bad_input_is_refused_typed() {
     r.unlock().unwrap();
 
     assert!(matches!(
-        rw.upgradeable().lock_with_lease(Duration::ZERO),
+        rw.upgradeable_lock()
+            .try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
+            .map(Option::unwrap),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        a.read_write_lock("").upgradeable().try_lock(),
+        a.read_write_lock("").upgradeable_lock().try_lock(),
         Err(Error::InvalidName(_))
     ));
     assert!(hold_fields(&mut con, name).is_empty());
 
     // Holding the upgradeable side, a plain read is fine (it is this thread's), and the
     // upgrade then waits for the others only.
-    let up = rw.upgradeable().lock().expect("upgradeable");
-    let r = rw.read().lock().expect("read beside the upgradeable hold");
+    let up = rw.upgradeable_lock().lock().expect("upgradeable");
+    let r = rw
+        .read_lock()
+        .lock()
+        .expect("read beside the upgradeable hold");
     let w = up
         .try_upgrade()
         .unwrap()
         .expect("own holds do not block the upgrade");
     drop((w, r));
 
-    assert!(rw.upgradeable().force_unlock().unwrap());
+    assert!(rw.upgradeable_lock().force_unlock().unwrap());
     assert!(matches!(up.upgrade(), Err(Error::LeaseLost { .. })));
     assert!(hold_fields(&mut con, name).is_empty());
     assert!(queue(&mut con, name).is_empty());
@@ -864,7 +899,7 @@ fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
     assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
     let up = a
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .lock()
         .expect("upgradeable");
     assert!(up.try_upgrade().unwrap().is_none(), "a reader is in");
@@ -904,20 +939,23 @@ fn an_upgrade_that_times_out_leaves_the_queue_and_keeps_the_upgradeable_hold() {
     );
     assert!(queue(&mut con, name).is_empty());
     assert_eq!(
-        a.read_write_lock(name).upgradeable().hold_count().unwrap(),
+        a.read_write_lock(name)
+            .upgradeable_lock()
+            .hold_count()
+            .unwrap(),
         1
     );
     assert!(!up.is_lease_lost());
     let d = CLIENTS.scaled(Duration::from_secs(5)).at(&url);
     assert!(d
         .read_write_lock(name)
-        .write()
+        .write_lock()
         .try_lock()
         .unwrap()
         .is_none());
     assert!(d
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .try_lock()
         .unwrap()
         .is_none());
@@ -949,12 +987,12 @@ fn downgrades_to_upgradeable_and_to_read() {
     );
     let mut con = connect(&url);
     let rw = a.read_write_lock(name);
-    let w = rw.write().lock().expect("write");
+    let w = rw.write_lock().lock().expect("write");
     let (tx, rx) = mpsc::channel();
     let (release_w, tw) = holder_thread(&b, name, "write", tx);
     await_queue_len(&mut con, name, 1, "writer");
     let up = rw
-        .upgradeable()
+        .upgradeable_lock()
         .try_lock()
         .unwrap()
         .expect("the writer's own thread");
@@ -966,7 +1004,7 @@ fn downgrades_to_upgradeable_and_to_read() {
     assert!(rx.recv_timeout(STILL_WAITING).is_err(), "the writer waits");
     assert!(c
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .try_lock()
         .unwrap()
         .is_none());
@@ -975,7 +1013,7 @@ fn downgrades_to_upgradeable_and_to_read() {
     // thread's hold: queued, the read would wait for itself), then leave the upgradeable
     // hold.
     let r = rw
-        .read()
+        .read_lock()
         .try_lock()
         .unwrap()
         .expect("read beside the upgradeable hold, past the queue");
@@ -988,7 +1026,7 @@ fn downgrades_to_upgradeable_and_to_read() {
         "the writer waits for the reader"
     );
     assert!(matches!(
-        rw.upgradeable().try_lock(),
+        rw.upgradeable_lock().try_lock(),
         Err(Error::WouldDeadlock { .. })
     ));
     r.unlock().unwrap();
@@ -1018,7 +1056,7 @@ fn an_upgrade_works_on_a_cluster() {
     assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
     let up = a
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .lock()
         .expect("upgradeable");
     let (release_w, tw) = holder_thread(&c, name, "write", tx);
@@ -1088,7 +1126,7 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
     assert_eq!(rx.recv_timeout(SETUP).unwrap().0, "read");
     let up = a
         .read_write_lock(name)
-        .upgradeable()
+        .upgradeable_lock()
         .lock()
         .expect("upgradeable");
     // Writers of processes that do not exist, queued behind the upgradeable hold (live

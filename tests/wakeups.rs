@@ -88,7 +88,8 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
 
     let guard = holder
         .lock(NAME)
-        .lock_with_lease(Duration::from_secs(10))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
+        .map(Option::unwrap)
         .expect("holder takes the lock");
     let calls = script_calls(&server);
 
@@ -214,7 +215,8 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
 
     let g1 = h1
         .lock(NAME)
-        .lock_with_lease(Duration::from_millis(500))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(500)))
+        .map(Option::unwrap)
         .expect("H1 takes the lock");
     let calls = script_calls(&server);
 
@@ -224,7 +226,8 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     let lock = h2.lock(NAME);
     let h2_thread = thread::spawn(move || {
         let g = lock
-            .lock_with_lease(Duration::from_secs(10))
+            .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
+            .map(Option::unwrap)
             .expect("H2 takes the lock");
         h2_tx.send(Instant::now()).unwrap();
         let _ = h2_release.recv();
@@ -321,11 +324,13 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
     let w = clients.at(&proxy.url());
     let _first = h
         .lock(FIRST)
-        .lock_with_lease(Duration::from_secs(10))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
+        .map(Option::unwrap)
         .expect("H takes the first lock");
     let second = h
         .lock(SECOND)
-        .lock_with_lease(Duration::from_secs(8))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(8)))
+        .map(Option::unwrap)
         .expect("H takes the second lock");
     // Both under the pub/sub reader's 1 s read timeout.
     proxy.delay_requests_containing(&channel_of(FIRST, &w), Duration::from_millis(500));
@@ -427,7 +432,8 @@ fn a_renewal_in_flight_never_lands_on_a_later_hold() {
     assert_eq!(proxy.forwarded(&renew), 0, "the renewal is held back");
     guard.unlock().expect("unlock");
     let retaken = lock
-        .lock_with_lease(Duration::from_millis(400))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(400)))
+        .map(Option::unwrap)
         .expect("re-take with a fixed lease");
     let at = Instant::now();
     assert!(
@@ -531,11 +537,13 @@ fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
     let waiter = default_timeouts(&proxy.url());
     let _held = holder
         .lock(NAME)
-        .lock_with_lease(Duration::from_secs(20))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
         .expect("holder takes the lock");
     let _other = holder
         .lock("warm-up")
-        .lock_with_lease(Duration::from_secs(20))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
         .expect("holder takes the warm-up lock");
     // Waiting once connects the waiter's pub/sub thread, so the next wait nudges it.
     let r = waiter
@@ -586,10 +594,15 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     let w = clients.at(&server.url());
     let _held = h
         .lock(NAME)
-        .lock_with_lease(Duration::from_secs(20))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
         .expect("H takes the lock");
     let lock = w.lock(NAME);
-    let r = lock.try_lock_with_lease_for(Duration::from_millis(300), Duration::from_secs(1));
+    let r = lock.try_lock_with(
+        redmutex::LockOptions::new()
+            .wait_for(Duration::from_millis(300))
+            .lease(Duration::from_secs(1)),
+    );
     assert!(matches!(r, Ok(None)), "first wait: {r:?}");
     // Nobody waits now, but the channel stays subscribed for a while (~5 s).
     assert_eq!(numsub(&server, &channel(NAME)), 1);
@@ -615,7 +628,8 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     // new channels once it has re-subscribed all the old ones.
     let _marker = h
         .lock("marker")
-        .lock_with_lease(Duration::from_secs(20))
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
+        .map(Option::unwrap)
         .expect("H takes the marker lock");
     let r = w.lock("marker").try_lock_for(Duration::from_millis(100));
     assert!(matches!(r, Ok(None)), "marker wait: {r:?}");
@@ -630,7 +644,11 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     // Attempts are the acquire script's calls on this lock: the watchdog's keep-alive
     // of the queue entry (renew.lua) and the cancel of the give-up are script calls too.
     let monitor = server.monitor();
-    let r = lock.try_lock_with_lease_for(Duration::from_millis(500), Duration::from_secs(1));
+    let r = lock.try_lock_with(
+        redmutex::LockOptions::new()
+            .wait_for(Duration::from_millis(500))
+            .lease(Duration::from_secs(1)),
+    );
     let lines = monitor.stop();
     let (acquire, lock_key) = (
         acquire_call(&server),
@@ -668,7 +686,8 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     // Never released: the holder "crashed" with the lock.
     let _crashed = h
         .lock(NAME)
-        .lock_with_lease(lease)
+        .try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
         .expect("H takes the lock");
     let calls = script_calls(&server);
 
@@ -681,7 +700,11 @@ fn an_expired_lease_wakes_one_thread_per_process() {
         let lock = w.lock(NAME);
         let tx = tx.clone();
         threads.push(thread::spawn(move || {
-            let r = lock.try_lock_with_lease_for(Duration::from_secs(5), Duration::from_secs(3));
+            let r = lock.try_lock_with(
+                redmutex::LockOptions::new()
+                    .wait_for(Duration::from_secs(5))
+                    .lease(Duration::from_secs(3)),
+            );
             if let Ok(Some(g)) = r {
                 let _ = tx.send(Instant::now());
                 // Hold until the counting is over.
@@ -901,7 +924,8 @@ fn lingering_channels_go_each_in_its_own_time() {
     let wait_once = |name: &str| -> Instant {
         let held = holder
             .lock(name)
-            .lock_with_lease(Duration::from_secs(60))
+            .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(60)))
+            .map(Option::unwrap)
             .expect("hold");
         let got = waiter
             .lock(name)

@@ -1,4 +1,4 @@
-//! A `MultiLock`'s one acquisition path (`acquire_cancellable`), and `MultiWait`: one
+//! A `MultiLock`'s one acquisition path (`acquire_cancellable`, behind every public acquisition), and `MultiWait`: one
 //! call waiting for it, its rounds of attempts on every lock at once (`attempt.rs`), its
 //! place in each lock's queue, until it holds a quorum or gives up.
 

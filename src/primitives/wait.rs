@@ -1,4 +1,4 @@
-//! A `Lock<K>`'s one acquisition path (`acquire_cancellable`), and `Wait`: one call
+//! A `Lock<K>`'s one acquisition path (`acquire_cancellable`, behind every public acquisition), and `Wait`: one call
 //! waiting for the lock, the state machine between its attempts (`attempt.rs`), its place
 //! in the queue and its subscription, until it holds the lock or gives up.
 

@@ -216,7 +216,11 @@ impl Client {
         if self.lock(name.clone()).force_unlock()? {
             freed.push("lock");
         }
-        if self.read_write_lock(name.clone()).write_lock().force_unlock()? {
+        if self
+            .read_write_lock(name.clone())
+            .write_lock()
+            .force_unlock()?
+        {
             freed.push("read-write lock");
         }
         if Semaphore::new(self, name, 0).force_unlock()? {
