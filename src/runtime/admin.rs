@@ -210,6 +210,14 @@ impl Client {
     /// fail with [`Error::LeaseLost`]. Each kind is freed in one script of its own; a key holding someone else's
     /// data fails with a `WRONGTYPE` error and is left as it is, and then the kinds after
     /// it (in the order above) are not tried.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// // An operator clears a lock left by a stuck job (its client is told at once).
+    /// let freed = client.force_unlock("nightly-import")?;
+    /// println!("freed: {freed:?}"); // e.g. ["Lock"]
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn force_unlock(&self, name: impl LockName) -> Result<Vec<&'static str>, Error> {
         let name = name.into_name();
         let mut freed = Vec::new();

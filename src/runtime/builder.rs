@@ -72,6 +72,13 @@ impl ClientBuilder {
     /// The Redis server, as a `redis://` URL (`redis://[user:password@]host[:port][/db]`).
     ///
     /// Defaults to `redis://127.0.0.1:6379/`.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .url("rediss://locks:secret@redis.internal:6380/2") // user, password, TLS, db 2
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = url.into();
         self
@@ -150,6 +157,12 @@ impl ClientBuilder {
     /// prefix is ever a key of another (`a!queue:`'s lock `x` would be `a`'s queue of `x`).
     ///
     /// Defaults to `"redmutex:"`.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder().key_prefix("billing:").build()?;
+    /// // client.lock("invoice") is the Redis key billing:{invoice}
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
@@ -165,6 +178,16 @@ impl ClientBuilder {
     /// command timeout, so that one slow renewal leaves time for the next.
     ///
     /// Defaults to 30 seconds.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// // A crashed holder's locks free themselves within 10 s.
+    /// let client = redmutex::Client::builder()
+    ///     .watchdog_timeout(Duration::from_secs(10))
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "lockWatchdogTimeout")]
     pub fn watchdog_timeout(mut self, timeout: Duration) -> Self {
         self.watchdog_timeout = timeout;
         self
@@ -213,6 +236,14 @@ impl ClientBuilder {
     /// the reason `watchdog_timeout` must.
     ///
     /// Defaults to no cap.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let client = redmutex::Client::builder()
+    ///     .max_hold(Duration::from_secs(3600)) // no hold of this client outlives an hour
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -252,6 +283,11 @@ impl ClientBuilder {
     /// for the duration of one command, never while a lock is held or awaited.
     ///
     /// Defaults to 16.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder().pool_size(32).build()?; // many threads
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
         self
@@ -261,6 +297,14 @@ impl ClientBuilder {
     /// [`Error::Pool`].
     ///
     /// Defaults to 5 seconds.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let client = redmutex::Client::builder()
+    ///     .connect_timeout(Duration::from_secs(2))
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -272,6 +316,15 @@ impl ClientBuilder {
     /// (`try_lock*`) wait less: until their deadline plus 250 ms.
     ///
     /// Defaults to 3 seconds.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let client = redmutex::Client::builder()
+    ///     .command_timeout(Duration::from_millis(500))
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "timeout")]
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -311,6 +364,12 @@ impl ClientBuilder {
     /// on, or refuses it in a way that cannot be told from a script's own error.
     ///
     /// Defaults to `true`.
+    ///
+    /// ```no_run
+    /// // Run the scripts with EVALSHA even where the server has functions.
+    /// let client = redmutex::Client::builder().use_functions(false).build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn use_functions(mut self, enabled: bool) -> Self {
         self.use_functions = enabled;
         self
@@ -336,6 +395,15 @@ impl ClientBuilder {
     /// For `rediss://` URLs: present this client certificate and key (both PEM) to servers
     /// that authenticate clients (`tls-auth-clients yes`). Defaults to none.
     #[cfg(feature = "tls")]
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder()
+    ///     .url("rediss://redis.internal:6380/")
+    ///     .tls_ca_certificate(std::fs::read("ca.pem").unwrap())
+    ///     .tls_client_certificate(std::fs::read("client.pem").unwrap(), std::fs::read("client.key").unwrap())
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn tls_client_certificate(
         mut self,
         cert_pem: impl Into<Vec<u8>>,
@@ -351,6 +419,11 @@ impl ClientBuilder {
     /// Fails with [`Error::InvalidArgument`] for an unparsable URL, a prefix with `{`, `}`, `!`, `~` or `#`,
     /// zero durations, a zero pool size, a `watchdog_timeout` not longer than the
     /// `command_timeout`, or `metadata` longer than 1 KiB.
+    ///
+    /// ```no_run
+    /// let client = redmutex::Client::builder().url("redis://127.0.0.1:6379/").build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn build(self) -> Result<Client, Error> {
         crate::runtime::telemetry::describe();
         let invalid = |what: &str| Err(Error::InvalidArgument(what.to_owned()));

@@ -99,7 +99,20 @@ impl Client {
         Client::builder().url(url).build()
     }
 
-    /// A builder with every setting at its default.
+    /// A builder with every setting at its default: set the server with
+    /// [`url`](ClientBuilder::url) (or [`sentinel`](ClientBuilder::sentinel),
+    /// [`cluster`](ClientBuilder::cluster)), then [`build`](ClientBuilder::build).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let client = redmutex::Client::builder()
+    ///     .url("redis://127.0.0.1:6379/")
+    ///     .watchdog_timeout(Duration::from_secs(10))
+    ///     .build()?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "Config")]
+    #[doc(alias = "Redisson.create")]
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
     }
@@ -115,6 +128,9 @@ impl Client {
     /// let lock = client.lock(format!("invoice:{}", 42));
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "getLock")]
+    #[doc(alias = "get_lock")]
+    #[doc(alias = "mutex")]
     pub fn lock(&self, name: impl LockName) -> Lock {
         self.make_lock(name)
     }
@@ -142,6 +158,8 @@ impl Client {
     /// let guard = prices.read()?;          // shared with other readers
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "getReadWriteLock")]
+    #[doc(alias = "rwlock")]
     pub fn read_write_lock(&self, name: impl LockName) -> ReadWriteLock {
         ReadWriteLock::new(self, name.into_name())
     }
@@ -157,6 +175,8 @@ impl Client {
     /// let permit = api.acquire()?;          // one of at most 4 concurrent calls
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "getSemaphore")]
+    #[doc(alias = "getPermitExpirableSemaphore")]
     pub fn semaphore(&self, name: impl LockName, permits: u32) -> Semaphore {
         Semaphore::new(self, name.into_name(), permits)
     }
@@ -172,6 +192,7 @@ impl Client {
     /// let token = guard.token(); // send it along with every write to the resource
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "getFencedLock")]
     pub fn fenced_lock(&self, name: impl LockName) -> FencedLock {
         self.make_lock(name)
     }
@@ -186,6 +207,7 @@ impl Client {
     /// let guard = client.fair_lock("payouts").lock()?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "getFairLock")]
     pub fn fair_lock(&self, name: impl LockName) -> FairLock {
         self.make_lock(name)
     }
@@ -201,6 +223,8 @@ impl Client {
     /// latch.try_set_count(8, Duration::from_secs(600))?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "getCountDownLatch")]
+    #[doc(alias = "latch")]
     pub fn count_down_latch(&self, name: impl LockName) -> CountDownLatch {
         let c = &self.inner.config;
         CountDownLatch::new(
@@ -216,6 +240,12 @@ impl Client {
     }
 
     /// This client's random id: the first half of the holder ids it writes into lock hashes.
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// println!("holder ids of this process start with {}", client.id());
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
     pub fn id(&self) -> &str {
         &self.inner.id
     }
