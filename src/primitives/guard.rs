@@ -9,16 +9,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
+use crate::primitives::release::Release;
 use crate::runtime::calls;
 use crate::runtime::client::Inner;
-use crate::runtime::con::Con;
-use crate::runtime::holds::{LossAt, Registration};
+use crate::runtime::holds::Registration;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{self, fixed, millis, Lease};
+use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::loss::{Loss, Watcher};
-use crate::runtime::lost_lease::LossReason;
-use crate::runtime::pool;
-use crate::runtime::scripts::{self, ScriptCall};
 use crate::runtime::telemetry;
 use crate::{Error, Lock};
 
@@ -387,58 +384,9 @@ impl<K: Kind> LockGuard<K> {
             Ok(call) => call,
             Err(done) => return done,
         };
-        let inner = &self.inner;
-        let keys = &self.keys;
-        let mut keep_alive = held.keep_alive;
-        // Whether a send before this one may have run the script (its reply lost on the
-        // way), and so whether this one is a repeat: a refusal before it ran (a split
-        // slot's TRYAGAIN, a failover's refusals) is not.
-        let mut may_have_run = false;
-        let mut repeated = false;
-        let mut sent = 0;
-        let reply = inner.run(|con| {
-            sent += 1;
-            repeated = may_have_run;
-            if sent > 1 {
-                // Sent again: the first was refused (a slot split by a migration, a
-                // failover under way) or its connection dropped. A hold handed over has
-                // only its pickup window, which such a wait may outlast: the lock's hash
-                // alone, which a split slot still serves, is kept alive meanwhile.
-                keep_alive_for_release(inner, con, &mut keep_alive, &self.lost)?;
-                // Any other hold released to its last level: nothing renews or watches it
-                // any more, so its loss, if its lease passes while the release waits, is
-                // told here, when it happens.
-                if let (None, Some((ends, why))) = (&keep_alive, held.lease_ends) {
-                    if ends <= Instant::now() {
-                        self.lost.mark(why);
-                    }
-                }
-            }
-            let (left, served): (i64, i64) = inner
-                .eval(con, &held.cmd)
-                .inspect_err(|e| may_have_run |= !refused_before_running(e))?;
-            // It ran: a failed WAIT below sends it again, a repeat.
-            may_have_run = true;
-            let shortfall = if left >= 0 {
-                inner.await_replicas(con, keys.key())?
-            } else {
-                None
-            };
-            Ok((left, served, shortfall))
-        });
-        let ends = match (&keep_alive, held.window_ends) {
-            (Some(k), _) => Some((k.ends, LossReason::RenewalFailed)),
-            (None, Some(window)) => Some((window, LossReason::RenewalFailed)),
-            (None, None) => held.lease_ends,
-        };
-        if let (Ok((left, ..)), Some((ends, why))) = (&reply, ends) {
-            if *left < 0 && ends <= Instant::now() {
-                // Its lease (a handed-over hold's window) passed while the release waited:
-                // the hold lapsed then, which is what its guard says.
-                self.lost.mark(why);
-            }
-        }
-        self.end_release(held.levels, reply, repeated)
+        let levels = held.levels;
+        let (reply, repeated) = held.send(&self.inner, &self.keys, &self.lost);
+        self.end_release(levels, reply, repeated)
     }
 
     /// The first half of a release: unregisters this level, so that from here on the
@@ -470,16 +418,14 @@ impl<K: Kind> LockGuard<K> {
             // the newer one.
             return Ok(Err(Err(self.not_held())));
         };
-        Ok(Ok(Release {
-            cmd: calls::release(keys, &self.holder, need, held),
-            levels: held,
-            keep_alive: window_ends.map(|ends| KeepAlive {
-                call: calls::confirm(keys, &self.holder, lease::pickup_ms()),
-                ends,
-            }),
+        Ok(Ok(Release::new(
+            keys,
+            &self.holder,
+            need,
+            held,
             window_ends,
             lease_ends,
-        }))
+        )))
     }
 
     /// The second half of a release, given the script's reply `(left, served)` and the
@@ -546,68 +492,6 @@ impl<K: Kind> LockGuard<K> {
             Error::NOT_HELD
         }
     }
-}
-
-/// A release under way: the script's call, and the levels it was told the thread holds.
-pub(crate) struct Release {
-    pub(crate) cmd: ScriptCall,
-    pub(crate) levels: usize,
-    // For a hold handed over and not extended yet: how to keep its lease from running
-    // out while the release is refused and sent again, and when its window ends.
-    keep_alive: Option<KeepAlive>,
-    window_ends: Option<Instant>,
-    // For the release of a hold's last level: when it is lost by the clock alone (its
-    // lease confirmed until then, and nothing renews it now), and why.
-    lease_ends: Option<LossAt>,
-}
-
-/// Whether `e` refused a call before its script ran (so a call sent again after it is
-/// no repeat): a settling deployment's refusals and redirections, a demoted primary's
-/// `READONLY`, a script or library not loaded.
-fn refused_before_running(e: &redis::RedisError) -> bool {
-    pool::is_settling(e) || pool::is_readonly(e) || scripts::is_setup_refusal(e)
-}
-
-/// Keeps a handed-over hold's short lease going while its release waits (see
-/// [`keep_alive_for_release`]).
-struct KeepAlive {
-    // The renewal script for the hold, to a pickup window from when it runs.
-    call: ScriptCall,
-    // The lease's end as far as known: the window's, then a window from each renewal.
-    ends: Instant,
-}
-
-/// Before a release is sent again: renews the handed-over hold of `keep_alive` for another
-/// pickup window once less than two thirds of its lease is left, so that its lease never
-/// runs out while the release waits (and outlasts a release that fails in the end by a
-/// window at most). Once the hold is found gone, or its lease over, nothing more is sent;
-/// a lease that ran out unrenewed (the renewal refused too: its keys split) marks the hold
-/// `lost` then, so that the hook hears of it when it happens, not when the release ends.
-fn keep_alive_for_release(
-    inner: &Inner,
-    con: &mut Con,
-    keep_alive: &mut Option<KeepAlive>,
-    lost: &Loss,
-) -> redis::RedisResult<()> {
-    let Some(k) = keep_alive.as_mut() else {
-        return Ok(());
-    };
-    let now = Instant::now();
-    if k.ends <= now {
-        lost.mark(LossReason::RenewalFailed);
-        *keep_alive = None;
-        return Ok(());
-    }
-    if !lease::extension_due(k.ends, now) {
-        return Ok(());
-    }
-    let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &k.call)?;
-    if lost.is_empty() {
-        k.ends = now + lease::PICKUP;
-    } else {
-        *keep_alive = None;
-    }
-    Ok(())
 }
 
 impl<K: Kind> Drop for LockGuard<K> {

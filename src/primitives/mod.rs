@@ -17,6 +17,7 @@ pub(crate) mod options;
 pub(crate) mod owned_guard;
 pub(crate) mod owned_lock;
 pub(crate) mod permit;
+pub(crate) mod release;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 pub(crate) mod upgradeable;

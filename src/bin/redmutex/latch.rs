@@ -5,7 +5,9 @@ use std::time::Duration;
 use clap::Subcommand;
 use redmutex::Error;
 
-use crate::{connect, duration, print, warn, Connection, NOT_ACQUIRED};
+use crate::connect::{connect, Connection};
+use crate::output::{print, warn, NOT_ACQUIRED};
+use crate::parse::{duration, MAX_LEASE};
 
 #[derive(Subcommand)]
 pub(crate) enum LatchCommand {
@@ -41,7 +43,7 @@ pub(crate) enum LatchCommand {
 /// `--expire`: the library's bounds on a latch's expiry, said of the flag.
 fn expire(s: &str) -> Result<Duration, String> {
     let expire = duration(s)?;
-    if expire.is_zero() || expire > crate::MAX_LEASE {
+    if expire.is_zero() || expire > MAX_LEASE {
         return Err("--expire must be longer than zero and at most 10 years".to_owned());
     }
     Ok(expire)

@@ -1,0 +1,64 @@
+//! `redmutex hold`: a lock held until a signal, for an operator or a script.
+
+use clap::Args;
+use crossbeam_channel::select;
+use redmutex::Error;
+
+use crate::connect::{connect, Connection};
+use crate::output::{fail, print, warn, LEASE_LOST};
+use crate::signals::{Catcher, ACQUIRE_GRACE};
+use crate::take::{acquire, failed, kind_of, not_acquired, notice, stopped, TakeArgs};
+
+#[derive(Args)]
+pub(crate) struct HoldArgs {
+    #[command(flatten)]
+    take: TakeArgs,
+}
+
+/// `redmutex hold`: takes the lock, says `held NAME`, and keeps it until a signal (then
+/// releases it: exit 0) or until its lease is lost (exit 76).
+pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Result<u8, Error> {
+    let take = &args.take;
+    let catcher = Catcher::install(&take.name, (take.lease / 3).min(ACQUIRE_GRACE))?;
+    let client = connect(connection, Some(take.lease))?;
+    let name = take.name.as_str();
+    let waiting = notice(&client, name, kind_of(take), quiet);
+    let held = acquire(&client, take, false, catcher.cancel());
+    drop(waiting);
+    let signalled = catcher.settle();
+    let held = match (held, signalled) {
+        (Err(Error::Cancelled), Some(code)) => return Ok(stopped(name, code)),
+        (Ok(Some(held)), _) => held,
+        (Ok(None), _) => return Ok(signalled.unwrap_or_else(|| not_acquired(take))),
+        (Err(e), _) => return Ok(failed(&client, name, &e)),
+    };
+    if let Some(code) = signalled {
+        // Asked to stop as it was taken: given back at once, as `run` does.
+        if let Err(e) = held.unlock() {
+            fail(&e);
+        }
+        return Ok(code);
+    }
+    let said = print(&format!("held {name}\n"));
+    if said != 0 {
+        // Nobody reads what it says: released rather than held unseen.
+        let _ = held.unlock();
+        return Ok(said);
+    }
+    let lost = held.lost();
+    select! {
+        recv(catcher.signals) -> _ => {}
+        recv(lost) -> _ => {}
+    }
+    drop(catcher);
+    match held.unlock() {
+        Ok(()) => Ok(0),
+        Err(Error::LeaseLost { .. } | Error::NotHeld { .. }) => {
+            warn(format_args!(
+                "redmutex: the lease of {name} was lost while held; another holder may have it now"
+            ));
+            Ok(LEASE_LOST)
+        }
+        Err(e) => Ok(fail(&e)),
+    }
+}

@@ -1,0 +1,164 @@
+//! What redmutex says: on standard output, on standard error (its own words and the
+//! library's), and in its exit code.
+
+use std::fmt;
+use std::io::{ErrorKind, Write};
+
+use redmutex::{Client, Error};
+
+use crate::connect::UNREACHABLE;
+
+/// The lock was not acquired in time (`--no-wait`, or `--wait` ran out): EX_TEMPFAIL.
+pub(crate) const NOT_ACQUIRED: u8 = 75;
+/// The lease was lost while the command ran: another holder may have run meanwhile.
+pub(crate) const LEASE_LOST: u8 = 76;
+/// Redis could not be reached, or refused: EX_UNAVAILABLE.
+pub(crate) const UNAVAILABLE: u8 = 69;
+/// A bad name or value the arguments' syntax could not catch: EX_USAGE.
+pub(crate) const USAGE: u8 = 64;
+/// The key holds something that is not a redmutex lock, or the name is in use as another
+/// kind of lock: EX_DATAERR.
+pub(crate) const NOT_A_LOCK: u8 = 65;
+/// Standard output was closed by its reader (`redmutex list | head -1`): what a shell
+/// reports for a tool ended by SIGPIPE, 128 + 13.
+pub(crate) const CLOSED_OUTPUT: u8 = 141;
+/// Standard output could not be written for another reason (a full disk): EX_IOERR.
+pub(crate) const OUTPUT_FAILED: u8 = 74;
+
+/// By default the library's warnings only: not the pool's own reports of a refused
+/// connection, which the error redmutex prints already says.
+const QUIET_DEFAULT: &str = "redmutex=warn";
+
+/// Shows the library's `tracing` events and `log` records on standard error, as `-v`/`-q`
+/// or else RUST_LOG ask; by default its warnings only.
+pub(crate) fn messages(verbose: u8, quiet: bool) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let flags = match (quiet, verbose) {
+        (true, _) => Some("off"),
+        (false, 0) => None,
+        (false, 1) => Some("redmutex=debug"),
+        (false, _) => Some("debug,redmutex=trace"),
+    };
+    let filter = match flags {
+        Some(directives) => EnvFilter::new(directives),
+        None => match std::env::var("RUST_LOG") {
+            Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
+                .unwrap_or_else(|e| {
+                    warn(format_args!("redmutex: ignoring RUST_LOG ({e})"));
+                    EnvFilter::new(QUIET_DEFAULT)
+                }),
+            _ => EnvFilter::new(QUIET_DEFAULT),
+        },
+    };
+    // (The fmt layer drops what stderr cannot take: a message never ends redmutex.)
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .with_timer(tracing_subscriber::fmt::time::Uptime::default())
+        .with_env_filter(filter)
+        .try_init();
+}
+
+/// Writes `text` to standard output: 0, or the exit code when it could not (quietly for a
+/// reader that went away, as `| head` does).
+pub(crate) fn print(text: &str) -> u8 {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => CLOSED_OUTPUT,
+        Err(e) => {
+            warn(format_args!("redmutex: writing the output failed: {e}"));
+            OUTPUT_FAILED
+        }
+    }
+}
+
+/// Writes a line to standard error, or nothing if it is closed: a message must never end
+/// redmutex (`eprintln!` would panic), least of all while it holds a lock.
+pub(crate) fn warn(message: fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{message}");
+}
+
+/// Says that `key` holds someone else's data, and returns the exit code for it.
+pub(crate) fn not_a_lock(key: &str) -> u8 {
+    warn(format_args!(
+        "redmutex: WRONGTYPE {key} holds data that is not a redmutex lock; nothing was changed"
+    ));
+    NOT_A_LOCK
+}
+
+/// Reports a WRONGTYPE refusal of an operation on `name` as `unlock --force` does (naming
+/// the key, not the script that met it); `None` for any other error.
+pub(crate) fn refused_as_not_a_lock(client: &Client, name: &str, e: &Error) -> Option<u8> {
+    match e {
+        Error::Redis { source, .. } if wrong_type(source) => {
+            let key = client
+                .inspect(name)
+                .ok()
+                .and_then(|found| found.into_iter().find(|i| i.kind == "foreign"))
+                .map_or_else(|| format!("a key of {name}"), |i| i.key);
+            Some(not_a_lock(&key))
+        }
+        _ => None,
+    }
+}
+
+/// Whether Redis refused because a key holds another type. Redis 7 gives a script's
+/// WRONGTYPE its own code; Redis 6.2 wraps it in "Error running script ...: WRONGTYPE
+/// Operation against a key holding the wrong kind of value".
+fn wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+        || e.detail().is_some_and(|d| {
+            d.contains("WRONGTYPE Operation against a key holding the wrong kind of value")
+        })
+}
+
+/// The library's names for what the user gave as flags, in its `InvalidArgument` texts.
+const FLAGS: [(&str, &str); 6] = [
+    ("key_prefix", "--prefix"),
+    ("bad redis url", "bad --url"),
+    ("bad sentinel url", "bad --sentinel url"),
+    ("bad cluster node url", "bad --cluster url"),
+    ("watchdog_timeout", "--lease"),
+    ("connect_timeout", "--connect-timeout"),
+];
+
+/// Reports `e` and returns the exit code for it.
+pub(crate) fn fail(e: &Error) -> u8 {
+    if let Error::InvalidArgument(why) = e {
+        if why.starts_with(UNREACHABLE) {
+            warn(format_args!("redmutex: {why}"));
+            return UNAVAILABLE;
+        }
+        // The library names its settings; the user wrote flags.
+        let mut said = why.clone();
+        for (field, flag) in FLAGS {
+            said = said.replace(field, flag);
+        }
+        warn(format_args!("redmutex: {said}"));
+        return USAGE;
+    }
+    if let Error::WrongKind { in_use, .. } = e {
+        let how = match *in_use {
+            "lock" => "`redmutex run NAME`, --fair, --token-env",
+            "read-write lock" => "--shared or -x",
+            "semaphore" => "-n",
+            "count-down latch" => "`redmutex latch`",
+            _ => "another kind",
+        };
+        warn(format_args!(
+            "redmutex: {} is in use as a {in_use} ({how}); not taken: a name is one kind at a \
+             time",
+            e.lock_name().unwrap_or("the name")
+        ));
+        return NOT_A_LOCK;
+    }
+    warn(format_args!("redmutex: {e}"));
+    match e {
+        Error::InvalidName(_) | Error::InvalidArgument(_) => USAGE,
+        Error::Redis { source: r, .. } if wrong_type(r) => NOT_A_LOCK,
+        _ => UNAVAILABLE,
+    }
+}
