@@ -28,17 +28,23 @@ impl<K: Kind> Lock<K> {
     ) -> Result<Result<Grant, Refused>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
-        let held = inner.watchdog.begin_attempt(keys.hold(), token, until)?;
+        let held = inner
+            .watchdog
+            .table
+            .begin_attempt(keys.hold(), token, until)?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join);
-        let outcome = inner.run_until(until, |con| {
-            let reply: Vec<i64> = inner.eval(con, &call)?;
+        let outcome = inner.exec.run_until(until, |con| {
+            let reply: Vec<i64> = inner.exec.eval(con, &call)?;
             let grant = match Self::grant_of(&reply)? {
                 Ok(Ok(grant)) => grant,
                 other => return Ok(other),
             };
             let need = || {
-                let watchdog_ms = inner.config.lease.watchdog_ms();
-                inner.watchdog.need_ms(keys.hold(), token, watchdog_ms)
+                let watchdog_ms = inner.exec.config.lease.watchdog_ms();
+                inner
+                    .watchdog
+                    .table
+                    .need_ms(keys.hold(), token, watchdog_ms)
             };
             Ok(
                 match self.replicated(con, holder, need, grant.count as usize)? {
@@ -67,6 +73,7 @@ impl<K: Kind> Lock<K> {
         let queued = joined && matches!(outcome, Ok(Err(_)));
         inner
             .watchdog
+            .table
             .end_attempt(keys.hold(), token, granted, queued);
         if let Err(e) = &outcome {
             if e.outcome_unknown() {
@@ -84,7 +91,7 @@ impl<K: Kind> Lock<K> {
             // A cap shorter than the watchdog lease shortens the first lease too: the hold
             // ends at its cap whatever it is.
             Lease::Watchdog => {
-                let ms = self.client.inner.config.lease.watchdog_ms();
+                let ms = self.client.inner.exec.config.lease.watchdog_ms();
                 self.max_hold.map_or(ms, |cap| ms.min(millis(cap)))
             }
             Lease::Fixed(ms) => ms,
@@ -101,7 +108,7 @@ impl<K: Kind> Lock<K> {
         amount: u32,
         join: Option<(u64, u64)>,
     ) -> ScriptCall {
-        let inner = &self.client.inner;
+        let exec = &self.client.inner.exec;
         let ops = self.keys.ops;
         calls::acquire(
             &self.keys,
@@ -109,10 +116,10 @@ impl<K: Kind> Lock<K> {
                 holder,
                 lease_ms,
                 held,
-                flags: ops.flags | inner.listener_flags(),
+                flags: ops.flags | exec.listener_flags(),
                 join,
                 amount: ops.per_call.then_some((amount, self.initial)),
-                metadata: inner.config.metadata.as_deref(),
+                metadata: exec.config.metadata.as_deref(),
             },
         )
     }
@@ -166,11 +173,11 @@ impl<K: Kind> Lock<K> {
         lease_ms: u64,
         until: Option<Instant>,
     ) -> Result<bool, Error> {
-        let inner = &self.client.inner;
+        let exec = &self.client.inner.exec;
         let keys = &self.keys;
         let call = calls::confirm(keys, holder, lease_ms);
-        let outcome = inner.run_until(until, |con| {
-            let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
+        let outcome = exec.run_until(until, |con| {
+            let (lost, _): (Vec<i64>, Vec<i64>) = exec.eval(con, &call)?;
             if !lost.is_empty() {
                 return Ok(Ok(false));
             }
@@ -198,7 +205,7 @@ impl<K: Kind> Lock<K> {
         held: usize,
     ) -> redis::RedisResult<Option<Error>> {
         let keys = &self.keys;
-        let failure = match self.client.inner.await_replicas(con, keys.key()) {
+        let failure = match self.client.inner.exec.await_replicas(con, keys.key()) {
             Ok(None) => return Ok(None),
             Ok(Some(shortfall)) => Ok(shortfall),
             Err(e) => Err(e),
@@ -206,6 +213,7 @@ impl<K: Kind> Lock<K> {
         let rollback: redis::RedisResult<(i64, i64)> = self
             .client
             .inner
+            .exec
             .eval(con, &calls::release(keys, holder, need(), held));
         match (failure, rollback) {
             (Ok(shortfall), Ok(_)) => Ok(Some(shortfall)),
@@ -217,7 +225,7 @@ impl<K: Kind> Lock<K> {
         match pttl {
             // No expiry at all (someone wrote the key by hand): look again after a lease
             // rather than never.
-            -1 => self.client.inner.config.lease.watchdog(),
+            -1 => self.client.inner.exec.config.lease.watchdog(),
             // PTTL rounds down: the lease may last up to a millisecond more, and waking
             // before it ends would only cost a wasted try.
             ms if ms >= 0 => Duration::from_millis(ms as u64 + 1),
@@ -238,8 +246,10 @@ impl<K: Kind> Lock<K> {
         // Listening on the client's own channel from its first hold on: a force_unlock of
         // this hold is told there.
         let inner = &self.client.inner;
-        inner.subscriber.listen(inner, inner.config.command_timeout);
-        let registration = self.client.inner.watchdog.acquired(
+        inner
+            .subscriber
+            .listen(inner, inner.exec.config.command_timeout);
+        let registration = self.client.inner.watchdog.table.acquired(
             &self.keys,
             token,
             &holder,
@@ -248,7 +258,7 @@ impl<K: Kind> Lock<K> {
             (sent, handoff),
             &Acquisition {
                 kind: K::NAME,
-                generation: self.client.inner.generation(),
+                generation: self.client.inner.exec.generation(),
                 max_hold: self.max_hold,
             },
         );
@@ -261,7 +271,7 @@ impl<K: Kind> Lock<K> {
     pub(super) fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
         let deadline = deadline?;
         let mut grace = IO_GRACE;
-        if let Some((_, wait_ms)) = self.client.inner.config.sync_replicas {
+        if let Some((_, wait_ms)) = self.client.inner.exec.config.sync_replicas {
             grace += Duration::from_millis(wait_ms);
         }
         Some(deadline.max(Instant::now()) + grace)

@@ -146,7 +146,7 @@ impl<K: Kind> LockGuard<K> {
             lost: registration.lost,
             lost_rx: OnceLock::new(),
             fence,
-            generation: lock.client.inner.generation(),
+            generation: lock.client.inner.exec.generation(),
             released: false,
             _owner: PhantomData,
         }
@@ -214,17 +214,17 @@ impl<K: Kind> LockGuard<K> {
         if self.lost.is_lost() {
             return true;
         }
-        let watchdog = &self.inner.watchdog;
-        if watchdog.pickup_lapsed(self.keys.hold(), self.token, &self.lost) {
+        let table = &self.inner.watchdog.table;
+        if table.pickup_lapsed(self.keys.hold(), self.token, &self.lost) {
             return true;
         }
         match self.lease {
             Lease::Fixed(_) => {
                 let ms = self.fixed_ms.load(Ordering::SeqCst);
                 self.acquired.elapsed() >= Duration::from_millis(ms)
-                    && watchdog.lease_over(self.keys.hold(), self.token, &self.lost)
+                    && table.lease_over(self.keys.hold(), self.token, &self.lost)
             }
-            Lease::Watchdog => watchdog.lease_expired(self.keys.hold(), self.token, &self.lost),
+            Lease::Watchdog => table.lease_expired(self.keys.hold(), self.token, &self.lost),
         }
     }
 
@@ -267,24 +267,24 @@ impl<K: Kind> LockGuard<K> {
             unreachable!("a fixed lease is fixed");
         };
         let inner = &self.inner;
-        inner.check_process()?;
+        inner.exec.check_process()?;
         if self.is_lease_lost() {
             return Err(Error::LEASE_LOST);
         }
         let call = calls::confirm(&self.keys, &self.holder, lease_ms);
         let sent = Instant::now();
-        let gone = inner.run(|con| {
-            let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &call)?;
+        let gone = inner.exec.run(|con| {
+            let (lost, _): (Vec<i64>, Vec<i64>) = inner.exec.eval(con, &call)?;
             Ok(!lost.is_empty())
         })?;
-        let watchdog = &inner.watchdog;
+        let table = &inner.watchdog.table;
         if gone {
-            let reason = self.lost.gone_reason(inner.generation());
-            watchdog.hold_lost(self.keys.hold(), &self.lost, reason);
+            let reason = self.lost.gone_reason(inner.exec.generation());
+            table.hold_lost(self.keys.hold(), &self.lost, reason);
             return Err(Error::LEASE_LOST);
         }
         let ends = sent + Duration::from_millis(lease_ms);
-        if !watchdog.extended_level(&self.keys, self.token, &self.lost, self.level, ends) {
+        if !table.extended_level(&self.keys, self.token, &self.lost, self.level, ends) {
             // Found lost meanwhile (its old lease ran out before the reply): that stands.
             return Err(Error::LEASE_LOST);
         }
@@ -337,7 +337,7 @@ impl<K: Kind> LockGuard<K> {
         self.lost_rx
             .get_or_init(|| {
                 let (tx, rx) = crossbeam_channel::bounded(0);
-                self.inner.watchdog.watch_loss(
+                self.inner.watchdog.table.watch_loss(
                     &self.inner,
                     &self.keys,
                     self.token,
@@ -352,7 +352,7 @@ impl<K: Kind> LockGuard<K> {
 
     /// Lets `watcher` know of this hold's loss (or of this guard's release).
     pub(crate) fn watch(&self, watcher: Watcher) {
-        self.inner.watchdog.watch_loss(
+        self.inner.watchdog.table.watch_loss(
             &self.inner,
             &self.keys,
             self.token,
@@ -364,7 +364,7 @@ impl<K: Kind> LockGuard<K> {
 
     /// Has the loss thread of this guard's client look at `what` at `at`.
     pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::loss::Timed) {
-        let notifier = &self.inner.watchdog.notifier;
+        let notifier = &self.inner.watchdog.table.notifier;
         if let Err(e) = notifier.ensure_running(&self.inner) {
             log::warn!("redmutex: cannot start the loss thread: {e}");
         }
@@ -396,9 +396,9 @@ impl<K: Kind> LockGuard<K> {
         self.released = true;
         let inner = &self.inner;
         // In a fork()ed child the holder id is the parent's: releasing would free its lock.
-        inner.check_process()?;
+        inner.exec.check_process()?;
         let keys = &self.keys;
-        let watchdog_ms = inner.config.lease.watchdog_ms();
+        let watchdog_ms = inner.exec.config.lease.watchdog_ms();
         // Whatever made the guard say (or would make it say) its lease is lost marks the
         // hold lost here, before anything is sent: the release below still gives the hold
         // back if Redis has it, but its outcome is `LeaseLost` (see `end_release`).
@@ -407,10 +407,12 @@ impl<K: Kind> LockGuard<K> {
         self.lost.released(self.level);
         let window_ends = inner
             .watchdog
+            .table
             .pickup_pending(keys.hold(), self.token, &self.lost);
         let Some((need, held, lease_ends)) =
             inner
                 .watchdog
+                .table
                 .releasing(keys.hold(), self.token, self.level, watchdog_ms)
         else {
             // The hold this guard belonged to is over (lost, or replaced by a newer
@@ -458,14 +460,17 @@ impl<K: Kind> LockGuard<K> {
             // The hold this guard had is gone on the server (force-unlocked, deleted,
             // lapsed, lost by the server): it is lost, and everyone waiting on it (the
             // guards of the outer levels, the hook) is told now, not at a renewal.
-            let reason = self.lost.gone_reason(inner.generation());
-            inner.watchdog.hold_lost(keys.hold(), &self.lost, reason);
+            let reason = self.lost.gone_reason(inner.exec.generation());
+            inner
+                .watchdog
+                .table
+                .hold_lost(keys.hold(), &self.lost, reason);
             return Err(Error::LEASE_LOST);
         }
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were
             // over (or the count was off); their guards must not look held.
-            inner.watchdog.hold_ended(keys.hold(), &self.lost);
+            inner.watchdog.table.hold_ended(keys.hold(), &self.lost);
         }
         shortfall.map_or(Ok(()), Err)
     }
@@ -486,7 +491,7 @@ impl<K: Kind> LockGuard<K> {
     }
 
     fn not_held(&self) -> Error {
-        if self.lost.is_lost() || self.generation != self.inner.generation() {
+        if self.lost.is_lost() || self.generation != self.inner.exec.generation() {
             Error::LEASE_LOST
         } else {
             Error::NOT_HELD

@@ -108,8 +108,8 @@ impl CountDownLatch {
                 "a latch expiry must be longer than zero and at most ten years, not {expire_after:?}"
             )));
         }
-        let inner = &self.client.inner;
-        let (key, setter, id) = (self.key.as_slice(), self.setter.as_slice(), inner.call_id());
+        let exec = &self.client.inner.exec;
+        let (key, setter, id) = (self.key.as_slice(), self.setter.as_slice(), exec.call_id());
         // A repeat after a lost reply finds its own id and answers that it set the count,
         // even if the latch opened in between (it is not set again).
         let call = calls::latch_set(
@@ -121,8 +121,8 @@ impl CountDownLatch {
             &id,
             CALL_MEMORY,
         );
-        let set: i64 = inner
-            .run_remembered(|con| inner.eval(con, &call))
+        let set: i64 = exec
+            .run_remembered(|con| exec.eval(con, &call))
             .map_err(|e| e.on_lock(&self.name))?;
         if set < 0 {
             return Err(Error::wrong_kind(keys::kind_name(-set)).on_lock(&self.name));
@@ -147,9 +147,9 @@ impl CountDownLatch {
         self.check_name()?;
         let (key, channel) = (self.key.as_slice(), self.channel.as_slice());
         let call = calls::latch_count_down(key, channel, BROADCAST);
-        let inner = &self.client.inner;
-        let left: i64 = inner
-            .run_once(|con| inner.eval(con, &call))
+        let exec = &self.client.inner.exec;
+        let left: i64 = exec
+            .run_once(|con| exec.eval(con, &call))
             .map_err(|e| e.on_lock(&self.name))?;
         Ok(left.max(0) as u64)
     }
@@ -234,7 +234,7 @@ impl CountDownLatch {
     fn wait_with(&self, deadline: Option<Instant>) -> Result<bool, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
-        inner.check_process()?;
+        inner.exec.check_process()?;
         let until = deadline.map(|d| d.max(Instant::now()) + IO_GRACE);
         let (count, pttl) = self.state(until)?;
         if count == 0 {
@@ -243,7 +243,7 @@ impl CountDownLatch {
         let mut expires = self.expiry(pttl);
         let sub = inner
             .subscriber
-            .subscribe(inner, &self.channel, thread_token(), until)?;
+            .subscribe(&inner.exec, &self.channel, thread_token(), until)?;
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -284,9 +284,9 @@ impl CountDownLatch {
         self.check_name()?;
         let key = self.key.as_slice();
         let call = calls::latch_state(key);
-        let inner = &self.client.inner;
-        let (count, pttl): (i64, i64) = inner
-            .run_until(until, |con| inner.eval(con, &call))
+        let exec = &self.client.inner.exec;
+        let (count, pttl): (i64, i64) = exec
+            .run_until(until, |con| exec.eval(con, &call))
             .map_err(|e| e.on_lock(&self.name))?;
         Ok((count.max(0) as u64, pttl))
     }

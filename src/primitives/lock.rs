@@ -181,7 +181,7 @@ impl<K: Kind> Clone for Lock<K> {
 impl<K: Kind> Lock<K> {
     pub(crate) fn new(client: Client, keys: LockKeys) -> Lock<K> {
         Lock {
-            max_hold: client.inner.config.max_hold,
+            max_hold: client.inner.exec.config.max_hold,
             client,
             keys: Arc::new(keys),
             initial: 0,
@@ -221,7 +221,10 @@ impl<K: Kind> Lock<K> {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn with_max_hold(&self, max_hold: Duration) -> Result<Lock<K>, Error> {
-        crate::runtime::lease::check_max_hold(max_hold, self.client.inner.config.command_timeout)?;
+        crate::runtime::lease::check_max_hold(
+            max_hold,
+            self.client.inner.exec.config.command_timeout,
+        )?;
         let mut lock = self.clone();
         lock.max_hold = Some(max_hold);
         Ok(lock)
@@ -370,6 +373,7 @@ impl<K: Kind> Lock<K> {
         let key = self.keys.key();
         self.client
             .inner
+            .exec
             .run(|con| redis::cmd("EXISTS").arg(key).query(con))
             .map_err(|e| e.on_lock(self.name()))
     }
@@ -418,21 +422,26 @@ impl<K: Kind> Lock<K> {
     fn count_held(&self) -> Result<u32, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
-        inner.check_process()?;
+        inner.exec.check_process()?;
         let keys = &self.keys;
-        if !inner.watchdog.holds_locally(keys.hold(), thread_token()) {
+        if !inner
+            .watchdog
+            .table
+            .holds_locally(keys.hold(), thread_token())
+        {
             return Ok(0);
         }
         let field = keys.ops.field(&self.holder());
         if !keys.has_leases() {
-            let count: Option<u32> =
-                inner.run(|con| redis::cmd("HGET").arg(keys.key()).arg(&field).query(con))?;
+            let count: Option<u32> = inner
+                .exec
+                .run(|con| redis::cmd("HGET").arg(keys.key()).arg(&field).query(con))?;
             return Ok(count.unwrap_or(0));
         }
         // A hold with a lease of its own counts until that lease ends, even before the
         // next script drops it.
         let (count, ends, (secs, micros)): (Option<u32>, Option<u64>, (u64, u64)) =
-            inner.run(|con| {
+            inner.exec.run(|con| {
                 redis::pipe()
                     .cmd("HGET")
                     .arg(keys.key())
@@ -472,6 +481,7 @@ impl<K: Kind> Lock<K> {
         let pttl: i64 = self
             .client
             .inner
+            .exec
             .run(|con| redis::cmd("PTTL").arg(key).query(con))?;
         Ok(match pttl {
             -1 => Some(Duration::MAX),
@@ -504,20 +514,20 @@ impl<K: Kind> Lock<K> {
     fn force_unlock_named(&self) -> Result<bool, Error> {
         self.check_name()?;
         let call = self.force_unlock_cmd();
-        let inner = &self.client.inner;
-        let deleted: i64 = inner.run_remembered(|con| inner.eval(con, &call))?;
+        let exec = &self.client.inner.exec;
+        let deleted: i64 = exec.run_remembered(|con| exec.eval(con, &call))?;
         Ok(deleted == 1)
     }
 
     /// The force-unlock script's call (see `lua/force_unlock.lua`), with an id of its own
     /// that each run of it sends.
     pub(crate) fn force_unlock_cmd(&self) -> ScriptCall {
-        let inner = &self.client.inner;
+        let exec = &self.client.inner.exec;
         calls::force_unlock(
             &self.keys,
-            &inner.call_id(),
+            &exec.call_id(),
             CALL_MEMORY,
-            &subscriber::own_channel_prefix(&inner.config.key_prefix),
+            &subscriber::own_channel_prefix(&exec.config.key_prefix),
         )
     }
 
@@ -533,7 +543,7 @@ impl<K: Kind> Lock<K> {
     }
 
     fn holder(&self) -> String {
-        holder_id(&self.client.inner.id, thread_token())
+        holder_id(&self.client.inner.exec.id, thread_token())
     }
 
     pub(crate) fn check_name(&self) -> Result<(), Error> {

@@ -52,7 +52,7 @@ impl MultiLock {
         cancel: Option<&CancellationToken>,
     ) -> Result<Option<MultiLockGuard>, Error> {
         for m in self.members.iter() {
-            m.client.inner.check_process()?;
+            m.client.inner.exec.check_process()?;
         }
         if cancel::is_cancelled(cancel) {
             return Err(Error::Cancelled);
@@ -72,7 +72,13 @@ impl MultiLock {
         let reentry = self
             .members
             .iter()
-            .map(|m| m.client.inner.watchdog.holds_locally(m.keys.hold(), token))
+            .map(|m| {
+                m.client
+                    .inner
+                    .watchdog
+                    .table
+                    .holds_locally(m.keys.hold(), token)
+            })
             .collect();
         let mut wait = MultiWait {
             lock: self,
@@ -80,7 +86,7 @@ impl MultiLock {
             holders: self
                 .members
                 .iter()
-                .map(|m| holder_id(&m.client.inner.id, token))
+                .map(|m| holder_id(&m.client.inner.exec.id, token))
                 .collect(),
             lease,
             deadline,
@@ -92,7 +98,7 @@ impl MultiLock {
             queued: vec![false; n],
         };
         let names = telemetry::Names(self.members.iter().map(|m| m.name()));
-        let holder = telemetry::Holder(&self.members[0].client.inner.id, token);
+        let holder = telemetry::Holder(&self.members[0].client.inner.exec.id, token);
         telemetry::acquisition("MultiLock", &names, &holder, || wait.run())
     }
 }
@@ -224,7 +230,7 @@ impl MultiWait<'_> {
                     inner.watchdog.ensure_running(inner)?;
                     let until = self.deadline.map(|d| d.max(Instant::now()) + IO_GRACE);
                     self.subs[i] = Some(inner.subscriber.subscribe(
-                        inner,
+                        &inner.exec,
                         m.keys.channel(),
                         self.token,
                         until,
@@ -272,24 +278,32 @@ impl MultiWait<'_> {
             let join = !self.once
                 && !self.reentry[i]
                 && self.subs[i].as_ref().is_some_and(|s| s.is_confirmed());
-            let join = join.then(|| (self.ticket, inner.config.lease.entry_ttl_ms(self.deadline)));
+            let join = join.then(|| {
+                (
+                    self.ticket,
+                    inner.exec.config.lease.entry_ttl_ms(self.deadline),
+                )
+            });
             if join.is_some() && !self.queued[i] {
                 self.queued[i] = true;
                 inner
                     .watchdog
+                    .table
                     .waiting(&m.keys, self.token, &self.holders[i], self.deadline);
             }
-            let held = match inner
-                .watchdog
-                .begin_attempt(m.keys.hold(), self.token, Some(bound))
-            {
-                Ok(held) => held,
-                // This member sends nothing this round: it counts as failed.
-                Err(e) => {
-                    seen[i] = Seen::Failed(e);
-                    continue;
-                }
-            };
+            let held =
+                match inner
+                    .watchdog
+                    .table
+                    .begin_attempt(m.keys.hold(), self.token, Some(bound))
+                {
+                    Ok(held) => held,
+                    // This member sends nothing this round: it counts as failed.
+                    Err(e) => {
+                        seen[i] = Seen::Failed(e);
+                        continue;
+                    }
+                };
             let cmd = m.acquire_cmd(&self.holders[i], m.lease_ms(self.lease), held, 1, join);
             tried.push((i, held, join.is_some()));
             calls.push(Call::script(inner, cmd));
@@ -313,11 +327,12 @@ impl MultiWait<'_> {
                         // say so, and from here on this lock is an ordinary acquisition,
                         // which may queue; a grant there is a new hold.
                         self.reentry[i] = false;
-                        let generation = m.client.inner.generation();
-                        m.client
-                            .inner
-                            .watchdog
-                            .hold_gone(m.keys.hold(), self.token, generation);
+                        let generation = m.client.inner.exec.generation();
+                        m.client.inner.watchdog.table.hold_gone(
+                            m.keys.hold(),
+                            self.token,
+                            generation,
+                        );
                     }
                     seen[i] = Seen::Held(refused.pttl);
                 }
@@ -434,10 +449,11 @@ impl MultiWait<'_> {
                 continue;
             }
             let inner = &m.client.inner;
-            let watchdog_ms = inner.config.lease.watchdog_ms();
-            let levels = inner.watchdog.levels(m.keys.hold(), self.token);
+            let watchdog_ms = inner.exec.config.lease.watchdog_ms();
+            let levels = inner.watchdog.table.levels(m.keys.hold(), self.token);
             let need = inner
                 .watchdog
+                .table
                 .need_ms(m.keys.hold(), self.token, watchdog_ms);
             left.push(i);
             calls.push(Call::script(
@@ -475,7 +491,7 @@ impl MultiWait<'_> {
                 Ok(_) => {}
                 Err(e) => {
                     log::debug!("redmutex: leaving a MultiLock queue failed: {e}");
-                    let levels = inner.watchdog.levels(m.keys.hold(), self.token);
+                    let levels = inner.watchdog.table.levels(m.keys.hold(), self.token);
                     inner
                         .watchdog
                         .doubt(inner, &m.keys, self.token, &self.holders[i], levels);
@@ -512,7 +528,7 @@ impl MultiWait<'_> {
                 // watchdog gives back any level beyond those the thread holds (none here:
                 // a thread that held the lock never queued on it), off this path.
                 log::debug!("redmutex: confirming a MultiLock member handed over failed: {e}");
-                let levels = inner.watchdog.levels_now(m.keys.hold(), self.token);
+                let levels = inner.watchdog.table.levels_now(m.keys.hold(), self.token);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.token, holder, levels);
@@ -539,6 +555,7 @@ impl MultiWait<'_> {
             m.client
                 .inner
                 .watchdog
+                .table
                 .done_waiting(m.keys.key(), self.token);
         }
     }
@@ -552,10 +569,10 @@ impl Drop for MultiWait<'_> {
                 // up by that client's watchdog thread, off this caller's path.
                 let m = &self.lock.members[i];
                 let inner = &m.client.inner;
-                inner.watchdog.done_waiting(m.keys.key(), self.token);
+                inner.watchdog.table.done_waiting(m.keys.key(), self.token);
                 // Told the levels the thread holds there (none: a thread that held the
                 // lock never queued on it), so that the clean-up can never take one.
-                let held = inner.watchdog.levels_now(m.keys.hold(), self.token);
+                let held = inner.watchdog.table.levels_now(m.keys.hold(), self.token);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.token, &self.holders[i], held);

@@ -124,7 +124,7 @@ impl MultiLock {
         }
         for (i, a) in members.iter().enumerate() {
             a.check_name()?;
-            if a.client.inner.config.sync_replicas.is_some() {
+            if a.client.inner.exec.config.sync_replicas.is_some() {
                 return Err(invalid(
                     "a MultiLock's clients must not use sync_replicas: its calls do not wait \
                      for replicas (RedLock's independent masters stand in for them)",

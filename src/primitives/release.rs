@@ -69,7 +69,7 @@ impl Release {
         let mut may_have_run = false;
         let mut repeated = false;
         let mut sent = 0;
-        let reply = inner.run(|con| {
+        let reply = inner.exec.run(|con| {
             sent += 1;
             repeated = may_have_run;
             if sent > 1 {
@@ -88,12 +88,13 @@ impl Release {
                 }
             }
             let (left, served): (i64, i64) = inner
+                .exec
                 .eval(con, &self.cmd)
                 .inspect_err(|e| may_have_run |= !refused_before_running(e))?;
             // It ran: a failed WAIT below sends it again, a repeat.
             may_have_run = true;
             let shortfall = if left >= 0 {
-                inner.await_replicas(con, keys.key())?
+                inner.exec.await_replicas(con, keys.key())?
             } else {
                 None
             };
@@ -155,7 +156,7 @@ fn keep_alive_for_release(
     if !lease::extension_due(k.ends, now) {
         return Ok(());
     }
-    let (lost, _): (Vec<i64>, Vec<i64>) = inner.eval(con, &k.call)?;
+    let (lost, _): (Vec<i64>, Vec<i64>) = inner.exec.eval(con, &k.call)?;
     if lost.is_empty() {
         k.ends = now + lease::PICKUP;
     } else {

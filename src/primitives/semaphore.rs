@@ -300,16 +300,16 @@ impl Semaphore {
         self.check()?;
         crate::name::check(self.permits.name(), "semaphore names must not be empty")?;
         let lock = &self.permits;
-        let inner = &lock.client.inner;
-        inner.check_process()?;
+        let exec = &lock.client.inner.exec;
+        exec.check_process()?;
         let keys = &lock.keys;
         let permits = calls::sem_permits(keys, op, n, lock.initial, MAX_PERMITS);
-        let call = |con: &mut Con| inner.eval(con, &permits);
+        let call = |con: &mut Con| exec.eval(con, &permits);
         // Adding or taking away twice (a retry after a lost reply) would change the count
         // twice: those run once, and a dropped connection is the caller's error.
         let (first, second): (i64, i64) = match op {
-            "add" | "reduce" | "tryset" => inner.run_once(call),
-            _ => inner.run(call),
+            "add" | "reduce" | "tryset" => exec.run_once(call),
+            _ => exec.run(call),
         }
         .map_err(|e| e.on_lock(self.name()))?;
         if first < 0 {

@@ -130,9 +130,9 @@ impl LockGuard<Upgradeable> {
         // is gone meanwhile (the guard may not know yet).
         let inner = self.client();
         let keys = LockKeys::new(
-            &inner.config.key_prefix,
+            &inner.exec.config.key_prefix,
             self.keys().name().to_vec(),
-            &inner.id,
+            &inner.exec.id,
             Object::ReadWrite,
             &scripts::UPGRADE,
         );

@@ -56,7 +56,7 @@ impl<K: Kind> Lock<K> {
     ) -> Result<Option<LockGuard<K>>, Error> {
         self.check_name()?;
         let inner = &self.client.inner;
-        inner.check_process()?;
+        inner.exec.check_process()?;
         if cancel.is_some_and(CancellationToken::is_cancelled) {
             return Err(Error::Cancelled);
         }
@@ -72,16 +72,16 @@ impl<K: Kind> Lock<K> {
             // Reading without writing: asking to write, or for the upgradeable side (whose
             // upgrade would wait for this read hold), would wait for itself. (A writer
             // that also reads, mid-downgrade, may re-enter the write side.)
-            if !inner.watchdog.holds_locally(keys.hold(), token) {
+            if !inner.watchdog.table.holds_locally(keys.hold(), token) {
                 // Unless it also holds the upgradeable side: then a write is an upgrade,
                 // which waits for the others' read holds only.
                 let upgrading = keys
                     .upgradeable_hold()
-                    .is_some_and(|hold| inner.watchdog.holds_locally(&hold, token));
-                if !upgrading && inner.watchdog.holds_locally(&read_hold, token) {
+                    .is_some_and(|hold| inner.watchdog.table.holds_locally(&hold, token));
+                if !upgrading && inner.watchdog.table.holds_locally(&read_hold, token) {
                     return Err(Error::WOULD_DEADLOCK);
                 }
-                if inner.watchdog.forget_over(&read_hold, token) {
+                if inner.watchdog.table.forget_over(&read_hold, token) {
                     // A read hold whose lease ran out here may live a moment longer on the
                     // server (its lease counts from when Redis ran the acquire), where it
                     // would refuse this write: it is given back first.
@@ -97,12 +97,12 @@ impl<K: Kind> Lock<K> {
         // A thread that holds the lock re-enters at once (the scripts grant a re-entry
         // whoever waits): it never queues, so that leaving the call can never give up a
         // level it holds.
-        let reentry = inner.watchdog.holds_locally(keys.hold(), token);
+        let reentry = inner.watchdog.table.holds_locally(keys.hold(), token);
         let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
         let mut wait = Wait {
             lock: self,
             token,
-            holder: holder_id(&inner.id, token),
+            holder: holder_id(&inner.exec.id, token),
             lease,
             lease_ms: self.lease_ms(lease),
             deadline,
@@ -126,7 +126,7 @@ impl<K: Kind> Lock<K> {
         };
         let (name, holder) = (
             telemetry::Name(keys.name()),
-            telemetry::Holder(&inner.id, token),
+            telemetry::Holder(&inner.exec.id, token),
         );
         telemetry::acquisition(K::NAME, &name, &holder, || wait.run())
     }
@@ -136,10 +136,10 @@ impl<K: Kind> Lock<K> {
     fn give_back_read(&self, token: u64, until: Option<Instant>) -> Result<(), Error> {
         let keys = &self.keys;
         let read = &scripts::READ;
-        let holder = holder_id(&self.client.inner.id, token);
+        let holder = holder_id(&self.client.inner.exec.id, token);
         let cancel = calls::cancel_as(read, keys, &holder, 0, 0, false);
-        let inner = &self.client.inner;
-        let reply: Vec<i64> = inner.run_until(until, |con| inner.eval(con, &cancel))?;
+        let exec = &self.client.inner.exec;
+        let reply: Vec<i64> = exec.run_until(until, |con| exec.eval(con, &cancel))?;
         if reply[..] == [0, 1] {
             self.client
                 .inner
@@ -213,7 +213,7 @@ impl<K: Kind> Wait<'_, K> {
                 // Subscribe, and queue only once the server confirmed it: a message sent
                 // before that would be lost, and this waiter taken for dead.
                 let s = inner.subscriber.subscribe(
-                    inner,
+                    &inner.exec,
                     lock.keys.channel(),
                     self.token,
                     lock.io_until(self.deadline),
@@ -295,7 +295,10 @@ impl<K: Kind> Wait<'_, K> {
             if self.joined.is_some() {
                 self.ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
             }
-            (self.ticket, inner.config.lease.entry_ttl_ms(self.deadline))
+            (
+                self.ticket,
+                inner.exec.config.lease.entry_ttl_ms(self.deadline),
+            )
         });
         if join.is_some() && !self.queued {
             // Entries are kept alive, and handed-over holds extended, by the watchdog.
@@ -303,11 +306,12 @@ impl<K: Kind> Wait<'_, K> {
             self.queued = true;
             inner
                 .watchdog
+                .table
                 .waiting(&lock.keys, self.token, &self.holder, self.deadline);
         }
         if join.is_some() {
             // Before anything is sent, so before the script can have run.
-            self.joined_topology = inner.topology_epoch();
+            self.joined_topology = inner.exec.topology_epoch();
             self.joined = Some(Instant::now());
             self.queued_at = None;
         }
@@ -329,9 +333,11 @@ impl<K: Kind> Wait<'_, K> {
                 // (expired, force-unlocked, lost). Its guards must say so, and from here on
                 // the call is an ordinary acquisition, which may queue.
                 self.reentry = false;
-                inner
-                    .watchdog
-                    .hold_gone(lock.keys.hold(), self.token, inner.generation());
+                inner.watchdog.table.hold_gone(
+                    lock.keys.hold(),
+                    self.token,
+                    inner.exec.generation(),
+                );
             }
             Err(_) => {}
         }
@@ -346,7 +352,7 @@ impl<K: Kind> Wait<'_, K> {
         if self.deadline.is_some_and(|d| now >= d) || cancel::is_cancelled(self.cancel) {
             return Ok(false);
         }
-        let window = self.lock.client.inner.config.command_timeout;
+        let window = self.lock.client.inner.exec.config.command_timeout;
         Ok(s.claim_try(now, window).is_ok())
     }
 
@@ -378,14 +384,15 @@ impl<K: Kind> Wait<'_, K> {
         let keys = &lock.keys;
         // The levels the thread holds (none: a thread that held the lock never queued),
         // never fewer: leaving must not give one of them up.
-        let held = inner.watchdog.levels_now(keys.hold(), self.token);
-        let need =
-            inner
-                .watchdog
-                .need_ms(keys.hold(), self.token, inner.config.lease.watchdog_ms());
-        let reply: Vec<i64> = inner.run_until(lock.io_until(self.deadline), |con| {
+        let held = inner.watchdog.table.levels_now(keys.hold(), self.token);
+        let need = inner.watchdog.table.need_ms(
+            keys.hold(),
+            self.token,
+            inner.exec.config.lease.watchdog_ms(),
+        );
+        let reply: Vec<i64> = inner.exec.run_until(lock.io_until(self.deadline), |con| {
             let cancel = calls::cancel(keys, &self.holder, held, need, keep);
-            inner.eval(con, &cancel)
+            inner.exec.eval(con, &cancel)
         })?;
         match reply[..] {
             [1, _, fence] if keep => {
@@ -470,10 +477,10 @@ impl<K: Kind> Wait<'_, K> {
     /// is not "placed after its own arrival", yet placed δ late: the watchdog's extension,
     /// a third into the window, could then land after the window closed on the server.
     fn window_start(&self, ticket: u64, at: Option<u64>) -> Option<Instant> {
-        let inner = &self.lock.client.inner;
+        let exec = &self.lock.client.inner.exec;
         if ticket != self.ticket
-            || inner.config.sync_replicas.is_some()
-            || !inner.same_topology_since(self.joined_topology)
+            || exec.config.sync_replicas.is_some()
+            || !exec.same_topology_since(self.joined_topology)
         {
             return None;
         }
@@ -535,6 +542,7 @@ impl<K: Kind> Wait<'_, K> {
             let inner = &self.lock.client.inner;
             inner
                 .watchdog
+                .table
                 .done_waiting(self.lock.keys.key(), self.token);
         }
     }
@@ -547,10 +555,10 @@ impl<K: Kind> Drop for Wait<'_, K> {
             // meanwhile) is given up by the watchdog thread, off this caller's path.
             let inner = &self.lock.client.inner;
             let keys = &self.lock.keys;
-            inner.watchdog.done_waiting(keys.key(), self.token);
+            inner.watchdog.table.done_waiting(keys.key(), self.token);
             // Told the levels the thread holds (none: a thread that held the lock never
             // queued), so that the clean-up can never take one of them.
-            let held = inner.watchdog.levels_now(keys.hold(), self.token);
+            let held = inner.watchdog.table.levels_now(keys.hold(), self.token);
             inner
                 .watchdog
                 .doubt(inner, keys, self.token, &self.holder, held);

@@ -29,7 +29,7 @@ impl Client {
 
     fn inspect_name(&self, name: &[u8]) -> Result<Vec<LockInfo>, Error> {
         crate::name::check(name, "lock names must not be empty")?;
-        let c = &self.inner.config;
+        let c = &self.inner.exec.config;
         // Each with its own kind's layout, so that the leases' keys are named.
         let keys = |object, ops| LockKeys::new(&c.key_prefix, name.to_vec(), "", object, ops);
         let (lock, rw, sem) = (
@@ -52,7 +52,10 @@ impl Client {
             Option<(String, i64, Option<u64>)>,
         );
         let call = calls::inspect(&lock, &rw, &sem);
-        let (l, r, m, latch): Reply = self.inner.run(|con| self.inner.eval(con, &call))?;
+        let (l, r, m, latch): Reply = self
+            .inner
+            .exec
+            .run(|con| self.inner.exec.eval(con, &call))?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
         let mut out = Vec::new();
@@ -152,7 +155,7 @@ impl Client {
     pub fn list(&self, pattern: &str) -> Result<Vec<LockInfo>, Error> {
         let glob = glob::Pattern::new(pattern)
             .map_err(|e| Error::InvalidArgument(format!("bad pattern {pattern:?}: {e}")))?;
-        let prefix = self.inner.config.key_prefix.clone();
+        let prefix = self.inner.exec.config.key_prefix.clone();
         let mut matching = Vec::new();
         for b in &prefix {
             if b"*?[]\\".contains(b) {
@@ -163,8 +166,8 @@ impl Client {
         matching.push(b'*');
         let mut names = std::collections::BTreeSet::new();
         // A SCAN cursor belongs to one server: a cluster's primaries are walked one by one.
-        let nodes = if self.inner.is_cluster() {
-            self.inner.run(|con| con.primaries())?
+        let nodes = if self.inner.exec.is_cluster() {
+            self.inner.exec.run(|con| con.primaries())?
         } else {
             vec![None]
         };
@@ -177,8 +180,10 @@ impl Client {
                     .arg(matching.as_slice())
                     .arg("COUNT")
                     .arg(1000);
-                let (next, keys): (u64, Vec<Vec<u8>>) =
-                    self.inner.run(|con| con.query_on(&scan, node.as_ref()))?;
+                let (next, keys): (u64, Vec<Vec<u8>>) = self
+                    .inner
+                    .exec
+                    .run(|con| con.query_on(&scan, node.as_ref()))?;
                 for key in keys {
                     if let Some((_, _, name)) = keys::object_of(&prefix, &key) {
                         if glob.matches(&String::from_utf8_lossy(&name)) {

@@ -74,7 +74,7 @@ impl Drop for Client {
 
 pub(crate) struct Inner {
     // Runs the calls: the pool, the deployment, the settings (see `Executor`).
-    exec: Executor,
+    pub(crate) exec: Executor,
     pub(crate) subscriber: Subscriber,
     // What this process holds, with the thread that renews it (the field is named for
     // that thread, the watchdog).
@@ -141,10 +141,10 @@ impl Client {
 
     /// A handle of kind `K` on the object `object` called `name`.
     pub(crate) fn handle<K: Kind>(&self, name: Vec<u8>, object: Object) -> Lock<K> {
-        let c = &self.inner.config;
+        let c = &self.inner.exec.config;
         Lock::new(
             self.clone(),
-            LockKeys::new(&c.key_prefix, name, &self.inner.id, object, K::OPS),
+            LockKeys::new(&c.key_prefix, name, &self.inner.exec.id, object, K::OPS),
         )
     }
 
@@ -226,13 +226,13 @@ impl Client {
     #[doc(alias = "getCountDownLatch")]
     #[doc(alias = "latch")]
     pub fn count_down_latch(&self, name: impl LockName) -> CountDownLatch {
-        let c = &self.inner.config;
+        let c = &self.inner.exec.config;
         CountDownLatch::new(
             self.clone(),
             LockKeys::new(
                 &c.key_prefix,
                 name.into_name(),
-                &self.inner.id,
+                &self.inner.exec.id,
                 Object::Lock,
                 &scripts::PLAIN,
             ),
@@ -247,7 +247,7 @@ impl Client {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn id(&self) -> &str {
-        &self.inner.id
+        &self.inner.exec.id
     }
 
     pub(crate) fn from_config(target: Target, config: Config) -> Result<Client, Error> {
@@ -263,11 +263,12 @@ impl Client {
                 handles: AtomicUsize::new(1),
             }),
         };
-        if client.inner.watchdog.notifier.has_hook() {
+        if client.inner.watchdog.table.notifier.has_hook() {
             // The hook must hear of every loss, also of holds nobody watches.
             client
                 .inner
                 .watchdog
+                .table
                 .notifier
                 .ensure_running(&client.inner)?;
         }
@@ -284,7 +285,7 @@ impl Inner {
 
 impl LossSource for Inner {
     fn notifier(&self) -> &Notifier {
-        &self.watchdog.notifier
+        &self.watchdog.table.notifier
     }
 
     fn check_loss(
@@ -294,7 +295,7 @@ impl LossSource for Inner {
         loss: &Arc<Loss>,
         popped: Option<Instant>,
     ) -> Option<Instant> {
-        self.watchdog.check_loss(keys, token, loss, popped)
+        self.watchdog.table.check_loss(keys, token, loss, popped)
     }
 }
 
@@ -318,24 +319,15 @@ impl renewer::Owner for Inner {
 
 impl ForceUnlocked for Inner {
     fn force_unlocked(&self, key: &[u8], token: u64) {
-        self.watchdog.force_unlocked(key, token);
-    }
-}
-
-// The client's calls are its executor's: `inner.run(..)`, `inner.config`.
-impl std::ops::Deref for Inner {
-    type Target = Executor;
-
-    fn deref(&self) -> &Executor {
-        &self.exec
+        self.watchdog.table.force_unlocked(key, token);
     }
 }
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.inner.config;
+        let c = &self.inner.exec.config;
         f.debug_struct("Client")
-            .field("id", &self.inner.id)
+            .field("id", &self.inner.exec.id)
             .field("url", &c.redacted_url)
             .field("key_prefix", &String::from_utf8_lossy(&c.key_prefix))
             .field("watchdog_timeout", &c.lease.watchdog())

@@ -45,7 +45,12 @@ impl<'a> Call<'a> {
     /// The command, packed for its client.
     fn packed(&self) -> Vec<u8> {
         match &self.what {
-            What::Script(call) => self.client.scripting.command(call).get_packed_command(),
+            What::Script(call) => self
+                .client
+                .exec
+                .scripting
+                .command(call)
+                .get_packed_command(),
             What::Plain(cmd) => cmd.get_packed_command(),
         }
     }
@@ -123,7 +128,7 @@ fn run_calls<T: FromRedisValue + Send>(
     for (i, call) in calls.iter().enumerate() {
         let client = Arc::as_ptr(call.client);
         if skip_failed {
-            if let Some((until, why)) = &*call.client.unreachable.lock() {
+            if let Some((until, why)) = &*call.client.exec.unreachable.lock() {
                 if *until > now {
                     results[i] = Some(Err(skipped(why)));
                     continue;
@@ -137,7 +142,7 @@ fn run_calls<T: FromRedisValue + Send>(
             lane.calls.push(i);
         } else if no_lane.contains(&client) {
             rest.push(i);
-        } else if let Some(conn) = call.client.idle_connection() {
+        } else if let Some(conn) = call.client.exec.idle_connection() {
             lanes.push(Lane {
                 conn,
                 calls: vec![i],
@@ -225,7 +230,7 @@ fn run_calls<T: FromRedisValue + Send>(
     let mut jobs: Vec<Vec<usize>> = Vec::new();
     for &i in &rest {
         let client = calls[i].client;
-        let shared = (!client.is_cluster())
+        let shared = (!client.exec.is_cluster())
             .then(|| {
                 jobs.iter_mut()
                     .find(|j| Arc::ptr_eq(calls[j[0]].client, client))
@@ -240,12 +245,15 @@ fn run_calls<T: FromRedisValue + Send>(
         let client = calls[job[0]].client;
         if let [i] = job {
             let call = &calls[*i];
-            return vec![client.run_until(Some(until), |con| match &call.what {
-                What::Script(script) => client.eval(con, script),
+            return vec![client.exec.run_until(Some(until), |con| match &call.what {
+                What::Script(script) => client.exec.eval(con, script),
                 What::Plain(cmd) => cmd.query(con),
             })];
         }
-        match client.run_until(Some(until), |con| together(con, calls, job)) {
+        match client
+            .exec
+            .run_until(Some(until), |con| together(con, calls, job))
+        {
             Ok(values) => values
                 .into_iter()
                 .map(|value| Ok(parse::<T>(value.extract_error()?)?))
@@ -286,7 +294,7 @@ fn run_calls<T: FromRedisValue + Send>(
         .map(|r| r.expect("every call has an outcome"))
         .collect();
     for (call, result) in calls.iter().zip(&results) {
-        let mut unreachable = call.client.unreachable.lock();
+        let mut unreachable = call.client.exec.unreachable.lock();
         match result {
             Ok(_) => *unreachable = None,
             Err(e) if is_unreachable(e) => {
@@ -413,7 +421,11 @@ fn together(con: &mut Con, calls: &[Call<'_>], job: &[usize]) -> redis::RedisRes
         };
         let mut again = false;
         for e in refusals.iter().filter(|e| scripts::is_setup_refusal(e)) {
-            if client.scripting.recover(con, e, &scripts, &mut recovered)? {
+            if client
+                .exec
+                .scripting
+                .recover(con, e, &scripts, &mut recovered)?
+            {
                 again = true;
                 break;
             }

@@ -4,7 +4,6 @@
 //! it needs of the client ([`Owner`]); the table wakes it through its alarm. Its timings
 //! are the client's lease policy (`lease.rs`).
 
-use std::ops::Deref;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
@@ -41,19 +40,11 @@ pub(crate) trait Owner: Send + Sync {
 
 /// A client's watchdog: the table of what this process holds, and the thread that renews
 /// it, checks the locks handed on and cleans up after doubtful attempts (started when
-/// first needed, and again if it died). The table's own operations are reached through it.
+/// first needed, and again if it died). The table's operations are called on `table`.
 pub(crate) struct Watchdog {
-    table: HoldTable,
+    pub(crate) table: HoldTable,
     // The running thread; the table's alarm holds the sender that wakes it.
     thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Deref for Watchdog {
-    type Target = HoldTable;
-
-    fn deref(&self) -> &HoldTable {
-        &self.table
-    }
 }
 
 impl Watchdog {
@@ -125,10 +116,10 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
                     next_round = Instant::now() + lease.renew_every();
                 }
                 // Published before the dues are read: one added in between nudges.
-                let watchdog = inner.watchdog();
-                *watchdog.alarm.planned.lock() = Some(next_round);
-                if let Some(due) = watchdog.next_due() {
-                    let mut planned = watchdog.alarm.planned.lock();
+                let table = &inner.watchdog().table;
+                *table.alarm.planned.lock() = Some(next_round);
+                if let Some(due) = table.next_due() {
+                    let mut planned = table.alarm.planned.lock();
                     *planned = planned.map(|p| p.min(due));
                 }
                 lease.chore_bound()
@@ -137,11 +128,11 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
         };
         let wake_at = client
             .upgrade()
-            .and_then(|inner| *inner.watchdog().alarm.planned.lock())
+            .and_then(|inner| *inner.watchdog().table.alarm.planned.lock())
             .unwrap_or(next_round);
         let woken = wake.recv_deadline(wake_at);
         if let Some(inner) = client.upgrade() {
-            *inner.watchdog().alarm.planned.lock() = None;
+            *inner.watchdog().table.alarm.planned.lock() = None;
         }
         match woken {
             Ok(()) => {
@@ -166,7 +157,7 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
         if full && !inner.has_handles() {
             // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
             // Their leases run out within a watchdog timeout.
-            inner.watchdog().abandon();
+            inner.watchdog().table.abandon();
             return;
         }
         // A bug in one round must not end renewals for every lock of the client.
@@ -185,8 +176,8 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
 /// Checks the locks this client handed on whose pickup window is over: a free lock with
 /// waiters goes to the next one (and is checked again after its window).
 fn kick_due(inner: &dyn Owner) {
-    let watchdog = inner.watchdog();
-    for kick in watchdog.due_kicks() {
+    let table = &inner.watchdog().table;
+    for kick in table.due_kicks() {
         // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
         let until = Instant::now() + inner.executor().config.lease.chore_bound();
@@ -198,13 +189,13 @@ fn kick_due(inner: &dyn Owner) {
                 .run_minding(Some(until), &mut extensions_meanwhile(inner), check);
         match result {
             // It handed the lock on again: check that handoff in its turn.
-            Ok((_, 1)) => watchdog.kick_again(kick, KICK_TRIES),
+            Ok((_, 1)) => table.kick_again(kick, KICK_TRIES),
             Ok(_) => {}
             Err(e) => {
                 log::debug!("redmutex: checking a handed-on lock failed: {e}");
                 let tries_left = kick.tries_left - 1;
                 if tries_left > 0 {
-                    watchdog.kick_again(kick, tries_left);
+                    table.kick_again(kick, tries_left);
                 }
             }
         }
@@ -216,9 +207,9 @@ fn kick_due(inner: &dyn Owner) {
 /// it finds fewer and changes nothing; if the thread released or re-took the lock since,
 /// the count no longer matches either. Only this thread's own field is ever touched.
 fn clean_doubtful(inner: &dyn Owner) {
-    let watchdog = inner.watchdog();
+    let table = &inner.watchdog().table;
     let batch: Vec<Doubtful> = {
-        let mut doubts = watchdog.doubts.lock();
+        let mut doubts = table.doubts.lock();
         doubts
             .iter_mut()
             .filter(|d| !d.in_flight && !d.paused)
@@ -243,10 +234,10 @@ fn clean_doubtful(inner: &dyn Owner) {
         ..
     } in batch
     {
-        let need = watchdog.need_ms(keys.hold(), token, watchdog_ms);
+        let need = table.need_ms(keys.hold(), token, watchdog_ms);
         // Never fewer levels than the thread holds now: a clean-up must not take one of
         // them, whatever the attempt was told (its thread cannot attempt meanwhile).
-        let expected = expected.max(watchdog.levels_now(keys.hold(), token));
+        let expected = expected.max(table.levels_now(keys.hold(), token));
         let until = Instant::now() + inner.executor().config.lease.chore_bound();
         let result = catch_unwind(AssertUnwindSafe(|| {
             let cancel = |con: &mut _| {
@@ -257,7 +248,7 @@ fn clean_doubtful(inner: &dyn Owner) {
                 .executor()
                 .run_minding(Some(until), &mut extensions_meanwhile(inner), cancel)
         }));
-        let mut doubts = watchdog.doubts.lock();
+        let mut doubts = table.doubts.lock();
         if let Some(at) = doubts.iter().position(|d| d.id == id) {
             let d = &mut doubts[at];
             d.in_flight = false;
@@ -283,10 +274,10 @@ fn clean_doubtful(inner: &dyn Owner) {
             }
         }
         drop(doubts);
-        watchdog.cleaned.notify_all();
+        table.cleaned.notify_all();
     }
     for keys in handed {
-        watchdog.schedule_kick(&keys);
+        table.schedule_kick(&keys);
     }
 }
 
@@ -320,12 +311,13 @@ fn extensions_meanwhile(inner: &dyn Owner) -> impl FnMut() + '_ {
 /// run nothing more).
 fn renew_round(inner: &dyn Owner, full: bool, nested: bool) {
     let watchdog_ms = inner.executor().config.lease.watchdog_ms();
+    let table = &inner.watchdog().table;
     let mut round = Round {
-        watchdog: inner.watchdog(),
-        watched: inner.watchdog().watched(full, watchdog_ms),
+        table,
+        watched: table.watched(full, watchdog_ms),
     };
     let mut waiters = if full {
-        inner.watchdog().waiters(&inner.executor().config.lease)
+        table.waiters(&inner.executor().config.lease)
     } else {
         Vec::new()
     };
@@ -413,6 +405,7 @@ fn renew_batch(
         .map(|(keys, _, holder, ttl)| (&**keys, holder.as_str(), *ttl));
     let call = calls::renew(&holds, entries);
     let sent = Instant::now();
+    let table = &inner.watchdog().table;
     let renew = |con: &mut _| {
         inner
             .executor()
@@ -425,10 +418,10 @@ fn renew_batch(
     match result {
         Ok((lost, gone)) => {
             // Those lost are forgotten below; the others are extended.
-            inner.watchdog().extended(batch, true);
+            table.extended(batch, true);
             telemetry::renewed(batch.len().saturating_sub(lost.len()));
             let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
-            inner.watchdog().confirmed(batch, sent, &lost_at);
+            table.confirmed(batch, sent, &lost_at);
             for i in lost {
                 let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                     continue;
@@ -439,7 +432,7 @@ fn renew_batch(
                 );
                 w.lost
                     .mark(w.lost.gone_reason(inner.executor().generation()));
-                inner.watchdog().forget_lost(w.keys.hold(), &w.lost);
+                table.forget_lost(w.keys.hold(), &w.lost);
             }
             for j in gone {
                 // Dropped from the queue (taken for dead while this client was
@@ -452,10 +445,10 @@ fn renew_batch(
         Err(e) => {
             log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
             telemetry::renewal_failed(batch.len(), &e);
-            inner.watchdog().extended(batch, false);
+            table.extended(batch, false);
         }
     }
-    inner.watchdog().renewed(batch);
+    table.renewed(batch);
 }
 
 /// The Redis Cluster slot of `key`.
@@ -479,12 +472,12 @@ fn hash_tag(key: &[u8]) -> &[u8] {
 /// One renewal round's snapshot. Dropping it ends the round for every hold in it, even if
 /// the round panicked: threads waiting for it must never wait forever.
 struct Round<'a> {
-    watchdog: &'a HoldTable,
+    table: &'a HoldTable,
     watched: Vec<Watched>,
 }
 
 impl Drop for Round<'_> {
     fn drop(&mut self) {
-        self.watchdog.renewed(&self.watched);
+        self.table.renewed(&self.watched);
     }
 }
