@@ -101,15 +101,12 @@ fn signal(child: &ChildProc, sig: libc::c_int) {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn fair_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    let name = std::env::var(NAME).expect("lock name for the child");
-    match role.as_str() {
-        "waiter" => waiter_process(&url, &name),
-        "thousand" => thousand_waiters(&url, &name),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_named_role(
+        ROLE,
+        URL,
+        NAME,
+        &[("waiter", waiter_process), ("thousand", thousand_waiters)],
+    );
 }
 
 /// Takes commands on stdin: `lock <tag> <hold ms>` starts a thread that takes the fair

@@ -527,13 +527,7 @@ fn a_watchdog_timeout_not_above_the_command_timeout_is_refused() {
 /// The child side of the fork test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    match role.as_str() {
-        "fork" => fork_holder(&url),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_role(ROLE, URL, &[("fork", fork_holder)]);
 }
 
 /// Exit status of the forked process when every lock call failed as it should.

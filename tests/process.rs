@@ -35,16 +35,16 @@ const STUCK: Duration = Duration::from_secs(30);
 /// The child side of every test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    match role.as_str() {
-        "counter" => counter_worker(&url),
-        "crash-holder" => crash_holder(&url),
-        "nested-holder" => nested_holder(&url),
-        "fenced-holder" => fenced_holder(&url),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_role(
+        ROLE,
+        URL,
+        &[
+            ("counter", counter_worker),
+            ("crash-holder", crash_holder),
+            ("nested-holder", nested_holder),
+            ("fenced-holder", fenced_holder),
+        ],
+    );
 }
 
 fn counter_worker(url: &str) {

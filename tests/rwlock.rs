@@ -229,15 +229,12 @@ fn rw_release_call(server: &RedisServer) -> String {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn rw_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    let name = std::env::var(NAME).expect("lock name for the child");
-    match role.as_str() {
-        "holder" => holder_process(&url, &name),
-        "streamer" => streamer_process(&url, &name),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_named_role(
+        ROLE,
+        URL,
+        NAME,
+        &[("holder", holder_process), ("streamer", streamer_process)],
+    );
 }
 
 fn spawn_child(role: &str, url: &str, name: &str, watchdog_ms: u64) -> ChildProc {

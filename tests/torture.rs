@@ -188,6 +188,16 @@ fn witness_key(name: &str) -> String {
     format!("{PREFIX}witness:{name}")
 }
 
+/// Counts one `what` in `name`'s witness record; an error is ignored, as everywhere in the
+/// workers (Redis may be frozen or its scripts flushed).
+fn tally(con: &mut redis::Connection, name: &str, what: &str) {
+    let _ = redis::cmd("HINCRBY")
+        .arg(witness_key(name))
+        .arg(what)
+        .arg(1)
+        .query::<i64>(con);
+}
+
 #[test]
 fn torture_entry() {
     let Some((role, url)) = support::child::entry(ROLE, URL) else {
@@ -311,27 +321,20 @@ impl<K: Kind> Worker<K> {
                     // Redis may be frozen or the scripts flushed: errors are retried,
                     // never fatal. What must never happen is a witnessed overlap.
                     let long = rng.is_multiple_of(LONG_EVERY);
+                    // Every other acquisition waits with the token the canceller may fire.
+                    let token = (rng & 2 == 0).then(|| tokens[t].lock().unwrap().clone());
+                    let cancellable = |token| redmutex::LockOptions::new().cancellable(token);
                     if (rng >> 20) & 7 == 0 {
-                        let owned = if rng & 2 == 0 {
-                            let token = tokens[t].lock().unwrap().clone();
-                            match lock
+                        let owned = match &token {
+                            Some(token) => lock
                                 .owned()
-                                .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
-                                .map(Option::unwrap)
-                            {
-                                Err(Error::Cancelled) => {
-                                    let _ = redis::cmd("HINCRBY")
-                                        .arg(witness_key(name))
-                                        .arg("cancelled")
-                                        .arg(1)
-                                        .query::<i64>(&mut con);
-                                    continue;
-                                }
-                                other => other,
-                            }
-                        } else {
-                            lock.owned().lock()
+                                .try_lock_with(cancellable(token))
+                                .map(Option::unwrap),
+                            None => lock.owned().lock(),
                         };
+                        if matches!(owned, Err(Error::Cancelled)) {
+                            tally(&mut con, name, "cancelled");
+                        }
                         let Ok(owned) = owned else { continue };
                         sections += 1;
                         let section = format!("{}:{t}:{sections}", std::process::id());
@@ -353,11 +356,7 @@ impl<K: Kind> Worker<K> {
                             let _ = call("enter", &mut con);
                             thread::yield_now();
                             let _ = call("exit", &mut con);
-                            let _ = redis::cmd("HINCRBY")
-                                .arg(witness_key(name))
-                                .arg("owned")
-                                .arg(1)
-                                .query::<i64>(&mut con);
+                            tally(&mut con, name, "owned");
                             if rng & 4 == 0 {
                                 let _ = owned.unlock();
                             } else {
@@ -368,25 +367,13 @@ impl<K: Kind> Worker<K> {
                         con = moved.join().expect("the owned section's thread");
                         continue;
                     }
-                    let outer = if rng & 2 == 0 {
-                        let token = tokens[t].lock().unwrap().clone();
-                        match lock
-                            .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
-                            .map(Option::unwrap)
-                        {
-                            Err(Error::Cancelled) => {
-                                let _ = redis::cmd("HINCRBY")
-                                    .arg(witness_key(name))
-                                    .arg("cancelled")
-                                    .arg(1)
-                                    .query::<i64>(&mut con);
-                                continue;
-                            }
-                            other => other,
-                        }
-                    } else {
-                        lock.lock()
+                    let outer = match &token {
+                        Some(token) => lock.try_lock_with(cancellable(token)).map(Option::unwrap),
+                        None => lock.lock(),
                     };
+                    if matches!(outer, Err(Error::Cancelled)) {
+                        tally(&mut con, name, "cancelled");
+                    }
                     let Ok(outer) = outer else { continue };
                     let inner = if long {
                         lock.try_lock_with(redmutex::LockOptions::new().lease(INNER_LEASE))

@@ -542,16 +542,16 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn upgradeable_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    let name = std::env::var(NAME).expect("lock name for the child");
-    match role.as_str() {
-        "upgrader" => upgrader_process(&url, &name),
-        "reader" => reader_process(&url, &name),
-        "holder" => crash_holder_process(&url, &name),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_named_role(
+        ROLE,
+        URL,
+        NAME,
+        &[
+            ("upgrader", upgrader_process),
+            ("reader", reader_process),
+            ("holder", crash_holder_process),
+        ],
+    );
 }
 
 fn spawn_child(role: &str, url: &str, name: &str) -> ChildProc {
