@@ -322,9 +322,7 @@ fn bad_input_changes_nothing() {
 /// exactly once.
 #[test]
 fn a_count_down_whose_reply_is_lost_counts_once() {
-    let server = RedisServer::new();
-    let proxy = support::FaultProxy::new(server.port());
-    let c = CLIENTS.at(&proxy.url());
+    let (server, proxy, c) = CLIENTS.serve_through_proxy();
     let latch = c.count_down_latch("lost");
     assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
     // Loaded already (by the set), so the fault hits the real call, not a load round.
@@ -387,9 +385,7 @@ fn large_counts_are_exact() {
 /// `true`, not "someone else set it", and the count is the one set.
 #[test]
 fn a_set_whose_reply_is_lost_answers_that_it_set() {
-    let server = RedisServer::new();
-    let proxy = support::FaultProxy::new(server.port());
-    let c = CLIENTS.at(&proxy.url());
+    let (server, proxy, c) = CLIENTS.serve_through_proxy();
     let latch = c.count_down_latch("lost-set");
     let sha = support::function_name(&server.url(), "latch_set");
     proxy.lose_next_reply_to(&sha);
