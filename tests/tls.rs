@@ -144,7 +144,7 @@ fn locks_work_over_tls_with_a_trusted_ca() {
 
 #[test]
 fn an_untrusted_certificate_is_refused() {
-    let Some((dir, server, tls_port)) = tls_server("an_untrusted_certificate_is_refused") else {
+    let Some((_dir, server, tls_port)) = tls_server("an_untrusted_certificate_is_refused") else {
         return;
     };
     // Another CA, which did not sign the server's certificate.
