@@ -279,15 +279,9 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     // This thread has no guard of the lock: answered locally, without touching the key.
     assert_eq!(lock.hold_count().unwrap(), 0);
     assert!(matches!(lock.is_locked(), Ok(true)));
-    let value: String = redis::cmd("GET")
-        .arg(Keys::lock(PREFIX, "taken").key())
-        .query(&mut con)
-        .unwrap();
+    let value: String = support::query_key(&mut con, "GET", Keys::lock(PREFIX, "taken").key());
     assert_eq!(value, "user data");
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(Keys::lock(PREFIX, "taken").key())
-        .query(&mut con)
-        .unwrap();
+    let ttl: i64 = support::query_key(&mut con, "TTL", Keys::lock(PREFIX, "taken").key());
     assert_eq!(ttl, -1, "no expiry was put on the user's key");
 }
 

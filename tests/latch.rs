@@ -170,10 +170,11 @@ fn setting_and_counting() {
         "counting already"
     );
     assert_eq!(latch.count().unwrap(), 2);
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(Keys::lock(PREFIX, "basics").latch())
-        .query(&mut server.connection())
-        .unwrap();
+    let pttl: i64 = support::query_key(
+        &mut server.connection(),
+        "PTTL",
+        Keys::lock(PREFIX, "basics").latch(),
+    );
     assert!(
         (29_000..=30_000).contains(&pttl),
         "the expiry the setter chose: {pttl}"
@@ -283,15 +284,9 @@ fn bad_input_changes_nothing() {
     assert!(latch.count_down().is_err());
     assert!(latch.count().is_err());
     assert!(latch.try_set_count(3, Duration::from_secs(1)).is_err());
-    let value: String = redis::cmd("GET")
-        .arg(Keys::lock(PREFIX, "bad").latch())
-        .query(&mut con)
-        .unwrap();
+    let value: String = support::query_key(&mut con, "GET", Keys::lock(PREFIX, "bad").latch());
     assert_eq!(value, "not a number");
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(Keys::lock(PREFIX, "bad").latch())
-        .query(&mut con)
-        .unwrap();
+    let pttl: i64 = support::query_key(&mut con, "PTTL", Keys::lock(PREFIX, "bad").latch());
     assert!(pttl > 50_000, "TTL untouched: {pttl}");
 
     // Numbers that are not Redis integers (a count is never rounded through a double).
@@ -309,10 +304,7 @@ fn bad_input_changes_nothing() {
             .unwrap();
         assert!(latch.count_down().is_err(), "count_down on {foreign:?}");
         assert!(latch.count().is_err(), "count of {foreign:?}");
-        let value: String = redis::cmd("GET")
-            .arg(Keys::lock(PREFIX, "bad").latch())
-            .query(&mut con)
-            .unwrap();
+        let value: String = support::query_key(&mut con, "GET", Keys::lock(PREFIX, "bad").latch());
         assert_eq!(value, foreign);
     }
 }
@@ -372,10 +364,11 @@ fn large_counts_are_exact() {
         );
         let info = c.inspect(format!("large-{i}")).unwrap();
         assert_eq!(info[0].count, Some(count - 2), "as inspect reports it");
-        let stored: String = redis::cmd("GET")
-            .arg(Keys::lock(PREFIX, &format!("large-{i}")).latch())
-            .query(&mut server.connection())
-            .unwrap();
+        let stored: String = support::query_key(
+            &mut server.connection(),
+            "GET",
+            Keys::lock(PREFIX, &format!("large-{i}")).latch(),
+        );
         assert_eq!(stored, (count - 2).to_string(), "as Redis holds it");
     }
 }

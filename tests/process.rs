@@ -333,10 +333,7 @@ fn fencing_tokens_stop_a_paused_holder_from_writing() {
         "A's unlock: {unlock}"
     );
     a.wait_success();
-    let data: String = redis::cmd("GET")
-        .arg("store:{data}")
-        .query(&mut con)
-        .unwrap();
+    let data: String = support::query_key(&mut con, "GET", "store:{data}");
     assert_eq!(data, "from B", "the stale holder's write was refused");
     assert!(b_client
         .fenced_lock("fenced")

@@ -228,10 +228,11 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
     thread::sleep(WATCHDOG * 3);
     assert!(!guard.is_lease_lost());
     for s in &servers {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(Keys::lock(PREFIX, "renewed").key())
-            .query(&mut s.connection())
-            .unwrap();
+        let pttl: i64 = support::query_key(
+            &mut s.connection(),
+            "PTTL",
+            Keys::lock(PREFIX, "renewed").key(),
+        );
         assert!(pttl > 0, "not renewed on a master: {pttl}");
     }
     assert!(red_lock(&others, "renewed").try_lock().unwrap().is_none());

@@ -139,10 +139,7 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
             }
             .expect("waiter");
             // Read at once: what a failover right now would find on the replica.
-            let pttl: i64 = redis::cmd("PTTL")
-                .arg(&key_in)
-                .query(&mut on_replica)
-                .unwrap();
+            let pttl: i64 = support::query_key(&mut on_replica, "PTTL", &key_in);
             let fields: Vec<String> = redis::cmd("HKEYS")
                 .arg(&key_in)
                 .query(&mut on_replica)

@@ -664,10 +664,8 @@ fn upgraded_holds_exclude_everyone_across_processes() {
         r.expect("done");
         r.wait_success();
     }
-    let w: HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(format!("witness:{{{name}}}"))
-        .query(&mut con)
-        .unwrap();
+    let w: HashMap<String, i64> =
+        support::query_key(&mut con, "HGETALL", format!("witness:{{{name}}}"));
     eprintln!("witness after {took:?}: {w:?}");
     assert_eq!(w.get("violations").copied().unwrap_or(0), 0, "{w:?}");
     assert_eq!(w["w_entries"], 2 * CHILD_ROUNDS as i64, "{w:?}");
@@ -1161,10 +1159,7 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
             let mut con = connect(&url);
             assert!(wait_until(SETUP, || queue(&mut con, name).len() == FAKES + 1));
             let q = queue(&mut con, name);
-            let ttl: i64 = redis::cmd("PTTL")
-                .arg(Keys::rw(PREFIX, name).queue())
-                .query(&mut con)
-                .unwrap();
+            let ttl: i64 = support::query_key(&mut con, "PTTL", Keys::rw(PREFIX, name).queue());
             release_r.send(()).unwrap();
             (q, ttl)
         })

@@ -817,6 +817,13 @@ fn script_text(script: &str) -> String {
     let released = include_str!("../../lua/leased_release.lua");
     let cancelled = include_str!("../../lua/leased_cancel.lua");
     let oom = include_str!("../../lua/allow_oom.lua");
+    // The bodies read-write locks and semaphores share, each on its own rules file.
+    let leased_op = |op: &str| match op {
+        "release" => released,
+        "cancel" => cancelled,
+        "kick" => kick,
+        _ => force,
+    };
     let parts: Vec<&str> = match script {
         "acquire" => vec![queue, include_str!("../../lua/acquire.lua")],
         "release" => vec![oom, queue, include_str!("../../lua/release.lua")],
@@ -824,20 +831,18 @@ fn script_text(script: &str) -> String {
         "kick" => vec![oom, queue, kick],
         "force_unlock" => vec![oom, queue, force],
         "rw_acquire" => vec![queue, leases, rw, include_str!("../../lua/rw_acquire.lua")],
-        "rw_release" => vec![oom, queue, leases, rw, released],
-        "rw_cancel" => vec![oom, queue, leases, rw, cancelled],
-        "rw_kick" => vec![oom, queue, leases, rw, kick],
-        "rw_force_unlock" => vec![oom, queue, leases, rw, force],
+        "rw_release" | "rw_cancel" | "rw_kick" | "rw_force_unlock" => {
+            vec![oom, queue, leases, rw, leased_op(&script["rw_".len()..])]
+        }
         "sem_acquire" => vec![
             queue,
             leases,
             sem,
             include_str!("../../lua/sem_acquire.lua"),
         ],
-        "sem_release" => vec![oom, queue, leases, sem, released],
-        "sem_cancel" => vec![oom, queue, leases, sem, cancelled],
-        "sem_kick" => vec![oom, queue, leases, sem, kick],
-        "sem_force_unlock" => vec![oom, queue, leases, sem, force],
+        "sem_release" | "sem_cancel" | "sem_kick" | "sem_force_unlock" => {
+            vec![oom, queue, leases, sem, leased_op(&script["sem_".len()..])]
+        }
         "sem_permits" => vec![
             queue,
             leases,
@@ -860,6 +865,19 @@ pub fn llen(con: &mut redis::Connection, key: &str) -> i64 {
 }
 
 /// Whether `key` exists.
+/// The answer of `command key` (`GET`, `PTTL`, `HGETALL`...): a test reading one key
+/// straight from Redis.
+pub fn query_key<T: redis::FromRedisValue>(
+    con: &mut redis::Connection,
+    command: &str,
+    key: impl redis::ToRedisArgs,
+) -> T {
+    redis::cmd(command)
+        .arg(key)
+        .query(con)
+        .unwrap_or_else(|e| panic!("{command}: {e}"))
+}
+
 pub fn exists(con: &mut redis::Connection, key: impl redis::ToRedisArgs) -> bool {
     redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
 }
