@@ -27,7 +27,7 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{connect, dispatch, median, percentile, unique_prefix};
+use common::{admin_connection, connect, dispatch, median, percentile, unique_prefix};
 
 /// Set in the re-executed child: which lock it contends with ("redmutex" or "naive").
 const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
@@ -937,9 +937,9 @@ struct Admin {
 
 impl Admin {
     fn new(url: &str) -> Admin {
-        let con = connect(url);
-        con.set_read_timeout(Some(STUCK)).expect("set read timeout");
-        Admin { con }
+        Admin {
+            con: admin_connection(url, STUCK),
+        }
     }
 
     fn redis_version(&mut self) -> String {

@@ -136,27 +136,18 @@ fn parent_main() {
         "{WAITERS_ENV} must be a multiple of {PROCESSES}"
     );
     let (url, server) = support::redis_url_or_spawn();
-    let mut admin = connect(&url);
-    admin
-        .set_read_timeout(Some(STUCK))
-        .expect("set read timeout");
+    let mut admin = admin_connection(&url, STUCK);
     let version = support::redis_version(&mut admin);
     let started = Instant::now();
 
-    let mut command = String::new();
-    for var in ["REDIS_URL", LOCKS_ENV, WAITERS_ENV] {
-        if let Ok(v) = std::env::var(var) {
-            let _ = write!(command, "{var}={v} ");
-        }
-    }
-    command.push_str("cargo bench --bench scale");
-    println!("command: {command}");
-    let origin = match &server {
-        Some(s) => format!("spawned, port {}", s.port()),
-        None => url.clone(),
-    };
-    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
-    println!("redis {version} ({origin}), {cpus} CPUs");
+    let on = run_on(
+        "scale",
+        &["REDIS_URL", LOCKS_ENV, WAITERS_ENV],
+        &url,
+        server.as_ref(),
+        &version,
+    );
+    println!("{on}");
 
     eprintln!("[1/2] {locks} watchdog locks held by one client ...");
     let many = many_holds(&url, locks);
