@@ -54,11 +54,7 @@ fn lease_lost_after_force_unlock_names_the_lock() {
 fn a_fixed_lease_run_out_names_the_lock_on_unlock_and_extend() {
     let server = RedisServer::new();
     let c = CLIENTS.prefix("en-fixed").at(&server.url());
-    let guard = c
-        .lock("report")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(300)))
-        .map(Option::unwrap)
-        .expect("lock");
+    let guard = support::leased(&c.lock("report"), Duration::from_millis(300), "lock");
     told_lost(&guard.lost(), "the lease runs out");
     let err = guard
         .extend(Duration::from_secs(1))

@@ -973,11 +973,11 @@ fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     let mut con = server.connection();
     let holder = CLIENTS.at(&server);
     let other = CLIENTS.at(&server);
-    let guard = holder
-        .fair_lock(LOCK)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(400)))
-        .map(Option::unwrap)
-        .expect("holder");
+    let guard = support::leased(
+        &holder.fair_lock(LOCK),
+        Duration::from_millis(400),
+        "holder",
+    );
     // A long watchdog timeout: the frozen waiter's queue entry must not lapse meanwhile.
     let mut w = spawn_waiter(&server, LOCK, 30_000);
     w.send("lock w 0");
@@ -1049,11 +1049,11 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     let mut con = server.connection();
     let scripts = |con: &mut redis::Connection| support::script_calls(&support::commandstats(con));
     // An earlier wait, against a short lease, handed over.
-    let guard = holder
-        .fair_lock("stale-timer")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(300)))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(
+        &holder.fair_lock("stale-timer"),
+        Duration::from_millis(300),
+        "acquire",
+    );
     let lock = waiter.fair_lock("stale-timer");
     let earlier = thread::spawn(move || lock.lock().map(|g| g.unlock()));
     await_queued(&mut con, "stale-timer", 1, "the first waiter");
@@ -1061,11 +1061,11 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     earlier.join().unwrap().unwrap().unwrap();
     // Its lease end is long past when the next wait starts, within the 5 s linger.
     thread::sleep(Duration::from_millis(400));
-    let guard = holder
-        .fair_lock("stale-timer")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(
+        &holder.fair_lock("stale-timer"),
+        Duration::from_secs(10),
+        "acquire",
+    );
     let before = scripts(&mut con);
     let lock = waiter.fair_lock("stale-timer");
     let (done, done_rx) = mpsc::channel();

@@ -25,11 +25,7 @@ fn redis_restarted_with_its_data_lost() {
     let holder = CLIENTS.watchdog(WATCHDOG).at(&server);
     let waiter = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = holder.lock("restart").lock().expect("lock");
-    let fixed = holder
-        .lock("fixed")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(60)))
-        .map(Option::unwrap)
-        .expect("lock fixed");
+    let fixed = support::leased(&holder.lock("fixed"), Duration::from_secs(60), "lock fixed");
 
     let (tx, acquired) = mpsc::channel();
     let lock = waiter.lock("restart");

@@ -50,11 +50,7 @@ fn child_entry() {
             .unwrap()
     };
     let (holder, waiter) = (build(), build());
-    let held = holder
-        .lock("busy")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
-        .map(Option::unwrap)
-        .unwrap();
+    let held = support::leased(&holder.lock("busy"), Duration::from_secs(30), "acquire");
     let lock = waiter.lock("busy");
     // Warm the pool and the scripts without waiting (no pub/sub thread yet).
     assert!(lock

@@ -865,6 +865,27 @@ pub fn llen(con: &mut redis::Connection, key: &str) -> i64 {
 }
 
 /// Whether `key` exists.
+/// `lock` taken for a fixed `lease`, waiting as long as it takes: how a test sets up a
+/// hold that runs out. `what` names the hold if the acquisition fails.
+pub fn leased<K: redmutex::Kind>(
+    lock: &redmutex::Lock<K>,
+    lease: Duration,
+    what: &str,
+) -> redmutex::LockGuard<K> {
+    lock.try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .expect(what)
+}
+
+/// The options of a hold for a fixed lease of `ms`, or (`None`) of a watchdog hold: the
+/// defaults, with which `try_lock_with` is `lock`.
+pub fn lease_or_watchdog(ms: Option<u64>) -> redmutex::LockOptions {
+    match ms {
+        Some(ms) => redmutex::LockOptions::new().lease(Duration::from_millis(ms)),
+        None => redmutex::LockOptions::new(),
+    }
+}
+
 /// The answer of `command key` (`GET`, `PTTL`, `HGETALL`...): a test reading one key
 /// straight from Redis.
 pub fn query_key<T: redis::FromRedisValue>(
