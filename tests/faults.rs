@@ -84,12 +84,12 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
     let other = c.lock("other");
 
     server.freeze();
-    let t = Instant::now();
-    let err = thread::spawn(move || other.try_lock().map(|g| g.is_some()))
-        .join()
-        .unwrap()
-        .expect_err("a frozen Redis cannot grant a lock");
-    let took = t.elapsed();
+    let (err, took) = support::timed(|| {
+        thread::spawn(move || other.try_lock().map(|g| g.is_some()))
+            .join()
+            .unwrap()
+            .expect_err("a frozen Redis cannot grant a lock")
+    });
     assert!(matches!(err, Error::Timeout { .. }), "got {err:?}");
     // try_lock is bounded: it waits 250 ms for the answer, less than the command timeout.
     assert!(
@@ -551,9 +551,7 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
         "the clean-up was never sent"
     );
     proxy.delay_requests_containing(&acquire, Duration::ZERO);
-    let started = Instant::now();
-    let second = lock.try_lock_for(Duration::from_millis(100));
-    let took = started.elapsed();
+    let (second, took) = support::timed(|| lock.try_lock_for(Duration::from_millis(100)));
     println!("try_lock_for(100ms) beside a stuck clean-up: {took:?}, {second:?}");
     // Its deadline (100 ms) + the 250 ms grace, with room for a loaded machine; waiting
     // for the clean-up takes the rest of its 3 s.

@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
@@ -82,13 +82,13 @@ fn child_entry() {
         std::thread::sleep(Duration::from_millis(300));
         busy.force_unlock()
     });
-    let t = Instant::now();
-    let second = lock.try_lock_with(
-        redmutex::LockOptions::new()
-            .wait_for(Duration::from_secs(5))
-            .lease(Duration::from_secs(1)),
-    );
-    let waited = t.elapsed();
+    let (second, waited) = support::timed(|| {
+        lock.try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::from_secs(5))
+                .lease(Duration::from_secs(1)),
+        )
+    });
     match second {
         Ok(Some(g)) if waited < Duration::from_secs(2) => {
             g.unlock().unwrap();

@@ -886,6 +886,13 @@ pub fn lease_or_watchdog(ms: Option<u64>) -> redmutex::LockOptions {
     }
 }
 
+/// What `f` returned, and how long it took.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed())
+}
+
 /// The answer of `command key` (`GET`, `PTTL`, `HGETALL`...): a test reading one key
 /// straight from Redis.
 pub fn query_key<T: redis::FromRedisValue>(
