@@ -65,11 +65,6 @@ use common::*;
 
 use support::child::{say, ChildProc};
 
-/// Set in a re-executed worker: "contend", "drain" or "floor".
-const ROLE_ENV: &str = "REDMUTEX_CONTENTION_ROLE";
-const KIND_ENV: &str = "REDMUTEX_CONTENTION_KIND";
-const URL_ENV: &str = "REDMUTEX_CONTENTION_URL";
-const PREFIX_ENV: &str = "REDMUTEX_CONTENTION_PREFIX";
 /// Seconds each kind contends (a float); 10 unless set.
 const SECS_ENV: &str = "REDMUTEX_CONTENTION_SECS";
 const DEFAULT_SECS: f64 = 10.0;
@@ -97,6 +92,7 @@ const LOCK_NAME: &str = "contended";
 /// Waits on other processes never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(30);
 
+/// A worker (its role, "contend", "drain" or "floor", in `ROLE_ENV`) or the parent.
 fn main() {
     dispatch(ROLE_ENV, child_main, parent_main);
 }

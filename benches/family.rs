@@ -54,11 +54,6 @@ use common::*;
 
 use support::child::{say, ChildProc};
 
-/// Set in a re-executed worker: "contend" or "floor".
-const ROLE_ENV: &str = "REDMUTEX_FAMILY_ROLE";
-const KIND_ENV: &str = "REDMUTEX_FAMILY_KIND";
-const URL_ENV: &str = "REDMUTEX_FAMILY_URL";
-const PREFIX_ENV: &str = "REDMUTEX_FAMILY_PREFIX";
 /// Seconds each contended kind runs (a float); 5 unless set.
 const SECS_ENV: &str = "REDMUTEX_FAMILY_SECS";
 const DEFAULT_SECS: f64 = 5.0;
@@ -150,6 +145,7 @@ const ALL_LUA: [&str; 18] = [
 /// One EVALSHA round trip for the floor child (a script that touches nothing).
 const NOOP: &str = "return 0";
 
+/// A worker (its role, "contend" or "floor", in `ROLE_ENV`) or the parent.
 fn main() {
     dispatch(ROLE_ENV, child_main, parent_main);
 }

@@ -27,12 +27,10 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{admin_connection, connect, dispatch, median, percentile, unique_prefix};
-
-/// Set in the re-executed child: which lock it contends with ("redmutex" or "naive").
-const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
-const URL_ENV: &str = "REDMUTEX_BENCH_URL";
-const PREFIX_ENV: &str = "REDMUTEX_BENCH_PREFIX";
+use common::{
+    admin_connection, connect, dispatch, median, percentile, unique_prefix, PREFIX_ENV, ROLE_ENV,
+    URL_ENV,
+};
 
 /// Operations per kind before any sample is kept: connections, scripts and caches warm up.
 const WARMUP_OPS: usize = 500;
@@ -63,6 +61,7 @@ const WATCHDOG_COMM: &str = "redmutex-watchd";
 /// Waits on another process's progress never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(15);
 
+/// A child (its role in `ROLE_ENV`: which lock it contends with ("redmutex" or "naive")) or the parent.
 fn main() {
     dispatch(ROLE_ENV, child_main, parent_main);
 }

@@ -38,10 +38,6 @@ use common::*;
 
 use support::child::say;
 
-const ROLE_ENV: &str = "REDMUTEX_SATURATION_ROLE";
-const KIND_ENV: &str = "REDMUTEX_SATURATION_KIND";
-const URL_ENV: &str = "REDMUTEX_SATURATION_URL";
-const PREFIX_ENV: &str = "REDMUTEX_SATURATION_PREFIX";
 const NAMES_ENV: &str = "REDMUTEX_SATURATION_NAMES";
 /// Seconds per run (a float); 3 unless set.
 const SECS_ENV: &str = "REDMUTEX_SATURATION_SECS";

@@ -43,10 +43,6 @@ use common::*;
 
 use support::child::{say, ChildProc};
 
-const ROLE_ENV: &str = "REDMUTEX_SCALE_ROLE";
-const KIND_ENV: &str = "REDMUTEX_SCALE_KIND";
-const URL_ENV: &str = "REDMUTEX_SCALE_URL";
-const PREFIX_ENV: &str = "REDMUTEX_SCALE_PREFIX";
 const THREADS_ENV: &str = "REDMUTEX_SCALE_THREADS";
 /// Locks held at once by the one client; 100,000 unless set.
 const LOCKS_ENV: &str = "REDMUTEX_SCALE_LOCKS";

@@ -14,6 +14,14 @@ use redmutex::Client;
 
 use crate::support::child::{say, ChildProc};
 
+/// What a bench's parent tells the workers it starts (its own binary, run again): the
+/// role (set only in a worker), the kind of lock, the server and the key prefix. Each
+/// bench's workers are its own, so one set of names serves every bench.
+pub const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
+pub const KIND_ENV: &str = "REDMUTEX_BENCH_KIND";
+pub const URL_ENV: &str = "REDMUTEX_BENCH_URL";
+pub const PREFIX_ENV: &str = "REDMUTEX_BENCH_PREFIX";
+
 pub fn least_most(counts: &[u64]) -> f64 {
     let most = counts.iter().copied().max().unwrap_or(0);
     let least = counts.iter().copied().min().unwrap_or(0);
