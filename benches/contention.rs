@@ -140,7 +140,7 @@ impl Kind {
 fn parent_main() {
     let secs = env_f64(SECS_ENV, DEFAULT_SECS);
     let (url, server) = support::redis_url_or_spawn();
-    let mut admin = Admin::new(&url);
+    let mut admin = Admin::new(&url, STUCK);
     let version = admin.redis_version();
     let started = Instant::now();
 
@@ -1059,29 +1059,8 @@ fn report(
 // ---------------------------------------------------------------------------------------
 // Shared helpers.
 
-/// The parent's one admin connection, also the one that takes the server snapshots.
-struct Admin {
-    con: redis::Connection,
-}
-
+/// What this bench asks of the server besides the common questions.
 impl Admin {
-    fn new(url: &str) -> Admin {
-        Admin {
-            con: admin_connection(url, STUCK),
-        }
-    }
-
-    fn redis_version(&mut self) -> String {
-        support::redis_version(&mut self.con)
-    }
-
-    fn calls(&mut self, cmd: &str) -> u64 {
-        support::commandstats(&mut self.con)
-            .get(cmd)
-            .copied()
-            .unwrap_or(0)
-    }
-
     fn llen(&mut self, key: &str) -> u64 {
         // A key of another type (none expected) counts as no queue.
         redis::cmd("LLEN")

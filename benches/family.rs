@@ -194,7 +194,7 @@ impl Kind {
 fn parent_main() {
     let secs = env_f64(SECS_ENV, DEFAULT_SECS);
     let (url, server) = support::redis_url_or_spawn();
-    let mut admin = Admin::new(&url);
+    let mut admin = Admin::new(&url, STUCK);
     let version = admin.redis_version();
     let started = Instant::now();
 
@@ -1010,22 +1010,8 @@ impl Stat {
     }
 }
 
-/// The parent's one admin connection, opened before any measurement.
-struct Admin {
-    con: redis::Connection,
-}
-
+/// What this bench asks of the server besides the common questions.
 impl Admin {
-    fn new(url: &str) -> Admin {
-        Admin {
-            con: admin_connection(url, STUCK),
-        }
-    }
-
-    fn redis_version(&mut self) -> String {
-        support::redis_version(&mut self.con)
-    }
-
     /// Calls and µs of server time per command (lowercase) since the server started, from
     /// `INFO commandstats`.
     fn commandstats(&mut self) -> HashMap<String, Stat> {

@@ -281,7 +281,7 @@ fn child_hold(url: &str, prefix: &str) {
     say(&format!("lingering_channels={channels}"));
     say(&format!("lingering_at_end={lingering}"));
     let names: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
-    let rss_before = rss_kib();
+    let rss_before = rss_kib().expect("VmRSS in /proc/self/status");
     let mem_before = used_memory(&mut admin);
 
     let t = Instant::now();
@@ -290,7 +290,7 @@ fn child_hold(url: &str, prefix: &str) {
         .map(|name| client.lock(name.as_str()).lock().expect("lock one of many"))
         .collect();
     let acquire_s = t.elapsed().as_secs_f64();
-    let rss_after = rss_kib();
+    let rss_after = rss_kib().expect("VmRSS in /proc/self/status");
     let mem_after = used_memory(&mut admin);
 
     // Idle rounds: from the end of one renewal round to the end of the IDLE_ROUNDS-th
@@ -315,7 +315,7 @@ fn child_hold(url: &str, prefix: &str) {
     say_hot("full", full);
     poller.last = poller.script_calls();
     poller.end_of_round();
-    let rss_idle = rss_kib();
+    let rss_idle = rss_kib().expect("VmRSS in /proc/self/status");
     let before = ServerSnapshot::take(&mut admin);
     let polls_before = poller.polls;
     let cpu_before = watchdog_cpu_ns();
@@ -482,17 +482,6 @@ fn hot(client: &Client) -> (u64, u64) {
     });
     let n = count.into_inner();
     (n, (median(&per_acq) * n as f64) as u64)
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .expect("VmRSS in /proc/self/status")
 }
 
 fn used_memory(con: &mut redis::Connection) -> u64 {

@@ -174,6 +174,43 @@ pub fn admin_connection(url: &str, stuck: Duration) -> redis::Connection {
     con
 }
 
+/// The parent's one admin connection, opened before any measurement so that its own setup
+/// is never counted (each bench adds the questions it asks).
+pub struct Admin {
+    pub con: redis::Connection,
+}
+
+impl Admin {
+    pub fn new(url: &str, stuck: Duration) -> Admin {
+        Admin {
+            con: admin_connection(url, stuck),
+        }
+    }
+
+    pub fn redis_version(&mut self) -> String {
+        crate::support::redis_version(&mut self.con)
+    }
+
+    /// Calls of `cmd` (lowercase) since the server started, from `INFO commandstats`.
+    pub fn calls(&mut self, cmd: &str) -> u64 {
+        crate::support::commandstats(&mut self.con)
+            .get(cmd)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// This process's resident memory, KiB, from /proc/self/status (Linux only).
+pub fn rss_kib() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+}
+
 /// A positive number from the environment variable `name`; `default` when it is unset.
 pub fn env_f64(name: &str, default: f64) -> f64 {
     match std::env::var(name) {
