@@ -120,12 +120,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        KINDS
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| {
-                panic!("{KIND_ENV}={s:?}: expected Lock, FairLock, naive or fair floor")
-            })
+        kind_named(&KINDS, Kind::name, s)
     }
 
     /// Whether it is one of redmutex's, run through a `redmutex::Client`.

@@ -174,10 +174,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        KINDS
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected read, Lock, Semaphore or naive"))
+        kind_named(&KINDS, Kind::name, s)
     }
 
     fn threads(self) -> usize {

@@ -77,10 +77,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        [Kind::Lock, Kind::Fair, Kind::Naive]
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected Lock, FairLock or naive"))
+        kind_named(&[Kind::Lock, Kind::Fair, Kind::Naive], Kind::name, s)
     }
 }
 

@@ -102,10 +102,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        KINDS
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected Lock or FairLock"))
+        kind_named(&KINDS, Kind::name, s)
     }
 }
 

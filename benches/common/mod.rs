@@ -211,6 +211,18 @@ pub fn rss_kib() -> Option<u64> {
         })
 }
 
+/// The one of `kinds` that `name` calls `s` (a worker's kind, sent in `KIND_ENV`).
+pub fn kind_named<K: Copy>(kinds: &[K], name: fn(K) -> &'static str, s: &str) -> K {
+    kinds
+        .iter()
+        .copied()
+        .find(|&k| name(k) == s)
+        .unwrap_or_else(|| {
+            let names: Vec<&str> = kinds.iter().map(|&k| name(k)).collect();
+            panic!("{KIND_ENV}={s:?}: expected one of {names:?}")
+        })
+}
+
 /// A positive number from the environment variable `name`; `default` when it is unset.
 pub fn env_f64(name: &str, default: f64) -> f64 {
     match std::env::var(name) {
