@@ -713,6 +713,17 @@ enum Handle {
     Fair(redmutex::FairLock),
 }
 
+/// Takes `lock`, holds it for `HOLD` and releases it: when it was acquired and when the
+/// release began (CLOCK_MONOTONIC ns). `what` names the call if it fails.
+fn hold_once<K: redmutex::Kind>(lock: &redmutex::Lock<K>, what: &str) -> (u64, u64) {
+    let g = lock.lock().expect(what);
+    let acquired = mono_ns();
+    thread::sleep(HOLD);
+    let releasing = mono_ns();
+    g.unlock().expect("unlock");
+    (acquired, releasing)
+}
+
 fn child_wait(kind: Kind, url: &str, prefix: &str) {
     let threads = env_usize(THREADS_ENV, 1);
     let client = bench_client(url, prefix);
@@ -737,22 +748,8 @@ fn child_wait(kind: Kind, url: &str, prefix: &str) {
                     };
                     let once = || -> (u64, u64) {
                         match &handle {
-                            Handle::Lock(l) => {
-                                let g = l.lock().expect("Lock::lock");
-                                let acquired = mono_ns();
-                                thread::sleep(HOLD);
-                                let releasing = mono_ns();
-                                g.unlock().expect("unlock");
-                                (acquired, releasing)
-                            }
-                            Handle::Fair(l) => {
-                                let g = l.lock().expect("FairLock::lock");
-                                let acquired = mono_ns();
-                                thread::sleep(HOLD);
-                                let releasing = mono_ns();
-                                g.unlock().expect("unlock");
-                                (acquired, releasing)
-                            }
+                            Handle::Lock(l) => hold_once(l, "Lock::lock"),
+                            Handle::Fair(l) => hold_once(l, "FairLock::lock"),
                         }
                     };
                     {
