@@ -753,17 +753,7 @@ fn unlock_force_frees_every_kind_status_shows_held() {
     // is refused; two kinds side by side are what an earlier version could leave, made
     // here by moving the read-write lock's keys aside while the lock is taken.)
     let _w = c.read_write_lock("both").write_lock().lock().unwrap();
-    let err = c.lock("both").lock().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            redmutex::Error::WrongKind {
-                in_use: "read-write lock",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    support::assert_wrong_kind(c.lock("both").lock(), "read-write lock");
     let mut con = server.connection();
     let moved = [
         (

@@ -198,17 +198,7 @@ fn setting_and_counting() {
     );
     // A name is one kind at a time: no lock of the name while its latch counts, and no
     // latch set while its lock is held (tests/kinds.rs has every pair).
-    let err = c.lock("basics").lock().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            redmutex::Error::WrongKind {
-                in_use: "count-down latch",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    support::assert_wrong_kind(c.lock("basics").lock(), "count-down latch");
     assert_eq!(latch.count_down().unwrap(), 0);
     let guard = c.lock("basics").lock().unwrap();
     assert!(latch.try_set_count(1, Duration::from_secs(30)).is_err());

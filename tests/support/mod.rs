@@ -886,6 +886,16 @@ pub fn lease_or_watchdog(ms: Option<u64>) -> redmutex::LockOptions {
     }
 }
 
+/// `result` is the refusal of a call on a name in use by another kind, `in_use`.
+pub fn assert_wrong_kind<T: std::fmt::Debug>(result: Result<T, redmutex::Error>, in_use: &str) {
+    match result {
+        Err(redmutex::Error::WrongKind { in_use: got, .. }) => {
+            assert_eq!(got, in_use, "the kind in use")
+        }
+        other => panic!("expected WrongKind ({in_use} in use), got {other:?}"),
+    }
+}
+
 /// What `f` returned, and how long it took.
 pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let start = Instant::now();
