@@ -111,10 +111,7 @@ impl RedisServer {
             .map(|v| parse_port("--tls-port", v))
             .filter(|&p| p != 0);
         let password = arg_value(&extra, "--requirepass").map(str::to_string);
-        let dir = tempfile::Builder::new()
-            .prefix("redmutex-redis-")
-            .tempdir()
-            .expect("create temp dir for redis-server");
+        let dir = temp_dir("redis");
 
         let mut server = RedisServer {
             child: None,
@@ -817,6 +814,9 @@ fn script_text(script: &str) -> String {
     let released = include_str!("../../lua/leased_release.lua");
     let cancelled = include_str!("../../lua/leased_cancel.lua");
     let oom = include_str!("../../lua/allow_oom.lua");
+    // A read-write lock's or semaphore's script: the queue's and the leases' rules, the
+    // kind's own, then the body.
+    let leased_kind = |rules, body| vec![queue, leases, rules, body];
     // The bodies read-write locks and semaphores share, each on its own rules file.
     let leased_op = |op: &str| match op {
         "release" => released,
@@ -830,25 +830,15 @@ fn script_text(script: &str) -> String {
         "cancel" => vec![oom, queue, include_str!("../../lua/cancel.lua")],
         "kick" => vec![oom, queue, kick],
         "force_unlock" => vec![oom, queue, force],
-        "rw_acquire" => vec![queue, leases, rw, include_str!("../../lua/rw_acquire.lua")],
+        "rw_acquire" => leased_kind(rw, include_str!("../../lua/rw_acquire.lua")),
         "rw_release" | "rw_cancel" | "rw_kick" | "rw_force_unlock" => {
             vec![oom, queue, leases, rw, leased_op(&script["rw_".len()..])]
         }
-        "sem_acquire" => vec![
-            queue,
-            leases,
-            sem,
-            include_str!("../../lua/sem_acquire.lua"),
-        ],
+        "sem_acquire" => leased_kind(sem, include_str!("../../lua/sem_acquire.lua")),
         "sem_release" | "sem_cancel" | "sem_kick" | "sem_force_unlock" => {
             vec![oom, queue, leases, sem, leased_op(&script["sem_".len()..])]
         }
-        "sem_permits" => vec![
-            queue,
-            leases,
-            sem,
-            include_str!("../../lua/sem_permits.lua"),
-        ],
+        "sem_permits" => leased_kind(sem, include_str!("../../lua/sem_permits.lua")),
         "renew" => vec![oom, include_str!("../../lua/renew.lua")],
         "inspect" => vec![include_str!("../../lua/inspect.lua")],
         "latch_set" => vec![latch, include_str!("../../lua/latch_set.lua")],
@@ -884,6 +874,14 @@ pub fn lease_or_watchdog(ms: Option<u64>) -> redmutex::LockOptions {
         Some(ms) => redmutex::LockOptions::new().lease(Duration::from_millis(ms)),
         None => redmutex::LockOptions::new(),
     }
+}
+
+/// A fresh directory for a server process (`what`), removed when dropped.
+pub fn temp_dir(what: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("redmutex-{what}-"))
+        .tempdir()
+        .unwrap_or_else(|e| panic!("create temp dir for {what}: {e}"))
 }
 
 /// `result` is the refusal of a call on a name in use by another kind, `in_use`.

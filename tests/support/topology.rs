@@ -98,10 +98,7 @@ impl Sentinel {
     /// `sentinel monitor ...` lines); retries on another port when a parallel test took
     /// the one probed free.
     fn spawn(body: &str) -> Sentinel {
-        let dir = tempfile::Builder::new()
-            .prefix("redmutex-sentinel-")
-            .tempdir()
-            .expect("create temp dir for a sentinel");
+        let dir = super::temp_dir("sentinel");
         let mut sentinel = Sentinel {
             child: None,
             pid: 0,
