@@ -339,33 +339,22 @@ impl RedisServer {
         let log = self.log_path();
         let log_start = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         let bin = self.bin.clone().unwrap_or_else(server_binary);
-        // A file rather than null keeps test output quiet without losing
-        // argument errors, which Redis prints before the log file exists.
-        let stderr = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.stderr_path())
-            .expect("open redis-server stderr file");
-        let mut child = Command::new(&bin)
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .arg("--logfile")
-            .arg(&log)
-            .args(["--daemonize", "no"])
-            .args(["--protected-mode", "no"])
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run {bin:?} (set REDIS_SERVER_BIN to override): {e}")
-            });
+        let mut child = spawn_server(
+            Command::new(&bin)
+                .arg("--port")
+                .arg(self.port.to_string())
+                .args(["--bind", "127.0.0.1"])
+                .args(["--save", ""])
+                .args(["--appendonly", "no"])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .arg("--logfile")
+                .arg(&log)
+                .args(["--daemonize", "no"])
+                .args(["--protected-mode", "no"])
+                .args(&self.extra),
+            &self.stderr_path(),
+        );
 
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
@@ -874,6 +863,22 @@ pub fn lease_or_watchdog(ms: Option<u64>) -> redmutex::LockOptions {
         Some(ms) => redmutex::LockOptions::new().lease(Duration::from_millis(ms)),
         None => redmutex::LockOptions::new(),
     }
+}
+
+/// Starts `cmd`, a server binary, with no stdin or stdout and its stderr appended to
+/// `stderr_path`: a file rather than null keeps test output quiet without losing argument
+/// errors, which Redis prints before its log file exists.
+fn spawn_server(cmd: &mut Command, stderr_path: &Path) -> Child {
+    let stderr = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stderr_path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", stderr_path.display()));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (set REDIS_SERVER_BIN to override): {e}"))
 }
 
 /// A fresh directory for a server process (`what`), removed when dropped.
