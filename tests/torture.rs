@@ -240,20 +240,8 @@ fn torture_entry() {
             fair.spawn(&client, &url, &tokens, 0..THREADS)
         }
         Ok("rw") => {
-            let read = Worker {
-                make: |c, name| c.read_write_lock(name).read_lock(),
-                tag: |_| "r".to_owned(),
-                owned_tag: |_| "r".to_owned(),
-                witness: RW_WITNESS,
-                key: |name| Keys::rw(PREFIX, name).key(),
-            };
-            let write = Worker {
-                make: |c, name| c.read_write_lock(name).write_lock(),
-                tag: |_| "w".to_owned(),
-                owned_tag: |_| "w".to_owned(),
-                witness: RW_WITNESS,
-                key: |name| Keys::rw(PREFIX, name).key(),
-            };
+            let read = Worker::rw_side(|c, name| c.read_write_lock(name).read_lock());
+            let write = Worker::rw_side(|c, name| c.read_write_lock(name).write_lock());
             let mut threads = read.spawn(&client, &url, &tokens, 0..THREADS / 2);
             threads.extend(write.spawn(&client, &url, &tokens, THREADS / 2..THREADS));
             threads
@@ -271,6 +259,32 @@ fn torture_entry() {
     };
     for t in threads {
         let _ = t.join();
+    }
+}
+
+/// A side of the read-write locks, as the witness tags its holds (ARGV[4]).
+trait Side: Kind {
+    const TAG: &'static str;
+}
+
+impl Side for redmutex::Read {
+    const TAG: &'static str = "r";
+}
+
+impl Side for redmutex::Write {
+    const TAG: &'static str = "w";
+}
+
+impl<K: Side> Worker<K> {
+    /// The workers of one side of the read-write locks, `make` taking that side.
+    fn rw_side(make: fn(&Client, &'static str) -> Lock<K>) -> Worker<K> {
+        Worker {
+            make,
+            tag: |_| K::TAG.to_owned(),
+            owned_tag: |_| K::TAG.to_owned(),
+            witness: RW_WITNESS,
+            key: |name| Keys::rw(PREFIX, name).key(),
+        }
     }
 }
 
