@@ -760,7 +760,7 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
         ];
         let mut slowest = Duration::ZERO;
         for (what, attempt) in attempts {
-            let (r, took) = support::timed(|| attempt());
+            let (r, took) = support::timed(attempt);
             slowest = slowest.max(took);
             assert!(
                 matches!(r, Err(Error::WouldDeadlock { .. })),

@@ -103,9 +103,14 @@ pub fn entry(role_var: &str, url_var: &str) -> Option<(String, String)> {
     Some((role, url))
 }
 
+/// A child's body, by its role: given the server URL.
+pub type Role = (&'static str, fn(&str));
+/// The same for children that also take a lock name: given the URL and the name.
+pub type NamedRole = (&'static str, fn(&str, &str));
+
 /// A child entry's body: runs the function `roles` gives for the role the parent set (with
 /// the server URL); nothing in a normal run. An unknown role fails the child.
-pub fn run_role(role_var: &str, url_var: &str, roles: &[(&str, fn(&str))]) {
+pub fn run_role(role_var: &str, url_var: &str, roles: &[Role]) {
     let Some((role, url)) = entry(role_var, url_var) else {
         return;
     };
@@ -114,12 +119,7 @@ pub fn run_role(role_var: &str, url_var: &str, roles: &[(&str, fn(&str))]) {
 }
 
 /// [`run_role`] for children that also take a lock name (from `name_var`).
-pub fn run_named_role(
-    role_var: &str,
-    url_var: &str,
-    name_var: &str,
-    roles: &[(&str, fn(&str, &str))],
-) {
+pub fn run_named_role(role_var: &str, url_var: &str, name_var: &str, roles: &[NamedRole]) {
     let Some((role, url)) = entry(role_var, url_var) else {
         return;
     };
