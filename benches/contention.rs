@@ -65,11 +65,6 @@ use common::*;
 
 use support::child::{say, ChildProc};
 
-/// Set in a re-executed worker: "contend", "drain" or "floor".
-const ROLE_ENV: &str = "REDMUTEX_CONTENTION_ROLE";
-const KIND_ENV: &str = "REDMUTEX_CONTENTION_KIND";
-const URL_ENV: &str = "REDMUTEX_CONTENTION_URL";
-const PREFIX_ENV: &str = "REDMUTEX_CONTENTION_PREFIX";
 /// Seconds each kind contends (a float); 10 unless set.
 const SECS_ENV: &str = "REDMUTEX_CONTENTION_SECS";
 const DEFAULT_SECS: f64 = 10.0;
@@ -97,6 +92,7 @@ const LOCK_NAME: &str = "contended";
 /// Waits on other processes never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(30);
 
+/// A worker (its role, "contend", "drain" or "floor", in `ROLE_ENV`) or the parent.
 fn main() {
     dispatch(ROLE_ENV, child_main, parent_main);
 }
@@ -124,12 +120,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        KINDS
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| {
-                panic!("{KIND_ENV}={s:?}: expected Lock, FairLock, naive or fair floor")
-            })
+        kind_named(&KINDS, Kind::name, s)
     }
 
     /// Whether it is one of redmutex's, run through a `redmutex::Client`.
@@ -142,33 +133,21 @@ impl Kind {
 // Parent.
 
 fn parent_main() {
-    let secs = match std::env::var(SECS_ENV) {
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 && s.is_finite() => s,
-            _ => panic!("{SECS_ENV}={v:?}: expected a positive number of seconds"),
-        },
-        Err(_) => DEFAULT_SECS,
-    };
+    let secs = env_f64(SECS_ENV, DEFAULT_SECS);
     let (url, server) = support::redis_url_or_spawn();
-    let mut admin = Admin::new(&url);
+    let mut admin = Admin::new(&url, STUCK);
     let version = admin.redis_version();
     let started = Instant::now();
 
-    let mut command = String::new();
-    for var in ["REDIS_URL", SECS_ENV, SPIN_ENV] {
-        if let Ok(v) = std::env::var(var) {
-            let _ = write!(command, "{var}={v} ");
-        }
-    }
-    command.push_str("cargo bench --bench contention");
-    println!("command: {command}");
-    let origin = match &server {
-        Some(s) => format!("spawned, port {}", s.port()),
-        None => url.clone(),
-    };
-    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+    let on = run_on(
+        "contention",
+        &["REDIS_URL", SECS_ENV, SPIN_ENV],
+        &url,
+        server.as_ref(),
+        &version,
+    );
     println!(
-        "redis {version} ({origin}), {cpus} CPUs; contention {secs} s per kind ({SECS_ENV}); \
+        "{on}; contention {secs} s per kind ({SECS_ENV}); \
          critical section: {}",
         hold_name()
     );
@@ -239,38 +218,17 @@ fn floors(url: &str) -> Floor {
 
 struct Contention {
     kind: Kind,
-    /// Per process: (acquired, release started) in CLOCK_MONOTONIC ns.
-    events: Vec<Vec<(u64, u64)>>,
-    start: u64,
+    acquired: Acquisitions,
     /// What the run cost Redis, from `go` to the last worker's exit.
     cost: ServerCost,
 }
 
 impl Contention {
-    fn counts(&self) -> Vec<u64> {
-        self.events.iter().map(|e| e.len() as u64).collect()
-    }
-
-    fn total(&self) -> u64 {
-        self.counts().iter().sum()
-    }
-
-    /// From the start to the last release.
-    fn seconds(&self) -> f64 {
-        let end = self
-            .events
-            .iter()
-            .flatten()
-            .map(|&(_, rel)| rel)
-            .max()
-            .unwrap_or(self.start);
-        end.saturating_sub(self.start) as f64 / 1e9
-    }
-
     /// Every acquisition in time order with its process.
     fn timeline(&self) -> Vec<(u64, u64, usize)> {
         let mut all: Vec<(u64, u64, usize)> = self
-            .events
+            .acquired
+            .by_process
             .iter()
             .enumerate()
             .flat_map(|(p, e)| e.iter().map(move |&(a, r)| (a, r, p)))
@@ -299,7 +257,7 @@ impl Contention {
 
 fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Contention {
     let prefix = unique_prefix("contention", &format!("contend-{}", kind.name()));
-    let mut children = spawn_workers(
+    let children = spawn_workers(
         PROCESSES,
         ROLE_ENV,
         "contend",
@@ -313,18 +271,16 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Contention {
         c.expect("ready");
     }
     let before = ServerSnapshot::take(&mut admin.con);
-    let (start, _) = start_window(&mut children, secs);
-    let deadline = Duration::from_secs_f64(secs) + STUCK;
-    let events = collect_events(
+    let acquired = Acquisitions::run(
         children,
-        deadline,
+        secs,
+        STUCK,
         &format!("a {} contention worker hung", kind.name()),
     );
     let cost = ServerSnapshot::take(&mut admin.con).since(&before);
     Contention {
         kind,
-        events,
-        start,
+        acquired,
         cost,
     }
 }
@@ -736,23 +692,21 @@ fn report(
     let col = |f: &dyn Fn(&Contention) -> String| -> Vec<String> {
         KINDS.iter().map(|&k| f(by_kind(k))).collect()
     };
-    t.row(
-        "acquisitions/s",
-        col(&|c| f1(c.total() as f64 / c.seconds())),
-    );
-    t.row("acquisitions", col(&|c| c.total().to_string()));
+    t.row("acquisitions/s", col(&|c| f1(c.acquired.rate())));
+    t.row("acquisitions", col(&|c| c.acquired.total().to_string()));
     t.row(
         "per process",
         col(&|c| {
-            c.counts()
+            c.acquired
+                .counts()
                 .iter()
                 .map(u64::to_string)
                 .collect::<Vec<_>>()
                 .join("/")
         }),
     );
-    t.row("least/most", col(&|c| f2(least_most(&c.counts()))));
-    t.row("Jain index", col(&|c| f3(jain(&c.counts()))));
+    t.row("least/most", col(&|c| f2(least_most(&c.acquired.counts()))));
+    t.row("Jain index", col(&|c| f3(jain(&c.acquired.counts()))));
     t.row(
         "handoffs to another process",
         col(&|c| {
@@ -776,7 +730,7 @@ fn report(
         "overlapping holds (must be 0)",
         col(&|c| c.handoffs().2.to_string()),
     );
-    let cost = |k: Kind| (&by_kind(k).cost, by_kind(k).total());
+    let cost = |k: Kind| (&by_kind(k).cost, by_kind(k).acquired.total());
     server_cost_rows_vs(
         &mut t,
         &KINDS.map(cost),
@@ -799,7 +753,7 @@ fn report(
             out,
             "  {:<10} {}",
             c.kind.name(),
-            c.cost.breakdown(c.total())
+            c.cost.breakdown(c.acquired.total())
         );
     }
 
@@ -915,24 +869,24 @@ fn report(
     let (lock_cross, _, _) = lock.handoffs();
     let fair_p50 = percentile(&fair_cross, 0.50);
     let lock_p50 = percentile(&lock_cross, 0.50);
-    let rate = |c: &Contention| c.total() as f64 / c.seconds();
+    let rate = |c: &Contention| c.acquired.rate();
 
     let mut t = Targets::default();
     t.check(
         "FairLock least/most",
-        f2(least_most(&fair.counts())),
+        f2(least_most(&fair.acquired.counts())),
         ">= 0.95",
-        least_most(&fair.counts()) >= 0.95,
+        least_most(&fair.acquired.counts()) >= 0.95,
         "issue 18",
     );
     t.check(
         "FairLock Jain index",
-        f3(jain(&fair.counts())),
+        f3(jain(&fair.acquired.counts())),
         ">= 0.99",
-        jain(&fair.counts()) >= 0.99,
+        jain(&fair.acquired.counts()) >= 0.99,
         "",
     );
-    let fair_req = fair.cost.requests_per(fair.total());
+    let fair_req = fair.cost.requests_per(fair.acquired.total());
     t.check(
         "FairLock requests/acq",
         f2(fair_req),
@@ -940,11 +894,11 @@ fn report(
         fair_req <= 2.2,
         "",
     );
-    let naive_cpu = naive.cost.cpu_per(naive.total());
+    let naive_cpu = naive.cost.cpu_per(naive.acquired.total());
     let fair_floor = by_kind(Kind::FairFloor);
-    let fair_floor_cpu = fair_floor.cost.cpu_per(fair_floor.total());
+    let fair_floor_cpu = fair_floor.cost.cpu_per(fair_floor.acquired.total());
     for c in [lock, fair] {
-        let cpu = c.cost.cpu_per(c.total());
+        let cpu = c.cost.cpu_per(c.acquired.total());
         t.check(
             &format!("{} Redis CPU µs/acq", c.kind.name()),
             f1(cpu),
@@ -971,7 +925,7 @@ fn report(
             fair_floor_cpu / (1.2 * naive_cpu)
         ),
     );
-    let lock_req = lock.cost.requests_per(lock.total());
+    let lock_req = lock.cost.requests_per(lock.acquired.total());
     t.check(
         "Lock requests/acq",
         f2(lock_req),
@@ -1011,9 +965,9 @@ fn report(
     );
     t.check(
         "Lock least/most",
-        f2(least_most(&lock.counts())),
+        f2(least_most(&lock.acquired.counts())),
         ">= 0.8",
-        least_most(&lock.counts()) >= 0.8,
+        least_most(&lock.acquired.counts()) >= 0.8,
         "issue 18",
     );
     t.check(
@@ -1071,8 +1025,8 @@ fn report(
             let c = by_kind(k);
             plot::Series {
                 name: k.name(),
-                per_second: c.total() as f64 / c.seconds(),
-                least_most: least_most(&c.counts()),
+                per_second: c.acquired.rate(),
+                least_most: least_most(&c.acquired.counts()),
                 handoffs: c.handoffs().0,
             }
         })
@@ -1100,29 +1054,8 @@ fn report(
 // ---------------------------------------------------------------------------------------
 // Shared helpers.
 
-/// The parent's one admin connection, also the one that takes the server snapshots.
-struct Admin {
-    con: redis::Connection,
-}
-
+/// What this bench asks of the server besides the common questions.
 impl Admin {
-    fn new(url: &str) -> Admin {
-        let con = connect(url);
-        con.set_read_timeout(Some(STUCK)).expect("set read timeout");
-        Admin { con }
-    }
-
-    fn redis_version(&mut self) -> String {
-        support::redis_version(&mut self.con)
-    }
-
-    fn calls(&mut self, cmd: &str) -> u64 {
-        support::commandstats(&mut self.con)
-            .get(cmd)
-            .copied()
-            .unwrap_or(0)
-    }
-
     fn llen(&mut self, key: &str) -> u64 {
         // A key of another type (none expected) counts as no queue.
         redis::cmd("LLEN")

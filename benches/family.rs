@@ -54,11 +54,6 @@ use common::*;
 
 use support::child::{say, ChildProc};
 
-/// Set in a re-executed worker: "contend" or "floor".
-const ROLE_ENV: &str = "REDMUTEX_FAMILY_ROLE";
-const KIND_ENV: &str = "REDMUTEX_FAMILY_KIND";
-const URL_ENV: &str = "REDMUTEX_FAMILY_URL";
-const PREFIX_ENV: &str = "REDMUTEX_FAMILY_PREFIX";
 /// Seconds each contended kind runs (a float); 5 unless set.
 const SECS_ENV: &str = "REDMUTEX_FAMILY_SECS";
 const DEFAULT_SECS: f64 = 5.0;
@@ -150,6 +145,7 @@ const ALL_LUA: [&str; 18] = [
 /// One EVALSHA round trip for the floor child (a script that touches nothing).
 const NOOP: &str = "return 0";
 
+/// A worker (its role, "contend" or "floor", in `ROLE_ENV`) or the parent.
 fn main() {
     dispatch(ROLE_ENV, child_main, parent_main);
 }
@@ -178,10 +174,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        KINDS
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected read, Lock, Semaphore or naive"))
+        kind_named(&KINDS, Kind::name, s)
     }
 
     fn threads(self) -> usize {
@@ -196,33 +189,21 @@ impl Kind {
 // Parent.
 
 fn parent_main() {
-    let secs = match std::env::var(SECS_ENV) {
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 && s.is_finite() => s,
-            _ => panic!("{SECS_ENV}={v:?}: expected a positive number of seconds"),
-        },
-        Err(_) => DEFAULT_SECS,
-    };
+    let secs = env_f64(SECS_ENV, DEFAULT_SECS);
     let (url, server) = support::redis_url_or_spawn();
-    let mut admin = Admin::new(&url);
+    let mut admin = Admin::new(&url, STUCK);
     let version = admin.redis_version();
     let started = Instant::now();
 
-    let mut command = String::new();
-    for var in ["REDIS_URL", SECS_ENV] {
-        if let Ok(v) = std::env::var(var) {
-            let _ = write!(command, "{var}={v} ");
-        }
-    }
-    command.push_str("cargo bench --bench family");
-    println!("command: {command}");
-    let origin = match &server {
-        Some(s) => format!("spawned, port {}", s.port()),
-        None => url.clone(),
-    };
-    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+    let on = run_on(
+        "family",
+        &["REDIS_URL", SECS_ENV],
+        &url,
+        server.as_ref(),
+        &version,
+    );
     println!(
-        "redis {version} ({origin}), {cpus} CPUs; contention {secs} s per kind ({SECS_ENV}); \
+        "{on}; contention {secs} s per kind ({SECS_ENV}); \
          critical section: thread::sleep(1 ms)"
     );
 
@@ -509,9 +490,7 @@ fn floors(url: &str) -> Floor {
 
 struct Run {
     kind: Kind,
-    /// Per process: (acquired, release started) in CLOCK_MONOTONIC ns.
-    events: Vec<Vec<(u64, u64)>>,
-    start: u64,
+    acquired: Acquisitions,
     /// Calls per command during the run (`INFO commandstats` deltas; INFO left out).
     calls: HashMap<String, u64>,
     /// EVALSHA and EVAL during the run: calls and Redis's time running the scripts.
@@ -521,30 +500,6 @@ struct Run {
 }
 
 impl Run {
-    fn counts(&self) -> Vec<u64> {
-        self.events.iter().map(|e| e.len() as u64).collect()
-    }
-
-    fn total(&self) -> u64 {
-        self.counts().iter().sum()
-    }
-
-    /// From the start to the last release.
-    fn seconds(&self) -> f64 {
-        let end = self
-            .events
-            .iter()
-            .flatten()
-            .map(|&(_, rel)| rel)
-            .max()
-            .unwrap_or(self.start);
-        end.saturating_sub(self.start) as f64 / 1e9
-    }
-
-    fn rate(&self) -> f64 {
-        self.total() as f64 / self.seconds()
-    }
-
     fn scripts(&self) -> u64 {
         ["fcall", "evalsha", "eval"]
             .iter()
@@ -553,7 +508,7 @@ impl Run {
     }
 
     fn scripts_per_acq(&self) -> f64 {
-        self.scripts() as f64 / self.total().max(1) as f64
+        self.scripts() as f64 / self.acquired.total().max(1) as f64
     }
 
     /// Commands the clients sent (`top`) or scripts ran (not `top`), by name.
@@ -571,7 +526,7 @@ impl Run {
 
     fn per_acq(&self, top: bool) -> f64 {
         let n: u64 = self.calls_of(top).iter().map(|&(_, n)| n).sum();
-        n as f64 / self.total().max(1) as f64
+        n as f64 / self.acquired.total().max(1) as f64
     }
 
     fn calls_summary(&self, top: bool) -> String {
@@ -587,7 +542,7 @@ impl Run {
     fn concurrency(&self) -> (i64, f64) {
         let mut edges: Vec<(u64, i64)> = Vec::new();
         let mut held_ns = 0u64;
-        for &(a, r) in self.events.iter().flatten() {
+        for &(a, r) in self.acquired.by_process.iter().flatten() {
             edges.push((a, 1));
             edges.push((r, -1));
             held_ns += r.saturating_sub(a);
@@ -599,7 +554,7 @@ impl Run {
             now += d;
             max = max.max(now);
         }
-        let mean = held_ns as f64 / 1e9 / self.seconds();
+        let mean = held_ns as f64 / 1e9 / self.acquired.seconds();
         (max, mean)
     }
 }
@@ -624,11 +579,10 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
     }
     let before = admin.commandstats();
     let cost_from = ServerSnapshot::take(&mut admin.con);
-    let (start, _) = start_window(&mut children, secs);
-    let deadline = Duration::from_secs_f64(secs) + STUCK;
-    let events = collect_events(
+    let acquired = Acquisitions::run(
         children,
-        deadline,
+        secs,
+        STUCK,
         &format!("a {} worker hung", kind.name()),
     );
     let cost = ServerSnapshot::take(&mut admin.con).since(&cost_from);
@@ -646,8 +600,7 @@ fn contend(url: &str, kind: Kind, secs: f64, admin: &mut Admin) -> Run {
     }
     Run {
         kind,
-        events,
-        start,
+        acquired,
         calls,
         scripts,
         cost,
@@ -852,21 +805,22 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
     );
     let mut t = Grid::new(&["", "read-write (read)", "Lock", "Semaphore(4)", "naive"]);
     let col = |f: &dyn Fn(&Run) -> String| -> Vec<String> { runs.iter().map(f).collect() };
-    t.row("acquisitions/s", col(&|r| f1(r.rate())));
-    t.row("acquisitions", col(&|r| r.total().to_string()));
-    t.row("  over s", col(&|r| f2(r.seconds())));
+    t.row("acquisitions/s", col(&|r| f1(r.acquired.rate())));
+    t.row("acquisitions", col(&|r| r.acquired.total().to_string()));
+    t.row("  over s", col(&|r| f2(r.acquired.seconds())));
     t.row(
         "per process",
         col(&|r| {
-            r.counts()
+            r.acquired
+                .counts()
                 .iter()
                 .map(u64::to_string)
                 .collect::<Vec<_>>()
                 .join("/")
         }),
     );
-    t.row("least/most", col(&|r| f2(least_most(&r.counts()))));
-    t.row("Jain index", col(&|r| f3(jain(&r.counts()))));
+    t.row("least/most", col(&|r| f2(least_most(&r.acquired.counts()))));
+    t.row("Jain index", col(&|r| f3(jain(&r.acquired.counts()))));
     t.row("scripts / acq", col(&|r| f2(r.scripts_per_acq())));
     t.row("requests / acq (all sent)", col(&|r| f2(r.per_acq(true))));
     t.row(
@@ -881,7 +835,7 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
     t.row("Redis µs / script", col(&|r| f1(r.scripts.usec_per_call())));
     t.row(
         "Redis busy in scripts",
-        col(&|r| format!("{:.0}%", r.scripts.usec as f64 / 1e4 / r.seconds())),
+        col(&|r| format!("{:.0}%", r.scripts.usec as f64 / 1e4 / r.acquired.seconds())),
     );
     t.row(
         "ceiling acquisitions/s",
@@ -897,9 +851,9 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
         &mut t,
         &runs
             .iter()
-            .map(|r| (&r.cost, r.total()))
+            .map(|r| (&r.cost, r.acquired.total()))
             .collect::<Vec<_>>(),
-        Some((&naive.cost, naive.total())),
+        Some((&naive.cost, naive.acquired.total())),
     );
     let _ = write!(out, "{}", t.render());
     let _ = writeln!(
@@ -924,7 +878,7 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
             out,
             "  {:<9} {}",
             r.kind.name(),
-            r.cost.breakdown(r.total())
+            r.cost.breakdown(r.acquired.total())
         );
     }
 
@@ -941,7 +895,7 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
     );
 
     let mut t = Targets::default();
-    let speedup = read.rate() / lock.rate();
+    let speedup = read.acquired.rate() / lock.acquired.rate();
     t.check(
         "read throughput / Lock throughput",
         format!("{speedup:.2}x"),
@@ -949,8 +903,8 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
         speedup >= 3.0,
         &format!(
             "{:.1}/s vs {:.1}/s; ceilings {:.1}/s vs {:.1}/s = {:.2}x",
-            read.rate(),
-            lock.rate(),
+            read.acquired.rate(),
+            lock.acquired.rate(),
             read_ceiling,
             mutex_ceiling,
             read_ceiling / mutex_ceiling
@@ -994,8 +948,8 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
         out,
         "  readers      {:.1}/s = {:.0}% of their ceiling {:.1}/s; at most {} of 8 held at once, \
          {:.2} on average",
-        read.rate(),
-        100.0 * read.rate() / read_ceiling,
+        read.acquired.rate(),
+        100.0 * read.acquired.rate() / read_ceiling,
         read_ceiling,
         read.concurrency().0,
         read.concurrency().1,
@@ -1004,11 +958,11 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
         out,
         "  Semaphore(4) {:.1}/s = {:.0}% of its ceiling {:.1}/s; per process least/most {:.2}, \
          Jain {:.3}",
-        sem.rate(),
-        100.0 * sem.rate() / sem_ceiling,
+        sem.acquired.rate(),
+        100.0 * sem.acquired.rate() / sem_ceiling,
         sem_ceiling,
-        least_most(&sem.counts()),
-        jain(&sem.counts()),
+        least_most(&sem.acquired.counts()),
+        jain(&sem.acquired.counts()),
     );
     let _ = writeln!(out, "whole bench took {:.1} s", elapsed.as_secs_f64());
     print!("{out}");
@@ -1053,22 +1007,8 @@ impl Stat {
     }
 }
 
-/// The parent's one admin connection, opened before any measurement.
-struct Admin {
-    con: redis::Connection,
-}
-
+/// What this bench asks of the server besides the common questions.
 impl Admin {
-    fn new(url: &str) -> Admin {
-        let con = connect(url);
-        con.set_read_timeout(Some(STUCK)).expect("set read timeout");
-        Admin { con }
-    }
-
-    fn redis_version(&mut self) -> String {
-        support::redis_version(&mut self.con)
-    }
-
     /// Calls and µs of server time per command (lowercase) since the server started, from
     /// `INFO commandstats`.
     fn commandstats(&mut self) -> HashMap<String, Stat> {

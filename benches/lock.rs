@@ -14,7 +14,7 @@
 //! It prints a table with PASS/FAIL per target and exits 0 either way: it measures, it
 //! does not gate. Command-line arguments (cargo's `--bench`, filters) are ignored.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -27,12 +27,10 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use common::{connect, dispatch, median, percentile, unique_prefix};
-
-/// Set in the re-executed child: which lock it contends with ("redmutex" or "naive").
-const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
-const URL_ENV: &str = "REDMUTEX_BENCH_URL";
-const PREFIX_ENV: &str = "REDMUTEX_BENCH_PREFIX";
+use common::{
+    connect, dispatch, median, percentile, rss_kib, unique_prefix, Admin, PREFIX_ENV, ROLE_ENV,
+    URL_ENV,
+};
 
 /// Operations per kind before any sample is kept: connections, scripts and caches warm up.
 const WARMUP_OPS: usize = 500;
@@ -63,6 +61,7 @@ const WATCHDOG_COMM: &str = "redmutex-watchd";
 /// Waits on another process's progress never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(15);
 
+/// A child (its role in `ROLE_ENV`: which lock it contends with ("redmutex" or "naive")) or the parent.
 fn main() {
     dispatch(ROLE_ENV, child_main, parent_main);
 }
@@ -72,7 +71,7 @@ fn main() {
 
 fn parent_main() {
     let (url, _server) = support::redis_url_or_spawn();
-    let mut admin = Admin::new(&url);
+    let mut admin = Admin::new(&url, STUCK);
     let version = admin.redis_version();
     let started = Instant::now();
 
@@ -875,7 +874,7 @@ fn many_locks(url: &str, admin: &mut Admin) -> Many {
         .command_timeout(MANY_WATCHDOG_TIMEOUT / 3)
         .build()
         .expect("build client");
-    let rss_before_kib = rss_kib();
+    let rss_before_kib = rss_kib().unwrap_or(0);
     let locks: Vec<redmutex::Lock> = (0..MANY_LOCKS)
         .map(|i| client.lock(format!("many:{i}")))
         .collect();
@@ -885,7 +884,7 @@ fn many_locks(url: &str, admin: &mut Admin) -> Many {
         .map(|l| l.lock().expect("lock one of many"))
         .collect();
     let acquire_time = t.elapsed();
-    let rss_after_kib = rss_kib();
+    let rss_after_kib = rss_kib().unwrap_or(0);
     let watchdog_threads = watchdog_threads();
     let pubsub_connections = admin.pubsub_connections().saturating_sub(pubsub_before);
 
@@ -916,45 +915,11 @@ fn watchdog_threads() -> usize {
         .count()
 }
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 // ---------------------------------------------------------------------------------------
 // Shared helpers.
 
-/// One admin connection, opened before any snapshot so its own setup is never counted.
-struct Admin {
-    con: redis::Connection,
-}
-
+/// What this bench asks of the server besides the common questions.
 impl Admin {
-    fn new(url: &str) -> Admin {
-        let con = connect(url);
-        con.set_read_timeout(Some(STUCK)).expect("set read timeout");
-        Admin { con }
-    }
-
-    fn redis_version(&mut self) -> String {
-        support::redis_version(&mut self.con)
-    }
-
-    /// Calls per command since the server started, from `INFO commandstats`.
-    fn commandstats(&mut self) -> HashMap<String, u64> {
-        support::commandstats(&mut self.con)
-    }
-
-    fn calls(&mut self, cmd: &str) -> u64 {
-        self.commandstats().get(cmd).copied().unwrap_or(0)
-    }
-
     /// Waiters in a lock's queue.
     fn queued(&mut self, queue: &str) -> u64 {
         redis::cmd("LLEN")

@@ -88,14 +88,7 @@ fn main() {
         "p99 µs",
     ]);
     let prefix = unique_prefix("redlock", "wake");
-    let holders: Vec<Client> = urls
-        .iter()
-        .map(|u| common::bench_client(u, &prefix))
-        .collect();
-    let waiters: Vec<Client> = urls
-        .iter()
-        .map(|u| common::bench_client(u, &prefix))
-        .collect();
+    let (holders, waiters) = (clients_of(&urls, &prefix), clients_of(&urls, &prefix));
     let us = wakeups(
         || MultiLock::red_lock(holders.iter().map(|c| c.lock("w"))).unwrap(),
         || MultiLock::red_lock(waiters.iter().map(|c| c.lock("w"))).unwrap(),
@@ -125,15 +118,19 @@ const COST_CHUNKS: usize = 5;
 const COST_PAIRS_PER_CHUNK: usize = 300;
 const NAIVE_LEASE_MS: u64 = 30_000;
 
+/// A client of each master, all with `prefix`.
+fn clients_of(urls: &[String], prefix: &str) -> Vec<Client> {
+    urls.iter()
+        .map(|u| common::bench_client(u, prefix))
+        .collect()
+}
+
 /// What an uncontended pair costs the Redis servers, summed over the masters (issue 18):
 /// the RedLock and a naive RedLock (`SET NX PX` on each master in turn, then a
 /// compare-and-delete on each), and on one master a plain lock and the naive lock.
 fn server_cost(urls: &[String]) {
     let prefix = unique_prefix("redlock", "cost");
-    let clients: Vec<Client> = urls
-        .iter()
-        .map(|u| common::bench_client(u, &prefix))
-        .collect();
+    let clients = clients_of(urls, &prefix);
     let red = MultiLock::red_lock(clients.iter().map(|c| c.lock("cost"))).unwrap();
     let single = clients[0].lock("cost-single");
     let mut cons: Vec<redis::Connection> = urls.iter().map(|u| connect(u)).collect();
@@ -209,10 +206,7 @@ fn server_cost(urls: &[String]) {
 
 fn pairs(urls: &[String], title: &str, (warmup, rounds, per_round): (usize, usize, usize)) {
     let prefix = unique_prefix("redlock", "pair");
-    let clients: Vec<Client> = urls
-        .iter()
-        .map(|u| common::bench_client(u, &prefix))
-        .collect();
+    let clients = clients_of(urls, &prefix);
     let red = MultiLock::red_lock(clients.iter().map(|c| c.lock("uncontended"))).unwrap();
     let single = clients[0].lock("uncontended-single");
     let ping = redis::cmd("PING").get_packed_command();

@@ -38,10 +38,6 @@ use common::*;
 
 use support::child::say;
 
-const ROLE_ENV: &str = "REDMUTEX_SATURATION_ROLE";
-const KIND_ENV: &str = "REDMUTEX_SATURATION_KIND";
-const URL_ENV: &str = "REDMUTEX_SATURATION_URL";
-const PREFIX_ENV: &str = "REDMUTEX_SATURATION_PREFIX";
 const NAMES_ENV: &str = "REDMUTEX_SATURATION_NAMES";
 /// Seconds per run (a float); 3 unless set.
 const SECS_ENV: &str = "REDMUTEX_SATURATION_SECS";
@@ -81,20 +77,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        [Kind::Lock, Kind::Fair, Kind::Naive]
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected Lock, FairLock or naive"))
-    }
-}
-
-fn env_f64(name: &str, default: f64) -> f64 {
-    match std::env::var(name) {
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s > 0.0 && s.is_finite() => s,
-            _ => panic!("{name}={v:?}: expected a positive number"),
-        },
-        Err(_) => default,
+        kind_named(&[Kind::Lock, Kind::Fair, Kind::Naive], Kind::name, s)
     }
 }
 
@@ -145,28 +128,19 @@ fn parent_main() {
     let passes = env_f64(PASSES_ENV, DEFAULT_PASSES) as usize;
     let poll_ms = env_f64(POLL_ENV, DEFAULT_POLL_MS);
     let (url, server) = support::redis_url_or_spawn();
-    let mut admin = connect(&url);
-    admin
-        .set_read_timeout(Some(STUCK))
-        .expect("set read timeout");
+    let mut admin = admin_connection(&url, STUCK);
     let version = support::redis_version(&mut admin);
     let started = Instant::now();
 
-    let mut command = String::new();
-    for var in ["REDIS_URL", SECS_ENV, PASSES_ENV, POLL_ENV] {
-        if let Ok(v) = std::env::var(var) {
-            let _ = write!(command, "{var}={v} ");
-        }
-    }
-    command.push_str("cargo bench --bench saturation");
-    println!("command: {command}");
-    let origin = match &server {
-        Some(s) => format!("spawned, port {}", s.port()),
-        None => url.clone(),
-    };
-    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+    let on = run_on(
+        "saturation",
+        &["REDIS_URL", SECS_ENV, PASSES_ENV, POLL_ENV],
+        &url,
+        server.as_ref(),
+        &version,
+    );
     println!(
-        "redis {version} ({origin}), {cpus} CPUs; {PROCESSES} processes x {THREADS} threads, \
+        "{on}; {PROCESSES} processes x {THREADS} threads, \
          lock -> unlock (no hold), {secs} s per run, {passes} passes (figures summed); \
          naive polls every {poll_ms} ms"
     );

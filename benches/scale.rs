@@ -43,10 +43,6 @@ use common::*;
 
 use support::child::{say, ChildProc};
 
-const ROLE_ENV: &str = "REDMUTEX_SCALE_ROLE";
-const KIND_ENV: &str = "REDMUTEX_SCALE_KIND";
-const URL_ENV: &str = "REDMUTEX_SCALE_URL";
-const PREFIX_ENV: &str = "REDMUTEX_SCALE_PREFIX";
 const THREADS_ENV: &str = "REDMUTEX_SCALE_THREADS";
 /// Locks held at once by the one client; 100,000 unless set.
 const LOCKS_ENV: &str = "REDMUTEX_SCALE_LOCKS";
@@ -106,10 +102,7 @@ impl Kind {
     }
 
     fn parse(s: &str) -> Kind {
-        KINDS
-            .into_iter()
-            .find(|k| k.name() == s)
-            .unwrap_or_else(|| panic!("{KIND_ENV}={s:?}: expected Lock or FairLock"))
+        kind_named(&KINDS, Kind::name, s)
     }
 }
 
@@ -136,27 +129,18 @@ fn parent_main() {
         "{WAITERS_ENV} must be a multiple of {PROCESSES}"
     );
     let (url, server) = support::redis_url_or_spawn();
-    let mut admin = connect(&url);
-    admin
-        .set_read_timeout(Some(STUCK))
-        .expect("set read timeout");
+    let mut admin = admin_connection(&url, STUCK);
     let version = support::redis_version(&mut admin);
     let started = Instant::now();
 
-    let mut command = String::new();
-    for var in ["REDIS_URL", LOCKS_ENV, WAITERS_ENV] {
-        if let Ok(v) = std::env::var(var) {
-            let _ = write!(command, "{var}={v} ");
-        }
-    }
-    command.push_str("cargo bench --bench scale");
-    println!("command: {command}");
-    let origin = match &server {
-        Some(s) => format!("spawned, port {}", s.port()),
-        None => url.clone(),
-    };
-    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
-    println!("redis {version} ({origin}), {cpus} CPUs");
+    let on = run_on(
+        "scale",
+        &["REDIS_URL", LOCKS_ENV, WAITERS_ENV],
+        &url,
+        server.as_ref(),
+        &version,
+    );
+    println!("{on}");
 
     eprintln!("[1/2] {locks} watchdog locks held by one client ...");
     let many = many_holds(&url, locks);
@@ -294,7 +278,7 @@ fn child_hold(url: &str, prefix: &str) {
     say(&format!("lingering_channels={channels}"));
     say(&format!("lingering_at_end={lingering}"));
     let names: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
-    let rss_before = rss_kib();
+    let rss_before = rss_kib().expect("VmRSS in /proc/self/status");
     let mem_before = used_memory(&mut admin);
 
     let t = Instant::now();
@@ -303,7 +287,7 @@ fn child_hold(url: &str, prefix: &str) {
         .map(|name| client.lock(name.as_str()).lock().expect("lock one of many"))
         .collect();
     let acquire_s = t.elapsed().as_secs_f64();
-    let rss_after = rss_kib();
+    let rss_after = rss_kib().expect("VmRSS in /proc/self/status");
     let mem_after = used_memory(&mut admin);
 
     // Idle rounds: from the end of one renewal round to the end of the IDLE_ROUNDS-th
@@ -328,7 +312,7 @@ fn child_hold(url: &str, prefix: &str) {
     say_hot("full", full);
     poller.last = poller.script_calls();
     poller.end_of_round();
-    let rss_idle = rss_kib();
+    let rss_idle = rss_kib().expect("VmRSS in /proc/self/status");
     let before = ServerSnapshot::take(&mut admin);
     let polls_before = poller.polls;
     let cpu_before = watchdog_cpu_ns();
@@ -495,17 +479,6 @@ fn hot(client: &Client) -> (u64, u64) {
     });
     let n = count.into_inner();
     (n, (median(&per_acq) * n as f64) as u64)
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .expect("VmRSS in /proc/self/status")
 }
 
 fn used_memory(con: &mut redis::Connection) -> u64 {
@@ -740,6 +713,17 @@ enum Handle {
     Fair(redmutex::FairLock),
 }
 
+/// Takes `lock`, holds it for `HOLD` and releases it: when it was acquired and when the
+/// release began (CLOCK_MONOTONIC ns). `what` names the call if it fails.
+fn hold_once<K: redmutex::Kind>(lock: &redmutex::Lock<K>, what: &str) -> (u64, u64) {
+    let g = lock.lock().expect(what);
+    let acquired = mono_ns();
+    thread::sleep(HOLD);
+    let releasing = mono_ns();
+    g.unlock().expect("unlock");
+    (acquired, releasing)
+}
+
 fn child_wait(kind: Kind, url: &str, prefix: &str) {
     let threads = env_usize(THREADS_ENV, 1);
     let client = bench_client(url, prefix);
@@ -764,22 +748,8 @@ fn child_wait(kind: Kind, url: &str, prefix: &str) {
                     };
                     let once = || -> (u64, u64) {
                         match &handle {
-                            Handle::Lock(l) => {
-                                let g = l.lock().expect("Lock::lock");
-                                let acquired = mono_ns();
-                                thread::sleep(HOLD);
-                                let releasing = mono_ns();
-                                g.unlock().expect("unlock");
-                                (acquired, releasing)
-                            }
-                            Handle::Fair(l) => {
-                                let g = l.lock().expect("FairLock::lock");
-                                let acquired = mono_ns();
-                                thread::sleep(HOLD);
-                                let releasing = mono_ns();
-                                g.unlock().expect("unlock");
-                                (acquired, releasing)
-                            }
+                            Handle::Lock(l) => hold_once(l, "Lock::lock"),
+                            Handle::Fair(l) => hold_once(l, "FairLock::lock"),
                         }
                     };
                     {

@@ -309,10 +309,7 @@ fn a_blocked_multilock_is_cancelled_at_once_and_the_next_waiter_served() {
     );
     // The member it did get in its rounds was given back each time.
     let mut con = server.connection();
-    let exists: bool = redis::cmd("EXISTS")
-        .arg(format!("{PREFIX}{{multi-2}}"))
-        .query(&mut con)
-        .unwrap();
+    let exists: bool = support::query_key(&mut con, "EXISTS", format!("{PREFIX}{{multi-2}}"));
     assert!(!exists, "the cancelled MultiLock kept a member");
 }
 

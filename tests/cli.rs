@@ -116,9 +116,9 @@ fn a_held_lock_gives_75_at_once_with_no_wait_and_at_the_bound_with_wait() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("busy is held"));
     assert!(took < Duration::from_millis(500), "--no-wait took {took:?}");
 
-    let t = Instant::now();
-    let out = output(redmutex(&server).args(["run", "--wait", "300ms", "busy", "--", "true"]));
-    let took = t.elapsed();
+    let (out, took) = support::timed(|| {
+        output(redmutex(&server).args(["run", "--wait", "300ms", "busy", "--", "true"]))
+    });
     assert_eq!(out.status.code(), Some(75));
     assert!(
         took >= Duration::from_millis(300) && took < Duration::from_millis(1200),
@@ -753,17 +753,7 @@ fn unlock_force_frees_every_kind_status_shows_held() {
     // is refused; two kinds side by side are what an earlier version could leave, made
     // here by moving the read-write lock's keys aside while the lock is taken.)
     let _w = c.read_write_lock("both").write_lock().lock().unwrap();
-    let err = c.lock("both").lock().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            redmutex::Error::WrongKind {
-                in_use: "read-write lock",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    support::assert_wrong_kind(c.lock("both").lock(), "read-write lock");
     let mut con = server.connection();
     let moved = [
         (

@@ -52,8 +52,7 @@ impl Holding {
             .spawn()
             .unwrap();
         let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
+        let line = next_line(&mut out);
         let name = args.last().unwrap();
         assert_eq!(line, format!("held {name}\n"));
         Holding { child, _out: out }
@@ -83,6 +82,13 @@ impl Drop for Holding {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The next line `out` gives (with its newline).
+fn next_line(out: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    line
 }
 
 #[test]
@@ -252,8 +258,7 @@ fn after_a_second_of_waiting_it_says_who_holds_the_lock_unless_quiet() {
         .spawn()
         .unwrap();
     let mut err = BufReader::new(run.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
+    let line = next_line(&mut err);
     let said_after = started.elapsed();
     eprintln!("the note came {said_after:?} after the start: {line}");
     assert!(
@@ -382,10 +387,7 @@ fn status_and_list_show_the_holders_host_pid_command_and_since() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(holding.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = next_line(&mut BufReader::new(holding.stdout.take().unwrap()));
     assert_eq!(line, "held owned\n");
     let status = |json: bool| {
         let mut cmd = bare();
@@ -492,10 +494,7 @@ fn a_user_name_over_a_kibibyte_is_cut_and_the_command_runs() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut said = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut said)
-            .unwrap();
+        let said = next_line(&mut BufReader::new(child.stdout.take().unwrap()));
         let info = (said == format!("held {name}\n"))
             .then(|| c.inspect(name).unwrap().into_iter().next())
             .flatten();

@@ -67,13 +67,13 @@ fn a_server_that_never_answers_is_reported_within_the_connect_timeout() {
         &["run", "x", "--", "true"],
         &["run", "--no-wait", "x", "--", "true"],
     ] {
-        let started = Instant::now();
-        let out = output(
-            bare()
-                .args(["--url", &url, "--connect-timeout", "800ms"])
-                .args(args),
-        );
-        let took = started.elapsed();
+        let (out, took) = support::timed(|| {
+            output(
+                bare()
+                    .args(["--url", &url, "--connect-timeout", "800ms"])
+                    .args(args),
+            )
+        });
         eprintln!("{args:?}: silent server, reported after {took:?} (--connect-timeout 800ms)");
         assert_eq!(out.status.code(), Some(69), "{args:?}: {}", stderr(&out));
         // `--no-wait` gives a connection 250 ms (the library's bound on a try), and the

@@ -410,10 +410,8 @@ fn a_primary_failover_is_survived() {
     let taken = Instant::now();
     assert!(wait_until(WATCHDOG, || {
         let mut con = cluster.node(promoted).connection();
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(Keys::lock(DEFAULT_PREFIX, &name).key())
-            .query(&mut con)
-            .unwrap();
+        let pttl: i64 =
+            support::query_key(&mut con, "PTTL", Keys::lock(DEFAULT_PREFIX, &name).key());
         taken.elapsed() >= WATCHDOG / 3 && pttl > WATCHDOG.as_millis() as i64 * 2 / 3
     }));
     assert!(!held.is_lease_lost());
@@ -684,10 +682,8 @@ fn a_primary_down_for_good_does_not_starve_renewals_elsewhere() {
     let mut lowest = i64::MAX;
     while killed.elapsed() < WATCHDOG * 2 {
         for n in &names {
-            let pttl: i64 = redis::cmd("PTTL")
-                .arg(Keys::lock(DEFAULT_PREFIX, n).key())
-                .query(&mut con)
-                .unwrap();
+            let pttl: i64 =
+                support::query_key(&mut con, "PTTL", Keys::lock(DEFAULT_PREFIX, n).key());
             lowest = lowest.min(pttl);
         }
         thread::sleep(Duration::from_millis(100));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use redmutex::Error;
 use support::clients::Clients;
-use support::{FaultProxy, RedisServer};
+use support::RedisServer;
 
 const CLIENTS: Clients = Clients::DEFAULT
     .watchdog(Duration::from_secs(2))
@@ -27,6 +27,12 @@ fn told_lost(lost: &Receiver<()>, what: &str) {
     );
 }
 
+/// `err` names the lock `name` and reads, in full, `text`.
+fn names(err: &Error, name: &str, text: &str) {
+    assert_eq!(err.lock_name(), Some(name), "{err:?}");
+    assert_eq!(err.to_string(), text);
+}
+
 #[test]
 fn lease_lost_after_force_unlock_names_the_lock() {
     let server = RedisServer::new();
@@ -37,10 +43,10 @@ fn lease_lost_after_force_unlock_names_the_lock() {
     told_lost(&guard.lost(), "the guard is told its hold is gone");
     let err = guard.unlock().expect_err("the hold was force-unlocked");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
-    assert_eq!(err.lock_name(), Some("orders:42"));
-    assert_eq!(
-        err.to_string(),
-        "lock \"orders:42\": the lock's lease was lost before it was released"
+    names(
+        &err,
+        "orders:42",
+        "lock \"orders:42\": the lock's lease was lost before it was released",
     );
 }
 
@@ -48,11 +54,7 @@ fn lease_lost_after_force_unlock_names_the_lock() {
 fn a_fixed_lease_run_out_names_the_lock_on_unlock_and_extend() {
     let server = RedisServer::new();
     let c = CLIENTS.prefix("en-fixed").at(&server.url());
-    let guard = c
-        .lock("report")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(300)))
-        .map(Option::unwrap)
-        .expect("lock");
+    let guard = support::leased(&c.lock("report"), Duration::from_millis(300), "lock");
     told_lost(&guard.lost(), "the lease runs out");
     let err = guard
         .extend(Duration::from_secs(1))
@@ -66,9 +68,7 @@ fn a_fixed_lease_run_out_names_the_lock_on_unlock_and_extend() {
 
 #[test]
 fn not_held_names_the_lock() {
-    let server = RedisServer::new();
-    let proxy = FaultProxy::new(server.port());
-    let c = CLIENTS.prefix("en-notheld").at(&proxy.url());
+    let (server, proxy, c) = CLIENTS.prefix("en-notheld").serve_through_proxy();
     // (The scripts loaded first: the fault is aimed at the release's own request.)
     c.lock("warm-up").lock().unwrap().unlock().unwrap();
     let guard = c.lock("jobs").lock().expect("lock");
@@ -78,10 +78,10 @@ fn not_held_names_the_lock() {
     let err = guard.unlock().expect_err("the repeat finds nothing");
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(matches!(err, Error::NotHeld { .. }), "{err:?}");
-    assert_eq!(err.lock_name(), Some("jobs"));
-    assert_eq!(
-        err.to_string(),
-        "lock \"jobs\": the lock is not held by this thread"
+    names(
+        &err,
+        "jobs",
+        "lock \"jobs\": the lock is not held by this thread",
     );
 }
 

@@ -86,11 +86,7 @@ fn extend_on_a_hold_the_server_lost_fails_and_changes_nothing() {
     assert!(admin.lock("job").force_unlock().unwrap());
     // Another holder takes it: the extension must not touch that hold.
     let theirs = std::thread::spawn(move || {
-        let g = admin
-            .lock("job")
-            .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(1500)))
-            .map(Option::unwrap)
-            .unwrap();
+        let g = support::leased(&admin.lock("job"), Duration::from_millis(1500), "acquire");
         let left = admin.lock("job").remaining_lease().unwrap().unwrap();
         std::mem::forget(g);
         left

@@ -101,15 +101,12 @@ fn signal(child: &ChildProc, sig: libc::c_int) {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn fair_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    let name = std::env::var(NAME).expect("lock name for the child");
-    match role.as_str() {
-        "waiter" => waiter_process(&url, &name),
-        "thousand" => thousand_waiters(&url, &name),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_named_role(
+        ROLE,
+        URL,
+        NAME,
+        &[("waiter", waiter_process), ("thousand", thousand_waiters)],
+    );
 }
 
 /// Takes commands on stdin: `lock <tag> <hold ms>` starts a thread that takes the fair
@@ -206,9 +203,8 @@ fn spawn_waiter(server: &RedisServer, name: &str, watchdog_ms: u64) -> ChildProc
 #[test]
 fn waiters_across_processes_get_the_lock_in_arrival_order() {
     const LOCK: &str = "fifo";
-    let server = RedisServer::new();
+    let (server, holder) = CLIENTS.serve();
     let mut con = server.connection();
-    let holder = CLIENTS.at(&server);
     let lock = holder.fair_lock(LOCK);
     let guard = lock.lock().expect("holder takes the lock");
 
@@ -291,9 +287,8 @@ fn waiters_across_processes_get_the_lock_in_arrival_order() {
 #[test]
 fn a_killed_queued_waiter_is_skipped_at_once() {
     const LOCK: &str = "skip-dead";
-    let server = RedisServer::new();
+    let (server, holder) = CLIENTS.serve();
     let mut con = server.connection();
-    let holder = CLIENTS.at(&server);
     let guard = holder
         .fair_lock(LOCK)
         .lock()
@@ -348,9 +343,8 @@ fn a_killed_queued_waiter_is_skipped_at_once() {
 /// within the documented bound, alone.
 #[test]
 fn a_waiter_killed_at_the_head_as_the_lock_is_released_costs_a_bounded_time() {
-    let server = RedisServer::new();
+    let (server, holder) = CLIENTS.serve();
     let mut con = server.connection();
-    let holder = CLIENTS.at(&server);
     for (variant, lock_name) in [
         ("kill, then release", "head-kill-1"),
         ("release, then kill", "head-kill-2"),
@@ -522,9 +516,8 @@ fn try_lock_for_timing_out_as_the_lock_is_handed_over_never_leaks_a_hold() {
 fn a_grant_in_flight_survives_a_pubsub_connection_kill() {
     const LOCK: &str = "lost-grant";
     const ROUNDS: usize = 6;
-    let server = RedisServer::new();
+    let (server, holder) = CLIENTS.serve();
     let mut con = server.connection();
-    let holder = CLIENTS.at(&server);
     let waiter = CLIENTS.at(&server);
 
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -761,9 +754,8 @@ fn a_thousand_queued_waiters_cost_one_watchdog_thread_and_few_round_trips() {
 #[test]
 fn a_plain_lock_arriving_later_queues_behind_a_fair_waiter() {
     const LOCK: &str = "mixed";
-    let server = RedisServer::new();
+    let (server, holder) = CLIENTS.serve();
     let mut con = server.connection();
-    let holder = CLIENTS.at(&server);
     let fair = CLIENTS.at(&server);
     let plain = CLIENTS.at(&server);
     let barger = CLIENTS.at(&server);
@@ -856,9 +848,8 @@ fn a_plain_lock_arriving_later_queues_behind_a_fair_waiter() {
 /// leaves the value and its TTL as they were, for `Lock`, `FencedLock` and `FairLock`.
 #[test]
 fn force_unlock_refuses_a_key_that_is_not_a_lock() {
-    let server = RedisServer::new();
+    let (server, c) = CLIENTS.serve();
     let mut con = server.connection();
-    let c = CLIENTS.at(&server);
     type ForceUnlock<'a> = &'a dyn Fn(&str) -> Result<bool, Error>;
     let kinds: [(&str, ForceUnlock); 3] = [
         ("lock", &|n| c.lock(n).force_unlock()),
@@ -972,15 +963,14 @@ fn fair_lock_guards_behave_like_lock_guards() {
 #[test]
 fn try_lock_refuses_a_free_lock_while_someone_is_queued() {
     const LOCK: &str = "queued-free";
-    let server = RedisServer::new();
+    let (server, holder) = CLIENTS.serve();
     let mut con = server.connection();
-    let holder = CLIENTS.at(&server);
     let other = CLIENTS.at(&server);
-    let guard = holder
-        .fair_lock(LOCK)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(400)))
-        .map(Option::unwrap)
-        .expect("holder");
+    let guard = support::leased(
+        &holder.fair_lock(LOCK),
+        Duration::from_millis(400),
+        "holder",
+    );
     // A long watchdog timeout: the frozen waiter's queue entry must not lapse meanwhile.
     let mut w = spawn_waiter(&server, LOCK, 30_000);
     w.send("lock w 0");
@@ -1052,11 +1042,11 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     let mut con = server.connection();
     let scripts = |con: &mut redis::Connection| support::script_calls(&support::commandstats(con));
     // An earlier wait, against a short lease, handed over.
-    let guard = holder
-        .fair_lock("stale-timer")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(300)))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(
+        &holder.fair_lock("stale-timer"),
+        Duration::from_millis(300),
+        "acquire",
+    );
     let lock = waiter.fair_lock("stale-timer");
     let earlier = thread::spawn(move || lock.lock().map(|g| g.unlock()));
     await_queued(&mut con, "stale-timer", 1, "the first waiter");
@@ -1064,11 +1054,11 @@ fn a_wait_queued_with_its_first_try_does_not_poll() {
     earlier.join().unwrap().unwrap().unwrap();
     // Its lease end is long past when the next wait starts, within the 5 s linger.
     thread::sleep(Duration::from_millis(400));
-    let guard = holder
-        .fair_lock("stale-timer")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(
+        &holder.fair_lock("stale-timer"),
+        Duration::from_secs(10),
+        "acquire",
+    );
     let before = scripts(&mut con);
     let lock = waiter.fair_lock("stale-timer");
     let (done, done_rx) = mpsc::channel();
@@ -1122,9 +1112,8 @@ fn a_stale_plain_entry(
     name: &'static str,
     second: impl FnOnce(&Client) -> Option<u64> + Send + 'static,
 ) -> (u64, u64, Option<u64>, u64) {
-    let server = RedisServer::new();
+    let (server, holder) = CLIENTS.serve();
     let mut con = server.connection();
-    let holder = CLIENTS.at(&server);
     let waiter = Arc::new(CLIENTS.at(&server));
     let first_hold = holder.fenced_lock(name).lock().expect("holder");
     let holder_token = first_hold.token();

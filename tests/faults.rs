@@ -25,11 +25,7 @@ fn redis_restarted_with_its_data_lost() {
     let holder = CLIENTS.watchdog(WATCHDOG).at(&server);
     let waiter = CLIENTS.watchdog(WATCHDOG).at(&server);
     let guard = holder.lock("restart").lock().expect("lock");
-    let fixed = holder
-        .lock("fixed")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(60)))
-        .map(Option::unwrap)
-        .expect("lock fixed");
+    let fixed = support::leased(&holder.lock("fixed"), Duration::from_secs(60), "lock fixed");
 
     let (tx, acquired) = mpsc::channel();
     let lock = waiter.lock("restart");
@@ -88,12 +84,12 @@ fn a_frozen_redis_times_out_and_the_lease_survives_a_short_freeze() {
     let other = c.lock("other");
 
     server.freeze();
-    let t = Instant::now();
-    let err = thread::spawn(move || other.try_lock().map(|g| g.is_some()))
-        .join()
-        .unwrap()
-        .expect_err("a frozen Redis cannot grant a lock");
-    let took = t.elapsed();
+    let (err, took) = support::timed(|| {
+        thread::spawn(move || other.try_lock().map(|g| g.is_some()))
+            .join()
+            .unwrap()
+            .expect_err("a frozen Redis cannot grant a lock")
+    });
     assert!(matches!(err, Error::Timeout { .. }), "got {err:?}");
     // try_lock is bounded: it waits 250 ms for the answer, less than the command timeout.
     assert!(
@@ -279,15 +275,9 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
     // This thread has no guard of the lock: answered locally, without touching the key.
     assert_eq!(lock.hold_count().unwrap(), 0);
     assert!(matches!(lock.is_locked(), Ok(true)));
-    let value: String = redis::cmd("GET")
-        .arg(Keys::lock(PREFIX, "taken").key())
-        .query(&mut con)
-        .unwrap();
+    let value: String = support::query_key(&mut con, "GET", Keys::lock(PREFIX, "taken").key());
     assert_eq!(value, "user data");
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(Keys::lock(PREFIX, "taken").key())
-        .query(&mut con)
-        .unwrap();
+    let ttl: i64 = support::query_key(&mut con, "TTL", Keys::lock(PREFIX, "taken").key());
     assert_eq!(ttl, -1, "no expiry was put on the user's key");
 }
 
@@ -561,9 +551,7 @@ fn a_bounded_try_does_not_wait_for_a_stuck_clean_up() {
         "the clean-up was never sent"
     );
     proxy.delay_requests_containing(&acquire, Duration::ZERO);
-    let started = Instant::now();
-    let second = lock.try_lock_for(Duration::from_millis(100));
-    let took = started.elapsed();
+    let (second, took) = support::timed(|| lock.try_lock_for(Duration::from_millis(100)));
     println!("try_lock_for(100ms) beside a stuck clean-up: {took:?}, {second:?}");
     // Its deadline (100 ms) + the 250 ms grace, with room for a loaded machine; waiting
     // for the clean-up takes the rest of its 3 s.

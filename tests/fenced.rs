@@ -187,10 +187,8 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
             g.unlock()
         });
         assert!(support::wait_until(Duration::from_secs(5), || {
-            let queued: i64 = redis::cmd("LLEN")
-                .arg(Keys::lock("fenced:", "handoff").queue())
-                .query(&mut con)
-                .unwrap();
+            let queued: i64 =
+                support::query_key(&mut con, "LLEN", Keys::lock("fenced:", "handoff").queue());
             queued == 1
         }));
         // Past the starvation bound: the release hands the lock over.

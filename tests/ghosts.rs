@@ -27,9 +27,7 @@ fn a_timed_out_attempt_that_ran_late_is_given_back_before_its_lease_ends() {
 
     let thaw = support::Thaw(&server);
     server.freeze();
-    let t = Instant::now();
-    let r = lock.try_lock_for(Duration::from_millis(100));
-    let took = t.elapsed();
+    let (r, took) = support::timed(|| lock.try_lock_for(Duration::from_millis(100)));
     assert!(
         matches!(r, Err(Error::Timeout { .. })),
         "a frozen server cannot answer: {r:?}"

@@ -361,13 +361,10 @@ fn a_handed_over_hold_kept_past_its_window_is_extended() {
         let (held_tx, held) = mpsc::channel();
         let (release, release_rx) = mpsc::channel::<()>();
         let thread = thread::spawn(move || {
-            let g = match lease {
-                None => lock.lock(),
-                Some(ms) => lock
-                    .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(ms)))
-                    .map(Option::unwrap),
-            }
-            .expect("waiter");
+            let g = lock
+                .try_lock_with(support::lease_or_watchdog(lease))
+                .map(Option::unwrap)
+                .expect("waiter");
             held_tx.send(Instant::now()).unwrap();
             let _ = release_rx.recv_timeout(Duration::from_secs(20));
             let lost = g.is_lease_lost();
@@ -503,11 +500,7 @@ fn a_stale_grant_of_an_earlier_attempt_is_not_taken_for_a_fresh_one() {
     let other = CLIENTS.watchdog(Duration::from_secs(10)).at(&server.url());
     let waiter = CLIENTS.watchdog(Duration::from_secs(10)).at(&proxy.url());
     let held_at = Instant::now();
-    let guard = holder
-        .fair_lock(NAME)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(3)))
-        .map(Option::unwrap)
-        .expect("holder");
+    let guard = support::leased(&holder.fair_lock(NAME), Duration::from_secs(3), "holder");
     let lock = waiter.fair_lock(NAME);
     let other_holds = Arc::new(AtomicBool::new(false));
     let flag = other_holds.clone();

@@ -29,10 +29,7 @@ fn restart_keeps_port_and_loses_data() {
 
     assert_eq!(server.port(), port);
     assert_ne!(server.pid(), pid);
-    let value: Option<String> = redis::cmd("GET")
-        .arg("k")
-        .query(&mut server.connection())
-        .unwrap();
+    let value: Option<String> = support::query_key(&mut server.connection(), "GET", "k");
     assert_eq!(value, None);
 }
 

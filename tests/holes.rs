@@ -72,9 +72,8 @@ fn a_short_nested_lease_does_not_shorten_a_watchdog_hold() {
 /// Before the fix PTTL dropped from 10 s to 300 ms.
 #[test]
 fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
-    let server = RedisServer::new();
+    let (server, c) = CLIENTS.serve();
     let mut con = server.connection();
-    let c = CLIENTS.at(&server);
     let lock = c.lock("nest-fixed");
     let outer = lock
         .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
@@ -98,9 +97,8 @@ fn a_short_nested_lease_does_not_shorten_a_longer_fixed_hold() {
 /// lock outlived the outer lease by half a second.
 #[test]
 fn releasing_a_nested_level_restores_only_what_is_left_of_the_outer_lease() {
-    let server = RedisServer::new();
+    let (server, c) = CLIENTS.serve();
     let mut con = server.connection();
-    let c = CLIENTS.at(&server);
     let lock = c.lock("nest-rest");
     let outer = lock
         .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(1)))
@@ -259,9 +257,8 @@ fn a_lock_named_like_a_fence_counter_is_an_ordinary_lock() {
 /// had already written the hold: `user:{7}` stayed locked by nobody (a ghost).
 #[test]
 fn a_fenced_lock_works_while_a_lock_named_like_its_counter_is_held() {
-    let server = RedisServer::new();
+    let (server, c) = CLIENTS.serve();
     let mut con = server.connection();
-    let c = CLIENTS.at(&server);
     let _plain = c.lock("user:{7}:fence").lock().expect("plain lock");
     let fenced = c.fenced_lock("user:{7}");
     let attempt = fenced.try_lock();
@@ -527,13 +524,7 @@ fn a_watchdog_timeout_not_above_the_command_timeout_is_refused() {
 /// The child side of the fork test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    match role.as_str() {
-        "fork" => fork_holder(&url),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_role(ROLE, URL, &[("fork", fork_holder)]);
 }
 
 /// Exit status of the forked process when every lock call failed as it should.
@@ -963,9 +954,8 @@ fn lagging<G>(
 #[test]
 fn a_cancel_never_takes_levels_the_thread_holds() {
     const NAME: &str = "cancel-miscounted";
-    let server = RedisServer::new();
+    let (server, c) = CLIENTS.serve();
     let mut con = server.connection();
-    let c = CLIENTS.at(&server);
     let lock = c.lock(NAME);
     let outer = lock.lock().unwrap();
     let inner = lock.lock().unwrap();

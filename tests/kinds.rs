@@ -258,11 +258,7 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
     let other = CLIENTS.functions(true).at(&server);
     let lock_key = Keys::lock(PREFIX, "gone").key();
     let queue = Keys::lock(PREFIX, "gone").queue();
-    let guard = holder
-        .lock("gone")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(2)))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(&holder.lock("gone"), Duration::from_secs(2), "acquire");
     let waiting = std::thread::spawn(move || {
         waiter
             .lock("gone")

@@ -170,10 +170,11 @@ fn setting_and_counting() {
         "counting already"
     );
     assert_eq!(latch.count().unwrap(), 2);
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(Keys::lock(PREFIX, "basics").latch())
-        .query(&mut server.connection())
-        .unwrap();
+    let pttl: i64 = support::query_key(
+        &mut server.connection(),
+        "PTTL",
+        Keys::lock(PREFIX, "basics").latch(),
+    );
     assert!(
         (29_000..=30_000).contains(&pttl),
         "the expiry the setter chose: {pttl}"
@@ -197,17 +198,7 @@ fn setting_and_counting() {
     );
     // A name is one kind at a time: no lock of the name while its latch counts, and no
     // latch set while its lock is held (tests/kinds.rs has every pair).
-    let err = c.lock("basics").lock().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            redmutex::Error::WrongKind {
-                in_use: "count-down latch",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    support::assert_wrong_kind(c.lock("basics").lock(), "count-down latch");
     assert_eq!(latch.count_down().unwrap(), 0);
     let guard = c.lock("basics").lock().unwrap();
     assert!(latch.try_set_count(1, Duration::from_secs(30)).is_err());
@@ -283,15 +274,9 @@ fn bad_input_changes_nothing() {
     assert!(latch.count_down().is_err());
     assert!(latch.count().is_err());
     assert!(latch.try_set_count(3, Duration::from_secs(1)).is_err());
-    let value: String = redis::cmd("GET")
-        .arg(Keys::lock(PREFIX, "bad").latch())
-        .query(&mut con)
-        .unwrap();
+    let value: String = support::query_key(&mut con, "GET", Keys::lock(PREFIX, "bad").latch());
     assert_eq!(value, "not a number");
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(Keys::lock(PREFIX, "bad").latch())
-        .query(&mut con)
-        .unwrap();
+    let pttl: i64 = support::query_key(&mut con, "PTTL", Keys::lock(PREFIX, "bad").latch());
     assert!(pttl > 50_000, "TTL untouched: {pttl}");
 
     // Numbers that are not Redis integers (a count is never rounded through a double).
@@ -309,10 +294,7 @@ fn bad_input_changes_nothing() {
             .unwrap();
         assert!(latch.count_down().is_err(), "count_down on {foreign:?}");
         assert!(latch.count().is_err(), "count of {foreign:?}");
-        let value: String = redis::cmd("GET")
-            .arg(Keys::lock(PREFIX, "bad").latch())
-            .query(&mut con)
-            .unwrap();
+        let value: String = support::query_key(&mut con, "GET", Keys::lock(PREFIX, "bad").latch());
         assert_eq!(value, foreign);
     }
 }
@@ -322,9 +304,7 @@ fn bad_input_changes_nothing() {
 /// exactly once.
 #[test]
 fn a_count_down_whose_reply_is_lost_counts_once() {
-    let server = RedisServer::new();
-    let proxy = support::FaultProxy::new(server.port());
-    let c = CLIENTS.at(&proxy.url());
+    let (server, proxy, c) = CLIENTS.serve_through_proxy();
     let latch = c.count_down_latch("lost");
     assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
     // Loaded already (by the set), so the fault hits the real call, not a load round.
@@ -374,10 +354,11 @@ fn large_counts_are_exact() {
         );
         let info = c.inspect(format!("large-{i}")).unwrap();
         assert_eq!(info[0].count, Some(count - 2), "as inspect reports it");
-        let stored: String = redis::cmd("GET")
-            .arg(Keys::lock(PREFIX, &format!("large-{i}")).latch())
-            .query(&mut server.connection())
-            .unwrap();
+        let stored: String = support::query_key(
+            &mut server.connection(),
+            "GET",
+            Keys::lock(PREFIX, &format!("large-{i}")).latch(),
+        );
         assert_eq!(stored, (count - 2).to_string(), "as Redis holds it");
     }
 }
@@ -387,9 +368,7 @@ fn large_counts_are_exact() {
 /// `true`, not "someone else set it", and the count is the one set.
 #[test]
 fn a_set_whose_reply_is_lost_answers_that_it_set() {
-    let server = RedisServer::new();
-    let proxy = support::FaultProxy::new(server.port());
-    let c = CLIENTS.at(&proxy.url());
+    let (server, proxy, c) = CLIENTS.serve_through_proxy();
     let latch = c.count_down_latch("lost-set");
     let sha = support::function_name(&server.url(), "latch_set");
     proxy.lose_next_reply_to(&sha);

@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
@@ -50,11 +50,7 @@ fn child_entry() {
             .unwrap()
     };
     let (holder, waiter) = (build(), build());
-    let held = holder
-        .lock("busy")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
-        .map(Option::unwrap)
-        .unwrap();
+    let held = support::leased(&holder.lock("busy"), Duration::from_secs(30), "acquire");
     let lock = waiter.lock("busy");
     // Warm the pool and the scripts without waiting (no pub/sub thread yet).
     assert!(lock
@@ -86,13 +82,13 @@ fn child_entry() {
         std::thread::sleep(Duration::from_millis(300));
         busy.force_unlock()
     });
-    let t = Instant::now();
-    let second = lock.try_lock_with(
-        redmutex::LockOptions::new()
-            .wait_for(Duration::from_secs(5))
-            .lease(Duration::from_secs(1)),
-    );
-    let waited = t.elapsed();
+    let (second, waited) = support::timed(|| {
+        lock.try_lock_with(
+            redmutex::LockOptions::new()
+                .wait_for(Duration::from_secs(5))
+                .lease(Duration::from_secs(1)),
+        )
+    });
     match second {
         Ok(Some(g)) if waited < Duration::from_secs(2) => {
             g.unlock().unwrap();

@@ -495,11 +495,7 @@ fn release_to_waiter(
     name: &str,
     meanwhile: impl FnOnce(&mut redis::Connection),
 ) -> Duration {
-    let guard = holder
-        .lock(name)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(&holder.lock(name), Duration::from_secs(30), "acquire");
     let (tx, rx) = mpsc::channel();
     thread::scope(|s| {
         let waiter_lock = waiter.lock(name);
@@ -850,11 +846,7 @@ fn one_release_wakes_one_waiting_thread_per_process() {
         .prepare_invoke()
         .load(&mut server.connection())
         .unwrap();
-    let guard = holder
-        .lock("herd")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(&holder.lock("herd"), Duration::from_secs(30), "acquire");
     let before = script_calls(&server);
     let (acquired_tx, acquired) = mpsc::channel();
     let (release_tx, release_rx) = shared_channel();
@@ -992,11 +984,11 @@ fn a_bounded_wait_with_an_explicit_lease_gets_that_lease() {
     let server = RedisServer::new();
     let mut con = server.connection();
     let (holder, waiter) = (Clients::DEFAULT.at(&server), Clients::DEFAULT.at(&server));
-    let held = holder
-        .lock("bounded")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(400)))
-        .map(Option::unwrap)
-        .unwrap();
+    let held = support::leased(
+        &holder.lock("bounded"),
+        Duration::from_millis(400),
+        "acquire",
+    );
     let t = Instant::now();
     // Waits for the holder's lease to run out (it never releases), then holds for 5 s.
     let guard = waiter

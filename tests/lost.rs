@@ -42,11 +42,7 @@ fn a_fixed_lease_that_runs_out_reaches_a_select_within_its_bound() {
         .heard_at(&server.url());
     let lease = Duration::from_millis(1500);
     let before = Instant::now();
-    let guard = client
-        .lock("nightly")
-        .try_lock_with(redmutex::LockOptions::new().lease(lease))
-        .map(Option::unwrap)
-        .unwrap();
+    let guard = support::leased(&client.lock("nightly"), lease, "acquire");
     let after = Instant::now();
     let lost = guard.lost();
     // Not before its lease: nobody polls, the channel stays empty...

@@ -173,11 +173,7 @@ fn expiry_removes_the_record_with_the_lease() {
     let lease = Duration::from_millis(1500);
     let margin = Duration::from_millis(300);
     let start = Instant::now();
-    let guard = client
-        .lock("expiring")
-        .try_lock_with(redmutex::LockOptions::new().lease(lease))
-        .map(Option::unwrap)
-        .expect("lock");
+    let guard = support::leased(&client.lock("expiring"), lease, "lock");
     let key = info_of(&client, "expiring", "lock").expect("held").key;
     assert_eq!(metadata_of(&client, "expiring", "lock").len(), 1);
     // A reader with a short lease next to one that keeps the read-write lock alive: its

@@ -904,15 +904,14 @@ fn a_grant_that_took_longer_than_its_lease_is_not_returned() {
     // Warm: scripts loaded, a connection pooled.
     lock.try_lock().unwrap().unwrap().unlock().unwrap();
     pause(&server, 150);
-    let t = Instant::now();
-    let got = lock
-        .try_lock_with(
+    let (got, took) = support::timed(|| {
+        lock.try_lock_with(
             redmutex::LockOptions::new()
                 .wait_for(Duration::ZERO)
                 .lease(Duration::from_millis(100)),
         )
-        .expect("try_lock_with(wait, lease)");
-    let took = t.elapsed();
+        .expect("try_lock_with(wait, lease)")
+    });
     let held = got.as_ref().map(|g| g.is_lease_lost());
     assert!(
         got.is_none(),
@@ -964,12 +963,11 @@ fn a_grant_that_took_longer_than_the_watchdog_lease_is_not_returned() {
 
     // Within a wait: tried again once the server answers in time.
     pause(&server, 400);
-    let t = Instant::now();
-    let guard = lock
-        .try_lock_for(Duration::from_secs(5))
-        .expect("try_lock_for")
-        .expect("acquired within the wait");
-    let took = t.elapsed();
+    let (guard, took) = support::timed(|| {
+        lock.try_lock_for(Duration::from_secs(5))
+            .expect("try_lock_for")
+            .expect("acquired within the wait")
+    });
     assert!(took >= Duration::from_millis(390), "{took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
     assert!(!guard.is_lease_lost());
@@ -1013,16 +1011,15 @@ fn a_red_lock_granted_after_its_lease_is_given_back_on_every_master() {
     for s in &servers {
         pause(s, 400);
     }
-    let t = Instant::now();
-    let guard = lock
-        .try_lock_with(
+    let (guard, took) = support::timed(|| {
+        lock.try_lock_with(
             redmutex::LockOptions::new()
                 .wait_for(Duration::from_secs(5))
                 .lease(Duration::from_millis(300)),
         )
         .expect("try_lock_with(wait, lease)")
-        .expect("acquired within the wait");
-    let took = t.elapsed();
+        .expect("acquired within the wait")
+    });
     assert!(took >= Duration::from_millis(390), "{took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
     assert!(

@@ -35,16 +35,16 @@ const STUCK: Duration = Duration::from_secs(30);
 /// The child side of every test; a no-op in a normal run.
 #[test]
 fn child_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    match role.as_str() {
-        "counter" => counter_worker(&url),
-        "crash-holder" => crash_holder(&url),
-        "nested-holder" => nested_holder(&url),
-        "fenced-holder" => fenced_holder(&url),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_role(
+        ROLE,
+        URL,
+        &[
+            ("counter", counter_worker),
+            ("crash-holder", crash_holder),
+            ("nested-holder", nested_holder),
+            ("fenced-holder", fenced_holder),
+        ],
+    );
 }
 
 fn counter_worker(url: &str) {
@@ -333,10 +333,7 @@ fn fencing_tokens_stop_a_paused_holder_from_writing() {
         "A's unlock: {unlock}"
     );
     a.wait_success();
-    let data: String = redis::cmd("GET")
-        .arg("store:{data}")
-        .query(&mut con)
-        .unwrap();
+    let data: String = support::query_key(&mut con, "GET", "store:{data}");
     assert_eq!(data, "from B", "the stale holder's write was refused");
     assert!(b_client
         .fenced_lock("fenced")

@@ -58,6 +58,16 @@ fn holder_on(client: &Client, name: &str, server: &RedisServer) -> String {
         .expect("a hold of this client")
 }
 
+/// `name` is held on none of the masters `which` (indices into `servers`).
+fn assert_left_on_none(servers: &[RedisServer], which: &[usize], name: &str) {
+    for &i in which {
+        assert!(
+            !support::exists(&mut servers[i].connection(), Keys::lock(PREFIX, name).key()),
+            "left held on master {i}"
+        );
+    }
+}
+
 #[test]
 fn a_red_lock_is_held_on_every_master_exclusive_and_reentrant() {
     let servers = masters(5);
@@ -151,15 +161,7 @@ fn with_two_masters_killed_locks_are_still_acquired_and_exclusive() {
         started.elapsed()
     );
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
-    for i in [0, 2, 4] {
-        assert!(
-            !support::exists(
-                &mut servers[i].connection(),
-                Keys::lock(PREFIX, "two-down").key()
-            ),
-            "left held on master {i}"
-        );
-    }
+    assert_left_on_none(&servers, &[0, 2, 4], "two-down");
 }
 
 #[test]
@@ -201,15 +203,7 @@ fn with_three_masters_killed_acquisition_fails_at_its_deadline_with_no_quorum() 
     eprintln!("three masters down: try_lock_for({wait:?}) failed after {took:?}, lock() after {at_once:?}");
     assert!(at_once < Duration::from_millis(700), "{at_once:?}");
     // Nothing is left on the live masters.
-    for i in [1, 3] {
-        assert!(
-            !support::exists(
-                &mut servers[i].connection(),
-                Keys::lock(PREFIX, "three-down").key()
-            ),
-            "left held on master {i}"
-        );
-    }
+    assert_left_on_none(&servers, &[1, 3], "three-down");
 }
 
 /// Renewals on every master keep the lock past several leases; once three of five masters
@@ -228,10 +222,11 @@ fn renewal_keeps_a_red_lock_on_every_master_and_a_lost_quorum_is_reported() {
     thread::sleep(WATCHDOG * 3);
     assert!(!guard.is_lease_lost());
     for s in &servers {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(Keys::lock(PREFIX, "renewed").key())
-            .query(&mut s.connection())
-            .unwrap();
+        let pttl: i64 = support::query_key(
+            &mut s.connection(),
+            "PTTL",
+            Keys::lock(PREFIX, "renewed").key(),
+        );
         assert!(pttl > 0, "not renewed on a master: {pttl}");
     }
     assert!(red_lock(&others, "renewed").try_lock().unwrap().is_none());

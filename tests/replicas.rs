@@ -131,18 +131,12 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
         let mut on_replica = replica.connection();
         let key_in = key.clone();
         let thread = std::thread::spawn(move || {
-            let g = match lease {
-                None => lock.lock(),
-                Some(ms) => lock
-                    .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(ms)))
-                    .map(Option::unwrap),
-            }
-            .expect("waiter");
+            let g = lock
+                .try_lock_with(support::lease_or_watchdog(lease))
+                .map(Option::unwrap)
+                .expect("waiter");
             // Read at once: what a failover right now would find on the replica.
-            let pttl: i64 = redis::cmd("PTTL")
-                .arg(&key_in)
-                .query(&mut on_replica)
-                .unwrap();
+            let pttl: i64 = support::query_key(&mut on_replica, "PTTL", &key_in);
             let fields: Vec<String> = redis::cmd("HKEYS")
                 .arg(&key_in)
                 .query(&mut on_replica)

@@ -229,15 +229,12 @@ fn rw_release_call(server: &RedisServer) -> String {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn rw_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    let name = std::env::var(NAME).expect("lock name for the child");
-    match role.as_str() {
-        "holder" => holder_process(&url, &name),
-        "streamer" => streamer_process(&url, &name),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_named_role(
+        ROLE,
+        URL,
+        NAME,
+        &[("holder", holder_process), ("streamer", streamer_process)],
+    );
 }
 
 fn spawn_child(role: &str, url: &str, name: &str, watchdog_ms: u64) -> ChildProc {
@@ -591,12 +588,11 @@ fn downgrade_lets_readers_in_but_not_writers() {
     other.send("read x");
     await_queued(&mut con, LOCK, 1, "the other process's reader");
 
-    let t = Instant::now();
-    let r = rw
-        .read_lock()
-        .lock()
-        .expect("read while writing: a downgrade");
-    let took = t.elapsed();
+    let (r, took) = support::timed(|| {
+        rw.read_lock()
+            .lock()
+            .expect("read while writing: a downgrade")
+    });
     assert!(
         took < Duration::from_millis(100),
         "the downgrade waited {took:?} (behind the queued reader?)"
@@ -764,9 +760,7 @@ fn upgrade_fails_fast_with_would_deadlock_and_writes_nothing() {
         ];
         let mut slowest = Duration::ZERO;
         for (what, attempt) in attempts {
-            let t = Instant::now();
-            let r = attempt();
-            let took = t.elapsed();
+            let (r, took) = support::timed(attempt);
             slowest = slowest.max(took);
             assert!(
                 matches!(r, Err(Error::WouldDeadlock { .. })),

@@ -1177,10 +1177,11 @@ fn operators_change_the_stored_number_of_permits() {
         &mut server.connection(),
         Keys::sem(PREFIX, NAME).aux("leases")
     ));
-    let stored: String = redis::cmd("GET")
-        .arg(Keys::sem(PREFIX, NAME).aux("permits"))
-        .query(&mut server.connection())
-        .unwrap();
+    let stored: String = support::query_key(
+        &mut server.connection(),
+        "GET",
+        Keys::sem(PREFIX, NAME).aux("permits"),
+    );
     assert_eq!(stored, "1");
     assert_eq!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")), -1);
 }
@@ -1564,21 +1565,21 @@ fn try_acquire_for_gives_up_on_time_and_leaves_the_queue() {
         .map(Option::unwrap)
         .unwrap();
     for n in [1, 2] {
-        let t = Instant::now();
-        let r = sb
-            .try_acquire_with(redmutex::LockOptions::new().permits(n).wait_for(WAIT))
-            .unwrap();
-        let took = t.elapsed();
+        let (r, took) = support::timed(|| {
+            sb.try_acquire_with(redmutex::LockOptions::new().permits(n).wait_for(WAIT))
+                .unwrap()
+        });
         assert!(r.is_none(), "nothing was free");
         assert!(
             took >= WAIT && took <= WAIT + Duration::from_millis(150),
             "try_acquire_with(permits {n}, wait {WAIT:?}) took {took:?}"
         );
         assert!(queue(&server, NAME).is_empty(), "left its entry behind");
-        let waiting: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(Keys::sem(PREFIX, NAME).aux("waiters"))
-            .query(&mut server.connection())
-            .unwrap();
+        let waiting: HashMap<String, String> = support::query_key(
+            &mut server.connection(),
+            "HGETALL",
+            Keys::sem(PREFIX, NAME).aux("waiters"),
+        );
         assert!(waiting.is_empty(), "left its waiter data: {waiting:?}");
         assert_eq!(used(&server, NAME), 2, "took a permit");
         eprintln!("try_acquire_with(permits {n}, wait {WAIT:?}) returned None after {took:?}");

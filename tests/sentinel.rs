@@ -240,11 +240,7 @@ fn without_sync_replicas_a_hold_the_failover_lost_is_reported() {
     }));
 
     let watched = client.lock("watched").lock().unwrap();
-    let leased = client
-        .lock("leased")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(30)))
-        .map(Option::unwrap)
-        .unwrap();
+    let leased = support::leased(&client.lock("leased"), Duration::from_secs(30), "acquire");
     // Pushed, not polled: nothing below looks at the guard before the channel is ready.
     let lost = watched.lost();
     topo.kill_primary();

@@ -76,19 +76,19 @@ fn make_certificates(dir: &Path, ca_name: &str) {
     ]);
 }
 
-/// Whether the server binary under test has TLS; says so when it has not (the Redis 6.2
-/// and Valkey builds of the PyPI wheels CI runs have none), and `test` is then skipped.
-fn tls_built_in(test: &str) -> bool {
-    let has = support::server_kind().has_tls();
-    if !has {
+/// A server with a TLS port (next to its plain one) and the directory of the certificates
+/// made for it, with that port; `None`, the test `test` then skipped, when the server binary
+/// under test has no TLS (the Redis 6.2 and Valkey builds of the PyPI wheels CI runs have
+/// none).
+fn tls_server(test: &str) -> Option<(tempfile::TempDir, RedisServer, u16)> {
+    if !support::server_kind().has_tls() {
         support::skip(test, "TLS (built without it)");
+        return None;
     }
-    has
-}
-
-fn tls_server(dir: &Path) -> (RedisServer, u16) {
+    let dir = tempfile::tempdir().unwrap();
+    make_certificates(dir.path(), "redmutex test CA");
     let tls_port = support::free_port();
-    let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let file = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
     let port = tls_port.to_string();
     let server = RedisServer::with_args(&[
@@ -103,17 +103,14 @@ fn tls_server(dir: &Path) -> (RedisServer, u16) {
         "--tls-auth-clients",
         "no",
     ]);
-    (server, tls_port)
+    Some((dir, server, tls_port))
 }
 
 #[test]
 fn locks_work_over_tls_with_a_trusted_ca() {
-    if !tls_built_in("locks_work_over_tls_with_a_trusted_ca") {
+    let Some((dir, server, tls_port)) = tls_server("locks_work_over_tls_with_a_trusted_ca") else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    make_certificates(dir.path(), "redmutex test CA");
-    let (server, tls_port) = tls_server(dir.path());
+    };
     let ca = std::fs::read(dir.path().join("ca.crt")).unwrap();
     let client = Client::builder()
         .url(format!("rediss://127.0.0.1:{tls_port}/"))
@@ -147,12 +144,9 @@ fn locks_work_over_tls_with_a_trusted_ca() {
 
 #[test]
 fn an_untrusted_certificate_is_refused() {
-    if !tls_built_in("an_untrusted_certificate_is_refused") {
+    let Some((_dir, server, tls_port)) = tls_server("an_untrusted_certificate_is_refused") else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    make_certificates(dir.path(), "redmutex test CA");
-    let (server, tls_port) = tls_server(dir.path());
+    };
     // Another CA, which did not sign the server's certificate.
     let other = tempfile::tempdir().unwrap();
     make_certificates(other.path(), "some other CA");

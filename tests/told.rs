@@ -486,11 +486,7 @@ fn a_re_entry_or_an_extend_that_finds_the_hold_gone_tells_at_once() {
     fresh.unlock().unwrap();
     assert!(is_lease_lost(&outer.unlock()));
 
-    let fixed = client
-        .lock("fixed")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
-        .map(Option::unwrap)
-        .unwrap();
+    let fixed = support::leased(&client.lock("fixed"), Duration::from_secs(20), "acquire");
     let fixed_lost = fixed.lost();
     delete_all(&server, prefix);
     let extending = Instant::now();

@@ -188,6 +188,16 @@ fn witness_key(name: &str) -> String {
     format!("{PREFIX}witness:{name}")
 }
 
+/// Counts one `what` in `name`'s witness record; an error is ignored, as everywhere in the
+/// workers (Redis may be frozen or its scripts flushed).
+fn tally(con: &mut redis::Connection, name: &str, what: &str) {
+    let _ = redis::cmd("HINCRBY")
+        .arg(witness_key(name))
+        .arg(what)
+        .arg(1)
+        .query::<i64>(con);
+}
+
 #[test]
 fn torture_entry() {
     let Some((role, url)) = support::child::entry(ROLE, URL) else {
@@ -230,20 +240,8 @@ fn torture_entry() {
             fair.spawn(&client, &url, &tokens, 0..THREADS)
         }
         Ok("rw") => {
-            let read = Worker {
-                make: |c, name| c.read_write_lock(name).read_lock(),
-                tag: |_| "r".to_owned(),
-                owned_tag: |_| "r".to_owned(),
-                witness: RW_WITNESS,
-                key: |name| Keys::rw(PREFIX, name).key(),
-            };
-            let write = Worker {
-                make: |c, name| c.read_write_lock(name).write_lock(),
-                tag: |_| "w".to_owned(),
-                owned_tag: |_| "w".to_owned(),
-                witness: RW_WITNESS,
-                key: |name| Keys::rw(PREFIX, name).key(),
-            };
+            let read = Worker::rw_side(|c, name| c.read_write_lock(name).read_lock());
+            let write = Worker::rw_side(|c, name| c.read_write_lock(name).write_lock());
             let mut threads = read.spawn(&client, &url, &tokens, 0..THREADS / 2);
             threads.extend(write.spawn(&client, &url, &tokens, THREADS / 2..THREADS));
             threads
@@ -261,6 +259,32 @@ fn torture_entry() {
     };
     for t in threads {
         let _ = t.join();
+    }
+}
+
+/// A side of the read-write locks, as the witness tags its holds (ARGV[4]).
+trait Side: Kind {
+    const TAG: &'static str;
+}
+
+impl Side for redmutex::Read {
+    const TAG: &'static str = "r";
+}
+
+impl Side for redmutex::Write {
+    const TAG: &'static str = "w";
+}
+
+impl<K: Side> Worker<K> {
+    /// The workers of one side of the read-write locks, `make` taking that side.
+    fn rw_side(make: fn(&Client, &'static str) -> Lock<K>) -> Worker<K> {
+        Worker {
+            make,
+            tag: |_| K::TAG.to_owned(),
+            owned_tag: |_| K::TAG.to_owned(),
+            witness: RW_WITNESS,
+            key: |name| Keys::rw(PREFIX, name).key(),
+        }
     }
 }
 
@@ -311,27 +335,20 @@ impl<K: Kind> Worker<K> {
                     // Redis may be frozen or the scripts flushed: errors are retried,
                     // never fatal. What must never happen is a witnessed overlap.
                     let long = rng.is_multiple_of(LONG_EVERY);
+                    // Every other acquisition waits with the token the canceller may fire.
+                    let token = (rng & 2 == 0).then(|| tokens[t].lock().unwrap().clone());
+                    let cancellable = |token| redmutex::LockOptions::new().cancellable(token);
                     if (rng >> 20) & 7 == 0 {
-                        let owned = if rng & 2 == 0 {
-                            let token = tokens[t].lock().unwrap().clone();
-                            match lock
+                        let owned = match &token {
+                            Some(token) => lock
                                 .owned()
-                                .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
-                                .map(Option::unwrap)
-                            {
-                                Err(Error::Cancelled) => {
-                                    let _ = redis::cmd("HINCRBY")
-                                        .arg(witness_key(name))
-                                        .arg("cancelled")
-                                        .arg(1)
-                                        .query::<i64>(&mut con);
-                                    continue;
-                                }
-                                other => other,
-                            }
-                        } else {
-                            lock.owned().lock()
+                                .try_lock_with(cancellable(token))
+                                .map(Option::unwrap),
+                            None => lock.owned().lock(),
                         };
+                        if matches!(owned, Err(Error::Cancelled)) {
+                            tally(&mut con, name, "cancelled");
+                        }
                         let Ok(owned) = owned else { continue };
                         sections += 1;
                         let section = format!("{}:{t}:{sections}", std::process::id());
@@ -353,11 +370,7 @@ impl<K: Kind> Worker<K> {
                             let _ = call("enter", &mut con);
                             thread::yield_now();
                             let _ = call("exit", &mut con);
-                            let _ = redis::cmd("HINCRBY")
-                                .arg(witness_key(name))
-                                .arg("owned")
-                                .arg(1)
-                                .query::<i64>(&mut con);
+                            tally(&mut con, name, "owned");
                             if rng & 4 == 0 {
                                 let _ = owned.unlock();
                             } else {
@@ -368,25 +381,13 @@ impl<K: Kind> Worker<K> {
                         con = moved.join().expect("the owned section's thread");
                         continue;
                     }
-                    let outer = if rng & 2 == 0 {
-                        let token = tokens[t].lock().unwrap().clone();
-                        match lock
-                            .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
-                            .map(Option::unwrap)
-                        {
-                            Err(Error::Cancelled) => {
-                                let _ = redis::cmd("HINCRBY")
-                                    .arg(witness_key(name))
-                                    .arg("cancelled")
-                                    .arg(1)
-                                    .query::<i64>(&mut con);
-                                continue;
-                            }
-                            other => other,
-                        }
-                    } else {
-                        lock.lock()
+                    let outer = match &token {
+                        Some(token) => lock.try_lock_with(cancellable(token)).map(Option::unwrap),
+                        None => lock.lock(),
                     };
+                    if matches!(outer, Err(Error::Cancelled)) {
+                        tally(&mut con, name, "cancelled");
+                    }
                     let Ok(outer) = outer else { continue };
                     let inner = if long {
                         lock.try_lock_with(redmutex::LockOptions::new().lease(INNER_LEASE))

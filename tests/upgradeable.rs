@@ -481,12 +481,11 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
             );
             None
         };
-        let asked = Instant::now();
-        let w = up
-            .try_upgrade_for(Duration::from_secs(10))
-            .expect("upgrade")
-            .expect("the upgrade is not starved");
-        let took = asked.elapsed();
+        let (w, took) = support::timed(|| {
+            up.try_upgrade_for(Duration::from_secs(10))
+                .expect("upgrade")
+                .expect("the upgrade is not starved")
+        });
         worst = worst.max(took);
         let inside: i64 = redis::cmd("GET")
             .arg(&inside_key)
@@ -542,16 +541,16 @@ fn upgrade_with_readers_streaming_and_a_writer_waiting_is_not_starved() {
 /// The child side of the multi-process tests; a no-op in a normal run.
 #[test]
 fn upgradeable_entry() {
-    let Some((role, url)) = support::child::entry(ROLE, URL) else {
-        return;
-    };
-    let name = std::env::var(NAME).expect("lock name for the child");
-    match role.as_str() {
-        "upgrader" => upgrader_process(&url, &name),
-        "reader" => reader_process(&url, &name),
-        "holder" => crash_holder_process(&url, &name),
-        other => panic!("unknown child role {other:?}"),
-    }
+    support::child::run_named_role(
+        ROLE,
+        URL,
+        NAME,
+        &[
+            ("upgrader", upgrader_process),
+            ("reader", reader_process),
+            ("holder", crash_holder_process),
+        ],
+    );
 }
 
 fn spawn_child(role: &str, url: &str, name: &str) -> ChildProc {
@@ -664,10 +663,8 @@ fn upgraded_holds_exclude_everyone_across_processes() {
         r.expect("done");
         r.wait_success();
     }
-    let w: HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(format!("witness:{{{name}}}"))
-        .query(&mut con)
-        .unwrap();
+    let w: HashMap<String, i64> =
+        support::query_key(&mut con, "HGETALL", format!("witness:{{{name}}}"));
     eprintln!("witness after {took:?}: {w:?}");
     assert_eq!(w.get("violations").copied().unwrap_or(0), 0, "{w:?}");
     assert_eq!(w["w_entries"], 2 * CHILD_ROUNDS as i64, "{w:?}");
@@ -1161,10 +1158,7 @@ fn an_upgrade_moves_ahead_of_a_long_queue_in_order() {
             let mut con = connect(&url);
             assert!(wait_until(SETUP, || queue(&mut con, name).len() == FAKES + 1));
             let q = queue(&mut con, name);
-            let ttl: i64 = redis::cmd("PTTL")
-                .arg(Keys::rw(PREFIX, name).queue())
-                .query(&mut con)
-                .unwrap();
+            let ttl: i64 = support::query_key(&mut con, "PTTL", Keys::rw(PREFIX, name).queue());
             release_r.send(()).unwrap();
             (q, ttl)
         })

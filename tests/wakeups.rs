@@ -86,11 +86,11 @@ fn a_wake_up_consumed_by_a_failed_attempt_is_passed_on() {
     // so each makes exactly two attempts (before and after the confirmation) in any code.
     proxy.delay_requests_containing(&channel_of(NAME, &waiter), Duration::from_millis(300));
 
-    let guard = holder
-        .lock(NAME)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
-        .map(Option::unwrap)
-        .expect("holder takes the lock");
+    let guard = support::leased(
+        &holder.lock(NAME),
+        Duration::from_secs(10),
+        "holder takes the lock",
+    );
     let calls = script_calls(&server);
 
     let (tx, results) = mpsc::channel::<(usize, Result<(), String>, Instant)>();
@@ -213,11 +213,11 @@ fn a_subscription_counts_as_armed_only_once_confirmed() {
     let acquire = acquire_call(&server);
     proxy.watch(&acquire);
 
-    let g1 = h1
-        .lock(NAME)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(500)))
-        .map(Option::unwrap)
-        .expect("H1 takes the lock");
+    let g1 = support::leased(
+        &h1.lock(NAME),
+        Duration::from_millis(500),
+        "H1 takes the lock",
+    );
     let calls = script_calls(&server);
 
     // H2 waits too, subscribed directly: the release of H1 wakes it.
@@ -322,16 +322,16 @@ fn subscribe_confirmations_are_matched_one_per_channel() {
         .command(Duration::from_secs(1));
     let h = clients.at(&server.url());
     let w = clients.at(&proxy.url());
-    let _first = h
-        .lock(FIRST)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(10)))
-        .map(Option::unwrap)
-        .expect("H takes the first lock");
-    let second = h
-        .lock(SECOND)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(8)))
-        .map(Option::unwrap)
-        .expect("H takes the second lock");
+    let _first = support::leased(
+        &h.lock(FIRST),
+        Duration::from_secs(10),
+        "H takes the first lock",
+    );
+    let second = support::leased(
+        &h.lock(SECOND),
+        Duration::from_secs(8),
+        "H takes the second lock",
+    );
     // Both under the pub/sub reader's 1 s read timeout.
     proxy.delay_requests_containing(&channel_of(FIRST, &w), Duration::from_millis(500));
     proxy.delay_requests_containing(&channel_of(SECOND, &w), Duration::from_millis(600));
@@ -510,9 +510,7 @@ fn bounded_calls_return_in_time_from_a_frozen_server() {
         "cold try_lock_for(100 ms) took {took:?} against a frozen server"
     );
 
-    let t = Instant::now();
-    let r = warm.lock("frozen-try").try_lock();
-    let took = t.elapsed();
+    let (r, took) = support::timed(|| warm.lock("frozen-try").try_lock());
     assert!(gave_up(&r), "warm try_lock: {r:?}");
     assert!(
         took < Duration::from_millis(500),
@@ -535,16 +533,16 @@ fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
         .command(Duration::from_secs(1))
         .at(&server.url());
     let waiter = default_timeouts(&proxy.url());
-    let _held = holder
-        .lock(NAME)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
-        .map(Option::unwrap)
-        .expect("holder takes the lock");
-    let _other = holder
-        .lock("warm-up")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
-        .map(Option::unwrap)
-        .expect("holder takes the warm-up lock");
+    let _held = support::leased(
+        &holder.lock(NAME),
+        Duration::from_secs(20),
+        "holder takes the lock",
+    );
+    let _other = support::leased(
+        &holder.lock("warm-up"),
+        Duration::from_secs(20),
+        "holder takes the warm-up lock",
+    );
     // Waiting once connects the waiter's pub/sub thread, so the next wait nudges it.
     let r = waiter
         .lock("warm-up")
@@ -563,9 +561,8 @@ fn a_bounded_wait_stays_bounded_when_the_server_freezes_while_it_subscribes() {
             }
             seen
         });
-        let t = Instant::now();
-        let r = waiter.lock(NAME).try_lock_for(Duration::from_millis(300));
-        let took = t.elapsed();
+        let (r, took) =
+            support::timed(|| waiter.lock(NAME).try_lock_for(Duration::from_millis(300)));
         assert!(
             freezer.join().unwrap(),
             "the waiter never nudged its pub/sub thread"
@@ -592,11 +589,7 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
         .command(Duration::from_secs(1));
     let h = clients.at(&server.url());
     let w = clients.at(&server.url());
-    let _held = h
-        .lock(NAME)
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
-        .map(Option::unwrap)
-        .expect("H takes the lock");
+    let _held = support::leased(&h.lock(NAME), Duration::from_secs(20), "H takes the lock");
     let lock = w.lock(NAME);
     let r = lock.try_lock_with(
         redmutex::LockOptions::new()
@@ -626,11 +619,11 @@ fn a_reconnect_wakes_no_channel_nobody_waits_on() {
     // Wait until the reader handled that confirmation (and any reconnect wake-up with
     // it): a channel asked for now is subscribed only after it, since the reader takes
     // new channels once it has re-subscribed all the old ones.
-    let _marker = h
-        .lock("marker")
-        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(20)))
-        .map(Option::unwrap)
-        .expect("H takes the marker lock");
+    let _marker = support::leased(
+        &h.lock("marker"),
+        Duration::from_secs(20),
+        "H takes the marker lock",
+    );
     let r = w.lock("marker").try_lock_for(Duration::from_millis(100));
     assert!(matches!(r, Ok(None)), "marker wait: {r:?}");
     assert!(
@@ -684,11 +677,7 @@ fn an_expired_lease_wakes_one_thread_per_process() {
     let lease = Duration::from_millis(1000);
     let taken = Instant::now();
     // Never released: the holder "crashed" with the lock.
-    let _crashed = h
-        .lock(NAME)
-        .try_lock_with(redmutex::LockOptions::new().lease(lease))
-        .map(Option::unwrap)
-        .expect("H takes the lock");
+    let _crashed = support::leased(&h.lock(NAME), lease, "H takes the lock");
     let calls = script_calls(&server);
 
     let (tx, granted) = mpsc::channel();
@@ -922,11 +911,7 @@ fn lingering_channels_go_each_in_its_own_time() {
         .at(&url);
     let subscribed = |name: &str| numsub(&server, &channel_of(name, &waiter)) > 0;
     let wait_once = |name: &str| -> Instant {
-        let held = holder
-            .lock(name)
-            .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_secs(60)))
-            .map(Option::unwrap)
-            .expect("hold");
+        let held = support::leased(&holder.lock(name), Duration::from_secs(60), "hold");
         let got = waiter
             .lock(name)
             .try_lock_for(Duration::from_millis(300))

@@ -14,6 +14,14 @@ use redmutex::Client;
 
 use crate::support::child::{say, ChildProc};
 
+/// What a bench's parent tells the workers it starts (its own binary, run again): the
+/// role (set only in a worker), the kind of lock, the server and the key prefix. Each
+/// bench's workers are its own, so one set of names serves every bench.
+pub const ROLE_ENV: &str = "REDMUTEX_BENCH_ROLE";
+pub const KIND_ENV: &str = "REDMUTEX_BENCH_KIND";
+pub const URL_ENV: &str = "REDMUTEX_BENCH_URL";
+pub const PREFIX_ENV: &str = "REDMUTEX_BENCH_PREFIX";
+
 pub fn least_most(counts: &[u64]) -> f64 {
     let most = counts.iter().copied().max().unwrap_or(0);
     let least = counts.iter().copied().min().unwrap_or(0);
@@ -156,6 +164,101 @@ impl Targets {
         );
         out
     }
+}
+
+/// The parent's admin connection: its reads give up after `stuck`, so a hung server fails
+/// the bench instead of freezing it.
+pub fn admin_connection(url: &str, stuck: Duration) -> redis::Connection {
+    let con = connect(url);
+    con.set_read_timeout(Some(stuck)).expect("set read timeout");
+    con
+}
+
+/// The parent's one admin connection, opened before any measurement so that its own setup
+/// is never counted (each bench adds the questions it asks).
+pub struct Admin {
+    pub con: redis::Connection,
+}
+
+impl Admin {
+    pub fn new(url: &str, stuck: Duration) -> Admin {
+        Admin {
+            con: admin_connection(url, stuck),
+        }
+    }
+
+    pub fn redis_version(&mut self) -> String {
+        crate::support::redis_version(&mut self.con)
+    }
+
+    /// Calls of `cmd` (lowercase) since the server started, from `INFO commandstats`.
+    pub fn calls(&mut self, cmd: &str) -> u64 {
+        crate::support::commandstats(&mut self.con)
+            .get(cmd)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// This process's resident memory, KiB, from /proc/self/status (Linux only).
+pub fn rss_kib() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+}
+
+/// The one of `kinds` that `name` calls `s` (a worker's kind, sent in `KIND_ENV`).
+pub fn kind_named<K: Copy>(kinds: &[K], name: fn(K) -> &'static str, s: &str) -> K {
+    kinds
+        .iter()
+        .copied()
+        .find(|&k| name(k) == s)
+        .unwrap_or_else(|| {
+            let names: Vec<&str> = kinds.iter().map(|&k| name(k)).collect();
+            panic!("{KIND_ENV}={s:?}: expected one of {names:?}")
+        })
+}
+
+/// A positive number from the environment variable `name`; `default` when it is unset.
+pub fn env_f64(name: &str, default: f64) -> f64 {
+    match std::env::var(name) {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() => s,
+            _ => panic!("{name}={v:?}: expected a positive number"),
+        },
+        Err(_) => default,
+    }
+}
+
+/// Prints the command that repeats this run (those of `vars` that are set, then
+/// `cargo bench --bench <bench>`) and returns what the figures were taken on:
+/// `redis <version> (<where>), <n> CPUs`.
+pub fn run_on(
+    bench: &str,
+    vars: &[&str],
+    url: &str,
+    server: Option<&crate::support::RedisServer>,
+    version: &str,
+) -> String {
+    let mut command = String::new();
+    for var in vars {
+        if let Ok(v) = std::env::var(var) {
+            let _ = write!(command, "{var}={v} ");
+        }
+    }
+    command.push_str("cargo bench --bench ");
+    command.push_str(bench);
+    println!("command: {command}");
+    let origin = match server {
+        Some(s) => format!("spawned, port {}", s.port()),
+        None => url.to_owned(),
+    };
+    let cpus = thread::available_parallelism().map_or(0, |n| n.get());
+    format!("redis {version} ({origin}), {cpus} CPUs")
 }
 
 pub fn connect(url: &str) -> redis::Connection {
@@ -873,6 +976,51 @@ pub fn collect_events(
         events.push(mine);
     }
     events
+}
+
+/// What the workers took in one timed window.
+pub struct Acquisitions {
+    /// Per process: (acquired, release started) in CLOCK_MONOTONIC ns.
+    pub by_process: Vec<Vec<(u64, u64)>>,
+    /// The window's start.
+    pub start: u64,
+}
+
+impl Acquisitions {
+    /// Starts the window of `secs` for the ready `children` and reads what each took (one
+    /// silent past the window and `stuck` fails the bench as `hung`).
+    pub fn run(mut children: Vec<ChildProc>, secs: f64, stuck: Duration, hung: &str) -> Self {
+        let (start, _) = start_window(&mut children, secs);
+        let deadline = Duration::from_secs_f64(secs) + stuck;
+        let by_process = collect_events(children, deadline, hung);
+        Acquisitions { by_process, start }
+    }
+
+    /// Acquisitions per process.
+    pub fn counts(&self) -> Vec<u64> {
+        self.by_process.iter().map(|e| e.len() as u64).collect()
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts().iter().sum()
+    }
+
+    /// From the start to the last release.
+    pub fn seconds(&self) -> f64 {
+        let end = self
+            .by_process
+            .iter()
+            .flatten()
+            .map(|&(_, rel)| rel)
+            .max()
+            .unwrap_or(self.start);
+        end.saturating_sub(self.start) as f64 / 1e9
+    }
+
+    /// Acquisitions per second.
+    pub fn rate(&self) -> f64 {
+        self.total() as f64 / self.seconds()
+    }
 }
 
 /// In a worker: the window the parent sent (`go <start> <end>`).

@@ -103,6 +103,39 @@ pub fn entry(role_var: &str, url_var: &str) -> Option<(String, String)> {
     Some((role, url))
 }
 
+/// A child's body, by its role: given the server URL.
+pub type Role = (&'static str, fn(&str));
+/// The same for children that also take a lock name: given the URL and the name.
+pub type NamedRole = (&'static str, fn(&str, &str));
+
+/// A child entry's body: runs the function `roles` gives for the role the parent set (with
+/// the server URL); nothing in a normal run. An unknown role fails the child.
+pub fn run_role(role_var: &str, url_var: &str, roles: &[Role]) {
+    let Some((role, url)) = entry(role_var, url_var) else {
+        return;
+    };
+    let run = pick(roles, &role);
+    run(&url);
+}
+
+/// [`run_role`] for children that also take a lock name (from `name_var`).
+pub fn run_named_role(role_var: &str, url_var: &str, name_var: &str, roles: &[NamedRole]) {
+    let Some((role, url)) = entry(role_var, url_var) else {
+        return;
+    };
+    let name = std::env::var(name_var).expect("lock name for the child");
+    let run = pick(roles, &role);
+    run(&url, &name);
+}
+
+fn pick<F: Copy>(roles: &[(&str, F)], role: &str) -> F {
+    roles
+        .iter()
+        .find(|(r, _)| *r == role)
+        .map(|(_, f)| *f)
+        .unwrap_or_else(|| panic!("unknown child role {role:?}"))
+}
+
 /// The numbers of a child's line `<word> <n> <n> ...` (`word` given with its space).
 pub fn numbers<T: std::str::FromStr>(line: &str, word: &str) -> Vec<T> {
     line.strip_prefix(word)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redmutex::{Client, ClientBuilder, LossReason, LostLease};
 
-use super::RedisServer;
+use super::{FaultProxy, RedisServer};
 
 /// Where a client connects: a URL (`&str`, `String`) or a harness server.
 pub trait Endpoint {
@@ -163,6 +163,15 @@ impl Clients {
         let server = RedisServer::new();
         let client = self.at(&server);
         (server, client)
+    }
+
+    /// A fresh server, a [`FaultProxy`] in front of it and a client talking through the
+    /// proxy: how the tests of lost replies begin.
+    pub fn serve_through_proxy(&self) -> (RedisServer, FaultProxy, Client) {
+        let server = RedisServer::new();
+        let proxy = FaultProxy::new(server.port());
+        let client = self.at(&proxy.url());
+        (server, proxy, client)
     }
 
     /// A client of `to` whose lost leases are [`Heard`].

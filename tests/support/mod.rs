@@ -111,10 +111,7 @@ impl RedisServer {
             .map(|v| parse_port("--tls-port", v))
             .filter(|&p| p != 0);
         let password = arg_value(&extra, "--requirepass").map(str::to_string);
-        let dir = tempfile::Builder::new()
-            .prefix("redmutex-redis-")
-            .tempdir()
-            .expect("create temp dir for redis-server");
+        let dir = temp_dir("redis");
 
         let mut server = RedisServer {
             child: None,
@@ -342,33 +339,22 @@ impl RedisServer {
         let log = self.log_path();
         let log_start = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         let bin = self.bin.clone().unwrap_or_else(server_binary);
-        // A file rather than null keeps test output quiet without losing
-        // argument errors, which Redis prints before the log file exists.
-        let stderr = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.stderr_path())
-            .expect("open redis-server stderr file");
-        let mut child = Command::new(&bin)
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .arg("--logfile")
-            .arg(&log)
-            .args(["--daemonize", "no"])
-            .args(["--protected-mode", "no"])
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run {bin:?} (set REDIS_SERVER_BIN to override): {e}")
-            });
+        let mut child = spawn_server(
+            Command::new(&bin)
+                .arg("--port")
+                .arg(self.port.to_string())
+                .args(["--bind", "127.0.0.1"])
+                .args(["--save", ""])
+                .args(["--appendonly", "no"])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .arg("--logfile")
+                .arg(&log)
+                .args(["--daemonize", "no"])
+                .args(["--protected-mode", "no"])
+                .args(&self.extra),
+            &self.stderr_path(),
+        );
 
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
@@ -817,33 +803,31 @@ fn script_text(script: &str) -> String {
     let released = include_str!("../../lua/leased_release.lua");
     let cancelled = include_str!("../../lua/leased_cancel.lua");
     let oom = include_str!("../../lua/allow_oom.lua");
+    // A read-write lock's or semaphore's script: the queue's and the leases' rules, the
+    // kind's own, then the body.
+    let leased_kind = |rules, body| vec![queue, leases, rules, body];
+    // The bodies read-write locks and semaphores share, each on its own rules file.
+    let leased_op = |op: &str| match op {
+        "release" => released,
+        "cancel" => cancelled,
+        "kick" => kick,
+        _ => force,
+    };
     let parts: Vec<&str> = match script {
         "acquire" => vec![queue, include_str!("../../lua/acquire.lua")],
         "release" => vec![oom, queue, include_str!("../../lua/release.lua")],
         "cancel" => vec![oom, queue, include_str!("../../lua/cancel.lua")],
         "kick" => vec![oom, queue, kick],
         "force_unlock" => vec![oom, queue, force],
-        "rw_acquire" => vec![queue, leases, rw, include_str!("../../lua/rw_acquire.lua")],
-        "rw_release" => vec![oom, queue, leases, rw, released],
-        "rw_cancel" => vec![oom, queue, leases, rw, cancelled],
-        "rw_kick" => vec![oom, queue, leases, rw, kick],
-        "rw_force_unlock" => vec![oom, queue, leases, rw, force],
-        "sem_acquire" => vec![
-            queue,
-            leases,
-            sem,
-            include_str!("../../lua/sem_acquire.lua"),
-        ],
-        "sem_release" => vec![oom, queue, leases, sem, released],
-        "sem_cancel" => vec![oom, queue, leases, sem, cancelled],
-        "sem_kick" => vec![oom, queue, leases, sem, kick],
-        "sem_force_unlock" => vec![oom, queue, leases, sem, force],
-        "sem_permits" => vec![
-            queue,
-            leases,
-            sem,
-            include_str!("../../lua/sem_permits.lua"),
-        ],
+        "rw_acquire" => leased_kind(rw, include_str!("../../lua/rw_acquire.lua")),
+        "rw_release" | "rw_cancel" | "rw_kick" | "rw_force_unlock" => {
+            vec![oom, queue, leases, rw, leased_op(&script["rw_".len()..])]
+        }
+        "sem_acquire" => leased_kind(sem, include_str!("../../lua/sem_acquire.lua")),
+        "sem_release" | "sem_cancel" | "sem_kick" | "sem_force_unlock" => {
+            vec![oom, queue, leases, sem, leased_op(&script["sem_".len()..])]
+        }
+        "sem_permits" => leased_kind(sem, include_str!("../../lua/sem_permits.lua")),
         "renew" => vec![oom, include_str!("../../lua/renew.lua")],
         "inspect" => vec![include_str!("../../lua/inspect.lua")],
         "latch_set" => vec![latch, include_str!("../../lua/latch_set.lua")],
@@ -860,6 +844,81 @@ pub fn llen(con: &mut redis::Connection, key: &str) -> i64 {
 }
 
 /// Whether `key` exists.
+/// `lock` taken for a fixed `lease`, waiting as long as it takes: how a test sets up a
+/// hold that runs out. `what` names the hold if the acquisition fails.
+pub fn leased<K: redmutex::Kind>(
+    lock: &redmutex::Lock<K>,
+    lease: Duration,
+    what: &str,
+) -> redmutex::LockGuard<K> {
+    lock.try_lock_with(redmutex::LockOptions::new().lease(lease))
+        .map(Option::unwrap)
+        .expect(what)
+}
+
+/// The options of a hold for a fixed lease of `ms`, or (`None`) of a watchdog hold: the
+/// defaults, with which `try_lock_with` is `lock`.
+pub fn lease_or_watchdog(ms: Option<u64>) -> redmutex::LockOptions {
+    match ms {
+        Some(ms) => redmutex::LockOptions::new().lease(Duration::from_millis(ms)),
+        None => redmutex::LockOptions::new(),
+    }
+}
+
+/// Starts `cmd`, a server binary, with no stdin or stdout and its stderr appended to
+/// `stderr_path`: a file rather than null keeps test output quiet without losing argument
+/// errors, which Redis prints before its log file exists.
+fn spawn_server(cmd: &mut Command, stderr_path: &Path) -> Child {
+    let stderr = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stderr_path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", stderr_path.display()));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (set REDIS_SERVER_BIN to override): {e}"))
+}
+
+/// A fresh directory for a server process (`what`), removed when dropped.
+pub fn temp_dir(what: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("redmutex-{what}-"))
+        .tempdir()
+        .unwrap_or_else(|e| panic!("create temp dir for {what}: {e}"))
+}
+
+/// `result` is the refusal of a call on a name in use by another kind, `in_use`.
+pub fn assert_wrong_kind<T: std::fmt::Debug>(result: Result<T, redmutex::Error>, in_use: &str) {
+    match result {
+        Err(redmutex::Error::WrongKind { in_use: got, .. }) => {
+            assert_eq!(got, in_use, "the kind in use")
+        }
+        other => panic!("expected WrongKind ({in_use} in use), got {other:?}"),
+    }
+}
+
+/// What `f` returned, and how long it took.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed())
+}
+
+/// The answer of `command key` (`GET`, `PTTL`, `HGETALL`...): a test reading one key
+/// straight from Redis.
+pub fn query_key<T: redis::FromRedisValue>(
+    con: &mut redis::Connection,
+    command: &str,
+    key: impl redis::ToRedisArgs,
+) -> T {
+    redis::cmd(command)
+        .arg(key)
+        .query(con)
+        .unwrap_or_else(|e| panic!("{command}: {e}"))
+}
+
 pub fn exists(con: &mut redis::Connection, key: impl redis::ToRedisArgs) -> bool {
     redis::cmd("EXISTS").arg(key).query(con).expect("EXISTS")
 }

@@ -331,18 +331,28 @@ impl FaultProxy {
     /// Blocks until at least `n` requests containing the watched `marker` were seen;
     /// false if that did not happen within `timeout`.
     pub fn wait_seen(&self, marker: &str, n: usize, timeout: Duration) -> bool {
-        self.wait_for(timeout, |rules| rules.counts(marker.as_bytes()).0 >= n)
+        self.shared
+            .wait_for(timeout, |rules| rules.counts(marker.as_bytes()).0 >= n)
     }
 
     /// Blocks until at least `n` requests containing the watched `marker` were handed to
     /// Redis; false if that did not happen within `timeout`.
     pub fn wait_forwarded(&self, marker: &str, n: usize, timeout: Duration) -> bool {
-        self.wait_for(timeout, |rules| rules.counts(marker.as_bytes()).1 >= n)
+        self.shared
+            .wait_for(timeout, |rules| rules.counts(marker.as_bytes()).1 >= n)
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Rules> {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Blocks until `done` holds (true), looked at on every change, or `timeout` passed
+    /// (false).
     fn wait_for(&self, timeout: Duration, mut done: impl FnMut(&Rules) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
-        let mut rules = self.shared.lock();
+        let mut rules = self.lock();
         loop {
             if done(&rules) {
                 return true;
@@ -352,38 +362,16 @@ impl FaultProxy {
                 return false;
             }
             rules = self
-                .shared
                 .changed
                 .wait_timeout(rules, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Rules> {
-        self.rules.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sleeps for `delay` unless the proxy stops first; false when it stopped.
     fn hold_back(&self, delay: Duration) -> bool {
-        let deadline = Instant::now() + delay;
-        let mut rules = self.lock();
-        loop {
-            if self.stop.load(Ordering::SeqCst) {
-                return false;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return true;
-            }
-            rules = self
-                .changed
-                .wait_timeout(rules, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        !self.wait_for(delay, |_| self.stop.load(Ordering::SeqCst))
     }
 
     fn forget(&self, id: u64) {

@@ -38,7 +38,7 @@ use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::{Deref, DerefMut};
 use std::panic;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::thread;
@@ -98,10 +98,7 @@ impl Sentinel {
     /// `sentinel monitor ...` lines); retries on another port when a parallel test took
     /// the one probed free.
     fn spawn(body: &str) -> Sentinel {
-        let dir = tempfile::Builder::new()
-            .prefix("redmutex-sentinel-")
-            .tempdir()
-            .expect("create temp dir for a sentinel");
+        let dir = super::temp_dir("sentinel");
         let mut sentinel = Sentinel {
             child: None,
             pid: 0,
@@ -151,22 +148,12 @@ impl Sentinel {
         )
         .expect("write sentinel.conf");
         let log_start = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-        let stderr = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("stderr.log"))
-            .expect("open sentinel stderr file");
-        let bin = super::server_binary();
-        let mut child = Command::new(&bin)
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run {bin:?} --sentinel (set REDIS_SERVER_BIN to override): {e}")
-            });
+        let mut child = super::spawn_server(
+            Command::new(super::server_binary())
+                .arg(&conf)
+                .arg("--sentinel"),
+            &self.dir.path().join("stderr.log"),
+        );
         let deadline = Instant::now() + super::STARTUP_TIMEOUT;
         loop {
             match child.try_wait() {
