@@ -65,6 +65,17 @@ const SEM_PERMITS: u32 = 4;
 const HOLD: Duration = Duration::from_millis(1);
 const NAME: &str = "family";
 
+/// The name each kind is measured on: a name is one kind at a time (a lock, a read-write
+/// lock and a semaphore cannot share one), so each has its own.
+fn name_of(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Lock => "family-lock",
+        Kind::Read => "family-rw",
+        Kind::Sem => "family-sem",
+        Kind::Naive => NAME,
+    }
+}
+
 /// Operations per kind before any sample is kept: connections, scripts and caches warm up.
 const WARMUP_OPS: usize = 300;
 const ROUNDS: usize = 8;
@@ -316,7 +327,7 @@ impl HandRun {
             kind,
             acquire: redis::Script::new(acquire),
             release: redis::Script::new(release),
-            keys: Keys::new(prefix, kind, NAME),
+            keys: Keys::new(prefix, kind, name_of(kind)),
             flags,
         }
     }
@@ -387,9 +398,9 @@ fn cheap_latencies(url: &str, admin: &mut Admin) -> Cheap {
     let lib_prefix = unique_prefix("family", "cheap");
     let hand_prefix = unique_prefix("family", "cheap-by-hand");
     let client = bench_client(url, &lib_prefix);
-    let read = client.read_write_lock(NAME).read_lock();
-    let sem = client.semaphore(NAME, SEM_PERMITS);
-    let lock = client.lock(NAME);
+    let read = client.read_write_lock(name_of(Kind::Read)).read_lock();
+    let sem = client.semaphore(name_of(Kind::Sem), SEM_PERMITS);
+    let lock = client.lock(name_of(Kind::Lock));
     let hand: Vec<HandRun> = [Kind::Read, Kind::Sem, Kind::Lock]
         .into_iter()
         .map(|k| HandRun::new(k, &hand_prefix))
@@ -402,7 +413,7 @@ fn cheap_latencies(url: &str, admin: &mut Admin) -> Cheap {
         let _p = sem.acquire().expect("permit");
         let _l = lock.lock().expect("lock");
         for kind in [Kind::Read, Kind::Sem, Kind::Lock] {
-            let keys = Keys::new(&lib_prefix, kind, NAME);
+            let keys = Keys::new(&lib_prefix, kind, name_of(kind));
             let mut want = vec![keys.all[0].clone()];
             want.extend(keys.all.get(4..).unwrap_or_default().iter().cloned());
             for key in want {
@@ -653,9 +664,9 @@ impl Handle {
                 token: format!("{}:{:?}", std::process::id(), thread::current().id()),
                 lock: common::NaiveLock::new(),
             })),
-            Kind::Read => Handle::Read(client.read_write_lock(NAME).read_lock()),
-            Kind::Lock => Handle::Lock(client.lock(NAME)),
-            Kind::Sem => Handle::Sem(client.semaphore(NAME, SEM_PERMITS)),
+            Kind::Read => Handle::Read(client.read_write_lock(name_of(kind)).read_lock()),
+            Kind::Lock => Handle::Lock(client.lock(name_of(kind))),
+            Kind::Sem => Handle::Sem(client.semaphore(name_of(kind), SEM_PERMITS)),
         }
     }
 
