@@ -8,7 +8,7 @@ mod support;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{CancellationToken, Client, Error, Kind, Lock, LockOptions};
+use redmutex::{CancellationToken, Error, Kind, Lock, LockOptions};
 use support::{Clients, Keys, RedisServer};
 
 const WATCHDOG: Duration = Duration::from_millis(1500);
@@ -18,10 +18,6 @@ const MARGIN: Duration = Duration::from_millis(400);
 const CLIENTS: Clients = Clients::new("s:")
     .watchdog(WATCHDOG)
     .command(Duration::from_millis(500));
-
-fn client(server: &RedisServer) -> Client {
-    CLIENTS.at(server)
-}
 
 fn pttl(server: &RedisServer, key: &str) -> i64 {
     redis::cmd("PTTL")
@@ -58,7 +54,7 @@ fn fixed_lease_through_options<K: Kind>(
 #[test]
 fn every_kind_takes_a_fixed_lease_through_the_options() {
     let server = RedisServer::new();
-    let (a, b) = (client(&server), client(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     fixed_lease_through_options(
         &server,
         &a.lock("l"),
@@ -92,7 +88,7 @@ fn every_kind_takes_a_fixed_lease_through_the_options() {
 #[test]
 fn the_owned_form_has_the_same_names_and_its_guards_move() {
     let server = RedisServer::new();
-    let (a, b) = (client(&server), client(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let owned = a.lock("o").owned();
     let other = b.lock("o");
 
@@ -145,7 +141,7 @@ fn the_owned_form_has_the_same_names_and_its_guards_move() {
 #[test]
 fn a_wait_in_the_options_is_measured_from_each_call() {
     let server = RedisServer::new();
-    let (a, b) = (client(&server), client(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let _held = b.lock("w").lock().unwrap();
     let options = LockOptions::new().wait_for(Duration::from_millis(300));
     for round in 0..2 {
@@ -171,7 +167,7 @@ fn a_wait_in_the_options_is_measured_from_each_call() {
 #[test]
 fn bad_options_are_refused_before_anything_is_sent() {
     let server = RedisServer::new();
-    let client = client(&server);
+    let client = CLIENTS.at(&server);
     // Setup traffic (connections, script loading) first, so that the count below is ours.
     drop(client.lock("warm").lock().unwrap());
     let before = server.total_calls();
@@ -205,7 +201,7 @@ fn bad_options_are_refused_before_anything_is_sent() {
 #[test]
 fn a_semaphore_takes_permits_a_lease_and_a_token_through_the_options() {
     let server = RedisServer::new();
-    let (a, b) = (client(&server), client(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let sem = a.semaphore("gpus", 4);
     let three = sem
         .try_acquire_with(
@@ -259,7 +255,7 @@ fn a_semaphore_takes_permits_a_lease_and_a_token_through_the_options() {
 #[test]
 fn try_set_permits_defines_only_a_semaphore_not_defined_yet() {
     let server = RedisServer::new();
-    let client = client(&server);
+    let client = CLIENTS.at(&server);
     let sem = client.semaphore("slots", 1);
     assert!(sem.try_set_permits(3).unwrap(), "a fresh name is defined");
     assert_eq!(sem.permits().unwrap(), 3);
@@ -280,7 +276,7 @@ fn try_set_permits_defines_only_a_semaphore_not_defined_yet() {
 #[test]
 fn read_and_write_return_guards_as_std_does() {
     let server = RedisServer::new();
-    let (a, b) = (client(&server), client(&server));
+    let (a, b) = (CLIENTS.at(&server), CLIENTS.at(&server));
     let (rw_a, rw_b) = (a.read_write_lock("cfg"), b.read_write_lock("cfg"));
 
     let r1 = rw_a.read().unwrap();
@@ -338,7 +334,7 @@ fn read_and_write_return_guards_as_std_does() {
 #[test]
 fn the_guesses_users_bring_compile_and_do_what_they_say() {
     let server = RedisServer::new();
-    let client = client(&server);
+    let client = CLIENTS.at(&server);
 
     // std's RwLock::read()/write() return guards.
     let rw = client.read_write_lock("g-rw");
