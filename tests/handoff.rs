@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -266,15 +266,43 @@ fn take_turns<K: Kind>(
     order: Arc<Mutex<Vec<usize>>>,
     hold: Duration,
     rounds: usize,
+    turns: Arc<Turns>,
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
+        let mut con = redis::Client::open(turns.url.as_str())
+            .and_then(|c| c.get_connection())
+            .expect("a connection to watch the queue");
         for _ in 0..rounds {
             let g = lock.lock().expect("lock");
             order.lock().unwrap().push(i);
             thread::sleep(hold);
+            turns.await_other(&mut con);
             g.unlock().expect("unlock");
         }
+        turns.done.fetch_add(1, Ordering::SeqCst);
     })
+}
+
+/// What two threads taking turns share: before each release a thread waits until the
+/// other has asked again (its next attempt is in the lock's queue) or has done all its
+/// rounds. The order the test checks is then the lock's, not the scheduler's: on a
+/// loaded machine the releasing thread of the round before can sleep past this whole
+/// hold before it asks again, and a release that finds nobody queued rightly frees the
+/// lock for the releaser's own next attempt (seen: "only 35 handoffs", with a core
+/// loaded and another suite running).
+struct Turns {
+    url: String,
+    queue: String,
+    done: AtomicUsize,
+}
+
+impl Turns {
+    fn await_other(&self, con: &mut redis::Connection) {
+        let ok = wait_until(SETUP, || {
+            self.done.load(Ordering::SeqCst) > 0 || support::llen(con, &self.queue) >= 1
+        });
+        assert!(ok, "the other thread neither queued nor finished");
+    }
 }
 
 /// Two clients, each looping `rounds` times on the lock `name` (fair or plain) with holds
@@ -292,15 +320,20 @@ fn ping_pong(name: &str, fair: bool, hold: Duration, rounds: usize) {
     let holder = CLIENTS.watchdog(Duration::from_secs(30)).at(&server.url());
     let guard = holder.lock(name).lock().expect("holder");
     let order = Arc::new(Mutex::new(Vec::new()));
+    let turns = Arc::new(Turns {
+        url: server.url(),
+        queue: Keys::lock(PREFIX, name).queue(),
+        done: AtomicUsize::new(0),
+    });
     let threads: Vec<_> = clients
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let order = order.clone();
+            let (order, turns) = (order.clone(), turns.clone());
             if fair {
-                take_turns(c.fair_lock(name), i, order, hold, rounds)
+                take_turns(c.fair_lock(name), i, order, hold, rounds, turns)
             } else {
-                take_turns(c.lock(name), i, order, hold, rounds)
+                take_turns(c.lock(name), i, order, hold, rounds, turns)
             }
         })
         .collect();
