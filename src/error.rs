@@ -52,23 +52,109 @@ pub enum Error {
         lock: Option<Box<str>>,
     },
     /// No pooled connection could be had within the connect timeout (Redis down or unreachable).
-    #[error("{}no redis connection available: {source}", On(.lock))]
+    #[error(
+        "{}no redis connection{} within the connect timeout: {source}; \
+         check that the server is running and reachable there",
+        On(.lock), At(.server)
+    )]
     #[non_exhaustive]
     Pool {
         /// What the pool reported.
         source: r2d2::Error,
         /// The lock the operation was on, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
+        /// The server tried, as `host:port` (never with a password), when known.
+        server: Option<Box<str>>,
     },
     /// Redis did not answer within the command timeout. The operation may or may not have
     /// taken effect on the server; a lock taken that way expires with its lease.
-    #[error("{}redis did not answer in time: {source}", On(.lock))]
+    // The source (an OS "Resource temporarily unavailable" for a read that timed out) is
+    // left to `source()`: printed, it reads as a local fault, not a silent server.
+    #[error(
+        "{}redis{} did not answer in time: it may be overloaded, paused or cut off \
+         (the operation may or may not have taken effect; a lock taken so ends with its lease)",
+        On(.lock), At(.server)
+    )]
     #[non_exhaustive]
     Timeout {
         /// The timeout as redis-rs reported it.
         source: redis::RedisError,
         /// The lock the operation was on, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
+        /// The server that did not answer, as `host:port`, when known.
+        server: Option<Box<str>>,
+    },
+    /// The server refused the client's credentials: a wrong user or password, or none given
+    /// to a server that requires one. Final: retrying with the same URL cannot succeed.
+    #[error(
+        "{}authentication failed for user {} at {server}: {}",
+        On(.lock), .user.as_deref().unwrap_or("default"),
+        if *.password_given {
+            "check the user and password in the URL (redis://user:password@host:port/) \
+             against the server's ACL users or requirepass"
+        } else {
+            "the server requires a password: give it in the URL \
+             (redis://:password@host:port/, or redis://user:password@host:port/ for an ACL user)"
+        }
+    )]
+    #[non_exhaustive]
+    Auth {
+        /// The user the client authenticated as (`None`: the default user).
+        user: Option<Box<str>>,
+        /// Whether the client gave a password (none given: the server requires one).
+        password_given: bool,
+        /// The server, as `host:port` (never with a password).
+        server: Box<str>,
+        /// What Redis answered.
+        source: redis::RedisError,
+        /// The lock the operation was on, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
+    /// The server's ACL does not let the client's user run a command or touch a key or
+    /// channel redmutex needs. Nothing was changed by the refused command.
+    #[error(
+        "{}user {} at {server} lacks a permission redmutex needs ({source}): \
+         give it the ACL rule in docs/redis-layout.md",
+        On(.lock), .user.as_deref().unwrap_or("default")
+    )]
+    #[non_exhaustive]
+    NoPermission {
+        /// The user the client authenticated as (`None`: the default user).
+        user: Option<Box<str>>,
+        /// The server, as `host:port`.
+        server: Box<str>,
+        /// What Redis answered (it names the command, key or channel).
+        source: redis::RedisError,
+        /// The lock the operation was on, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
+    /// A key the lock uses holds data of another type (written by something else than
+    /// redmutex under its prefix): the operation was refused and changed nothing.
+    #[error(
+        "{}a key of this name at {server} holds data that is not a redmutex lock: \
+         nothing was changed; use another lock name or key prefix, or remove that data"
+        , On(.lock)
+    )]
+    #[non_exhaustive]
+    NotALock {
+        /// The server, as `host:port`.
+        server: Box<str>,
+        /// What Redis answered (`WRONGTYPE`).
+        source: redis::RedisError,
+        /// The lock the operation was on, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
+    /// A Redis URL given to the client could not be used: `part` says which part is wrong.
+    #[error("bad redis url {url}: the {part} {reason}")]
+    #[non_exhaustive]
+    InvalidUrl {
+        /// The URL, its password replaced by `***`.
+        url: Box<str>,
+        /// The part that is wrong: `"scheme"`, `"host"`, `"port"`, `"database"`,
+        /// `"path"`, `"user"`, `"password"` or `"url"` (when no part could be told).
+        part: &'static str,
+        /// What is wrong with it and what it should be.
+        reason: Box<str>,
     },
     /// The calling thread does not hold the lock it tried to release, and cannot tell
     /// whether it lost it: a release whose reply was lost found nothing when repeated (the
@@ -209,7 +295,10 @@ impl Error {
             | Error::LeaseLost { lock }
             | Error::NotReplicated { lock, .. }
             | Error::WouldDeadlock { lock }
-            | Error::WrongKind { lock, .. } => lock.as_deref(),
+            | Error::WrongKind { lock, .. }
+            | Error::Auth { lock, .. }
+            | Error::NoPermission { lock, .. }
+            | Error::NotALock { lock, .. } => lock.as_deref(),
             _ => None,
         }
     }
@@ -226,6 +315,9 @@ impl Error {
             | Error::NotReplicated { lock, .. }
             | Error::WouldDeadlock { lock }
             | Error::WrongKind { lock, .. }
+            | Error::Auth { lock, .. }
+            | Error::NoPermission { lock, .. }
+            | Error::NotALock { lock, .. }
                 if lock.is_none() =>
             {
                 *lock = Some(printable(name));
@@ -242,12 +334,20 @@ impl Error {
 
     /// [`Error::Timeout`] not (yet) tied to a lock.
     pub(crate) fn timeout(source: redis::RedisError) -> Error {
-        Error::Timeout { source, lock: None }
+        Error::Timeout {
+            source,
+            lock: None,
+            server: None,
+        }
     }
 
     /// [`Error::Pool`] not (yet) tied to a lock.
     pub(crate) fn pool(source: r2d2::Error) -> Error {
-        Error::Pool { source, lock: None }
+        Error::Pool {
+            source,
+            lock: None,
+            server: None,
+        }
     }
 
     /// [`Error::NotHeld`] not (yet) tied to a lock.
@@ -271,6 +371,86 @@ impl Error {
             Error::Timeout { .. } => true,
             Error::Redis { source: e, .. } => e.is_io_error() || e.is_connection_dropped(),
             _ => false,
+        }
+    }
+}
+
+/// Whether Redis refused the client's credentials: a wrong user or password (`WRONGPASS`,
+/// or redis-rs's own check of the `AUTH` reply), or none given to a server that needs one
+/// (`NOAUTH`; a script too long for an unauthenticated client gets "Protocol error:
+/// unauthenticated bulk length" instead).
+pub(crate) fn is_auth_failure(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+        || e.detail().is_some_and(|d| {
+            d.starts_with("NOAUTH") || d.contains("Protocol error: unauthenticated")
+        })
+}
+
+/// Whether the server's ACL refused a command, key or channel (`NOPERM`; Redis 6.2 wraps
+/// a script's in "Error running script").
+fn is_no_permission(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOPERM") || e.detail().is_some_and(|d| d.contains("NOPERM"))
+}
+
+/// Whether a key held another type than the script expected (`WRONGTYPE`: Redis 7 gives a
+/// script's its own code; Redis 6.2 wraps it in "Error running script ...").
+fn is_wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+        || e.detail().is_some_and(|d| {
+            d.contains("WRONGTYPE Operation against a key holding the wrong kind of value")
+        })
+}
+
+impl Error {
+    /// This error with the server named (`server`, as `host:port`, and the client's
+    /// `user`), and a refusal that has a way out of its own (credentials, ACL, a key of
+    /// another type) made its own variant.
+    pub(crate) fn at_server(
+        self,
+        server: impl FnOnce() -> String,
+        user: impl FnOnce() -> Option<String>,
+        password_given: bool,
+    ) -> Error {
+        let boxed = |s: String| s.into_boxed_str();
+        match self {
+            Error::Redis { source, lock } if is_auth_failure(&source) => Error::Auth {
+                user: user().map(boxed),
+                password_given,
+                server: boxed(server()),
+                source,
+                lock,
+            },
+            Error::Redis { source, lock } if is_no_permission(&source) => Error::NoPermission {
+                user: user().map(boxed),
+                server: boxed(server()),
+                source,
+                lock,
+            },
+            Error::Redis { source, lock } if is_wrong_type(&source) => Error::NotALock {
+                server: boxed(server()),
+                source,
+                lock,
+            },
+            Error::Pool {
+                source,
+                lock,
+                server: None,
+            } => Error::Pool {
+                source,
+                lock,
+                server: Some(boxed(server())),
+            },
+            Error::Timeout {
+                source,
+                lock,
+                server: None,
+            } => Error::Timeout {
+                source,
+                lock,
+                server: Some(boxed(server())),
+            },
+            other => other,
         }
     }
 }
@@ -323,6 +503,18 @@ fn printable(name: &[u8]) -> Box<str> {
         out.push('…');
     }
     out.into_boxed_str()
+}
+
+/// Displays ` at <host:port>` after a word about the server, nothing for no server.
+struct At<'a>(&'a Option<Box<str>>);
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(server) => write!(f, " at {server}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Displays `lock "<name>": ` before a message about that lock, nothing for no lock.

@@ -32,6 +32,7 @@ fn client(url: &str) -> Client {
 
 /// `text` names `what` (each of them) and never the password.
 fn says(err: &Error, what: &[&str]) {
+    eprintln!("{err}");
     for text in [err.to_string(), format!("{err:?}")] {
         assert!(!text.contains(SECRET), "password leaked: {text}");
     }
@@ -51,7 +52,10 @@ fn a_server_that_is_down_is_named() {
         .unwrap();
     let err = c.lock("jobs").try_lock().expect_err("nobody listens");
     assert!(matches!(err, Error::Pool { .. }), "{err:?}");
-    says(&err, &["lock \"jobs\"", &format!("127.0.0.1:{port}"), "running"]);
+    says(
+        &err,
+        &["lock \"jobs\"", &format!("127.0.0.1:{port}"), "running"],
+    );
 }
 
 #[test]
@@ -59,11 +63,15 @@ fn a_wrong_password_is_final_and_says_so() {
     let server = RedisServer::new();
     set_user(&server, "locker", &format!("on >{SECRET} ~* &* +@all"));
     let c = Client::builder()
-        .url(format!("redis://locker:wrong-{SECRET}@127.0.0.1:{}/", server.port()))
+        .url(format!(
+            "redis://locker:wrong-{SECRET}@127.0.0.1:{}/",
+            server.port()
+        ))
         .connect_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let (result, took) = support::timed(|| c.lock("jobs").try_lock());
+    // `lock()` waits for a connection for the whole connect timeout: a refusal must end it.
+    let (result, took) = support::timed(|| c.lock("jobs").lock());
     let err = result.expect_err("wrong password");
     assert!(took < Duration::from_secs(2), "retried for {took:?}: {err}");
     assert!(matches!(err, Error::Auth { .. }), "{err:?}");
@@ -105,7 +113,10 @@ fn a_user_without_a_needed_command_is_told_which_rule() {
         "weak",
         &format!("on >{SECRET} resetchannels ~redmutex:* &redmutex:* -@all +ping +get"),
     );
-    let c = client(&format!("redis://weak:{SECRET}@127.0.0.1:{}/", server.port()));
+    let c = client(&format!(
+        "redis://weak:{SECRET}@127.0.0.1:{}/",
+        server.port()
+    ));
     let err = c.lock("jobs").try_lock().expect_err("no permission");
     assert!(matches!(err, Error::NoPermission { .. }), "{err:?}");
     says(

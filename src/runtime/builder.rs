@@ -469,9 +469,7 @@ impl ClientBuilder {
                 ),
                 Some((n, t)) => Some((n, crate::runtime::lease::millis(t))),
             };
-        let bad_url = |e: redis::RedisError| {
-            Error::InvalidArgument(format!("bad redis url {}: {e}", redact_url(&self.url)))
-        };
+        let bad_url = |e: redis::RedisError| crate::runtime::urls::bad_url(&self.url, &e);
         let redis = if self.tls_ca.is_none() && self.tls_client.is_none() {
             redis::Client::open(self.url.as_str()).map_err(bad_url)?
         } else {

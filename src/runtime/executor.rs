@@ -27,6 +27,10 @@ const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
 /// call only within half of it, so the first run is always still remembered.
 pub(crate) const CALL_MEMORY: Duration = Duration::from_secs(60);
 
+/// How often a checkout waiting for a new connection looks whether its credentials were
+/// refused (see `Executor::checkout`).
+const REFUSAL_POLL: Duration = Duration::from_millis(10);
+
 /// The shortest socket timeout a call gets, even past its deadline: zero means "none".
 const MIN_IO_TIMEOUT: Duration = Duration::from_millis(1);
 
@@ -59,6 +63,8 @@ pub(crate) struct Executor {
     // the first refusal, together: one after another (the watchdog renews lock after
     // lock) they would otherwise each wait the whole time, while leases elsewhere ran out.
     node_down: parking_lot::Mutex<Option<(Instant, Instant)>>,
+    // New connections' refused credentials (see `Manager::refused`).
+    refused: Arc<parking_lot::Mutex<Option<(Instant, redis::RedisError)>>>,
 }
 
 impl Executor {
@@ -67,11 +73,13 @@ impl Executor {
     pub(crate) fn new(id: String, target: Target, config: Config) -> Executor {
         let target = Arc::new(target);
         let topology = Arc::new(Topology::default());
+        let refused = Arc::new(parking_lot::Mutex::new(None));
         let manager = Manager {
             target: target.clone(),
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
             topology: topology.clone(),
+            refused: refused.clone(),
         };
         // Connections are made on demand (min_idle 0, build_unchecked), so a Redis that is
         // down does not fail the build. No PING on checkout: it would double the cost of
@@ -99,6 +107,7 @@ impl Executor {
             pool,
             target,
             topology,
+            refused,
         }
     }
 
@@ -110,6 +119,7 @@ impl Executor {
             connect_timeout: self.config.connect_timeout,
             command_timeout: self.config.command_timeout,
             topology: self.topology.clone(),
+            refused: self.refused.clone(),
         }
     }
     /// Runs the script call `call` on `con` (see `Scripting::run`).
@@ -303,7 +313,62 @@ impl Executor {
         self.run_with(None, false, None, f)
     }
 
+    /// A pooled connection within `timeout`. A connect refused for its credentials ends
+    /// the wait at once: r2d2 would retry it until `timeout` and report a timeout, while
+    /// the same password cannot succeed later.
+    fn checkout(&self, timeout: Duration) -> Result<r2d2::PooledConnection<Manager>, Error> {
+        let start = Instant::now();
+        let end = start + timeout;
+        // r2d2 hands the last connect failure ("Connection refused") to one timed-out
+        // checkout only: the most telling report of the slices is kept.
+        let mut report: Option<r2d2::Error> = None;
+        loop {
+            let slice = end
+                .saturating_duration_since(Instant::now())
+                .min(REFUSAL_POLL);
+            match self.pool.get_timeout(slice) {
+                Ok(conn) => return Ok(conn),
+                Err(e) => {
+                    if let Some((_, refusal)) =
+                        self.refused.lock().as_ref().filter(|(at, _)| *at >= start)
+                    {
+                        return Err(Error::redis(refusal.clone()));
+                    }
+                    if report
+                        .as_ref()
+                        .is_none_or(|r| e.to_string().len() > r.to_string().len())
+                    {
+                        report = Some(e);
+                    }
+                    if Instant::now() >= end {
+                        return Err(report.map_or_else(|| unreachable!(), Error::from));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `e` naming this client's server and user (see [`Error::at_server`]).
+    fn explain(&self, e: Error) -> Error {
+        e.at_server(
+            || self.target.server(),
+            || self.target.user(),
+            self.target.has_password(),
+        )
+    }
+
     fn run_with<T>(
+        &self,
+        until: Option<Instant>,
+        repeatable: bool,
+        meanwhile: Option<&mut dyn FnMut()>,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.run_checked(until, repeatable, meanwhile, f)
+            .map_err(|e| self.explain(e))
+    }
+
+    fn run_checked<T>(
         &self,
         until: Option<Instant>,
         repeatable: bool,
@@ -327,7 +392,7 @@ impl Executor {
                     )
                 }
             };
-            let mut pooled: r2d2::PooledConnection<Manager> = self.pool.get_timeout(checkout)?;
+            let mut pooled: r2d2::PooledConnection<Manager> = self.checkout(checkout)?;
             let conn: &mut Conn = &mut pooled;
             if conn.generation != self.target.generation() {
                 // Made to a primary the sentinels no longer name: retired on return. The

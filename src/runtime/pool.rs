@@ -1,7 +1,7 @@
 //! Pooled command connections: r2d2 over redis, with timeouts and no PING per checkout.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::ConnectionLike;
 
@@ -29,6 +29,10 @@ pub(crate) struct Manager {
     pub(crate) command_timeout: Duration,
     // The client's count of signs of the deployment changing (see `Topology`).
     pub(crate) topology: Arc<Topology>,
+    // The last refusal of a new connection's credentials, and when: r2d2 retries a failed
+    // connect until the checkout times out and then reports only a timeout, so a checkout
+    // looks here to report a wrong password at once, as what it is.
+    pub(crate) refused: Arc<parking_lot::Mutex<Option<(Instant, redis::RedisError)>>>,
 }
 
 impl Manager {
@@ -47,7 +51,12 @@ impl r2d2::ManageConnection for Manager {
     fn connect(&self) -> Result<Conn, redis::RedisError> {
         let (con, generation) = self
             .target
-            .connect_commands(self.connect_timeout, self.command_timeout)?;
+            .connect_commands(self.connect_timeout, self.command_timeout)
+            .inspect_err(|e| {
+                if crate::error::is_auth_failure(e) {
+                    *self.refused.lock() = Some((Instant::now(), e.clone()));
+                }
+            })?;
         Ok(Conn {
             con,
             timeout: self.command_timeout,

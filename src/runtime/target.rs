@@ -164,6 +164,47 @@ impl Target {
         }
     }
 
+    /// The server commands go to, for messages: `host:port` (a Sentinel service's primary
+    /// as last named, a cluster's nodes), never with a password.
+    pub(crate) fn server(&self) -> String {
+        match self {
+            Target::Server(client) => client.get_connection_info().addr().to_string(),
+            Target::Sentinel(sentinel) => match &*sentinel.primary.lock() {
+                Some(addr) => format!("{addr} (primary of {:?})", sentinel.service),
+                None => format!("the primary of sentinel service {:?}", sentinel.service),
+            },
+            Target::Cluster(cluster) => cluster
+                .nodes
+                .iter()
+                .map(|node| node.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+
+    /// The user the client authenticates as (`None`: the default user).
+    pub(crate) fn user(&self) -> Option<String> {
+        let info = match self {
+            Target::Server(client) => client.get_connection_info(),
+            Target::Sentinel(sentinel) => &sentinel.node,
+            Target::Cluster(cluster) => cluster.nodes.first()?,
+        };
+        info.redis_settings().username().map(str::to_owned)
+    }
+
+    /// Whether the client has a password to give.
+    pub(crate) fn has_password(&self) -> bool {
+        let info = match self {
+            Target::Server(client) => client.get_connection_info(),
+            Target::Sentinel(sentinel) => &sentinel.node,
+            Target::Cluster(cluster) => match cluster.nodes.first() {
+                Some(node) => node,
+                None => return false,
+            },
+        };
+        info.redis_settings().password().is_some()
+    }
+
     pub(crate) fn is_sentinel(&self) -> bool {
         matches!(self, Target::Sentinel(_))
     }

@@ -22,12 +22,105 @@ pub(crate) fn parse_urls(
     let infos = urls
         .iter()
         .map(|url| {
-            url.as_str().into_connection_info().map_err(|e| {
-                Error::InvalidArgument(format!("bad {what} url {}: {e}", redact_url(url)))
-            })
+            url.as_str()
+                .into_connection_info()
+                .map_err(|e| match bad_url(url, &e) {
+                    Error::InvalidUrl { url, part, reason } => Error::InvalidUrl {
+                        url: format!("{url} (a {what} address)").into_boxed_str(),
+                        part,
+                        reason,
+                    },
+                    other => other,
+                })
         })
         .collect::<Result<_, _>>()?;
     Ok((infos, urls.iter().map(|u| redact_url(u)).collect()))
+}
+
+/// The schemes redis-rs takes.
+const SCHEMES: [&str; 7] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis+unix",
+    "valkey+unix",
+    "unix",
+];
+
+/// What the URL should look like, for messages.
+const FORM: &str = "redis://[user:password@]host[:port][/db] (rediss:// for TLS, \
+    redis+unix:///path/to.sock for a socket)";
+
+/// Says which part of `url` is wrong, when redis-rs cannot use it (`e`): a whole-URL
+/// "did not parse" helps nobody find the typo.
+pub(crate) fn bad_url(url: &str, e: &redis::RedisError) -> Error {
+    let (part, reason) =
+        wrong_part(url).unwrap_or_else(|| ("url", format!("is not usable ({e}): write {FORM}")));
+    Error::InvalidUrl {
+        url: redact_url(url).into_boxed_str(),
+        part,
+        reason: reason.into_boxed_str(),
+    }
+}
+
+/// The part of `url` that is wrong and why, as far as it can be told from the text.
+fn wrong_part(url: &str) -> Option<(&'static str, String)> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Some(("scheme", format!("is missing: write {FORM}")));
+    };
+    if !SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) {
+        return Some((
+            "scheme",
+            format!(
+                "{scheme:?} is not one of {}: write {FORM}",
+                SCHEMES.join(", ")
+            ),
+        ));
+    }
+    if scheme.ends_with("unix") {
+        return rest
+            .split(['?', '#'])
+            .next()
+            .is_none_or(|p| p.trim_start_matches('/').is_empty())
+            .then(|| ("path", "of the socket is missing".to_owned()));
+    }
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let host_port = authority
+        .rfind('@')
+        .map_or(authority, |at| &authority[at + 1..]);
+    let (host, port) = match host_port.strip_prefix('[') {
+        // An IPv6 address: [::1]:6379.
+        Some(v6) => match v6.split_once(']') {
+            Some((host, after)) => (host, after.strip_prefix(':')),
+            None => return Some(("host", "has a '[' without its ']'".to_owned())),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Some(("host", format!("is missing: write {FORM}")));
+    }
+    if let Some(port) = port {
+        if !port.is_empty() && port.parse::<u16>().is_err() {
+            return Some((
+                "port",
+                format!("{port:?} is not a port number (1 to 65535; 6379 by default)"),
+            ));
+        }
+    }
+    let path = tail.split(['?', '#']).next().unwrap_or("");
+    let db = path.trim_start_matches('/');
+    if !db.is_empty() && db.parse::<i64>().is_err() {
+        return Some((
+            "database",
+            format!("{db:?} is not a database number: write /0, /1..., or nothing for 0"),
+        ));
+    }
+    None
 }
 
 /// A cluster target from its node URLs.
