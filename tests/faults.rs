@@ -266,7 +266,7 @@ fn a_key_of_another_type_is_an_error_and_stays_untouched() {
             .map(|_| true),
     ] {
         match result {
-            Err(Error::Redis { source: e, .. }) => {
+            Err(Error::NotALock { source: e, .. }) => {
                 assert!(e.to_string().contains("WRONGTYPE"), "{e}")
             }
             other => panic!("expected a WRONGTYPE error, got {other:?}"),

@@ -637,7 +637,10 @@ fn invalid_names_and_durations_change_nothing() {
     for (what, builder) in builders {
         let r = builder.build();
         assert!(
-            matches!(r, Err(Error::InvalidArgument(_) | Error::Redis { .. })),
+            matches!(
+                r,
+                Err(Error::InvalidArgument(_) | Error::InvalidUrl { .. } | Error::Redis { .. })
+            ),
             "{what}: {r:?}"
         );
     }
