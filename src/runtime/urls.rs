@@ -87,6 +87,18 @@ fn wrong_part(url: &str) -> Option<(&'static str, String)> {
     }
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
+    if tail
+        .split(['?', '#'])
+        .next()
+        .is_some_and(|t| t.contains('@'))
+    {
+        // A `/` in the password ends the authority early: what follows would be read as
+        // the port or the database, and quoting it would show part of the password.
+        return Some((
+            "password",
+            "or user holds a '/', '?' or '#': write it percent-encoded (%2F, %3F, %23)".to_owned(),
+        ));
+    }
     let host_port = authority
         .rfind('@')
         .map_or(authority, |at| &authority[at + 1..]);
@@ -233,9 +245,11 @@ pub(crate) fn redact_url(url: &str) -> String {
         return url.to_owned();
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    // The userinfo ends at the last '@' before the query: a '/' typed in a password (not
+    // percent-encoded) must not end it early and leave the rest of the password shown.
+    let authority_end = rest.find(['?', '#']).unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
+        return redact_query(url);
     };
     let userinfo = &rest[..at];
     let user = userinfo.split(':').next().unwrap_or("");
@@ -245,7 +259,24 @@ pub(crate) fn redact_url(url: &str) -> String {
         // `redis://secret@host` puts the password where a user would be.
         "***".to_owned()
     };
-    format!("{}{hidden}{}", &url[..scheme_end], &rest[at..])
+    redact_query(&format!("{}{hidden}{}", &url[..scheme_end], &rest[at..]))
+}
+
+/// `url` with the value of a `pass=` query parameter (a Unix socket URL's password)
+/// replaced by `***`.
+fn redact_query(url: &str) -> String {
+    let Some(q) = url.find('?') else {
+        return url.to_owned();
+    };
+    let (head, query) = url.split_at(q + 1);
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some(("pass", _)) => "pass=***".to_owned(),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{head}{}", pairs.join("&"))
 }
 
 #[cfg(test)]
@@ -259,5 +290,31 @@ mod tests {
         assert_eq!(redact_url("redis://pw@h/"), "redis://***@h/");
         assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
         assert_eq!(redact_url("rediss://a:b:c@h"), "rediss://a:***@h");
+        assert_eq!(redact_url("redis://u:pa/ss@h/0"), "redis://u:***@h/0");
+        assert_eq!(
+            redact_url("redis+unix:///tmp/r.sock?db=1&pass=pw"),
+            "redis+unix:///tmp/r.sock?db=1&pass=***"
+        );
+    }
+
+    #[test]
+    fn a_bad_url_names_its_part_and_never_the_password() {
+        let part = |url: &str| {
+            super::wrong_part(url).map(|(part, why)| {
+                assert!(!why.contains("pw"), "{url}: {why}");
+                part
+            })
+        };
+        assert_eq!(part("localhost:6379"), Some("scheme"));
+        assert_eq!(part("http://h/"), Some("scheme"));
+        assert_eq!(part("redis://u:pw@/"), Some("host"));
+        assert_eq!(part("redis://h:63x9/"), Some("port"));
+        assert_eq!(part("redis://[::1]:70000/"), Some("port"));
+        assert_eq!(part("redis://[::1/"), Some("host"));
+        assert_eq!(part("redis://h/zero"), Some("database"));
+        assert_eq!(part("redis://u:p/w@h/"), Some("password"));
+        assert_eq!(part("redis+unix://"), Some("path"));
+        assert_eq!(part("redis://u:pw@h:6379/0"), None);
+        assert_eq!(part("redis://[::1]:6379"), None);
     }
 }
