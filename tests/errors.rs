@@ -183,3 +183,40 @@ fn a_bad_url_says_which_part() {
         says(&err, &[part]);
     }
 }
+
+#[test]
+fn a_multilock_member_that_is_frozen_is_named() {
+    let up = RedisServer::new();
+    let frozen = RedisServer::new();
+    let clients = [client(&up.url()), client(&frozen.url())];
+    for c in &clients {
+        c.lock("warm").lock().unwrap().unlock().unwrap();
+    }
+    frozen.freeze();
+    let _thaw = support::Thaw(&frozen);
+    let all = redmutex::MultiLock::new(clients.iter().map(|c| c.lock("jobs"))).unwrap();
+    let err = all.try_lock().expect_err("a member is frozen");
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err:?}");
+    let cause = std::error::Error::source(&err).expect("the member's failure");
+    let text = cause.to_string();
+    assert!(
+        text.contains(&format!("127.0.0.1:{}", frozen.port())),
+        "{err}: {text}"
+    );
+}
+
+#[test]
+fn a_multilock_member_holding_other_data_is_not_a_lock() {
+    let server = RedisServer::new();
+    redis::cmd("SET")
+        .arg(Keys::lock(DEFAULT_PREFIX, "b").key())
+        .arg("hello")
+        .exec(&mut server.connection())
+        .unwrap();
+    let c = client(&server.url());
+    let all = redmutex::MultiLock::new([c.lock("a"), c.lock("b")]).unwrap();
+    let err = all.try_lock().expect_err("b is a string");
+    let found = std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source())
+        .any(|e| e.to_string().contains("not a redmutex lock"));
+    assert!(found, "{err:?}");
+}

@@ -349,7 +349,7 @@ impl Executor {
     }
 
     /// `e` naming this client's server and user (see [`Error::at_server`]).
-    fn explain(&self, e: Error) -> Error {
+    pub(crate) fn explain(&self, e: Error) -> Error {
         e.at_server(
             || self.target.server(),
             || self.target.user(),

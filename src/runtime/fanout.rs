@@ -289,9 +289,15 @@ fn run_calls<T: FromRedisValue + Send>(
             }
         }),
     }
+    // Each failure names its own server (and a refusal with a way out is typed), as on
+    // the ordinary path: the first lane's replies are settled here, not by the executor.
     let results: Vec<Result<T, Error>> = results
         .into_iter()
-        .map(|r| r.expect("every call has an outcome"))
+        .zip(calls)
+        .map(|(r, call)| {
+            r.expect("every call has an outcome")
+                .map_err(|e| call.client.exec.explain(e))
+        })
         .collect();
     for (call, result) in calls.iter().zip(&results) {
         let mut unreachable = call.client.exec.unreachable.lock();
