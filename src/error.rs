@@ -21,6 +21,12 @@
 /// released`. The variants that can carry the name have a `lock` field and are
 /// `#[non_exhaustive]`: match them as `Error::LeaseLost { .. }`.
 ///
+/// An error about the server says which one (`host:port`, never the password) and what to
+/// do: [`Error::Pool`] (none reachable), [`Error::Timeout`] (no answer), [`Error::Auth`]
+/// (credentials refused: reported at once, not retried), [`Error::NoPermission`] (an ACL
+/// refusal), [`Error::NotALock`] (a key holding other data) and [`Error::InvalidUrl`]
+/// (which part of a URL is wrong).
+///
 /// The variants a caller usually acts on:
 ///
 /// ```no_run
@@ -35,6 +41,9 @@
 ///     Err(Error::Cancelled) => println!("shutting down"),
 ///     Err(e @ Error::WrongKind { .. }) => eprintln!("the name is in use as another kind: {e}"),
 ///     Err(e @ (Error::Pool { .. } | Error::Timeout { .. })) => eprintln!("Redis is unwell: {e}"),
+///     // Final: the same URL or ACL user cannot succeed later; the message says what to fix.
+///     Err(e @ (Error::Auth { .. } | Error::NoPermission { .. })) => return Err(e),
+///     Err(e @ Error::NotALock { .. }) => eprintln!("someone else's data: {e}"),
 ///     Err(e) => return Err(e),
 /// }
 /// # Ok::<(), redmutex::Error>(())
