@@ -52,13 +52,16 @@
 #[non_exhaustive]
 pub enum Error {
     /// Redis answered with an error, or the connection failed.
-    #[error("{}redis error: {source}", On(.lock))]
+    #[error("{}redis error{}: {source}", On(.lock), At(.server))]
     #[non_exhaustive]
     Redis {
         /// What redis-rs reported.
         source: redis::RedisError,
         /// The lock the operation was on, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
+        /// The server that answered or failed, as `host:port` (never with a password),
+        /// when known.
+        server: Option<Box<str>>,
     },
     /// No pooled connection could be had within the connect timeout (Redis down or unreachable).
     #[error(
@@ -338,7 +341,11 @@ impl Error {
 
     /// [`Error::Redis`] not (yet) tied to a lock.
     pub(crate) fn redis(source: redis::RedisError) -> Error {
-        Error::Redis { source, lock: None }
+        Error::Redis {
+            source,
+            lock: None,
+            server: None,
+        }
     }
 
     /// [`Error::Timeout`] not (yet) tied to a lock.
@@ -423,23 +430,32 @@ impl Error {
     ) -> Error {
         let boxed = |s: String| s.into_boxed_str();
         match self {
-            Error::Redis { source, lock } if is_auth_failure(&source) => Error::Auth {
+            Error::Redis { source, lock, .. } if is_auth_failure(&source) => Error::Auth {
                 user: user().map(boxed),
                 password_given,
                 server: boxed(server()),
                 source,
                 lock,
             },
-            Error::Redis { source, lock } if is_no_permission(&source) => Error::NoPermission {
+            Error::Redis { source, lock, .. } if is_no_permission(&source) => Error::NoPermission {
                 user: user().map(boxed),
                 server: boxed(server()),
                 source,
                 lock,
             },
-            Error::Redis { source, lock } if is_wrong_type(&source) => Error::NotALock {
+            Error::Redis { source, lock, .. } if is_wrong_type(&source) => Error::NotALock {
                 server: boxed(server()),
                 source,
                 lock,
+            },
+            Error::Redis {
+                source,
+                lock,
+                server: None,
+            } => Error::Redis {
+                source,
+                lock,
+                server: Some(boxed(server())),
             },
             Error::Pool {
                 source,

@@ -220,3 +220,27 @@ fn a_multilock_member_holding_other_data_is_not_a_lock() {
         .any(|e| e.to_string().contains("not a redmutex lock"));
     assert!(found, "{err:?}");
 }
+
+#[test]
+fn another_redis_error_names_the_server() {
+    let server = RedisServer::new();
+    let proxy = support::FaultProxy::new(server.port());
+    let c = client(&proxy.url());
+    c.lock("warm").lock().unwrap().unlock().unwrap();
+    let acquire = support::function_name(&server.url(), "acquire");
+    proxy.fail_next_request_with(&acquire, "-ERR injected\r\n");
+    let err = c.lock("jobs").try_lock().expect_err("refused");
+    assert_eq!(proxy.failed_requests(), 1, "the fault was injected");
+    assert!(matches!(err, Error::Redis { .. }), "{err:?}");
+    says(
+        &err,
+        &[
+            "lock \"jobs\"",
+            proxy
+                .url()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/'),
+            "injected",
+        ],
+    );
+}
