@@ -163,7 +163,8 @@ pub enum Error {
         /// The URL, its password replaced by `***`.
         url: Box<str>,
         /// The part that is wrong: `"scheme"`, `"host"`, `"port"`, `"database"`,
-        /// `"path"`, `"user"`, `"password"` or `"url"` (when no part could be told).
+        /// `"path"` (of a Unix socket) or `"password"`. A URL redis-rs refuses for no part
+        /// that can be told is an [`Error::InvalidArgument`].
         part: &'static str,
         /// What is wrong with it and what it should be.
         reason: Box<str>,
@@ -275,7 +276,8 @@ pub enum Error {
     #[error("the wait was cancelled")]
     Cancelled,
     /// A duration or a configuration value is out of range (zero or overflowing durations,
-    /// unparsable URLs, bad prefixes).
+    /// bad prefixes, a URL at odds with the TLS settings; a URL with a wrong part is
+    /// [`Error::InvalidUrl`]).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 }

@@ -53,14 +53,16 @@ const FORM: &str = "redis://[user:password@]host[:port][/db] (rediss:// for TLS,
     redis+unix:///path/to.sock for a socket)";
 
 /// Says which part of `url` is wrong, when redis-rs cannot use it (`e`): a whole-URL
-/// "did not parse" helps nobody find the typo.
+/// "did not parse" helps nobody find the typo. A failure with no part to blame (TLS
+/// settings with a plain URL...) stays the `InvalidArgument` it was.
 pub(crate) fn bad_url(url: &str, e: &redis::RedisError) -> Error {
-    let (part, reason) =
-        wrong_part(url).unwrap_or_else(|| ("url", format!("is not usable ({e}): write {FORM}")));
-    Error::InvalidUrl {
-        url: redact_url(url).into_boxed_str(),
-        part,
-        reason: reason.into_boxed_str(),
+    match wrong_part(url) {
+        Some((part, reason)) => Error::InvalidUrl {
+            url: redact_url(url).into_boxed_str(),
+            part,
+            reason: reason.into_boxed_str(),
+        },
+        None => Error::InvalidArgument(format!("bad redis url {}: {e}", redact_url(url))),
     }
 }
 
