@@ -80,12 +80,14 @@ pub enum Error {
     },
     /// Redis did not answer within the command timeout. The operation may or may not have
     /// taken effect on the server; a lock taken that way expires with its lease.
-    // The source (an OS "Resource temporarily unavailable" for a read that timed out) is
-    // left to `source()`: printed, it reads as a local fault, not a silent server.
+    // A source that is an OS error (a read that timed out is "Resource temporarily
+    // unavailable") is left to `source()`: printed, it reads as a local fault, not a
+    // silent server. redmutex's own reasons (a reply lost too long ago...) are printed.
     #[error(
         "{}redis{} did not answer in time: it may be overloaded, paused or cut off \
-         (the operation may or may not have taken effect; a lock taken so ends with its lease)",
-        On(.lock), At(.server)
+         (the operation may or may not have taken effect; a lock taken so ends with its \
+         lease){}",
+        On(.lock), At(.server), Why(.source)
     )]
     #[non_exhaustive]
     Timeout {
@@ -540,6 +542,21 @@ impl std::fmt::Display for At<'_> {
         match self.0 {
             Some(server) => write!(f, " at {server}"),
             None => Ok(()),
+        }
+    }
+}
+
+/// Displays `: <why>` after a timeout's message, for a reason of redmutex's own; nothing
+/// for an OS error, which says nothing the message does not.
+struct Why<'a>(&'a redis::RedisError);
+
+impl std::fmt::Display for Why<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.0.to_string();
+        if text.contains("(os error ") {
+            Ok(())
+        } else {
+            write!(f, ": {text}")
         }
     }
 }
