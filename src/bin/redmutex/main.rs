@@ -14,6 +14,7 @@ mod connect;
 mod guard;
 mod hold;
 mod latch;
+mod man;
 mod output;
 mod parse;
 mod run;
@@ -29,7 +30,7 @@ use redmutex::{Client, Error};
 
 use args::{Cli, Command};
 use connect::connect;
-use output::{fail, messages, not_a_lock, print, warn, NOT_A_LOCK, OUTPUT_FAILED};
+use output::{fail, messages, not_a_lock, print, warn, NOT_A_LOCK};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -61,16 +62,12 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "redmutex", &mut out);
             Ok(print(&String::from_utf8_lossy(&out)))
         }
-        Command::Man => {
-            let mut out = Vec::new();
-            match clap_mangen::Man::new(Cli::command()).render(&mut out) {
-                Ok(()) => Ok(print(&String::from_utf8_lossy(&out))),
-                Err(e) => {
-                    warn(format_args!("redmutex: rendering the manual failed: {e}"));
-                    Ok(OUTPUT_FAILED)
-                }
-            }
-        }
+        Command::Man { command } => match man::manual(&command) {
+            Ok(page) => Ok(print(&page)),
+            Err(why) => Cli::command()
+                .error(clap::error::ErrorKind::InvalidSubcommand, why)
+                .exit(),
+        },
     };
     ExitCode::from(outcome.unwrap_or_else(|e| fail(&e)))
 }
