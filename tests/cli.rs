@@ -343,7 +343,7 @@ fn bad_input_fails_with_a_clear_message_and_no_panic() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
 
-    let out = output(redmutex(&server).args(["run", "--wait", "5", "x", "--", "true"]));
+    let out = output(redmutex(&server).args(["run", "--wait", "5x", "x", "--", "true"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("durations like"));
 

@@ -753,3 +753,61 @@ fn a_ready_fd_that_is_not_open_is_a_usage_error() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn flock_habits_conflict_exit_code_bare_seconds_and_hints_for_n_and_unlock() {
+    let (server, c) = CLIENTS.serve();
+    // flock's `-n job ...`: told that -n is the semaphore's count and --no-wait flock's -n.
+    let out = output(redmutex(&server).args(["run", "-n", "job", "true"]));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("number of permits") && err.contains("--no-wait"),
+        "{err}"
+    );
+    // `-w 5` as flock reads it: seconds (fractions too).
+    let out = output(redmutex(&server).args(["run", "-w", "5", "free", "true"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let held = c.lock("busy").lock().unwrap();
+    let t = Instant::now();
+    let out = output(redmutex(&server).args(["run", "-w", "0.3", "busy", "true"]));
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    // --conflict-exit-code / -E, as flock's: for --no-wait, --wait, hold and wait.
+    for args in [
+        &["run", "--no-wait", "-E", "1", "busy", "true"][..],
+        &[
+            "run",
+            "-w",
+            "100ms",
+            "--conflict-exit-code",
+            "1",
+            "busy",
+            "true",
+        ],
+        &["hold", "--no-wait", "-E", "1", "busy"],
+        &["wait", "-w", "0.1", "-E", "1", "busy"],
+    ] {
+        let out = output(redmutex(&server).args(args));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = output(redmutex(&server).args(["run", "--no-wait", "busy", "true"]));
+    assert_eq!(out.status.code(), Some(75), "the default stays 75");
+    // `unlock` without --force says why it wants it.
+    let out = output(redmutex(&server).args(["unlock", "busy"]));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("whoever holds it") && err.contains("redmutex unlock --force busy"),
+        "{err}"
+    );
+    assert!(c.lock("busy").is_locked().unwrap());
+    held.unlock().unwrap();
+}

@@ -180,7 +180,7 @@ object is refused and nothing is changed (exit 65)."
     )]
     Unlock {
         /// Required: freeing someone else's lock is a deliberate act.
-        #[arg(long, required = true)]
+        #[arg(long)]
         force: bool,
         /// The lock name.
         name: String,
@@ -206,6 +206,9 @@ once nobody held it for an instant, so a waiter queued before it goes first."
         /// Give up after this long (exit 75); default: wait as long as it takes.
         #[arg(short, long, value_parser = duration)]
         wait: Option<Duration>,
+        /// The exit code when --wait runs out, as flock's -E (default 75).
+        #[arg(short = 'E', long, value_name = "N", default_value_t = crate::output::NOT_ACQUIRED)]
+        conflict_exit_code: u8,
     },
     /// Count-down latches: one process waits until others have counted down to zero.
     #[command(subcommand)]

@@ -52,10 +52,31 @@ fn main() -> ExitCode {
             let found = c.list(&pattern)?;
             Ok(print(&show::list(&found, json)))
         }),
-        Command::Unlock { name, .. } => {
+        Command::Unlock { name, force } => {
+            if !force {
+                // Said in words: clap's own error would only name the missing flag.
+                let mut cli = Cli::command();
+                cli.build();
+                cli.find_subcommand_mut("unlock")
+                    .expect("unlock is a command")
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        format!(
+                            "unlock frees {name} whoever holds it (a crashed holder's, or a \
+                             live one's, whose own release then fails): add --force to say \
+                             that is meant, `redmutex unlock --force {name}`; `redmutex status \
+                             {name}` shows who holds it"
+                        ),
+                    )
+                    .exit()
+            }
             connect(&cli.connection, None).and_then(|c| unlock(&c, &name))
         }
-        Command::Wait { name, wait } => wait::wait(&cli.connection, &name, wait, quiet),
+        Command::Wait {
+            name,
+            wait,
+            conflict_exit_code,
+        } => wait::wait(&cli.connection, &name, wait, conflict_exit_code, quiet),
         Command::Latch(command) => latch::latch(&cli.connection, command),
         Command::Completions { shell } => {
             let mut out = Vec::new();
