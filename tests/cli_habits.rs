@@ -811,3 +811,32 @@ fn flock_habits_conflict_exit_code_bare_seconds_and_hints_for_n_and_unlock() {
     assert!(c.lock("busy").is_locked().unwrap());
     held.unlock().unwrap();
 }
+
+#[test]
+fn two_vs_say_more_than_one() {
+    let server = RedisServer::new();
+    let said = |flag: &str| {
+        let out = output(redmutex(&server).args([flag, "run", "verbose", "true"]));
+        assert_eq!(out.status.code(), Some(0));
+        text(&out.stderr)
+    };
+    let (v, vv) = (said("-v"), said("-vv"));
+    assert!(v.contains("acquired") && v.contains("released"), "{v}");
+    assert!(!v.contains("TRACE"), "{v}");
+    assert!(
+        vv.lines().count() > v.lines().count(),
+        "-v:\n{v}\n-vv:\n{vv}"
+    );
+    for more in [
+        "connected to redis://",
+        "the command started",
+        "the command exited: 0",
+    ] {
+        assert!(vv.contains(more), "{more}: {vv}");
+    }
+    // Each acquisition's span with its time, and where each message comes from.
+    assert!(
+        vv.contains("time.busy") && vv.contains("redmutex::run"),
+        "{vv}"
+    );
+}

@@ -49,7 +49,9 @@ pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) connection: Connection,
     /// Show what the library does on standard error: -v its acquisitions, releases and
-    /// retries, -vv everything of every crate. Without -v or -q, RUST_LOG (e.g.
+    /// retries; -vv also redmutex's own steps (where it connected, the command's start and
+    /// exit), each acquisition's time, where each message comes from, and every crate's
+    /// debug messages. Without -v or -q, RUST_LOG (e.g.
     /// `RUST_LOG=redmutex=debug`) picks the messages; by default only its warnings show.
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = OUTPUT)]
     pub(crate) verbose: u8,

@@ -52,10 +52,20 @@ pub(crate) fn messages(verbose: u8, quiet: bool) {
         },
     };
     // (The fmt layer drops what stderr cannot take: a message never ends redmutex.)
+    // -vv: also where each message comes from (crate, module, thread), each acquisition's
+    // span as it closes with its time, and redmutex's own steps (trace level).
+    let more = !quiet && verbose >= 2;
+    let spans = if more {
+        tracing_subscriber::fmt::format::FmtSpan::CLOSE
+    } else {
+        tracing_subscriber::fmt::format::FmtSpan::NONE
+    };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
+        .with_target(more)
+        .with_thread_names(more)
+        .with_span_events(spans)
         .with_timer(tracing_subscriber::fmt::time::Uptime::default())
         .with_env_filter(filter)
         .try_init();
