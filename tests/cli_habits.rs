@@ -134,6 +134,13 @@ fn hold_exits_76_when_its_lease_is_lost() {
     let (code, err) = holding.finish();
     assert_eq!(code, Some(76), "{err}");
     assert!(err.contains("lost"), "{err}");
+    // Said once, by name, with the library's why; not again as its WARN naming the key.
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the lease of fragile was lost while held ("),
+        "{err}"
+    );
+    assert!(!err.contains("{fragile}") && !err.contains("WARN"), "{err}");
     // Found at the next renewal, every third of the lease.
     assert!(
         t.elapsed() < Duration::from_millis(1500),

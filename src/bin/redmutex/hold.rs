@@ -8,7 +8,7 @@ use crossbeam_channel::select;
 use redmutex::Error;
 
 use crate::connect::{connect, Connection};
-use crate::output::{fail, print, warn, CLOSED_OUTPUT, LEASE_LOST, OUTPUT_FAILED, USAGE};
+use crate::output::{fail, print, warn, why_lost, CLOSED_OUTPUT, LEASE_LOST, OUTPUT_FAILED, USAGE};
 use crate::signals::{Catcher, ACQUIRE_GRACE};
 use crate::take::{acquire, failed, kind_of, not_acquired, notice, stopped, TakeArgs};
 
@@ -99,7 +99,9 @@ pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Resu
         Ok(()) => Ok(0),
         Err(Error::LeaseLost { .. } | Error::NotHeld { .. }) => {
             warn(format_args!(
-                "redmutex: the lease of {name} was lost while held; another holder may have it now"
+                "redmutex: the lease of {name} was lost while held{}; another holder may have it \
+                 now",
+                why_lost()
             ));
             Ok(LEASE_LOST)
         }

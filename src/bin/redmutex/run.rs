@@ -19,7 +19,7 @@ use signal_hook::consts::SIGTSTP;
 use signal_hook::iterator::{Handle, Signals};
 
 use crate::connect::{connect, Connection};
-use crate::output::{fail, warn, LEASE_LOST};
+use crate::output::{fail, warn, why_lost, LEASE_LOST};
 use crate::signals::{Catcher, ACQUIRE_GRACE, JOB};
 use crate::take::{acquire, failed, kind_of, not_acquired, notice, stopped, Held, TakeArgs};
 
@@ -238,9 +238,10 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                 if !lost {
                     lost = true;
                     warn(format_args!(
-                        "redmutex: the lease of {} was lost while the command ran; another \
+                        "redmutex: the lease of {} was lost while the command ran{}; another \
                          holder may run now",
-                        args.take.name
+                        args.take.name,
+                        why_lost()
                     ));
                     if let Lost(Some(sig)) = args.on_lost {
                         signal(group, sig);
