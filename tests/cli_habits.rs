@@ -847,3 +847,32 @@ fn two_vs_say_more_than_one() {
         "{vv}"
     );
 }
+
+#[test]
+fn json_keys_come_in_the_documented_order_schema_first() {
+    let (server, c) = CLIENTS.serve();
+    let _held = c.lock("ordered").lock().unwrap();
+    let out = output(redmutex(&server).args(["status", "--json", "ordered"]));
+    let said = text(&out.stdout);
+    json(&out);
+    assert!(
+        said.starts_with(r#"{"schema":1,"objects":[{"name":"ordered","kind":"lock","key":"#),
+        "{said}"
+    );
+    let at = |key: &str| said.find(&format!("\"{key}\":")).expect(key);
+    let order = [
+        "holders",
+        "id",
+        "role",
+        "count",
+        "host",
+        "since_ms",
+        "held_for_ms",
+        "waiters",
+        "lease_remaining_ms",
+        "token",
+    ];
+    for pair in order.windows(2) {
+        assert!(at(pair[0]) < at(pair[1]), "{pair:?}: {said}");
+    }
+}
