@@ -776,6 +776,10 @@ fn flock_habits_conflict_exit_code_bare_seconds_and_hints_for_n_and_unlock() {
     let out = output(redmutex(&server).args(["run", "-w", "5", "free", "true"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let held = c.lock("busy").lock().unwrap();
+    assert!(c
+        .count_down_latch("closed")
+        .try_set_count(1, Duration::from_secs(60))
+        .unwrap());
     let t = Instant::now();
     let out = output(redmutex(&server).args(["run", "-w", "0.3", "busy", "true"]));
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
@@ -796,6 +800,7 @@ fn flock_habits_conflict_exit_code_bare_seconds_and_hints_for_n_and_unlock() {
         ],
         &["hold", "--no-wait", "-E", "1", "busy"],
         &["wait", "-w", "0.1", "-E", "1", "busy"],
+        &["latch", "wait", "-w", "0.1", "-E", "1", "closed"],
     ] {
         let out = output(redmutex(&server).args(args));
         assert_eq!(
