@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -167,6 +167,7 @@ fn trapping(
         .args(args)
         .args(["--", "sh", "-c", &script])
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
@@ -207,6 +208,19 @@ fn a_lease_lost_while_the_command_runs_signals_it_and_exits_76() {
         "{:?}",
         t.elapsed()
     );
+    // The loss said once, by its name (not again as the library's WARN naming the key).
+    let mut err = String::new();
+    run.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(
+        err.lines().filter(|l| !l.contains("Terminated")).count(),
+        2,
+        "the loss, then the command's exit after it (and sh's word on its sleep): {err}"
+    );
+    assert!(
+        err.contains("the lease of lost was lost while the command ran ("),
+        "{err}"
+    );
+    assert!(!err.contains("{lost}") && !err.contains("WARN"), "{err}");
 }
 
 /// With the default watchdog (30 s: renewals every 10 s), an operator's `unlock --force`
@@ -343,7 +357,7 @@ fn bad_input_fails_with_a_clear_message_and_no_panic() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
 
-    let out = output(redmutex(&server).args(["run", "--wait", "5", "x", "--", "true"]));
+    let out = output(redmutex(&server).args(["run", "--wait", "5x", "x", "--", "true"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("durations like"));
 

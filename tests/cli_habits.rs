@@ -134,6 +134,13 @@ fn hold_exits_76_when_its_lease_is_lost() {
     let (code, err) = holding.finish();
     assert_eq!(code, Some(76), "{err}");
     assert!(err.contains("lost"), "{err}");
+    // Said once, by name, with the library's why; not again as its WARN naming the key.
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the lease of fragile was lost while held ("),
+        "{err}"
+    );
+    assert!(!err.contains("{fragile}") && !err.contains("WARN"), "{err}");
     // Found at the next renewal, every third of the lease.
     assert!(
         t.elapsed() < Duration::from_millis(1500),
@@ -600,4 +607,277 @@ fn a_name_held_as_one_kind_is_refused_to_another_and_exclusive_pairs_with_shared
     assert_eq!(code, Some(65), "{err}");
     assert!(err.contains("held-name is in use as a lock"), "{err}");
     drop(holding);
+}
+
+/// The commands `redmutex <path> --help` lists (clap's own `help` left out).
+fn commands_of(path: &[String]) -> Vec<Vec<String>> {
+    let help = text(&output(bare().args(path).arg("--help")).stdout);
+    let Some((_, list)) = help.split_once("Commands:\n") else {
+        return Vec::new();
+    };
+    list.lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(|name| path.iter().cloned().chain([name.to_owned()]).collect())
+        .collect()
+}
+
+/// The flags `redmutex <path> --help` shows (`-w`, `--wait`, ...).
+fn flags_of(path: &[String]) -> Vec<String> {
+    let help = text(&output(bare().args(path).arg("--help")).stdout);
+    let mut flags = Vec::new();
+    for line in help.lines().map(str::trim_start) {
+        for word in line.split_whitespace() {
+            let word = word.trim_end_matches(',').trim_end_matches("...");
+            if !word.starts_with('-') {
+                break;
+            }
+            flags.push(word.to_owned());
+        }
+    }
+    flags
+}
+
+#[test]
+fn the_manual_names_every_option_of_every_command_and_the_exit_status() {
+    let man = output(bare().arg("man"));
+    assert_eq!(man.status.code(), Some(0));
+    let man = text(&man.stdout).replace("\\-", "-");
+    assert!(man.contains(".SH \"EXIT STATUS\""), "{man}");
+    assert!(!man.contains(".SH EXTRA"), "{man}");
+    assert!(!man.contains("redmutex-run(1)"), "a page that is not there");
+    let mut todo = commands_of(&[]);
+    let mut seen = 0;
+    while let Some(path) = todo.pop() {
+        seen += 1;
+        let section = format!(".SS \"redmutex {}\"", path.join(" "));
+        let section = if man.contains(&section) {
+            section
+        } else {
+            format!(".SS redmutex {}", path.join(" "))
+        };
+        assert!(man.contains(&section), "{path:?} not on the page");
+        let own = output(bare().arg("man").args(&path));
+        assert_eq!(own.status.code(), Some(0), "redmutex man {path:?}");
+        let own = text(&own.stdout).replace("\\-", "-");
+        assert!(own.contains(".SH \"EXIT STATUS\""), "{path:?}");
+        let flags = flags_of(&path);
+        assert!(flags.contains(&"--help".to_owned()), "{path:?}: {flags:?}");
+        for flag in flags {
+            assert!(man.contains(&flag), "{path:?} {flag} not on the page");
+            assert!(own.contains(&flag), "{path:?} {flag} not on its page");
+        }
+        todo.extend(commands_of(&path));
+    }
+    assert!(seen >= 11, "{seen} commands");
+    for flag in ["-w", "--no-wait", "-n", "--shared", "--url", "-v"] {
+        assert!(man.contains(flag), "{flag}");
+    }
+    let out = output(bare().args(["man", "bogus"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("its commands: run, hold"));
+}
+
+/// The script `redmutex hold --help` gives, as written.
+fn hold_pattern() -> String {
+    let help = text(&output(bare().args(["hold", "--help"])).stdout);
+    let (_, from) = help.split_once("In a script").expect(&help);
+    let script: Vec<&str> = from
+        .lines()
+        .skip_while(|l| !l.starts_with("  "))
+        .take_while(|l| l.starts_with("  "))
+        .map(str::trim_start)
+        .collect();
+    assert!(script.len() >= 3, "{help}");
+    script.join("\n")
+}
+
+/// Runs `script` in a directory of its own whose `./do-maintenance.sh` records whether a
+/// `run --no-wait` of the lock is refused (75: it is held), with `redmutex` on the PATH;
+/// the script's exit code and what the maintenance saw (`None`: it never ran).
+fn run_pattern(server: &RedisServer, script: &str) -> (Option<i32>, Option<String>) {
+    let dir = support::temp_dir("hold-pattern");
+    let maintenance = dir.path().join("do-maintenance.sh");
+    std::fs::write(
+        &maintenance,
+        "#!/bin/sh\nredmutex run --no-wait maintenance true 2>/dev/null; echo $? > seen\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &maintenance,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let bin_dir = std::path::Path::new(support::cli::bin()).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{script}\nexit $status"))
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env("REDIS_URL", server.url())
+        .env("REDMUTEX_PREFIX", PREFIX)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(20), "the hold pattern");
+    let seen = std::fs::read_to_string(dir.path().join("seen")).ok();
+    (out.status.code(), seen)
+}
+
+#[test]
+fn the_documented_hold_pattern_runs_the_maintenance_only_while_held() {
+    let (server, c) = CLIENTS.serve();
+    let script = hold_pattern();
+    assert!(script.contains("--ready-fd"), "{script}");
+    let (code, seen) = run_pattern(&server, &script);
+    assert_eq!(code, Some(0));
+    assert_eq!(seen.as_deref(), Some("75\n"), "the maintenance ran unheld");
+    assert!(!c.lock("maintenance").is_locked().unwrap(), "not released");
+    // Held by another: the script's hold (made not to wait) never says `held`, so the
+    // maintenance never runs and the script learns 75.
+    let _other = Holding::start(&server, &["maintenance"]);
+    let no_wait = script.replace("hold --ready-fd", "hold --no-wait --ready-fd");
+    assert_ne!(no_wait, script);
+    let (code, seen) = run_pattern(&server, &no_wait);
+    assert_eq!(code, Some(75));
+    assert_eq!(
+        seen, None,
+        "the maintenance ran while another held the lock"
+    );
+}
+
+#[test]
+fn a_ready_fd_that_is_not_open_is_a_usage_error() {
+    let server = RedisServer::new();
+    let out = output(redmutex(&server).args(["hold", "--ready-fd", "9", "x"]));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("--ready-fd 9"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn flock_habits_conflict_exit_code_bare_seconds_and_hints_for_n_and_unlock() {
+    let (server, c) = CLIENTS.serve();
+    // flock's `-n job ...`: told that -n is the semaphore's count and --no-wait flock's -n.
+    let out = output(redmutex(&server).args(["run", "-n", "job", "true"]));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("number of permits") && err.contains("--no-wait"),
+        "{err}"
+    );
+    // `-w 5` as flock reads it: seconds (fractions too).
+    let out = output(redmutex(&server).args(["run", "-w", "5", "free", "true"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let held = c.lock("busy").lock().unwrap();
+    assert!(c
+        .count_down_latch("closed")
+        .try_set_count(1, Duration::from_secs(60))
+        .unwrap());
+    let t = Instant::now();
+    let out = output(redmutex(&server).args(["run", "-w", "0.3", "busy", "true"]));
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    // --conflict-exit-code / -E, as flock's: for --no-wait, --wait, hold and wait.
+    for args in [
+        &["run", "--no-wait", "-E", "1", "busy", "true"][..],
+        &[
+            "run",
+            "-w",
+            "100ms",
+            "--conflict-exit-code",
+            "1",
+            "busy",
+            "true",
+        ],
+        &["hold", "--no-wait", "-E", "1", "busy"],
+        &["wait", "-w", "0.1", "-E", "1", "busy"],
+        &["latch", "wait", "-w", "0.1", "-E", "1", "closed"],
+    ] {
+        let out = output(redmutex(&server).args(args));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = output(redmutex(&server).args(["run", "--no-wait", "busy", "true"]));
+    assert_eq!(out.status.code(), Some(75), "the default stays 75");
+    // `unlock` without --force says why it wants it.
+    let out = output(redmutex(&server).args(["unlock", "busy"]));
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("whoever holds it") && err.contains("redmutex unlock --force busy"),
+        "{err}"
+    );
+    assert!(c.lock("busy").is_locked().unwrap());
+    held.unlock().unwrap();
+}
+
+#[test]
+fn two_vs_say_more_than_one() {
+    let server = RedisServer::new();
+    let said = |flag: &str| {
+        let out = output(redmutex(&server).args([flag, "run", "verbose", "true"]));
+        assert_eq!(out.status.code(), Some(0));
+        text(&out.stderr)
+    };
+    let (v, vv) = (said("-v"), said("-vv"));
+    assert!(v.contains("acquired") && v.contains("released"), "{v}");
+    assert!(!v.contains("TRACE"), "{v}");
+    assert!(
+        vv.lines().count() > v.lines().count(),
+        "-v:\n{v}\n-vv:\n{vv}"
+    );
+    for more in [
+        "connected to redis://",
+        "the command started",
+        "the command exited: 0",
+    ] {
+        assert!(vv.contains(more), "{more}: {vv}");
+    }
+    // Each acquisition's span with its time, and where each message comes from.
+    assert!(
+        vv.contains("time.busy") && vv.contains("redmutex::run"),
+        "{vv}"
+    );
+}
+
+#[test]
+fn json_keys_come_in_the_documented_order_schema_first() {
+    let (server, c) = CLIENTS.serve();
+    let _held = c.lock("ordered").lock().unwrap();
+    let out = output(redmutex(&server).args(["status", "--json", "ordered"]));
+    let said = text(&out.stdout);
+    json(&out);
+    assert!(
+        said.starts_with(r#"{"schema":1,"objects":[{"name":"ordered","kind":"lock","key":"#),
+        "{said}"
+    );
+    let at = |key: &str| said.find(&format!("\"{key}\":")).expect(key);
+    let order = [
+        "holders",
+        "id",
+        "role",
+        "count",
+        "host",
+        "since_ms",
+        "held_for_ms",
+        "waiters",
+        "lease_remaining_ms",
+        "token",
+    ];
+    for pair in order.windows(2) {
+        assert!(at(pair[0]) < at(pair[1]), "{pair:?}: {said}");
+    }
 }

@@ -9,15 +9,29 @@ use crate::connect::Connection;
 use crate::parse::duration;
 use crate::{guard, hold, latch, run};
 
-const EXIT_CODES: &str = "\
-Exit codes: the command's own with `run` (128 + n when a signal n ended it); 0 when `hold`
-released on a signal; 75 when the lock was not acquired in time; 76 when its lease was lost
-while held; 69 when Redis could not be reached or refused; 65 when the name is in use as
-another kind (a lock, --shared/-x, -n, a latch: a name is one kind at a time), when a key
-holds something that is not a lock (or, with unlock --force, only a count-down latch); 64
-for a bad name or value; 141 when standard output was closed by its reader (as `| head` does), 74 when it
-could not be written; 128 + n when signal n ended redmutex before the command started; 2
-for bad usage.";
+/// What each exit code means: the manual's EXIT STATUS, and the end of `--help`.
+pub(crate) const EXIT_STATUS: [(&str, &str); 11] = [
+    ("0", "`hold` released on a signal; `wait` found the lock free; any other command did what it was asked"),
+    ("the command's", "`run` exits with its command's code (128 + n when a signal n ended it)"),
+    ("75", "the lock was not acquired in time (--no-wait, or --wait ran out); flock(1) exits 1 here: --conflict-exit-code N (-E N) picks the code, as flock's does"),
+    ("76", "the lease was lost while held: another holder may have run meanwhile"),
+    ("69", "Redis could not be reached, or refused"),
+    ("65", "the name is in use as another kind (a lock, --shared/-x, -n, a latch: a name is one kind at a time), or a key holds something that is not a lock (or, with unlock --force, only a count-down latch)"),
+    ("64", "a bad name or value"),
+    ("141", "standard output was closed by its reader (as `| head` does)"),
+    ("74", "standard output could not be written"),
+    ("128 + n", "signal n ended redmutex before the command started"),
+    ("2", "bad usage"),
+];
+
+/// `--help`'s list of exit codes, from [`EXIT_STATUS`].
+fn exit_codes() -> String {
+    let mut text = String::from("Exit codes:");
+    for (code, meaning) in EXIT_STATUS {
+        text.push_str(&format!("\n  {code:<14} {meaning}"));
+    }
+    text
+}
 
 /// The heading of -v and -q.
 const OUTPUT: &str = "Output options";
@@ -28,14 +42,16 @@ const OUTPUT: &str = "Output options";
 #[command(
     name = "redmutex",
     version,
-    after_help = EXIT_CODES,
+    after_help = exit_codes(),
     override_usage = "redmutex [OPTIONS] <COMMAND>"
 )]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) connection: Connection,
     /// Show what the library does on standard error: -v its acquisitions, releases and
-    /// retries, -vv everything of every crate. Without -v or -q, RUST_LOG (e.g.
+    /// retries; -vv also redmutex's own steps (where it connected, the command's start and
+    /// exit), each acquisition's time, where each message comes from, and every crate's
+    /// debug messages. Without -v or -q, RUST_LOG (e.g.
     /// `RUST_LOG=redmutex=debug`) picks the messages; by default only its warnings show.
     #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = OUTPUT)]
     pub(crate) verbose: u8,
@@ -102,11 +118,18 @@ daemons), or left running after it exited, are not the command's and are not sto
         after_help = "\
 Examples:
   redmutex hold maintenance          # prints `held maintenance`; Ctrl-C releases
-  redmutex hold -n 2 --no-wait slots & pid=$!; ...; kill $pid
 
-It prints `held NAME` on standard output once the lock is held, keeps renewing it, and
-releases it on SIGINT, SIGTERM, SIGHUP or SIGQUIT (exit 0). If the lease is lost meanwhile
-it says so and exits 76."
+In a script, go on only once it says `held` (a `&` alone races: the script would run
+before the lock is held, or while another holds it):
+  fifo=$(mktemp -u) && mkfifo \"$fifo\"
+  redmutex hold --ready-fd 3 maintenance 3>\"$fifo\" & pid=$!
+  if read -r ready < \"$fifo\"; then ./do-maintenance.sh; kill $pid; fi
+  wait $pid; status=$?; rm -f \"$fifo\"   # 0: held, then released; 75: never held
+
+It prints `held NAME` on standard output (or on --ready-fd) once the lock is held, keeps
+renewing it, and releases it on SIGINT, SIGTERM, SIGHUP or SIGQUIT (exit 0). If it is
+not held, nothing is printed and the descriptor closes as redmutex exits, so `read`
+fails. If the lease is lost meanwhile it says so and exits 76."
     )]
     Hold(hold::HoldArgs),
     /// Show who holds locks, for how long, and who waits.
@@ -159,7 +182,7 @@ object is refused and nothing is changed (exit 65)."
     )]
     Unlock {
         /// Required: freeing someone else's lock is a deliberate act.
-        #[arg(long, required = true)]
+        #[arg(long)]
         force: bool,
         /// The lock name.
         name: String,
@@ -185,6 +208,9 @@ once nobody held it for an instant, so a waiter queued before it goes first."
         /// Give up after this long (exit 75); default: wait as long as it takes.
         #[arg(short, long, value_parser = duration)]
         wait: Option<Duration>,
+        /// The exit code when --wait runs out, as flock's -E (default 75).
+        #[arg(short = 'E', long, value_name = "N", default_value_t = crate::output::NOT_ACQUIRED)]
+        conflict_exit_code: u8,
     },
     /// Count-down latches: one process waits until others have counted down to zero.
     #[command(subcommand)]
@@ -198,6 +224,16 @@ Examples:
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff): `redmutex man | man -l -`.
-    Man,
+    /// Print the manual page (roff): `redmutex man | man -l -`; every command and its
+    /// options are on it. `redmutex man run` prints the page of `run` alone.
+    #[command(after_help = "\
+Examples:
+  redmutex man | man -l -
+  redmutex man > /usr/local/share/man/man1/redmutex.1
+  redmutex man latch wait | man -l -")]
+    Man {
+        /// A command (and a `latch` command): its page alone.
+        #[arg(value_name = "COMMAND")]
+        command: Vec<String>,
+    },
 }

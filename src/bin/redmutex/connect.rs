@@ -101,6 +101,11 @@ pub(crate) fn connect(connection: &Connection, lease: Option<Duration>) -> Resul
     }
     let client = builder.build()?;
     probe(connection)?;
+    tracing::trace!(
+        "connected to {} (keys under {:?})",
+        where_to(connection),
+        connection.prefix()
+    );
     Ok(client)
 }
 
@@ -129,6 +134,21 @@ fn probe(connection: &Connection) -> Result<(), Error> {
             UNREACHABLE,
             redact(url)
         ))),
+    }
+}
+
+/// The servers `connection` names, passwords left out: for -vv.
+fn where_to(connection: &Connection) -> String {
+    let redacted = |urls: &[String]| urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+    if !connection.cluster.is_empty() {
+        format!("the cluster of {}", redacted(&connection.cluster))
+    } else if let Some(service) = &connection.service {
+        format!(
+            "{service:?} through the sentinels {}",
+            redacted(&connection.sentinel)
+        )
+    } else {
+        redact(connection.url())
     }
 }
 

@@ -1,11 +1,14 @@
 //! `redmutex hold`: a lock held until a signal, for an operator or a script.
 
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Write};
+
 use clap::Args;
 use crossbeam_channel::select;
 use redmutex::Error;
 
 use crate::connect::{connect, Connection};
-use crate::output::{fail, print, warn, LEASE_LOST};
+use crate::output::{fail, print, warn, why_lost, CLOSED_OUTPUT, LEASE_LOST, OUTPUT_FAILED, USAGE};
 use crate::signals::{Catcher, ACQUIRE_GRACE};
 use crate::take::{acquire, failed, kind_of, not_acquired, notice, stopped, TakeArgs};
 
@@ -13,12 +16,53 @@ use crate::take::{acquire, failed, kind_of, not_acquired, notice, stopped, TakeA
 pub(crate) struct HoldArgs {
     #[command(flatten)]
     take: TakeArgs,
+    /// Write `held NAME` to this open file descriptor (not to standard output) once the
+    /// lock is held: a script waits for that line before it goes on (see the example). It
+    /// stays open until redmutex exits, which closes it without a line if it never held.
+    #[arg(long, value_name = "FD")]
+    ready_fd: Option<u32>,
+}
+
+/// Opens `--ready-fd`'s descriptor (through /proc: the binary forbids `unsafe`, which
+/// adopting a raw descriptor takes); why not, as an error to print.
+fn ready(fd: u32) -> Result<File, String> {
+    OpenOptions::new()
+        .append(true)
+        .open(format!("/proc/self/fd/{fd}"))
+        .map_err(|e| {
+            format!(
+                "redmutex: --ready-fd {fd}: descriptor {fd} is not open for writing ({e}); give \
+                 it as the shell's {fd}>FILE or {fd}>&1"
+            )
+        })
+}
+
+/// Says `line` on `--ready-fd`, or else on standard output: 0, or the exit code.
+fn say(ready: Option<File>, line: &str) -> u8 {
+    let Some(mut file) = ready else {
+        return print(line);
+    };
+    match file.write_all(line.as_bytes()).and_then(|()| file.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => CLOSED_OUTPUT,
+        Err(e) => {
+            warn(format_args!("redmutex: writing to --ready-fd failed: {e}"));
+            OUTPUT_FAILED
+        }
+    }
 }
 
 /// `redmutex hold`: takes the lock, says `held NAME`, and keeps it until a signal (then
 /// releases it: exit 0) or until its lease is lost (exit 76).
 pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Result<u8, Error> {
     let take = &args.take;
+    let ready = match args.ready_fd.map(ready).transpose() {
+        Ok(ready) => ready,
+        Err(why) => {
+            warn(format_args!("{why}"));
+            return Ok(USAGE);
+        }
+    };
     let catcher = Catcher::install(&take.name, (take.lease / 3).min(ACQUIRE_GRACE))?;
     let client = connect(connection, Some(take.lease))?;
     let name = take.name.as_str();
@@ -39,7 +83,7 @@ pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Resu
         }
         return Ok(code);
     }
-    let said = print(&format!("held {name}\n"));
+    let said = say(ready, &format!("held {name}\n"));
     if said != 0 {
         // Nobody reads what it says: released rather than held unseen.
         let _ = held.unlock();
@@ -55,7 +99,9 @@ pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Resu
         Ok(()) => Ok(0),
         Err(Error::LeaseLost { .. } | Error::NotHeld { .. }) => {
             warn(format_args!(
-                "redmutex: the lease of {name} was lost while held; another holder may have it now"
+                "redmutex: the lease of {name} was lost while held{}; another holder may have it \
+                 now",
+                why_lost()
             ));
             Ok(LEASE_LOST)
         }

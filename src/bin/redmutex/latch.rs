@@ -37,6 +37,9 @@ pub(crate) enum LatchCommand {
         /// Give up after this long (exit 75); default: wait as long as it takes.
         #[arg(short, long, value_parser = duration)]
         wait: Option<Duration>,
+        /// The exit code when --wait runs out, as flock's -E (default 75).
+        #[arg(short = 'E', long, value_name = "N", default_value_t = NOT_ACQUIRED)]
+        conflict_exit_code: u8,
     },
 }
 
@@ -73,7 +76,11 @@ pub(crate) fn latch(connection: &Connection, command: LatchCommand) -> Result<u8
             let left = client.count_down_latch(name.as_str()).count_down()?;
             Ok(print(&format!("{left}\n")))
         }
-        LatchCommand::Wait { name, wait } => {
+        LatchCommand::Wait {
+            name,
+            wait,
+            conflict_exit_code,
+        } => {
             let latch = client.count_down_latch(name.as_str());
             match wait {
                 None => latch.wait().map(|()| 0),
@@ -83,7 +90,7 @@ pub(crate) fn latch(connection: &Connection, command: LatchCommand) -> Result<u8
                         "redmutex: the latch {name} was still closed after {}",
                         humantime::format_duration(wait)
                     ));
-                    Ok(NOT_ACQUIRED)
+                    Ok(conflict_exit_code)
                 }
             }
         }

@@ -14,6 +14,7 @@ mod connect;
 mod guard;
 mod hold;
 mod latch;
+mod man;
 mod output;
 mod parse;
 mod run;
@@ -29,7 +30,7 @@ use redmutex::{Client, Error};
 
 use args::{Cli, Command};
 use connect::connect;
-use output::{fail, messages, not_a_lock, print, warn, NOT_A_LOCK, OUTPUT_FAILED};
+use output::{fail, messages, not_a_lock, print, warn, NOT_A_LOCK};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -51,26 +52,43 @@ fn main() -> ExitCode {
             let found = c.list(&pattern)?;
             Ok(print(&show::list(&found, json)))
         }),
-        Command::Unlock { name, .. } => {
+        Command::Unlock { name, force } => {
+            if !force {
+                // Said in words: clap's own error would only name the missing flag.
+                let mut cli = Cli::command();
+                cli.build();
+                cli.find_subcommand_mut("unlock")
+                    .expect("unlock is a command")
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        format!(
+                            "unlock frees {name} whoever holds it (a crashed holder's, or a \
+                             live one's, whose own release then fails): add --force to say \
+                             that is meant, `redmutex unlock --force {name}`; `redmutex status \
+                             {name}` shows who holds it"
+                        ),
+                    )
+                    .exit()
+            }
             connect(&cli.connection, None).and_then(|c| unlock(&c, &name))
         }
-        Command::Wait { name, wait } => wait::wait(&cli.connection, &name, wait, quiet),
+        Command::Wait {
+            name,
+            wait,
+            conflict_exit_code,
+        } => wait::wait(&cli.connection, &name, wait, conflict_exit_code, quiet),
         Command::Latch(command) => latch::latch(&cli.connection, command),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "redmutex", &mut out);
             Ok(print(&String::from_utf8_lossy(&out)))
         }
-        Command::Man => {
-            let mut out = Vec::new();
-            match clap_mangen::Man::new(Cli::command()).render(&mut out) {
-                Ok(()) => Ok(print(&String::from_utf8_lossy(&out))),
-                Err(e) => {
-                    warn(format_args!("redmutex: rendering the manual failed: {e}"));
-                    Ok(OUTPUT_FAILED)
-                }
-            }
-        }
+        Command::Man { command } => match man::manual(&command) {
+            Ok(page) => Ok(print(&page)),
+            Err(why) => Cli::command()
+                .error(clap::error::ErrorKind::InvalidSubcommand, why)
+                .exit(),
+        },
     };
     ExitCode::from(outcome.unwrap_or_else(|e| fail(&e)))
 }

@@ -33,6 +33,8 @@ const QUIET_DEFAULT: &str = "redmutex=warn";
 /// or else RUST_LOG ask; by default its warnings only.
 pub(crate) fn messages(verbose: u8, quiet: bool) {
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::EnvFilter;
     let flags = match (quiet, verbose) {
         (true, _) => Some("off"),
@@ -52,13 +54,104 @@ pub(crate) fn messages(verbose: u8, quiet: bool) {
         },
     };
     // (The fmt layer drops what stderr cannot take: a message never ends redmutex.)
+    // -vv: also where each message comes from (crate, module, thread), each acquisition's
+    // span as it closes with its time, and redmutex's own steps (trace level).
+    let more = !quiet && verbose >= 2;
+    let spans = if more {
+        tracing_subscriber::fmt::format::FmtSpan::CLOSE
+    } else {
+        tracing_subscriber::fmt::format::FmtSpan::NONE
+    };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
+        .with_target(more)
+        .with_thread_names(more)
+        .with_span_events(spans)
         .with_timer(tracing_subscriber::fmt::time::Uptime::default())
         .with_env_filter(filter)
+        .finish()
+        .with(SaidItself)
         .try_init();
+}
+
+/// The library's warnings that a hold was lost (the start and end of each), with what
+/// each says of why: `run` and `hold` say it themselves, naming the lock as the user did
+/// and what happens next, so it is said once, the library's why included.
+const LOSSES: [(&str, &str, &str); 3] = [
+    (
+        "redmutex: lock ",
+        "was force-unlocked while this client held it",
+        "it was force-unlocked",
+    ),
+    (
+        "redmutex: lease of lock ",
+        "lost (expired, force-unlocked or Redis lost it)",
+        "Redis no longer had it: expired, force-unlocked, or lost by Redis",
+    ),
+    (
+        "redmutex: lease of lock ",
+        "was lost before this thread took it again",
+        "Redis no longer had it",
+    ),
+];
+
+/// Why the library said the hold was lost, once [`SaidItself`] kept its warning back.
+static WHY_LOST: std::sync::Mutex<Option<&'static str>> = std::sync::Mutex::new(None);
+
+/// ` (why)` for redmutex's own line on a lost lease, or nothing if the library did not
+/// say (with -q, or a loss it reports otherwise).
+pub(crate) fn why_lost() -> String {
+    match *WHY_LOST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        Some(why) => format!(" ({why})"),
+        None => String::new(),
+    }
+}
+
+/// Keeps back the library's warnings of [`LOSSES`] (noting why), which redmutex says
+/// itself: a lost lease is said once.
+struct SaidItself;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SaidItself {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        // (A `log` record's target is "log" here, its own in a field: the messages'
+        // words say they are the library's.)
+        if *event.metadata().level() != tracing::Level::WARN {
+            return true;
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let said = LOSSES
+            .iter()
+            .find(|(start, end, _)| message.0.starts_with(start) && message.0.ends_with(end));
+        match said {
+            Some((_, _, why)) => {
+                *WHY_LOST
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+                false
+            }
+            None => true,
+        }
+    }
+}
+
+/// An event's message.
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
 }
 
 /// Writes `text` to standard output: 0, or the exit code when it could not (quietly for a

@@ -19,7 +19,7 @@ use signal_hook::consts::SIGTSTP;
 use signal_hook::iterator::{Handle, Signals};
 
 use crate::connect::{connect, Connection};
-use crate::output::{fail, warn, LEASE_LOST};
+use crate::output::{fail, warn, why_lost, LEASE_LOST};
 use crate::signals::{Catcher, ACQUIRE_GRACE, JOB};
 use crate::take::{acquire, failed, kind_of, not_acquired, notice, stopped, Held, TakeArgs};
 
@@ -176,6 +176,10 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
     };
     // The guard leads the command's process group: its pid is the group's id.
     let group = Pid::from_raw(guard.id() as i32);
+    tracing::trace!(
+        "the command started in process group {group}: {:?}",
+        args.command
+    );
     let (done_tx, done) = bounded(1);
     thread::spawn(move || loop {
         // Waits without reaping: until the loop below reaps it, after its last signal,
@@ -203,6 +207,7 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                         1
                     }
                 };
+                tracing::trace!("the command exited: {code}");
                 if lost {
                     warn(format_args!(
                         "redmutex: the command exited with {code} after the lease was lost"
@@ -215,6 +220,7 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                 // The command is not in the terminal's foreground group, so a Ctrl-C
                 // reaches only redmutex: every signal caught is passed on.
                 if let Ok(Ok(sig)) = sig.map(Signal::try_from) {
+                    tracing::trace!("{sig} passed on to the command");
                     signal(group, sig);
                 }
             }
@@ -232,9 +238,10 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
                 if !lost {
                     lost = true;
                     warn(format_args!(
-                        "redmutex: the lease of {} was lost while the command ran; another \
+                        "redmutex: the lease of {} was lost while the command ran{}; another \
                          holder may run now",
-                        args.take.name
+                        args.take.name,
+                        why_lost()
                     ));
                     if let Lost(Some(sig)) = args.on_lost {
                         signal(group, sig);

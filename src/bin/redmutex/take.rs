@@ -12,7 +12,7 @@ use redmutex::{
 };
 
 use crate::output::{fail, refused_as_not_a_lock, warn, NOT_ACQUIRED};
-use crate::parse::{duration, lease};
+use crate::parse::{duration, lease, permits};
 use crate::show;
 
 /// How to take the lock: shared by `run` and `hold`.
@@ -24,9 +24,14 @@ pub(crate) struct TakeArgs {
     /// Wait at most this long for the lock, then exit 75; default: as long as it takes.
     #[arg(short, long, value_parser = duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
-    /// Do not wait: exit 75 at once if the lock is held.
+    /// Do not wait: exit 75 at once if the lock is held (flock's -n; -n here is the
+    /// semaphore's number of permits).
     #[arg(long)]
     no_wait: bool,
+    /// The exit code when the lock is not acquired (--no-wait, or --wait ran out), as
+    /// flock's -E: flock(1) exits 1 then, redmutex 75 (EX_TEMPFAIL) unless told.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = NOT_ACQUIRED)]
+    pub(crate) conflict_exit_code: u8,
     /// How long the lock outlives a redmutex that died; renewed every third of it while
     /// held (at least 3ms).
     #[arg(short, long, value_parser = lease, default_value = "30s")]
@@ -37,7 +42,7 @@ pub(crate) struct TakeArgs {
     /// Hold one of N permits of the semaphore NAME instead of the lock: up to N holders
     /// at once. N sets its number of permits when the semaphore does not exist yet.
     #[arg(short = 'n', long, value_name = "N", conflicts_with_all = ["shared", "exclusive"],
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = permits)]
     semaphore: Option<u32>,
     /// Hold the read side of the read-write lock NAME: any number of --shared holders at
     /// once, while no writer (-x) holds it.
@@ -201,5 +206,5 @@ pub(crate) fn not_acquired(take: &TakeArgs) -> u8 {
         "redmutex: {} is held by another; not acquired {within}",
         take.name
     ));
-    NOT_ACQUIRED
+    take.conflict_exit_code
 }

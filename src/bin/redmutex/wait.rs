@@ -5,7 +5,7 @@ use std::time::Duration;
 use redmutex::{Error, LockOptions};
 
 use crate::connect::{connect, Connection};
-use crate::output::{warn, NOT_ACQUIRED};
+use crate::output::warn;
 use crate::signals::{Catcher, ACQUIRE_GRACE};
 use crate::take::{deadline, failed, notice, stopped};
 
@@ -15,6 +15,7 @@ pub(crate) fn wait(
     connection: &Connection,
     name: &str,
     wait: Option<Duration>,
+    conflict: u8,
     quiet: bool,
 ) -> Result<u8, Error> {
     let catcher = Catcher::install(name, ACQUIRE_GRACE)?;
@@ -46,7 +47,7 @@ pub(crate) fn wait(
                 "redmutex: {name} was still held after {}",
                 humantime::format_duration(wait.unwrap_or_default())
             ));
-            Ok(NOT_ACQUIRED)
+            Ok(conflict)
         }
     }
 }
