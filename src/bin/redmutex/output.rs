@@ -186,7 +186,7 @@ pub(crate) fn not_a_lock(key: &str) -> u8 {
 /// the key, not the script that met it); `None` for any other error.
 pub(crate) fn refused_as_not_a_lock(client: &Client, name: &str, e: &Error) -> Option<u8> {
     match e {
-        Error::Redis { source, .. } if wrong_type(source) => {
+        Error::NotALock { .. } => {
             let key = client
                 .inspect(name)
                 .ok()
@@ -196,16 +196,6 @@ pub(crate) fn refused_as_not_a_lock(client: &Client, name: &str, e: &Error) -> O
         }
         _ => None,
     }
-}
-
-/// Whether Redis refused because a key holds another type. Redis 7 gives a script's
-/// WRONGTYPE its own code; Redis 6.2 wraps it in "Error running script ...: WRONGTYPE
-/// Operation against a key holding the wrong kind of value".
-fn wrong_type(e: &redis::RedisError) -> bool {
-    e.code() == Some("WRONGTYPE")
-        || e.detail().is_some_and(|d| {
-            d.contains("WRONGTYPE Operation against a key holding the wrong kind of value")
-        })
 }
 
 /// The library's names for what the user gave as flags, in its `InvalidArgument` texts.
@@ -248,10 +238,26 @@ pub(crate) fn fail(e: &Error) -> u8 {
         ));
         return NOT_A_LOCK;
     }
+    if let Error::InvalidUrl {
+        url, part, reason, ..
+    } = e
+    {
+        // A sentinel's or cluster node's URL says so after it; any other came from --url
+        // (or REDIS_URL, which stands for it).
+        let flag = if url.ends_with("address)") {
+            "url"
+        } else {
+            "--url"
+        };
+        warn(format_args!(
+            "redmutex: bad {flag} {url}: the {part} {reason}"
+        ));
+        return USAGE;
+    }
     warn(format_args!("redmutex: {e}"));
     match e {
         Error::InvalidName(_) | Error::InvalidArgument(_) => USAGE,
-        Error::Redis { source: r, .. } if wrong_type(r) => NOT_A_LOCK,
+        Error::NotALock { .. } => NOT_A_LOCK,
         _ => UNAVAILABLE,
     }
 }
