@@ -244,3 +244,167 @@ fn another_redis_error_names_the_server() {
         ],
     );
 }
+
+/// `err` is the `InvalidArgument` of the lock `name`: `lock_name` says so, and the message
+/// names it and says what is valid (`valid`).
+fn bad_argument_on(err: &Error, name: &str, valid: &str) {
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    assert_eq!(err.lock_name(), Some(name), "{err:?}");
+    says(
+        err,
+        &[&format!("lock \"{name}\": invalid argument: "), valid],
+    );
+}
+
+/// Issue 28: a zero lease (or zero permits) is refused, before anything is sent, with the
+/// lock's name and what a valid value is, whatever kind of lock is asked.
+#[test]
+fn a_bad_argument_names_the_lock_and_sends_nothing() {
+    use redmutex::LockOptions;
+    let server = RedisServer::new();
+    let c = client(&server.url());
+    // Setup traffic (connections, script loading) first, so that the count below is ours.
+    c.lock("warm").lock().unwrap().unlock().unwrap();
+    let before = server.total_calls();
+    let zero = || LockOptions::new().lease(Duration::ZERO);
+    let lease = "must be longer than zero";
+    let rw = c.read_write_lock("rw");
+    for (name, r) in [
+        ("plain", c.lock("plain").try_lock_with(zero()).map(drop)),
+        ("fair", c.fair_lock("fair").try_lock_with(zero()).map(drop)),
+        (
+            "fenced",
+            c.fenced_lock("fenced").try_lock_with(zero()).map(drop),
+        ),
+        ("rw", rw.read_lock().try_lock_with(zero()).map(drop)),
+        ("rw", rw.write_lock().try_lock_with(zero()).map(drop)),
+        ("rw", rw.upgradeable_lock().try_lock_with(zero()).map(drop)),
+        (
+            "owned",
+            c.lock("owned").owned().try_lock_with(zero()).map(drop),
+        ),
+        (
+            "sem",
+            c.semaphore("sem", 2).try_acquire_with(zero()).map(drop),
+        ),
+    ] {
+        bad_argument_on(&r.expect_err("a zero lease"), name, lease);
+    }
+    let sem = c.semaphore("sem", 2);
+    let err = sem
+        .try_acquire_with(LockOptions::new().permits(0))
+        .map(drop)
+        .expect_err("zero permits");
+    bad_argument_on(&err, "sem", "at least one permit");
+    let err = sem.try_set_permits(0).expect_err("zero permits");
+    bad_argument_on(&err, "sem", "at least one permit");
+    let err = c
+        .semaphore("none", 0)
+        .try_acquire()
+        .map(drop)
+        .expect_err("a semaphore of no permits");
+    bad_argument_on(&err, "none", "at least one permit");
+    let err = c
+        .lock("capped")
+        .with_max_hold(Duration::ZERO)
+        .map(drop)
+        .expect_err("a zero max_hold");
+    bad_argument_on(&err, "capped", "must be longer than command_timeout");
+    let err = c
+        .count_down_latch("batch")
+        .try_set_count(0, Duration::from_secs(60))
+        .expect_err("a zero count");
+    bad_argument_on(&err, "batch", "between 1 and");
+    // `total_calls` itself is one command (INFO), counted after its reply.
+    assert_eq!(server.total_calls(), before + 1, "nothing was sent");
+}
+
+/// A bad client setting is tied to no lock.
+#[test]
+fn a_bad_setting_names_no_lock() {
+    let err = Client::builder()
+        .url("redis://127.0.0.1/")
+        .key_prefix("a{b")
+        .build()
+        .map(drop)
+        .expect_err("a prefix with a brace");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    assert_eq!(err.lock_name(), None);
+    assert!(err.to_string().starts_with("invalid argument: "), "{err}");
+}
+
+/// Issue 28: a cancelled wait names its lock, cancelled before the call (nothing sent) or
+/// while it waits behind a holder.
+#[test]
+fn a_cancelled_wait_names_the_lock() {
+    use redmutex::{CancellationToken, LockOptions};
+    let server = RedisServer::new();
+    let (holder, waiter) = (client(&server.url()), client(&server.url()));
+    let cancelled = |err: &Error, name: &str| {
+        assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
+        assert_eq!(err.lock_name(), Some(name), "{err:?}");
+        says(err, &[&format!("lock \"{name}\": "), "cancelled"]);
+    };
+
+    let token = CancellationToken::new();
+    token.cancel();
+    let options = || LockOptions::new().cancellable(&token);
+    let rw = waiter.read_write_lock("rw");
+    for (name, r) in [
+        ("pre", waiter.lock("pre").try_lock_with(options()).map(drop)),
+        (
+            "pre-fair",
+            waiter
+                .fair_lock("pre-fair")
+                .try_lock_with(options())
+                .map(drop),
+        ),
+        ("rw", rw.write_lock().try_lock_with(options()).map(drop)),
+        (
+            "pre-owned",
+            waiter
+                .lock("pre-owned")
+                .owned()
+                .try_lock_with(options())
+                .map(drop),
+        ),
+        (
+            "pre-sem",
+            waiter
+                .semaphore("pre-sem", 1)
+                .try_acquire_with(options())
+                .map(drop),
+        ),
+    ] {
+        cancelled(&r.expect_err("cancelled before"), name);
+    }
+
+    // During the wait: the lock is held elsewhere, the token is cancelled meanwhile.
+    let held = holder.lock("busy").lock().unwrap();
+    let during = CancellationToken::new();
+    let canceller = {
+        let during = during.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            during.cancel();
+        })
+    };
+    let err = waiter
+        .lock("busy")
+        .try_lock_with(LockOptions::new().cancellable(&during))
+        .map(drop)
+        .expect_err("cancelled while waiting");
+    canceller.join().unwrap();
+    cancelled(&err, "busy");
+    held.unlock().unwrap();
+
+    // A MultiLock's wait is on several locks: like its quorum errors, it names none.
+    let both =
+        redmutex::MultiLock::new([waiter.lock("m-1"), waiter.lock("m-2")]).expect("two locks");
+    let err = both
+        .try_lock_with(LockOptions::new().cancellable(&token))
+        .map(drop)
+        .expect_err("cancelled before");
+    assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
+    assert_eq!(err.lock_name(), None, "{err:?}");
+}
