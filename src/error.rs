@@ -16,7 +16,7 @@
 /// ```
 ///
 /// An error from an operation on a named lock (acquiring, releasing, extending or asking
-/// about it) says which lock: [`lock_name`](Error::lock_name) returns the name and the
+/// about it, a bad argument to it, a cancelled wait for it) says which lock: [`lock_name`](Error::lock_name) returns the name and the
 /// message begins with it, e.g. `lock "orders:42": the lock's lease was lost before it was
 /// released`. The variants that can carry the name have a `lock` field and are
 /// `#[non_exhaustive]`: match them as `Error::LeaseLost { .. }`.
@@ -38,7 +38,7 @@
 /// match client.lock("jobs").try_lock_with(options) {
 ///     Ok(Some(guard)) => guard.unlock()?,
 ///     Ok(None) => println!("busy: not acquired in 5 s"), // not an error
-///     Err(Error::Cancelled) => println!("shutting down"),
+///     Err(Error::Cancelled { .. }) => println!("shutting down"),
 ///     Err(e @ Error::WrongKind { .. }) => eprintln!("the name is in use as another kind: {e}"),
 ///     Err(e @ (Error::Pool { .. } | Error::Timeout { .. })) => eprintln!("Redis is unwell: {e}"),
 ///     // Final: the same URL or ACL user cannot succeed later; the message says what to fix.
@@ -275,19 +275,33 @@ pub enum Error {
     /// The wait was cancelled through its [`CancellationToken`](crate::CancellationToken) (before it
     /// began, or while it waited). The call holds nothing and has left the lock's queue:
     /// a hold handed to it as it was cancelled was given back and the lock handed on.
-    #[error("the wait was cancelled")]
-    Cancelled,
-    /// A duration or a configuration value is out of range (zero or overflowing durations,
-    /// bad prefixes, a URL at odds with the TLS settings; a URL with a wrong part is
-    /// [`Error::InvalidUrl`]).
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    #[error("{}the wait was cancelled", On(.lock))]
+    #[non_exhaustive]
+    Cancelled {
+        /// The lock waited for, printable (see [`Error::lock_name`]); `None` for a
+        /// [`MultiLock`](crate::MultiLock)'s wait, which is on several.
+        lock: Option<Box<str>>,
+    },
+    /// A duration, a count or a configuration value is out of range (zero or overflowing
+    /// durations, zero permits, bad prefixes, a URL at odds with the TLS settings; a URL
+    /// with a wrong part is [`Error::InvalidUrl`]). Nothing was sent for a value refused
+    /// before the call.
+    #[error("{}invalid argument: {reason}", On(.lock))]
+    #[non_exhaustive]
+    InvalidArgument {
+        /// What is wrong and what a valid value is, e.g. "a lease must be longer than zero".
+        reason: String,
+        /// The lock the call was on, printable (see [`Error::lock_name`]); `None` for a
+        /// setting of the client or of a [`MultiLock`](crate::MultiLock).
+        lock: Option<Box<str>>,
+    },
 }
 
 impl Error {
     /// The name of the lock whose operation failed, for the errors that carry one (see
     /// the variants with a `lock` field); `None` for the others and for errors not tied
-    /// to one lock (a [`MultiLock`](crate::MultiLock)'s quorum, a bad argument).
+    /// to one lock (a [`MultiLock`](crate::MultiLock)'s quorum or cancelled wait, a bad
+    /// client setting).
     ///
     /// The name is printable: valid UTF-8 without control characters comes back as it is;
     /// control characters, `"` and `\` are escaped as in Rust string literals, bytes that
@@ -314,7 +328,9 @@ impl Error {
             | Error::WrongKind { lock, .. }
             | Error::Auth { lock, .. }
             | Error::NoPermission { lock, .. }
-            | Error::NotALock { lock, .. } => lock.as_deref(),
+            | Error::NotALock { lock, .. }
+            | Error::Cancelled { lock }
+            | Error::InvalidArgument { lock, .. } => lock.as_deref(),
             _ => None,
         }
     }
@@ -334,6 +350,8 @@ impl Error {
             | Error::Auth { lock, .. }
             | Error::NoPermission { lock, .. }
             | Error::NotALock { lock, .. }
+            | Error::Cancelled { lock }
+            | Error::InvalidArgument { lock, .. }
                 if lock.is_none() =>
             {
                 *lock = Some(printable(name));
@@ -378,6 +396,18 @@ impl Error {
 
     /// [`Error::WouldDeadlock`] not (yet) tied to a lock.
     pub(crate) const WOULD_DEADLOCK: Error = Error::WouldDeadlock { lock: None };
+
+    /// [`Error::Cancelled`] not (yet) tied to a lock.
+    pub(crate) const CANCELLED: Error = Error::Cancelled { lock: None };
+
+    /// [`Error::InvalidArgument`] not (yet) tied to a lock: `reason` says what is wrong
+    /// and what a valid value is.
+    pub(crate) fn invalid(reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            reason: reason.into(),
+            lock: None,
+        }
+    }
 
     /// [`Error::WrongKind`] not (yet) tied to a lock: the name is held as `in_use`.
     pub(crate) fn wrong_kind(in_use: &'static str) -> Error {

@@ -107,7 +107,7 @@ fn cancel_queued_waiter<G1, G2, G3>(
         let (r, returned) = result_rx
             .recv_timeout(SETUP)
             .expect("the cancelled call returned");
-        assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+        assert!(matches!(r, Err(Error::Cancelled { .. })), "{r:?}");
         let cancelled_in = returned - cancelled;
         assert!(
             cancelled_in <= CANCEL_BOUND,
@@ -335,7 +335,7 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
     assert!(matches!(
         lock.try_lock_with(redmutex::LockOptions::new().cancellable(&token))
             .map(Option::unwrap),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     assert!(matches!(
         lock.try_lock_with(
@@ -343,26 +343,26 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
                 .wait_until(far)
                 .cancellable(&token)
         ),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     let rw = c.read_write_lock("pre-rw");
     assert!(matches!(
         rw.read_lock()
             .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
             .map(Option::unwrap),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     assert!(matches!(
         rw.write_lock()
             .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
             .map(Option::unwrap),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     assert!(matches!(
         semaphore
             .try_acquire_with(redmutex::LockOptions::new().cancellable(&token))
             .map(Option::unwrap),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     assert!(matches!(
         semaphore.try_acquire_with(
@@ -371,12 +371,12 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
                 .wait_until(far)
                 .cancellable(&token)
         ),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     assert!(matches!(
         both.try_lock_with(redmutex::LockOptions::new().cancellable(&token))
             .map(Option::unwrap),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     assert!(matches!(
         both.try_lock_with(
@@ -384,7 +384,7 @@ fn a_token_cancelled_before_the_call_sends_nothing() {
                 .wait_until(far)
                 .cancellable(&token)
         ),
-        Err(Error::Cancelled)
+        Err(Error::Cancelled { .. })
     ));
     assert_eq!(
         without_info(server.command_calls()),
@@ -462,7 +462,7 @@ fn a_cancel_racing_a_grant_hands_the_lock_on() {
         let cancelled = Instant::now();
         token.cancel();
         let (r, returned) = result_rx.recv_timeout(SETUP).expect("returned");
-        assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+        assert!(matches!(r, Err(Error::Cancelled { .. })), "{r:?}");
         let cancelled_in = returned - cancelled;
         assert!(
             cancelled_in <= CANCEL_BOUND,
@@ -547,7 +547,7 @@ fn cancels_racing_releases_never_strand_or_double_the_lock() {
             let (r, returned) = result_rx.recv_timeout(SETUP).expect("returned");
             match r {
                 Ok(()) => won += 1,
-                Err(Error::Cancelled) => lost += 1,
+                Err(Error::Cancelled { .. }) => lost += 1,
                 Err(e) => panic!("{e}"),
             }
             let got = got_rx.recv_timeout(SETUP).expect("the next waiter got it");
@@ -598,7 +598,7 @@ fn cancel_latency_distribution() {
             let cancelled = Instant::now();
             token.cancel();
             let (r, returned) = rx.recv_timeout(SETUP).expect("returned");
-            assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
+            assert!(matches!(r, Err(Error::Cancelled { .. })), "{r:?}");
             times.push(returned - cancelled);
             assert_eq!(support::llen(&mut con, &q), 0, "a ghost entry");
         });

@@ -162,11 +162,11 @@ fn bad_input_is_typed_and_changes_nothing() {
     let before = pttl(&lock);
     assert!(matches!(
         fixed.extend(Duration::ZERO),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
         fixed.extend(Duration::from_secs(11 * 365 * 24 * 3600)),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     assert!(pttl(&lock) <= before);
     fixed.unlock().unwrap();
@@ -175,7 +175,7 @@ fn bad_input_is_typed_and_changes_nothing() {
     let before = pttl(&lock);
     assert!(matches!(
         watched.extend(Duration::from_secs(60)),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     assert!(pttl(&lock) <= before, "a watchdog lease is not extended");
     watched.unlock().unwrap();
@@ -184,7 +184,7 @@ fn bad_input_is_typed_and_changes_nothing() {
         // (Not longer than the command timeout, 500 ms.)
         assert!(matches!(
             lock.with_max_hold(bad),
-            Err(Error::InvalidArgument(_))
+            Err(Error::InvalidArgument { .. })
         ));
     }
     assert!(lock.with_max_hold(Duration::from_millis(501)).is_ok());
@@ -194,7 +194,7 @@ fn bad_input_is_typed_and_changes_nothing() {
             .command_timeout(Duration::from_secs(1))
             .max_hold(Duration::from_secs(1))
             .build(),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
 }
 

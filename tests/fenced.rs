@@ -148,7 +148,7 @@ fn invalid_names_and_leases_are_refused() {
             .fenced_lock("x")
             .try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
             .map(Option::unwrap),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     let mut con = server.connection();
     let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();

@@ -505,7 +505,7 @@ fn a_watchdog_timeout_not_above_the_command_timeout_is_refused() {
             .command_timeout(command)
             .build();
         assert!(
-            matches!(r, Err(Error::InvalidArgument(_))),
+            matches!(r, Err(Error::InvalidArgument { .. })),
             "watchdog {watchdog:?} with command timeout {command:?}: {r:?}"
         );
     }

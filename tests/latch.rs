@@ -245,7 +245,7 @@ fn bad_input_changes_nothing() {
         assert!(
             matches!(
                 latch.try_set_count(count, expiry),
-                Err(Error::InvalidArgument(_))
+                Err(Error::InvalidArgument { .. })
             ),
             "try_set_count({count}, {expiry:?})"
         );

@@ -564,7 +564,7 @@ fn invalid_names_and_durations_change_nothing() {
 
     let lock = client.lock("durations");
     let bad_arg =
-        |r: Result<(), Error>| assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        |r: Result<(), Error>| assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     bad_arg(
         lock.try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
             .map(Option::unwrap)
@@ -639,7 +639,7 @@ fn invalid_names_and_durations_change_nothing() {
         assert!(
             matches!(
                 r,
-                Err(Error::InvalidArgument(_) | Error::InvalidUrl { .. } | Error::Redis { .. })
+                Err(Error::InvalidArgument { .. } | Error::InvalidUrl { .. } | Error::Redis { .. })
             ),
             "{what}: {r:?}"
         );

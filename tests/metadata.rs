@@ -514,7 +514,9 @@ fn metadata_longer_than_a_kib_is_refused() {
     let ok = Client::builder().metadata("x".repeat(1024)).build();
     assert!(ok.is_ok());
     match Client::builder().metadata("x".repeat(1025)).build() {
-        Err(Error::InvalidArgument(why)) => assert!(why.contains("metadata"), "{why}"),
+        Err(Error::InvalidArgument { reason: why, .. }) => {
+            assert!(why.contains("metadata"), "{why}")
+        }
         other => panic!("expected InvalidArgument, got {:?}", other.map(|_| ())),
     }
 }

@@ -101,7 +101,9 @@ fn a_prefix_whose_keys_could_be_another_prefixes_is_refused() {
             .key_prefix(prefix)
             .build()
         {
-            Err(Error::InvalidArgument(why)) => assert!(why.contains("key_prefix"), "{why}"),
+            Err(Error::InvalidArgument { reason: why, .. }) => {
+                assert!(why.contains("key_prefix"), "{why}")
+            }
             Ok(_) => panic!("prefix {prefix:?} accepted"),
             Err(e) => panic!("prefix {prefix:?}: {e}"),
         }

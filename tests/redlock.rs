@@ -361,7 +361,7 @@ fn bad_input_is_refused_with_typed_errors() {
     let servers = masters(3);
     let urls = urls(&servers);
     let cs = CLIENTS.watchdog(Duration::from_secs(3)).each_at(&urls);
-    let invalid = |r: Result<MultiLock, Error>| matches!(r, Err(Error::InvalidArgument(_)));
+    let invalid = |r: Result<MultiLock, Error>| matches!(r, Err(Error::InvalidArgument { .. }));
     assert!(invalid(MultiLock::new(Vec::new())));
     assert!(invalid(MultiLock::red_lock([
         cs[0].lock("x"),
@@ -391,7 +391,7 @@ fn bad_input_is_refused_with_typed_errors() {
     assert!(matches!(
         lock.try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
             .map(Option::unwrap),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     // Nothing was written by any of it.
     assert!(servers

@@ -106,7 +106,10 @@ fn bad_sync_settings_are_refused() {
             .url("redis://127.0.0.1:1/")
             .sync_replicas(n, t)
             .build();
-        assert!(matches!(built, Err(Error::InvalidArgument(_))), "{n} {t:?}");
+        assert!(
+            matches!(built, Err(Error::InvalidArgument { .. })),
+            "{n} {t:?}"
+        );
     }
 }
 

@@ -1421,7 +1421,10 @@ fn bad_input_gives_typed_errors_and_changes_nothing() {
         ),
     ];
     for (what, r) in lease_errors {
-        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what}: {r:?}"
+        );
     }
     let dbsize: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
     assert_eq!(dbsize, 0, "bad input wrote something");

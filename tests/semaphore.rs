@@ -1245,7 +1245,10 @@ fn bad_input_is_refused_and_changes_nothing() {
     let server = RedisServer::new();
     let c = CLIENTS.scaled(LONG).at(&server.url());
     for (op, r) in every_op(&c.semaphore("zero", 0)) {
-        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{op}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{op}: {r:?}"
+        );
     }
     for (op, r) in every_op(&c.semaphore("", 3)) {
         assert!(matches!(r, Err(Error::InvalidName(_))), "{op}: {r:?}");
@@ -1286,27 +1289,33 @@ fn bad_input_is_refused_and_changes_nothing() {
             .map(drop),
         ),
     ] {
-        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what}: {r:?}"
+        );
     }
     assert_eq!(dbsize(&server), 0, "a refused call wrote something");
 
     let held = sem.acquire().unwrap();
     assert!(matches!(
         sem.add_permits(u32::MAX),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     assert_eq!(sem.permits().unwrap(), 3);
     assert_eq!(
         sem.add_permits(redmutex::MAX_PERMITS - 3).unwrap(),
         u32::MAX
     );
-    assert!(matches!(sem.add_permits(1), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        sem.add_permits(1),
+        Err(Error::InvalidArgument { .. })
+    ));
     assert_eq!(sem.permits().unwrap(), redmutex::MAX_PERMITS);
     assert_eq!(sem.available_permits().unwrap(), u32::MAX - 1);
     assert_eq!(sem.reduce_permits(u32::MAX - 3).unwrap(), 3);
     assert!(matches!(
         sem.reduce_permits(4),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     assert_eq!(sem.permits().unwrap(), 3);
     assert_eq!(sem.available_permits().unwrap(), 2);
@@ -1662,7 +1671,7 @@ fn a_request_for_more_permits_than_there_are_fails_at_once() {
             queue(&server, NAME)
         )
     });
-    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     assert!(started.elapsed() < Duration::from_secs(1), "not at once");
     assert_eq!(dbsize(&server), 0, "the refused call wrote something");
     for (what, r) in [
@@ -1685,7 +1694,10 @@ fn a_request_for_more_permits_than_there_are_fails_at_once() {
             .map(drop),
         ),
     ] {
-        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what}: {r:?}"
+        );
     }
     // Nobody is blocked behind it: the semaphore's permits are all there.
     let both = sem
@@ -1748,7 +1760,7 @@ fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
                 queue(&server, NAME)
             )
         });
-    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     big_thread.join().unwrap();
     assert_eq!(queue(&server, NAME), entries, "only the small one waits");
     assert!(
@@ -1783,7 +1795,7 @@ fn reducing_the_permits_below_a_queued_request_fails_it_and_frees_the_queue() {
     let r = big
         .recv_timeout(Duration::from_secs(2))
         .expect("set_permits(2) left a request for 3 waiting");
-    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     big_thread.join().unwrap();
     assert!(queue(&server, NAME).is_empty());
     one.release().unwrap();

@@ -171,7 +171,7 @@ fn a_cancelled_wait_is_counted_and_its_span_says_cancelled() {
                 .try_lock_with(redmutex::LockOptions::new().cancellable(&token))
                 .map(Option::unwrap)
                 .map(|_| ());
-            matches!(outcome, Err(redmutex::Error::Cancelled))
+            matches!(outcome, Err(redmutex::Error::Cancelled { .. }))
         })
     });
     assert!(got, "the wait was not cancelled");

@@ -346,7 +346,7 @@ impl<K: Kind> Worker<K> {
                                 .map(Option::unwrap),
                             None => lock.owned().lock(),
                         };
-                        if matches!(owned, Err(Error::Cancelled)) {
+                        if matches!(owned, Err(Error::Cancelled { .. })) {
                             tally(&mut con, name, "cancelled");
                         }
                         let Ok(owned) = owned else { continue };
@@ -385,7 +385,7 @@ impl<K: Kind> Worker<K> {
                         Some(token) => lock.try_lock_with(cancellable(token)).map(Option::unwrap),
                         None => lock.lock(),
                     };
-                    if matches!(outer, Err(Error::Cancelled)) {
+                    if matches!(outer, Err(Error::Cancelled { .. })) {
                         tally(&mut con, name, "cancelled");
                     }
                     let Ok(outer) = outer else { continue };

@@ -848,7 +848,7 @@ fn bad_input_is_refused_typed() {
         rw.upgradeable_lock()
             .try_lock_with(redmutex::LockOptions::new().lease(Duration::ZERO))
             .map(Option::unwrap),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
         a.read_write_lock("").upgradeable_lock().try_lock(),

@@ -150,7 +150,7 @@ impl<K: Kind> Lock<K> {
             // entry, if any, removed).
             [-4, kind] => Err(Error::wrong_kind(keys::kind_name(kind))),
             // A semaphore asked for more permits than it has: refused, nothing written.
-            [-2, total] => Err(Error::InvalidArgument(format!(
+            [-2, total] => Err(Error::invalid(format!(
                 "more permits asked for than the semaphore has ({total})"
             ))),
             _ => {

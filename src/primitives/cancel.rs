@@ -42,7 +42,7 @@ use parking_lot::Mutex;
 ///     std::thread::spawn(move || match lock.try_lock_with(options) {
 ///         Ok(Some(guard)) => guard.unlock(),
 ///         Ok(None) => unreachable!("no wait bound was set"),
-///         Err(Error::Cancelled) => Ok(()), // nothing held, out of the queue
+///         Err(Error::Cancelled { .. }) => Ok(()), // nothing held, out of the queue
 ///         Err(e) => Err(e),
 ///     })
 /// };

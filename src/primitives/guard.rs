@@ -259,8 +259,8 @@ impl<K: Kind> LockGuard<K> {
 
     fn extend_lease(&self, lease: Duration) -> Result<(), Error> {
         let Lease::Fixed(_) = self.lease else {
-            return Err(Error::InvalidArgument(
-                "extend is for a fixed lease; the watchdog renews this one".to_owned(),
+            return Err(Error::invalid(
+                "extend is for a fixed lease; the watchdog renews this one",
             ));
         };
         let Lease::Fixed(lease_ms) = fixed(lease)? else {

@@ -97,17 +97,7 @@ impl CountDownLatch {
     #[doc(alias = "trySetCount")]
     pub fn try_set_count(&self, count: u64, expire_after: Duration) -> Result<bool, Error> {
         self.check_name()?;
-        if count == 0 || count > i64::MAX as u64 {
-            return Err(Error::InvalidArgument(format!(
-                "a latch count must be between 1 and {}, not {count}",
-                i64::MAX
-            )));
-        }
-        if expire_after.is_zero() || expire_after > MAX_LEASE {
-            return Err(Error::InvalidArgument(format!(
-                "a latch expiry must be longer than zero and at most ten years, not {expire_after:?}"
-            )));
-        }
+        Self::check_count(count, expire_after).map_err(|e| e.on_lock(&self.name))?;
         let exec = &self.client.inner.exec;
         let (key, setter, id) = (self.key.as_slice(), self.setter.as_slice(), exec.call_id());
         // A repeat after a lost reply finds its own id and answers that it set the count,
@@ -289,6 +279,22 @@ impl CountDownLatch {
             .run_until(until, |con| exec.eval(con, &call))
             .map_err(|e| e.on_lock(&self.name))?;
         Ok((count.max(0) as u64, pttl))
+    }
+
+    /// Whether `count` and `expire_after` are ones a latch can be set to.
+    fn check_count(count: u64, expire_after: Duration) -> Result<(), Error> {
+        if count == 0 || count > i64::MAX as u64 {
+            return Err(Error::invalid(format!(
+                "a latch count must be between 1 and {}, not {count}",
+                i64::MAX
+            )));
+        }
+        if expire_after.is_zero() || expire_after > MAX_LEASE {
+            return Err(Error::invalid(format!(
+                "a latch expiry must be longer than zero and at most ten years, not {expire_after:?}"
+            )));
+        }
+        Ok(())
     }
 
     fn check_name(&self) -> Result<(), Error> {

@@ -224,7 +224,8 @@ impl<K: Kind> Lock<K> {
         crate::runtime::lease::check_max_hold(
             max_hold,
             self.client.inner.exec.config.command_timeout,
-        )?;
+        )
+        .map_err(|e| e.on_lock(self.name()))?;
         let mut lock = self.clone();
         lock.max_hold = Some(max_hold);
         Ok(lock)

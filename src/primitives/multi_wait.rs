@@ -55,7 +55,7 @@ impl MultiLock {
             m.client.inner.exec.check_process()?;
         }
         if cancel::is_cancelled(cancel) {
-            return Err(Error::Cancelled);
+            return Err(Error::CANCELLED);
         }
         for m in self.members.iter() {
             let inner = &m.client.inner;
@@ -138,7 +138,7 @@ impl MultiWait<'_> {
             if cancel::is_cancelled(self.cancel) {
                 // What was handed over meanwhile goes back with the queues left.
                 self.give_up();
-                return Err(Error::Cancelled);
+                return Err(Error::CANCELLED);
             }
             let start = Instant::now();
             let (mut guards, seen) = self.round(start);

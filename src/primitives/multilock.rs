@@ -349,7 +349,7 @@ impl MultiLock {
     /// match both.try_lock_with(options) {
     ///     Ok(Some(guard)) => guard.unlock()?,
     ///     Ok(None) => println!("held elsewhere"),
-    ///     Err(redmutex::Error::Cancelled) => println!("gave up waiting"),
+    ///     Err(redmutex::Error::Cancelled { .. }) => println!("gave up waiting"),
     ///     Err(e) => return Err(e),
     /// }
     /// # Ok::<(), redmutex::Error>(())
@@ -443,5 +443,5 @@ impl fmt::Debug for MultiLock {
 }
 
 fn invalid(what: &str) -> Error {
-    Error::InvalidArgument(what.to_owned())
+    Error::invalid(what)
 }

@@ -140,7 +140,7 @@ impl LockOptions {
     /// match client.lock("report").try_lock_with(LockOptions::new().cancellable(&token)) {
     ///     Ok(Some(guard)) => guard.unlock()?,
     ///     Ok(None) => unreachable!("no wait bound was set"),
-    ///     Err(Error::Cancelled) => println!("gave up waiting"),
+    ///     Err(Error::Cancelled { .. }) => println!("gave up waiting"),
     ///     Err(e) => return Err(e),
     /// }
     /// # Ok::<(), redmutex::Error>(())
@@ -171,7 +171,7 @@ impl LockOptions {
     pub(crate) fn for_lock(&self) -> Result<Resolved<'_>, Error> {
         let resolved = self.for_semaphore()?;
         if resolved.permits != 1 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "{} permits asked of a lock: permits are a Semaphore's (a lock has one holder, or its readers)",
                 resolved.permits
             )));
@@ -187,9 +187,7 @@ impl LockOptions {
         };
         let permits = self.permits.unwrap_or(1);
         if permits == 0 {
-            return Err(Error::InvalidArgument(
-                "acquire at least one permit".to_owned(),
-            ));
+            return Err(Error::invalid("acquire at least one permit"));
         }
         let deadline = match self.wait {
             Wait::Forever => None,

@@ -203,10 +203,7 @@ impl Semaphore {
     #[doc(alias = "trySetPermits")]
     pub fn try_set_permits(&self, n: u32) -> Result<bool, Error> {
         if n == 0 {
-            return Err(
-                Error::InvalidArgument("a semaphore has at least one permit".to_owned())
-                    .on_lock(self.name()),
-            );
+            return Err(Error::invalid("a semaphore has at least one permit").on_lock(self.name()));
         }
         Ok(self.permits_op("tryset", n)?.0 == 1)
     }
@@ -274,8 +271,8 @@ impl Semaphore {
 
     fn check(&self) -> Result<(), Error> {
         if self.permits.initial == 0 {
-            return Err(Error::InvalidArgument(
-                "a semaphore must be made with at least one permit".to_owned(),
+            return Err(Error::invalid(
+                "a semaphore must be made with at least one permit",
             ));
         }
         Ok(())
@@ -288,15 +285,21 @@ impl Semaphore {
         deadline: Option<Instant>,
         cancel: Option<&CancellationToken>,
     ) -> Result<Option<Permit>, Error> {
-        self.check()?;
+        self.check().map_err(|e| e.on_lock(self.name()))?;
         let guard = self
             .permits
             .acquire_cancellable(lease, deadline, n, cancel)?;
         Ok(guard.map(|guard| Permit::new(guard, n)))
     }
 
-    /// Runs `sem_permits.lua`: (permits, held) after the operation.
+    /// Runs `sem_permits.lua`: (permits, held) after the operation; a failure names the
+    /// semaphore.
     fn permits_op(&self, op: &str, n: u32) -> Result<(u32, u32), Error> {
+        self.permits_script(op, n)
+            .map_err(|e| e.on_lock(self.name()))
+    }
+
+    fn permits_script(&self, op: &str, n: u32) -> Result<(u32, u32), Error> {
         self.check()?;
         crate::name::check(self.permits.name(), "semaphore names must not be empty")?;
         let lock = &self.permits;
@@ -310,10 +313,9 @@ impl Semaphore {
         let (first, second): (i64, i64) = match op {
             "add" | "reduce" | "tryset" => exec.run_once(call),
             _ => exec.run(call),
-        }
-        .map_err(|e| e.on_lock(self.name()))?;
+        }?;
         if first < 0 {
-            return Err(Error::InvalidArgument(match op {
+            return Err(Error::invalid(match op {
                 "add" => format!(
                     "adding {n} permits to {second} would pass the maximum of {MAX_PERMITS}"
                 ),

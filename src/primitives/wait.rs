@@ -58,7 +58,7 @@ impl<K: Kind> Lock<K> {
         let inner = &self.client.inner;
         inner.exec.check_process()?;
         if cancel.is_some_and(CancellationToken::is_cancelled) {
-            return Err(Error::Cancelled);
+            return Err(Error::CANCELLED);
         }
         let keys = &self.keys;
         // A semaphore's permits and an owned hold are holders of their own, never the
@@ -369,7 +369,7 @@ impl<K: Kind> Wait<'_, K> {
     fn leave_cancelled(&mut self) -> Result<Option<LockGuard<K>>, Error> {
         // Told not to keep, the script never reports a hold (`None`).
         drop(self.leave(false)?);
-        Err(Error::Cancelled)
+        Err(Error::CANCELLED)
     }
 
     /// Leaves the queue, in one step with learning whether the lock was handed to this

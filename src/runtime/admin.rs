@@ -154,7 +154,7 @@ impl Client {
     /// ```
     pub fn list(&self, pattern: &str) -> Result<Vec<LockInfo>, Error> {
         let glob = glob::Pattern::new(pattern)
-            .map_err(|e| Error::InvalidArgument(format!("bad pattern {pattern:?}: {e}")))?;
+            .map_err(|e| Error::invalid(format!("bad pattern {pattern:?}: {e}")))?;
         let prefix = self.inner.exec.config.key_prefix.clone();
         let mut matching = Vec::new();
         for b in &prefix {

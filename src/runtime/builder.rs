@@ -426,9 +426,9 @@ impl ClientBuilder {
     /// ```
     pub fn build(self) -> Result<Client, Error> {
         crate::runtime::telemetry::describe();
-        let invalid = |what: &str| Err(Error::InvalidArgument(what.to_owned()));
+        let invalid = |what: &str| Err(Error::invalid(what));
         if let Err(why) = crate::runtime::keys::check_prefix(&self.key_prefix) {
-            return Err(Error::InvalidArgument(why));
+            return Err(Error::invalid(why));
         }
         if self.watchdog_timeout < Duration::from_millis(3) {
             return invalid("watchdog_timeout must be at least 3 ms");
@@ -443,7 +443,7 @@ impl ClientBuilder {
             return invalid("connect_timeout and command_timeout must be non-zero");
         }
         if self.watchdog_timeout <= self.command_timeout {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "watchdog_timeout ({:?}) must be longer than command_timeout ({:?}): \
                  lower command_timeout too",
                 self.watchdog_timeout, self.command_timeout
@@ -454,7 +454,7 @@ impl ClientBuilder {
         }
         if let Some(text) = &self.metadata {
             if text.len() > MAX_METADATA {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid(format!(
                     "metadata must be at most {MAX_METADATA} bytes, not {}",
                     text.len()
                 )));

@@ -141,12 +141,10 @@ pub(crate) fn millis(d: Duration) -> u64 {
 
 pub(crate) fn fixed(lease: Duration) -> Result<Lease, Error> {
     if lease.is_zero() {
-        return Err(Error::InvalidArgument(
-            "a lease must be longer than zero".to_owned(),
-        ));
+        return Err(Error::invalid("a lease must be longer than zero"));
     }
     if lease > MAX_LEASE {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "a lease of {lease:?} is longer than the maximum of ten years"
         )));
     }
@@ -158,7 +156,7 @@ pub(crate) fn fixed(lease: Duration) -> Result<Lease, Error> {
 /// for `watchdog_timeout`); and no longer than [`MAX_LEASE`].
 pub(crate) fn check_max_hold(max_hold: Duration, command_timeout: Duration) -> Result<(), Error> {
     if max_hold <= command_timeout || max_hold > MAX_LEASE {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "max_hold ({max_hold:?}) must be longer than command_timeout ({command_timeout:?}) \
              and at most ten years"
         )));

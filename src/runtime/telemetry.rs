@@ -244,7 +244,7 @@ pub(crate) fn acquisition<G>(
 #[cfg(any(feature = "tracing", feature = "metrics"))]
 fn error_outcome(e: &Error) -> &'static str {
     match e {
-        Error::Cancelled => "cancelled",
+        Error::Cancelled { .. } => "cancelled",
         _ => "error",
     }
 }

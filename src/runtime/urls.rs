@@ -15,7 +15,7 @@ pub(crate) fn parse_urls(
     what: &str,
 ) -> Result<(Vec<redis::ConnectionInfo>, Vec<String>), Error> {
     if urls.is_empty() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::invalid(format!(
             "{what} addresses: at least one is needed"
         )));
     }
@@ -62,7 +62,7 @@ pub(crate) fn bad_url(url: &str, e: &redis::RedisError) -> Error {
             part,
             reason: reason.into_boxed_str(),
         },
-        None => Error::InvalidArgument(format!("bad redis url {}: {e}", redact_url(url))),
+        None => Error::invalid(format!("bad redis url {}: {e}", redact_url(url))),
     }
 }
 
@@ -158,7 +158,7 @@ pub(crate) fn cluster_target(
         .max_retry_wait(50);
     let client = with_certificates(builder, certificates)
         .build()
-        .map_err(|e| Error::InvalidArgument(format!("bad cluster settings: {e}")))?;
+        .map_err(|e| Error::invalid(format!("bad cluster settings: {e}")))?;
     Ok((
         Target::Cluster(Cluster::new(client, nodes)),
         format!("cluster via {urls:?}"),

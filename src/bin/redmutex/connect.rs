@@ -129,11 +129,11 @@ fn probe(connection: &Connection) -> Result<(), Error> {
     }
     match last {
         None => Ok(()),
-        Some((url, e)) => Err(Error::InvalidArgument(format!(
-            "{}{}: {e}",
-            UNREACHABLE,
-            redact(url)
-        ))),
+        // The library's errors are its own to make: this one travels as the connection
+        // failure it is, and `fail` knows it by its text.
+        Some((url, e)) => Err(Error::from(redis::RedisError::from(std::io::Error::other(
+            format!("{}{}: {e}", UNREACHABLE, redact(url)),
+        )))),
     }
 }
 

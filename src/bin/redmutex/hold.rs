@@ -71,7 +71,7 @@ pub(crate) fn hold(connection: &Connection, args: HoldArgs, quiet: bool) -> Resu
     drop(waiting);
     let signalled = catcher.settle();
     let held = match (held, signalled) {
-        (Err(Error::Cancelled), Some(code)) => return Ok(stopped(name, code)),
+        (Err(Error::Cancelled { .. }), Some(code)) => return Ok(stopped(name, code)),
         (Ok(Some(held)), _) => held,
         (Ok(None), _) => return Ok(signalled.unwrap_or_else(|| not_acquired(take))),
         (Err(e), _) => return Ok(failed(&client, name, &e)),

@@ -210,13 +210,17 @@ const FLAGS: [(&str, &str); 6] = [
 
 /// Reports `e` and returns the exit code for it.
 pub(crate) fn fail(e: &Error) -> u8 {
-    if let Error::InvalidArgument(why) = e {
+    if let Error::Redis { source, .. } = e {
+        let why = source.to_string();
         if why.starts_with(UNREACHABLE) {
             warn(format_args!("redmutex: {why}"));
             return UNAVAILABLE;
         }
-        // The library names its settings; the user wrote flags.
-        let mut said = why.clone();
+    }
+    if let Error::InvalidArgument { reason, .. } = e {
+        // The library names its settings; the user wrote flags. (No lock is named: the
+        // CLI's bad arguments are settings of its client.)
+        let mut said = reason.clone();
         for (field, flag) in FLAGS {
             said = said.replace(field, flag);
         }
@@ -256,7 +260,7 @@ pub(crate) fn fail(e: &Error) -> u8 {
     }
     warn(format_args!("redmutex: {e}"));
     match e {
-        Error::InvalidName(_) | Error::InvalidArgument(_) => USAGE,
+        Error::InvalidName(_) | Error::InvalidArgument { .. } => USAGE,
         Error::NotALock { .. } => NOT_A_LOCK,
         _ => UNAVAILABLE,
     }

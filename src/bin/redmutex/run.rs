@@ -77,7 +77,7 @@ pub(crate) fn run(connection: &Connection, args: RunArgs, quiet: bool) -> Result
     drop(waiting);
     let signalled = catcher.settle();
     let held = match (held, signalled) {
-        (Err(Error::Cancelled), Some(code)) => return Ok(stopped(name, code)),
+        (Err(Error::Cancelled { .. }), Some(code)) => return Ok(stopped(name, code)),
         (Ok(held), _) => held,
         (Err(e), _) => return Ok(failed(&client, name, &e)),
     };

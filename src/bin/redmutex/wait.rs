@@ -30,7 +30,7 @@ pub(crate) fn wait(
     drop(waiting);
     let signalled = catcher.settle();
     let guard = match (guard, signalled) {
-        (Err(Error::Cancelled), Some(code)) => return Ok(stopped(name, code)),
+        (Err(Error::Cancelled { .. }), Some(code)) => return Ok(stopped(name, code)),
         (Ok(guard), _) => guard,
         (Err(e), _) => return Ok(failed(&client, name, &e)),
     };
