@@ -380,7 +380,7 @@ fn bad_input_fails_with_a_clear_message_and_no_panic() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("redis"), "{stderr}");
     assert!(
-        stderr.contains("cannot reach redis at redis://user:***@127.0.0.1:1/"),
+        stderr.contains("cannot reach redis at 127.0.0.1:1: connection refused"),
         "the error names the server: {stderr}"
     );
     assert!(

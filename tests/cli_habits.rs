@@ -732,6 +732,14 @@ fn the_documented_hold_pattern_runs_the_maintenance_only_while_held() {
     let (server, c) = CLIENTS.serve();
     let script = hold_pattern();
     assert!(script.contains("--ready-fd"), "{script}");
+    // docs/cli.md's `hold` example is this script, line for line: what runs here is
+    // what the docs say (tests/doc_commands.rs runs it there too, without a rival).
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    assert!(
+        docs.contains(&format!("```sh\n{script}\n```")),
+        "docs/cli.md's hold example is not `redmutex hold --help`'s:\n{script}"
+    );
     let (code, seen) = run_pattern(&server, &script);
     assert_eq!(code, Some(0));
     assert_eq!(seen.as_deref(), Some("75\n"), "the maintenance ran unheld");

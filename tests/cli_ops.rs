@@ -75,7 +75,18 @@ fn a_server_that_never_answers_is_reported_within_the_connect_timeout() {
             )
         });
         eprintln!("{args:?}: silent server, reported after {took:?} (--connect-timeout 800ms)");
-        assert_eq!(out.status.code(), Some(69), "{args:?}: {}", stderr(&out));
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {said}");
+        // In words, naming the server: not "Resource temporarily unavailable (os error
+        // 11)", which reads as a local fault.
+        assert!(
+            said.contains(&format!(
+                "127.0.0.1:{}",
+                silent.local_addr().unwrap().port()
+            )) && said.contains("did not answer")
+                && !said.contains("os error"),
+            "{args:?}: {said}"
+        );
         // `--no-wait` gives a connection 250 ms (the library's bound on a try), and the
         // others the whole --connect-timeout.
         let least = if args.contains(&"--no-wait") {
@@ -87,6 +98,68 @@ fn a_server_that_never_answers_is_reported_within_the_connect_timeout() {
             took >= Duration::from_millis(least) && took < Duration::from_millis(1800),
             "{args:?} took {took:?}"
         );
+    }
+}
+
+#[test]
+fn a_refused_password_or_permission_is_said_in_words_at_once() {
+    let server = RedisServer::with_args(&["--requirepass", "s3cret"]);
+    let mut con = redis::Client::open(format!("redis://:s3cret@127.0.0.1:{}/", server.port()))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // A user that may connect and PING but not run the scripts.
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "reader", "on", ">pw", "~*", "&*", "+ping", "+hello", "+client",
+        ])
+        .query(&mut con)
+        .unwrap();
+    let at = format!("127.0.0.1:{}", server.port());
+    for (url, words) in [
+        (
+            format!("redis://:wrong@{at}/"),
+            &[
+                "authentication failed for user default",
+                "check the user and password",
+            ][..],
+        ),
+        (
+            format!("redis://{at}/"),
+            &[
+                "authentication failed for user default",
+                "requires a password",
+            ],
+        ),
+        (
+            format!("redis://bob:s3cret@{at}/"),
+            &["authentication failed for user bob"],
+        ),
+        (
+            format!("redis://reader:pw@{at}/"),
+            &["user reader", "lacks a permission", "docs/redis-layout.md"],
+        ),
+    ] {
+        let (out, took) = support::timed(|| {
+            output(bare().args(["--url", &url, "--prefix", PREFIX]).args([
+                "run",
+                "--no-wait",
+                "x",
+                "true",
+            ]))
+        });
+        let said = stderr(&out);
+        eprintln!("{url}: {took:?}: {said}");
+        assert_eq!(out.status.code(), Some(69), "{url}: {said}");
+        assert!(said.contains(&at), "{url}: the server is not named: {said}");
+        for word in words {
+            assert!(said.contains(word), "{url}: no {word:?} in {said}");
+        }
+        for raw in ["NOAUTH", "AuthenticationFailed", "s3cret", "pw@", "wrong"] {
+            assert!(!said.contains(raw), "{url}: {raw:?} in {said}");
+        }
+        // Final: said at once, not after the 5 s connect timeout of retries.
+        assert!(took < Duration::from_millis(2500), "{url}: took {took:?}");
     }
 }
 

@@ -312,7 +312,7 @@ fn the_cli_docs_sample_outputs_are_what_the_cli_prints() {
         .find(|(f, _)| f.starts_with("~m:"))
         .map(|(_, v)| v.split_once(' ').unwrap().1.to_owned())
         .expect("the hold's record");
-    let sample_record = sample("{\"cmd\"").join("\n");
+    let sample_record = sample("{\"host\"").join("\n");
     assert_eq!(
         key_order(&record),
         key_order(&sample_record),
@@ -326,7 +326,7 @@ fn the_cli_docs_sample_outputs_are_what_the_cli_prints() {
         || waiters_now() == 1
     ));
     let json = run("redmutex status --json deploy");
-    let sample_json = sample("{\"objects\"");
+    let sample_json = sample("{\"schema\"");
     assert_eq!(
         sample_json.len(),
         1,

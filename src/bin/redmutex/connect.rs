@@ -132,9 +132,59 @@ fn probe(connection: &Connection) -> Result<(), Error> {
         // The library's errors are its own to make: this one travels as the connection
         // failure it is, and `fail` knows it by its text.
         Some((url, e)) => Err(Error::from(redis::RedisError::from(std::io::Error::other(
-            format!("{}{}: {e}", UNREACHABLE, redact(url)),
+            format!(
+                "{UNREACHABLE}{}",
+                explain(url, &e, connection.connect_timeout)
+            ),
         )))),
     }
+}
+
+/// What a failed probe of `url` means and what to do, in the library's words for the same
+/// failures (`Error::Auth`, `Error::Timeout`, `Error::Pool`): the server as host:port,
+/// never the password, and not an OS error's text that reads as a local fault.
+fn explain(url: &str, e: &redis::RedisError, timeout: Duration) -> String {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info().ok();
+    let server = info.as_ref().map_or_else(
+        || redact(url),
+        |i| match i.addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+            other => other.to_string(),
+        },
+    );
+    let auth = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+        || e.detail().is_some_and(|d| d.starts_with("NOAUTH"));
+    if auth {
+        let settings = info.as_ref().map(|i| i.redis_settings());
+        let user = settings
+            .and_then(|s| s.username())
+            .unwrap_or("default")
+            .to_owned();
+        let what = if settings.is_some_and(|s| s.password().is_some()) {
+            "check the user and password in the URL (redis://user:password@host:port/) \
+             against the server's ACL users or requirepass"
+        } else {
+            "the server requires a password: give it in the URL (redis://:password@host:port/, \
+             or redis://user:password@host:port/ for an ACL user)"
+        };
+        return format!("{server}: authentication failed for user {user}: {what}");
+    }
+    if e.is_timeout() {
+        return format!(
+            "{server}: it did not answer within the connect timeout ({}): it may be \
+             overloaded, paused or cut off; --connect-timeout waits longer",
+            humantime::format_duration(timeout)
+        );
+    }
+    if e.is_connection_refusal() {
+        return format!(
+            "{server}: connection refused: check that the server is running and listens there"
+        );
+    }
+    format!("{server}: {e}")
 }
 
 /// The servers `connection` names, passwords left out: for -vv.
