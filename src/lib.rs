@@ -44,10 +44,13 @@
 //! is `Lock<Fair>`, and a read-write lock's sides are a `Lock<Read>`, a `Lock<Write>` and
 //! a `Lock<Upgradeable>`, with the very same surface and guards.
 //!
+//! The library logs through `tracing` alone, under the target `redmutex`: a lost lease is
+//! one WARN event per hold (`lease lost`: lock name, kind, reason); without a `tracing`
+//! subscriber its events go to the `log` logger instead (tracing's `log` feature).
 //! What the locks do can be watched: with feature `tracing` (on by default) every
-//! acquisition is a `redmutex.acquire` span (lock name, kind, holder, outcome, time waited,
-//! handoff or not) and releases and lost leases are events, all at DEBUG under the target
-//! `redmutex`; with feature `metrics`, counters and histograms named `redmutex_*`
+//! acquisition is also a `redmutex.acquire` span (lock name, kind, holder, outcome, time
+//! waited, handoff or not) and each release a `released` event, at DEBUG; with feature
+//! `metrics`, counters and histograms named `redmutex_*`
 //! (acquisitions, waits, wait and hold times, handoffs, renewals, renewal failures, lost
 //! leases) go to the recorder of the `metrics` facade. Without a subscriber or recorder
 //! they cost next to nothing. [`guide::observability`] lists every name.

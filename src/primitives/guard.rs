@@ -366,7 +366,11 @@ impl<K: Kind> LockGuard<K> {
     pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::loss::Timed) {
         let notifier = &self.inner.watchdog.table.notifier;
         if let Err(e) = notifier.ensure_running(&self.inner) {
-            log::warn!("redmutex: cannot start the loss thread: {e}");
+            tracing::warn!(
+                target: "redmutex",
+                error = %e,
+                "redmutex: cannot start the loss thread"
+            );
         }
         notifier.push(at, what);
     }
@@ -502,11 +506,21 @@ impl<K: Kind> LockGuard<K> {
 impl<K: Kind> Drop for LockGuard<K> {
     fn drop(&mut self) {
         if !self.released {
-            if let Err(e) = self.release() {
-                log::warn!(
-                    "redmutex: releasing lock {:?} on drop failed: {e}",
-                    String::from_utf8_lossy(self.keys.name())
-                );
+            match self.release() {
+                Ok(()) => {}
+                // The hold's loss was said at WARN when it was marked: once is enough.
+                Err(e @ Error::LeaseLost { .. }) if self.lost.is_lost() => tracing::debug!(
+                    target: "redmutex",
+                    lock = %telemetry::Name(self.keys.name()),
+                    error = %e,
+                    "redmutex: releasing a lock on drop found its lease lost"
+                ),
+                Err(e) => tracing::warn!(
+                    target: "redmutex",
+                    lock = %telemetry::Name(self.keys.name()),
+                    error = %e,
+                    "redmutex: releasing a lock on drop failed"
+                ),
             }
         }
     }

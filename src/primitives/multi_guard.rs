@@ -241,7 +241,13 @@ impl Drop for MultiLockGuard {
     fn drop(&mut self) {
         if !self.released {
             if let Err(e) = self.release() {
-                log::warn!("redmutex: releasing a MultiLock on drop failed: {e}");
+                // (Also when its hold was lost: a quorum's validity running out is said
+                // nowhere else.)
+                tracing::warn!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: releasing a MultiLock on drop failed"
+                );
             }
         }
     }

@@ -169,7 +169,11 @@ impl MultiWait<'_> {
                 .into_iter()
                 .filter_map(Result::err)
             {
-                log::debug!("redmutex: giving back a partial MultiLock hold failed: {e}");
+                tracing::debug!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: giving back a partial MultiLock hold failed"
+                );
             }
             telemetry::waiting(self.once);
             let failed = seen.iter().filter(|s| matches!(s, Seen::Failed(_))).count();
@@ -490,7 +494,11 @@ impl MultiWait<'_> {
                 Ok(&[0, 1]) => inner.watchdog.handed_on(inner, &m.keys),
                 Ok(_) => {}
                 Err(e) => {
-                    log::debug!("redmutex: leaving a MultiLock queue failed: {e}");
+                    tracing::debug!(
+                        target: "redmutex",
+                        error = %e,
+                        "redmutex: leaving a MultiLock queue failed"
+                    );
                     let levels = inner.watchdog.table.levels(m.keys.hold(), self.token);
                     inner
                         .watchdog
@@ -527,7 +535,11 @@ impl MultiWait<'_> {
                 // The renewal may have run and extended the hold to a whole lease: the
                 // watchdog gives back any level beyond those the thread holds (none here:
                 // a thread that held the lock never queued on it), off this path.
-                log::debug!("redmutex: confirming a MultiLock member handed over failed: {e}");
+                tracing::debug!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: confirming a MultiLock member handed over failed"
+                );
                 let levels = inner.watchdog.table.levels_now(m.keys.hold(), self.token);
                 inner
                     .watchdog

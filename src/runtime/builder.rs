@@ -207,7 +207,10 @@ impl ClientBuilder {
     ///
     /// ```no_run
     /// let client = redmutex::Client::builder()
-    ///     .on_lease_lost(|lost| log::error!("lock {:?} lost: {}", lost.name_lossy(), lost.reason()))
+    ///     .on_lease_lost(|lost| {
+    ///         // (The library says it at WARN already: the hook is for what the program does.)
+    ///         tracing::error!(lock = %lost.name_lossy(), reason = %lost.reason(), "page someone")
+    ///     })
     ///     .build()?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```

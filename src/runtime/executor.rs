@@ -432,7 +432,11 @@ impl Executor {
                     if until.is_some_and(|u| now + *pause >= u) {
                         return Err(Error::timeout(e));
                     }
-                    log::debug!("redmutex: retrying in {pause:?}: {e}");
+                    tracing::debug!(
+                        target: "redmutex",
+                        error = %e,
+                        "redmutex: retrying in {pause:?}"
+                    );
                     if let Some(meanwhile) = meanwhile.as_mut() {
                         meanwhile();
                     }
@@ -447,7 +451,10 @@ impl Executor {
                 // A demoted primary refused the write: nothing happened, so even a call
                 // that must not run twice may run again, on a connection to the new one.
                 Err(e) if pool::is_readonly(&e) && retries < self.config.pool_size => {
-                    log::info!("redmutex: the primary was demoted; looking for the new one");
+                    tracing::info!(
+                        target: "redmutex",
+                        "redmutex: the primary was demoted; looking for the new one"
+                    );
                     self.target.refresh(config.connect_timeout);
                     retries += 1;
                 }
@@ -457,7 +464,11 @@ impl Executor {
                         && !e.is_timeout()
                         && retries < self.config.pool_size =>
                 {
-                    log::debug!("redmutex: connection dropped, retrying on another: {e}");
+                    tracing::debug!(
+                        target: "redmutex",
+                        error = %e,
+                        "redmutex: connection dropped, retrying on another"
+                    );
                     retries += 1;
                 }
                 result => return Ok(result?),

@@ -305,7 +305,11 @@ fn run_calls<T: FromRedisValue + Send>(
             Ok(_) => *unreachable = None,
             Err(e) if is_unreachable(e) => {
                 if unreachable.is_none() {
-                    log::info!("redmutex: a server failed ({e}); skipping it for a while");
+                    tracing::info!(
+                        target: "redmutex",
+                        error = %e,
+                        "redmutex: a server failed; skipping it for a while"
+                    );
                 }
                 *unreachable = Some((Instant::now() + SKIP_AFTER_FAILURE, e.to_string()));
             }

@@ -180,11 +180,8 @@ impl HoldTable {
         if count == 1 && !hold.levels.is_empty() {
             // Redis shows no earlier level of ours: the hold those guards belong to was
             // gone on the server (expired, force-unlocked, lost in a restart or failover),
-            // and someone else may have held the lock in between. They must say so.
-            log::warn!(
-                "redmutex: lease of lock {:?} was lost before this thread took it again",
-                String::from_utf8_lossy(keys.key())
-            );
+            // and someone else may have held the lock in between. They must say so (and
+            // the mark says it once, at WARN).
             hold.lost.mark(hold.lost.gone_reason(acq.generation));
             *hold = fresh();
         } else if count == 1 {
@@ -284,11 +281,8 @@ impl HoldTable {
     pub(crate) fn hold_gone(&self, key: &[u8], token: u64, generation: u64) {
         let gone = remove_hold(&mut self.holds.lock(), key, token);
         if let Some(hold) = gone {
+            // (Said once, at WARN, by the mark.)
             hold.lost.mark(hold.lost.gone_reason(generation));
-            log::warn!(
-                "redmutex: lease of lock {:?} was lost before this thread took it again",
-                String::from_utf8_lossy(hold.keys.key())
-            );
         }
     }
 

@@ -381,7 +381,10 @@ fn run(client: Weak<dyn LossSource>, wake: Receiver<()>, events: Option<Receiver
                     if let Some(hook) = &inner.notifier().hook {
                         // A panicking hook must not end the notifications of later losses.
                         if catch_unwind(AssertUnwindSafe(|| hook(&lost))).is_err() {
-                            log::error!("redmutex: the on_lease_lost hook panicked");
+                            tracing::error!(
+                                target: "redmutex",
+                                "redmutex: the on_lease_lost hook panicked"
+                            );
                         }
                     }
                 }

@@ -64,7 +64,10 @@ impl Watchdog {
             if !handle.is_finished() {
                 return Ok(());
             }
-            log::warn!("redmutex: the watchdog thread had stopped; starting it again");
+            tracing::warn!(
+                target: "redmutex",
+                "redmutex: the watchdog thread had stopped; starting it again"
+            );
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         let weak: Weak<dyn Owner> = Arc::downgrade(client) as Weak<C>;
@@ -81,7 +84,11 @@ impl Watchdog {
     pub(crate) fn handed_on<C: Owner + 'static>(&self, client: &Arc<C>, keys: &Arc<LockKeys>) {
         if let Err(e) = self.ensure_running(client) {
             // The waiters' own timers still find the lock free, at the lease they saw.
-            log::warn!("redmutex: cannot check a handed-on lock: {e}");
+            tracing::warn!(
+                target: "redmutex",
+                error = %e,
+                "redmutex: cannot check a handed-on lock"
+            );
             return;
         }
         self.table.schedule_kick(keys);
@@ -99,7 +106,11 @@ impl Watchdog {
     ) {
         self.table.record_doubt(keys, token, holder, expected);
         if let Err(e) = self.ensure_running(client) {
-            log::warn!("redmutex: cannot clean up a doubtful acquisition: {e}");
+            tracing::warn!(
+                target: "redmutex",
+                error = %e,
+                "redmutex: cannot clean up a doubtful acquisition"
+            );
             return;
         }
         self.table.alarm.nudge();
@@ -162,10 +173,13 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
         }
         // A bug in one round must not end renewals for every lock of the client.
         if catch_unwind(AssertUnwindSafe(|| renew_all(inner, full))).is_err() {
-            log::error!("redmutex: a lease renewal round panicked; renewing again next round");
+            tracing::error!(
+                target: "redmutex",
+                "redmutex: a lease renewal round panicked; renewing again next round"
+            );
         }
         if catch_unwind(AssertUnwindSafe(|| kick_due(inner))).is_err() {
-            log::error!("redmutex: a check of a handed-on lock panicked");
+            tracing::error!(target: "redmutex", "redmutex: a check of a handed-on lock panicked");
         }
         if full {
             clean_doubtful(inner);
@@ -192,7 +206,11 @@ fn kick_due(inner: &dyn Owner) {
             Ok((_, 1)) => table.kick_again(kick, KICK_TRIES),
             Ok(_) => {}
             Err(e) => {
-                log::debug!("redmutex: checking a handed-on lock failed: {e}");
+                tracing::debug!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: checking a handed-on lock failed"
+                );
                 let tries_left = kick.tries_left - 1;
                 if tries_left > 0 {
                     table.kick_again(kick, tries_left);
@@ -257,18 +275,29 @@ fn clean_doubtful(inner: &dyn Owner) {
                     if reply[..] == [0, 1] {
                         handed.push(keys.clone());
                     }
-                    log::debug!(
-                        "redmutex: cleaned up after a doubtful attempt on {:?} ({reply:?})",
-                        String::from_utf8_lossy(keys.key())
+                    tracing::debug!(
+                        target: "redmutex",
+                        lock = %telemetry::Name(keys.name()),
+                        ?reply,
+                        "redmutex: cleaned up after a doubtful attempt"
                     );
                     d.runs_left -= 1;
                     if d.runs_left == 0 {
                         doubts.remove(at);
                     }
                 }
-                Ok(Err(e)) => log::debug!("redmutex: clean-up of a doubtful attempt failed: {e}"),
+                Ok(Err(e)) => {
+                    tracing::debug!(
+                        target: "redmutex",
+                        error = %e,
+                        "redmutex: clean-up of a doubtful attempt failed"
+                    )
+                }
                 Err(_) => {
-                    log::error!("redmutex: clean-up of a doubtful attempt panicked");
+                    tracing::error!(
+                        target: "redmutex",
+                        "redmutex: clean-up of a doubtful attempt panicked"
+                    );
                     doubts.remove(at);
                 }
             }
@@ -302,7 +331,10 @@ fn extensions_meanwhile(inner: &dyn Owner) -> impl FnMut() + '_ {
             return;
         }
         if catch_unwind(AssertUnwindSafe(|| renew_round(inner, false, true))).is_err() {
-            log::error!("redmutex: an extension of a handed-over hold panicked");
+            tracing::error!(
+                target: "redmutex",
+                "redmutex: an extension of a handed-over hold panicked"
+            );
         }
     }
 }
@@ -426,10 +458,7 @@ fn renew_batch(
                 let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                     continue;
                 };
-                log::warn!(
-                    "redmutex: lease of lock {:?} lost (expired, force-unlocked or Redis lost it)",
-                    String::from_utf8_lossy(w.keys.key())
-                );
+                // (Said once, at WARN, by the mark.)
                 w.lost
                     .mark(w.lost.gone_reason(inner.executor().generation()));
                 table.forget_lost(w.keys.hold(), &w.lost);
@@ -443,7 +472,7 @@ fn renew_batch(
             }
         }
         Err(e) => {
-            log::warn!("redmutex: lease renewal failed, retrying next round: {e}");
+            // (Said at WARN there, once.)
             telemetry::renewal_failed(batch.len(), &e);
             table.extended(batch, false);
         }

@@ -420,8 +420,10 @@ impl Scripting {
 
     fn fall_back(&self, e: &RedisError) {
         if self.functions.swap(false, Ordering::Relaxed) {
-            log::info!(
-                "redmutex: the server refused FCALL ({e}); running the scripts with EVALSHA"
+            tracing::info!(
+                target: "redmutex",
+                error = %e,
+                "redmutex: the server refused FCALL; running the scripts with EVALSHA"
             );
         }
     }

@@ -231,7 +231,11 @@ impl Subscriber {
         let first = self.shared.client.get().is_none() && self.shared.client.set(weak).is_ok();
         if let Err(e) = self.ensure_running() {
             // Its renewals still find a force_unlock, a third of the lease later.
-            log::warn!("redmutex: cannot start the pub/sub thread: {e}");
+            tracing::warn!(
+                target: "redmutex",
+                error = %e,
+                "redmutex: cannot start the pub/sub thread"
+            );
             return;
         }
         if first {
@@ -239,7 +243,10 @@ impl Subscriber {
             if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(bound) {
                 // Redis is slow or away: the reader keeps trying on its own, and the
                 // renewals find a force_unlock meanwhile.
-                log::debug!("redmutex: the client's own channel is not subscribed yet");
+                tracing::debug!(
+                    target: "redmutex",
+                    "redmutex: the client's own channel is not subscribed yet"
+                );
             }
         }
     }
@@ -252,7 +259,10 @@ impl Subscriber {
             if !handle.is_finished() {
                 return Ok(());
             }
-            log::warn!("redmutex: the pub/sub thread had stopped; starting it again");
+            tracing::warn!(
+                target: "redmutex",
+                "redmutex: the pub/sub thread had stopped; starting it again"
+            );
             self.shared.disconnected();
         }
         let weak = Arc::downgrade(&self.shared);
@@ -346,7 +356,11 @@ impl Subscriber {
             }) {
                 // The reader still subscribes within a read tick (a second), and until it
                 // confirms the waiter goes by the holder's lease.
-                log::debug!("redmutex: could not nudge the pub/sub thread: {e}");
+                tracing::debug!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: could not nudge the pub/sub thread"
+                );
             }
         }
         Ok(subscription)
@@ -367,7 +381,13 @@ fn run(shared: Weak<Shared>) {
                 backoff = Duration::from_millis(10);
                 match session(&shared, &mut con, generation, reconnect) {
                     Ok(()) => return,
-                    Err(e) => log::warn!("redmutex: pub/sub connection lost, reconnecting: {e}"),
+                    Err(e) => {
+                        tracing::warn!(
+                            target: "redmutex",
+                            error = %e,
+                            "redmutex: pub/sub connection lost, reconnecting"
+                        )
+                    }
                 }
                 reconnect = true;
                 if let Some(strong) = shared.upgrade() {
@@ -378,7 +398,11 @@ fn run(shared: Weak<Shared>) {
                 }
             }
             Err(e) => {
-                log::warn!("redmutex: pub/sub connection failed, retrying in {backoff:?}: {e}");
+                tracing::warn!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: pub/sub connection failed, retrying in {backoff:?}"
+                );
                 thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
             }
@@ -575,7 +599,10 @@ impl Shared {
         if !waiters.is_some_and(|w| w.notify(token, notice)) {
             // The thread left (its deadline passed, or it failed) before the message came.
             // A grant it never took lapses after the pickup window and passes on.
-            log::debug!("redmutex: a message for a thread no longer waiting: {notice:?}");
+            tracing::debug!(
+                target: "redmutex",
+                "redmutex: a message for a thread no longer waiting: {notice:?}"
+            );
         }
     }
 

@@ -159,7 +159,11 @@ impl Target {
     pub(crate) fn refresh(&self, timeout: Duration) {
         if let Target::Sentinel(sentinel) = self {
             if let Err(e) = sentinel.resolve(timeout) {
-                log::debug!("redmutex: could not ask the sentinels for the primary: {e}");
+                tracing::debug!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: could not ask the sentinels for the primary"
+                );
             }
         }
     }
@@ -255,7 +259,11 @@ impl Sentinel {
         let quick = timeout.min(ASK_FIRST);
         match self.resolve_within(quick) {
             Err(e) if quick < timeout => {
-                log::debug!("redmutex: no sentinel named the primary within {quick:?}: {e}");
+                tracing::debug!(
+                    target: "redmutex",
+                    error = %e,
+                    "redmutex: no sentinel named the primary within {quick:?}"
+                );
                 self.resolve_within(timeout)
             }
             named => named,
@@ -333,7 +341,11 @@ impl Sentinel {
     fn saw(&self, addr: ConnectionAddr) -> u64 {
         let mut primary = self.primary.lock();
         if primary.as_ref().is_some_and(|p| *p != addr) {
-            log::info!("redmutex: the sentinels name a new primary: {addr}");
+            tracing::info!(
+                target: "redmutex",
+                primary = %addr,
+                "redmutex: the sentinels name a new primary"
+            );
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         *primary = Some(addr);

@@ -1,25 +1,31 @@
-//! What locks do, told to `tracing` (feature `tracing`, on by default) and to the `metrics`
-//! facade (feature `metrics`). Every call site elsewhere is one line; without the features
-//! these functions are empty and compile to nothing. With them but no subscriber or
+//! What locks do, told to `tracing` and to the `metrics` facade (feature `metrics`).
+//! Every call site elsewhere is one line; without the features these functions are empty
+//! (but for the two warnings below) and compile to nothing. With them but no subscriber or
 //! recorder installed, a call costs an atomic load or two (`tracing`'s interest cache, the
 //! `metrics` recorder slot): nothing is formatted, nothing is sent anywhere.
 //!
-//! The existing human-readable messages (retries, failovers, a renewal that failed, a
-//! lease lost) stay on the `log` facade at their levels (WARN for a loss), so programs
-//! that only use `log` keep seeing them, and a `tracing` subscriber with `tracing-log`
-//! (tracing-subscriber's default, and the CLI's) shows them too. What is here is
-//! structured, fields a program can filter and aggregate on, and all at DEBUG: a loss or
-//! a failed renewal is not said twice at WARN.
+//! `tracing` is the library's one logging facade: the human-readable messages elsewhere
+//! (retries, failovers, a pub/sub reconnection) are `tracing` events too, all under the
+//! target `redmutex`. Its `log` feature hands every event to the `log` logger while no
+//! `tracing` subscriber is set, so programs that only use `log` keep seeing them (the
+//! fields appended to the message as `name=value`); once a subscriber is set, nothing
+//! goes to `log`, and nothing is said twice.
 //!
-//! # Spans and events (`tracing`, target `redmutex`, level DEBUG)
+//! A lost lease and a failed renewal are said here, once each, at WARN, whatever the
+//! features: `lease lost` once per hold (the first time it is marked lost: however it was
+//! found, by the watchdog, a `force_unlock`'s message, the clock or a later acquisition)
+//! and `lease renewal failed` once per failed renewal call. The rest (feature `tracing`,
+//! on by default) is structured, at DEBUG: fields a program can filter and aggregate on.
 //!
-//! | name | kind | fields |
-//! |---|---|---|
-//! | `redmutex.acquire` | span, one per acquisition call (`lock*`, `try_lock*`, `acquire*`, read and write sides, `MultiLock`) | `lock`, `kind`, `holder`, then recorded at the end: `outcome`, `waited_ms`, `contended`, `handoff` |
-//! | `acquired` / `not acquired` | event at the end of that span | `outcome`, `waited_ms`, `contended`, `handoff` |
-//! | `released` | event, one per guard or permit released (`unlock` or drop) | `lock`, `kind`, `holder`, `held_ms`, `outcome` |
-//! | `lease lost` | event, once per hold | `lock`, `kind`, `reason` |
-//! | `lease renewal failed` | event on the watchdog thread | `holds`, `error` |
+//! # Spans and events (`tracing`, target `redmutex`)
+//!
+//! | name | kind | level | fields |
+//! |---|---|---|---|
+//! | `redmutex.acquire` | span (feature `tracing`), one per acquisition call (`lock*`, `try_lock*`, `acquire*`, read and write sides, `MultiLock`) | DEBUG | `lock`, `kind`, `holder`, then recorded at the end: `outcome`, `waited_ms`, `contended`, `handoff` |
+//! | `acquired` / `not acquired` | event at the end of that span (feature `tracing`) | DEBUG | `outcome`, `waited_ms`, `contended`, `handoff` |
+//! | `released` | event (feature `tracing`), one per guard or permit released (`unlock` or drop) | DEBUG | `lock`, `kind`, `holder`, `held_ms`, `outcome` |
+//! | `lease lost` | event, once per hold | WARN | `lock`, `kind`, `reason` |
+//! | `lease renewal failed` | event on the watchdog thread (retried next round) | WARN | `holds`, `error` |
 //!
 //! `outcome` is `acquired`, `timed_out` (the deadline passed, or a `try_lock` found the
 //! lock held), `cancelled` or `error` for an acquisition; `released`, `lease_lost`,
@@ -56,7 +62,6 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::runtime::keys::LockKeys;
-#[cfg(feature = "tracing")]
 use crate::runtime::scripts::{self, Ops};
 use crate::Error;
 use crate::LossReason;
@@ -302,10 +307,10 @@ pub(crate) fn released(
 }
 
 /// A hold of the lock `keys` was lost for `reason` (called once per hold, by the hold's
-/// [`Loss`](crate::runtime::loss::Loss) the first time it is marked).
+/// [`Loss`](crate::runtime::loss::Loss) the first time it is marked): the one WARN that
+/// says so, by the lock's name (never its key).
 #[inline]
 pub(crate) fn lease_lost(keys: &LockKeys, reason: LossReason) {
-    #[cfg(any(feature = "tracing", feature = "metrics"))]
     let label = match reason {
         LossReason::LeaseExpired => "lease_expired",
         LossReason::Deleted => "deleted",
@@ -314,17 +319,15 @@ pub(crate) fn lease_lost(keys: &LockKeys, reason: LossReason) {
         LossReason::MaxHold => "max_hold",
         LossReason::ClientDropped => "client_dropped",
     };
-    #[cfg(feature = "tracing")]
-    tracing::debug!(
+    tracing::warn!(
         target: "redmutex",
-        lock = %String::from_utf8_lossy(keys.name()),
+        lock = %Name(keys.name()),
         kind = %kind_of(keys.ops),
         reason = %label,
         "lease lost"
     );
     #[cfg(feature = "metrics")]
     metrics::counter!("redmutex_lease_losses_total", "reason" => label).increment(1);
-    let _ = (keys, reason);
 }
 
 /// A renewal call renewed `holds` leases.
@@ -337,16 +340,15 @@ pub(crate) fn renewed(holds: usize) {
     let _ = holds;
 }
 
-/// A renewal call for `holds` leases failed with `e` (tried again next round).
+/// A renewal call for `holds` leases failed with `e` (tried again next round): the one
+/// WARN that says so.
 #[inline]
 pub(crate) fn renewal_failed(holds: usize, e: &Error) {
-    #[cfg(feature = "tracing")]
-    tracing::debug!(target: "redmutex", holds, error = %e, "lease renewal failed");
+    tracing::warn!(target: "redmutex", holds, error = %e, "lease renewal failed");
     #[cfg(feature = "metrics")]
     if holds > 0 {
         metrics::counter!("redmutex_renewal_failures_total").increment(holds as u64);
     }
-    let _ = (holds, e);
 }
 
 /// `d` in milliseconds, to the microsecond.
@@ -356,7 +358,6 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 /// The kind of lock whose scripts are `ops` (for events that only have the keys).
-#[cfg(feature = "tracing")]
 fn kind_of(ops: &'static Ops) -> &'static str {
     let kinds: [(&'static Ops, &'static str); 8] = [
         (&scripts::PLAIN, "Lock"),

@@ -29,8 +29,8 @@ pub(crate) const OUTPUT_FAILED: u8 = 74;
 /// connection, which the error redmutex prints already says.
 const QUIET_DEFAULT: &str = "redmutex=warn";
 
-/// Shows the library's `tracing` events and `log` records on standard error, as `-v`/`-q`
-/// or else RUST_LOG ask; by default its warnings only.
+/// Shows the library's `tracing` events (and the `log` records of the crates under it) on
+/// standard error, as `-v`/`-q` or else RUST_LOG ask; by default its warnings only.
 pub(crate) fn messages(verbose: u8, quiet: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
@@ -75,34 +75,28 @@ pub(crate) fn messages(verbose: u8, quiet: bool) {
         .try_init();
 }
 
-/// The library's warnings that a hold was lost (the start and end of each), with what
-/// each says of why: `run` and `hold` say it themselves, naming the lock as the user did
-/// and what happens next, so it is said once, the library's why included.
-const LOSSES: [(&str, &str, &str); 3] = [
-    (
-        "redmutex: lock ",
-        "was force-unlocked while this client held it",
-        "it was force-unlocked",
-    ),
-    (
-        "redmutex: lease of lock ",
-        "lost (expired, force-unlocked or Redis lost it)",
-        "Redis no longer had it: expired, force-unlocked, or lost by Redis",
-    ),
-    (
-        "redmutex: lease of lock ",
-        "was lost before this thread took it again",
-        "Redis no longer had it",
-    ),
-];
+/// What redmutex says of why a hold was lost, by the `reason` of the library's `lease lost`
+/// event (`LossReason` in snake case).
+fn why(reason: &str) -> String {
+    match reason {
+        "lease_expired" => "its lease ran out",
+        "deleted" => "Redis no longer had it: force-unlocked, deleted, or lost by Redis",
+        "server_lost" => "a failover lost it",
+        "renewal_failed" => "no renewal reached Redis within the lease",
+        "max_hold" => "it reached its max hold",
+        "client_dropped" => "nothing renewed it any more",
+        other => other,
+    }
+    .to_owned()
+}
 
 /// Why the library said the hold was lost, once [`SaidItself`] kept its warning back.
-static WHY_LOST: std::sync::Mutex<Option<&'static str>> = std::sync::Mutex::new(None);
+static WHY_LOST: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
 /// ` (why)` for redmutex's own line on a lost lease, or nothing if the library did not
-/// say (with -q, or a loss it reports otherwise).
+/// say (with -q).
 pub(crate) fn why_lost() -> String {
-    match *WHY_LOST
+    match &*WHY_LOST
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
     {
@@ -111,8 +105,12 @@ pub(crate) fn why_lost() -> String {
     }
 }
 
-/// Keeps back the library's warnings of [`LOSSES`] (noting why), which redmutex says
-/// itself: a lost lease is said once.
+/// Keeps back the library's `lease lost` warning (noting its reason): `run` and `hold` say
+/// it themselves, naming the lock as the user did and what happens next, so that a lost
+/// lease is said once, the library's why included. The event is told apart by what the
+/// library documents of it (src/runtime/telemetry.rs): target `redmutex`, level WARN,
+/// message `lease lost`, a `reason` field; the library says it once per hold, before the
+/// guard is told, so the why is noted before redmutex asks for it.
 struct SaidItself;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SaidItself {
@@ -121,35 +119,46 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SaidItself {
         event: &tracing::Event<'_>,
         _: tracing_subscriber::layer::Context<'_, S>,
     ) -> bool {
-        // (A `log` record's target is "log" here, its own in a field: the messages'
-        // words say they are the library's.)
-        if *event.metadata().level() != tracing::Level::WARN {
+        let meta = event.metadata();
+        if *meta.level() != tracing::Level::WARN
+            || meta.target() != "redmutex"
+            || meta.fields().field("reason").is_none()
+        {
             return true;
         }
-        let mut message = Message(String::new());
-        event.record(&mut message);
-        let said = LOSSES
-            .iter()
-            .find(|(start, end, _)| message.0.starts_with(start) && message.0.ends_with(end));
-        match said {
-            Some((_, _, why)) => {
-                *WHY_LOST
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
-                false
-            }
-            None => true,
+        let mut loss = Loss::default();
+        event.record(&mut loss);
+        if loss.message != "lease lost" {
+            return true;
         }
+        *WHY_LOST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why(&loss.reason));
+        false
     }
 }
 
-/// An event's message.
-struct Message(String);
+/// A `lease lost` event's message and reason.
+#[derive(Default)]
+struct Loss {
+    message: String,
+    reason: String,
+}
 
-impl tracing::field::Visit for Message {
+impl tracing::field::Visit for Loss {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-        if field.name() == "message" {
-            self.0 = format!("{value:?}");
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "reason" => self.reason = format!("{value:?}"),
+            _ => {}
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        match field.name() {
+            "message" => self.message = value.to_owned(),
+            "reason" => self.reason = value.to_owned(),
+            _ => {}
         }
     }
 }

@@ -156,7 +156,11 @@ impl HoldTable {
         };
         if let Err(e) = self.notifier.ensure_running(client) {
             // Its guards' polls still see the loss; only the push is missing.
-            log::warn!("redmutex: cannot start the loss thread: {e}");
+            tracing::warn!(
+                target: "redmutex",
+                error = %e,
+                "redmutex: cannot start the loss thread"
+            );
         }
         self.notifier.push(
             at,
@@ -181,13 +185,8 @@ impl HoldTable {
             let Some(hold) = holds.get(&name[..]).and_then(|h| h.get(&token)) else {
                 continue;
             };
-            if !hold.lost.is_lost() {
-                log::warn!(
-                    "redmutex: lock {:?} was force-unlocked while this client held it",
-                    String::from_utf8_lossy(key)
-                );
-                hold.lost.mark(LossReason::Deleted);
-            }
+            // (Said once, at WARN, by the mark: a hold lost already was said.)
+            hold.lost.mark(LossReason::Deleted);
         }
     }
 
@@ -203,9 +202,12 @@ impl HoldTable {
             }
         }
         if abandoned > 0 {
-            log::warn!(
-                "redmutex: every Client was dropped while {abandoned} watchdog lock(s) were \
-                 held; their leases are no longer renewed and are reported lost"
+            // Each of them was said at WARN by its mark (`client_dropped`).
+            tracing::debug!(
+                target: "redmutex",
+                holds = abandoned,
+                "redmutex: every Client was dropped while watchdog locks were held; their \
+                 leases are no longer renewed"
             );
         }
     }
