@@ -417,3 +417,22 @@ fn a_multilock_member_without_channel_permission_is_refused() {
         }
     }
 }
+
+#[test]
+fn a_user_given_channel_permission_can_hold_again() {
+    let server = RedisServer::new();
+    let c = no_channel_user(&server);
+    let err = c.lock("jobs").lock().map(drop).expect_err("refused");
+    assert!(matches!(err, Error::NoPermission { .. }), "{err:?}");
+    set_user(&server, "nochan", "allchannels");
+    // The reader asks for its channel again, backing off to once a second.
+    let fixed = std::time::Instant::now();
+    assert!(
+        support::wait_until(Duration::from_secs(3), || c
+            .lock("jobs")
+            .try_lock()
+            .is_ok_and(|g| g.is_some_and(|g| g.unlock().is_ok()))),
+        "still refused after the ACL allowed the channels"
+    );
+    eprintln!("held again after {:?}", fixed.elapsed());
+}
