@@ -438,9 +438,13 @@ pub(crate) fn is_auth_failure(e: &redis::RedisError) -> bool {
 }
 
 /// Whether the server's ACL refused a command, key or channel (`NOPERM`; Redis 6.2 wraps
-/// a script's in "Error running script").
-fn is_no_permission(e: &redis::RedisError) -> bool {
-    e.code() == Some("NOPERM") || e.detail().is_some_and(|d| d.contains("NOPERM"))
+/// a script's in "Error running script"; a command a script runs, e.g. a release's
+/// PUBLISH to a waiter's channel, is refused as "The user executing the script can't ...").
+pub(crate) fn is_no_permission(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOPERM")
+        || e.detail().is_some_and(|d| {
+            d.contains("NOPERM") || d.contains("The user executing the script can't")
+        })
 }
 
 /// Whether a key held another type than the script expected (`WRONGTYPE`: Redis 7 gives a
@@ -605,7 +609,24 @@ impl std::fmt::Display for On<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{is_no_permission, printable};
+
+    fn server_error(reply: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(reply.as_bytes()).expect("a reply");
+        value.extract_error().expect_err("an error reply")
+    }
+
+    #[test]
+    fn acl_refusals_are_told_from_other_errors() {
+        for refusal in [
+            "-NOPERM this user has no permissions to access one of the channels used as arguments\r\n",
+            "-ERR The user executing the script can't publish to the channel mentioned in the command script: redmutex_x_release, on @user_function:359.\r\n",
+            "-ERR Error running script (call to f_0123): @user_script:1: The user executing the script can't run this command or subcommand\r\n",
+        ] {
+            assert!(is_no_permission(&server_error(refusal)), "{refusal}");
+        }
+        assert!(!is_no_permission(&server_error("-ERR injected\r\n")));
+    }
 
     #[test]
     fn names_are_printed_escaped() {

@@ -408,3 +408,195 @@ fn a_cancelled_wait_names_the_lock() {
     assert!(matches!(err, Error::Cancelled { .. }), "{err:?}");
     assert_eq!(err.lock_name(), None, "{err:?}");
 }
+
+/// A user that may run every command but subscribe to no channel: Redis 7's default for
+/// new users (`acl-pubsub-default resetchannels`), set explicitly for Redis 6.2.
+fn no_channel_user(server: &RedisServer) -> Client {
+    user_client(server, "nochan", "~* resetchannels +@all")
+}
+
+/// A client of the ACL user `name`, made with `rule`.
+fn user_client(server: &RedisServer, name: &str, rule: &str) -> Client {
+    set_user(server, name, &format!("on >{SECRET} {rule}"));
+    Client::builder()
+        .url(format!(
+            "redis://{name}:{SECRET}@127.0.0.1:{}/",
+            server.port()
+        ))
+        .connect_timeout(Duration::from_secs(2))
+        // Longer than the bounds below: a refusal must end a wait, not the timeout.
+        .command_timeout(Duration::from_secs(3))
+        .build()
+        .expect("client")
+}
+
+fn says_no_channel(err: &Error, server: &RedisServer, name: &str) {
+    assert!(matches!(err, Error::NoPermission { .. }), "{err:?}");
+    assert_eq!(err.lock_name(), Some(name), "{err}");
+    says(
+        err,
+        &[
+            &format!("lock \"{name}\""),
+            "user nochan",
+            &format!("127.0.0.1:{}", server.port()),
+            "docs/redis-layout.md",
+        ],
+    );
+}
+
+#[test]
+fn a_user_without_channel_permission_is_told_when_it_waits() {
+    let server = RedisServer::new();
+    let holder = client(&server.url());
+    for fair in [true, false] {
+        // A new client each time: its first wait is the one that learns of the refusal.
+        let waiter = no_channel_user(&server);
+        let name = if fair { "fair-jobs" } else { "jobs" };
+        let release: Box<dyn FnOnce() -> Result<(), Error>> = if fair {
+            let guard = holder.fair_lock(name).lock().unwrap();
+            Box::new(move || guard.unlock())
+        } else {
+            let guard = holder.lock(name).lock().unwrap();
+            Box::new(move || guard.unlock())
+        };
+        // Its pub/sub reader cannot subscribe: it would never hear the release.
+        let (result, took) = support::timed(|| {
+            let wait = Duration::from_secs(5);
+            if fair {
+                waiter
+                    .fair_lock(name)
+                    .try_lock_for(wait)
+                    .map(|g| g.is_some())
+            } else {
+                waiter.lock(name).try_lock_for(wait).map(|g| g.is_some())
+            }
+        });
+        let err = result.expect_err("no channel permission");
+        eprintln!("{name}: told after {took:?}");
+        assert!(took < Duration::from_secs(2), "told after {took:?}: {err}");
+        says_no_channel(&err, &server, name);
+        // Nothing of the refused waiter is left: no queue entry, no hold.
+        let keys = Keys::lock(DEFAULT_PREFIX, name);
+        let mut con = server.connection();
+        let queued = support::llen(&mut con, &keys.queue());
+        assert_eq!(queued, 0, "{name}: the refused waiter left its queue entry");
+        release().expect("the holder's release still works");
+        let left: i64 = redis::cmd("EXISTS")
+            .arg(keys.key())
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(left, 0, "{name}: released");
+    }
+}
+
+#[test]
+fn a_user_without_channel_permission_cannot_hold() {
+    let server = RedisServer::new();
+    let c = no_channel_user(&server);
+    // Uncontended: its force_unlock notices could never arrive, so it is told at once
+    // rather than when it first has to wait; the lock is not left held.
+    for attempt in 0..2 {
+        let (result, took) = support::timed(|| c.lock("jobs").lock());
+        let err = result.map(drop).expect_err("no channel permission");
+        eprintln!("attempt {attempt}: told after {took:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "attempt {attempt}: told after {took:?}: {err}"
+        );
+        says_no_channel(&err, &server, "jobs");
+        let left: i64 = redis::cmd("EXISTS")
+            .arg(Keys::lock(DEFAULT_PREFIX, "jobs").key())
+            .query(&mut server.connection())
+            .unwrap();
+        assert_eq!(left, 0, "attempt {attempt}: the lock was left held");
+    }
+    let other = client(&server.url());
+    other
+        .lock("jobs")
+        .try_lock()
+        .unwrap()
+        .expect("free")
+        .unlock()
+        .unwrap();
+}
+
+#[test]
+fn a_waiter_whose_channel_is_refused_later_leaves_the_queue() {
+    let server = RedisServer::new();
+    let holder = client(&server.url());
+    let waiter = user_client(&server, "flip", "~* &* +@all");
+    let held = holder.fair_lock("jobs").lock().unwrap();
+    let keys = Keys::lock(DEFAULT_PREFIX, "jobs");
+    std::thread::scope(|scope| {
+        let wait = scope.spawn(|| {
+            let result = waiter
+                .fair_lock("jobs")
+                .try_lock_for(Duration::from_secs(10))
+                .map(|g| g.is_some());
+            (result, std::time::Instant::now())
+        });
+        let mut con = server.connection();
+        let queued = || support::llen(&mut server.connection(), &keys.queue());
+        assert!(
+            support::wait_until(Duration::from_secs(5), || queued() == 1),
+            "queued"
+        );
+        // Its channels revoked: the server drops its pub/sub connection, and the reader
+        // finds them refused when it subscribes again.
+        let revoked = std::time::Instant::now();
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("flip")
+            .arg("resetchannels")
+            .exec(&mut con)
+            .unwrap();
+        let (result, ended) = wait.join().unwrap();
+        let err = result.expect_err("its channel refused");
+        let took = ended - revoked;
+        eprintln!("told after {took:?}");
+        assert!(took < Duration::from_secs(2), "told after {took:?}: {err}");
+        assert!(matches!(err, Error::NoPermission { .. }), "{err:?}");
+        assert_eq!(err.lock_name(), Some("jobs"), "{err}");
+        assert_eq!(queued(), 0, "the refused waiter left its queue entry");
+    });
+    held.unlock().expect("the holder's release still works");
+}
+
+#[test]
+fn a_multilock_member_without_channel_permission_is_refused() {
+    let server = RedisServer::new();
+    let full = client(&server.url());
+    let nochan = no_channel_user(&server);
+    let all = redmutex::MultiLock::new([full.lock("a"), nochan.lock("b")]).unwrap();
+    for attempt in 0..2 {
+        let err = all.lock().map(drop).expect_err("a member without channels");
+        assert!(matches!(err, Error::NoPermission { .. }), "{err:?}");
+        assert_eq!(err.lock_name(), Some("b"), "attempt {attempt}: {err}");
+        for name in ["a", "b"] {
+            let left: i64 = redis::cmd("EXISTS")
+                .arg(Keys::lock(DEFAULT_PREFIX, name).key())
+                .query(&mut server.connection())
+                .unwrap();
+            assert_eq!(left, 0, "attempt {attempt}: {name} was left held");
+        }
+    }
+}
+
+#[test]
+fn a_user_given_channel_permission_can_hold_again() {
+    let server = RedisServer::new();
+    let c = no_channel_user(&server);
+    let err = c.lock("jobs").lock().map(drop).expect_err("refused");
+    assert!(matches!(err, Error::NoPermission { .. }), "{err:?}");
+    set_user(&server, "nochan", "allchannels");
+    // The reader asks for its channel again, backing off to once a second.
+    let fixed = std::time::Instant::now();
+    assert!(
+        support::wait_until(Duration::from_secs(3), || c
+            .lock("jobs")
+            .try_lock()
+            .is_ok_and(|g| g.is_some_and(|g| g.unlock().is_ok()))),
+        "still refused after the ACL allowed the channels"
+    );
+    eprintln!("held again after {:?}", fixed.elapsed());
+}

@@ -243,7 +243,12 @@ impl CountDownLatch {
             // Read the count only once the subscription is confirmed: an opening between
             // the read and the confirmation would otherwise be missed. (Unconfirmed at the
             // latch's expiry, it reads the count anyway: an expiry publishes nothing.)
-            if !sub.is_confirmed() && !sub.wait_confirmed(wake_at, None) && Instant::now() < wake_at
+            // A channel the server refuses can never be confirmed: the wait fails.
+            if !sub.is_confirmed()
+                && !sub
+                    .wait_confirmed(wake_at, None)
+                    .map_err(|e| e.on_lock(&self.name))?
+                && Instant::now() < wake_at
             {
                 continue;
             }

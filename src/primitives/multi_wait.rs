@@ -57,6 +57,9 @@ impl MultiLock {
         if cancel::is_cancelled(cancel) {
             return Err(Error::CANCELLED);
         }
+        // A member whose client's own channel the server refuses: as for a `Lock` (see
+        // `Subscriber::refusal`), nothing is written.
+        self.refusal()?;
         for m in self.members.iter() {
             let inner = &m.client.inner;
             if lease == Lease::Watchdog {
@@ -99,7 +102,30 @@ impl MultiLock {
         };
         let names = telemetry::Names(self.members.iter().map(|m| m.name()));
         let holder = telemetry::Holder(&self.members[0].client.inner.exec.id, token);
-        telemetry::acquisition("MultiLock", &names, &holder, || wait.run())
+        telemetry::acquisition("MultiLock", &names, &holder, || {
+            let guard = wait.run()?;
+            match (guard, self.refusal()) {
+                // Learned with the first hold of a member's client: given back, as a
+                // `Lock`'s, so that a call that fails holds nothing.
+                (Some(guard), Err(refused)) => {
+                    if let Err(e) = guard.unlock() {
+                        tracing::debug!(target: "redmutex", "redmutex: giving back a hold after a refusal failed: {e}");
+                    }
+                    Err(refused)
+                }
+                (guard, _) => Ok(guard),
+            }
+        })
+    }
+
+    /// The refusal of a member's client's own channel, if the server refuses one.
+    fn refusal(&self) -> Result<(), Error> {
+        for m in self.members.iter() {
+            if let Some(refused) = m.client.inner.subscriber.refusal() {
+                return Err(refused.on_lock(m.name()));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -257,9 +283,16 @@ impl MultiWait<'_> {
                 // Queue only once the server confirmed the subscription: a message sent
                 // before that would be lost. Then straight to the next round.
                 let signal = self.cancel.map(CancellationToken::signal);
-                for s in self.subs.iter().flatten() {
-                    if !s.wait_confirmed(until, signal) {
-                        break;
+                for (i, s) in self.subs.iter().enumerate() {
+                    let Some(s) = s else { continue };
+                    match s.wait_confirmed(until, signal) {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        // Refused by the member's ACL: it could never be told of a release.
+                        Err(e) => {
+                            self.give_up();
+                            return Err(e.on_lock(lock.members[i].name()));
+                        }
                     }
                 }
                 continue;

@@ -60,6 +60,11 @@ impl<K: Kind> Lock<K> {
         if cancel.is_some_and(CancellationToken::is_cancelled) {
             return Err(Error::CANCELLED);
         }
+        if let Some(refused) = inner.subscriber.refusal() {
+            // The server refuses the client's own channel: a force_unlock of a hold could
+            // not be told, nor a release to a waiter. Nothing is written.
+            return Err(refused);
+        }
         let keys = &self.keys;
         // A semaphore's permits and an owned hold are holders of their own, never the
         // thread's: they neither re-enter its holds nor are re-entered by them.
@@ -128,7 +133,21 @@ impl<K: Kind> Lock<K> {
             telemetry::Name(keys.name()),
             telemetry::Holder(&inner.exec.id, token),
         );
-        telemetry::acquisition(K::NAME, &name, &holder, || wait.run())
+        telemetry::acquisition(K::NAME, &name, &holder, || {
+            let guard = wait.run()?;
+            // The client's first hold learns whether the server lets it listen on its own
+            // channel (see `Subscriber::listen`): refused, the hold is given back, so that
+            // a call that fails holds nothing.
+            match (guard, inner.subscriber.refusal()) {
+                (Some(guard), Some(refused)) => {
+                    if let Err(e) = guard.unlock() {
+                        tracing::debug!(target: "redmutex", "redmutex: giving back a hold after a refusal failed: {e}");
+                    }
+                    Err(refused)
+                }
+                (guard, _) => Ok(guard),
+            }
+        })
     }
 
     /// Gives back this thread's read hold of a read-write lock (`self` is its write side)
@@ -229,7 +248,13 @@ impl<K: Kind> Wait<'_, K> {
             let mut claimed = false;
             let signal = self.cancel.map(CancellationToken::signal);
             if !s.is_confirmed() {
-                if !s.wait_confirmed(until, signal) {
+                let confirmed = match s.wait_confirmed(until, signal) {
+                    Ok(confirmed) => confirmed,
+                    // The server's ACL refused the lock's channel: this call could never
+                    // be told of a release. It leaves as a cancelled one does.
+                    Err(e) => return self.leave_refused(e),
+                };
+                if !confirmed {
                     if !self.timed_try(s)? {
                         continue;
                     }
@@ -370,6 +395,17 @@ impl<K: Kind> Wait<'_, K> {
         // Told not to keep, the script never reports a hold (`None`).
         drop(self.leave(false)?);
         Err(Error::CANCELLED)
+    }
+
+    /// The server refused the lock's channel (`e`): leave the queue as
+    /// [`leave_cancelled`](Wait::leave_cancelled) does, holding nothing, and fail with `e`.
+    fn leave_refused(&mut self, e: Error) -> Result<Option<LockGuard<K>>, Error> {
+        // The refusal is what the caller must hear; a queue entry the leaving failed to
+        // remove is cleaned up by the watchdog (see `Drop`).
+        if let Err(left) = self.leave(false) {
+            tracing::debug!(target: "redmutex", "redmutex: leaving the queue after a refused channel failed: {left}");
+        }
+        Err(e)
     }
 
     /// Leaves the queue, in one step with learning whether the lock was handed to this

@@ -1,6 +1,8 @@
 //! The client's one pub/sub connection: refcounted channel subscriptions that wake waiters.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -20,6 +22,9 @@ mod waiters;
 /// How long the reader blocks on the socket before checking whether the client is gone.
 /// Reading the socket is free: no command is sent.
 const READ_TICK: Duration = Duration::from_secs(1);
+/// The read tick while the server refuses the client's own channel: no waiter can nudge
+/// the reader there, so it looks for new channels to subscribe this often instead.
+const UNNUDGED_READ_TICK: Duration = Duration::from_millis(50);
 /// Silence after which the reader PINGs, so a dead connection is noticed and replaced.
 const HEALTH_CHECK_AFTER: Duration = Duration::from_secs(10);
 /// How long a channel nobody waits on stays subscribed: a busy lock is waited on again
@@ -62,6 +67,11 @@ struct Shared {
     // A latch: its sender is dropped once the server confirmed the subscription of
     // `control` (the first session's first SUBSCRIBE), which a client's first hold awaits.
     listening: Mutex<(Option<Sender<()>>, Receiver<()>)>,
+    // The server's ACL refusal of `control`'s SUBSCRIBE, while it stands: the reader asks
+    // again, backing off, and meanwhile the client's acquisitions fail (see `refusal`).
+    refused: Mutex<Option<redis::RedisError>>,
+    // Whether a refusal was told at WARN: once, not at every retry or lock.
+    warned: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -99,19 +109,30 @@ impl Subscription {
     pub(crate) fn is_confirmed(&self) -> bool {
         let rx = self.waiters.confirmed.lock().1.clone();
         matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
+            && self.waiters.refused.lock().is_none()
     }
 
     /// Blocks until the server confirmed the subscription (true), or `until` or `cancel`
     /// (false). `cancel`: a channel that becomes ready when the call is cancelled.
-    pub(crate) fn wait_confirmed(&self, until: Instant, cancel: Option<&Receiver<()>>) -> bool {
+    /// `Err` when the server's ACL refused the channel: final, the caller can never be
+    /// told of a release (`Error::NoPermission`, naming the user and the server).
+    pub(crate) fn wait_confirmed(
+        &self,
+        until: Instant,
+        cancel: Option<&Receiver<()>>,
+    ) -> Result<bool, Error> {
         let rx = self.waiters.confirmed.lock().1.clone();
-        let Some(cancel) = cancel else {
-            return matches!(rx.recv_deadline(until), Err(RecvTimeoutError::Disconnected));
+        let confirmed = match cancel {
+            None => matches!(rx.recv_deadline(until), Err(RecvTimeoutError::Disconnected)),
+            Some(cancel) => crossbeam_channel::select! {
+                recv(rx) -> r => r.is_err(),
+                recv(cancel) -> _ => false,
+                default(until.saturating_duration_since(Instant::now())) => false,
+            },
         };
-        crossbeam_channel::select! {
-            recv(rx) -> r => r.is_err(),
-            recv(cancel) -> _ => false,
-            default(until.saturating_duration_since(Instant::now())) => false,
+        match &*self.waiters.refused.lock() {
+            Some(e) => Err(self.shared.explain(e)),
+            None => Ok(confirmed),
         }
     }
 
@@ -212,6 +233,8 @@ impl Subscriber {
                     let (tx, rx) = crossbeam_channel::bounded(0);
                     (Some(tx), rx)
                 }),
+                refused: Mutex::new(None),
+                warned: AtomicBool::new(false),
                 state: Mutex::new(State::default()),
             }),
             thread: Mutex::new(None),
@@ -225,7 +248,8 @@ impl Subscriber {
     /// The client's first hold waits (at most `bound`) until the server has confirmed
     /// that subscription: a `force_unlock` right after it would otherwise go unheard
     /// until a renewal, and the set-up happens once, before the first acquisition
-    /// returns, not at some later moment of the client's traffic.
+    /// returns, not at some later moment of the client's traffic. A refusal of the
+    /// subscription ends that wait at once (see [`Subscriber::refusal`]).
     pub(crate) fn listen<C: ForceUnlocked + 'static>(&self, client: &Arc<C>, bound: Duration) {
         let weak: Weak<dyn ForceUnlocked> = Arc::downgrade(client) as Weak<C>;
         let first = self.shared.client.get().is_none() && self.shared.client.set(weak).is_ok();
@@ -249,6 +273,15 @@ impl Subscriber {
                 );
             }
         }
+    }
+
+    /// The server's ACL refusal of the client's own channel, while it stands, as the
+    /// error a refused command gets: a client that cannot be told of a `force_unlock` of
+    /// its holds must not hold anything (its acquisitions fail with it; the reader asks
+    /// again meanwhile, so a corrected ACL is taken up within a second).
+    pub(crate) fn refusal(&self) -> Option<Error> {
+        let refused = self.shared.refused.lock();
+        refused.as_ref().map(|e| self.shared.explain(e))
     }
 
     /// Starts the reader thread, or starts it again if it died (a reader that died leaves
@@ -340,8 +373,9 @@ impl Subscriber {
             if !entry.requested {
                 entry.requested = true;
                 state.pending.push(channel.to_vec());
-                // While disconnected the reader subscribes everything on its next session.
-                nudge = state.connected;
+                // While disconnected the reader subscribes everything on its next session;
+                // while its own channel is refused it looks without a nudge.
+                nudge = state.connected && self.shared.refused.lock().is_none();
             }
             (entry.waiters.clone(), nudge)
         };
@@ -378,7 +412,7 @@ fn run(shared: Weak<Shared>) {
         drop(strong);
         match con {
             Ok((mut con, generation)) => {
-                backoff = Duration::from_millis(10);
+                let began = Instant::now();
                 match session(&shared, &mut con, generation, reconnect) {
                     Ok(()) => return,
                     Err(e) => {
@@ -396,6 +430,15 @@ fn run(shared: Weak<Shared>) {
                     strong.manager.topology.changed();
                     strong.disconnected();
                 }
+                if began.elapsed() < MAX_RECONNECT_BACKOFF {
+                    // A session that failed as soon as it began (the server refusing it
+                    // something) would fail again: back off as for a failed connect,
+                    // never reconnect in a tight loop.
+                    thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
+                } else {
+                    backoff = Duration::from_millis(10);
+                }
             }
             Err(e) => {
                 tracing::warn!(
@@ -410,6 +453,83 @@ fn run(shared: Weak<Shared>) {
     }
 }
 
+/// The reader's connection, spoken to by hand: redis-rs's `PubSub::subscribe` drops the
+/// server's reply, so a SUBSCRIBE the ACL refused would pass for a confirmed one, and its
+/// waiters would wait for messages that can never come.
+struct Link<'a> {
+    con: &'a mut redis::Connection,
+    // Messages that arrived while a reply was awaited, delivered first.
+    early: VecDeque<redis::Msg>,
+    // The socket's read timeout now: a reply is given `READ_TICK`, a wait for a message
+    // the tick of the moment.
+    timeout: Duration,
+}
+
+impl Link<'_> {
+    /// Sends `cmd` and returns its reply (a server error as a value), keeping the messages
+    /// that arrive before it. `Err`: the connection failed.
+    fn request(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        self.read_timeout(READ_TICK)?;
+        self.con.send_packed_command(&cmd.get_packed_command())?;
+        loop {
+            let reply = self.con.recv_response()?;
+            match redis::Msg::from_value(&reply) {
+                Some(msg) => self.early.push_back(msg),
+                None => return Ok(reply),
+            }
+        }
+    }
+
+    /// Subscribes `channel`: `Ok(Err(e))` when the server's ACL refused it (`NOPERM`),
+    /// `Err` when the connection failed or the server answered another error.
+    fn subscribe(&mut self, channel: &[u8]) -> redis::RedisResult<Result<(), redis::RedisError>> {
+        match self
+            .request(redis::cmd("SUBSCRIBE").arg(channel))?
+            .extract_error()
+        {
+            Ok(_) => Ok(Ok(())),
+            Err(e) if crate::error::is_no_permission(&e) => Ok(Err(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn unsubscribe(&mut self, channel: &[u8]) -> redis::RedisResult<()> {
+        if let Err(e) = self
+            .request(redis::cmd("UNSUBSCRIBE").arg(channel))?
+            .extract_error()
+        {
+            // Still subscribed: its messages find no waiter and are dropped.
+            tracing::debug!(target: "redmutex", "redmutex: the server refused an UNSUBSCRIBE: {e}");
+        }
+        Ok(())
+    }
+
+    /// A PING: any reply, a refusal too, shows the connection alive.
+    fn ping(&mut self) -> redis::RedisResult<()> {
+        self.request(&redis::cmd("PING")).map(drop)
+    }
+
+    fn read_timeout(&mut self, timeout: Duration) -> redis::RedisResult<()> {
+        if self.timeout != timeout {
+            self.con.set_read_timeout(Some(timeout))?;
+            self.timeout = timeout;
+        }
+        Ok(())
+    }
+
+    /// The next message, waiting at most `tick`.
+    fn next_message(&mut self, tick: Duration) -> redis::RedisResult<redis::Msg> {
+        if let Some(msg) = self.early.pop_front() {
+            return Ok(msg);
+        }
+        self.read_timeout(tick)?;
+        // A `PubSub` only to read a message without taking it for a reply (a timed-out
+        // reply read would make redis-rs skip the next value). Never dropped: its drop
+        // would UNSUBSCRIBE every channel; it owns nothing else.
+        ManuallyDrop::new(self.con.as_pubsub()).get_message()
+    }
+}
+
 /// Serves one connection until it fails (`Err`) or the client is gone (`Ok`).
 fn session(
     shared: &Weak<Shared>,
@@ -418,27 +538,32 @@ fn session(
     reconnect: bool,
 ) -> redis::RedisResult<()> {
     con.set_read_timeout(Some(READ_TICK))?;
-    let mut pubsub = con.as_pubsub();
-    // One channel per SUBSCRIBE and UNSUBSCRIBE: redis-rs's sync `PubSub` reads a single
-    // confirmation per call, so the others of a multi-channel call would be left unread
-    // and a later call would take one of them for its own, marking a channel subscribed
-    // before the server has it. One each costs a round trip per channel, on this thread.
-    {
+    let mut link = Link {
+        con,
+        early: VecDeque::new(),
+        timeout: READ_TICK,
+    };
+    // One channel per SUBSCRIBE and UNSUBSCRIBE: each reply says whether its one channel
+    // was refused. One each costs a round trip per channel, on this thread.
+    // While the server refuses the client's own channel: when to ask again, and the
+    // pause after that (doubling as for a failed connect).
+    let mut control_retry = {
         let Some(strong) = shared.upgrade() else {
             return Ok(());
         };
-        pubsub.subscribe(strong.control.as_slice())?;
-        strong.listening.lock().0 = None;
+        let answer = link.subscribe(strong.control.as_slice())?;
+        let control_retry = strong.control_answered(answer, None);
         let channels = strong.begin_session();
         drop(strong);
         for channel in channels {
-            pubsub.subscribe(channel.as_slice())?;
+            let answer = link.subscribe(channel.as_slice())?;
             let Some(strong) = shared.upgrade() else {
                 return Ok(());
             };
-            strong.confirmed(&channel, reconnect);
+            strong.answered(&channel, answer, reconnect);
         }
-    }
+        control_retry
+    };
     let mut last_heard = Instant::now();
     let mut primary_checked = Instant::now();
     loop {
@@ -458,17 +583,26 @@ fn session(
                 "the sentinels name a new primary",
             )));
         }
+        if control_retry.is_some_and(|(at, _)| Instant::now() >= at) {
+            let answer = link.subscribe(strong.control.as_slice())?;
+            control_retry = strong.control_answered(answer, control_retry);
+        }
         for channel in strong.take_pending() {
-            pubsub.subscribe(channel.as_slice())?;
-            strong.confirmed(&channel, false);
+            let answer = link.subscribe(channel.as_slice())?;
+            strong.answered(&channel, answer, false);
         }
         for channel in strong.take_idle() {
-            pubsub.unsubscribe(channel.as_slice())?;
+            link.unsubscribe(channel.as_slice())?;
         }
+        let tick = if control_retry.is_some() {
+            UNNUDGED_READ_TICK
+        } else {
+            READ_TICK
+        };
         // Never block on the socket holding a strong reference: the client must be able
         // to go away meanwhile.
         drop(strong);
-        match pubsub.get_message() {
+        match link.next_message(tick) {
             Ok(msg) => {
                 last_heard = Instant::now();
                 let channel: Vec<u8> = msg.get_channel()?;
@@ -482,7 +616,7 @@ fn session(
             // would resubscribe, and a release meanwhile would drop the waiters as dead.
             Err(e) if e.is_timeout() || interrupted(&e) => {
                 if last_heard.elapsed() >= HEALTH_CHECK_AFTER {
-                    pubsub.ping::<redis::Value>()?;
+                    link.ping()?;
                     last_heard = Instant::now();
                 }
             }
@@ -519,6 +653,75 @@ impl Shared {
                 channel.clone()
             })
             .collect()
+    }
+
+    /// The server's answer to the SUBSCRIBE of `channel`: confirmed, or refused by its
+    /// ACL, which is final for the threads waiting on it: they fail with the refusal,
+    /// and the channel is forgotten (a later wait on the lock asks again).
+    fn answered(&self, channel: &[u8], answer: Result<(), redis::RedisError>, reconnect: bool) {
+        let Err(e) = answer else {
+            return self.confirmed(channel, reconnect);
+        };
+        self.warn_refused(channel, &e);
+        let mut state = self.state.lock();
+        if let Some(entry) = state.channels.remove(channel) {
+            entry.waiters.refuse(e);
+        }
+        state.pending.retain(|c| c != channel);
+    }
+
+    /// The server's answer to the SUBSCRIBE of the client's own channel; returns when to
+    /// ask again (`None`: subscribed), given the current schedule `retry`.
+    fn control_answered(
+        &self,
+        answer: Result<(), redis::RedisError>,
+        retry: Option<(Instant, Duration)>,
+    ) -> Option<(Instant, Duration)> {
+        let next = match answer {
+            Ok(()) => {
+                if self.refused.lock().take().is_some() {
+                    tracing::info!(target: "redmutex", "redmutex: the server now allows this client's pub/sub channel");
+                    self.warned.store(false, Ordering::Relaxed);
+                }
+                None
+            }
+            Err(e) => {
+                self.warn_refused(&self.control, &e);
+                *self.refused.lock() = Some(e);
+                let pause = retry.map_or(Duration::from_millis(10), |(_, pause)| {
+                    (pause * 2).min(MAX_RECONNECT_BACKOFF)
+                });
+                Some((Instant::now() + pause, pause))
+            }
+        };
+        // Either way the client's first hold need wait no longer (see `listen`).
+        self.listening.lock().0 = None;
+        next
+    }
+
+    /// Says at WARN, once, that the server refused a channel; later refusals at DEBUG.
+    fn warn_refused(&self, channel: &[u8], e: &redis::RedisError) {
+        let channel = String::from_utf8_lossy(channel);
+        if self.warned.swap(true, Ordering::Relaxed) {
+            tracing::debug!(target: "redmutex", "redmutex: the server refused the pub/sub channel {channel}: {e}");
+        } else {
+            tracing::warn!(target: "redmutex", "redmutex: the server refused the pub/sub channel {channel} ({e}): this \
+                 client cannot hear releases or force_unlocks there, so its waits (and, \
+                 while its own channel is refused, its acquisitions) fail with NoPermission \
+                 until its ACL user may use redmutex's channels (see docs/redis-layout.md)"
+            );
+        }
+    }
+
+    /// `e`, a refusal of this client's, as the error a refused command gets (see
+    /// `Executor::explain`): naming the client's user and server.
+    fn explain(&self, e: &redis::RedisError) -> Error {
+        let target = &self.manager.target;
+        Error::redis(e.clone()).at_server(
+            || target.server(),
+            || target.user(),
+            target.has_password(),
+        )
     }
 
     fn confirmed(&self, channel: &[u8], reconnect: bool) {

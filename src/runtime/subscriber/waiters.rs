@@ -22,6 +22,9 @@ pub(super) struct Waiters {
     // holder hands nothing on, and without this every waiting thread's timer would fire
     // at the same instant; this way one thread per process tries.
     pub(super) next_try: Mutex<Option<Instant>>,
+    // The server's ACL refusal of the channel's SUBSCRIBE: final for these threads (the
+    // channel's entry is dropped, so a later wait asks again).
+    pub(super) refused: Mutex<Option<redis::RedisError>>,
 }
 
 impl Waiters {
@@ -31,11 +34,20 @@ impl Waiters {
             slots: Mutex::new(HashMap::new()),
             confirmed: Mutex::new((Some(tx), rx)),
             next_try: Mutex::new(None),
+            refused: Mutex::new(None),
         }
     }
 
     pub(super) fn confirm(&self) {
         self.confirmed.lock().0 = None;
+    }
+
+    /// The server refused the channel (`e`): every thread waiting for its confirmation,
+    /// or for a message, wakes and finds the refusal.
+    pub(super) fn refuse(&self, e: redis::RedisError) {
+        *self.refused.lock() = Some(e);
+        self.confirm();
+        self.recheck_all();
     }
 
     pub(super) fn rearm(&self) {
