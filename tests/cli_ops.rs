@@ -115,6 +115,20 @@ fn a_refused_password_or_permission_is_said_in_words_at_once() {
         ])
         .query(&mut con)
         .unwrap();
+    // One that may run every command but use no channel (Redis 7's default for a new
+    // user): it cannot hear a release, so it is refused before it holds anything.
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nochan",
+            "on",
+            ">pw",
+            "~*",
+            "resetchannels",
+            "+@all",
+        ])
+        .query(&mut con)
+        .unwrap();
     let at = format!("127.0.0.1:{}", server.port());
     for (url, words) in [
         (
@@ -139,6 +153,15 @@ fn a_refused_password_or_permission_is_said_in_words_at_once() {
             format!("redis://reader:pw@{at}/"),
             &["user reader", "lacks a permission", "docs/redis-layout.md"],
         ),
+        (
+            format!("redis://nochan:pw@{at}/"),
+            &[
+                "user nochan",
+                "lacks a permission",
+                "channels",
+                "docs/redis-layout.md",
+            ],
+        ),
     ] {
         let (out, took) = support::timed(|| {
             output(bare().args(["--url", &url, "--prefix", PREFIX]).args([
@@ -155,6 +178,12 @@ fn a_refused_password_or_permission_is_said_in_words_at_once() {
         for word in words {
             assert!(said.contains(word), "{url}: no {word:?} in {said}");
         }
+        // Said once: the library's warning of a refused channel is kept back for it.
+        assert!(
+            !said.contains("channel refused"),
+            "{url}: said twice: {said}"
+        );
+        assert_eq!(said.lines().count(), 1, "{url}: {said}");
         for raw in ["NOAUTH", "AuthenticationFailed", "s3cret", "pw@", "wrong"] {
             assert!(!said.contains(raw), "{url}: {raw:?} in {said}");
         }

@@ -703,12 +703,23 @@ impl Shared {
     fn warn_refused(&self, channel: &[u8], e: &redis::RedisError) {
         let channel = String::from_utf8_lossy(channel);
         if self.warned.swap(true, Ordering::Relaxed) {
-            tracing::debug!(target: "redmutex", "redmutex: the server refused the pub/sub channel {channel}: {e}");
+            tracing::debug!(
+                target: "redmutex",
+                %channel,
+                error = %e,
+                "redmutex: pub/sub channel refused"
+            );
         } else {
-            tracing::warn!(target: "redmutex", "redmutex: the server refused the pub/sub channel {channel} ({e}): this \
-                 client cannot hear releases or force_unlocks there, so its waits (and, \
-                 while its own channel is refused, its acquisitions) fail with NoPermission \
-                 until its ACL user may use redmutex's channels (see docs/redis-layout.md)"
+            // Message and fields are what the CLI keeps back by (it prints the
+            // NoPermission error the waiting call gets instead).
+            tracing::warn!(
+                target: "redmutex",
+                %channel,
+                error = %e,
+                "redmutex: pub/sub channel refused: this client cannot hear releases or \
+                 force_unlocks there, so its waits (and, while its own channel is refused, \
+                 its acquisitions) fail with NoPermission until its ACL user may use \
+                 redmutex's channels (see docs/redis-layout.md)"
             );
         }
     }

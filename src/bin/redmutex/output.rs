@@ -105,7 +105,8 @@ pub(crate) fn why_lost() -> String {
     }
 }
 
-/// Keeps back the library's `lease lost` warning (noting its reason): `run` and `hold` say
+/// Keeps back the library's `lease lost` warning (noting its reason), and its `pub/sub
+/// channel refused` (the NoPermission error that follows says it). `run` and `hold` say
 /// it themselves, naming the lock as the user did and what happens next, so that a lost
 /// lease is said once, the library's why included. The event is told apart by what the
 /// library documents of it (src/runtime/telemetry.rs): target `redmutex`, level WARN,
@@ -120,10 +121,20 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SaidItself {
         _: tracing_subscriber::layer::Context<'_, S>,
     ) -> bool {
         let meta = event.metadata();
-        if *meta.level() != tracing::Level::WARN
-            || meta.target() != "redmutex"
-            || meta.fields().field("reason").is_none()
-        {
+        if *meta.level() != tracing::Level::WARN || meta.target() != "redmutex" {
+            return true;
+        }
+        if meta.fields().field("channel").is_some() {
+            // The library's "pub/sub channel refused": the call that needed the channel
+            // fails with NoPermission, whose message redmutex prints (user, server, the
+            // ACL rule to give), so the warning would say it twice.
+            let mut refusal = Loss::default();
+            event.record(&mut refusal);
+            return !refusal
+                .message
+                .starts_with("redmutex: pub/sub channel refused");
+        }
+        if meta.fields().field("reason").is_none() {
             return true;
         }
         let mut loss = Loss::default();
