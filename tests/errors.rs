@@ -12,14 +12,7 @@ use support::RedisServer;
 
 const SECRET: &str = "s3cret-pw";
 
-fn set_user(server: &RedisServer, name: &str, rule: &str) {
-    let mut cmd = redis::cmd("ACL");
-    cmd.arg("SETUSER").arg(name);
-    for part in support::acl_rule_words(rule) {
-        cmd.arg(part);
-    }
-    cmd.exec(&mut server.connection()).expect("ACL SETUSER");
-}
+use support::set_acl_user as set_user;
 
 fn client(url: &str) -> Client {
     Client::builder()

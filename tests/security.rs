@@ -18,14 +18,7 @@ const ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@al
     +hkeys +hdel +rpush +lindex +lpop +lrem +lrange +get +set +decr +zadd +zscore +zrem +zcard \
     +zrange +zrangebyscore";
 
-fn set_user(server: &RedisServer, name: &str, rule: &str) {
-    let mut cmd = redis::cmd("ACL");
-    cmd.arg("SETUSER").arg(name);
-    for part in support::acl_rule_words(rule) {
-        cmd.arg(part);
-    }
-    cmd.exec(&mut server.connection()).expect("ACL SETUSER");
-}
+use support::set_acl_user as set_user;
 
 fn url_for(server: &RedisServer, user: &str, password: &str) -> String {
     format!("redis://{user}:{password}@127.0.0.1:{}/", server.port())

@@ -627,6 +627,17 @@ pub fn acl_rule_words(rule: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Makes (or changes) the ACL user `name` with `rule`, its words as
+/// [`acl_rule_words`] leaves them for this server.
+pub fn set_acl_user(server: &RedisServer, name: &str, rule: &str) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg(name);
+    for part in acl_rule_words(rule) {
+        cmd.arg(part);
+    }
+    cmd.exec(&mut server.connection()).expect("ACL SETUSER");
+}
+
 /// The Redis 6.2 server binary CI provides in `REDIS_6_SERVER_BIN` (6.2 has no functions,
 /// so the scripts run there with `EVALSHA`), if it is set.
 pub fn redis6_binary() -> Option<String> {

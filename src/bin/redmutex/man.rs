@@ -45,10 +45,8 @@ fn render(f: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `redmutex man`: the top level, then each command (and each `latch` command) as a
-/// subsection with its synopsis, options and notes, then EXIT STATUS.
-fn whole(root: &Command) -> String {
-    let man = Man::new(root.clone());
+/// A page's title, NAME, SYNOPSIS, DESCRIPTION and OPTIONS, as clap_mangen renders them.
+fn head(man: &Man) -> String {
     let mut page = String::new();
     for part in [
         Man::render_title,
@@ -57,8 +55,16 @@ fn whole(root: &Command) -> String {
         Man::render_description_section,
         Man::render_options_section,
     ] {
-        page.push_str(&render(|w| part(&man, w)));
+        page.push_str(&render(|w| part(man, w)));
     }
+    page
+}
+
+/// `redmutex man`: the top level, then each command (and each `latch` command) as a
+/// subsection with its synopsis, options and notes, then EXIT STATUS.
+fn whole(root: &Command) -> String {
+    let man = Man::new(root.clone());
+    let mut page = head(&man);
     let mut commands = Roff::default();
     commands.control("SH", ["COMMANDS"]);
     page.push_str(&commands.render());
@@ -105,16 +111,7 @@ fn command(cmd: &Command) -> String {
 fn one(cmd: &Command, path: &str) -> String {
     let name = format!("redmutex-{path}");
     let man = Man::new(cmd.clone().display_name(&name)).title(&name);
-    let mut page = String::new();
-    for part in [
-        Man::render_title,
-        Man::render_name_section,
-        Man::render_synopsis_section,
-        Man::render_description_section,
-        Man::render_options_section,
-    ] {
-        page.push_str(&render(|w| part(&man, w)));
-    }
+    let mut page = head(&man);
     if visible(cmd).next().is_some() {
         // `latch`: its commands in full, as on the whole page.
         let mut commands = Roff::default();
