@@ -158,7 +158,7 @@ fn a_refused_password_or_permission_is_said_in_words_at_once() {
             &[
                 "user nochan",
                 "lacks a permission",
-                "channels",
+                "channel",
                 "docs/redis-layout.md",
             ],
         ),
