@@ -278,6 +278,126 @@ fn contended_scenarios_print_their_cost() {
     }
 }
 
+/// Strings per script call (keys and arguments, less the command, the function or SHA
+/// and the key count) of each top-level script call in MONITOR lines, by script name.
+fn argv_per_call(lines: &[String]) -> Vec<(String, usize)> {
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for line in support::Monitor::top_level(lines) {
+        // `<time> [<db> <addr>] "FCALL" "<function>" "<numkeys>" "<key>" ... "<arg>"`: no
+        // string of these calls holds a quote.
+        let Some(start) = line.find('"') else {
+            continue;
+        };
+        let tokens: Vec<&str> = line[start + 1..line.len() - 1].split("\" \"").collect();
+        let command = tokens[0].to_ascii_lowercase();
+        if command != "fcall" && command != "evalsha" || tokens.len() < 3 {
+            continue;
+        }
+        // The function's name less the library's (`redmutex_<hash>_acquire`); a SHA as is.
+        let script = match tokens[1].splitn(3, '_').nth(2) {
+            Some(name) if command == "fcall" => name.to_owned(),
+            _ => tokens[1][..8].to_owned(),
+        };
+        let strings = tokens.len() - 3;
+        if !seen.iter().any(|(s, n)| *s == script && *n == strings) {
+            seen.push((script, strings));
+        }
+    }
+    seen
+}
+
+/// Deterministic handoffs of the lock `make` gives for a client: client A takes it free,
+/// a thread of client B asks and queues, A lets go once B has waited past the starvation
+/// bound (so that even a plain `Lock` hands over rather than wakes B to try), and B lets go
+/// in turn. A cycle is two acquisitions, one free and one handed over: less an uncontended
+/// pair, the executed commands of what a contended acquisition costs in steady state (a
+/// queued attempt, a release that hands over, the new holder's confirmation, if any).
+/// Returns (pair, contended) commands per acquisition, and prints the strings per call.
+fn handoffs<K: redmutex::Kind>(
+    server: &RedisServer,
+    label: &str,
+    n: usize,
+    make: impl Fn(&Client) -> redmutex::Lock<K> + Sync,
+) -> (f64, f64) {
+    use std::sync::mpsc;
+    let name = "handoff";
+    let queue = keys::Keys::lock(DEFAULT_PREFIX, name).queue();
+    let a = Clients::DEFAULT.at(server);
+    let lock_a = make(&a);
+    // The test's own polling of the queue: LLEN, which no script calls.
+    let skip = |c: &str| is_overhead(c) || c == "llen";
+    let (pair, _) = per_op(server, &format!("{label}: uncontended pair"), 100, |_| {
+        drop(lock_a.lock().unwrap());
+    });
+    let (go_tx, go_rx) = mpsc::channel::<bool>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut con = server.connection();
+    let cycle = |con: &mut redis::Connection| {
+        let held = lock_a.lock().unwrap();
+        go_tx.send(true).unwrap();
+        assert!(
+            support::wait_until(Duration::from_secs(10), || support::llen(con, &queue) == 1),
+            "B never queued"
+        );
+        thread::sleep(Duration::from_millis(4));
+        drop(held);
+        done_rx.recv().unwrap();
+    };
+    let mut monitor = None;
+    let mut contended = 0.0;
+    thread::scope(|s| {
+        let make = &make;
+        s.spawn(move || {
+            let b = Clients::DEFAULT.at(server);
+            let lock_b = make(&b);
+            while go_rx.recv().unwrap() {
+                drop(lock_b.lock().unwrap());
+                done_tx.send(()).unwrap();
+            }
+        });
+        // Warm-up: B's subscriptions made, scripts loaded.
+        for _ in 0..5 {
+            cycle(&mut con);
+        }
+        let before = server.command_calls();
+        for _ in 0..n {
+            cycle(&mut con);
+        }
+        let calls = server.calls_since(&before, skip);
+        let (per_cycle, _) = report(&format!("{label}: handoff cycle"), &calls, n);
+        contended = per_cycle - pair;
+        eprintln!("{label}: {contended:.2} executed commands per contended acquisition");
+        monitor = Some(server.monitor());
+        cycle(&mut con);
+        go_tx.send(false).unwrap();
+    });
+    let lines = monitor.expect("monitored").stop();
+    let argv: Vec<String> = argv_per_call(&lines)
+        .iter()
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect();
+    eprintln!("{label}: strings per call: {}", argv.join(", "));
+    (pair, contended)
+}
+
+/// What a contended acquisition executes, measured without depending on the scheduling
+/// (see [`handoffs`]): before issue 29, 22 for a `Lock` and a `FairLock` (2 script calls,
+/// the queued attempt's 10 commands, the handing release's 10). `cargo test --test
+/// script_cost handoff -- --nocapture` prints the figures and the strings per call.
+#[test]
+fn handoff_cost() {
+    let server = RedisServer::new();
+    let (pair, plain) = handoffs(&server, "Lock", 30, |c| c.lock("handoff"));
+    let (fair_pair, fair) = handoffs(&server, "FairLock", 30, |c| c.fair_lock("handoff"));
+    assert!(pair <= 8.5 + marker() && fair_pair <= 8.5 + marker());
+    for (what, n) in [("Lock", plain), ("FairLock", fair)] {
+        assert!(
+            n <= 22.5 + 2.0 * marker(),
+            "{what}: {n:.2} executed commands per contended acquisition"
+        );
+    }
+}
+
 /// The watchdog renews every hold of a client in one call of the renewal script: what
 /// that costs per hold, for held locks and for queue entries of waiters.
 #[test]
