@@ -308,7 +308,33 @@ end
 -- the list is set to the same expiry without asking for its own (that may shorten a list
 -- that outlived its entries, never one that lives less than the hash). `fresh`: the list
 -- was just created (it has no expiry yet). (renew.lua keeps a copy of these rules.)
+-- Servers from 7.0 on (told by the server's version, not by FCALL or EVALSHA: a 7.0
+-- server whose ACL refuses FCALL runs the scripts as EVALSHAs) set the hash's expiry
+-- with PEXPIRE's NX (only a key without one: a hash this call created) and GT (only a
+-- later one), each one call where a PTTL and a PEXPIRE were; GT counts a key without an
+-- expiry as never expiring, so its 0 is looked into when the list was not fresh (a hash
+-- this call created beside a list that was left).
 function Q.outlive(queue, waiters, ttl, fresh)
+    if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+        if fresh then
+            if redis.call('pexpire', waiters, ttl, 'nx') == 0 then
+                redis.call('pexpire', waiters, ttl, 'gt')
+            end
+            redis.call('pexpire', queue, ttl)
+            return
+        end
+        if redis.call('pexpire', waiters, ttl, 'gt') == 1 then
+            redis.call('pexpire', queue, ttl)
+            return
+        end
+        if redis.call('pttl', waiters) == -1 then
+            redis.call('pexpire', waiters, ttl)
+            redis.call('pexpire', queue, ttl)
+        elseif redis.call('pttl', queue) < ttl then
+            redis.call('pexpire', queue, ttl)
+        end
+        return
+    end
     if redis.call('pttl', waiters) < ttl then
         redis.call('pexpire', waiters, ttl)
         redis.call('pexpire', queue, ttl)
