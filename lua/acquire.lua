@@ -47,8 +47,34 @@ local fair = flags % 2 == 1
 local fenced = math.floor(flags / 2) % 2 == 1
 local meta = ARGV[11]
 
--- A level more of the caller's hold, which has `held` levels.
-local function reenter(held)
+-- A caller that believes it holds levels is most likely right: its hold is looked at first.
+-- (No closure for the re-entry: the body of a library function runs once per call, and
+-- making one costs every call, re-entry or not.)
+local held
+if expected > 0 then
+    held = redis.call('hget', KEYS[1], holder)
+end
+-- Neither the lock nor a queue nor another kind (the uncontended case): one call tells, no
+-- clock is read.
+local queued = false
+local pttl = -2
+if not held then
+    local taken, listed, other = Q.look(1, 5)
+    if other then
+        return Q.refuse_kind(holder, listed, other)
+    end
+    if taken or listed then
+        pttl = redis.call('pttl', KEYS[1])
+        if pttl == -2 then
+            queued = true
+        elseif expected == 0 then
+            -- Held: maybe by the caller, through a call whose reply was lost.
+            held = redis.call('hget', KEYS[1], holder)
+        end
+    end
+end
+if held then
+    -- A level more of the caller's hold, which has `held` levels.
     local token = 0
     if fenced then
         token = redis.call('hget', KEYS[1], '~fence')
@@ -63,34 +89,6 @@ local function reenter(held)
         redis.call('pexpire', KEYS[1], lease)
     end
     return {1, count, token}
-end
-
--- A caller that believes it holds levels is most likely right: its hold is looked at first.
-if expected > 0 then
-    local held = redis.call('hget', KEYS[1], holder)
-    if held then
-        return reenter(held)
-    end
-end
--- Neither the lock nor a queue nor another kind (the uncontended case): one call tells, no
--- clock is read.
-local queued = false
-local pttl = -2
-local held, listed, other = Q.look(1, 5)
-if other then
-    return Q.refuse_kind(holder, listed, other)
-end
-if held or listed then
-    pttl = redis.call('pttl', KEYS[1])
-    if pttl == -2 then
-        queued = true
-    elseif expected == 0 then
-        -- Held: maybe by the caller, through a call whose reply was lost.
-        local held = redis.call('hget', KEYS[1], holder)
-        if held then
-            return reenter(held)
-        end
-    end
 end
 local now
 if pttl == -2 then
@@ -122,16 +120,21 @@ if pttl == -2 then
     end
     if mine then
         local token = 0
-        local args = {holder, 1}
-        if fenced then
-            token = Q.draw_fence()
-            args[3], args[4] = '~fence', token
+        if fenced or meta then
+            local args = {holder, 1}
+            if fenced then
+                token = Q.draw_fence()
+                args[3], args[4] = '~fence', token
+            end
+            if meta then
+                -- The clock is read for the record only.
+                now = now or Q.now()
+            end
+            redis.call('hset', KEYS[1], unpack(Q.with_meta(args, holder, meta, now)))
+        else
+            -- The common hold: no list to build and unpack.
+            redis.call('hset', KEYS[1], holder, 1)
         end
-        if meta then
-            -- The clock is read for the record only.
-            now = now or Q.now()
-        end
-        redis.call('hset', KEYS[1], unpack(Q.with_meta(args, holder, meta, now)))
         redis.call('pexpire', KEYS[1], lease)
         return {1, 1, token}
     end

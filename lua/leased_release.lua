@@ -21,9 +21,10 @@
 local now = Q.now()
 Q.purge(now)
 local field = M.field(ARGV[1], tonumber(ARGV[7]))
-local reply, held = Q.release(field, function(ms)
-    M.set(field, now + ms, now)
-end)
+local reply, held, keep = Q.release(field)
+if keep then
+    M.set(field, now + keep, now)
+end
 if reply then
     return reply
 end

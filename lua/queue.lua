@@ -163,10 +163,11 @@ end
 -- Leaves one level of `field`'s hold; ARGV[2] is the lease in ms the caller's remaining
 -- levels need and ARGV[3] the levels it believes it holds (see release.lua). Returns the
 -- script's reply when the caller holds nothing ({-1, 0}), when this release already took
--- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}; `keep(ms)` gives
--- them their lease); nil and the levels held when the hold is over and the caller must
--- free it.
-function Q.release(field, keep)
+-- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the lease
+-- in ms the caller then gives them); nil and the levels held when the hold is over and
+-- the caller must free it. (The lease is returned rather than given through a callback:
+-- a closure would be made on every call.)
+function Q.release(field)
     local held = redis.call('hget', KEYS[1], field)
     if not held then
         return {-1, 0}
@@ -180,8 +181,7 @@ function Q.release(field, keep)
     local need = tonumber(ARGV[2])
     if left > 0 and need > 0 then
         redis.call('hset', KEYS[1], field, left)
-        keep(need)
-        return {left, 0}
+        return {left, 0}, nil, need
     end
     return nil, held
 end

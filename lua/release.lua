@@ -21,9 +21,10 @@
 -- takes no second level, and levels left by lost acquire replies are dropped too.
 -- A freed lock goes to the first live waiter: made the holder if it is fair or has waited
 -- past the starvation bound, else told to try (a plain lock's releaser may barge back in).
-local reply = Q.release(ARGV[1], function(ms)
-    redis.call('pexpire', KEYS[1], ms)
-end)
+local reply, _, keep = Q.release(ARGV[1])
+if keep then
+    redis.call('pexpire', KEYS[1], keep)
+end
 if reply then
     return reply
 end
