@@ -18,8 +18,11 @@ pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> 
         .arg(held)
         .arg(keys.inbox())
         .arg(pickup_ms())
-        .arg(starve_ms())
-        .arg(keys.ops.flags);
+        .arg(starve_ms());
+    // Which side's hold it is: read by `leased_release.lua` only (a lock has one side).
+    if keys.has_leases() {
+        cmd.arg(keys.ops.flags);
+    }
     cmd
 }
 
@@ -53,8 +56,11 @@ pub(crate) fn cancel_as(
         .arg(u8::from(keep))
         .arg(keys.inbox())
         .arg(pickup_ms())
-        .arg(starve_ms())
-        .arg(ops.flags);
+        .arg(starve_ms());
+    // As in `release`: read by `leased_cancel.lua` only.
+    if ops.field_prefix.is_some() {
+        cmd.arg(ops.flags);
+    }
     cmd
 }
 
