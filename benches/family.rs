@@ -81,11 +81,8 @@ const WARMUP_OPS: usize = 300;
 const ROUNDS: usize = 8;
 const OPS_PER_ROUND: usize = 600;
 
-/// What the library passes its scripts (the defaults: a 30 s watchdog lease, a 1 s pickup
-/// window, a 10 ms starvation bound; see src/runtime/queue.rs).
+/// What the library passes its scripts (the defaults: a 30 s watchdog lease).
 const LEASE_MS: u64 = 30_000;
-const PICKUP_MS: u64 = 1_000;
-const STARVE_MS: u64 = 10;
 /// Flags of the holds (src/runtime/scripts.rs): a plain lock 0, a read hold 1 | 4, a
 /// semaphore's permits 1.
 const PLAIN_FLAGS: u8 = 0;
@@ -95,34 +92,46 @@ const PERMIT_FLAGS: u8 = 1;
 /// Waits on other processes never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(30);
 
-/// The scripts the library runs (src/runtime/scripts.rs), concatenated the same way.
+/// The scripts the library runs (src/runtime/scripts.rs), concatenated the same way, after
+/// the line of constants it puts first (a 1 s pickup window, a 10 ms starvation bound).
+macro_rules! constants {
+    () => {
+        "local PICKUP, STARVE = 1000, 10\n"
+    };
+}
 const LOCK_ACQUIRE: &str = concat!(
+    constants!(),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/acquire.lua")
 );
 const LOCK_RELEASE: &str = concat!(
+    constants!(),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/release.lua")
 );
 const RW_ACQUIRE: &str = concat!(
+    constants!(),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/leases.lua"),
     include_str!("../lua/rw.lua"),
     include_str!("../lua/rw_acquire.lua")
 );
 const RW_RELEASE: &str = concat!(
+    constants!(),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/leases.lua"),
     include_str!("../lua/rw.lua"),
     include_str!("../lua/leased_release.lua")
 );
 const SEM_ACQUIRE: &str = concat!(
+    constants!(),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/leases.lua"),
     include_str!("../lua/semaphore.lua"),
     include_str!("../lua/sem_acquire.lua")
 );
 const SEM_RELEASE: &str = concat!(
+    constants!(),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/leases.lua"),
     include_str!("../lua/semaphore.lua"),
@@ -270,7 +279,6 @@ struct Keys {
     /// The main keys of the name's other kinds (src/runtime/keys.rs `other_kinds`), which
     /// the acquire script takes last.
     others: Vec<String>,
-    inbox: String,
 }
 
 impl Keys {
@@ -296,11 +304,7 @@ impl Keys {
             .filter(|mark| *mark != object)
             .map(|mark| format!("{prefix}{mark}{{{name}}}"))
             .collect();
-        Keys {
-            inbox: format!("{key}:to:"),
-            all,
-            others,
-        }
+        Keys { all, others }
     }
 }
 
@@ -346,10 +350,7 @@ impl HandRun {
             .arg(self.flags)
             .arg(0)
             .arg(0)
-            .arg(0)
-            .arg(&self.keys.inbox)
-            .arg(PICKUP_MS)
-            .arg(STARVE_MS);
+            .arg(0);
         if self.kind == Kind::Sem {
             call.arg(1).arg(SEM_PERMITS);
         }
@@ -365,9 +366,6 @@ impl HandRun {
             .arg(holder)
             .arg(0)
             .arg(1)
-            .arg(&self.keys.inbox)
-            .arg(PICKUP_MS)
-            .arg(STARVE_MS)
             .arg(self.flags)
             .invoke(&mut *con)
             .expect("release script");

@@ -291,9 +291,6 @@ fn cheap_latencies(url: &str) -> Cheap {
             .arg(0)
             .arg(0)
             .arg(0)
-            .arg("cheap:{raw}:to:")
-            .arg(1_000)
-            .arg(10)
             .invoke(&mut *con)
             .expect("acquire script");
         assert_eq!(reply[0], 1);
@@ -307,9 +304,6 @@ fn cheap_latencies(url: &str) -> Cheap {
             .arg("bench:1")
             .arg(30_000)
             .arg(1)
-            .arg("cheap:{raw}:to:")
-            .arg(1_000)
-            .arg(10)
             .invoke(&mut *con)
             .expect("release script");
         assert_eq!(left, 0);

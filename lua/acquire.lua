@@ -13,10 +13,8 @@
 -- ARGV[5]  1 to wait in the queue when not granted (the caller listens on its inbox), 0 not
 -- ARGV[6]  how long the queue entry lives unless refreshed, ms
 -- ARGV[7]  the waiting call's ticket, echoed in its messages
--- ARGV[8]  inbox prefix: a waiter's channel is this followed by its client id
--- ARGV[9]  pickup window, ms: the longest lease of a hold handed to a waiter until it confirms
--- ARGV[10] starvation bound, ms: a plain waiter queued this long is handed the lock directly
--- ARGV[11] (only when the client has metadata) the text a new hold carries, recorded with
+-- (the pickup window, the starvation bound and the waiters' inbox: see queue.lua)
+-- ARGV[8]  (only when the client has metadata) the text a new hold carries, recorded with
 --          the server's time as '~m:<holder id>' (see queue.lua); a re-entry keeps the
 --          outermost level's record
 --
@@ -45,7 +43,7 @@ local expected = tonumber(ARGV[3])
 local flags = tonumber(ARGV[4])
 local fair = flags % 2 == 1
 local fenced = math.floor(flags / 2) % 2 == 1
-local meta = ARGV[11]
+local meta = ARGV[8]
 
 -- A caller that believes it holds levels is most likely right: its hold is looked at first.
 -- (No closure for the re-entry: the body of a library function runs once per call, and
@@ -105,10 +103,9 @@ if pttl == -2 then
         else
             -- A plain caller may barge while no fair waiter is queued (fairs: the count
             -- of them, false when none) and the first waiter is younger than the bound.
-            mine = not fair and not fairs and now - since < tonumber(ARGV[10])
+            mine = not fair and not fairs and now - since < STARVE
             if not mine then
-                mine = not Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true,
-                    holder, true)
+                mine = not Q.hand_on(now, true, holder, true)
             end
             if mine then
                 Q.remove(holder)

@@ -10,7 +10,6 @@
 -- ARGV[4]  1: a level beyond ARGV[2] is kept and reported (a waiter whose deadline passed
 --          just as the lock was handed to it takes it); 0: it is given back (clean-up of
 --          a call that failed or whose outcome is unknown)
--- ARGV[5]  inbox prefix      ARGV[6]  pickup window, ms      ARGV[7]  starvation bound, ms
 --
 -- Returns {1, count, token}  ARGV[4] was 1 and the caller holds a level more than ARGV[2]
 --                            (token: the hold's fencing token as text, 0 when none)
@@ -43,6 +42,5 @@ end
 if redis.call('exists', KEYS[1]) == 1 then
     return {0, 0}
 end
-local served = Q.hand_on(nil, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]),
-    false, nil, true)
+local served = Q.hand_on(nil, false, nil, true)
 return {0, served and 1 or 0}

@@ -8,12 +8,11 @@
 --          semaphores: every permit held is given back)
 -- KEYS[6]  the semaphore's number of permits (semaphores: kept as it is)
 -- KEYS[#KEYS] (last, after the leases and permits where there are some)  the id of the
---          call that force-unlocked the lock last (a string, kept ARGV[5] ms)
--- ARGV[1]  inbox prefix      ARGV[2]  pickup window, ms      ARGV[3]  starvation bound, ms
--- ARGV[4]  this call's id: the same for each run of one call (the client repeats a call
+--          call that force-unlocked the lock last (a string, kept ARGV[2] ms)
+-- ARGV[1]  this call's id: the same for each run of one call (the client repeats a call
 --          whose reply was lost), different for every call
--- ARGV[5]  how long to remember the id, ms
--- ARGV[6]  the prefix of each client's own channel (`<key prefix>__control:`): every
+-- ARGV[2]  how long to remember the id, ms
+-- ARGV[3]  the prefix of each client's own channel (`<key prefix>__control:`): every
 --          holder's client is told there which of its holds went, "f <token> <key>" (its
 --          holder id is "<client id>:<token>"), so it marks them lost at once rather than
 --          at its next renewal
@@ -22,7 +21,7 @@
 -- then nothing changes), 0 when it was not locked; a WRONGTYPE error, with nothing
 -- changed, when the key holds something that is not a lock (someone's data).
 local forced = KEYS[#KEYS]
-if redis.call('get', forced) == ARGV[4] then
+if redis.call('get', forced) == ARGV[1] then
     return 1
 end
 local kind = redis.call('type', KEYS[1])['ok']
@@ -52,11 +51,11 @@ for _, field in ipairs(fields) do
         local client, token = string.match(holder, '^(.*):(%d+)$')
         if client and not told[holder] then
             told[holder] = true
-            redis.call('publish', ARGV[6] .. client, 'f ' .. token .. ' ' .. KEYS[1])
+            redis.call('publish', ARGV[3] .. client, 'f ' .. token .. ' ' .. KEYS[1])
         end
     end
 end
 Q.clear()
-Q.hand_on(Q.now(), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), false, nil)
-redis.call('set', forced, ARGV[4], 'px', ARGV[5])
+Q.hand_on(Q.now(), false, nil)
+redis.call('set', forced, ARGV[1], 'px', ARGV[2])
 return 1

@@ -8,11 +8,11 @@
 -- KEYS[3]  the lock's queue       KEYS[4]  the lock's waiters
 -- KEYS[5]  the holds' leases (read-write locks and semaphores)
 -- KEYS[6]  the semaphore's number of permits (semaphores)
--- ARGV[1]  inbox prefix      ARGV[2]  pickup window, ms      ARGV[3]  starvation bound, ms
+-- ARGV     none
 --
 -- Returns {pttl, w}  pttl: the key's remaining lease in ms (-2 free, -1 without expiry);
 --                    w is 1 when a waiter was just told its turn
 local now = Q.now()
 Q.purge(now)
-local served = Q.hand_on(now, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), false, nil)
+local served = Q.hand_on(now, false, nil)
 return {redis.call('pttl', KEYS[1]), served and 1 or 0}

@@ -9,8 +9,7 @@
 -- ARGV[3]  lease in ms those levels still need (0 when none)
 -- ARGV[4]  1: a level beyond ARGV[2] is kept and reported (a waiter whose deadline passed
 --          just as it was handed a share takes it); 0: it is given back
--- ARGV[5]  inbox prefix      ARGV[6]  pickup window, ms      ARGV[7]  starvation bound, ms
--- ARGV[8]  flags of the hold (4: a read hold, 16: an upgradeable read hold)
+-- ARGV[5]  flags of the hold (4: a read hold, 16: an upgradeable read hold)
 --
 -- Returns {1, count, 0}  ARGV[4] was 1 and the caller holds a level more than ARGV[2]
 --         {0, w}         the caller is out of the queue; w is 1 when a waiter was handed a
@@ -22,7 +21,7 @@
 local now = Q.now()
 Q.purge(now)
 local holder = ARGV[1]
-local field = M.field(holder, tonumber(ARGV[8]))
+local field = M.field(holder, tonumber(ARGV[5]))
 local expected = tonumber(ARGV[2])
 local held = tonumber(redis.call('hget', KEYS[1], field) or '0')
 local levels = KEYS[6] == nil
@@ -43,5 +42,5 @@ if held > expected then
         M.fit(now)
     end
 end
-local served = Q.hand_on(now, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), false, nil)
+local served = Q.hand_on(now, false, nil)
 return {0, served and 1 or 0}

@@ -9,8 +9,7 @@
 -- ARGV[2]  lease in ms the caller's remaining levels still need (0 when none)
 -- ARGV[3]  the levels the caller believes it holds before this call (at least 1; a permit
 --          is one level whatever it counts)
--- ARGV[4]  inbox prefix      ARGV[5]  pickup window, ms      ARGV[6]  starvation bound, ms
--- ARGV[7]  flags of the hold (4: a read hold, 16: an upgradeable read hold)
+-- ARGV[4]  flags of the hold (4: a read hold, 16: an upgradeable read hold)
 --
 -- Returns {-1, 0}  the caller holds nothing (never acquired, lease ended, force-unlocked,
 --                  or a repeated call whose first run released it)
@@ -20,7 +19,7 @@
 -- remaining lease is set, not raised, so that a repeated call changes nothing more.
 local now = Q.now()
 Q.purge(now)
-local field = M.field(ARGV[1], tonumber(ARGV[7]))
+local field = M.field(ARGV[1], tonumber(ARGV[4]))
 local reply, held, keep = Q.release(field)
 if keep then
     M.set(field, now + keep, now)
@@ -30,5 +29,5 @@ if reply then
 end
 M.drop(field, held)
 M.fit(now)
-local served = Q.hand_on(now, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), false, nil)
+local served = Q.hand_on(now, false, nil)
 return {0, served and 1 or 0}

@@ -2,6 +2,12 @@
 -- script that can hand a lock on (acquire, release, cancel, kick, force_unlock), so the
 -- queue's rules are written once.
 --
+-- PICKUP and STARVE, the pickup window and the starvation bound in ms, are the client's
+-- constants (lease.rs's PICKUP, queue.rs's STARVATION_BOUND), set in a line put before
+-- every script (scripts.rs's `constants`): sent once with the script, not with every call.
+-- The inbox of a waiter's client, its channel less its client id, is the object's key
+-- (KEYS[1]) followed by ':to:', as keys.rs makes it.
+--
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the hold's
 --          fencing token; '~m:<holder id>' = the hold's metadata, see below)
 -- KEYS[2]  the lock's fencing-token counter
@@ -29,7 +35,7 @@
 -- waiter hold now), Q.take (make it the holder), Q.sole (does that holder exclude all
 -- others), Q.clear (free everything).
 --
--- A waiter is told its turn on the channel <inbox><client id> (its holder id is
+-- A waiter is told its turn on the channel <KEYS[1]>:to:<client id> (its holder id is
 -- "<client id>:<thread token>"): "g <token> <ticket> <fence> <now>" when the lock was handed
 -- to it (it is the holder now; now: the server's time of the handoff, ms, which the waiter
 -- sets against the time its queued attempt's reply carried), "w <token> <ticket>" when it
@@ -345,16 +351,18 @@ end
 
 -- The free lock's next turns go to the first live waiters other than `me`, in order, for
 -- as long as the next one fits (Q.fits: one for a lock, a run of readers, the permits a
--- release freed): each is made the holder (lease: its own, at most `pickup` ms until it
--- confirms) when `give`, or when it is fair or has waited `starve` ms; otherwise it is
+-- release freed): each is made the holder (lease: its own, at most PICKUP ms until it
+-- confirms) when `give`, or when it is fair or has waited STARVE ms; otherwise it is
 -- told to try again. A waiter whose client no longer listens (PUBLISH reaches nobody: its
 -- process died) is dropped and the next one served; one listening on another cluster node
 -- is taken at its word (a dead one there costs the pickup window). Returns the last holder id served, or
 -- nil when nobody (but `me`) waits or fits. `now` may be nil: the clock is then read only
 -- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
 -- that the first waiter fits without asking (and the handoff ends with its grant).
-function Q.hand_on(now, inbox, pickup, starve, give, me, free)
+function Q.hand_on(now, give, me, free)
     local served
+    -- The inbox prefix (keys.rs's `inbox`), made once a waiter is told.
+    local inbox
     while true do
         local h, s, l, f, t, a, fairs, m
         h, s, l, f, t, a, now, fairs, m = Q.head(now)
@@ -362,7 +370,7 @@ function Q.hand_on(now, inbox, pickup, starve, give, me, free)
             return served
         end
         local client, token = string.match(h, '^(.*):(%d+)$')
-        local grant = give or is_fair(f) or now - s >= starve
+        local grant = give or is_fair(f) or now - s >= STARVE
         local fence = 0
         local msg
         if grant then
@@ -373,6 +381,7 @@ function Q.hand_on(now, inbox, pickup, starve, give, me, free)
         else
             msg = 'w ' .. token .. ' ' .. t
         end
+        inbox = inbox or KEYS[1] .. ':to:'
         local heard = client and
             (redis.call('publish', inbox .. client, msg) > 0 or listens_elsewhere(f))
         if heard and not grant then
@@ -380,7 +389,7 @@ function Q.hand_on(now, inbox, pickup, starve, give, me, free)
         end
         Q.remove_head(h, f, fairs)
         if heard then
-            Q.take(h, math.min(l, pickup), f, fence, a, now, m)
+            Q.take(h, math.min(l, PICKUP), f, fence, a, now, m)
             served = h
             if Q.sole(f) then
                 return served

@@ -7,7 +7,6 @@
 -- ARGV[2]  lease in milliseconds that the caller's remaining levels still need (the
 --          longest of them); 0 when none needs any more time
 -- ARGV[3]  the levels the caller believes it holds before this call (at least 1)
--- ARGV[4]  inbox prefix      ARGV[5]  pickup window, ms      ARGV[6]  starvation bound, ms
 --
 -- Returns {-1, 0}  the caller holds no level (never acquired, lease expired, force-unlocked,
 --                  or a repeated call whose first run freed the lock)
@@ -30,6 +29,5 @@ if reply then
 end
 redis.call('del', KEYS[1])
 -- No clock read unless someone waits; the lock is free.
-local served = Q.hand_on(nil, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]),
-    false, nil, true)
+local served = Q.hand_on(nil, false, nil, true)
 return {0, served and 1 or 0}

@@ -5,9 +5,9 @@
 -- KEYS[1]  the holds         KEYS[2]  the fencing-token counter (unused)
 -- KEYS[3]  the queue         KEYS[4]  the waiters      KEYS[5]  the holds' leases
 -- KEYS[6..8] the name's lock, semaphore and count-down latch (see Q.look)
--- ARGV[1..11] as in acquire.lua (ARGV[4] flags: 1 fair, 4 a read hold, 16 an upgradeable
+-- ARGV[1..8] as in acquire.lua (ARGV[4] flags: 1 fair, 4 a read hold, 16 an upgradeable
 --          read hold, 32 a write asked as an upgrade; read-write waiters are always fair;
---          ARGV[11], the metadata, is recorded per hold field: '~m:r:<holder>'...)
+--          ARGV[8], the metadata, is recorded per hold field: '~m:r:<holder>'...)
 --
 -- Returns {1, count, 0}  granted; count is the caller's reentry count in this mode
 --         {0, ms}        not granted; ms until the first hold's lease ends (-1 when
@@ -32,7 +32,7 @@ local flags = tonumber(ARGV[4])
 local read = RW.is_read(flags)
 local upgradeable = RW.is_upgradeable(flags)
 local field = M.field(holder, flags)
-local meta = ARGV[11]
+local meta = ARGV[8]
 local now = Q.now()
 -- Whether anything is held, anyone waits, or another kind holds the name, in one call:
 -- with nothing held there is nothing to purge nor read (the holds and their leases go
@@ -112,7 +112,7 @@ if RW.compatible(holder, flags, writer or false, upgrader or false) then
     local handed = false
     if first and first ~= holder and not downgrade then
         -- Those ahead that fit now go first (a free lock left with waiters: a lapsed grant).
-        Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
+        Q.hand_on(now, true, holder)
         first, _, _, f, _, _, _, fairs = Q.head(now)
         handed = true
     end

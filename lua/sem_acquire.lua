@@ -3,11 +3,11 @@
 --
 -- KEYS[1..6] as in leased_release.lua
 -- KEYS[7..9] the name's lock, read-write lock and count-down latch (see Q.look)
--- ARGV[1..10] as in acquire.lua (ARGV[3], the levels held, is 0 or 1: 1 when an earlier
+-- ARGV[1..7] as in acquire.lua (ARGV[3], the levels held, is 0 or 1: 1 when an earlier
 --          attempt of the same call may have been granted; ARGV[4] flags: 1, fair)
--- ARGV[11] the permits asked for (at least 1)
--- ARGV[12] the number of permits the semaphore is made with when it does not exist yet
--- ARGV[13] (only when the client has metadata) the text the hold carries (see acquire.lua)
+-- ARGV[8]  the permits asked for (at least 1)
+-- ARGV[9]  the number of permits the semaphore is made with when it does not exist yet
+-- ARGV[10] (only when the client has metadata) the text the hold carries (see acquire.lua)
 --
 -- Returns {1, 1, 0}  granted (or granted already, to an earlier attempt of this call whose
 --                    reply was lost: the holder id is the call's own)
@@ -23,8 +23,8 @@
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
 local flags = tonumber(ARGV[4])
-local amount = tonumber(ARGV[11])
-local meta = ARGV[13]
+local amount = tonumber(ARGV[8])
+local meta = ARGV[10]
 -- Whether permits are held, anyone waits, or another kind holds the name, in one call:
 -- with no permit held there is nothing to purge nor read (the holds and their leases go
 -- together, leases.lua), and with nobody queued no queue to read.
@@ -33,19 +33,19 @@ if other then
     return Q.refuse_kind(holder, listed, other)
 end
 local stored = redis.call('get', KEYS[6])
-local total = tonumber(stored or ARGV[12])
+local total = tonumber(stored or ARGV[9])
 if amount > total and redis.call('hexists', KEYS[1], holder) == 0 then
     if redis.call('hexists', KEYS[4], holder) == 1 then
         local now = Q.now()
         Q.purge(now)
         Q.remove(holder)
-        Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), false, holder)
+        Q.hand_on(now, false, holder)
         M.fit(now)
     end
     return {-2, total}
 end
 if not stored then
-    redis.call('set', KEYS[6], ARGV[12], 'NX')
+    redis.call('set', KEYS[6], ARGV[9], 'NX')
 end
 local now = Q.now()
 -- The caller's hold (granted already to an earlier attempt) and the permits in use.
@@ -67,7 +67,7 @@ end
 -- Those ahead that fit now go first (Q.fits of the first waiter, with the permits known
 -- here: when it does not fit, Q.hand_on would hand nothing on).
 if first and first ~= holder and total - used >= wants then
-    Q.hand_on(now, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), true, holder)
+    Q.hand_on(now, true, holder)
     first, _, _, f, _, _, _, fairs = Q.head(now)
     used = S.used()
 end

@@ -7,7 +7,6 @@
 -- ARGV[2]  the number to add, take away, set or try to set (0 for 'get')
 -- ARGV[3]  the number of permits the semaphore is made with when it does not exist yet
 -- ARGV[4]  the most permits a semaphore may have
--- ARGV[5]  inbox prefix      ARGV[6]  pickup window, ms      ARGV[7]  starvation bound, ms
 --
 -- Returns {total, used}      the number of permits and those held, after the change
 --         {-1, total}        refused, nothing changed: 'add' past ARGV[4], or 'reduce' by
@@ -46,8 +45,8 @@ end
 if op ~= 'get' then
     redis.call('set', KEYS[6], total)
     if op ~= 'add' then
-        S.refuse_oversized(total, ARGV[5])
+        S.refuse_oversized(total)
     end
-    Q.hand_on(now, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), false, nil)
+    Q.hand_on(now, false, nil)
 end
 return {total, S.used()}

@@ -43,7 +43,8 @@ end
 -- try again ("w <token> <ticket>", see queue.lua), which it does and is refused: no
 -- release could ever cover it, and at the head it would keep everyone behind it waiting.
 -- (`parse` is queue.lua's reading of an entry.)
-function S.refuse_oversized(total, inbox)
+function S.refuse_oversized(total)
+    local inbox = KEYS[1] .. ':to:'
     local entries = redis.call('hgetall', KEYS[4])
     for i = 1, #entries, 2 do
         local h = entries[i]

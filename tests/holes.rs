@@ -974,9 +974,6 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
             .arg(expected)
             .arg(3_000)
             .arg(0)
-            .arg(format!("{}:to:", Keys::lock(PREFIX, NAME).key()))
-            .arg(1_000)
-            .arg(10)
             .invoke(&mut server.connection())
             .expect("cancel")
     };

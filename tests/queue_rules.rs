@@ -12,7 +12,6 @@ const LOCK: &str = "l";
 const FENCE: &str = "f";
 const QUEUE: &str = "q";
 const WAITERS: &str = "w";
-const INBOX: &str = "inbox:";
 
 /// The other kinds' keys of the lock's name, which the acquire script takes last (none of
 /// them is held here).
@@ -52,17 +51,15 @@ fn attempt(con: &mut Connection, holder: &str, flags: u8, ttl: u64) -> Vec<redis
         "1",
         &ttl.to_string(),
         "7",
-        INBOX,
     ]
     .iter()
     .map(|s| s.to_string())
-    .chain(["1000".to_string(), "10".to_string()])
     .collect::<Vec<_>>();
     eval_with(con, include_str!("../lua/acquire.lua"), &OTHER_KINDS, &args)
 }
 
 fn leave(con: &mut Connection, holder: &str) {
-    let args: Vec<String> = [holder, "0", "0", "0", INBOX, "1000", "10"]
+    let args: Vec<String> = [holder, "0", "0", "0"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -150,11 +147,7 @@ fn the_fair_count_follows_every_join_change_and_leave() {
     // it is dropped), then to "d:1" (fair, made the holder; unheard too, and dropped):
     // every entry goes, and the count with them.
     let _: () = redis::cmd("DEL").arg(LOCK).query(&mut con).unwrap();
-    let kick: Vec<String> = [INBOX, "1000", "10"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    eval(&mut con, include_str!("../lua/kick.lua"), &kick);
+    eval(&mut con, include_str!("../lua/kick.lua"), &[]);
     assert_count_exact(&mut con);
     assert_queue_gone(&mut con);
 }

@@ -1688,6 +1688,7 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
     let cancel = |expected: u32| -> Vec<i64> {
         redis::Script::new(
             &[
+                support::SCRIPT_CONSTANTS,
                 QUEUE_LUA,
                 LEASES_LUA,
                 RW_LUA,
@@ -1704,9 +1705,6 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
         .arg(expected)
         .arg(3_000)
         .arg(0)
-        .arg(format!("{}:to:", Keys::rw(PREFIX, LOCK).key()))
-        .arg(1_000)
-        .arg(10)
         .arg(5)
         .invoke(&mut server.connection())
         .expect("cancel")

@@ -5,20 +5,15 @@
 use std::time::Duration;
 
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{millis, pickup_ms};
-use crate::runtime::queue::{command, command_with, starve_ms};
+use crate::runtime::lease::millis;
+use crate::runtime::queue::{command, command_with};
 use crate::runtime::scripts::{self, Ops, ScriptCall};
 
 /// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
 /// whose remaining levels need `need` ms (`release.lua`).
 pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> ScriptCall {
     let mut cmd = command(keys.ops.release, keys);
-    cmd.arg(holder)
-        .arg(need)
-        .arg(held)
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms());
+    cmd.arg(holder).arg(need).arg(held);
     // Which side's hold it is: read by `leased_release.lua` only (a lock has one side).
     if keys.has_leases() {
         cmd.arg(keys.ops.flags);
@@ -50,13 +45,7 @@ pub(crate) fn cancel_as(
     keep: bool,
 ) -> ScriptCall {
     let mut cmd = command(ops.cancel, keys);
-    cmd.arg(holder)
-        .arg(expected)
-        .arg(need)
-        .arg(u8::from(keep))
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms());
+    cmd.arg(holder).arg(expected).arg(need).arg(u8::from(keep));
     // As in `release`: read by `leased_cancel.lua` only.
     if ops.field_prefix.is_some() {
         cmd.arg(ops.flags);
@@ -102,9 +91,7 @@ pub(crate) fn renew<'a>(
 /// Checks that the lock `keys`, handed on a pickup window ago, did not lapse with waiters
 /// asleep: a free lock goes to the next one (`kick.lua`).
 pub(crate) fn kick(keys: &LockKeys) -> ScriptCall {
-    let mut call = command(keys.ops.kick, keys);
-    call.arg(keys.inbox()).arg(pickup_ms()).arg(starve_ms());
-    call
+    command(keys.ops.kick, keys)
 }
 
 /// Reads what Redis records of each object of one name (`inspect.lua`): its lock `lock`,
@@ -159,10 +146,7 @@ pub(crate) fn acquire(keys: &LockKeys, a: &Acquire<'_>) -> ScriptCall {
         .arg(a.flags)
         .arg(u8::from(a.join.is_some()))
         .arg(ttl)
-        .arg(ticket)
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms());
+        .arg(ticket);
     if let Some((amount, initial)) = a.amount {
         call.arg(amount).arg(initial);
     }
@@ -183,10 +167,7 @@ pub(crate) fn force_unlock(
 ) -> ScriptCall {
     // The call-id key last.
     let mut call = command_with(keys.ops.force_unlock, keys, &[&keys.forced()]);
-    call.arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms())
-        .arg(call_id)
+    call.arg(call_id)
         .arg(millis(memory))
         .arg(own_channel_prefix);
     call
@@ -196,13 +177,7 @@ pub(crate) fn force_unlock(
 /// semaphore `keys`, created with `initial` permits, at most `max` (`sem_permits.lua`).
 pub(crate) fn sem_permits(keys: &LockKeys, op: &str, n: u32, initial: u32, max: u32) -> ScriptCall {
     let mut call = command(&scripts::SEM_PERMITS, keys);
-    call.arg(op)
-        .arg(n)
-        .arg(initial)
-        .arg(max)
-        .arg(keys.inbox())
-        .arg(pickup_ms())
-        .arg(starve_ms());
+    call.arg(op).arg(n).arg(initial).arg(max);
     call
 }
 

@@ -160,7 +160,9 @@ impl LockKeys {
         &self.names[1..self.key_end]
     }
 
-    /// The prefix of every client's channel for this lock: `<key>:to:`.
+    /// The prefix of every client's channel for this lock: `<key>:to:`. The scripts make it
+    /// themselves from the key (`lua/queue.lua`); this is the form they rely on, tested.
+    #[cfg(test)]
     pub(crate) fn inbox(&self) -> &[u8] {
         &self.names[1..self.key_end + INBOX_SUFFIX.len()]
     }

@@ -27,21 +27,6 @@ pub(crate) fn grant_seen_from(sent: Instant, queued_at: Option<u64>, at: Option<
     }
 }
 
-/// A plain `Lock` lets a running thread take a free lock past the queue (cheaper than
-/// waking a sleeping one) until the first waiter has waited this long; from then on the
-/// lock is handed to the waiters in turn. Each release before that wakes the first waiter
-/// to try, and its try is wasted whenever the releaser takes the lock back first (as a
-/// thread looping on the lock nearly always does): with 10 ms and 1 ms holds that was
-/// most releases, 2.7-2.8 requests per contended acquisition against 2.0 for direct
-/// handoffs, for no throughput (issue 18). 2 ms, about one hold and the handoff of the
-/// bench, keeps barging for a waiter that just arrived and hands the lock on in turn
-/// under steady contention.
-pub(crate) const STARVATION_BOUND: Duration = Duration::from_millis(2);
-
-pub(crate) fn starve_ms() -> u64 {
-    STARVATION_BOUND.as_millis() as u64
-}
-
 /// A call of `script` with a primitive's keys (hash, fence counter, queue, waiters; then
 /// the holds' leases and the permits where it has them), the layout every script that can
 /// hand a primitive on expects, to add arguments to and run with `Scripting::run`, or to

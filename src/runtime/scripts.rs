@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 use redis::{Cmd, ConnectionLike, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
 use crate::runtime::con::Con;
+use crate::runtime::lease::{pickup_ms, starve_ms};
 
 /// The text of a file of `lua/`.
 macro_rules! lua {
@@ -28,13 +29,15 @@ macro_rules! script {
     ($function:literal: $($file:literal),+) => {
         Bundled {
             function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
-            script: LazyLock::new(|| Script::new(concat!($(lua!($file)),+))),
+            script: LazyLock::new(|| Script::new(&with_constants(concat!($(lua!($file)),+)))),
         }
     };
     (allow_oom $function:literal: $($file:literal),+) => {
         Bundled {
             function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
-            script: LazyLock::new(|| Script::new(concat!(lua!("allow_oom.lua"), $(lua!($file)),+))),
+            script: LazyLock::new(|| {
+                Script::new(&with_constants(concat!(lua!("allow_oom.lua"), $(lua!($file)),+)))
+            }),
         }
     };
 }
@@ -107,6 +110,18 @@ const LIBRARY_BODY: &str = concat!(
     "end\n",
 );
 
+/// The client's constants the scripts share (`PICKUP`, `STARVE`: see `lua/queue.lua`), as
+/// the Lua line put before every script and before the library's body: sent once with the
+/// text, where they were arguments of every call.
+fn constants() -> String {
+    format!("local PICKUP, STARVE = {}, {}\n", pickup_ms(), starve_ms())
+}
+
+/// `body` after [`constants`]: a script's text as it is sent.
+fn with_constants(body: &str) -> String {
+    [constants().as_str(), body].concat()
+}
+
 /// The function library: its name and its text for `FUNCTION LOAD`.
 pub(crate) struct Library {
     pub(crate) name: String,
@@ -119,9 +134,10 @@ pub(crate) struct Library {
 pub(crate) fn library() -> &'static Library {
     static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         // The SHA-1 that `EVALSHA` would name the text by.
-        let hash = Script::new(LIBRARY_BODY).get_hash()[..12].to_owned();
+        let body = with_constants(LIBRARY_BODY);
+        let hash = Script::new(&body).get_hash()[..12].to_owned();
         let name = format!("redmutex_{hash}");
-        let text = format!("#!lua name={name}\nlocal LIB = '{name}'\n{LIBRARY_BODY}");
+        let text = format!("#!lua name={name}\nlocal LIB = '{name}'\n{body}");
         Library { name, text }
     });
     &LIBRARY

@@ -683,10 +683,21 @@ pub fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
     parse_commandstats(&info)
 }
 
+/// The constants line the library puts before every script (`src/runtime/scripts.rs`'s
+/// `constants`): the pickup window and the starvation bound, in ms, here the ones the
+/// tests of the scripts by hand were written for.
+pub const SCRIPT_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 10\n";
+
 /// A bundled script's text as the library runs it when it can hand a lock on (acquire,
-/// release, cancel, kick, force_unlock): the queue's rules, `lua/queue.lua`, first.
+/// release, cancel, kick, force_unlock): the constants, then the queue's rules,
+/// `lua/queue.lua`, first.
 pub fn queued_script(script: &str) -> String {
-    [include_str!("../../lua/queue.lua"), script].concat()
+    [
+        SCRIPT_CONSTANTS,
+        include_str!("../../lua/queue.lua"),
+        script,
+    ]
+    .concat()
 }
 
 /// Script executions in `stats` (`INFO commandstats`): FCALLs of the library's functions,
@@ -799,10 +810,15 @@ pub fn function_name(url: &str, script: &str) -> String {
     format!("{}_{script}", names[0])
 }
 
+/// The constants line `src/runtime/scripts.rs` puts before every script it sends, with the
+/// library's own values (`lease::PICKUP`, 1 s; `lease::STARVATION_BOUND`, 2 ms): a script's
+/// SHA-1 covers it, so the tests that look for a script's `EVALSHA` find it only while
+/// these are the library's (a change there fails them, which is the point).
+const LIBRARY_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 2\n";
+
 /// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
-/// by its SHA-1): allow_oom.lua for those that must run at the memory limit, its rule
-/// files, then its body, as `src/runtime/scripts.rs` puts them
-/// together.
+/// by its SHA-1): the constants line, allow_oom.lua for those that must run at the memory
+/// limit, its rule files, then its body, as `src/runtime/scripts.rs` puts them together.
 fn script_text(script: &str) -> String {
     let queue = include_str!("../../lua/queue.lua");
     let leases = include_str!("../../lua/leases.lua");
@@ -846,7 +862,7 @@ fn script_text(script: &str) -> String {
         "latch_state" => vec![latch, include_str!("../../lua/latch_state.lua")],
         other => panic!("no bundled script {other:?}"),
     };
-    parts.concat()
+    [LIBRARY_CONSTANTS, &parts.concat()].concat()
 }
 
 /// The length of list `key` (a lock's queue, say).
