@@ -3,7 +3,7 @@
 -- queue's rules are written once.
 --
 -- PICKUP and STARVE, the pickup window and the starvation bound in ms, are the client's
--- constants (lease.rs's PICKUP, queue.rs's STARVATION_BOUND), set in a line put before
+-- constants (lease.rs's PICKUP and STARVATION_BOUND), set in a line put before
 -- every script (scripts.rs's `constants`): sent once with the script, not with every call.
 -- The inbox of a waiter's client, its channel less its client id, is the object's key
 -- (KEYS[1]) followed by ':to:', as keys.rs makes it.
