@@ -1,6 +1,8 @@
 //! Locks on a Redis Cluster of three primaries (spawned per test): names spread over every
-//! node, wake-ups from whichever node owns the lock to a waiter listening on another,
-//! resharding a slot while its locks are held and waited for, and a primary failover.
+//! node, wake-ups from whichever node owns the lock to its waiters (listening on the
+//! lock's own node with sharded pub/sub, Redis 7.0 and later; on any node before), wake-ups
+//! that stay on the lock's shard, resharding a slot while its locks are held and waited
+//! for, and a primary failover.
 
 mod support;
 
@@ -45,6 +47,75 @@ fn holders(cluster: &Cluster, name: &str) -> Vec<(String, i64)> {
     let key = Keys::lock(DEFAULT_PREFIX, name).key();
     let mut con = cluster.connection_for_key(&key);
     redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap()
+}
+
+/// How many subscriptions of `name`'s queue channels (one per waiting client) there are on
+/// every running node: classic ones and sharded ones.
+fn listening(cluster: &Cluster, name: &str) -> i64 {
+    let key = Keys::lock(DEFAULT_PREFIX, name).key();
+    (0..cluster.nodes().len())
+        .filter(|&i| cluster.node(i).is_running())
+        .map(|i| {
+            let mut con = cluster.node(i).connection();
+            support::subscribers(&mut con, &key) + shard_subscribers(&mut con, &key)
+        })
+        .sum()
+}
+
+/// The sharded subscriptions of channels starting with `prefix` on the node `con` reaches
+/// (none before Redis 7.0, which has no sharded pub/sub).
+fn shard_subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
+    let mut pattern = prefix.as_ref().to_vec();
+    pattern.push(b'*');
+    let Ok(channels) = redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .arg(pattern)
+        .query::<Vec<Vec<u8>>>(con)
+    else {
+        return 0;
+    };
+    if channels.is_empty() {
+        return 0;
+    }
+    let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(&channels)
+        .query(con)
+        .expect("PUBSUB SHARDNUMSUB");
+    counts
+        .chunks(2)
+        .map(|pair| match pair.get(1) {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The running nodes with sharded subscriptions of `name`'s queue channels.
+fn shard_listeners(cluster: &Cluster, name: &str) -> Vec<usize> {
+    let key = Keys::lock(DEFAULT_PREFIX, name).key();
+    (0..cluster.nodes().len())
+        .filter(|&i| cluster.node(i).is_running())
+        .filter(|&i| shard_subscribers(&mut cluster.node(i).connection(), &key) > 0)
+        .collect()
+}
+
+/// Whether the servers have sharded pub/sub (Redis 7.0 and later, Valkey), which the
+/// clients then listen with: the servers with functions.
+fn sharded() -> bool {
+    support::server_kind().has_functions()
+}
+
+/// The classic `PUBLISH` messages node `i` received over the cluster bus
+/// (`cluster_stats_messages_publish_received` of `CLUSTER INFO`).
+fn bus_publishes(cluster: &Cluster, i: usize) -> u64 {
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut cluster.node(i).connection())
+        .expect("CLUSTER INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cluster_stats_messages_publish_received:"))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
 }
 
 /// A lock name whose slot a node other than `not` owns.
@@ -117,11 +188,15 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
             CLIENTS.cluster_at(vec![format!("redis://{}/", &cluster.node(0).addr())]),
             &name,
         );
-        // Subscribed (on node 0) and queued before the release.
-        assert!(wait_until(Duration::from_secs(5), || {
-            let mut con = cluster.node(0).connection();
-            support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
-        }));
+        // Subscribed (classic: on node 0; sharded: on the lock's node) and queued before
+        // the release.
+        assert!(wait_until(Duration::from_secs(5), || listening(&cluster, &name) > 0));
+        if sharded() {
+            assert_eq!(
+                shard_listeners(&cluster, &name),
+                vec![cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, &name).key())]
+            );
+        }
         let released = Instant::now();
         held.unlock().unwrap();
         let woke = rx.recv_timeout(Duration::from_secs(5)).expect("woken");
@@ -172,6 +247,60 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
     );
     // Handed on directly, not after a pickup window (1 s) per waiter.
     assert!(order[2].1 < Duration::from_millis(900), "{order:?}");
+}
+
+/// Issue 29: under contention on locks of one slot, the wake-ups stay on that slot's
+/// shard: the releases `SPUBLISH` to waiters listening on the slot's primary, and the
+/// primaries that own none of the locks receive next to no `PUBLISH` over the cluster bus
+/// (a classic `PUBLISH` reaches every node: 0.64–0.70 bus messages per acquisition on each
+/// of them were measured before). Before Redis 7.0 (no sharded pub/sub) the wake-ups are
+/// classic, and only their working is checked.
+#[test]
+fn wake_ups_under_contention_stay_on_the_locks_shard() {
+    const ACQUISITIONS: usize = 600;
+    let cluster = Cluster::new(3, 0);
+    let (first, second, slot) = two_names_in_one_slot();
+    let owner = cluster.node_for_slot(slot);
+    let others: Vec<usize> = cluster
+        .primaries()
+        .into_iter()
+        .filter(|&i| i != owner)
+        .collect();
+    let before: Vec<u64> = others.iter().map(|&i| bus_publishes(&cluster, i)).collect();
+    let acquired = Arc::new(AtomicUsize::new(0));
+    // Three clients on each lock, holding it a moment: each release hands it over.
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let client = cluster_client(&cluster);
+            let name = (if i % 2 == 0 { &first } else { &second }).clone();
+            let acquired = acquired.clone();
+            thread::spawn(move || {
+                let lock = client.lock(&name);
+                while acquired.load(Ordering::SeqCst) < ACQUISITIONS {
+                    let g = lock.lock().unwrap();
+                    acquired.fetch_add(1, Ordering::SeqCst);
+                    thread::sleep(Duration::from_micros(300));
+                    g.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let n = acquired.load(Ordering::SeqCst);
+    let per: Vec<f64> = others
+        .iter()
+        .zip(&before)
+        .map(|(&i, b)| (bus_publishes(&cluster, i) - b) as f64 / n as f64)
+        .collect();
+    println!(
+        "bus PUBLISH messages per acquisition on the primaries that own none of the locks \
+         (nodes {others:?}): {per:?}, over {n} acquisitions"
+    );
+    if sharded() {
+        assert!(per.iter().all(|&p| p <= 0.05), "{per:?}");
+    }
 }
 
 #[test]
@@ -338,6 +467,15 @@ fn resharding_a_slot_while_its_locks_are_held_and_waited_for() {
     let migrated_in = began.elapsed();
     assert_eq!(cluster.node_for_slot(slot), to);
 
+    if sharded() {
+        // The waiter's subscription followed the slot (the source told it so).
+        assert!(
+            wait_until(Duration::from_secs(5), || shard_listeners(&cluster, &held_name)
+                == vec![to]),
+            "listening on {:?}",
+            shard_listeners(&cluster, &held_name)
+        );
+    }
     // The held lock moved with its hold and is still renewed and released normally.
     assert_eq!(holders(&cluster, &held_name).len(), 1);
     assert!(!held.is_lease_lost());
@@ -386,10 +524,10 @@ fn a_primary_failover_is_survived() {
         )]),
         &name,
     );
-    assert!(wait_until(Duration::from_secs(5), || {
-        let mut con = cluster.node(listen_on).connection();
-        support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
-    }));
+    assert!(wait_until(Duration::from_secs(5), || listening(&cluster, &name) > 0));
+    if sharded() {
+        assert_eq!(shard_listeners(&cluster, &name), vec![primary]);
+    }
     cluster.wait_replicas_synced(Duration::from_secs(5));
 
     let killed_at = Instant::now();
@@ -416,6 +554,15 @@ fn a_primary_failover_is_survived() {
     }));
     assert!(!held.is_lease_lost());
     assert!(woke.try_recv().is_err());
+    if sharded() {
+        // The waiter's subscription followed the slots to the promoted replica.
+        assert!(
+            wait_until(Duration::from_secs(10), || shard_listeners(&cluster, &name)
+                == vec![promoted]),
+            "listening on {:?}",
+            shard_listeners(&cluster, &name)
+        );
+    }
     let released = Instant::now();
     held.unlock().unwrap();
     let woke_at = woke
