@@ -190,7 +190,9 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
         );
         // Subscribed (classic: on node 0; sharded: on the lock's node) and queued before
         // the release.
-        assert!(wait_until(Duration::from_secs(5), || listening(&cluster, &name) > 0));
+        assert!(wait_until(Duration::from_secs(5), || listening(
+            &cluster, &name
+        ) > 0));
         if sharded() {
             assert_eq!(
                 shard_listeners(&cluster, &name),
@@ -470,8 +472,9 @@ fn resharding_a_slot_while_its_locks_are_held_and_waited_for() {
     if sharded() {
         // The waiter's subscription followed the slot (the source told it so).
         assert!(
-            wait_until(Duration::from_secs(5), || shard_listeners(&cluster, &held_name)
-                == vec![to]),
+            wait_until(Duration::from_secs(5), || shard_listeners(
+                &cluster, &held_name
+            ) == vec![to]),
             "listening on {:?}",
             shard_listeners(&cluster, &held_name)
         );
@@ -524,7 +527,9 @@ fn a_primary_failover_is_survived() {
         )]),
         &name,
     );
-    assert!(wait_until(Duration::from_secs(5), || listening(&cluster, &name) > 0));
+    assert!(wait_until(Duration::from_secs(5), || listening(
+        &cluster, &name
+    ) > 0));
     if sharded() {
         assert_eq!(shard_listeners(&cluster, &name), vec![primary]);
     }
