@@ -305,6 +305,65 @@ fn wake_ups_under_contention_stay_on_the_locks_shard() {
     }
 }
 
+/// Issue 29: a handoff as a migrating slot is handed over, the importing node owning it
+/// already (`SETSLOT NODE` there first, as redis-cli does) while the exporting node, where
+/// the waiter's client listens, does not know yet: the release, sent there by `ASK`, finds
+/// no sharded subscriber, so it publishes the classic way too, which the waiter's link also
+/// listens for on the exporting node (or, if the news reached it first, the waiter's
+/// subscription moves and its waiters look again). Either way the waiter is woken at
+/// once, not after a pickup window or its timer.
+#[test]
+fn a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once() {
+    let cluster = Cluster::new(3, 0);
+    let name = "half-way";
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let holder = cluster_client(&cluster);
+    let held = holder.lock(name).lock().unwrap();
+    let (waiter, woke) = waiter(cluster_client(&cluster), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    if sharded() {
+        assert_eq!(shard_listeners(&cluster, name), vec![from]);
+    }
+    let migration = cluster.begin_migration(slot, from, to);
+    while migration.move_keys(10) > 0 {}
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(cluster.node(to).id())
+        .exec(&mut cluster.node(to).connection())
+        .unwrap();
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let woke_at = woke
+        .recv_timeout(Duration::from_secs(10))
+        .expect("waiter woke");
+    println!(
+        "woken {:?} after a release run on the importing node",
+        woke_at - released
+    );
+    // Well within a pickup window (1 s), which a lost grant would have cost at least.
+    assert!(woke_at - released < Duration::from_millis(500));
+    waiter.join().unwrap();
+    migration.finish();
+    if sharded() {
+        assert!(
+            wait_until(Duration::from_secs(5), || shard_listeners(&cluster, name)
+                .is_empty()),
+            "the waiter's client stops listening once it holds nothing: {:?}",
+            shard_listeners(&cluster, name)
+        );
+    }
+    // The lock works on its new node.
+    let g = holder.lock(name).lock().unwrap();
+    assert_eq!(holders(&cluster, name).len(), 1);
+    g.unlock().unwrap();
+}
+
 #[test]
 fn every_kind_of_primitive_works_on_a_cluster() {
     let cluster = Cluster::new(3, 0);
