@@ -118,6 +118,21 @@ fn bus_publishes(cluster: &Cluster, i: usize) -> u64 {
         .map_or(0, |n| n.trim().parse().expect("a count"))
 }
 
+/// The CPU time node `i` has used, in seconds (`INFO cpu`: system and user).
+fn cpu_seconds(cluster: &Cluster, i: usize) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query(&mut cluster.node(i).connection())
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .map(|n| n.trim().parse::<f64>().expect("seconds"))
+        .sum()
+}
+
 /// A lock name whose slot a node other than `not` owns.
 fn name_on_other_node(cluster: &Cluster, not: usize, prefix: &str) -> String {
     (0..)
@@ -269,6 +284,13 @@ fn wake_ups_under_contention_stay_on_the_locks_shard() {
         .filter(|&i| i != owner)
         .collect();
     let before: Vec<u64> = others.iter().map(|&i| bus_publishes(&cluster, i)).collect();
+    let cpu = || -> Vec<f64> {
+        std::iter::once(owner)
+            .chain(others.iter().copied())
+            .map(|i| cpu_seconds(&cluster, i))
+            .collect()
+    };
+    let cpu_before = cpu();
     let acquired = Arc::new(AtomicUsize::new(0));
     // Three clients on each lock, holding it a moment: each release hands it over.
     let threads: Vec<_> = (0..6)
@@ -291,6 +313,17 @@ fn wake_ups_under_contention_stay_on_the_locks_shard() {
         t.join().unwrap();
     }
     let n = acquired.load(Ordering::SeqCst);
+    // Told, not asserted: CPU seconds include each node's own housekeeping.
+    let spent: Vec<f64> = cpu().iter().zip(&cpu_before).map(|(a, b)| a - b).collect();
+    println!(
+        "CPU per acquisition, µs: owner {:.1}, the others {:?} ({:?} of the owner's)",
+        spent[0] * 1e6 / n as f64,
+        spent[1..]
+            .iter()
+            .map(|s| s * 1e6 / n as f64)
+            .collect::<Vec<_>>(),
+        spent[1..].iter().map(|s| s / spent[0]).collect::<Vec<_>>(),
+    );
     let per: Vec<f64> = others
         .iter()
         .zip(&before)

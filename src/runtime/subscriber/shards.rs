@@ -60,6 +60,11 @@ impl SlotMap {
         }
     }
 
+    /// Records that `slot` moved to `node` (a `MOVED` said so).
+    pub(super) fn moved(&mut self, slot: u16, node: NodeAddr) {
+        self.moved.insert(slot, node);
+    }
+
     pub(super) fn owner(&self, slot: u16) -> Option<&NodeAddr> {
         self.moved.get(&slot).or_else(|| {
             self.ranges
@@ -96,7 +101,7 @@ enum Answer {
 }
 
 /// `host:port` as `MOVED` names a node (the host may be an IPv6 address).
-fn parse_addr(addr: &str) -> Option<NodeAddr> {
+pub(super) fn parse_addr(addr: &str) -> Option<NodeAddr> {
     let (host, port) = addr.rsplit_once(':')?;
     Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
 }
@@ -241,7 +246,7 @@ impl Shared {
             Answer::Moved(owner) => {
                 let mut state = self.state.lock();
                 if let Some(map) = &mut state.slots {
-                    map.moved.insert(slot(channel), owner.clone());
+                    map.moved(slot(channel), owner.clone());
                 }
                 let routed = state
                     .channels
