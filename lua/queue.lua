@@ -210,11 +210,13 @@ end
 -- it. Flag 128 (sharded): SPUBLISH, which stays on the slot's shard. When no subscriber of
 -- this node heard that, the slot may be moving: this node imports it (the call came by ASK)
 -- while the waiter's client still listens on the node it is leaving, where it listens for
--- the channel's classic messages too; a PUBLISH reaches it there.
+-- the channel's classic messages too; a PUBLISH reaches it there. So too when the caller's
+-- ACL refuses SPUBLISH (the waiter's client chose it, not the caller): a release must not
+-- fail for it.
 function Q.tell(flags, channel, msg)
     if math.floor(flags / 128) % 2 == 1 then
-        local heard = redis.call('spublish', channel, msg)
-        if heard > 0 then
+        local heard = redis.pcall('spublish', channel, msg)
+        if type(heard) == 'number' and heard > 0 then
             return heard
         end
     end

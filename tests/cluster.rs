@@ -397,6 +397,73 @@ fn a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once() {
     g.unlock().unwrap();
 }
 
+/// Sharded pub/sub is the waiter's client's choice, and an ACL may refuse it: a client
+/// whose user may not run `SSUBSCRIBE` listens the classic way, and a release by a user
+/// who may not run `SPUBLISH` still tells a waiter listening sharded (its script falls
+/// back to `PUBLISH`, which that waiter's link also hears). Nobody waits for a timer.
+#[test]
+fn a_user_refused_sharded_pub_sub_still_wakes_and_is_woken() {
+    if !sharded() {
+        return support::skip("a_user_refused_sharded_pub_sub", "sharded pub/sub");
+    }
+    let cluster = Cluster::new(3, 0);
+    for i in cluster.primaries() {
+        redis::cmd("ACL")
+            .arg(&["SETUSER", "plain", "on", ">pw", "~*", "&*", "+@all"][..])
+            .arg(&["-ssubscribe", "-spublish"][..])
+            .exec(&mut cluster.node(i).connection())
+            .unwrap();
+    }
+    let restricted = || {
+        CLIENTS.cluster_at(
+            cluster
+                .seed_addrs()
+                .iter()
+                .map(|a| format!("redis://plain:pw@{a}/"))
+                .collect(),
+        )
+    };
+    let name = "acl-refused";
+    let plain = restricted();
+    let full = cluster_client(&cluster);
+
+    // A sharded waiter, woken by a release whose user may not SPUBLISH.
+    let held = plain.lock(name).lock().unwrap();
+    let (waiter_a, woke) = waiter(full.clone(), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    assert_eq!(
+        shard_listeners(&cluster, name),
+        vec![cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, name).key())]
+    );
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let at = woke.recv_timeout(Duration::from_secs(5)).expect("woken");
+    assert!(
+        at - released < Duration::from_millis(500),
+        "{:?}",
+        at - released
+    );
+    waiter_a.join().unwrap();
+
+    // A waiter whose user may not SSUBSCRIBE listens the classic way.
+    let held = full.lock(name).lock().unwrap();
+    let (waiter_b, woke) = waiter(restricted(), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let at = woke.recv_timeout(Duration::from_secs(5)).expect("woken");
+    assert!(
+        at - released < Duration::from_millis(500),
+        "{:?}",
+        at - released
+    );
+    waiter_b.join().unwrap();
+}
+
 #[test]
 fn every_kind_of_primitive_works_on_a_cluster() {
     let cluster = Cluster::new(3, 0);

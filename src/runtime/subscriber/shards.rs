@@ -96,8 +96,21 @@ enum Answer {
     Moved(NodeAddr),
     /// The server's ACL refused the channel.
     Refused(redis::RedisError),
-    /// The server has no sharded pub/sub (Redis before 7.0).
+    /// The server has no sharded pub/sub (Redis before 7.0), or the client's ACL user may
+    /// not use it (the command refused, not the channel).
     Unsupported,
+}
+
+/// Whether `e` refuses `SSUBSCRIBE` itself: a server that does not know it ("unknown
+/// command"), or an ACL user not allowed to run it (`NOPERM` naming the command; a refused
+/// channel is told otherwise, and the classic way would be refused it too).
+pub(super) fn refuses_command(e: &redis::RedisError) -> bool {
+    let detail = e.detail().unwrap_or("").to_ascii_lowercase();
+    match e.code() {
+        Some("ERR") => detail.starts_with("unknown command"),
+        Some("NOPERM") => detail.contains("'ssubscribe'"),
+        _ => false,
+    }
 }
 
 /// `host:port` as `MOVED` names a node (the host may be an IPv6 address).
@@ -259,14 +272,14 @@ impl Shared {
             }
             Answer::Refused(e) => self.answered(channel, Err(e), false),
             Answer::Unsupported => {
-                // A server without sharded pub/sub: this client listens the classic way
+                // No sharded pub/sub to be had: this client listens the classic way
                 // from now on. The channel's waiters have not queued yet (they queue
                 // once their subscription is confirmed, with the flags of the way it
                 // was): the classic reader takes it within its read tick.
                 if self.sharding.swap(false, Ordering::Relaxed) {
                     tracing::info!(
                         target: "redmutex",
-                        "redmutex: the cluster has no sharded pub/sub (SSUBSCRIBE); \
+                        "redmutex: SSUBSCRIBE refused (a server before 7.0, or the ACL); \
                          listening for releases with SUBSCRIBE"
                     );
                 }
@@ -471,13 +484,10 @@ impl ShardLink<'_> {
             Err(e) => {
                 if let Some(owner) = e.redirect_node().and_then(|(addr, _)| parse_addr(addr)) {
                     Ok(Answer::Moved(owner))
+                } else if refuses_command(&e) {
+                    Ok(Answer::Unsupported)
                 } else if crate::error::is_no_permission(&e) {
                     Ok(Answer::Refused(e))
-                } else if e.code() == Some("ERR")
-                    && e.detail()
-                        .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command"))
-                {
-                    Ok(Answer::Unsupported)
                 } else {
                     Err(e)
                 }

@@ -43,6 +43,26 @@ fn a_moved_reply_names_its_node() {
 }
 
 #[test]
+fn a_refused_ssubscribe_command_is_told_from_a_refused_channel() {
+    let reply = |text: &str| -> redis::RedisError {
+        redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+            .expect("a reply")
+            .extract_error()
+            .expect_err("an error")
+    };
+    assert!(shards::refuses_command(&reply(
+        "ERR unknown command 'SSUBSCRIBE', with args beginning with: 'x'"
+    )));
+    assert!(shards::refuses_command(&reply(
+        "NOPERM User locker has no permissions to run the 'ssubscribe' command"
+    )));
+    assert!(!shards::refuses_command(&reply(
+        "NOPERM No permissions to access a channel"
+    )));
+    assert!(!shards::refuses_command(&reply("MOVED 12 127.0.0.1:7001")));
+}
+
+#[test]
 fn an_interrupted_read_is_told_from_other_failures() {
     let eintr = std::io::Error::from_raw_os_error(EINTR);
     assert_eq!(eintr.kind(), std::io::ErrorKind::Interrupted);
