@@ -18,7 +18,10 @@
 --          4 a reader of a read-write lock, 16 its upgradeable reader, 32 a writer that
 --          upgrades (see rw.lua), 8 its client listens on another cluster node, so
 --          PUBLISH's count, which is this node's alone, cannot tell it is alive, 64 the
---          entry ends with " <text>", the metadata its hold is to carry; ticket: the
+--          entry ends with " <text>", the metadata its hold is to carry, 128 its client
+--          listens with sharded pub/sub (SSUBSCRIBE on the node of the lock's slot, a
+--          cluster on Redis 7.0+): it is told with SPUBLISH, which stays on the slot's
+--          shard, where a PUBLISH is broadcast to every node of a cluster); ticket: the
 --          waiting call's number, echoed in its messages; amount: the permits a semaphore
 --          waiter asks for, else 1), and '~fair' -> the number of fair waiters queued
 --
@@ -35,7 +38,7 @@
 -- waiter hold now), Q.take (make it the holder), Q.sole (does that holder exclude all
 -- others), Q.clear (free everything).
 --
--- A waiter is told its turn on the channel <KEYS[1]>:to:<client id> (its holder id is
+-- A waiter is told its turn on the channel <KEYS[1]>:to:<client id>, in its lock's slot (its holder id is
 -- "<client id>:<thread token>"): "g <token> <ticket> <fence> <now>" when the lock was handed
 -- to it (it is the holder now; now: the server's time of the handoff, ms, which the waiter
 -- sets against the time its queued attempt's reply carried), "w <token> <ticket>" when it
@@ -206,6 +209,24 @@ end
 
 local function listens_elsewhere(flags)
     return math.floor(flags / 8) % 2 == 1
+end
+
+-- Tells the waiter whose entry has the flags `flags` the message `msg` on its channel
+-- `channel`, the way its client listens; returns how many subscribers on this node heard
+-- it. Flag 128 (sharded): SPUBLISH, which stays on the slot's shard. When no subscriber of
+-- this node heard that, the slot may be moving: this node imports it (the call came by ASK)
+-- while the waiter's client still listens on the node it is leaving, where it listens for
+-- the channel's classic messages too; a PUBLISH reaches it there. So too when the caller's
+-- ACL refuses SPUBLISH (the waiter's client chose it, not the caller): a release must not
+-- fail for it.
+function Q.tell(flags, channel, msg)
+    if math.floor(flags / 128) % 2 == 1 then
+        local heard = redis.pcall('spublish', channel, msg)
+        if type(heard) == 'number' and heard > 0 then
+            return heard
+        end
+    end
+    return redis.call('publish', channel, msg)
 end
 
 -- Drops holder's waiter data (its LIST entry is the caller's to remove). `fairs` is the
@@ -383,7 +404,7 @@ function Q.hand_on(now, give, me, free)
         end
         inbox = inbox or KEYS[1] .. ':to:'
         local heard = client and
-            (redis.call('publish', inbox .. client, msg) > 0 or listens_elsewhere(f))
+            (Q.tell(f, inbox .. client, msg) > 0 or listens_elsewhere(f))
         if heard and not grant then
             return h
         end

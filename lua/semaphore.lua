@@ -49,12 +49,12 @@ function S.refuse_oversized(total)
     for i = 1, #entries, 2 do
         local h = entries[i]
         if string.sub(h, 1, 1) ~= '~' then
-            local _, _, _, _, t, a = parse(entries[i + 1])
+            local _, _, _, f, t, a = parse(entries[i + 1])
             if a > total then
                 Q.remove(h)
                 local client, token = string.match(h, '^(.*):(%d+)$')
                 if client then
-                    redis.call('publish', inbox .. client, 'w ' .. token .. ' ' .. t)
+                    Q.tell(f, inbox .. client, 'w ' .. token .. ' ' .. t)
                 end
             end
         end

@@ -1,6 +1,8 @@
 //! Locks on a Redis Cluster of three primaries (spawned per test): names spread over every
-//! node, wake-ups from whichever node owns the lock to a waiter listening on another,
-//! resharding a slot while its locks are held and waited for, and a primary failover.
+//! node, wake-ups from whichever node owns the lock to its waiters (listening on the
+//! lock's own node with sharded pub/sub, Redis 7.0 and later; on any node before), wake-ups
+//! that stay on the lock's shard, resharding a slot while its locks are held and waited
+//! for, and a primary failover.
 
 mod support;
 
@@ -45,6 +47,90 @@ fn holders(cluster: &Cluster, name: &str) -> Vec<(String, i64)> {
     let key = Keys::lock(DEFAULT_PREFIX, name).key();
     let mut con = cluster.connection_for_key(&key);
     redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap()
+}
+
+/// How many subscriptions of `name`'s queue channels (one per waiting client) there are on
+/// every running node: classic ones and sharded ones.
+fn listening(cluster: &Cluster, name: &str) -> i64 {
+    let key = Keys::lock(DEFAULT_PREFIX, name).key();
+    (0..cluster.nodes().len())
+        .filter(|&i| cluster.node(i).is_running())
+        .map(|i| {
+            let mut con = cluster.node(i).connection();
+            support::subscribers(&mut con, &key) + shard_subscribers(&mut con, &key)
+        })
+        .sum()
+}
+
+/// The sharded subscriptions of channels starting with `prefix` on the node `con` reaches
+/// (none before Redis 7.0, which has no sharded pub/sub).
+fn shard_subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
+    let mut pattern = prefix.as_ref().to_vec();
+    pattern.push(b'*');
+    let Ok(channels) = redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .arg(pattern)
+        .query::<Vec<Vec<u8>>>(con)
+    else {
+        return 0;
+    };
+    if channels.is_empty() {
+        return 0;
+    }
+    let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(&channels)
+        .query(con)
+        .expect("PUBSUB SHARDNUMSUB");
+    counts
+        .chunks(2)
+        .map(|pair| match pair.get(1) {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The running nodes with sharded subscriptions of `name`'s queue channels.
+fn shard_listeners(cluster: &Cluster, name: &str) -> Vec<usize> {
+    let key = Keys::lock(DEFAULT_PREFIX, name).key();
+    (0..cluster.nodes().len())
+        .filter(|&i| cluster.node(i).is_running())
+        .filter(|&i| shard_subscribers(&mut cluster.node(i).connection(), &key) > 0)
+        .collect()
+}
+
+/// Whether the servers have sharded pub/sub (Redis 7.0 and later, Valkey), which the
+/// clients then listen with: the servers with functions.
+fn sharded() -> bool {
+    support::server_kind().has_functions()
+}
+
+/// The classic `PUBLISH` messages node `i` received over the cluster bus
+/// (`cluster_stats_messages_publish_received` of `CLUSTER INFO`).
+fn bus_publishes(cluster: &Cluster, i: usize) -> u64 {
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut cluster.node(i).connection())
+        .expect("CLUSTER INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cluster_stats_messages_publish_received:"))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// The CPU time node `i` has used, in seconds (`INFO cpu`: system and user).
+fn cpu_seconds(cluster: &Cluster, i: usize) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query(&mut cluster.node(i).connection())
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .map(|n| n.trim().parse::<f64>().expect("seconds"))
+        .sum()
 }
 
 /// A lock name whose slot a node other than `not` owns.
@@ -117,11 +203,17 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
             CLIENTS.cluster_at(vec![format!("redis://{}/", &cluster.node(0).addr())]),
             &name,
         );
-        // Subscribed (on node 0) and queued before the release.
-        assert!(wait_until(Duration::from_secs(5), || {
-            let mut con = cluster.node(0).connection();
-            support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
-        }));
+        // Subscribed (classic: on node 0; sharded: on the lock's node) and queued before
+        // the release.
+        assert!(wait_until(Duration::from_secs(5), || listening(
+            &cluster, &name
+        ) > 0));
+        if sharded() {
+            assert_eq!(
+                shard_listeners(&cluster, &name),
+                vec![cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, &name).key())]
+            );
+        }
         let released = Instant::now();
         held.unlock().unwrap();
         let woke = rx.recv_timeout(Duration::from_secs(5)).expect("woken");
@@ -172,6 +264,204 @@ fn waiters_listening_on_one_node_wake_for_locks_on_the_others() {
     );
     // Handed on directly, not after a pickup window (1 s) per waiter.
     assert!(order[2].1 < Duration::from_millis(900), "{order:?}");
+}
+
+/// Issue 29: under contention on locks of one slot, the wake-ups stay on that slot's
+/// shard: the releases `SPUBLISH` to waiters listening on the slot's primary, and the
+/// primaries that own none of the locks receive next to no `PUBLISH` over the cluster bus
+/// (a classic `PUBLISH` reaches every node: 0.64–0.70 bus messages per acquisition on each
+/// of them were measured before). Before Redis 7.0 (no sharded pub/sub) the wake-ups are
+/// classic, and only their working is checked.
+#[test]
+fn wake_ups_under_contention_stay_on_the_locks_shard() {
+    const ACQUISITIONS: usize = 600;
+    let cluster = Cluster::new(3, 0);
+    let (first, second, slot) = two_names_in_one_slot();
+    let owner = cluster.node_for_slot(slot);
+    let others: Vec<usize> = cluster
+        .primaries()
+        .into_iter()
+        .filter(|&i| i != owner)
+        .collect();
+    let before: Vec<u64> = others.iter().map(|&i| bus_publishes(&cluster, i)).collect();
+    let cpu = || -> Vec<f64> {
+        std::iter::once(owner)
+            .chain(others.iter().copied())
+            .map(|i| cpu_seconds(&cluster, i))
+            .collect()
+    };
+    let cpu_before = cpu();
+    let acquired = Arc::new(AtomicUsize::new(0));
+    // Three clients on each lock, holding it a moment: each release hands it over.
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let client = cluster_client(&cluster);
+            let name = (if i % 2 == 0 { &first } else { &second }).clone();
+            let acquired = acquired.clone();
+            thread::spawn(move || {
+                let lock = client.lock(&name);
+                while acquired.load(Ordering::SeqCst) < ACQUISITIONS {
+                    let g = lock.lock().unwrap();
+                    acquired.fetch_add(1, Ordering::SeqCst);
+                    thread::sleep(Duration::from_micros(300));
+                    g.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let n = acquired.load(Ordering::SeqCst);
+    // Told, not asserted: CPU seconds include each node's own housekeeping.
+    let spent: Vec<f64> = cpu().iter().zip(&cpu_before).map(|(a, b)| a - b).collect();
+    println!(
+        "CPU per acquisition, µs: owner {:.1}, the others {:?} ({:?} of the owner's)",
+        spent[0] * 1e6 / n as f64,
+        spent[1..]
+            .iter()
+            .map(|s| s * 1e6 / n as f64)
+            .collect::<Vec<_>>(),
+        spent[1..].iter().map(|s| s / spent[0]).collect::<Vec<_>>(),
+    );
+    let per: Vec<f64> = others
+        .iter()
+        .zip(&before)
+        .map(|(&i, b)| (bus_publishes(&cluster, i) - b) as f64 / n as f64)
+        .collect();
+    println!(
+        "bus PUBLISH messages per acquisition on the primaries that own none of the locks \
+         (nodes {others:?}): {per:?}, over {n} acquisitions"
+    );
+    if sharded() {
+        assert!(per.iter().all(|&p| p <= 0.05), "{per:?}");
+    }
+}
+
+/// Issue 29: a handoff as a migrating slot is handed over, the importing node owning it
+/// already (`SETSLOT NODE` there first, as redis-cli does) while the exporting node, where
+/// the waiter's client listens, does not know yet: the release, sent there by `ASK`, finds
+/// no sharded subscriber, so it publishes the classic way too, which the waiter's link also
+/// listens for on the exporting node (or, if the news reached it first, the waiter's
+/// subscription moves and its waiters look again). Either way the waiter is woken at
+/// once, not after a pickup window or its timer.
+#[test]
+fn a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once() {
+    let cluster = Cluster::new(3, 0);
+    let name = "half-way";
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let holder = cluster_client(&cluster);
+    let held = holder.lock(name).lock().unwrap();
+    let (waiter, woke) = waiter(cluster_client(&cluster), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    if sharded() {
+        assert_eq!(shard_listeners(&cluster, name), vec![from]);
+    }
+    let migration = cluster.begin_migration(slot, from, to);
+    while migration.move_keys(10) > 0 {}
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(cluster.node(to).id())
+        .exec(&mut cluster.node(to).connection())
+        .unwrap();
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let woke_at = woke
+        .recv_timeout(Duration::from_secs(10))
+        .expect("waiter woke");
+    println!(
+        "woken {:?} after a release run on the importing node",
+        woke_at - released
+    );
+    // Well within a pickup window (1 s), which a lost grant would have cost at least.
+    assert!(woke_at - released < Duration::from_millis(500));
+    waiter.join().unwrap();
+    migration.finish();
+    if sharded() {
+        assert!(
+            wait_until(Duration::from_secs(5), || shard_listeners(&cluster, name)
+                .is_empty()),
+            "the waiter's client stops listening once it holds nothing: {:?}",
+            shard_listeners(&cluster, name)
+        );
+    }
+    // The lock works on its new node.
+    let g = holder.lock(name).lock().unwrap();
+    assert_eq!(holders(&cluster, name).len(), 1);
+    g.unlock().unwrap();
+}
+
+/// Sharded pub/sub is the waiter's client's choice, and an ACL may refuse it: a client
+/// whose user may not run `SSUBSCRIBE` listens the classic way, and a release by a user
+/// who may not run `SPUBLISH` still tells a waiter listening sharded (its script falls
+/// back to `PUBLISH`, which that waiter's link also hears). Nobody waits for a timer.
+#[test]
+fn a_user_refused_sharded_pub_sub_still_wakes_and_is_woken() {
+    if !sharded() {
+        return support::skip("a_user_refused_sharded_pub_sub", "sharded pub/sub");
+    }
+    let cluster = Cluster::new(3, 0);
+    for i in cluster.primaries() {
+        redis::cmd("ACL")
+            .arg(&["SETUSER", "plain", "on", ">pw", "~*", "&*", "+@all"][..])
+            .arg(&["-ssubscribe", "-spublish"][..])
+            .exec(&mut cluster.node(i).connection())
+            .unwrap();
+    }
+    let restricted = || {
+        CLIENTS.cluster_at(
+            cluster
+                .seed_addrs()
+                .iter()
+                .map(|a| format!("redis://plain:pw@{a}/"))
+                .collect(),
+        )
+    };
+    let name = "acl-refused";
+    let plain = restricted();
+    let full = cluster_client(&cluster);
+
+    // A sharded waiter, woken by a release whose user may not SPUBLISH.
+    let held = plain.lock(name).lock().unwrap();
+    let (waiter_a, woke) = waiter(full.clone(), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    assert_eq!(
+        shard_listeners(&cluster, name),
+        vec![cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, name).key())]
+    );
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let at = woke.recv_timeout(Duration::from_secs(5)).expect("woken");
+    assert!(
+        at - released < Duration::from_millis(500),
+        "{:?}",
+        at - released
+    );
+    waiter_a.join().unwrap();
+
+    // A waiter whose user may not SSUBSCRIBE listens the classic way.
+    let held = full.lock(name).lock().unwrap();
+    let (waiter_b, woke) = waiter(restricted(), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let at = woke.recv_timeout(Duration::from_secs(5)).expect("woken");
+    assert!(
+        at - released < Duration::from_millis(500),
+        "{:?}",
+        at - released
+    );
+    waiter_b.join().unwrap();
 }
 
 #[test]
@@ -338,6 +628,16 @@ fn resharding_a_slot_while_its_locks_are_held_and_waited_for() {
     let migrated_in = began.elapsed();
     assert_eq!(cluster.node_for_slot(slot), to);
 
+    if sharded() {
+        // The waiter's subscription followed the slot (the source told it so).
+        assert!(
+            wait_until(Duration::from_secs(5), || shard_listeners(
+                &cluster, &held_name
+            ) == vec![to]),
+            "listening on {:?}",
+            shard_listeners(&cluster, &held_name)
+        );
+    }
     // The held lock moved with its hold and is still renewed and released normally.
     assert_eq!(holders(&cluster, &held_name).len(), 1);
     assert!(!held.is_lease_lost());
@@ -386,10 +686,12 @@ fn a_primary_failover_is_survived() {
         )]),
         &name,
     );
-    assert!(wait_until(Duration::from_secs(5), || {
-        let mut con = cluster.node(listen_on).connection();
-        support::subscribers(&mut con, Keys::lock(DEFAULT_PREFIX, &name).key()) > 0
-    }));
+    assert!(wait_until(Duration::from_secs(5), || listening(
+        &cluster, &name
+    ) > 0));
+    if sharded() {
+        assert_eq!(shard_listeners(&cluster, &name), vec![primary]);
+    }
     cluster.wait_replicas_synced(Duration::from_secs(5));
 
     let killed_at = Instant::now();
@@ -416,6 +718,15 @@ fn a_primary_failover_is_survived() {
     }));
     assert!(!held.is_lease_lost());
     assert!(woke.try_recv().is_err());
+    if sharded() {
+        // The waiter's subscription followed the slots to the promoted replica.
+        assert!(
+            wait_until(Duration::from_secs(10), || shard_listeners(&cluster, &name)
+                == vec![promoted]),
+            "listening on {:?}",
+            shard_listeners(&cluster, &name)
+        );
+    }
     let released = Instant::now();
     held.unlock().unwrap();
     let woke_at = woke

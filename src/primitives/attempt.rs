@@ -17,13 +17,15 @@ use crate::{Error, LockGuard};
 
 impl<K: Kind> Lock<K> {
     /// Runs the acquire script: `Ok(grant)` when granted, `Err(refused)` when held elsewhere.
-    /// With `join`, a thread not granted is queued (or its entry refreshed).
+    /// With `join`, a thread not granted is queued (or its entry refreshed), with the
+    /// flags `listen` of its subscription (`Subscription::listen_flags`).
     pub(super) fn attempt(
         &self,
         (token, holder): (u64, &str),
         lease_ms: u64,
         amount: u32,
         join: Option<(u64, u64)>,
+        listen: u8,
         until: Option<Instant>,
     ) -> Result<Result<Grant, Refused>, Error> {
         let inner = &self.client.inner;
@@ -32,7 +34,7 @@ impl<K: Kind> Lock<K> {
             .watchdog
             .table
             .begin_attempt(keys.hold(), token, until)?;
-        let call = self.acquire_cmd(holder, lease_ms, held, amount, join);
+        let call = self.acquire_cmd(holder, lease_ms, held, amount, join, listen);
         let outcome = inner.exec.run_until(until, |con| {
             let reply: Vec<i64> = inner.exec.eval(con, &call)?;
             let grant = match Self::grant_of(&reply)? {
@@ -99,7 +101,8 @@ impl<K: Kind> Lock<K> {
     }
 
     /// The acquire script's call (see `lua/acquire.lua`): `held` levels believed held,
-    /// `join` the ticket and entry lifetime to queue with.
+    /// `join` the ticket and entry lifetime to queue with, `listen` how the thread's client
+    /// listens for its turn (`Subscription::listen_flags`).
     pub(crate) fn acquire_cmd(
         &self,
         holder: &str,
@@ -107,6 +110,7 @@ impl<K: Kind> Lock<K> {
         held: usize,
         amount: u32,
         join: Option<(u64, u64)>,
+        listen: u8,
     ) -> ScriptCall {
         let exec = &self.client.inner.exec;
         let ops = self.keys.ops;
@@ -116,7 +120,7 @@ impl<K: Kind> Lock<K> {
                 holder,
                 lease_ms,
                 held,
-                flags: ops.flags | exec.listener_flags(),
+                flags: ops.flags | exec.listener_flags() | listen,
                 join,
                 amount: ops.per_call.then_some((amount, self.initial)),
                 metadata: exec.config.metadata.as_deref(),

@@ -231,9 +231,10 @@ impl CountDownLatch {
             return Ok(true);
         }
         let mut expires = self.expiry(pttl);
-        let sub = inner
-            .subscriber
-            .subscribe(&inner.exec, &self.channel, thread_token(), until)?;
+        let sub =
+            inner
+                .subscriber
+                .subscribe(&inner.exec, &self.channel, thread_token(), until, false)?;
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {

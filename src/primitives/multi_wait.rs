@@ -264,6 +264,7 @@ impl MultiWait<'_> {
                         m.keys.channel(),
                         self.token,
                         until,
+                        true,
                     )?);
                     subscribed = true;
                 }
@@ -341,7 +342,15 @@ impl MultiWait<'_> {
                         continue;
                     }
                 };
-            let cmd = m.acquire_cmd(&self.holders[i], m.lease_ms(self.lease), held, 1, join);
+            let listen = self.subs[i].as_ref().map_or(0, |s| s.listen_flags());
+            let cmd = m.acquire_cmd(
+                &self.holders[i],
+                m.lease_ms(self.lease),
+                held,
+                1,
+                join,
+                listen,
+            );
             tried.push((i, held, join.is_some()));
             calls.push(Call::script(inner, cmd));
         }

@@ -236,6 +236,7 @@ impl<K: Kind> Wait<'_, K> {
                     lock.keys.channel(),
                     self.token,
                     lock.io_until(self.deadline),
+                    true,
                 )?;
                 s.saw_lease_end(Instant::now() + lock.wait_bound(pttl));
                 self.sub = Some(s);
@@ -345,6 +346,7 @@ impl<K: Kind> Wait<'_, K> {
             self.lease_ms,
             self.amount,
             join,
+            self.sub.as_ref().map_or(0, Subscription::listen_flags),
             lock.io_until(self.deadline),
         )?;
         if let (Some(_), Err(refused)) = (join, &outcome) {

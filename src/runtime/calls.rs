@@ -120,7 +120,8 @@ pub(crate) struct Acquire<'a> {
     pub(crate) lease_ms: u64,
     /// The levels the thread believes it holds, so that a repeat cannot count one twice.
     pub(crate) held: usize,
-    /// The kind's flags and where the client listens (`Executor::listener_flags`).
+    /// The kind's flags, where the client listens (`Executor::listener_flags`) and how
+    /// (`Subscription::listen_flags`).
     pub(crate) flags: u8,
     /// The ticket and entry lifetime in ms to queue with, if the attempt queues.
     pub(crate) join: Option<(u64, u64)>,

@@ -177,8 +177,10 @@ impl Executor {
     }
 
     /// Queue-entry flags saying where this client listens (see `lua/queue.lua`): on a
-    /// cluster, perhaps on another node than the lock's, so that a release there cannot
-    /// count it among the subscribers.
+    /// cluster, perhaps on another node than the one a release runs on (with classic
+    /// pub/sub on any node; with sharded pub/sub on the lock's, but a release sent by `ASK`
+    /// to the node its slot is moving to finds it on the other), so that a release there
+    /// cannot count it among the subscribers.
     pub(crate) fn listener_flags(&self) -> u8 {
         if self.target.is_cluster() {
             8

@@ -480,8 +480,8 @@ fn renew_batch(
     table.renewed(batch);
 }
 
-/// The Redis Cluster slot of `key`.
-fn slot(key: &[u8]) -> u16 {
+/// The Redis Cluster slot of `key` (or of a shard channel).
+pub(crate) fn slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % 16384
 }
 

@@ -1,4 +1,7 @@
-//! The client's one pub/sub connection: refcounted channel subscriptions that wake waiters.
+//! The client's pub/sub connections: refcounted channel subscriptions that wake waiters.
+//! One classic connection (`SUBSCRIBE`) for the client's own channel and every channel on
+//! a single server or a Sentinel service; on a Redis Cluster with sharded pub/sub, a lock
+//! queue's channels are listened to on the primaries that own their slots (`shards.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::mem::ManuallyDrop;
@@ -10,6 +13,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
+use crate::runtime::con::NodeAddr;
 use crate::runtime::executor::Executor;
 use crate::runtime::pool::Manager;
 use crate::runtime::queue::{self, Notice};
@@ -17,6 +21,7 @@ use crate::Error;
 
 use self::waiters::Waiters;
 
+mod shards;
 mod waiters;
 
 /// How long the reader blocks on the socket before checking whether the client is gone.
@@ -72,6 +77,9 @@ struct Shared {
     refused: Mutex<Option<redis::RedisError>>,
     // Whether a refusal was told at WARN: once, not at every retry or lock.
     warned: AtomicBool,
+    // Whether a lock queue's channels are listened to with sharded pub/sub (a cluster,
+    // until a node shows it has none: see `shards.rs`).
+    sharding: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -80,18 +88,30 @@ struct State {
     channels: HashMap<Vec<u8>, Entry>,
     // Channels the reader must still SUBSCRIBE in the current session.
     pending: Vec<Vec<u8>>,
+    // Channels nobody waits on any more, for the reader to UNSUBSCRIBE.
+    idle: Vec<Vec<u8>>,
     connected: bool,
     // When a channel nobody waits on may have lingered long enough, if any may: until
-    // then `take_idle` has nothing to look for.
+    // then `sweep_idle` has nothing to look for.
     next_idle_check: Option<Instant>,
+    // On a cluster: the link to each primary the client listens on (see `shards.rs`).
+    links: HashMap<NodeAddr, shards::LinkState>,
+    // Which primary serves which slot, once needed.
+    slots: Option<shards::SlotMap>,
 }
 
 struct Entry {
     refs: usize,
     idle_since: Option<Instant>,
-    // SUBSCRIBE requested in the current session (queued or sent).
+    // SUBSCRIBE requested in the current session (queued or sent): of the classic
+    // connection's, or of the link `shard`'s.
     requested: bool,
     waiters: Arc<Waiters>,
+    // `Some`: listened to with SSUBSCRIBE on this primary's link (see `shards.rs`).
+    shard: Option<NodeAddr>,
+    // A sharded subscription of the channel was lost (its slot moved, its link failed):
+    // its next confirmation makes every waiter look again.
+    lapsed: bool,
 }
 
 /// A thread's interest in one lock's channel; dropping it gives the interest up.
@@ -104,6 +124,17 @@ pub(crate) struct Subscription {
 }
 
 impl Subscription {
+    /// Queue-entry flags saying how this thread's client listens on the lock's channel:
+    /// 128 with sharded pub/sub, so that a release tells it with `SPUBLISH` (see
+    /// `lua/queue.lua`), else none.
+    pub(crate) fn listen_flags(&self) -> u8 {
+        if self.waiters.sharded.load(Ordering::Relaxed) {
+            128
+        } else {
+            0
+        }
+    }
+
     /// Whether the server has confirmed this channel's subscription on the current
     /// connection: only then can no message to this client be missed.
     pub(crate) fn is_confirmed(&self) -> bool {
@@ -224,6 +255,7 @@ impl Subscriber {
     pub(crate) fn new(manager: Manager, prefix: &[u8], client_id: &str) -> Subscriber {
         let mut control = own_channel_prefix(prefix);
         control.extend_from_slice(client_id.as_bytes());
+        let sharding = manager.target.is_cluster();
         Subscriber {
             shared: Arc::new(Shared {
                 manager,
@@ -235,6 +267,7 @@ impl Subscriber {
                 }),
                 refused: Mutex::new(None),
                 warned: AtomicBool::new(false),
+                sharding: AtomicBool::new(sharding),
                 state: Mutex::new(State::default()),
             }),
             thread: Mutex::new(None),
@@ -347,14 +380,24 @@ impl Subscriber {
 
     /// Registers thread `token`'s interest in `channel`; a SUBSCRIBE is sent only when this
     /// process was not already subscribed. `client` (the client's executor) is used to
-    /// nudge the reader thread, giving up at `until`.
+    /// nudge the reader thread, giving up at `until`. `queue`: the channel is one a lock's
+    /// queue tells its waiters on, which on a cluster with sharded pub/sub is listened to
+    /// on its slot's primary (see `shards.rs`; a latch's is not: its opening is published
+    /// the classic way).
     pub(crate) fn subscribe(
         &self,
         client: &Executor,
         channel: &[u8],
         token: u64,
         until: Option<Instant>,
+        queue: bool,
     ) -> Result<Subscription, Error> {
+        // FCALL refused is the sign of a server before 7.0, without sharded pub/sub either.
+        let shard = if queue && client.scripting.uses_functions() {
+            self.shared.shard_for(channel)
+        } else {
+            None
+        };
         let (waiters, nudge) = {
             let mut guard = self.shared.state.lock();
             let state = &mut *guard;
@@ -364,29 +407,47 @@ impl Subscriber {
                     refs: 0,
                     idle_since: None,
                     requested: false,
-                    waiters: Arc::new(Waiters::new()),
+                    waiters: Arc::new(Waiters::new(shard.is_some())),
+                    shard,
+                    lapsed: false,
                 }),
             };
             entry.refs += 1;
             entry.idle_since = None;
-            let mut nudge = false;
+            let waiters = entry.waiters.clone();
+            let mut nudge = None;
             if !entry.requested {
-                entry.requested = true;
-                state.pending.push(channel.to_vec());
-                // While disconnected the reader subscribes everything on its next session;
-                // while its own channel is refused it looks without a nudge.
-                nudge = state.connected && self.shared.refused.lock().is_none();
+                match entry.shard.clone() {
+                    None => {
+                        entry.requested = true;
+                        state.pending.push(channel.to_vec());
+                        // While disconnected the reader subscribes everything on its next
+                        // session; while its own channel is refused it looks without a
+                        // nudge.
+                        if state.connected && self.shared.refused.lock().is_none() {
+                            nudge = Some(("PUBLISH", self.shared.control.clone()));
+                        }
+                    }
+                    Some(node) => {
+                        nudge = self
+                            .shared
+                            .route(state, channel, &node)
+                            .map(|to| ("SPUBLISH", to));
+                    }
+                }
             }
-            (entry.waiters.clone(), nudge)
+            (waiters, nudge)
         };
         // From here on the interest is counted: dropping this gives it back, also when
         // the thread cannot be started.
         let subscription = self.slot(channel, waiters, token);
         self.ensure_running()?;
-        if nudge {
-            let control = self.shared.control.as_slice();
+        if let Some((command, to)) = nudge {
             if let Err(e) = client.run_until(until, |con| {
-                redis::cmd("PUBLISH").arg(control).arg("s").query::<()>(con)
+                redis::cmd(command)
+                    .arg(to.as_slice())
+                    .arg("s")
+                    .query::<()>(con)
             }) {
                 // The reader still subscribes within a read tick (a second), and until it
                 // confirms the waiter goes by the holder's lease.
@@ -648,6 +709,7 @@ impl Shared {
         state
             .channels
             .iter_mut()
+            .filter(|(_, entry)| entry.shard.is_none())
             .map(|(channel, entry)| {
                 entry.requested = true;
                 channel.clone()
@@ -668,6 +730,9 @@ impl Shared {
             entry.waiters.refuse(e);
         }
         state.pending.retain(|c| c != channel);
+        for link in state.links.values_mut() {
+            link.pending.retain(|c| c != channel);
+        }
     }
 
     /// The server's answer to the SUBSCRIBE of the client's own channel; returns when to
@@ -751,11 +816,20 @@ impl Shared {
         std::mem::take(&mut self.state.lock().pending)
     }
 
+    /// Channels of the classic connection nobody waits on any more (see `sweep_idle`).
     fn take_idle(&self) -> Vec<Vec<u8>> {
-        let mut state = self.state.lock();
+        self.sweep_idle();
+        std::mem::take(&mut self.state.lock().idle)
+    }
+
+    /// Forgets the channels nobody waited on for `LINGER`, handing those subscribed to
+    /// the reader that must unsubscribe them: the classic one's, or their link's.
+    fn sweep_idle(&self) {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
         let now = Instant::now();
         if state.next_idle_check.is_none_or(|at| at > now) {
-            return Vec::new();
+            return;
         }
         let mut idle = Vec::new();
         let mut next: Option<Instant> = None;
@@ -768,16 +842,32 @@ impl Shared {
                 next = Some(next.map_or(due, |at| at.min(due)));
                 return true;
             }
-            if entry.requested {
-                idle.push(channel.clone());
-            }
+            idle.push((channel.clone(), entry.requested, entry.shard.take()));
             false
         });
         state.next_idle_check = next.map(|at| at.max(now + IDLE_CHECK_GAP));
-        if !idle.is_empty() {
-            state.pending.retain(|c| !idle.contains(c));
+        for (channel, requested, shard) in idle {
+            match shard {
+                Some(node) => {
+                    // A link already gone took its subscriptions with its connection.
+                    if let Some(link) = state.links.get_mut(&node) {
+                        link.pending.retain(|c| *c != channel);
+                        if link.nudge.as_ref() == Some(&channel) {
+                            link.nudge = None;
+                        }
+                        if requested {
+                            link.idle.push(channel);
+                        }
+                    }
+                }
+                None => {
+                    state.pending.retain(|c| *c != channel);
+                    if requested {
+                        state.idle.push(channel);
+                    }
+                }
+            }
         }
-        idle
     }
 
     /// The threads of this process waiting on `channel`, if any.
@@ -824,9 +914,12 @@ impl Shared {
         let mut state = self.state.lock();
         state.connected = false;
         state.pending.clear();
+        state.idle.clear();
         for entry in state.channels.values_mut() {
-            entry.requested = false;
-            entry.waiters.rearm();
+            if entry.shard.is_none() {
+                entry.requested = false;
+                entry.waiters.rearm();
+            }
         }
     }
 }

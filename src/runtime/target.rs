@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
 
-use crate::runtime::con::Con;
+use crate::runtime::con::{Con, NodeAddr};
 
 /// What a client's connection layer saw of the deployment changing under it: a connection
 /// retired after an I/O failure or a timeout (the next one is a reconnect, perhaps to
@@ -47,8 +47,10 @@ pub(crate) enum Target {
 /// A Redis Cluster, reached through any of its nodes.
 pub(crate) struct Cluster {
     pub(crate) client: redis::cluster::ClusterClient,
-    // The nodes given, for the pub/sub connection: classic PUBLISH reaches subscribers
-    // on every node, so any node will do; a failed one passes the turn to the next.
+    // The nodes given, for the classic pub/sub connection (classic PUBLISH reaches
+    // subscribers on every node, so any node will do; a failed one passes the turn to
+    // the next) and to ask for the slot map; their settings (credentials, TLS) are those
+    // of the sharded pub/sub links to the primaries.
     nodes: Vec<ConnectionInfo>,
     next: AtomicUsize,
 }
@@ -207,6 +209,86 @@ impl Target {
             },
         };
         info.redis_settings().password().is_some()
+    }
+
+    /// The slot ranges each primary of a cluster serves, as a node given reports them
+    /// (`CLUSTER SLOTS`); none for one server.
+    pub(crate) fn cluster_slots(
+        &self,
+        connect: Duration,
+        io: Duration,
+    ) -> RedisResult<Vec<(u16, u16, NodeAddr)>> {
+        let Target::Cluster(cluster) = self else {
+            return Ok(Vec::new());
+        };
+        let con = &mut cluster.connect(connect)?;
+        con.set_read_timeout(Some(io))?;
+        con.set_write_timeout(Some(io))?;
+        // Each range: [start, end, [host, port, id, ...], replicas...].
+        let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER").arg("SLOTS").query(con)?;
+        let mut owners = Vec::new();
+        for range in ranges {
+            let (Some(start), Some(end), Some(primary)) =
+                (range.first(), range.get(1), range.get(2))
+            else {
+                continue;
+            };
+            let node: Vec<redis::Value> = redis::from_redis_value(primary.clone())?;
+            if let (Some(host), Some(port)) = (node.first(), node.get(1)) {
+                owners.push((
+                    redis::from_redis_value(start.clone())?,
+                    redis::from_redis_value(end.clone())?,
+                    (
+                        redis::from_redis_value(host.clone())?,
+                        redis::from_redis_value(port.clone())?,
+                    ),
+                ));
+            }
+        }
+        Ok(owners)
+    }
+
+    /// A RESP3 connection to the cluster node at `node`, with the settings of the nodes
+    /// given: a sharded pub/sub link (under RESP3 every message and `sunsubscribe` of a
+    /// shard channel reaches redis-rs's push channel).
+    pub(crate) fn connect_node(
+        &self,
+        (host, port): &NodeAddr,
+        connect: Duration,
+        io: Duration,
+    ) -> RedisResult<redis::Connection> {
+        let seed = match self {
+            Target::Cluster(cluster) => cluster.nodes.first(),
+            _ => None,
+        };
+        let Some(seed) = seed else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "no cluster node addresses",
+            )));
+        };
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host.clone(), *port),
+        };
+        let settings = seed
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let info = seed.clone().set_addr(addr).set_redis_settings(settings);
+        let con = redis::Client::open(info)?.get_connection_with_timeout(connect)?;
+        con.set_read_timeout(Some(io))?;
+        con.set_write_timeout(Some(io))?;
+        Ok(con)
     }
 
     pub(crate) fn is_sentinel(&self) -> bool {

@@ -3,6 +3,7 @@
 //! subscription, and when one of them should next try on its own.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -25,16 +26,21 @@ pub(super) struct Waiters {
     // The server's ACL refusal of the channel's SUBSCRIBE: final for these threads (the
     // channel's entry is dropped, so a later wait asks again).
     pub(super) refused: Mutex<Option<redis::RedisError>>,
+    // Listened to with sharded pub/sub (see `shards.rs`): the threads queue with flag 128,
+    // so that releases `SPUBLISH` to them. Cleared if the cluster turns out to have none
+    // (before any of them queued: they queue once the subscription is confirmed).
+    pub(super) sharded: AtomicBool,
 }
 
 impl Waiters {
-    pub(super) fn new() -> Waiters {
+    pub(super) fn new(sharded: bool) -> Waiters {
         let (tx, rx) = crossbeam_channel::bounded(0);
         Waiters {
             slots: Mutex::new(HashMap::new()),
             confirmed: Mutex::new((Some(tx), rx)),
             next_try: Mutex::new(None),
             refused: Mutex::new(None),
+            sharded: AtomicBool::new(sharded),
         }
     }
 
