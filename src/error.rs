@@ -486,34 +486,17 @@ impl Error {
                 source,
                 lock,
             },
-            Error::Redis {
-                source,
-                lock,
-                server: None,
-            } => Error::Redis {
-                source,
-                lock,
-                server: Some(boxed(server())),
-            },
-            Error::Pool {
-                source,
-                lock,
-                server: None,
-            } => Error::Pool {
-                source,
-                lock,
-                server: Some(boxed(server())),
-            },
-            Error::Timeout {
-                source,
-                lock,
-                server: None,
-            } => Error::Timeout {
-                source,
-                lock,
-                server: Some(boxed(server())),
-            },
-            other => other,
+            mut other => {
+                if let Error::Redis { server: at, .. }
+                | Error::Pool { server: at, .. }
+                | Error::Timeout { server: at, .. } = &mut other
+                {
+                    if at.is_none() {
+                        *at = Some(boxed(server()));
+                    }
+                }
+                other
+            }
         }
     }
 }

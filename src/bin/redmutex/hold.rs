@@ -1,14 +1,13 @@
 //! `redmutex hold`: a lock held until a signal, for an operator or a script.
 
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
 
 use clap::Args;
 use crossbeam_channel::select;
 use redmutex::Error;
 
 use crate::connect::{connect, Connection};
-use crate::output::{fail, print, warn, why_lost, CLOSED_OUTPUT, LEASE_LOST, OUTPUT_FAILED, USAGE};
+use crate::output::{fail, print, warn, why_lost, write_out, LEASE_LOST, USAGE};
 use crate::signals::{Catcher, ACQUIRE_GRACE};
 use crate::take::{acquire, failed, kind_of, not_acquired, notice, stopped, TakeArgs};
 
@@ -42,14 +41,7 @@ fn say(ready: Option<File>, line: &str) -> u8 {
     let Some(mut file) = ready else {
         return print(line);
     };
-    match file.write_all(line.as_bytes()).and_then(|()| file.flush()) {
-        Ok(()) => 0,
-        Err(e) if e.kind() == ErrorKind::BrokenPipe => CLOSED_OUTPUT,
-        Err(e) => {
-            warn(format_args!("redmutex: writing to --ready-fd failed: {e}"));
-            OUTPUT_FAILED
-        }
-    }
+    write_out(&mut file, line, "to --ready-fd")
 }
 
 /// `redmutex hold`: takes the lock, says `held NAME`, and keeps it until a signal (then

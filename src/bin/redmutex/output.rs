@@ -177,12 +177,17 @@ impl tracing::field::Visit for Loss {
 /// Writes `text` to standard output: 0, or the exit code when it could not (quietly for a
 /// reader that went away, as `| head` does).
 pub(crate) fn print(text: &str) -> u8 {
-    let mut out = std::io::stdout().lock();
+    write_out(&mut std::io::stdout().lock(), text, "the output")
+}
+
+/// Writes `text` to `out` (`what` names it in a failure): 0, or the exit code when it
+/// could not, quietly for a reader that went away.
+pub(crate) fn write_out(out: &mut impl Write, text: &str, what: &str) -> u8 {
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => 0,
         Err(e) if e.kind() == ErrorKind::BrokenPipe => CLOSED_OUTPUT,
         Err(e) => {
-            warn(format_args!("redmutex: writing the output failed: {e}"));
+            warn(format_args!("redmutex: writing {what} failed: {e}"));
             OUTPUT_FAILED
         }
     }
