@@ -199,11 +199,15 @@ fn expiry_removes_the_record_with_the_lease() {
     };
     assert_eq!(texts(&client).len(), 2);
     thread::sleep((lease - margin).saturating_sub(start.elapsed()));
-    assert_eq!(
-        metadata_of(&client, "expiring", "lock").len(),
-        1,
-        "shown while the lease runs"
-    );
+    // The lease began after `start`: a read that came back before `start + lease` was
+    // made while it ran. A machine so busy that this read came back later (seen with the
+    // suite beside three builds on 2 cores) cannot tell early from on time: not asserted.
+    let shown = metadata_of(&client, "expiring", "lock").len();
+    if start.elapsed() < lease {
+        assert_eq!(shown, 1, "shown while the lease runs");
+    } else {
+        eprintln!("the read came back after the lease: not a check of an early removal");
+    }
     assert!(wait_until(lease + margin, || {
         metadata_of(&client, "expiring", "lock").is_empty()
             && texts(&client) == vec!["long reader".to_owned()]
