@@ -397,6 +397,58 @@ fn a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once() {
     g.unlock().unwrap();
 }
 
+/// A waiter's first wait on a cluster reads the slot map (`CLUSTER SLOTS`, from a seed
+/// node) to know where to listen: a waiter with a deadline gives up on it when its
+/// deadline passes (and listens the classic way), rather than wait for a seed node that
+/// accepts connections but answers nothing (frozen) for a connect or command timeout.
+#[test]
+fn a_waiter_gives_up_on_a_frozen_seed_nodes_slot_map_at_its_deadline() {
+    const PATIENCE: Duration = Duration::from_millis(300);
+    // Frozen past the deadline for a few seconds, never taken for failed meanwhile.
+    let cluster = Cluster::builder()
+        .primaries(3)
+        .node_timeout(Duration::from_secs(15))
+        .start();
+    let seed = cluster.primaries()[0];
+    let name = name_on_other_node(&cluster, seed, "deadline");
+    let holder = cluster_client(&cluster);
+    let held = holder.lock(&name).lock().unwrap();
+    // Timeouts that dwarf the deadline, so that a wait for them shows.
+    let waiter = CLIENTS
+        .command(Duration::from_secs(5))
+        .connect(Duration::from_secs(5))
+        .cluster_at(vec![format!("redis://{}/", cluster.node(seed).addr())]);
+    // Its command connection and pub/sub reader made before the freeze: a lock elsewhere
+    // taken and given back (without a wait, so no slot map read yet).
+    let elsewhere = name_on_other_node(&cluster, seed, "warm-up");
+    waiter.lock(&elsewhere).lock().unwrap().unlock().unwrap();
+    cluster.node(seed).server().freeze();
+    struct Thaw<'a>(&'a Cluster, usize);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            self.0.node(self.1).server().thaw();
+        }
+    }
+    let thaw = Thaw(&cluster, seed);
+    let started = Instant::now();
+    let got = waiter.lock(&name).try_lock_for(PATIENCE);
+    let took = started.elapsed();
+    drop(thaw);
+    println!("a wait of {PATIENCE:?} with the seed node frozen returned after {took:?}");
+    assert!(matches!(got, Ok(None)), "{:?}", got.map(|g| g.is_some()));
+    assert!(took >= PATIENCE, "{took:?}");
+    // The deadline, the I/O grace (250 ms) and a wide margin; the 5 s timeouts otherwise.
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    // Once thawed, a wait is woken by the release as ever.
+    let (t, woke) = self::waiter(waiter.clone(), &name);
+    assert!(wait_until(Duration::from_secs(5), || queued(&cluster, &name) == 1));
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let at = woke.recv_timeout(Duration::from_secs(5)).expect("woken");
+    assert!(at - released < Duration::from_secs(1), "{:?}", at - released);
+    t.join().unwrap();
+}
+
 /// Sharded pub/sub is the waiter's client's choice, and an ACL may refuse it: a client
 /// whose user may not run `SSUBSCRIBE` listens the classic way, and a release by a user
 /// who may not run `SPUBLISH` still tells a waiter listening sharded (its script falls

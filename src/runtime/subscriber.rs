@@ -394,7 +394,7 @@ impl Subscriber {
     ) -> Result<Subscription, Error> {
         // FCALL refused is the sign of a server before 7.0, without sharded pub/sub either.
         let shard = if queue && client.scripting.uses_functions() {
-            self.shared.shard_for(channel)
+            self.shared.shard_for(channel, until)
         } else {
             None
         };
