@@ -57,36 +57,7 @@ fn listening(cluster: &Cluster, name: &str) -> i64 {
         .filter(|&i| cluster.node(i).is_running())
         .map(|i| {
             let mut con = cluster.node(i).connection();
-            support::subscribers(&mut con, &key) + shard_subscribers(&mut con, &key)
-        })
-        .sum()
-}
-
-/// The sharded subscriptions of channels starting with `prefix` on the node `con` reaches
-/// (none before Redis 7.0, which has no sharded pub/sub).
-fn shard_subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
-    let mut pattern = prefix.as_ref().to_vec();
-    pattern.push(b'*');
-    let Ok(channels) = redis::cmd("PUBSUB")
-        .arg("SHARDCHANNELS")
-        .arg(pattern)
-        .query::<Vec<Vec<u8>>>(con)
-    else {
-        return 0;
-    };
-    if channels.is_empty() {
-        return 0;
-    }
-    let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
-        .arg("SHARDNUMSUB")
-        .arg(&channels)
-        .query(con)
-        .expect("PUBSUB SHARDNUMSUB");
-    counts
-        .chunks(2)
-        .map(|pair| match pair.get(1) {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
+            support::subscribers(&mut con, &key) + support::shard_subscribers(&mut con, &key)
         })
         .sum()
 }
@@ -96,7 +67,7 @@ fn shard_listeners(cluster: &Cluster, name: &str) -> Vec<usize> {
     let key = Keys::lock(DEFAULT_PREFIX, name).key();
     (0..cluster.nodes().len())
         .filter(|&i| cluster.node(i).is_running())
-        .filter(|&i| shard_subscribers(&mut cluster.node(i).connection(), &key) > 0)
+        .filter(|&i| support::shard_subscribers(&mut cluster.node(i).connection(), &key) > 0)
         .collect()
 }
 

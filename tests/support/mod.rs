@@ -1007,28 +1007,42 @@ pub fn await_own_channel(server: &RedisServer, prefix: &str, client: &redmutex::
 /// How many subscriptions there are to channels starting with `prefix` (a lock's
 /// channels are `<key>:to:<client id>`, one per client waiting on it).
 pub fn subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
-    let mut pattern = prefix.as_ref().to_vec();
+    counted(con, prefix.as_ref(), "CHANNELS", "NUMSUB").expect("PUBSUB CHANNELS")
+}
+
+/// The sharded subscriptions (`SSUBSCRIBE`) of channels starting with `prefix` on the
+/// node `con` reaches: a cluster's waiters listen so on Redis 7.0 and later and Valkey.
+/// None before 7.0, which has no sharded pub/sub.
+pub fn shard_subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
+    counted(con, prefix.as_ref(), "SHARDCHANNELS", "SHARDNUMSUB").unwrap_or(0)
+}
+
+/// The subscriptions of the channels starting with `prefix` that `PUBSUB <list>` names, as
+/// `PUBSUB <count>` counts them; `Err` when the server refuses the listing.
+fn counted(
+    con: &mut redis::Connection,
+    prefix: &[u8],
+    list: &str,
+    count: &str,
+) -> redis::RedisResult<i64> {
+    let mut pattern = prefix.to_vec();
     pattern.push(b'*');
-    let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB")
-        .arg("CHANNELS")
-        .arg(pattern)
-        .query(con)
-        .expect("PUBSUB CHANNELS");
+    let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB").arg(list).arg(pattern).query(con)?;
     if channels.is_empty() {
-        return 0;
+        return Ok(0);
     }
     let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
+        .arg(count)
         .arg(&channels)
         .query(con)
-        .expect("PUBSUB NUMSUB");
-    counts
+        .unwrap_or_else(|e| panic!("PUBSUB {count}: {e}"));
+    Ok(counts
         .chunks(2)
         .map(|pair| match pair.get(1) {
             Some(redis::Value::Int(n)) => *n,
             _ => 0,
         })
-        .sum()
+        .sum())
 }
 
 /// The `redis_version` line of `INFO server` on `con`. On Valkey, which reports the Redis version it is compatible with, its own follows:
