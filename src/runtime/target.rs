@@ -96,8 +96,7 @@ impl Cluster {
                 let settings = info.redis_settings().clone().set_skip_set_lib_name();
                 info = info.set_redis_settings(settings);
             }
-            match redis::Client::open(info).and_then(|c| c.get_connection_with_timeout(timeout))
-            {
+            match redis::Client::open(info).and_then(|c| c.get_connection_with_timeout(timeout)) {
                 Ok(con) => return Ok(con),
                 Err(e) => {
                     self.next.fetch_add(1, Ordering::Relaxed);
