@@ -511,6 +511,60 @@ fn a_waiter_gives_up_on_a_frozen_seed_nodes_slot_map_at_its_deadline() {
     wakes_at_once(|| held.unlock().unwrap(), (t, woke));
 }
 
+/// A fair lock's queue is served in order through a half-moved slot (as in
+/// `a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once`): each release runs on
+/// the importing node, where neither `SPUBLISH` nor `PUBLISH` counts the next waiter
+/// (its client listens on the exporting node), so only its entry's flag 8 ("listens
+/// elsewhere") keeps it from being dropped as dead, every waiter then racing for the lock.
+#[test]
+fn a_fair_queue_is_served_in_order_through_a_half_moved_slot() {
+    let cluster = Cluster::new(3, 0);
+    let name = "half-way-fair";
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
+    let from = cluster.node_for_slot(slot);
+    let to = (from + 1) % 3;
+    let holder = cluster_client(&cluster);
+    let held = holder.fair_lock(name).lock().unwrap();
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for i in 0..3 {
+        let (c, order) = (cluster_client(&cluster), order.clone());
+        threads.push(thread::spawn(move || {
+            let g = c.fair_lock(name).lock().unwrap();
+            order.lock().push((i, Instant::now()));
+            g.unlock().unwrap();
+        }));
+        // Queued one after another, so the expected order is known.
+        assert!(wait_until(Duration::from_secs(5), || queued(
+            &cluster, name
+        ) == i as i64 + 1));
+    }
+    let migration = cluster.begin_migration(slot, from, to);
+    while migration.move_keys(10) > 0 {}
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(cluster.node(to).id())
+        .exec(&mut cluster.node(to).connection())
+        .unwrap();
+    let released = Instant::now();
+    held.unlock().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    migration.finish();
+    let order = order.lock();
+    let took: Vec<_> = order.iter().map(|(i, at)| (*i, *at - released)).collect();
+    println!("fair handoffs through a half-moved slot: {took:?}");
+    assert_eq!(
+        order.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    // Handed on directly, not after a pickup window (1 s) per waiter.
+    assert!(took[2].1 < Duration::from_millis(1500), "{took:?}");
+}
+
 /// Sharded pub/sub is the waiter's client's choice, and an ACL may refuse it: a client
 /// whose user may not run `SSUBSCRIBE` listens the classic way, and a release by a user
 /// who may not run `SPUBLISH` still tells a waiter listening sharded (its script falls
