@@ -25,6 +25,9 @@ const CLIENTS: Clients = Clients::DEFAULT
 
 const WATCHDOG: Duration = Duration::from_secs(6);
 
+/// What a cluster's ACL rule adds to the minimal one (docs/redis-layout.md).
+const CLUSTER_ACL_ADDITIONS: &str = "+cluster|slots +ssubscribe +sunsubscribe +spublish";
+
 fn cluster_client(cluster: &Cluster) -> Client {
     CLIENTS.cluster_at(cluster.seed_urls())
 }
@@ -563,6 +566,59 @@ fn a_fair_queue_is_served_in_order_through_a_half_moved_slot() {
     );
     // Handed on directly, not after a pickup window (1 s) per waiter.
     assert!(took[2].1 < Duration::from_millis(1500), "{took:?}");
+}
+
+/// The documented minimal ACL rule with its cluster additions (docs/redis-layout.md:
+/// `+cluster|slots`, and on 7.0 and later `+ssubscribe +sunsubscribe +spublish`) serves
+/// a cluster: waits listen sharded where the servers have it, and are woken at once,
+/// also by a release sent by `ASK` through a half-moved slot.
+#[test]
+fn the_documented_acl_rule_with_its_cluster_additions_serves_a_cluster() {
+    let cluster = Cluster::new(3, 0);
+    let rule = format!("{} {CLUSTER_ACL_ADDITIONS}", support::MINIMAL_ACL_RULE);
+    for i in cluster.primaries() {
+        support::set_acl_user(cluster.node(i).server(), "locker", &rule);
+    }
+    let confined = || {
+        CLIENTS.cluster_at(
+            cluster
+                .seed_addrs()
+                .iter()
+                .map(|a| format!("redis://locker:s3cret-pw@{a}/"))
+                .collect(),
+        )
+    };
+    let (a, b) = (confined(), confined());
+    let name = "acl-cluster";
+    let slot = key_slot(Keys::lock(DEFAULT_PREFIX, name).key());
+    let from = cluster.node_for_slot(slot);
+    let held = a.lock(name).lock().unwrap();
+    let queued_one = waiter(b.clone(), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    if sharded() {
+        assert_eq!(shard_listeners(&cluster, name), vec![from]);
+    }
+    wakes_at_once(|| held.unlock().unwrap(), queued_one);
+
+    let held = a.lock(name).lock().unwrap();
+    let queued_one = waiter(b.clone(), name);
+    assert!(wait_until(Duration::from_secs(5), || queued(
+        &cluster, name
+    ) == 1));
+    let to = (from + 1) % 3;
+    let migration = cluster.begin_migration(slot, from, to);
+    while migration.move_keys(10) > 0 {}
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(cluster.node(to).id())
+        .exec(&mut cluster.node(to).connection())
+        .unwrap();
+    wakes_at_once(|| held.unlock().unwrap(), queued_one);
+    migration.finish();
 }
 
 /// Sharded pub/sub is the waiter's client's choice, and an ACL may refuse it: a client
