@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redmutex::Client;
 use support::clients::Clients;
 use support::keys::{Keys, DEFAULT_PREFIX};
-use support::topology::{key_slot, tag_for_slot, Cluster};
+use support::topology::{key_slot, tag_for_slot, Cluster, SlotMigration};
 use support::wait_until;
 
 const CLIENTS: Clients = Clients::DEFAULT
@@ -123,6 +123,22 @@ fn wakes_at_once(
     release();
     let took = all_held_within(vec![waiter], released, Duration::from_secs(5), || {});
     assert!(took[0] < Duration::from_millis(500), "{took:?}");
+}
+
+/// `slot` half moved from node `from` to node `to`: its keys moved and `to` owning it
+/// (`SETSLOT NODE` there first, as redis-cli does), while `from` does not know yet, so a
+/// call sent there is redirected with `ASK`. `finish` the migration returned.
+fn half_moved(cluster: &Cluster, slot: u16, from: usize, to: usize) -> SlotMigration<'_> {
+    let migration = cluster.begin_migration(slot, from, to);
+    while migration.move_keys(10) > 0 {}
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(cluster.node(to).id())
+        .exec(&mut cluster.node(to).connection())
+        .unwrap();
+    migration
 }
 
 /// How many holders `name`'s hash on the node that owns its slot names (its fields but
@@ -431,15 +447,7 @@ fn a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once() {
     if sharded() {
         assert_eq!(shard_listeners(&cluster, name), vec![from]);
     }
-    let migration = cluster.begin_migration(slot, from, to);
-    while migration.move_keys(10) > 0 {}
-    redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("NODE")
-        .arg(cluster.node(to).id())
-        .exec(&mut cluster.node(to).connection())
-        .unwrap();
+    let migration = half_moved(&cluster, slot, from, to);
     let released = Instant::now();
     held.unlock().unwrap();
     // Each well within a pickup window (1 s), which a lost grant would have cost at least.
@@ -542,15 +550,7 @@ fn a_fair_queue_is_served_in_order_through_a_half_moved_slot() {
             &cluster, name
         ) == i as i64 + 1));
     }
-    let migration = cluster.begin_migration(slot, from, to);
-    while migration.move_keys(10) > 0 {}
-    redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("NODE")
-        .arg(cluster.node(to).id())
-        .exec(&mut cluster.node(to).connection())
-        .unwrap();
+    let migration = half_moved(&cluster, slot, from, to);
     let released = Instant::now();
     held.unlock().unwrap();
     for t in threads {
@@ -608,15 +608,7 @@ fn the_documented_acl_rule_with_its_cluster_additions_serves_a_cluster() {
         &cluster, name
     ) == 1));
     let to = (from + 1) % 3;
-    let migration = cluster.begin_migration(slot, from, to);
-    while migration.move_keys(10) > 0 {}
-    redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("NODE")
-        .arg(cluster.node(to).id())
-        .exec(&mut cluster.node(to).connection())
-        .unwrap();
+    let migration = half_moved(&cluster, slot, from, to);
     wakes_at_once(|| held.unlock().unwrap(), queued_one);
     migration.finish();
 }
