@@ -127,6 +127,19 @@ impl Subscription {
     /// Queue-entry flags saying how this thread's client listens on the lock's channel:
     /// 128 with sharded pub/sub, so that a release tells it with `SPUBLISH` (see
     /// `lua/queue.lua`), else none.
+    ///
+    /// A sharded waiter keeps flag 8 ("listens on another node": a release that counts
+    /// no subscriber takes it at its word), which every waiter on a cluster carries
+    /// (`Executor::listener_flags`), though on a settled cluster `SPUBLISH`'s count, this
+    /// node's alone, is the waiter's own: while a slot moves, a release sent by `ASK` to
+    /// the importing node counts no subscriber there, neither sharded nor classic (the
+    /// waiter listens on the exporting node, where the fallback `PUBLISH` reaches it), and
+    /// so does a release on a promoted replica before the waiter's link has followed.
+    /// Without flag 8 such a release drops every live waiter as dead, while its broadcast
+    /// wakes them all to race for the lock: a fair lock's order is lost (seen in 2 of 3
+    /// runs of `tests/cluster.rs`'s `a_fair_queue_is_served_in_order_through_a_half_moved_slot`
+    /// with 8 left off sharded entries). With it, a waiter whose process died costs a
+    /// pickup window, as on a cluster before.
     pub(crate) fn listen_flags(&self) -> u8 {
         if self.waiters.sharded.load(Ordering::Relaxed) {
             128
@@ -394,7 +407,7 @@ impl Subscriber {
     ) -> Result<Subscription, Error> {
         // FCALL refused is the sign of a server before 7.0, without sharded pub/sub either.
         let shard = if queue && client.scripting.uses_functions() {
-            self.shared.shard_for(channel)
+            self.shared.shard_for(channel, until)
         } else {
             None
         };

@@ -68,12 +68,35 @@ impl Cluster {
     }
 
     fn connect(&self, connect: Duration) -> RedisResult<redis::Connection> {
+        self.connect_by(connect, None)
+    }
+
+    /// A connection to the first node given that answers, each tried with `connect` at
+    /// most; with `until`, none tried once it has passed, each given what is left of it,
+    /// and without `CLIENT SETINFO`, whose two replies redis-rs would wait for with that
+    /// timeout in full each: a node that accepts connections but answers nothing (frozen)
+    /// costs what is left of `until` per node, never more.
+    fn connect_by(
+        &self,
+        connect: Duration,
+        until: Option<Instant>,
+    ) -> RedisResult<redis::Connection> {
         let mut last = None;
         for _ in 0..self.nodes.len() {
             let i = self.next.load(Ordering::Relaxed) % self.nodes.len();
-            match redis::Client::open(self.nodes[i].clone())
-                .and_then(|c| c.get_connection_with_timeout(connect))
-            {
+            let mut info = self.nodes[i].clone();
+            let mut timeout = connect;
+            if let Some(until) = until {
+                let left = until.saturating_duration_since(Instant::now());
+                if left < MIN_IO {
+                    last = Some(deadline_passed());
+                    break;
+                }
+                timeout = timeout.min(left);
+                let settings = info.redis_settings().clone().set_skip_set_lib_name();
+                info = info.set_redis_settings(settings);
+            }
+            match redis::Client::open(info).and_then(|c| c.get_connection_with_timeout(timeout)) {
                 Ok(con) => return Ok(con),
                 Err(e) => {
                     self.next.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +108,18 @@ impl Cluster {
             redis::RedisError::from((redis::ErrorKind::Client, "no cluster node addresses"))
         }))
     }
+}
+
+/// The least time worth giving a connect or a read: a zero timeout means none to the
+/// socket, and less than this would fail anyway.
+const MIN_IO: Duration = Duration::from_millis(1);
+
+/// The error of a call given up before it was made: the deadline it had to keep passed.
+fn deadline_passed() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "the caller's deadline passed before a node answered",
+    ))
 }
 
 /// How long a sentinel may take to connect and name the primary before the next one is
@@ -212,16 +247,29 @@ impl Target {
     }
 
     /// The slot ranges each primary of a cluster serves, as a node given reports them
-    /// (`CLUSTER SLOTS`); none for one server.
+    /// (`CLUSTER SLOTS`); none for one server. With `until` (a waiter's deadline, when it
+    /// is the one asking) the answer is given up for when it passes: the waiter then
+    /// listens the classic way rather than wait longer than it may.
     pub(crate) fn cluster_slots(
         &self,
         connect: Duration,
         io: Duration,
+        until: Option<Instant>,
     ) -> RedisResult<Vec<(u16, u16, NodeAddr)>> {
         let Target::Cluster(cluster) = self else {
             return Ok(Vec::new());
         };
-        let con = &mut cluster.connect(connect)?;
+        let con = &mut cluster.connect_by(connect, until)?;
+        let io = match until {
+            None => io,
+            Some(until) => {
+                let left = until.saturating_duration_since(Instant::now());
+                if left < MIN_IO {
+                    return Err(deadline_passed());
+                }
+                io.min(left)
+            }
+        };
         con.set_read_timeout(Some(io))?;
         con.set_write_timeout(Some(io))?;
         // Each range: [start, end, [host, port, id, ...], replicas...].

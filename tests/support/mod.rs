@@ -618,14 +618,30 @@ pub fn skip(test: &str, lacks: &str) {
 }
 
 /// The words of an ACL rule as the server under test takes it: one without functions
-/// (before Redis 7.0) refuses `+fcall` and `+function|load`, which a user there does not
-/// need, so they are left out (docs/servers.md says so for users).
+/// (before Redis 7.0) refuses `+fcall` and `+function|load`, and the sharded pub/sub
+/// commands of a cluster's rule (`+ssubscribe +sunsubscribe +spublish`), which a user
+/// there does not need, so they are left out (docs/servers.md and docs/redis-layout.md
+/// say so for users).
 pub fn acl_rule_words(rule: &str) -> Vec<&str> {
+    let since_7 = [
+        "+fcall",
+        "+function",
+        "+ssubscribe",
+        "+sunsubscribe",
+        "+spublish",
+    ];
     let functions = server_kind().has_functions();
     rule.split_whitespace()
-        .filter(|w| functions || !(w.starts_with("+fcall") || w.starts_with("+function")))
+        .filter(|w| functions || !since_7.iter().any(|c| w.starts_with(c)))
         .collect()
 }
+
+/// The minimal ACL rule for the default prefix (docs/redis-layout.md, "The ACL").
+pub const MINIMAL_ACL_RULE: &str = "on >s3cret-pw resetchannels ~redmutex:* &redmutex:* -@all \
+    +fcall +function|load +evalsha +script|load +exists +hget +hmget +hgetall +pttl +subscribe \
+    +unsubscribe +publish +ping +wait +hincrby +hset +hexists +pexpire +del +incr +time +type \
+    +hkeys +hdel +rpush +lindex +lpop +lrem +lrange +get +set +decr +zadd +zscore +zrem +zcard \
+    +zrange +zrangebyscore";
 
 /// Makes (or changes) the ACL user `name` with `rule`, its words as
 /// [`acl_rule_words`] leaves them for this server.
@@ -1007,28 +1023,42 @@ pub fn await_own_channel(server: &RedisServer, prefix: &str, client: &redmutex::
 /// How many subscriptions there are to channels starting with `prefix` (a lock's
 /// channels are `<key>:to:<client id>`, one per client waiting on it).
 pub fn subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
-    let mut pattern = prefix.as_ref().to_vec();
+    counted(con, prefix.as_ref(), "CHANNELS", "NUMSUB").expect("PUBSUB CHANNELS")
+}
+
+/// The sharded subscriptions (`SSUBSCRIBE`) of channels starting with `prefix` on the
+/// node `con` reaches: a cluster's waiters listen so on Redis 7.0 and later and Valkey.
+/// None before 7.0, which has no sharded pub/sub.
+pub fn shard_subscribers(con: &mut redis::Connection, prefix: impl AsRef<[u8]>) -> i64 {
+    counted(con, prefix.as_ref(), "SHARDCHANNELS", "SHARDNUMSUB").unwrap_or(0)
+}
+
+/// The subscriptions of the channels starting with `prefix` that `PUBSUB <list>` names, as
+/// `PUBSUB <count>` counts them; `Err` when the server refuses the listing.
+fn counted(
+    con: &mut redis::Connection,
+    prefix: &[u8],
+    list: &str,
+    count: &str,
+) -> redis::RedisResult<i64> {
+    let mut pattern = prefix.to_vec();
     pattern.push(b'*');
-    let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB")
-        .arg("CHANNELS")
-        .arg(pattern)
-        .query(con)
-        .expect("PUBSUB CHANNELS");
+    let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB").arg(list).arg(pattern).query(con)?;
     if channels.is_empty() {
-        return 0;
+        return Ok(0);
     }
     let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
+        .arg(count)
         .arg(&channels)
         .query(con)
-        .expect("PUBSUB NUMSUB");
-    counts
+        .unwrap_or_else(|e| panic!("PUBSUB {count}: {e}"));
+    Ok(counts
         .chunks(2)
         .map(|pair| match pair.get(1) {
             Some(redis::Value::Int(n)) => *n,
             _ => 0,
         })
-        .sum()
+        .sum())
 }
 
 /// The `redis_version` line of `INFO server` on `con`. On Valkey, which reports the Redis version it is compatible with, its own follows:
