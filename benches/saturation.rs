@@ -1,24 +1,38 @@
 //! `cargo bench --bench saturation`: how many acquisitions one Redis core serves (issue 18,
-//! item 3), for redmutex and a naive lock in the same run, against a real redis-server
-//! (spawned here, or the one at `REDIS_URL`).
+//! item 3; issue 29), for redmutex, a naive lock and the fair floor in the same run,
+//! against a real redis-server (spawned here, or the one at `REDIS_URL`).
 //!
 //! 8 processes × 4 threads loop lock -> (no hold) -> unlock for `REDMUTEX_SATURATION_SECS`
 //! seconds (default 3) per run, in `REDMUTEX_SATURATION_PASSES` passes (default 2) over
 //! all runs whose figures are summed, over 1,000 lock names (each iteration a random one: little
-//! contention) and over 1 name (all contention). Runs, back to back: 1,000 names with
-//! `Lock` and the naive lock; 1 name with `Lock`, `FairLock` and the naive lock. Each
+//! contention) and over 1 name (all contention: a hot lock). Runs, back to back, for each
+//! of 1,000 names and 1 name: `Lock`, `FairLock`, the naive lock and the fair floor. Each
 //! process has one redmutex `Client` (its threads share it), or one connection per thread
-//! for the naive lock.
+//! for the naive lock (two for the fair floor: one of them subscribed).
 //!
 //! The naive lock is `SET key token NX PX 30000`, released by a compare-and-delete script
 //! (EVALSHA); a thread that finds the key taken sleeps `REDMUTEX_SATURATION_POLL_MS`
 //! (default 1 ms) and tries again.
 //!
+//! The fair floor (`common::QueueFloorLock`) is the least a fair lock that queues in Redis
+//! and wakes the next waiter by `PUBLISH` can do (issue 29's floor): take = one script,
+//! `SET NX PX` else `RPUSH` to the queue (then the thread waits for its grant on its own
+//! channel); give = one script, `GET` (compare), `LPOP`, `SET PX` to the next waiter and
+//! `PUBLISH` its grant, else `DEL`. No tickets, entry expiry, crash safety, renewal,
+//! reentrancy or confirmation.
+//!
 //! Reported per run: acquisitions/s, Redis CPU busy fraction (Redis process CPU s / wall
 //! s: 1.0 is one core busy all along), acquisitions per Redis CPU second (per Redis core),
-//! executed commands and requests per acquisition, the clients' own CPU (all 8 processes,
-//! in cores), least/most acquisitions per process, and redmutex / naive ratios. The
-//! machine's cores are shared by Redis and the 32 client threads, so Redis need not be
+//! Redis CPU µs, executed commands (`INFO commandstats`, script-internal ones included,
+//! each script call counted once more as itself) and requests per acquisition, the clients'
+//! own CPU (all 8 processes, in cores), least/most acquisitions per process, the
+//! acquisition latency (`lock()` called → returned, every acquisition), and on the one-name
+//! runs the handoff latency: every acquisition of every process in `CLOCK_MONOTONIC` order
+//! (one clock for all processes on Linux), from the start of one holder's release to the
+//! next holder's `lock()` returning, whoever that is (the same thread again when it barges).
+//! A negative gap would be two holders at once: counted as overlaps (expected 0). Ratios
+//! to the naive lock and to the fair floor of the same run, then the issue's targets.
+//! The machine's cores are shared by Redis and the 32 client threads, so Redis need not be
 //! the bottleneck: its busy fraction says how close it came, and acquisitions per Redis
 //! CPU second is the figure that holds either way.
 //!
@@ -65,6 +79,8 @@ enum Kind {
     Lock,
     Fair,
     Naive,
+    /// `common::QueueFloorLock`: the fair floor.
+    Floor,
 }
 
 impl Kind {
@@ -73,11 +89,16 @@ impl Kind {
             Kind::Lock => "Lock",
             Kind::Fair => "FairLock",
             Kind::Naive => "naive",
+            Kind::Floor => "floor",
         }
     }
 
     fn parse(s: &str) -> Kind {
-        kind_named(&[Kind::Lock, Kind::Fair, Kind::Naive], Kind::name, s)
+        kind_named(
+            &[Kind::Lock, Kind::Fair, Kind::Naive, Kind::Floor],
+            Kind::name,
+            s,
+        )
     }
 }
 
@@ -93,6 +114,16 @@ struct Run {
     cost: ServerCost,
     /// CPU the worker processes used during the run, s (all of them).
     client_cpu_s: f64,
+    /// Every acquisition's latency, `lock()` called → returned, µs.
+    latency_us: Vec<f64>,
+    /// One name only: every handoff, one holder's release started → the next holder's
+    /// `lock()` returned, µs (all processes' acquisitions in `CLOCK_MONOTONIC` order).
+    handoff_us: Vec<f64>,
+    /// Of those handoffs, how many went to a thread of another process.
+    handoffs_across: u64,
+    /// Acquisitions that returned before the previous holder began to release: two
+    /// holders at once (expected 0; checked on one name only).
+    overlaps: u64,
 }
 
 impl Run {
@@ -112,6 +143,14 @@ impl Run {
         self.wall_s += other.wall_s;
         self.cost.add(&other.cost);
         self.client_cpu_s += other.client_cpu_s;
+        self.latency_us.extend_from_slice(&other.latency_us);
+        self.handoff_us.extend_from_slice(&other.handoff_us);
+        self.handoffs_across += other.handoffs_across;
+        self.overlaps += other.overlaps;
+    }
+
+    fn rate(&self) -> f64 {
+        self.total() as f64 / self.wall_s
     }
 
     fn redis_cpu_s(&self) -> f64 {
@@ -147,10 +186,13 @@ fn parent_main() {
 
     let plan = [
         (Kind::Lock, MANY_NAMES),
+        (Kind::Fair, MANY_NAMES),
         (Kind::Naive, MANY_NAMES),
+        (Kind::Floor, MANY_NAMES),
         (Kind::Lock, 1),
         (Kind::Fair, 1),
         (Kind::Naive, 1),
+        (Kind::Floor, 1),
     ];
     let mut runs: Vec<Run> = Vec::new();
     for pass in 0..passes {
@@ -169,7 +211,7 @@ fn parent_main() {
             }
         }
     }
-    report(&runs, started.elapsed());
+    report(&runs, &version, started.elapsed());
 }
 
 fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connection) -> Run {
@@ -209,8 +251,43 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
         last_end = last_end.max(v[2]);
     }
     let cost = ServerSnapshot::take(admin).since(&before);
+    // Each process's acquisitions (acquired, called, release started), ns, after the
+    // snapshot: sending them is no part of the run.
+    let mut all: Vec<(u64, u64, u64, usize)> = Vec::new();
+    for (p, c) in children.iter().enumerate() {
+        let line = c
+            .try_line(STUCK)
+            .unwrap_or_else(|| panic!("a {} worker sent no events", kind.name()));
+        let v: Vec<u64> = line
+            .strip_prefix("events")
+            .unwrap_or_else(|| panic!("unexpected worker line {line:?}"))
+            .split_whitespace()
+            .map(parse_u64)
+            .collect();
+        all.extend(
+            v.chunks_exact(3)
+                .map(|e| (e[0], e[0] - e[1], e[0] + e[2], p)),
+        );
+    }
     for c in children {
         c.wait_success();
+    }
+    let latency_us = all
+        .iter()
+        .map(|&(acq, call, _, _)| us_between(call, acq))
+        .collect();
+    let (mut handoff_us, mut handoffs_across, mut overlaps) = (Vec::new(), 0, 0);
+    if names == 1 {
+        all.sort_unstable();
+        for w in all.windows(2) {
+            let ((_, _, released, from), (acquired, _, _, to)) = (w[0], w[1]);
+            if acquired < released {
+                overlaps += 1;
+                continue;
+            }
+            handoff_us.push(us_between(released, acquired));
+            handoffs_across += u64::from(from != to);
+        }
     }
     Run {
         kind,
@@ -220,6 +297,10 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
         wall_s: (last_end - start) as f64 / 1e9,
         cost,
         client_cpu_s,
+        latency_us,
+        handoff_us,
+        handoffs_across,
+        overlaps,
     }
 }
 
@@ -235,6 +316,15 @@ enum Handles {
         naive: NaiveLock,
         token: String,
     },
+    /// One holder id per thread (its grant channel is named after it, subscribed once).
+    Floor {
+        con: Box<redis::Connection>,
+        sub: Box<redis::Connection>,
+        keys: Vec<(String, String)>,
+        channels: String,
+        me: String,
+        floor: QueueFloorLock,
+    },
 }
 
 fn child_main() {
@@ -243,7 +333,7 @@ fn child_main() {
     let prefix = env(PREFIX_ENV);
     let names = parse_u64(&env(NAMES_ENV)) as usize;
     let poll = Duration::from_secs_f64(env_f64(POLL_ENV, DEFAULT_POLL_MS) / 1e3);
-    let client = (kind != Kind::Naive).then(|| bench_client(&url, &prefix));
+    let client = matches!(kind, Kind::Lock | Kind::Fair).then(|| bench_client(&url, &prefix));
     let ready = Arc::new(Barrier::new(THREADS + 1));
     let go = Arc::new(Barrier::new(THREADS + 1));
     let window = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
@@ -270,9 +360,31 @@ fn child_main() {
                         naive: NaiveLock::new(),
                         token: format!("{}:{t}", std::process::id()),
                     },
+                    Kind::Floor => {
+                        let me = format!("{}:{t}", std::process::id());
+                        let channels = format!("{prefix}floor-grant:");
+                        let mut sub = Box::new(connect(&url));
+                        QueueFloorLock::subscribe(&mut sub, &channels, &me, STUCK);
+                        Handles::Floor {
+                            con: Box::new(connect(&url)),
+                            sub,
+                            keys: (0..names)
+                                .map(|i| {
+                                    let key = format!("{prefix}floor:{}", name(i));
+                                    let queue = format!("{key}:q");
+                                    (key, queue)
+                                })
+                                .collect(),
+                            channels,
+                            me,
+                            floor: QueueFloorLock::new(),
+                        }
+                    }
                 };
-                // xorshift64, seeded per process and thread.
-                let mut seed = (std::process::id() as u64) << 8 | t as u64 | 1;
+                // xorshift64, seeded per process and thread (odd, never 0). The thread
+                // goes above the low bit: `| t | 1` gave threads 0 and 1 (and 2 and 3)
+                // one seed, so they picked the same names in step and contended on them.
+                let mut seed = ((std::process::id() as u64) << 8 | t as u64) << 1 | 1;
                 let mut pick = move || {
                     seed ^= seed << 13;
                     seed ^= seed >> 7;
@@ -280,26 +392,54 @@ fn child_main() {
                     (seed % names as u64) as usize
                 };
                 let mut n = 0u64;
-                let mut once = |i: usize| match &mut h {
-                    Handles::Lock(locks) => {
-                        locks[i].lock().expect("lock").unlock().expect("unlock");
-                    }
-                    Handles::Fair(locks) => {
-                        locks[i].lock().expect("lock").unlock().expect("unlock");
-                    }
-                    Handles::Naive {
-                        con,
-                        keys,
-                        naive,
-                        token,
-                    } => {
-                        n += 1;
-                        let mine = format!("{token}:{n}");
-                        while !naive.try_lock(con, &keys[i], &mine, NAIVE_LEASE_MS) {
-                            thread::sleep(poll);
+                // One acquisition and release: when `lock()` was called and when it
+                // returned (with no hold, the release starts then too).
+                let mut once = |i: usize| -> (u64, u64) {
+                    let called = mono_ns();
+                    let acquired = match &mut h {
+                        Handles::Lock(locks) => {
+                            let g = locks[i].lock().expect("lock");
+                            let at = mono_ns();
+                            g.unlock().expect("unlock");
+                            at
                         }
-                        naive.unlock(con, &keys[i], &mine);
-                    }
+                        Handles::Fair(locks) => {
+                            let g = locks[i].lock().expect("lock");
+                            let at = mono_ns();
+                            g.unlock().expect("unlock");
+                            at
+                        }
+                        Handles::Naive {
+                            con,
+                            keys,
+                            naive,
+                            token,
+                        } => {
+                            n += 1;
+                            let mine = format!("{token}:{n}");
+                            while !naive.try_lock(con, &keys[i], &mine, NAIVE_LEASE_MS) {
+                                thread::sleep(poll);
+                            }
+                            let at = mono_ns();
+                            naive.unlock(con, &keys[i], &mine);
+                            at
+                        }
+                        Handles::Floor {
+                            con,
+                            sub,
+                            keys,
+                            channels,
+                            me,
+                            floor,
+                        } => {
+                            let (key, queue) = &keys[i];
+                            floor.lock(con, sub, key, queue, me, NAIVE_LEASE_MS);
+                            let at = mono_ns();
+                            floor.unlock(con, key, queue, me, NAIVE_LEASE_MS, channels);
+                            at
+                        }
+                    };
+                    (called, acquired)
                 };
                 // Warm up: scripts loaded, connections open.
                 once(0);
@@ -307,12 +447,11 @@ fn child_main() {
                 go.wait();
                 let (start, end) = *window.lock().expect("window");
                 sleep_until_mono(start);
-                let mut count = 0u64;
+                let mut events = Vec::new();
                 while mono_ns() < end {
-                    once(pick());
-                    count += 1;
+                    events.push(once(pick()));
                 }
-                (count, mono_ns())
+                (events, mono_ns())
             })
         })
         .collect();
@@ -321,15 +460,23 @@ fn child_main() {
     *window.lock().expect("window") = read_window();
     let cpu_before = process_cpu_ns();
     go.wait();
-    let mut count = 0;
+    let mut events = Vec::new();
     let mut last = 0;
     for t in threads {
-        let (c, at) = t.join().expect("worker thread");
-        count += c;
+        let (mine, at) = t.join().expect("worker thread");
+        events.extend(mine);
         last = last.max(at);
     }
     let cpu = process_cpu_ns() - cpu_before;
-    say(&format!("count {count} {cpu} {last}"));
+    say(&format!("count {} {cpu} {last}", events.len()));
+    // Then every acquisition, once the parent has its server snapshot: `acquired`
+    // (CLOCK_MONOTONIC ns), how long `lock()` took (ns) and when the release started
+    // after it (0 ns: no hold), on one line.
+    let mut line = String::from("events");
+    for (called, acquired) in events {
+        let _ = write!(line, " {acquired} {} 0", acquired - called);
+    }
+    say(&line);
 }
 
 /// This process's CPU time, user + sys, ns (`/proc/self/stat`, clock ticks of 10 ms).
@@ -346,19 +493,37 @@ fn process_cpu_ns() -> u64 {
 // ---------------------------------------------------------------------------------------
 // Report.
 
-fn report(runs: &[Run], elapsed: Duration) {
+fn report(runs: &[Run], version: &str, elapsed: Duration) {
     let mut out = String::new();
+    let mut targets = Targets::default();
+    // Valkey reports a redis_version of 7.2: both have functions from 7.0 on.
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    let fcall = use_functions() && major >= 7;
+    let path = if fcall { "FCALL" } else { "EVALSHA" };
+    let _ = writeln!(
+        out,
+        "\nscripts run with {path} ({})",
+        if fcall {
+            "the library's functions, Redis 7.0+"
+        } else if major >= 7 {
+            "REDMUTEX_BENCH_EVALSHA=1"
+        } else {
+            "no functions before Redis 7.0"
+        }
+    );
     for names in [MANY_NAMES, 1] {
         let these: Vec<&Run> = runs.iter().filter(|r| r.names == names).collect();
-        let naive = these
-            .iter()
-            .find(|r| r.kind == Kind::Naive)
-            .expect("a naive run");
+        let of = |k: Kind| -> &Run { these.iter().find(|r| r.kind == k).expect("every kind") };
+        let (naive, floor) = (of(Kind::Naive), of(Kind::Floor));
         let _ = writeln!(
             out,
             "\n{PROCESSES} processes x {THREADS} threads over {names} name(s){}",
             if names == 1 {
-                " (all contention)"
+                " (all contention: one hot lock)"
             } else {
                 " (each iteration a random name: little contention)"
             }
@@ -369,20 +534,11 @@ fn report(runs: &[Run], elapsed: Duration) {
         let mut t = Grid::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
         let col =
             |f: &dyn Fn(&Run) -> String| -> Vec<String> { these.iter().map(|r| f(r)).collect() };
+        let ratio = |v: f64, base: f64| format!("{:.2}x", v / base);
         t.row("acquisitions", col(&|r| r.total().to_string()));
-        t.row(
-            "acquisitions/s",
-            col(&|r| format!("{:.0}", r.total() as f64 / r.wall_s)),
-        );
-        t.row(
-            "  x naive",
-            col(&|r| {
-                format!(
-                    "{:.2}x",
-                    (r.total() as f64 / r.wall_s) / (naive.total() as f64 / naive.wall_s)
-                )
-            }),
-        );
+        t.row("acquisitions/s", col(&|r| format!("{:.0}", r.rate())));
+        t.row("  x naive", col(&|r| ratio(r.rate(), naive.rate())));
+        t.row("  x floor", col(&|r| ratio(r.rate(), floor.rate())));
         t.row(
             "Redis CPU busy (CPU s / wall s)",
             col(&|r| f2(r.redis_cpu_s() / r.wall_s)),
@@ -397,29 +553,54 @@ fn report(runs: &[Run], elapsed: Duration) {
         );
         t.row(
             "  x naive",
-            col(&|r| format!("{:.2}x", r.per_redis_cpu_s() / naive.per_redis_cpu_s())),
+            col(&|r| ratio(r.per_redis_cpu_s(), naive.per_redis_cpu_s())),
         );
-        server_cost_rows(
+        t.row(
+            "  x floor",
+            col(&|r| ratio(r.per_redis_cpu_s(), floor.per_redis_cpu_s())),
+        );
+        server_cost_rows_vs(
             &mut t,
             &these
                 .iter()
                 .map(|r| (&r.cost, r.total()))
                 .collect::<Vec<_>>(),
-            Some((&naive.cost, naive.total())),
-        );
-        t.row(
-            "  x naive (requests)",
-            col(&|r| {
-                format!(
-                    "{:.2}x",
-                    r.cost.requests_per(r.total()) / naive.cost.requests_per(naive.total())
-                )
-            }),
+            &[
+                ("naive", &naive.cost, naive.total()),
+                ("floor", &floor.cost, floor.total()),
+            ],
         );
         t.row(
             "least/most per process",
             col(&|r| f2(least_most(&r.counts))),
         );
+        t.row(
+            "lock() latency p50 / p99 µs",
+            col(&|r| {
+                format!(
+                    "{} / {}",
+                    f1(percentile(&r.latency_us, 0.5)),
+                    f1(percentile(&r.latency_us, 0.99))
+                )
+            }),
+        );
+        if names == 1 {
+            t.row(
+                "handoff p50 / p99 µs",
+                col(&|r| {
+                    format!(
+                        "{} / {}",
+                        f1(percentile(&r.handoff_us, 0.5)),
+                        f1(percentile(&r.handoff_us, 0.99))
+                    )
+                }),
+            );
+            t.row(
+                "handoffs to another process",
+                col(&|r| f2(r.handoffs_across as f64 / r.handoff_us.len().max(1) as f64)),
+            );
+            t.row("overlapping holds", col(&|r| r.overlaps.to_string()));
+        }
         let _ = write!(out, "{}", t.render());
         let busiest = these
             .iter()
@@ -434,6 +615,15 @@ fn report(runs: &[Run], elapsed: Duration) {
             if busiest >= 0.9 { "was" } else { "was NOT" },
             PROCESSES * THREADS
         );
+        if names == 1 {
+            let _ = writeln!(
+                out,
+                "  handoff: all processes' acquisitions in CLOCK_MONOTONIC order, from one \
+                 holder's release start to the next holder's lock() returning (whoever it \
+                 is: the releasing thread again when it barges); 32 threads on one name \
+                 leave nearly always a waiter"
+            );
+        }
         for r in &these {
             let _ = writeln!(
                 out,
@@ -442,7 +632,84 @@ fn report(runs: &[Run], elapsed: Duration) {
                 r.cost.breakdown(r.total())
             );
         }
+        let per_cpu = |k: Kind| of(k).per_redis_cpu_s() / naive.per_redis_cpu_s();
+        let cpu_vs_floor =
+            |k: Kind| of(k).cost.cpu_per(of(k).total()) / floor.cost.cpu_per(floor.total());
+        let executed = |k: Kind| of(k).cost.executed_per(of(k).total());
+        let share = |k: Kind| least_most(&of(k).counts);
+        let rate = |k: Kind| of(k).rate() / naive.rate();
+        if names == MANY_NAMES {
+            let (want, note) = if fcall {
+                (0.8, "item 1, FCALL")
+            } else {
+                (0.7, "item 1, EVALSHA")
+            };
+            targets.check(
+                "1,000 names: Lock acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::Lock)),
+                &format!(">= {want}"),
+                per_cpu(Kind::Lock) >= want,
+                note,
+            );
+            targets.info(
+                "1,000 names: FairLock acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::Fair)),
+                "",
+            );
+            targets.info(
+                "1,000 names: floor acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::Floor)),
+                "the fair floor, mostly uncontended here",
+            );
+        } else {
+            for k in [Kind::Lock, Kind::Fair] {
+                targets.check(
+                    &format!("1 name: {} Redis CPU per acquisition x floor", k.name()),
+                    f2(cpu_vs_floor(k)),
+                    "<= 1.15",
+                    cpu_vs_floor(k) <= 1.15,
+                    "item 2",
+                );
+                targets.check(
+                    &format!("1 name: {} executed commands per acquisition", k.name()),
+                    f2(executed(k)),
+                    "<= 14",
+                    executed(k) <= 14.0,
+                    &format!("item 2; floor {}", f2(executed(Kind::Floor))),
+                );
+            }
+            for (k, want, fair) in [(Kind::Lock, 0.5, 0.8), (Kind::Fair, 0.3, 0.95)] {
+                targets.check(
+                    &format!("1 name: {} acquisitions/s x naive", k.name()),
+                    f2(rate(k)),
+                    &format!(">= {want}"),
+                    rate(k) >= want,
+                    &format!("item 3; floor {}", f2(rate(Kind::Floor))),
+                );
+                targets.check(
+                    &format!("1 name: {} least/most per process", k.name()),
+                    f2(share(k)),
+                    &format!(">= {fair}"),
+                    share(k) >= fair,
+                    &format!("item 3; floor {}", f2(share(Kind::Floor))),
+                );
+                targets.info(
+                    &format!("1 name: {} handoff p50 / p99 µs", k.name()),
+                    format!(
+                        "{} / {}",
+                        f1(percentile(&of(k).handoff_us, 0.5)),
+                        f1(percentile(&of(k).handoff_us, 0.99))
+                    ),
+                    &format!(
+                        "item 3; floor {} / {}",
+                        f1(percentile(&floor.handoff_us, 0.5)),
+                        f1(percentile(&floor.handoff_us, 0.99))
+                    ),
+                );
+            }
+        }
     }
-    let _ = writeln!(out, "\nwhole bench took {:.1} s", elapsed.as_secs_f64());
+    let _ = writeln!(out, "\n{}", targets.render());
+    let _ = writeln!(out, "whole bench took {:.1} s", elapsed.as_secs_f64());
     print!("{out}");
 }
