@@ -122,6 +122,9 @@ struct Run {
     handoff_us: Vec<f64>,
     /// Of those handoffs, how many went to a thread of another process.
     handoffs_across: u64,
+    /// The handoffs to a thread of the same process (the releasing one included), µs:
+    /// those a client can make without a pub/sub message.
+    handoff_within_us: Vec<f64>,
 }
 
 impl Run {
@@ -144,6 +147,8 @@ impl Run {
         self.latency_us.extend_from_slice(&other.latency_us);
         self.handoff_us.extend_from_slice(&other.handoff_us);
         self.handoffs_across += other.handoffs_across;
+        self.handoff_within_us
+            .extend_from_slice(&other.handoff_within_us);
     }
 
     fn rate(&self) -> f64 {
@@ -273,14 +278,18 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
         .iter()
         .map(|&(acq, call, _, _)| us_between(call, acq))
         .collect();
-    let (mut handoff_us, mut handoffs_across) = (Vec::new(), 0);
+    let (mut handoff_us, mut handoffs_across, mut handoff_within_us) = (Vec::new(), 0, Vec::new());
     if names == 1 {
         // In acquisition order (one lock: one holder at a time).
         all.sort_unstable();
         for w in all.windows(2) {
             let ((_, _, released, from), (acquired, _, _, to)) = (w[0], w[1]);
-            handoff_us.push(us_between(released, acquired));
+            let us = us_between(released, acquired);
+            handoff_us.push(us);
             handoffs_across += u64::from(from != to);
+            if from == to {
+                handoff_within_us.push(us);
+            }
         }
     }
     Run {
@@ -294,6 +303,7 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
         latency_us,
         handoff_us,
         handoffs_across,
+        handoff_within_us,
     }
 }
 
@@ -591,6 +601,16 @@ fn report(runs: &[Run], version: &str, poll_ms: f64, elapsed: Duration) {
             t.row(
                 "handoffs to another process",
                 col(&|r| f2(r.handoffs_across as f64 / r.handoff_us.len().max(1) as f64)),
+            );
+            t.row(
+                "  within the process: p50 / p99 µs",
+                col(&|r| {
+                    format!(
+                        "{} / {}",
+                        f1(percentile(&r.handoff_within_us, 0.5)),
+                        f1(percentile(&r.handoff_within_us, 0.99))
+                    )
+                }),
             );
         }
         let _ = write!(out, "{}", t.render());
