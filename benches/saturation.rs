@@ -21,6 +21,15 @@
 //! `PUBLISH` its grant, else `DEL`. No tickets, entry expiry, crash safety, renewal,
 //! reentrancy or confirmation.
 //!
+//! The 1,000-name run has two script floors too (`common::ScriptFloor`), run as FCALL of
+//! a function library of their own on Redis 7.0+ and Valkey, as EVALSHA on 6.2 and with
+//! `REDMUTEX_BENCH_EVALSHA=1`, like the client's scripts: `hashfloor`, the least any lock
+//! kept as `Lock` keeps it (a HASH holder -> count with PEXPIRE, every operation one
+//! script) can run (take: EXISTS, HSET, PEXPIRE; give: HGET, DEL), so item 1's ceiling
+//! for the design's shape; and `setfloor`, the naive lock with its take scripted too
+//! (take: SET NX PX; give: GET, DEL), which splits hashfloor's cost over naive into the
+//! script calls' and the hash's. Neither wakes waiters (they poll as the naive lock's do).
+//!
 //! Reported per run: acquisitions/s, Redis CPU busy fraction (Redis process CPU s / wall
 //! s: 1.0 is one core busy all along), acquisitions per Redis CPU second (per Redis core),
 //! Redis CPU µs, executed commands (`INFO commandstats`, script-internal ones included,
@@ -54,6 +63,8 @@ use common::*;
 use support::child::say;
 
 const NAMES_ENV: &str = "REDMUTEX_SATURATION_NAMES";
+/// Tells the workers whether the script floors run as FCALL ("1") or EVALSHA.
+const FCALL_ENV: &str = "REDMUTEX_SATURATION_FCALL";
 /// Seconds per run (a float); 3 unless set.
 const SECS_ENV: &str = "REDMUTEX_SATURATION_SECS";
 const DEFAULT_SECS: f64 = 3.0;
@@ -82,6 +93,12 @@ enum Kind {
     Naive,
     /// `common::QueueFloorLock`: the fair floor.
     Floor,
+    /// `common::ScriptFloor` of the hash shape: the least a lock kept as `Lock` keeps it
+    /// (a HASH holder -> count with PEXPIRE, one script per operation) can run.
+    HashFloor,
+    /// `common::ScriptFloor` of the string shape: the naive lock with its take scripted
+    /// too (what the script calls cost, without the hash).
+    SetFloor,
 }
 
 impl Kind {
@@ -91,12 +108,21 @@ impl Kind {
             Kind::Fair => "FairLock",
             Kind::Naive => "naive",
             Kind::Floor => "floor",
+            Kind::HashFloor => "hashfloor",
+            Kind::SetFloor => "setfloor",
         }
     }
 
     fn parse(s: &str) -> Kind {
         kind_named(
-            &[Kind::Lock, Kind::Fair, Kind::Naive, Kind::Floor],
+            &[
+                Kind::Lock,
+                Kind::Fair,
+                Kind::Naive,
+                Kind::Floor,
+                Kind::HashFloor,
+                Kind::SetFloor,
+            ],
             Kind::name,
             s,
         )
@@ -171,6 +197,10 @@ fn parent_main() {
     let (url, server) = support::redis_url_or_spawn();
     let mut admin = admin_connection(&url, STUCK);
     let version = support::redis_version(&mut admin);
+    let fcall = runs_fcall(&version);
+    if fcall {
+        ScriptFloor::load_library(&mut admin);
+    }
     let started = Instant::now();
 
     let on = run_on(
@@ -191,6 +221,8 @@ fn parent_main() {
         (Kind::Fair, MANY_NAMES),
         (Kind::Naive, MANY_NAMES),
         (Kind::Floor, MANY_NAMES),
+        (Kind::HashFloor, MANY_NAMES),
+        (Kind::SetFloor, MANY_NAMES),
         (Kind::Lock, 1),
         (Kind::Fair, 1),
         (Kind::Naive, 1),
@@ -206,17 +238,35 @@ fn parent_main() {
                 plan.len(),
                 kind.name()
             );
-            let r = run(&url, kind, names, secs, &mut admin);
+            let r = run(&url, kind, names, secs, fcall, &mut admin);
             match runs.get_mut(i) {
                 Some(sum) => sum.add(&r),
                 None => runs.push(r),
             }
         }
     }
-    report(&runs, &version, poll_ms, started.elapsed());
+    report(&runs, fcall, poll_ms, started.elapsed());
 }
 
-fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connection) -> Run {
+/// Whether the scripts run as functions (FCALL): the client's and the script floors'
+/// alike. Valkey reports a redis_version of 7.2: both have functions from 7.0 on.
+fn runs_fcall(version: &str) -> bool {
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    use_functions() && major >= 7
+}
+
+fn run(
+    url: &str,
+    kind: Kind,
+    names: usize,
+    secs: f64,
+    fcall: bool,
+    admin: &mut redis::Connection,
+) -> Run {
     let prefix = unique_prefix("saturation", &format!("{}-{names}", kind.name()));
     let names_s = names.to_string();
     let mut children = spawn_workers(
@@ -228,6 +278,7 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
             (URL_ENV, url),
             (PREFIX_ENV, &prefix),
             (NAMES_ENV, &names_s),
+            (FCALL_ENV, if fcall { "1" } else { "0" }),
         ],
     );
     for c in &children {
@@ -328,6 +379,13 @@ enum Handles {
         me: String,
         floor: QueueFloorLock,
     },
+    /// A script floor; `holder` as long as a redmutex holder id (client UUID:thread).
+    Scripted {
+        con: Box<redis::Connection>,
+        keys: Vec<String>,
+        floor: ScriptFloor,
+        holder: String,
+    },
 }
 
 fn child_main() {
@@ -335,6 +393,7 @@ fn child_main() {
     let url = env(URL_ENV);
     let prefix = env(PREFIX_ENV);
     let names = parse_u64(&env(NAMES_ENV)) as usize;
+    let fcall = env(FCALL_ENV) == "1";
     let poll = Duration::from_secs_f64(env_f64(POLL_ENV, DEFAULT_POLL_MS) / 1e3);
     let client = matches!(kind, Kind::Lock | Kind::Fair).then(|| bench_client(&url, &prefix));
     let ready = Arc::new(Barrier::new(THREADS + 1));
@@ -381,6 +440,25 @@ fn child_main() {
                             channels,
                             me,
                             floor: QueueFloorLock::new(),
+                        }
+                    }
+                    Kind::HashFloor | Kind::SetFloor => {
+                        let shape = if kind == Kind::HashFloor {
+                            FloorShape::Hash
+                        } else {
+                            FloorShape::Set
+                        };
+                        Handles::Scripted {
+                            con: Box::new(connect(&url)),
+                            keys: (0..names)
+                                .map(|i| format!("{prefix}{}:{}", kind.name(), name(i)))
+                                .collect(),
+                            floor: ScriptFloor::new(shape, fcall),
+                            holder: format!(
+                                "{:08x}-0000-4000-8000-{:012x}:{t}",
+                                std::process::id(),
+                                mono_ns() & 0xffff_ffff_ffff
+                            ),
                         }
                     }
                 };
@@ -441,6 +519,19 @@ fn child_main() {
                             floor.unlock(con, key, queue, me, NAIVE_LEASE_MS, channels);
                             at
                         }
+                        Handles::Scripted {
+                            con,
+                            keys,
+                            floor,
+                            holder,
+                        } => {
+                            while !floor.try_lock(con, &keys[i], holder, NAIVE_LEASE_MS) {
+                                thread::sleep(poll);
+                            }
+                            let at = mono_ns();
+                            floor.unlock(con, &keys[i], holder, NAIVE_LEASE_MS);
+                            at
+                        }
                     };
                     (called, acquired)
                 };
@@ -496,32 +587,27 @@ fn process_cpu_ns() -> u64 {
 // ---------------------------------------------------------------------------------------
 // Report.
 
-fn report(runs: &[Run], version: &str, poll_ms: f64, elapsed: Duration) {
+fn report(runs: &[Run], fcall: bool, poll_ms: f64, elapsed: Duration) {
     let mut out = String::new();
     let mut targets = Targets::default();
-    // Valkey reports a redis_version of 7.2: both have functions from 7.0 on.
-    let major: u32 = version
-        .split('.')
-        .next()
-        .and_then(|m| m.trim().parse().ok())
-        .unwrap_or(0);
-    let fcall = use_functions() && major >= 7;
     let path = if fcall { "FCALL" } else { "EVALSHA" };
     let _ = writeln!(
         out,
         "\nscripts run with {path} ({})",
         if fcall {
             "the library's functions, Redis 7.0+"
-        } else if major >= 7 {
-            "REDMUTEX_BENCH_EVALSHA=1"
-        } else {
+        } else if use_functions() {
             "no functions before Redis 7.0"
+        } else {
+            "REDMUTEX_BENCH_EVALSHA=1"
         }
     );
     for names in [MANY_NAMES, 1] {
         let these: Vec<&Run> = runs.iter().filter(|r| r.names == names).collect();
         let of = |k: Kind| -> &Run { these.iter().find(|r| r.kind == k).expect("every kind") };
         let (naive, floor) = (of(Kind::Naive), of(Kind::Floor));
+        // The script floor of the hash shape, on the 1,000-name run only.
+        let hashfloor = these.iter().find(|r| r.kind == Kind::HashFloor);
         let _ = writeln!(
             out,
             "\n{PROCESSES} processes x {THREADS} threads over {names} name(s){}",
@@ -562,16 +648,24 @@ fn report(runs: &[Run], version: &str, poll_ms: f64, elapsed: Duration) {
             "  x floor",
             col(&|r| ratio(r.per_redis_cpu_s(), floor.per_redis_cpu_s())),
         );
+        let mut floors = vec![
+            ("naive", &naive.cost, naive.total()),
+            ("floor", &floor.cost, floor.total()),
+        ];
+        if let Some(h) = hashfloor {
+            t.row(
+                "  x hashfloor",
+                col(&|r| ratio(r.per_redis_cpu_s(), h.per_redis_cpu_s())),
+            );
+            floors.push(("hashfloor", &h.cost, h.total()));
+        }
         server_cost_rows_vs(
             &mut t,
             &these
                 .iter()
                 .map(|r| (&r.cost, r.total()))
                 .collect::<Vec<_>>(),
-            &[
-                ("naive", &naive.cost, naive.total()),
-                ("floor", &floor.cost, floor.total()),
-            ],
+            &floors,
         );
         t.row(
             "least/most per process",
@@ -639,7 +733,7 @@ fn report(runs: &[Run], version: &str, poll_ms: f64, elapsed: Duration) {
         for r in &these {
             let _ = writeln!(
                 out,
-                "  {:<12} per acquisition: {}",
+                "  {:<15} per acquisition: {}",
                 r.label(),
                 r.cost.breakdown(r.total())
             );
@@ -672,6 +766,37 @@ fn report(runs: &[Run], version: &str, poll_ms: f64, elapsed: Duration) {
                 "1,000 names: floor acquisitions per Redis CPU s x naive",
                 f2(per_cpu(Kind::Floor)),
                 "the fair floor, mostly uncontended here",
+            );
+            // What the design's shape allows: the least a hash lock run by one script per
+            // operation costs (hashfloor x naive: the target is reachable only below
+            // it), and what of Lock's gap redmutex itself could still cut (x hashfloor).
+            let vs_hash = of(Kind::Lock).per_redis_cpu_s() / of(Kind::HashFloor).per_redis_cpu_s();
+            let executed_vs = |k: Kind, base: Kind| executed(k) / executed(base);
+            targets.info(
+                "1,000 names: hashfloor acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::HashFloor)),
+                &format!(
+                    "item 1's ceiling for the design's shape, {path}; executed {} ({}x naive)",
+                    f2(executed(Kind::HashFloor)),
+                    f2(executed_vs(Kind::HashFloor, Kind::Naive))
+                ),
+            );
+            targets.info(
+                "1,000 names: setfloor acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::SetFloor)),
+                &format!(
+                    "the naive lock with both calls scripted; executed {}",
+                    f2(executed(Kind::SetFloor))
+                ),
+            );
+            targets.info(
+                "1,000 names: Lock acquisitions per Redis CPU s x hashfloor",
+                f2(vs_hash),
+                &format!(
+                    "what redmutex can still cut; executed {} ({}x hashfloor)",
+                    f2(executed(Kind::Lock)),
+                    f2(executed_vs(Kind::Lock, Kind::HashFloor))
+                ),
             );
         } else {
             for k in [Kind::Lock, Kind::Fair] {
