@@ -904,9 +904,9 @@ impl ScriptFloor {
 "
         );
         for (name, body) in FLOOR_BODIES {
-            let _ = write!(
+            let _ = writeln!(
                 code,
-                "redis.register_function('{name}', function(keys, args){body}end)\n"
+                "redis.register_function('{name}', function(keys, args){body}end)"
             );
         }
         let _: String = redis::cmd("FUNCTION")
