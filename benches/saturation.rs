@@ -1,24 +1,48 @@
 //! `cargo bench --bench saturation`: how many acquisitions one Redis core serves (issue 18,
-//! item 3), for redmutex and a naive lock in the same run, against a real redis-server
-//! (spawned here, or the one at `REDIS_URL`).
+//! item 3; issue 29), for redmutex, a naive lock and the fair floor in the same run,
+//! against a real redis-server (spawned here, or the one at `REDIS_URL`).
 //!
 //! 8 processes × 4 threads loop lock -> (no hold) -> unlock for `REDMUTEX_SATURATION_SECS`
 //! seconds (default 3) per run, in `REDMUTEX_SATURATION_PASSES` passes (default 2) over
 //! all runs whose figures are summed, over 1,000 lock names (each iteration a random one: little
-//! contention) and over 1 name (all contention). Runs, back to back: 1,000 names with
-//! `Lock` and the naive lock; 1 name with `Lock`, `FairLock` and the naive lock. Each
+//! contention) and over 1 name (all contention: a hot lock). Runs, back to back, for each
+//! of 1,000 names and 1 name: `Lock`, `FairLock`, the naive lock and the fair floor. Each
 //! process has one redmutex `Client` (its threads share it), or one connection per thread
-//! for the naive lock.
+//! for the naive lock (two for the fair floor: one of them subscribed).
 //!
 //! The naive lock is `SET key token NX PX 30000`, released by a compare-and-delete script
 //! (EVALSHA); a thread that finds the key taken sleeps `REDMUTEX_SATURATION_POLL_MS`
 //! (default 1 ms) and tries again.
 //!
+//! The fair floor (`common::QueueFloorLock`) is the least a fair lock that queues in Redis
+//! and wakes the next waiter by `PUBLISH` can do (issue 29's floor): take = one script,
+//! `SET NX PX` else `RPUSH` to the queue (then the thread waits for its grant on its own
+//! channel); give = one script, `GET` (compare), `LPOP`, `SET PX` to the next waiter and
+//! `PUBLISH` its grant, else `DEL`. No tickets, entry expiry, crash safety, renewal,
+//! reentrancy or confirmation.
+//!
+//! The 1,000-name run has two script floors too (`common::ScriptFloor`), run as FCALL of
+//! a function library of their own on Redis 7.0+ and Valkey, as EVALSHA on 6.2 and with
+//! `REDMUTEX_BENCH_EVALSHA=1`, like the client's scripts: `hashfloor`, the least any lock
+//! kept as `Lock` keeps it (a HASH holder -> count with PEXPIRE, every operation one
+//! script) can run (take: EXISTS, HSET, PEXPIRE; give: HGET, DEL), so item 1's ceiling
+//! for the design's shape; and `setfloor`, the naive lock with its take scripted too
+//! (take: SET NX PX; give: GET, DEL), which splits hashfloor's cost over naive into the
+//! script calls' and the hash's. Neither wakes waiters (they poll as the naive lock's do).
+//!
 //! Reported per run: acquisitions/s, Redis CPU busy fraction (Redis process CPU s / wall
 //! s: 1.0 is one core busy all along), acquisitions per Redis CPU second (per Redis core),
-//! executed commands and requests per acquisition, the clients' own CPU (all 8 processes,
-//! in cores), least/most acquisitions per process, and redmutex / naive ratios. The
-//! machine's cores are shared by Redis and the 32 client threads, so Redis need not be
+//! Redis CPU µs, executed commands (`INFO commandstats`, script-internal ones included,
+//! each script call counted once more as itself) and requests per acquisition, the clients'
+//! own CPU (all 8 processes, in cores), least/most acquisitions per process, the
+//! acquisition latency (`lock()` called → returned, every acquisition), and on the one-name
+//! runs the handoff latency: every acquisition of every process in `CLOCK_MONOTONIC` order
+//! (one clock for all processes on Linux), from the start of one holder's release to the
+//! next holder's `lock()` returning, whoever that is (the same thread again when it barges).
+//! (With no hold, a release starts when its `lock()` returned, so these times cannot tell
+//! two holders at once: the contention bench's witness checks mutual exclusion.) Ratios
+//! to the naive lock and to the fair floor of the same run, then the issue's targets.
+//! The machine's cores are shared by Redis and the 32 client threads, so Redis need not be
 //! the bottleneck: its busy fraction says how close it came, and acquisitions per Redis
 //! CPU second is the figure that holds either way.
 //!
@@ -39,6 +63,8 @@ use common::*;
 use support::child::say;
 
 const NAMES_ENV: &str = "REDMUTEX_SATURATION_NAMES";
+/// Tells the workers whether the script floors run as FCALL ("1") or EVALSHA.
+const FCALL_ENV: &str = "REDMUTEX_SATURATION_FCALL";
 /// Seconds per run (a float); 3 unless set.
 const SECS_ENV: &str = "REDMUTEX_SATURATION_SECS";
 const DEFAULT_SECS: f64 = 3.0;
@@ -65,6 +91,14 @@ enum Kind {
     Lock,
     Fair,
     Naive,
+    /// `common::QueueFloorLock`: the fair floor.
+    Floor,
+    /// `common::ScriptFloor` of the hash shape: the least a lock kept as `Lock` keeps it
+    /// (a HASH holder -> count with PEXPIRE, one script per operation) can run.
+    HashFloor,
+    /// `common::ScriptFloor` of the string shape: the naive lock with its take scripted
+    /// too (what the script calls cost, without the hash).
+    SetFloor,
 }
 
 impl Kind {
@@ -73,11 +107,25 @@ impl Kind {
             Kind::Lock => "Lock",
             Kind::Fair => "FairLock",
             Kind::Naive => "naive",
+            Kind::Floor => "floor",
+            Kind::HashFloor => "hashfloor",
+            Kind::SetFloor => "setfloor",
         }
     }
 
     fn parse(s: &str) -> Kind {
-        kind_named(&[Kind::Lock, Kind::Fair, Kind::Naive], Kind::name, s)
+        kind_named(
+            &[
+                Kind::Lock,
+                Kind::Fair,
+                Kind::Naive,
+                Kind::Floor,
+                Kind::HashFloor,
+                Kind::SetFloor,
+            ],
+            Kind::name,
+            s,
+        )
     }
 }
 
@@ -93,6 +141,16 @@ struct Run {
     cost: ServerCost,
     /// CPU the worker processes used during the run, s (all of them).
     client_cpu_s: f64,
+    /// Every acquisition's latency, `lock()` called → returned, µs.
+    latency_us: Vec<f64>,
+    /// One name only: every handoff, one holder's release started → the next holder's
+    /// `lock()` returned, µs (all processes' acquisitions in `CLOCK_MONOTONIC` order).
+    handoff_us: Vec<f64>,
+    /// Of those handoffs, how many went to a thread of another process.
+    handoffs_across: u64,
+    /// The handoffs to a thread of the same process (the releasing one included), µs:
+    /// those a client can make without a pub/sub message.
+    handoff_within_us: Vec<f64>,
 }
 
 impl Run {
@@ -112,6 +170,15 @@ impl Run {
         self.wall_s += other.wall_s;
         self.cost.add(&other.cost);
         self.client_cpu_s += other.client_cpu_s;
+        self.latency_us.extend_from_slice(&other.latency_us);
+        self.handoff_us.extend_from_slice(&other.handoff_us);
+        self.handoffs_across += other.handoffs_across;
+        self.handoff_within_us
+            .extend_from_slice(&other.handoff_within_us);
+    }
+
+    fn rate(&self) -> f64 {
+        self.total() as f64 / self.wall_s
     }
 
     fn redis_cpu_s(&self) -> f64 {
@@ -130,6 +197,10 @@ fn parent_main() {
     let (url, server) = support::redis_url_or_spawn();
     let mut admin = admin_connection(&url, STUCK);
     let version = support::redis_version(&mut admin);
+    let fcall = runs_fcall(&version);
+    if fcall {
+        ScriptFloor::load_library(&mut admin);
+    }
     let started = Instant::now();
 
     let on = run_on(
@@ -147,10 +218,15 @@ fn parent_main() {
 
     let plan = [
         (Kind::Lock, MANY_NAMES),
+        (Kind::Fair, MANY_NAMES),
         (Kind::Naive, MANY_NAMES),
+        (Kind::Floor, MANY_NAMES),
+        (Kind::HashFloor, MANY_NAMES),
+        (Kind::SetFloor, MANY_NAMES),
         (Kind::Lock, 1),
         (Kind::Fair, 1),
         (Kind::Naive, 1),
+        (Kind::Floor, 1),
     ];
     let mut runs: Vec<Run> = Vec::new();
     for pass in 0..passes {
@@ -162,17 +238,35 @@ fn parent_main() {
                 plan.len(),
                 kind.name()
             );
-            let r = run(&url, kind, names, secs, &mut admin);
+            let r = run(&url, kind, names, secs, fcall, &mut admin);
             match runs.get_mut(i) {
                 Some(sum) => sum.add(&r),
                 None => runs.push(r),
             }
         }
     }
-    report(&runs, started.elapsed());
+    report(&runs, fcall, poll_ms, started.elapsed());
 }
 
-fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connection) -> Run {
+/// Whether the scripts run as functions (FCALL): the client's and the script floors'
+/// alike. Valkey reports a redis_version of 7.2: both have functions from 7.0 on.
+fn runs_fcall(version: &str) -> bool {
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    use_functions() && major >= 7
+}
+
+fn run(
+    url: &str,
+    kind: Kind,
+    names: usize,
+    secs: f64,
+    fcall: bool,
+    admin: &mut redis::Connection,
+) -> Run {
     let prefix = unique_prefix("saturation", &format!("{}-{names}", kind.name()));
     let names_s = names.to_string();
     let mut children = spawn_workers(
@@ -184,6 +278,7 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
             (URL_ENV, url),
             (PREFIX_ENV, &prefix),
             (NAMES_ENV, &names_s),
+            (FCALL_ENV, if fcall { "1" } else { "0" }),
         ],
     );
     for c in &children {
@@ -209,8 +304,44 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
         last_end = last_end.max(v[2]);
     }
     let cost = ServerSnapshot::take(admin).since(&before);
+    // Each process's acquisitions (acquired, called, release started), ns, after the
+    // snapshot: sending them is no part of the run.
+    let mut all: Vec<(u64, u64, u64, usize)> = Vec::new();
+    for (p, c) in children.iter().enumerate() {
+        let line = c
+            .try_line(STUCK)
+            .unwrap_or_else(|| panic!("a {} worker sent no events", kind.name()));
+        let v: Vec<u64> = line
+            .strip_prefix("events")
+            .unwrap_or_else(|| panic!("unexpected worker line {line:?}"))
+            .split_whitespace()
+            .map(parse_u64)
+            .collect();
+        all.extend(
+            v.chunks_exact(3)
+                .map(|e| (e[0], e[0] - e[1], e[0] + e[2], p)),
+        );
+    }
     for c in children {
         c.wait_success();
+    }
+    let latency_us = all
+        .iter()
+        .map(|&(acq, call, _, _)| us_between(call, acq))
+        .collect();
+    let (mut handoff_us, mut handoffs_across, mut handoff_within_us) = (Vec::new(), 0, Vec::new());
+    if names == 1 {
+        // In acquisition order (one lock: one holder at a time).
+        all.sort_unstable();
+        for w in all.windows(2) {
+            let ((_, _, released, from), (acquired, _, _, to)) = (w[0], w[1]);
+            let us = us_between(released, acquired);
+            handoff_us.push(us);
+            handoffs_across += u64::from(from != to);
+            if from == to {
+                handoff_within_us.push(us);
+            }
+        }
     }
     Run {
         kind,
@@ -220,6 +351,10 @@ fn run(url: &str, kind: Kind, names: usize, secs: f64, admin: &mut redis::Connec
         wall_s: (last_end - start) as f64 / 1e9,
         cost,
         client_cpu_s,
+        latency_us,
+        handoff_us,
+        handoffs_across,
+        handoff_within_us,
     }
 }
 
@@ -235,6 +370,22 @@ enum Handles {
         naive: NaiveLock,
         token: String,
     },
+    /// One holder id per thread (its grant channel is named after it, subscribed once).
+    Floor {
+        con: Box<redis::Connection>,
+        sub: Box<redis::Connection>,
+        keys: Vec<(String, String)>,
+        channels: String,
+        me: String,
+        floor: QueueFloorLock,
+    },
+    /// A script floor; `holder` as long as a redmutex holder id (client UUID:thread).
+    Scripted {
+        con: Box<redis::Connection>,
+        keys: Vec<String>,
+        floor: ScriptFloor,
+        holder: String,
+    },
 }
 
 fn child_main() {
@@ -242,8 +393,9 @@ fn child_main() {
     let url = env(URL_ENV);
     let prefix = env(PREFIX_ENV);
     let names = parse_u64(&env(NAMES_ENV)) as usize;
+    let fcall = env(FCALL_ENV) == "1";
     let poll = Duration::from_secs_f64(env_f64(POLL_ENV, DEFAULT_POLL_MS) / 1e3);
-    let client = (kind != Kind::Naive).then(|| bench_client(&url, &prefix));
+    let client = matches!(kind, Kind::Lock | Kind::Fair).then(|| bench_client(&url, &prefix));
     let ready = Arc::new(Barrier::new(THREADS + 1));
     let go = Arc::new(Barrier::new(THREADS + 1));
     let window = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
@@ -270,9 +422,50 @@ fn child_main() {
                         naive: NaiveLock::new(),
                         token: format!("{}:{t}", std::process::id()),
                     },
+                    Kind::Floor => {
+                        let me = format!("{}:{t}", std::process::id());
+                        let channels = format!("{prefix}floor-grant:");
+                        let mut sub = Box::new(connect(&url));
+                        QueueFloorLock::subscribe(&mut sub, &channels, &me, STUCK);
+                        Handles::Floor {
+                            con: Box::new(connect(&url)),
+                            sub,
+                            keys: (0..names)
+                                .map(|i| {
+                                    let key = format!("{prefix}floor:{}", name(i));
+                                    let queue = format!("{key}:q");
+                                    (key, queue)
+                                })
+                                .collect(),
+                            channels,
+                            me,
+                            floor: QueueFloorLock::new(),
+                        }
+                    }
+                    Kind::HashFloor | Kind::SetFloor => {
+                        let shape = if kind == Kind::HashFloor {
+                            FloorShape::Hash
+                        } else {
+                            FloorShape::Set
+                        };
+                        Handles::Scripted {
+                            con: Box::new(connect(&url)),
+                            keys: (0..names)
+                                .map(|i| format!("{prefix}{}:{}", kind.name(), name(i)))
+                                .collect(),
+                            floor: ScriptFloor::new(shape, fcall),
+                            holder: format!(
+                                "{:08x}-0000-4000-8000-{:012x}:{t}",
+                                std::process::id(),
+                                mono_ns() & 0xffff_ffff_ffff
+                            ),
+                        }
+                    }
                 };
-                // xorshift64, seeded per process and thread.
-                let mut seed = (std::process::id() as u64) << 8 | t as u64 | 1;
+                // xorshift64, seeded per process and thread (odd, never 0). The thread
+                // goes above the low bit: `| t | 1` gave threads 0 and 1 (and 2 and 3)
+                // one seed, so they picked the same names in step and contended on them.
+                let mut seed = ((std::process::id() as u64) << 8 | t as u64) << 1 | 1;
                 let mut pick = move || {
                     seed ^= seed << 13;
                     seed ^= seed >> 7;
@@ -280,26 +473,67 @@ fn child_main() {
                     (seed % names as u64) as usize
                 };
                 let mut n = 0u64;
-                let mut once = |i: usize| match &mut h {
-                    Handles::Lock(locks) => {
-                        locks[i].lock().expect("lock").unlock().expect("unlock");
-                    }
-                    Handles::Fair(locks) => {
-                        locks[i].lock().expect("lock").unlock().expect("unlock");
-                    }
-                    Handles::Naive {
-                        con,
-                        keys,
-                        naive,
-                        token,
-                    } => {
-                        n += 1;
-                        let mine = format!("{token}:{n}");
-                        while !naive.try_lock(con, &keys[i], &mine, NAIVE_LEASE_MS) {
-                            thread::sleep(poll);
+                // One acquisition and release: when `lock()` was called and when it
+                // returned (with no hold, the release starts then too).
+                let mut once = |i: usize| -> (u64, u64) {
+                    let called = mono_ns();
+                    let acquired = match &mut h {
+                        Handles::Lock(locks) => {
+                            let g = locks[i].lock().expect("lock");
+                            let at = mono_ns();
+                            g.unlock().expect("unlock");
+                            at
                         }
-                        naive.unlock(con, &keys[i], &mine);
-                    }
+                        Handles::Fair(locks) => {
+                            let g = locks[i].lock().expect("lock");
+                            let at = mono_ns();
+                            g.unlock().expect("unlock");
+                            at
+                        }
+                        Handles::Naive {
+                            con,
+                            keys,
+                            naive,
+                            token,
+                        } => {
+                            n += 1;
+                            let mine = format!("{token}:{n}");
+                            while !naive.try_lock(con, &keys[i], &mine, NAIVE_LEASE_MS) {
+                                thread::sleep(poll);
+                            }
+                            let at = mono_ns();
+                            naive.unlock(con, &keys[i], &mine);
+                            at
+                        }
+                        Handles::Floor {
+                            con,
+                            sub,
+                            keys,
+                            channels,
+                            me,
+                            floor,
+                        } => {
+                            let (key, queue) = &keys[i];
+                            floor.lock(con, sub, key, queue, me, NAIVE_LEASE_MS);
+                            let at = mono_ns();
+                            floor.unlock(con, key, queue, me, NAIVE_LEASE_MS, channels);
+                            at
+                        }
+                        Handles::Scripted {
+                            con,
+                            keys,
+                            floor,
+                            holder,
+                        } => {
+                            while !floor.try_lock(con, &keys[i], holder, NAIVE_LEASE_MS) {
+                                thread::sleep(poll);
+                            }
+                            let at = mono_ns();
+                            floor.unlock(con, &keys[i], holder, NAIVE_LEASE_MS);
+                            at
+                        }
+                    };
+                    (called, acquired)
                 };
                 // Warm up: scripts loaded, connections open.
                 once(0);
@@ -307,12 +541,11 @@ fn child_main() {
                 go.wait();
                 let (start, end) = *window.lock().expect("window");
                 sleep_until_mono(start);
-                let mut count = 0u64;
+                let mut events = Vec::new();
                 while mono_ns() < end {
-                    once(pick());
-                    count += 1;
+                    events.push(once(pick()));
                 }
-                (count, mono_ns())
+                (events, mono_ns())
             })
         })
         .collect();
@@ -321,15 +554,23 @@ fn child_main() {
     *window.lock().expect("window") = read_window();
     let cpu_before = process_cpu_ns();
     go.wait();
-    let mut count = 0;
+    let mut events = Vec::new();
     let mut last = 0;
     for t in threads {
-        let (c, at) = t.join().expect("worker thread");
-        count += c;
+        let (mine, at) = t.join().expect("worker thread");
+        events.extend(mine);
         last = last.max(at);
     }
     let cpu = process_cpu_ns() - cpu_before;
-    say(&format!("count {count} {cpu} {last}"));
+    say(&format!("count {} {cpu} {last}", events.len()));
+    // Then every acquisition, once the parent has its server snapshot: `acquired`
+    // (CLOCK_MONOTONIC ns), how long `lock()` took (ns) and when the release started
+    // after it (0 ns: no hold), on one line.
+    let mut line = String::from("events");
+    for (called, acquired) in events {
+        let _ = write!(line, " {acquired} {} 0", acquired - called);
+    }
+    say(&line);
 }
 
 /// This process's CPU time, user + sys, ns (`/proc/self/stat`, clock ticks of 10 ms).
@@ -346,19 +587,32 @@ fn process_cpu_ns() -> u64 {
 // ---------------------------------------------------------------------------------------
 // Report.
 
-fn report(runs: &[Run], elapsed: Duration) {
+fn report(runs: &[Run], fcall: bool, poll_ms: f64, elapsed: Duration) {
     let mut out = String::new();
+    let mut targets = Targets::default();
+    let path = if fcall { "FCALL" } else { "EVALSHA" };
+    let _ = writeln!(
+        out,
+        "\nscripts run with {path} ({})",
+        if fcall {
+            "the library's functions, Redis 7.0+"
+        } else if use_functions() {
+            "no functions before Redis 7.0"
+        } else {
+            "REDMUTEX_BENCH_EVALSHA=1"
+        }
+    );
     for names in [MANY_NAMES, 1] {
         let these: Vec<&Run> = runs.iter().filter(|r| r.names == names).collect();
-        let naive = these
-            .iter()
-            .find(|r| r.kind == Kind::Naive)
-            .expect("a naive run");
+        let of = |k: Kind| -> &Run { these.iter().find(|r| r.kind == k).expect("every kind") };
+        let (naive, floor) = (of(Kind::Naive), of(Kind::Floor));
+        // The script floor of the hash shape, on the 1,000-name run only.
+        let hashfloor = these.iter().find(|r| r.kind == Kind::HashFloor);
         let _ = writeln!(
             out,
             "\n{PROCESSES} processes x {THREADS} threads over {names} name(s){}",
             if names == 1 {
-                " (all contention)"
+                " (all contention: one hot lock)"
             } else {
                 " (each iteration a random name: little contention)"
             }
@@ -369,20 +623,11 @@ fn report(runs: &[Run], elapsed: Duration) {
         let mut t = Grid::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
         let col =
             |f: &dyn Fn(&Run) -> String| -> Vec<String> { these.iter().map(|r| f(r)).collect() };
+        let ratio = |v: f64, base: f64| format!("{:.2}x", v / base);
         t.row("acquisitions", col(&|r| r.total().to_string()));
-        t.row(
-            "acquisitions/s",
-            col(&|r| format!("{:.0}", r.total() as f64 / r.wall_s)),
-        );
-        t.row(
-            "  x naive",
-            col(&|r| {
-                format!(
-                    "{:.2}x",
-                    (r.total() as f64 / r.wall_s) / (naive.total() as f64 / naive.wall_s)
-                )
-            }),
-        );
+        t.row("acquisitions/s", col(&|r| format!("{:.0}", r.rate())));
+        t.row("  x naive", col(&|r| ratio(r.rate(), naive.rate())));
+        t.row("  x floor", col(&|r| ratio(r.rate(), floor.rate())));
         t.row(
             "Redis CPU busy (CPU s / wall s)",
             col(&|r| f2(r.redis_cpu_s() / r.wall_s)),
@@ -397,29 +642,71 @@ fn report(runs: &[Run], elapsed: Duration) {
         );
         t.row(
             "  x naive",
-            col(&|r| format!("{:.2}x", r.per_redis_cpu_s() / naive.per_redis_cpu_s())),
+            col(&|r| ratio(r.per_redis_cpu_s(), naive.per_redis_cpu_s())),
         );
-        server_cost_rows(
+        t.row(
+            "  x floor",
+            col(&|r| ratio(r.per_redis_cpu_s(), floor.per_redis_cpu_s())),
+        );
+        let mut floors = vec![
+            ("naive", &naive.cost, naive.total()),
+            ("floor", &floor.cost, floor.total()),
+        ];
+        if let Some(h) = hashfloor {
+            t.row(
+                "  x hashfloor",
+                col(&|r| ratio(r.per_redis_cpu_s(), h.per_redis_cpu_s())),
+            );
+            floors.push(("hashfloor", &h.cost, h.total()));
+        }
+        server_cost_rows_vs(
             &mut t,
             &these
                 .iter()
                 .map(|r| (&r.cost, r.total()))
                 .collect::<Vec<_>>(),
-            Some((&naive.cost, naive.total())),
-        );
-        t.row(
-            "  x naive (requests)",
-            col(&|r| {
-                format!(
-                    "{:.2}x",
-                    r.cost.requests_per(r.total()) / naive.cost.requests_per(naive.total())
-                )
-            }),
+            &floors,
         );
         t.row(
             "least/most per process",
             col(&|r| f2(least_most(&r.counts))),
         );
+        t.row(
+            "lock() latency p50 / p99 µs",
+            col(&|r| {
+                format!(
+                    "{} / {}",
+                    f1(percentile(&r.latency_us, 0.5)),
+                    f1(percentile(&r.latency_us, 0.99))
+                )
+            }),
+        );
+        if names == 1 {
+            t.row(
+                "handoff p50 / p99 µs",
+                col(&|r| {
+                    format!(
+                        "{} / {}",
+                        f1(percentile(&r.handoff_us, 0.5)),
+                        f1(percentile(&r.handoff_us, 0.99))
+                    )
+                }),
+            );
+            t.row(
+                "handoffs to another process",
+                col(&|r| f2(r.handoffs_across as f64 / r.handoff_us.len().max(1) as f64)),
+            );
+            t.row(
+                "  within the process: p50 / p99 µs",
+                col(&|r| {
+                    format!(
+                        "{} / {}",
+                        f1(percentile(&r.handoff_within_us, 0.5)),
+                        f1(percentile(&r.handoff_within_us, 0.99))
+                    )
+                }),
+            );
+        }
         let _ = write!(out, "{}", t.render());
         let busiest = these
             .iter()
@@ -434,15 +721,140 @@ fn report(runs: &[Run], elapsed: Duration) {
             if busiest >= 0.9 { "was" } else { "was NOT" },
             PROCESSES * THREADS
         );
+        if names == 1 {
+            let _ = writeln!(
+                out,
+                "  handoff: all processes' acquisitions in CLOCK_MONOTONIC order, from one \
+                 holder's release start to the next holder's lock() returning (whoever it \
+                 is: the releasing thread again when it barges); 32 threads on one name \
+                 leave nearly always a waiter"
+            );
+        }
         for r in &these {
             let _ = writeln!(
                 out,
-                "  {:<12} per acquisition: {}",
+                "  {:<15} per acquisition: {}",
                 r.label(),
                 r.cost.breakdown(r.total())
             );
         }
+        let per_cpu = |k: Kind| of(k).per_redis_cpu_s() / naive.per_redis_cpu_s();
+        let cpu_vs_floor =
+            |k: Kind| of(k).cost.cpu_per(of(k).total()) / floor.cost.cpu_per(floor.total());
+        let executed = |k: Kind| of(k).cost.executed_per(of(k).total());
+        let share = |k: Kind| least_most(&of(k).counts);
+        let rate = |k: Kind| of(k).rate() / naive.rate();
+        if names == MANY_NAMES {
+            let (want, note) = if fcall {
+                (0.8, "item 1, FCALL")
+            } else {
+                (0.7, "item 1, EVALSHA")
+            };
+            targets.check(
+                "1,000 names: Lock acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::Lock)),
+                &format!(">= {want}"),
+                per_cpu(Kind::Lock) >= want,
+                note,
+            );
+            targets.info(
+                "1,000 names: FairLock acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::Fair)),
+                "",
+            );
+            targets.info(
+                "1,000 names: floor acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::Floor)),
+                "the fair floor, mostly uncontended here",
+            );
+            // What the design's shape allows: the least a hash lock run by one script per
+            // operation costs (hashfloor x naive: the target is reachable only below
+            // it), and what of Lock's gap redmutex itself could still cut (x hashfloor).
+            let vs_hash = of(Kind::Lock).per_redis_cpu_s() / of(Kind::HashFloor).per_redis_cpu_s();
+            let executed_vs = |k: Kind, base: Kind| executed(k) / executed(base);
+            targets.info(
+                "1,000 names: hashfloor acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::HashFloor)),
+                &format!(
+                    "item 1's ceiling for the design's shape, {path}; executed {} ({}x naive)",
+                    f2(executed(Kind::HashFloor)),
+                    f2(executed_vs(Kind::HashFloor, Kind::Naive))
+                ),
+            );
+            targets.info(
+                "1,000 names: setfloor acquisitions per Redis CPU s x naive",
+                f2(per_cpu(Kind::SetFloor)),
+                &format!(
+                    "the naive lock with both calls scripted; executed {}",
+                    f2(executed(Kind::SetFloor))
+                ),
+            );
+            targets.info(
+                "1,000 names: Lock acquisitions per Redis CPU s x hashfloor",
+                f2(vs_hash),
+                &format!(
+                    "what redmutex can still cut; executed {} ({}x hashfloor)",
+                    f2(executed(Kind::Lock)),
+                    f2(executed_vs(Kind::Lock, Kind::HashFloor))
+                ),
+            );
+        } else {
+            for k in [Kind::Lock, Kind::Fair] {
+                targets.check(
+                    &format!("1 name: {} Redis CPU per acquisition x floor", k.name()),
+                    f2(cpu_vs_floor(k)),
+                    "<= 1.15",
+                    cpu_vs_floor(k) <= 1.15,
+                    "item 2",
+                );
+                targets.check(
+                    &format!("1 name: {} executed commands per acquisition", k.name()),
+                    f2(executed(k)),
+                    "<= 14",
+                    executed(k) <= 14.0,
+                    &format!("item 2; floor {}", f2(executed(Kind::Floor))),
+                );
+            }
+            for (k, want, fair) in [(Kind::Lock, 0.5, 0.8), (Kind::Fair, 0.3, 0.95)] {
+                targets.check(
+                    &format!("1 name: {} acquisitions/s x naive", k.name()),
+                    f2(rate(k)),
+                    &format!(">= {want}"),
+                    rate(k) >= want,
+                    &format!("item 3; floor {}", f2(rate(Kind::Floor))),
+                );
+                targets.check(
+                    &format!("1 name: {} least/most per process", k.name()),
+                    f2(share(k)),
+                    &format!(">= {fair}"),
+                    share(k) >= fair,
+                    &format!("item 3; floor {}", f2(share(Kind::Floor))),
+                );
+                targets.info(
+                    &format!("1 name: {} handoff p50 / p99 µs", k.name()),
+                    format!(
+                        "{} / {}",
+                        f1(percentile(&of(k).handoff_us, 0.5)),
+                        f1(percentile(&of(k).handoff_us, 0.99))
+                    ),
+                    &format!(
+                        "item 3; floor {} / {}",
+                        f1(percentile(&floor.handoff_us, 0.5)),
+                        f1(percentile(&floor.handoff_us, 0.99))
+                    ),
+                );
+            }
+        }
     }
-    let _ = writeln!(out, "\nwhole bench took {:.1} s", elapsed.as_secs_f64());
+    let _ = writeln!(out, "\n{}", targets.render());
+    let _ = writeln!(
+        out,
+        "item 1 compares uncontended acquisitions per Redis CPU s with the naive lock's; item 2 \
+         contended Redis CPU and commands with the fair floor's (a queue in Redis + PUBLISH, \
+         nothing else); item 3 the hot lock's rate with the naive lock's, which is bound by its \
+         {PROCESSES}x{THREADS} threads' {poll_ms} ms polling and by the machine's cores: the \
+         floor's own ratio to it is printed beside each"
+    );
+    let _ = writeln!(out, "whole bench took {:.1} s", elapsed.as_secs_f64());
     print!("{out}");
 }
