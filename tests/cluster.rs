@@ -26,7 +26,7 @@ const CLIENTS: Clients = Clients::DEFAULT
 const WATCHDOG: Duration = Duration::from_secs(6);
 
 /// What a cluster's ACL rule adds to the minimal one (docs/redis-layout.md).
-const CLUSTER_ACL_ADDITIONS: &str = "+cluster|slots +ssubscribe +sunsubscribe +spublish";
+const CLUSTER_ACL_ADDITIONS: &str = "+cluster|slots +asking +ssubscribe +sunsubscribe +spublish";
 
 fn cluster_client(cluster: &Cluster) -> Client {
     CLIENTS.cluster_at(cluster.seed_urls())
@@ -569,7 +569,7 @@ fn a_fair_queue_is_served_in_order_through_a_half_moved_slot() {
 }
 
 /// The documented minimal ACL rule with its cluster additions (docs/redis-layout.md:
-/// `+cluster|slots`, and on 7.0 and later `+ssubscribe +sunsubscribe +spublish`) serves
+/// `+cluster|slots +asking`, and on 7.0 and later `+ssubscribe +sunsubscribe +spublish`) serves
 /// a cluster: waits listen sharded where the servers have it, and are woken at once,
 /// also by a release sent by `ASK` through a half-moved slot.
 #[test]
