@@ -21,8 +21,10 @@
 -- The count is set from ARGV[3], not decremented, so a repeated call (after a lost reply)
 -- takes no second level, and levels left by lost acquire replies are dropped too.
 -- A freed lock goes to the first live waiter: made the holder if it is fair or has waited
--- past the starvation bound, else told to try (a plain lock's releaser may barge back in).
-local reply, _, keep = Q.release(ARGV[1])
+-- past the starvation bound since the later of its arrival and the lock's last turn
+-- (queue.lua's '~turn', carried by the hold), else told to try (a plain lock's releaser
+-- may barge back in).
+local reply, _, keep, turn = Q.release(ARGV[1])
 if keep then
     redis.call('pexpire', KEYS[1], keep)
 end
@@ -32,4 +34,4 @@ end
 redis.call('del', KEYS[1])
 -- No clock read unless someone waits; the lock is free. A waiter of the caller's own
 -- client is told in the reply, not published to.
-return Q.freed(Q.hand_on(nil, false, nil, true, Q.client_of(ARGV[1])))
+return Q.freed(Q.hand_on(nil, false, nil, true, Q.client_of(ARGV[1]), turn))
