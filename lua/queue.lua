@@ -188,12 +188,10 @@ end
 -- script's reply when the caller holds nothing ({-1, 0}), when this release already took
 -- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the lease
 -- in ms the caller then gives them); nil and the levels held when the hold is over and
--- the caller must free it, then (fourth) the lock's last turn ('~turn', server ms; nil
--- when none). (The lease is returned rather than given through a callback: a closure
--- would be made on every call.)
+-- the caller must free it. (The lease is returned rather than given through a callback:
+-- a closure would be made on every call.)
 function Q.release(field)
-    local got = redis.call('hmget', KEYS[1], field, '~turn')
-    local held = got[1]
+    local held = redis.call('hget', KEYS[1], field)
     if not held then
         return {-1, 0}
     end
@@ -208,7 +206,7 @@ function Q.release(field)
         redis.call('hset', KEYS[1], field, left)
         return {left, 0}, nil, need
     end
-    return nil, held, nil, tonumber(got[2])
+    return nil, held
 end
 
 -- Drops holds whose own lease ended (none for a lock: its expiry is Redis's).
@@ -270,10 +268,12 @@ end
 -- the '~fair' count (false when no fair waiter is queued), the metadata text its hold
 -- is to carry (nil: none) and the waiters' '~turn' (nil: none); nil when none waits. The
 -- clock is read only when someone is queued: `now` may be nil, and the time read is
--- returned for the caller to go on with.
-function Q.head(now)
+-- returned for the caller to go on with. `first`: the queue's first id when the caller
+-- read it already (nil: not read).
+function Q.head(now, first)
     while true do
-        local h = redis.call('lindex', KEYS[3], 0)
+        local h = first or redis.call('lindex', KEYS[3], 0)
+        first = nil
         if not h then
             return nil
         end
@@ -422,8 +422,9 @@ end
 -- client is alive: it makes this call), its message is returned instead, second: a list
 -- of the messages for the caller to deliver in order (nil when none), the way its
 -- subscriber delivers a published one. `turn`: the lock's last turn as the freed hold
--- carried it (server ms; nil: none), see '~turn' above.
-function Q.hand_on(now, give, me, free, mine, turn)
+-- carried it (server ms; nil: none), see '~turn' above; `first`: the queue's first id
+-- when the caller read it already (nil: not read).
+function Q.hand_on(now, give, me, free, mine, turn, first)
     local served
     -- The inbox prefix (keys.rs's `inbox`), made once a waiter is told.
     local inbox
@@ -431,7 +432,8 @@ function Q.hand_on(now, give, me, free, mine, turn)
     local told
     while true do
         local h, s, l, f, t, a, fairs, m, queued_turn
-        h, s, l, f, t, a, now, fairs, m, queued_turn = Q.head(now)
+        h, s, l, f, t, a, now, fairs, m, queued_turn = Q.head(now, first)
+        first = nil
         if not h or h == me or not (free or Q.fits(f, a, h)) then
             return served, told
         end

@@ -411,3 +411,63 @@ fn a_local_grant_whose_release_reply_is_lost_is_picked_up() {
         assert!(took < PROMPTLY, "{name}: the waiter took {took:?}");
     }
 }
+
+/// A measurement, not a check (`cargo test --release --test local_handoff -- --ignored`):
+/// the handoff latency, from the start of a release to the waiter holding the lock, of
+/// two threads passing a lock back and forth (each holds 2 ms, so that the other has
+/// queued), on one client (local handoffs) and on two (published), printed as p50/p99.
+#[test]
+#[ignore]
+fn handoff_latency() {
+    let server = RedisServer::new();
+    const ROUNDS: usize = 300;
+    for fair in [true, false] {
+        for same in [true, false] {
+            let name = format!("latency-{fair}-{same}");
+            let a = CLIENTS.at(&server);
+            let b = if same { a.clone() } else { CLIENTS.at(&server) };
+            let base = Instant::now();
+            // When the latest release began, ns after `base`.
+            let released = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let samples = Arc::new(Mutex::new(Vec::new()));
+            let threads: Vec<_> = [a, b]
+                .into_iter()
+                .map(|c| {
+                    let (name, released, samples) =
+                        (name.clone(), released.clone(), samples.clone());
+                    spawn(move || {
+                        for _ in 0..ROUNDS {
+                            let release: Release = if fair {
+                                take_fair(&c, &name)
+                            } else {
+                                take_lock(&c, &name)
+                            };
+                            let at = base.elapsed().as_nanos() as u64;
+                            let from = released.load(Ordering::SeqCst);
+                            if from > 0 {
+                                samples.lock().unwrap().push(at - from);
+                            }
+                            thread::sleep(Duration::from_millis(2));
+                            released.store(base.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                            release();
+                        }
+                    })
+                })
+                .collect();
+            for t in &threads {
+                done(t, "a ping-pong thread");
+            }
+            let mut s = samples.lock().unwrap().clone();
+            s.sort_unstable();
+            let p = |q: f64| s[((s.len() - 1) as f64 * q) as usize] / 1_000;
+            eprintln!(
+                "{} {}: handoff p50 {} µs, p99 {} µs ({} samples)",
+                if fair { "FairLock" } else { "Lock" },
+                if same { "one client (local)" } else { "two clients (published)" },
+                p(0.5),
+                p(0.99),
+                s.len()
+            );
+        }
+    }
+}
