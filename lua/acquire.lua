@@ -91,26 +91,19 @@ end
 local now
 if pttl == -2 then
     local mine = not queued
-    -- The lock's last turn, for the hold to carry (queue.lua's '~turn'); nil: none.
-    local turn
     if queued then
-        local first, since, _, f, fairs, queued_turn
-        first, since, _, f, _, _, now, fairs, _, queued_turn = Q.head(nil)
+        local first, since, _, f, fairs
+        first, since, _, f, _, _, now, fairs = Q.head(nil)
         if not first then
             -- Only lapsed entries were queued, the caller's own among them if it had one.
             mine = true
         elseif first == holder then
             Q.remove_head(holder, f, fairs)
             mine = true
-            -- The first waiter's own try: the queue's turn.
-            turn = not fair and now or nil
         else
             -- A plain caller may barge while no fair waiter is queued (fairs: the count
-            -- of them, false when none) and the first waiter has waited less than the
-            -- bound since the later of its arrival and the last turn.
-            mine = not fair and not fairs and
-                now - math.max(since, queued_turn or 0) < STARVE
-            turn = queued_turn
+            -- of them, false when none) and the first waiter is younger than the bound.
+            mine = not fair and not fairs and now - since < STARVE
             if not mine then
                 mine = not Q.hand_on(now, true, holder, true)
             end
@@ -124,15 +117,11 @@ if pttl == -2 then
     end
     if mine then
         local token = 0
-        if fenced or meta or turn then
+        if fenced or meta then
             local args = {holder, 1}
             if fenced then
                 token = Q.draw_fence()
                 args[3], args[4] = '~fence', token
-            end
-            if turn then
-                args[#args + 1] = '~turn'
-                args[#args + 1] = string.format('%d', turn)
             end
             if meta then
                 -- The clock is read for the record only.

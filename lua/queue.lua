@@ -25,15 +25,6 @@
 --          waiting call's number, echoed in its messages; amount: the permits a semaphore
 --          waiter asks for, else 1), and '~fair' -> the number of fair waiters queued
 --
--- A plain lock's turn: '~turn' -> the server ms of the queue's last turn (a handoff to its
--- first waiter, or that waiter taking the lock with its own try), in the lock hash while
--- it is held (written by the HSET that makes the hold), and in the waiters hash while a
--- woken first waiter may be passed (written by the release that woke it, dropped with any
--- entry). A plain lock lets a running thread take it past its waiters (barging: cheaper
--- than waking a sleeping one) until the first waiter has waited STARVE ms since the later
--- of its arrival and the last turn; from then on the next release hands it the lock: a
--- turn at least every STARVE ms of a waiter's wait, as parking_lot's eventual fairness.
---
 -- A hold whose client set metadata (ClientBuilder::metadata) carries it in the holds hash
 -- itself, as the field '~m:<hold field>' -> "<server ms when the hold was taken> <text>",
 -- written by the very HSET that makes the hold and deleted by the HDEL or DEL that ends
@@ -152,11 +143,6 @@ function Q.take(h, lease, f, fence, a, now, m)
     if fence ~= 0 then
         args[3], args[4] = '~fence', fence
     end
-    if f % 2 == 0 then
-        -- A plain waiter's grant is the queue's turn (see '~turn' above).
-        args[#args + 1] = '~turn'
-        args[#args + 1] = string.format('%d', now)
-    end
     redis.call('hset', KEYS[1], unpack(Q.with_meta(args, h, m, now)))
     redis.call('pexpire', KEYS[1], lease)
 end
@@ -245,45 +231,40 @@ end
 
 -- Drops holder's waiter data (its LIST entry is the caller's to remove). `fairs` is the
 -- '~fair' count when the caller read it along with the entry (false: none), nil when not.
--- The waiters' '~turn' goes with any entry (in the same call): it is written only while
--- a woken first waiter is queued, so it never outlives the entries, and dropping it early
--- only ends a barging window sooner.
 local function forget(holder, flags, fairs)
     if not is_fair(flags) then
-        redis.call('hdel', KEYS[4], holder, '~turn')
+        redis.call('hdel', KEYS[4], holder)
         return
     end
     -- The last fair waiter takes the count with it in one call.
     if fairs ~= nil and (tonumber(fairs) or 0) <= 1 then
-        redis.call('hdel', KEYS[4], holder, '~fair', '~turn')
+        redis.call('hdel', KEYS[4], holder, '~fair')
     elseif redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
-        redis.call('hdel', KEYS[4], holder, '~fair', '~turn')
+        redis.call('hdel', KEYS[4], holder, '~fair')
     else
-        redis.call('hdel', KEYS[4], holder, '~turn')
+        redis.call('hdel', KEYS[4], holder)
     end
 end
 
 -- The first live waiter, dropping the lapsed ones in front of it (a process that stopped
 -- refreshing, a deadline passed): holder, since, lease, flags, ticket, amount, then `now`,
--- the '~fair' count (false when no fair waiter is queued), the metadata text its hold
--- is to carry (nil: none) and the waiters' '~turn' (nil: none); nil when none waits. The
+-- the '~fair' count (false when no fair waiter is queued) and the metadata text its hold
+-- is to carry (nil: none); nil when none waits. The
 -- clock is read only when someone is queued: `now` may be nil, and the time read is
--- returned for the caller to go on with. `first`: the queue's first id when the caller
--- read it already (nil: not read).
-function Q.head(now, first)
+-- returned for the caller to go on with.
+function Q.head(now)
     while true do
-        local h = first or redis.call('lindex', KEYS[3], 0)
-        first = nil
+        local h = redis.call('lindex', KEYS[3], 0)
         if not h then
             return nil
         end
-        local got = redis.call('hmget', KEYS[4], h, '~fair', '~turn')
+        local got = redis.call('hmget', KEYS[4], h, '~fair')
         local v = got[1]
         if v then
             local e, s, l, f, t, a, m = parse(v)
             now = now or Q.now()
             if e > now then
-                return h, s, l, f, t, a, now, got[2], m, tonumber(got[3])
+                return h, s, l, f, t, a, now, got[2], m
             end
             forget(h, f, got[2])
         end
@@ -421,32 +402,21 @@ end
 -- (a release: see Q.local_told); a waiter of that client is not told with a PUBLISH (its
 -- client is alive: it makes this call), its message is returned instead, second: a list
 -- of the messages for the caller to deliver in order (nil when none), the way its
--- subscriber delivers a published one. `turn`: the lock's last turn as the freed hold
--- carried it (server ms; nil: none), see '~turn' above; `first`: the queue's first id
--- when the caller read it already (nil: not read).
-function Q.hand_on(now, give, me, free, mine, turn, first)
+-- subscriber delivers a published one.
+function Q.hand_on(now, give, me, free, mine)
     local served
     -- The inbox prefix (keys.rs's `inbox`), made once a waiter is told.
     local inbox
     -- The messages for the caller's own client's waiters, if any.
     local told
     while true do
-        local h, s, l, f, t, a, fairs, m, queued_turn
-        h, s, l, f, t, a, now, fairs, m, queued_turn = Q.head(now, first)
-        first = nil
+        local h, s, l, f, t, a, fairs, m
+        h, s, l, f, t, a, now, fairs, m = Q.head(now)
         if not h or h == me or not (free or Q.fits(f, a, h)) then
             return served, told
         end
         local client, token = string.match(h, '^(.*):(%d+)$')
-        -- A plain waiter is passed until it has waited STARVE ms since the later of its
-        -- arrival and the last turn.
-        local grant = give or is_fair(f) or
-            now - math.max(s, turn or 0, queued_turn or 0) >= STARVE
-        if not grant and turn and turn ~= queued_turn then
-            -- Woken to try: a thread that takes the lock past it meanwhile (acquire.lua)
-            -- finds the turn here, the freed hold's being gone.
-            redis.call('hset', KEYS[4], '~turn', string.format('%d', turn))
-        end
+        local grant = give or is_fair(f) or now - s >= STARVE
         local fence = 0
         local msg
         if grant then

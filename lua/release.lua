@@ -21,9 +21,7 @@
 -- The count is set from ARGV[3], not decremented, so a repeated call (after a lost reply)
 -- takes no second level, and levels left by lost acquire replies are dropped too.
 -- A freed lock goes to the first live waiter: made the holder if it is fair or has waited
--- past the starvation bound since the later of its arrival and the lock's last turn
--- (queue.lua's '~turn', carried by the hold), else told to try (a plain lock's releaser
--- may barge back in).
+-- past the starvation bound, else told to try (a plain lock's releaser may barge back in).
 local reply, _, keep = Q.release(ARGV[1])
 if keep then
     redis.call('pexpire', KEYS[1], keep)
@@ -31,20 +29,7 @@ end
 if reply then
     return reply
 end
--- Whether someone waits (Q.head's first look, made here): only then is the lock's last
--- turn read, before the hash goes, so that a release nobody waits for costs what it did.
--- (A LINDEX the caller's ACL refuses still frees the lock, as when the DEL came first.)
-local first = redis.pcall('lindex', KEYS[3], 0)
-if type(first) == 'table' and first.err then
-    redis.call('del', KEYS[1])
-    return first
-end
-if not first then
-    redis.call('del', KEYS[1])
-    return {0, 0}
-end
-local turn = tonumber(redis.call('hget', KEYS[1], '~turn'))
 redis.call('del', KEYS[1])
 -- No clock read unless someone waits; the lock is free. A waiter of the caller's own
 -- client is told in the reply, not published to.
-return Q.freed(Q.hand_on(nil, false, nil, true, Q.client_of(ARGV[1]), turn, first))
+return Q.freed(Q.hand_on(nil, false, nil, true, Q.client_of(ARGV[1])))
