@@ -281,7 +281,7 @@ fn a_cancelled_local_waiter_strands_nothing() {
         let name = format!("cancelled-{i}");
         let queue = Keys::lock(PREFIX, &name).queue();
         let take = move |c: &Client, name: &str, options: LockOptions| {
-            let got = if fair {
+            if fair {
                 c.fair_lock(name)
                     .try_lock_with(options)
                     .map(|g| g.map(|g| Box::new(move || g.unlock().unwrap()) as Release))
@@ -289,8 +289,7 @@ fn a_cancelled_local_waiter_strands_nothing() {
                 c.lock(name)
                     .try_lock_with(options)
                     .map(|g| g.map(|g| Box::new(move || g.unlock().unwrap()) as Release))
-            };
-            got
+            }
         };
         let first = take(&c, &name, LockOptions::new()).unwrap().unwrap();
         let token = CancellationToken::new();
@@ -463,7 +462,11 @@ fn handoff_latency() {
             eprintln!(
                 "{} {}: handoff p50 {} µs, p99 {} µs ({} samples)",
                 if fair { "FairLock" } else { "Lock" },
-                if same { "one client (local)" } else { "two clients (published)" },
+                if same {
+                    "one client (local)"
+                } else {
+                    "two clients (published)"
+                },
                 p(0.5),
                 p(0.99),
                 s.len()
