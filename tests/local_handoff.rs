@@ -17,6 +17,7 @@ use crossbeam_channel::Receiver;
 use redmutex::{CancellationToken, Client, Error, LockOptions};
 use support::clients::Clients;
 use support::keys::Keys;
+use support::topology::Cluster;
 use support::{wait_until, FaultProxy, RedisServer};
 
 const PREFIX: &str = "local-handoff:";
@@ -470,6 +471,66 @@ fn handoff_latency() {
                 p(0.5),
                 p(0.99),
                 s.len()
+            );
+        }
+    }
+}
+
+/// PUBLISHes and SPUBLISHes of every node of `cluster` so far.
+fn cluster_publishes(cluster: &Cluster) -> u64 {
+    (0..cluster.nodes().len())
+        .map(|i| {
+            let calls = support::commandstats(&mut cluster.node(i).connection());
+            ["publish", "spublish"]
+                .iter()
+                .map(|c| calls.get(*c).copied().unwrap_or(0))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// On a Redis Cluster (waiters listening with sharded pub/sub from 7.0 on, flag 128;
+/// classic before), a handoff to a thread of the releasing client is neither SPUBLISHed
+/// nor PUBLISHed on any node; one to another client's thread is.
+#[test]
+fn on_a_cluster_a_local_handoff_publishes_on_no_node() {
+    let cluster = Cluster::new(3, 0);
+    let c = CLIENTS.cluster_at(cluster.seed_urls());
+    let other = CLIENTS.cluster_at(cluster.seed_urls());
+    for (i, fair) in [false, true, false, true].into_iter().enumerate() {
+        let remote = i >= 2;
+        let name = format!("cluster-{i}");
+        let queue = Keys::lock(PREFIX, &name).queue();
+        let take: Take = if fair { take_fair } else { take_lock };
+        let release = take(&c, &name);
+        let waiter = if remote { other.clone() } else { c.clone() };
+        let n = name.clone();
+        let got = spawn(move || {
+            let release = take(&waiter, &n);
+            let at = Instant::now();
+            release();
+            at
+        });
+        let mut con = cluster.connection_for_key(&queue);
+        assert!(
+            wait_until(SETUP, || support::llen(&mut con, &queue) == 1),
+            "the waiter queued"
+        );
+        let before = cluster_publishes(&cluster);
+        let released = Instant::now();
+        release();
+        let took = done(&got, "the waiter") - released;
+        let published = cluster_publishes(&cluster) - before;
+        assert!(took < PROMPTLY, "{name}: the waiter took {took:?}");
+        if remote {
+            assert!(
+                published >= 1,
+                "{name}: a handoff to another client is published"
+            );
+        } else {
+            assert_eq!(
+                published, 0,
+                "{name}: a handoff within the client published"
             );
         }
     }
