@@ -399,7 +399,7 @@ end
 -- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
 -- that the first waiter fits without asking (and the handoff ends with its grant).
 -- `mine`: the caller's client id, when the caller delivers its own client's messages
--- (a release: see Q.local_told); a waiter of that client is not told with a PUBLISH (its
+-- (a release: see Q.freed); a waiter of that client is not told with a PUBLISH (its
 -- client is alive: it makes this call), its message is returned instead, second: a list
 -- of the messages for the caller to deliver in order (nil when none), the way its
 -- subscriber delivers a published one.

@@ -445,11 +445,13 @@ impl<K: Kind> LockGuard<K> {
     ) -> Result<(), Error> {
         let inner = &self.inner;
         let keys = &self.keys;
-        if repeated {
-            // A first run whose reply was lost may have handed the lock to a thread of
-            // this client, whose message was in that reply: this client's threads waiting
-            // on the lock look again, as after a pub/sub message lost in a reconnect (an
-            // attempt of the thread the lock went to is granted the level it was handed).
+        if repeated || !matches!(&reply, Ok((freed, _)) if freed.left >= 0) {
+            // A run whose reply was lost (this one failed, or a repeat found the hold
+            // gone, or a fanout's rerun did: it does not tell) may have handed the lock to
+            // a thread of this client, whose message was in that reply: this client's
+            // threads waiting on the lock look again, as after a pub/sub message lost in a
+            // reconnect (an attempt of the thread the lock went to is granted the level
+            // it was handed).
             inner.subscriber.recheck_all(keys.channel());
         }
         let (Freed { left, served, told }, shortfall) = reply?;
