@@ -535,3 +535,42 @@ fn on_a_cluster_a_local_handoff_publishes_on_no_node() {
         }
     }
 }
+
+/// A release that hands a read-write lock to a run of readers of its own client returns a
+/// message for each in its reply: all of them hold at once, and nothing is published.
+#[test]
+fn a_run_of_local_readers_is_handed_on_in_one_reply() {
+    let server = RedisServer::new();
+    let c = CLIENTS.at(&server);
+    let queue = Keys::rw(PREFIX, "readers").queue();
+    let release = take_write(&c, "readers");
+    const READERS: usize = 3;
+    let all_in = Arc::new(std::sync::Barrier::new(READERS));
+    let readers: Vec<_> = (0..READERS)
+        .map(|i| {
+            let (c, all_in) = (c.clone(), all_in.clone());
+            let r = spawn(move || {
+                let release = take_read(&c, "readers");
+                let at = Instant::now();
+                // Every reader holds before any gives its share back: one run.
+                all_in.wait();
+                release();
+                at
+            });
+            await_queued(&server, &queue, i as i64 + 1);
+            r
+        })
+        .collect();
+    let before = publishes(&server);
+    let released = Instant::now();
+    release();
+    for r in &readers {
+        let took = done(r, "a reader") - released;
+        assert!(took < PROMPTLY, "a reader took {took:?}");
+    }
+    assert_eq!(
+        publishes(&server) - before,
+        0,
+        "the readers' handoff published"
+    );
+}
