@@ -13,7 +13,9 @@
 --
 -- Returns {-1, 0}  the caller holds nothing (never acquired, lease ended, force-unlocked,
 --                  or a repeated call whose first run released it)
---         {0, w}   the caller's hold is over; w is 1 when a waiter was handed a share
+--         {0, w, m...}  the caller's hold is over; w is 1 when a waiter was handed a
+--                  share; m...: the messages for waiters of the caller's own client, which
+--                  it delivers itself (see Q.hand_on)
 --         {n, 0}   the caller still holds n levels, with a lease of ARGV[2] ms
 -- As in release.lua, the count is set from ARGV[3] rather than decremented, and the
 -- remaining lease is set, not raised, so that a repeated call changes nothing more.
@@ -29,5 +31,4 @@ if reply then
 end
 M.drop(field, held)
 M.fit(now)
-local served = Q.hand_on(now, false, nil)
-return {0, served and 1 or 0}
+return Q.freed(Q.hand_on(now, false, nil, nil, Q.client_of(ARGV[1])))

@@ -370,6 +370,24 @@ function Q.outlive(queue, waiters, ttl, fresh)
     end
 end
 
+-- The client id of the holder id `holder` ("<client id>:<thread token>"): a release passes
+-- its own to Q.hand_on as `mine`.
+function Q.client_of(holder)
+    return string.match(holder, '^(.*):%d+$')
+end
+
+-- The reply {0, w} of a release that freed its hold (w: 1 when a waiter was served), with
+-- the messages Q.hand_on returned for the caller's own client after them, to deliver.
+function Q.freed(served, told)
+    local reply = {0, served and 1 or 0}
+    if told then
+        for i = 1, #told do
+            reply[i + 2] = told[i]
+        end
+    end
+    return reply
+end
+
 -- The free lock's next turns go to the first live waiters other than `me`, in order, for
 -- as long as the next one fits (Q.fits: one for a lock, a run of readers, the permits a
 -- release freed): each is made the holder (lease: its own, at most PICKUP ms until it
@@ -380,15 +398,22 @@ end
 -- nil when nobody (but `me`) waits or fits. `now` may be nil: the clock is then read only
 -- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
 -- that the first waiter fits without asking (and the handoff ends with its grant).
-function Q.hand_on(now, give, me, free)
+-- `mine`: the caller's client id, when the caller delivers its own client's messages
+-- (a release: see Q.freed); a waiter of that client is not told with a PUBLISH (its
+-- client is alive: it makes this call), its message is returned instead, second: a list
+-- of the messages for the caller to deliver in order (nil when none), the way its
+-- subscriber delivers a published one.
+function Q.hand_on(now, give, me, free, mine)
     local served
     -- The inbox prefix (keys.rs's `inbox`), made once a waiter is told.
     local inbox
+    -- The messages for the caller's own client's waiters, if any.
+    local told
     while true do
         local h, s, l, f, t, a, fairs, m
         h, s, l, f, t, a, now, fairs, m = Q.head(now)
         if not h or h == me or not (free or Q.fits(f, a, h)) then
-            return served
+            return served, told
         end
         local client, token = string.match(h, '^(.*):(%d+)$')
         local grant = give or is_fair(f) or now - s >= STARVE
@@ -402,18 +427,25 @@ function Q.hand_on(now, give, me, free)
         else
             msg = 'w ' .. token .. ' ' .. t
         end
-        inbox = inbox or KEYS[1] .. ':to:'
-        local heard = client and
-            (Q.tell(f, inbox .. client, msg) > 0 or listens_elsewhere(f))
+        local heard
+        if client and client == mine then
+            told = told or {}
+            told[#told + 1] = msg
+            heard = true
+        else
+            inbox = inbox or KEYS[1] .. ':to:'
+            heard = client and
+                (Q.tell(f, inbox .. client, msg) > 0 or listens_elsewhere(f))
+        end
         if heard and not grant then
-            return h
+            return h, told
         end
         Q.remove_head(h, f, fairs)
         if heard then
             Q.take(h, math.min(l, PICKUP), f, fence, a, now, m)
             served = h
             if Q.sole(f) then
-                return served
+                return served, told
             end
         end
     end

@@ -10,7 +10,9 @@
 --
 -- Returns {-1, 0}  the caller holds no level (never acquired, lease expired, force-unlocked,
 --                  or a repeated call whose first run freed the lock)
---         {0, w}   the lock is now free (or handed on); w is 1 when a waiter was told
+--         {0, w, m...}  the lock is now free (or handed on); w is 1 when a waiter was
+--                  told; m...: the messages for waiters of the caller's own client,
+--                  which it delivers itself (see Q.hand_on), none when none
 --         {n, 0}   the caller still holds n levels; the key's expiry is set to ARGV[2]
 --
 -- The expiry is set, not just raised: a released inner level with a longer lease must not
@@ -28,6 +30,6 @@ if reply then
     return reply
 end
 redis.call('del', KEYS[1])
--- No clock read unless someone waits; the lock is free.
-local served = Q.hand_on(nil, false, nil, true)
-return {0, served and 1 or 0}
+-- No clock read unless someone waits; the lock is free. A waiter of the caller's own
+-- client is told in the reply, not published to.
+return Q.freed(Q.hand_on(nil, false, nil, true, Q.client_of(ARGV[1])))

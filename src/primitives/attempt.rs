@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{self, Kind};
 use crate::primitives::lock::Lock;
+use crate::primitives::release::Freed;
 use crate::runtime::calls;
 use crate::runtime::con::Con;
 use crate::runtime::holds::Acquisition;
@@ -214,11 +215,15 @@ impl<K: Kind> Lock<K> {
             Ok(Some(shortfall)) => Ok(shortfall),
             Err(e) => Err(e),
         };
-        let rollback: redis::RedisResult<(i64, i64)> = self
-            .client
-            .inner
+        let inner = &self.client.inner;
+        let rollback: redis::RedisResult<Freed> = inner
             .exec
             .eval(con, &calls::release(keys, holder, need(), held));
+        if let Ok(freed) = &rollback {
+            // The level given back may have gone to a waiting thread of this client,
+            // whose message is in the reply (see `Freed`).
+            inner.subscriber.deliver_own(keys.channel(), &freed.told);
+        }
         match (failure, rollback) {
             (Ok(shortfall), Ok(_)) => Ok(Some(shortfall)),
             (Ok(_), Err(e)) | (Err(e), _) => Err(e),

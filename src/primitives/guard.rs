@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
-use crate::primitives::release::Release;
+use crate::primitives::release::{Freed, Release};
 use crate::runtime::calls;
 use crate::runtime::client::Inner;
 use crate::runtime::holds::Registration;
@@ -434,18 +434,29 @@ impl<K: Kind> LockGuard<K> {
         )))
     }
 
-    /// The second half of a release, given the script's reply `(left, served)` and the
-    /// replicas' shortfall, if any. `repeated`: the script was sent more than once (a
-    /// reply lost on the way), so a first run may have freed the hold itself.
+    /// The second half of a release, given the script's reply and the replicas'
+    /// shortfall, if any. `repeated`: the script was sent more than once (a reply lost on
+    /// the way), so a first run may have freed the hold itself.
     pub(crate) fn end_release(
         &self,
         held: usize,
-        reply: Result<(i64, i64, Option<Error>), Error>,
+        reply: Result<(Freed, Option<Error>), Error>,
         repeated: bool,
     ) -> Result<(), Error> {
         let inner = &self.inner;
         let keys = &self.keys;
-        let (left, served, shortfall) = reply?;
+        if repeated || !matches!(&reply, Ok((freed, _)) if freed.left >= 0) {
+            // A run whose reply was lost (this one failed, or a repeat found the hold
+            // gone, or a fanout's rerun did: it does not tell) may have handed the lock to
+            // a thread of this client, whose message was in that reply: this client's
+            // threads waiting on the lock look again, as after a pub/sub message lost in a
+            // reconnect (an attempt of the thread the lock went to is granted the level
+            // it was handed).
+            inner.subscriber.recheck_all(keys.channel());
+        }
+        let (Freed { left, served, told }, shortfall) = reply?;
+        // First: a waiting thread of this client the lock went to waits for this.
+        inner.subscriber.deliver_own(keys.channel(), &told);
         if served == 1 {
             // A waiter was told its turn: make sure it took it once its window is over.
             inner.watchdog.handed_on(inner, keys);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
+use crate::primitives::release::Freed;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::loss::{Quorum, Timed, Watcher};
 use crate::{Error, LockGuard};
@@ -224,9 +225,9 @@ pub(crate) fn release_all(mut holds: Vec<LockGuard>, until: Instant) -> Vec<Resu
         .iter()
         .map(|(i, release)| Call::script(holds[*i].client(), release.cmd.clone()))
         .collect();
-    let replies = fanout::run_always::<(i64, i64)>(&calls, until);
+    let replies = fanout::run_always::<Freed>(&calls, until);
     for ((i, release), reply) in pending.into_iter().zip(replies) {
-        let reply = reply.map(|(left, served)| (left, served, None));
+        let reply = reply.map(|freed| (freed, None));
         // (A call the fanout ran again after a dropped connection is not told apart: a
         // member found gone is taken as lost, which at worst reports a loss too many.)
         results[i] = Some(holds[i].end_release(release.levels, reply, false));

@@ -16,8 +16,35 @@ use crate::runtime::pool;
 use crate::runtime::scripts::{self, ScriptCall};
 use crate::Error;
 
-/// The release script's reply, `(left, served)`, and the replicas' shortfall, if any.
-pub(crate) type Reply = Result<(i64, i64, Option<Error>), Error>;
+/// The release script's reply and the replicas' shortfall, if any.
+pub(crate) type Reply = Result<(Freed, Option<Error>), Error>;
+
+/// What the release scripts reply: the levels left (-1: the caller held none), whether a
+/// waiter was served (1) or not (0), and the messages for waiters of the releaser's own
+/// client, which the script returns instead of publishing them (see `lua/queue.lua`'s
+/// `Q.hand_on`) for the releaser to deliver itself (`Subscriber::deliver_own`).
+#[derive(Debug)]
+pub(crate) struct Freed {
+    pub(crate) left: i64,
+    pub(crate) served: i64,
+    pub(crate) told: Vec<Vec<u8>>,
+}
+
+impl redis::FromRedisValue for Freed {
+    fn from_redis_value(v: redis::Value) -> Result<Freed, redis::ParsingError> {
+        let mut items = Vec::<redis::Value>::from_redis_value(v)?.into_iter();
+        let (Some(left), Some(served)) = (items.next(), items.next()) else {
+            return Err("a release reply of fewer than two items".into());
+        };
+        Ok(Freed {
+            left: i64::from_redis_value(left)?,
+            served: i64::from_redis_value(served)?,
+            told: items
+                .map(Vec::<u8>::from_redis_value)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
 
 /// A release under way: the script's call, and the levels it was told the thread holds.
 pub(crate) struct Release {
@@ -58,9 +85,9 @@ impl Release {
     }
 
     /// Sends the release script through `inner` until it is answered, marking the hold
-    /// `lost` if its lease (a handed-over hold's window) passes meanwhile. The reply
-    /// (`(left, served)` and the replicas' shortfall), and whether the script was sent
-    /// again after a send that may have run it (a repeat).
+    /// `lost` if its lease (a handed-over hold's window) passes meanwhile. The reply (the
+    /// script's and the replicas' shortfall), and whether the script was sent again after
+    /// a send that may have run it (a repeat).
     pub(crate) fn send(self, inner: &Inner, keys: &LockKeys, lost: &Loss) -> (Reply, bool) {
         let mut keep_alive = self.keep_alive;
         // Whether a send before this one may have run the script (its reply lost on the
@@ -87,26 +114,26 @@ impl Release {
                     }
                 }
             }
-            let (left, served): (i64, i64) = inner
+            let freed: Freed = inner
                 .exec
                 .eval(con, &self.cmd)
                 .inspect_err(|e| may_have_run |= !refused_before_running(e))?;
             // It ran: a failed WAIT below sends it again, a repeat.
             may_have_run = true;
-            let shortfall = if left >= 0 {
+            let shortfall = if freed.left >= 0 {
                 inner.exec.await_replicas(con, keys.key())?
             } else {
                 None
             };
-            Ok((left, served, shortfall))
+            Ok((freed, shortfall))
         });
         let ends = match (&keep_alive, self.window_ends) {
             (Some(k), _) => Some((k.ends, LossReason::RenewalFailed)),
             (None, Some(window)) => Some((window, LossReason::RenewalFailed)),
             (None, None) => self.lease_ends,
         };
-        if let (Ok((left, ..)), Some((ends, why))) = (&reply, ends) {
-            if *left < 0 && ends <= Instant::now() {
+        if let (Ok((freed, _)), Some((ends, why))) = (&reply, ends) {
+            if freed.left < 0 && ends <= Instant::now() {
                 // Its lease (a handed-over hold's window) passed while the release waited:
                 // the hold lapsed then, which is what its guard says.
                 lost.mark(why);

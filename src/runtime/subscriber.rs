@@ -384,6 +384,23 @@ impl Subscriber {
         }
     }
 
+    /// Delivers the messages `told` of a script this client ran, for its own threads
+    /// waiting on `channel` (a release hands the lock to them without publishing: see
+    /// `lua/queue.lua`'s `Q.hand_on`), exactly as if they had been published: a thread no
+    /// longer waiting is handled as it is for a published message.
+    pub(crate) fn deliver_own(&self, channel: &[u8], told: &[Vec<u8>]) {
+        for payload in told {
+            self.shared.deliver(channel, payload);
+        }
+    }
+
+    /// Tells every thread of this client waiting on `channel` to try again.
+    pub(crate) fn recheck_all(&self, channel: &[u8]) {
+        if let Some(waiters) = self.shared.waiters_of(channel) {
+            waiters.recheck_all();
+        }
+    }
+
     /// Tells thread `token`, if it waits on `channel`, to try again.
     pub(crate) fn recheck(&self, channel: &[u8], token: u64) {
         if let Some(waiters) = self.shared.waiters_of(channel) {
