@@ -544,6 +544,14 @@ fn a_grant_in_flight_survives_a_pubsub_connection_kill() {
         let guard = lock.lock().expect("holder lock");
         go_tx.send(()).unwrap();
         await_queued(&mut con, LOCK, 1, "the waiter");
+        // Queued is not yet listening: the waiter's pub/sub connection, killed in the
+        // round before, may still be on its way back (a loaded machine took that long
+        // once, and the kill found no connection). The kill is of a listening waiter.
+        let channels = [Keys::lock(PREFIX, LOCK).key().as_bytes(), b":to:"].concat();
+        assert!(
+            wait_until(SETUP, || support::subscribers(&mut con, &channels) >= 1),
+            "round {round}: the waiter never listened"
+        );
         let kill = |con: &mut redis::Connection| {
             let killed: i64 = redis::cmd("CLIENT")
                 .arg("KILL")

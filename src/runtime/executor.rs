@@ -460,16 +460,19 @@ impl Executor {
                     self.target.refresh(config.connect_timeout);
                     retries += 1;
                 }
+                // A read interrupted by a signal (the process was stopped and continued)
+                // left its reply unread on a connection now retired (an I/O error): like
+                // a dropped connection's, the call may have run, and is sent again.
                 Err(e)
                     if repeatable
-                        && e.is_connection_dropped()
+                        && (e.is_connection_dropped() || pool::is_interrupted(&e))
                         && !e.is_timeout()
                         && retries < self.config.pool_size =>
                 {
                     tracing::debug!(
                         target: "redmutex",
                         error = %e,
-                        "redmutex: connection dropped, retrying on another"
+                        "redmutex: connection dropped or read interrupted, retrying on another"
                     );
                     retries += 1;
                 }

@@ -336,9 +336,10 @@ fn settle<T: FromRedisValue>(conn: &mut Conn, reply: redis::RedisResult<Value>) 
             conn.failed(&e);
             Outcome::Again
         }
-        // The server closed the connection (a restart, a killed client): the command may
+        // The server closed the connection (a restart, a killed client), or a signal
+        // interrupted the read (the process was stopped and continued): the command may
         // not have run; the ordinary path runs it again on another.
-        Err(e) if e.is_connection_dropped() && !e.is_timeout() => {
+        Err(e) if (e.is_connection_dropped() || pool::is_interrupted(&e)) && !e.is_timeout() => {
             conn.failed(&e);
             conn.mark_broken();
             Outcome::Again

@@ -145,6 +145,23 @@ pub(crate) fn is_settling(e: &redis::RedisError) -> bool {
     ) || e.redirect_node().is_some()
 }
 
+/// `EINTR` on Linux, the BSDs and macOS (the unit test checks it is `Interrupted` here).
+pub(crate) const EINTR: i32 = 4;
+
+/// Whether `e` is a read (or write) interrupted by a signal before it completed: on Linux
+/// a process stopped and continued (Ctrl-Z and `fg`, a debugger, a frozen container) gets
+/// it from a socket read with a timeout even without a signal handler (signal(7)).
+/// Nothing is wrong with the server or the network. redis-rs does not expose the I/O
+/// error's kind, only its text, which is the `io::Error`'s own.
+pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
+    if !e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        return false;
+    }
+    let text = e.to_string();
+    text == std::io::Error::from_raw_os_error(EINTR).to_string()
+        || text == std::io::Error::from(std::io::ErrorKind::Interrupted).to_string()
+}
+
 /// Whether `e` says the node is a replica now: a failover demoted the primary this
 /// connection was made to. The write was refused, so nothing of it happened.
 pub(crate) fn is_readonly(e: &redis::RedisError) -> bool {

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::runtime::con::NodeAddr;
 use crate::runtime::executor::Executor;
-use crate::runtime::pool::Manager;
+use crate::runtime::pool::{self, Manager};
 use crate::runtime::queue::{self, Notice};
 use crate::Error;
 
@@ -705,7 +705,7 @@ fn session(
             // continued gets it even without handlers) broke nothing: the connection and
             // the parser's partial reply are intact, as after a read tick. Reconnecting
             // would resubscribe, and a release meanwhile would drop the waiters as dead.
-            Err(e) if e.is_timeout() || interrupted(&e) => {
+            Err(e) if e.is_timeout() || pool::is_interrupted(&e) => {
                 if last_heard.elapsed() >= HEALTH_CHECK_AFTER {
                     link.ping()?;
                     last_heard = Instant::now();
@@ -714,20 +714,6 @@ fn session(
             Err(e) => return Err(e),
         }
     }
-}
-
-/// `EINTR` on Linux, the BSDs and macOS (the unit test checks it is `Interrupted` here).
-const EINTR: i32 = 4;
-
-/// Whether `e` is a read interrupted by a signal before it completed. redis-rs does not
-/// expose the I/O error's kind, only its text, which is the `io::Error`'s own.
-fn interrupted(e: &redis::RedisError) -> bool {
-    if !e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-        return false;
-    }
-    let text = e.to_string();
-    text == std::io::Error::from_raw_os_error(EINTR).to_string()
-        || text == std::io::Error::from(std::io::ErrorKind::Interrupted).to_string()
 }
 
 impl Shared {

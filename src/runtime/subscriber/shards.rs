@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use redis::{PushInfo, PushKind, Value};
 
-use super::{interrupted, Shared, State, HEALTH_CHECK_AFTER, MAX_RECONNECT_BACKOFF, READ_TICK};
+use super::{Shared, State, HEALTH_CHECK_AFTER, MAX_RECONNECT_BACKOFF, READ_TICK};
 use crate::runtime::con::NodeAddr;
 
 /// How long a link blocks on its socket before it looks for channels to subscribe and
@@ -554,7 +554,7 @@ impl ShardLink<'_> {
         self.read_timeout(tick)?;
         match std::mem::ManuallyDrop::new(self.con.as_pubsub()).get_message() {
             Ok(_) => Ok(()),
-            Err(e) if e.is_timeout() || interrupted(&e) => Ok(()),
+            Err(e) if e.is_timeout() || crate::runtime::pool::is_interrupted(&e) => Ok(()),
             Err(e) => Err(e),
         }
     }
