@@ -370,8 +370,8 @@ function Q.outlive(queue, waiters, ttl, fresh)
     end
 end
 
--- The client id of the holder id `holder` ("<client id>:<thread token>"): a release passes
--- its own to Q.hand_on as `mine`.
+-- The client id of the holder id `holder` ("<client id>:<thread token>"): Q.hand_on's
+-- test of a waiter of the releasing client (`mine`).
 function Q.client_of(holder)
     return string.match(holder, '^(.*):%d+$')
 end
@@ -398,7 +398,7 @@ end
 -- nil when nobody (but `me`) waits or fits. `now` may be nil: the clock is then read only
 -- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
 -- that the first waiter fits without asking (and the handoff ends with its grant).
--- `mine`: the caller's client id, when the caller delivers its own client's messages
+-- `mine`: the caller's holder id, when the caller delivers its own client's messages
 -- (a release: see Q.freed); a waiter of that client is not told with a PUBLISH (its
 -- client is alive: it makes this call), its message is returned instead, second: a list
 -- of the messages for the caller to deliver in order (nil when none), the way its
@@ -409,6 +409,9 @@ function Q.hand_on(now, give, me, free, mine)
     local inbox
     -- The messages for the caller's own client's waiters, if any.
     local told
+    -- The caller's client id (Q.client_of(mine)), read from `mine` once a waiter is
+    -- found: a release that finds nobody pays no pattern match.
+    local own
     while true do
         local h, s, l, f, t, a, fairs, m
         h, s, l, f, t, a, now, fairs, m = Q.head(now)
@@ -428,7 +431,10 @@ function Q.hand_on(now, give, me, free, mine)
             msg = 'w ' .. token .. ' ' .. t
         end
         local heard
-        if client and client == mine then
+        if mine and own == nil then
+            own = Q.client_of(mine) or false
+        end
+        if client and client == own then
             told = told or {}
             told[#told + 1] = msg
             heard = true

@@ -32,4 +32,4 @@ end
 redis.call('del', KEYS[1])
 -- No clock read unless someone waits; the lock is free. A waiter of the caller's own
 -- client is told in the reply, not published to.
-return Q.freed(Q.hand_on(nil, false, nil, true, Q.client_of(ARGV[1])))
+return Q.freed(Q.hand_on(nil, false, nil, true, ARGV[1]))
