@@ -9,7 +9,8 @@
 -- (KEYS[1]) followed by ':to:', as keys.rs makes it.
 --
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the hold's
---          fencing token; '~m:<holder id>' = the hold's metadata, see below)
+--          fencing token; '~m:<holder id>' = the hold's metadata, see below; '~q' = 1:
+--          someone may wait, see below)
 -- KEYS[2]  the lock's fencing-token counter
 -- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis (but
 --          a read-write lock's pending upgrade, which goes first: see rw_acquire.lua)
@@ -31,6 +32,16 @@
 -- it: it costs no command of its own, lives exactly as long as the hold (the hash's
 -- expiry is the lease, or the hold's field goes with it), and a handoff writes the
 -- waiter's from its queue entry.
+--
+-- A lock's hold is marked '~q' when its queue may hold an entry: a release of a hold
+-- without the mark frees it without looking at the queue (the uncontended release's one
+-- command less). So every hold the queue may have entries behind carries it: a hold made
+-- while the queue exists (acquire.lua, written by the HSET that makes it), a hold handed
+-- on from the queue (Q.take), and a hold someone queues behind (acquire.lua, when it
+-- joins: the one write a queue's first waiter adds). The mark goes only with the hold
+-- (DEL, expiry); one left after the queue emptied costs that hold's release a look, as
+-- every release paid before. (Read-write locks and semaphores have no mark: their
+-- releases always look.)
 --
 -- What a hold is differs by primitive, so the queue reaches the hold only through three
 -- hooks, defined here for a lock (the hash is the hold, its expiry the lease) and redefined
@@ -139,9 +150,10 @@ end
 -- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (a string
 -- from Q.draw_fence; 0: none), carrying the metadata `m` (nil: none) taken at `now`.
 function Q.take(h, lease, f, fence, a, now, m)
-    local args = {h, 1}
+    -- Marked: others may wait behind it (see '~q' above).
+    local args = {h, 1, '~q', 1}
     if fence ~= 0 then
-        args[3], args[4] = '~fence', fence
+        args[5], args[6] = '~fence', fence
     end
     redis.call('hset', KEYS[1], unpack(Q.with_meta(args, h, m, now)))
     redis.call('pexpire', KEYS[1], lease)
@@ -175,9 +187,16 @@ end
 -- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the lease
 -- in ms the caller then gives them); nil and the levels held when the hold is over and
 -- the caller must free it. (The lease is returned rather than given through a callback:
--- a closure would be made on every call.)
-function Q.release(field)
-    local held = redis.call('hget', KEYS[1], field)
+-- a closure would be made on every call.) `marked`: read the lock's queue mark too (see
+-- '~q' above), returned fourth (true when someone may wait), in the same call.
+function Q.release(field, marked)
+    local held, queued
+    if marked then
+        local got = redis.call('hmget', KEYS[1], field, '~q')
+        held, queued = got[1], got[2]
+    else
+        held = redis.call('hget', KEYS[1], field)
+    end
     if not held then
         return {-1, 0}
     end
@@ -192,7 +211,7 @@ function Q.release(field)
         redis.call('hset', KEYS[1], field, left)
         return {left, 0}, nil, need
     end
-    return nil, held
+    return nil, held, nil, queued
 end
 
 -- Drops holds whose own lease ended (none for a lock: its expiry is Redis's).
