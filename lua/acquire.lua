@@ -13,6 +13,8 @@
 -- ARGV[5]  1 to wait in the queue when not granted (the caller listens on its inbox), 0 not
 -- ARGV[6]  how long the queue entry lives unless refreshed, ms
 -- ARGV[7]  the waiting call's ticket, echoed in its messages
+--          (ARGV[5..7] are left out by an attempt that does not queue and sends no
+--          metadata: the script then does not queue)
 -- (the pickup window, the starvation bound and the waiters' inbox: see queue.lua)
 -- ARGV[8]  (only when the client has metadata) the text a new hold carries, recorded with
 --          the server's time as '~m:<holder id>' (see queue.lua); a re-entry keeps the
