@@ -62,12 +62,13 @@ local pttl = -2
 -- that queues behind it marks it.
 local unmarked = false
 if not held then
-    local taken, listed, other = Q.look(1, 5)
+    -- The lease is read along (Q.look's `timed`) whenever anything exists.
+    local taken, listed, other
+    taken, listed, other, pttl = Q.look(1, 5, true)
     if other then
         return Q.refuse_kind(holder, listed, other)
     end
     if taken or listed then
-        pttl = redis.call('pttl', KEYS[1])
         if pttl == -2 then
             queued = true
         elseif expected == 0 then
