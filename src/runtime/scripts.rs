@@ -498,3 +498,40 @@ pub(crate) fn is_functions_refused(e: &RedisError) -> bool {
 pub(crate) fn is_setup_refusal(e: &RedisError) -> bool {
     is_noscript(e) || is_function_missing(e) || is_functions_refused(e)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The names `text` defines as `function Q.<name>` at the start of a line indented by
+    /// `indent` spaces.
+    fn defined(text: &str, indent: usize) -> Vec<&str> {
+        let head = format!("{}function Q.", " ".repeat(indent));
+        text.lines()
+            .filter_map(|l| l.strip_prefix(head.as_str()))
+            .map(|rest| rest.split('(').next().unwrap_or(rest))
+            .collect()
+    }
+
+    /// queue.lua makes most of its functions on first use (`more`), after the rule files
+    /// that follow it have run: those may redefine only what it makes at once or makes
+    /// only where missing (the hooks), or `more` would put the lock's own back.
+    #[test]
+    fn later_rule_files_redefine_only_the_queues_hooks() {
+        let queue = lua!("queue.lua");
+        let eager = defined(queue, 0);
+        let hooks = defined(queue, 8);
+        assert!(eager.contains(&"look") && hooks.contains(&"take"), "{eager:?} {hooks:?}");
+        for (file, text) in [
+            ("leases.lua", lua!("leases.lua")),
+            ("rw.lua", lua!("rw.lua")),
+            ("semaphore.lua", lua!("semaphore.lua")),
+            ("latch.lua", lua!("latch.lua")),
+        ] {
+            for name in defined(text, 0) {
+                assert!(
+                    eager.contains(&name) || hooks.contains(&name),
+                    "{file} redefines Q.{name}, which queue.lua's `more` would make over it"
+                );
+            }
+        }
+    }
+}
