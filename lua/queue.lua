@@ -100,11 +100,15 @@ end
 -- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the lease
 -- in ms the caller then gives them); nil and the levels held when the hold is over and
 -- the caller must free it. (The lease is returned rather than given through a callback:
--- a closure would be made on every call.) `marked`: read the lock's queue mark too (see
--- '~q' above), returned fourth (true when someone may wait), in the same call.
-function Q.release(field, marked)
+-- a closure would be made on every call.) `lock`: a lock's release (release.lua), which
+-- reads the queue mark too (see '~q' above), returned fourth (true when someone may
+-- wait), in the same call, and whose remaining levels' lease, the hash's expiry, is set
+-- here, before their count: so its first write is never one that may take memory, which
+-- a server at its memory limit refuses as a script's first write (release.lua then needs
+-- no allow_oom.lua with EVALSHA, see scripts.rs).
+function Q.release(field, lock)
     local held, queued
-    if marked then
+    if lock then
         local got = redis.call('hmget', KEYS[1], field, '~q')
         held, queued = got[1], got[2]
     else
@@ -121,6 +125,11 @@ function Q.release(field, marked)
     local left = expected - 1
     local need = tonumber(ARGV[2])
     if left > 0 and need > 0 then
+        if lock then
+            redis.call('pexpire', KEYS[1], need)
+            redis.call('hset', KEYS[1], field, left)
+            return {left, 0}
+        end
         redis.call('hset', KEYS[1], field, left)
         return {left, 0}, nil, need
     end

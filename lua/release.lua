@@ -23,10 +23,8 @@
 -- A freed lock goes to the first live waiter (looked for only when the hold carries the
 -- queue mark, see queue.lua): made the holder if it is fair or has waited
 -- past the starvation bound, else told to try (a plain lock's releaser may barge back in).
-local reply, _, keep, queued = Q.release(ARGV[1], true)
-if keep then
-    redis.call('pexpire', KEYS[1], keep)
-end
+-- Levels left keep their lease (Q.release sets it: a lock's).
+local reply, _, _, queued = Q.release(ARGV[1], true)
 if reply then
     return reply
 end
