@@ -525,8 +525,15 @@ local function more()
     end
 end
 
-setmetatable(Q, {__index = function(q, name)
-    setmetatable(q, nil)
+-- A library (FCALL) makes them at once, when it is loaded: its text (scripts.rs's
+-- LIBRARY_BODY) declares a local `setmetatable` left nil, as a library may not call it
+-- while it loads, and pays nothing for them per call.
+if setmetatable then
+    setmetatable(Q, {__index = function(q, name)
+        setmetatable(q, nil)
+        more()
+        return rawget(q, name)
+    end})
+else
     more()
-    return rawget(q, name)
-end})
+end

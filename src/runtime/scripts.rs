@@ -69,6 +69,9 @@ macro_rules! function {
 /// them, shared by the group's rules and its bodies (a server runs one call at a time).
 const LIBRARY_BODY: &str = concat!(
     "local KEYS, ARGV\n",
+    // Nil: queue.lua makes its rules at once here, not on first use (a library may not
+    // call `setmetatable` while it loads, and makes them once anyway).
+    "local setmetatable\n",
     "local function register(name, flags, body)\n",
     "    redis.register_function{function_name = LIB .. '_' .. name, flags = flags,\n",
     "        callback = function(keys, args) KEYS, ARGV = keys, args return body() end}\n",
