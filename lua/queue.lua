@@ -157,6 +157,8 @@ local function more()
         end
         return tonumber(e), tonumber(s), tonumber(l), f, t, tonumber(a) or 1, m
     end
+    -- (semaphore.lua reads entries too; this file's locals are `more`'s now.)
+    Q.parse = parse
 
     -- The metadata field of the hold field `field`, and its value for a hold taken at `now`
     -- (server ms) by a client whose metadata is `m`.
