@@ -138,10 +138,7 @@ fn uncontended_reentry_executes_few_commands() {
         drop(lock.lock().unwrap());
     });
     // HGET, HINCRBY, PTTL (PEXPIRE when the lease grows); HMGET, PEXPIRE, HSET.
-    assert!(
-        total <= 9.5,
-        "a re-entry pair executed {total:.2} commands"
-    );
+    assert!(total <= 9.5, "a re-entry pair executed {total:.2} commands");
 }
 
 #[test]

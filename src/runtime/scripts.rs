@@ -526,7 +526,10 @@ mod tests {
         let queue = lua!("queue.lua");
         let eager = defined(queue, 0);
         let hooks = defined(queue, 8);
-        assert!(eager.contains(&"look") && hooks.contains(&"take"), "{eager:?} {hooks:?}");
+        assert!(
+            eager.contains(&"look") && hooks.contains(&"take"),
+            "{eager:?} {hooks:?}"
+        );
         for (file, text) in [
             ("leases.lua", lua!("leases.lua")),
             ("rw.lua", lua!("rw.lua")),
