@@ -5,7 +5,8 @@
 //! 8 processes × 4 threads loop lock -> (no hold) -> unlock for `REDMUTEX_SATURATION_SECS`
 //! seconds (default 3) per run, in `REDMUTEX_SATURATION_PASSES` passes (default 2) over
 //! all runs whose figures are summed, over 1,000 lock names (each iteration a random one: little
-//! contention) and over 1 name (all contention: a hot lock). Runs, back to back, for each
+//! contention) and over 1 name (all contention: a hot lock; left out with
+//! `REDMUTEX_SATURATION_ONLY=many`). Runs, back to back, for each
 //! of 1,000 names and 1 name: `Lock`, `FairLock`, the naive lock and the fair floor. Each
 //! process has one redmutex `Client` (its threads share it), or one connection per thread
 //! for the naive lock (two for the fair floor: one of them subscribed).
@@ -74,6 +75,8 @@ const PASSES_ENV: &str = "REDMUTEX_SATURATION_PASSES";
 const DEFAULT_PASSES: f64 = 2.0;
 /// The naive lock's sleep after a failed SET NX, ms (a float); 1 unless set.
 const POLL_ENV: &str = "REDMUTEX_SATURATION_POLL_MS";
+/// `many` runs only the 1,000-name runs (item 1's figures, in half the time); unset: all.
+const ONLY_ENV: &str = "REDMUTEX_SATURATION_ONLY";
 const DEFAULT_POLL_MS: f64 = 1.0;
 
 const PROCESSES: usize = 8;
@@ -205,7 +208,7 @@ fn parent_main() {
 
     let on = run_on(
         "saturation",
-        &["REDIS_URL", SECS_ENV, PASSES_ENV, POLL_ENV],
+        &["REDIS_URL", SECS_ENV, PASSES_ENV, POLL_ENV, ONLY_ENV],
         &url,
         server.as_ref(),
         &version,
@@ -216,7 +219,8 @@ fn parent_main() {
          naive polls every {poll_ms} ms"
     );
 
-    let plan = [
+    let only_many = std::env::var(ONLY_ENV).is_ok_and(|v| v == "many");
+    let plan: Vec<(Kind, usize)> = [
         (Kind::Lock, MANY_NAMES),
         (Kind::Fair, MANY_NAMES),
         (Kind::Naive, MANY_NAMES),
@@ -227,7 +231,10 @@ fn parent_main() {
         (Kind::Fair, 1),
         (Kind::Naive, 1),
         (Kind::Floor, 1),
-    ];
+    ]
+    .into_iter()
+    .filter(|&(_, names)| !only_many || names == MANY_NAMES)
+    .collect();
     let mut runs: Vec<Run> = Vec::new();
     for pass in 0..passes {
         for (i, &(kind, names)) in plan.iter().enumerate() {
@@ -604,6 +611,10 @@ fn report(runs: &[Run], fcall: bool, poll_ms: f64, elapsed: Duration) {
     );
     for names in [MANY_NAMES, 1] {
         let these: Vec<&Run> = runs.iter().filter(|r| r.names == names).collect();
+        if these.is_empty() {
+            // Not run (REDMUTEX_SATURATION_ONLY).
+            continue;
+        }
         let of = |k: Kind| -> &Run { these.iter().find(|r| r.kind == k).expect("every kind") };
         let (naive, floor) = (of(Kind::Naive), of(Kind::Floor));
         // The script floor of the hash shape, on the 1,000-name run only.

@@ -13,6 +13,8 @@
 -- ARGV[5]  1 to wait in the queue when not granted (the caller listens on its inbox), 0 not
 -- ARGV[6]  how long the queue entry lives unless refreshed, ms
 -- ARGV[7]  the waiting call's ticket, echoed in its messages
+--          (ARGV[5..7] are left out by an attempt that does not queue and sends no
+--          metadata: the script then does not queue)
 -- (the pickup window, the starvation bound and the waiters' inbox: see queue.lua)
 -- ARGV[8]  (only when the client has metadata) the text a new hold carries, recorded with
 --          the server's time as '~m:<holder id>' (see queue.lua); a re-entry keeps the
@@ -56,18 +58,26 @@ end
 -- clock is read.
 local queued = false
 local pttl = -2
+-- Held by another, and its hold may lack the queue mark (queue.lua's '~q'): a caller
+-- that queues behind it marks it.
+local unmarked = false
 if not held then
-    local taken, listed, other = Q.look(1, 5)
+    -- The lease is read along (Q.look's `timed`) whenever anything exists.
+    local taken, listed, other
+    taken, listed, other, pttl = Q.look(1, 5, true)
     if other then
         return Q.refuse_kind(holder, listed, other)
     end
     if taken or listed then
-        pttl = redis.call('pttl', KEYS[1])
         if pttl == -2 then
             queued = true
         elseif expected == 0 then
-            -- Held: maybe by the caller, through a call whose reply was lost.
-            held = redis.call('hget', KEYS[1], holder)
+            -- Held: maybe by the caller, through a call whose reply was lost. The mark
+            -- is read in the same call.
+            local got = redis.call('hmget', KEYS[1], holder, '~q')
+            held, unmarked = got[1], not got[2]
+        else
+            unmarked = true
         end
     end
 end
@@ -117,11 +127,16 @@ if pttl == -2 then
     end
     if mine then
         local token = 0
-        if fenced or meta then
+        if fenced or meta or queued then
             local args = {holder, 1}
+            if queued then
+                -- Others may still wait (queue.lua's '~q'): the mark, in the same HSET.
+                args[3], args[4] = '~q', 1
+            end
             if fenced then
                 token = Q.draw_fence()
-                args[3], args[4] = '~fence', token
+                local n = #args
+                args[n + 1], args[n + 2] = '~fence', token
             end
             if meta then
                 -- The clock is read for the record only.
@@ -139,6 +154,10 @@ end
 if ARGV[5] == '1' then
     now = now or Q.now()
     Q.join(holder, now, tonumber(ARGV[6]), lease, flags, ARGV[7], 1, meta)
+    if unmarked then
+        -- Its release must look at the queue now (queue.lua's '~q').
+        redis.call('hset', KEYS[1], '~q', 1)
+    end
     return {0, pttl, now}
 end
 return {0, pttl}

@@ -31,4 +31,4 @@ if reply then
 end
 M.drop(field, held)
 M.fit(now)
-return Q.freed(Q.hand_on(now, false, nil, nil, Q.client_of(ARGV[1])))
+return Q.freed(Q.hand_on(now, false, nil, nil, ARGV[1]))

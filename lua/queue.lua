@@ -9,7 +9,8 @@
 -- (KEYS[1]) followed by ':to:', as keys.rs makes it.
 --
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the hold's
---          fencing token; '~m:<holder id>' = the hold's metadata, see below)
+--          fencing token; '~m:<holder id>' = the hold's metadata, see below; '~q' = 1:
+--          someone may wait, see below)
 -- KEYS[2]  the lock's fencing-token counter
 -- KEYS[3]  the queue: a LIST of waiting holder ids, in the order they reached Redis (but
 --          a read-write lock's pending upgrade, which goes first: see rw_acquire.lua)
@@ -32,6 +33,16 @@
 -- expiry is the lease, or the hold's field goes with it), and a handoff writes the
 -- waiter's from its queue entry.
 --
+-- A lock's hold is marked '~q' when its queue may hold an entry: a release of a hold
+-- without the mark frees it without looking at the queue (the uncontended release's one
+-- command less). So every hold the queue may have entries behind carries it: a hold made
+-- while the queue exists (acquire.lua, written by the HSET that makes it), a hold handed
+-- on from the queue (Q.take), and a hold someone queues behind (acquire.lua, when it
+-- joins: the one write a queue's first waiter adds). The mark goes only with the hold
+-- (DEL, expiry); one left after the queue emptied costs that hold's release a look, as
+-- every release paid before. (Read-write locks and semaphores have no mark: their
+-- releases always look.)
+--
 -- What a hold is differs by primitive, so the queue reaches the hold only through three
 -- hooks, defined here for a lock (the hash is the hold, its expiry the lease) and redefined
 -- by leases.lua, rw.lua and semaphore.lua, which come after this file: Q.fits (may the
@@ -46,40 +57,6 @@
 
 local Q = {}
 
-function Q.now()
-    local t = redis.call('time')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- A queue entry's numbers, and the metadata text it carries (flag 64; nil when none).
-local function parse(v)
-    local e, s, l, f, t, a, m = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*) ?(.*)$')
-    f = tonumber(f)
-    if math.floor(f / 64) % 2 == 0 then
-        m = nil
-    end
-    return tonumber(e), tonumber(s), tonumber(l), f, t, tonumber(a) or 1, m
-end
-
--- The metadata field of the hold field `field`, and its value for a hold taken at `now`
--- (server ms) by a client whose metadata is `m`.
-function Q.meta_field(field)
-    return '~m:' .. field
-end
-
-function Q.meta_value(now, m)
-    return string.format('%d', now) .. ' ' .. m
-end
-
--- `args` (a flat field/value list for HSET) with `field`'s metadata added when `m` is set.
-function Q.with_meta(args, field, m, now)
-    if m then
-        args[#args + 1] = Q.meta_field(field)
-        args[#args + 1] = Q.meta_value(now, m)
-    end
-    return args
-end
-
 -- A name is one kind of object at a time: a lock (plain, fair and fenced locks are one),
 -- a read-write lock, a semaphore, a counting count-down latch, numbered 1 to 4 in this
 -- order. An acquire script is passed the main keys of the three kinds other than its
@@ -90,83 +67,31 @@ end
 -- uncontended case costs the one call it always did. Returns held, queued (KEYS[1],
 -- KEYS[3] exist), and the number of the other kind that holds the name, nil when none
 -- (looked up key by key: only a refusal pays for that).
-function Q.look(own, first)
+--
+-- `timed`: the caller reads its own key's PTTL whenever anything exists, returned fourth
+-- (-2 when the key does not exist): that read tells whether the key exists, so the one
+-- EXISTS need only tell the queue (named once) from the other kinds (named twice each)
+-- by what is left, 8 keys named where 15 were (a lock's acquire).
+function Q.look(own, first, timed)
     local a, b, c = KEYS[first], KEYS[first + 1], KEYS[first + 2]
+    if timed then
+        local found = redis.call('exists', KEYS[1], KEYS[3], a, a, b, b, c, c)
+        if found == 0 then
+            return false, false, nil, -2
+        end
+        local pttl = redis.call('pttl', KEYS[1])
+        local held = pttl ~= -2
+        if held then
+            found = found - 1
+        end
+        return held, found % 2 == 1, found >= 2 and Q.other(own, first) or nil, pttl
+    end
     local found = redis.call('exists', KEYS[1], KEYS[3], KEYS[3], a, a, a, a, b, b, b, b,
         c, c, c, c)
-    local other
     if found >= 4 then
-        local i = first
-        for kind = 1, 4 do
-            if kind ~= own then
-                if redis.call('exists', KEYS[i]) == 1 then
-                    other = kind
-                    break
-                end
-                i = i + 1
-            end
-        end
+        return found % 2 == 1, math.floor(found / 2) % 2 == 1, Q.other(own, first)
     end
-    return found % 2 == 1, math.floor(found / 2) % 2 == 1, other
-end
-
--- The reply that refuses the name to `holder` because the kind `other` holds it (see
--- Q.look), nothing written; a caller that was queued (`queued`: the queue exists) leaves
--- the queue, where it would only wait to be refused again.
-function Q.refuse_kind(holder, queued, other)
-    if queued then
-        Q.remove(holder)
-    end
-    return {-4, other}
-end
-
--- Whether the waiter `h` (flags f, asking for a permits) may hold the lock now.
-function Q.fits(f, a, h)
-    return redis.call('exists', KEYS[1]) == 0
-end
-
--- Draws the next fencing token, as the counter's own decimal text: INCR's reply reaches
--- Lua as a double, exact only below 2^53 (and `..` would write 10^14 as "1e+14"), so
--- beyond that the text is read back.
-function Q.draw_fence()
-    local n = redis.call('incr', KEYS[2])
-    if n < 9007199254740992 then
-        return string.format('%d', n)
-    end
-    return redis.call('get', KEYS[2])
-end
-
--- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (a string
--- from Q.draw_fence; 0: none), carrying the metadata `m` (nil: none) taken at `now`.
-function Q.take(h, lease, f, fence, a, now, m)
-    local args = {h, 1}
-    if fence ~= 0 then
-        args[3], args[4] = '~fence', fence
-    end
-    redis.call('hset', KEYS[1], unpack(Q.with_meta(args, h, m, now)))
-    redis.call('pexpire', KEYS[1], lease)
-end
-
--- Whether the holder `h` made with flags f excludes everyone else (a lock does): then a
--- handoff ends with its grant, without looking at the next waiter.
-function Q.sole(f)
-    return true
-end
-
--- Frees the lock whoever holds it.
-function Q.clear()
-    redis.call('del', KEYS[1])
-end
-
--- Takes one more level of `field`'s hold, which has `held` levels while the caller believes
--- it has `expected`: the new count. A call repeated after a lost reply (held already
--- above expected) is granted the level the first one took, not another.
-function Q.reenter(field, held, expected)
-    if held > expected then
-        redis.call('hset', KEYS[1], field, expected + 1)
-        return expected + 1
-    end
-    return redis.call('hincrby', KEYS[1], field, 1)
+    return found % 2 == 1, math.floor(found / 2) % 2 == 1, nil
 end
 
 -- Leaves one level of `field`'s hold; ARGV[2] is the lease in ms the caller's remaining
@@ -175,9 +100,20 @@ end
 -- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the lease
 -- in ms the caller then gives them); nil and the levels held when the hold is over and
 -- the caller must free it. (The lease is returned rather than given through a callback:
--- a closure would be made on every call.)
-function Q.release(field)
-    local held = redis.call('hget', KEYS[1], field)
+-- a closure would be made on every call.) `lock`: a lock's release (release.lua), which
+-- reads the queue mark too (see '~q' above), returned fourth (true when someone may
+-- wait), in the same call, and whose remaining levels' lease, the hash's expiry, is set
+-- here, before their count: so its first write is never one that may take memory, which
+-- a server at its memory limit refuses as a script's first write (release.lua then needs
+-- no allow_oom.lua with EVALSHA, see scripts.rs).
+function Q.release(field, lock)
+    local held, queued
+    if lock then
+        local got = redis.call('hmget', KEYS[1], field, '~q')
+        held, queued = got[1], got[2]
+    else
+        held = redis.call('hget', KEYS[1], field)
+    end
     if not held then
         return {-1, 0}
     end
@@ -189,264 +125,417 @@ function Q.release(field)
     local left = expected - 1
     local need = tonumber(ARGV[2])
     if left > 0 and need > 0 then
+        if lock then
+            redis.call('pexpire', KEYS[1], need)
+            redis.call('hset', KEYS[1], field, left)
+            return {left, 0}
+        end
         redis.call('hset', KEYS[1], field, left)
         return {left, 0}, nil, need
     end
-    return nil, held
+    return nil, held, nil, queued
 end
 
--- Drops holds whose own lease ended (none for a lock: its expiry is Redis's).
-function Q.purge(now)
-end
+-- Everything else is made on first use: the first read of a name Q lacks (its
+-- metatable's __index) runs `more`, which adds them all. A script sent with EVALSHA runs
+-- the top level of these files on every call, and an uncontended acquire or release
+-- needs only Q.look or Q.release; a library makes them once. The hooks that a
+-- primitive's rules (after this file) redefine are made only where they did not.
+-- (scripts.rs tests that no later file redefines anything else `more` makes.)
+local function more()
+    function Q.now()
+        local t = redis.call('time')
+        return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
 
-local function is_fair(flags)
-    return flags % 2 == 1
-end
-
-local function is_fenced(flags)
-    return math.floor(flags / 2) % 2 == 1
-end
-
-local function listens_elsewhere(flags)
-    return math.floor(flags / 8) % 2 == 1
-end
-
--- Tells the waiter whose entry has the flags `flags` the message `msg` on its channel
--- `channel`, the way its client listens; returns how many subscribers on this node heard
--- it. Flag 128 (sharded): SPUBLISH, which stays on the slot's shard. When no subscriber of
--- this node heard that, the slot may be moving: this node imports it (the call came by ASK)
--- while the waiter's client still listens on the node it is leaving, where it listens for
--- the channel's classic messages too; a PUBLISH reaches it there. So too when the caller's
--- ACL refuses SPUBLISH (the waiter's client chose it, not the caller): a release must not
--- fail for it.
-function Q.tell(flags, channel, msg)
-    if math.floor(flags / 128) % 2 == 1 then
-        local heard = redis.pcall('spublish', channel, msg)
-        if type(heard) == 'number' and heard > 0 then
-            return heard
+    -- A queue entry's numbers, and the metadata text it carries (flag 64; nil when none).
+    local function parse(v)
+        local e, s, l, f, t, a, m = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+) ?(%d*) ?(.*)$')
+        f = tonumber(f)
+        if math.floor(f / 64) % 2 == 0 then
+            m = nil
         end
+        return tonumber(e), tonumber(s), tonumber(l), f, t, tonumber(a) or 1, m
     end
-    return redis.call('publish', channel, msg)
-end
+    -- (semaphore.lua reads entries too; this file's locals are `more`'s now.)
+    Q.parse = parse
 
--- Drops holder's waiter data (its LIST entry is the caller's to remove). `fairs` is the
--- '~fair' count when the caller read it along with the entry (false: none), nil when not.
-local function forget(holder, flags, fairs)
-    if not is_fair(flags) then
-        redis.call('hdel', KEYS[4], holder)
-        return
+    -- The metadata field of the hold field `field`, and its value for a hold taken at `now`
+    -- (server ms) by a client whose metadata is `m`.
+    function Q.meta_field(field)
+        return '~m:' .. field
     end
-    -- The last fair waiter takes the count with it in one call.
-    if fairs ~= nil and (tonumber(fairs) or 0) <= 1 then
-        redis.call('hdel', KEYS[4], holder, '~fair')
-    elseif redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
-        redis.call('hdel', KEYS[4], holder, '~fair')
-    else
-        redis.call('hdel', KEYS[4], holder)
-    end
-end
 
--- The first live waiter, dropping the lapsed ones in front of it (a process that stopped
--- refreshing, a deadline passed): holder, since, lease, flags, ticket, amount, then `now`,
--- the '~fair' count (false when no fair waiter is queued) and the metadata text its hold
--- is to carry (nil: none); nil when none waits. The
--- clock is read only when someone is queued: `now` may be nil, and the time read is
--- returned for the caller to go on with.
-function Q.head(now)
-    while true do
-        local h = redis.call('lindex', KEYS[3], 0)
-        if not h then
-            return nil
+    function Q.meta_value(now, m)
+        return string.format('%d', now) .. ' ' .. m
+    end
+
+    -- `args` (a flat field/value list for HSET) with `field`'s metadata added when `m` is set.
+    function Q.with_meta(args, field, m, now)
+        if m then
+            args[#args + 1] = Q.meta_field(field)
+            args[#args + 1] = Q.meta_value(now, m)
         end
-        local got = redis.call('hmget', KEYS[4], h, '~fair')
-        local v = got[1]
-        if v then
-            local e, s, l, f, t, a, m = parse(v)
-            now = now or Q.now()
-            if e > now then
-                return h, s, l, f, t, a, now, got[2], m
+        return args
+    end
+
+    -- The number of the other kind that holds the name (see Q.look), nil when none: looked
+    -- up key by key, only a refusal pays for that.
+    function Q.other(own, first)
+        local i = first
+        for kind = 1, 4 do
+            if kind ~= own then
+                if redis.call('exists', KEYS[i]) == 1 then
+                    return kind
+                end
+                i = i + 1
             end
-            forget(h, f, got[2])
         end
+        return nil
+    end
+
+    -- The reply that refuses the name to `holder` because the kind `other` holds it (see
+    -- Q.look), nothing written; a caller that was queued (`queued`: the queue exists) leaves
+    -- the queue, where it would only wait to be refused again.
+    function Q.refuse_kind(holder, queued, other)
+        if queued then
+            Q.remove(holder)
+        end
+        return {-4, other}
+    end
+
+    -- Whether the waiter `h` (flags f, asking for a permits) may hold the lock now.
+    if not Q.fits then
+        function Q.fits(f, a, h)
+            return redis.call('exists', KEYS[1]) == 0
+        end
+    end
+
+    -- Draws the next fencing token, as the counter's own decimal text: INCR's reply reaches
+    -- Lua as a double, exact only below 2^53 (and `..` would write 10^14 as "1e+14"), so
+    -- beyond that the text is read back.
+    function Q.draw_fence()
+        local n = redis.call('incr', KEYS[2])
+        if n < 9007199254740992 then
+            return string.format('%d', n)
+        end
+        return redis.call('get', KEYS[2])
+    end
+
+    -- Makes `h` the holder, with a lease of `lease` ms and the fencing token `fence` (a string
+    -- from Q.draw_fence; 0: none), carrying the metadata `m` (nil: none) taken at `now`.
+    if not Q.take then
+        function Q.take(h, lease, f, fence, a, now, m)
+            -- Marked: others may wait behind it (see '~q' above).
+            local args = {h, 1, '~q', 1}
+            if fence ~= 0 then
+                args[5], args[6] = '~fence', fence
+            end
+            redis.call('hset', KEYS[1], unpack(Q.with_meta(args, h, m, now)))
+            redis.call('pexpire', KEYS[1], lease)
+        end
+    end
+
+    -- Whether the holder `h` made with flags f excludes everyone else (a lock does): then a
+    -- handoff ends with its grant, without looking at the next waiter.
+    if not Q.sole then
+        function Q.sole(f)
+            return true
+        end
+    end
+
+    -- Frees the lock whoever holds it.
+    if not Q.clear then
+        function Q.clear()
+            redis.call('del', KEYS[1])
+        end
+    end
+
+    -- Takes one more level of `field`'s hold, which has `held` levels while the caller believes
+    -- it has `expected`: the new count. A call repeated after a lost reply (held already
+    -- above expected) is granted the level the first one took, not another.
+    function Q.reenter(field, held, expected)
+        if held > expected then
+            redis.call('hset', KEYS[1], field, expected + 1)
+            return expected + 1
+        end
+        return redis.call('hincrby', KEYS[1], field, 1)
+    end
+
+    -- Drops holds whose own lease ended (none for a lock: its expiry is Redis's).
+    if not Q.purge then
+        function Q.purge(now)
+        end
+    end
+
+    local function is_fair(flags)
+        return flags % 2 == 1
+    end
+
+    local function is_fenced(flags)
+        return math.floor(flags / 2) % 2 == 1
+    end
+
+    local function listens_elsewhere(flags)
+        return math.floor(flags / 8) % 2 == 1
+    end
+
+    -- Tells the waiter whose entry has the flags `flags` the message `msg` on its channel
+    -- `channel`, the way its client listens; returns how many subscribers on this node heard
+    -- it. Flag 128 (sharded): SPUBLISH, which stays on the slot's shard. When no subscriber of
+    -- this node heard that, the slot may be moving: this node imports it (the call came by ASK)
+    -- while the waiter's client still listens on the node it is leaving, where it listens for
+    -- the channel's classic messages too; a PUBLISH reaches it there. So too when the caller's
+    -- ACL refuses SPUBLISH (the waiter's client chose it, not the caller): a release must not
+    -- fail for it.
+    function Q.tell(flags, channel, msg)
+        if math.floor(flags / 128) % 2 == 1 then
+            local heard = redis.pcall('spublish', channel, msg)
+            if type(heard) == 'number' and heard > 0 then
+                return heard
+            end
+        end
+        return redis.call('publish', channel, msg)
+    end
+
+    -- Drops holder's waiter data (its LIST entry is the caller's to remove). `fairs` is the
+    -- '~fair' count when the caller read it along with the entry (false: none), nil when not.
+    local function forget(holder, flags, fairs)
+        if not is_fair(flags) then
+            redis.call('hdel', KEYS[4], holder)
+            return
+        end
+        -- The last fair waiter takes the count with it in one call.
+        if fairs ~= nil and (tonumber(fairs) or 0) <= 1 then
+            redis.call('hdel', KEYS[4], holder, '~fair')
+        elseif redis.call('hincrby', KEYS[4], '~fair', -1) <= 0 then
+            redis.call('hdel', KEYS[4], holder, '~fair')
+        else
+            redis.call('hdel', KEYS[4], holder)
+        end
+    end
+
+    -- The first live waiter, dropping the lapsed ones in front of it (a process that stopped
+    -- refreshing, a deadline passed): holder, since, lease, flags, ticket, amount, then `now`,
+    -- the '~fair' count (false when no fair waiter is queued) and the metadata text its hold
+    -- is to carry (nil: none); nil when none waits. The
+    -- clock is read only when someone is queued: `now` may be nil, and the time read is
+    -- returned for the caller to go on with.
+    function Q.head(now)
+        while true do
+            local h = redis.call('lindex', KEYS[3], 0)
+            if not h then
+                return nil
+            end
+            local got = redis.call('hmget', KEYS[4], h, '~fair')
+            local v = got[1]
+            if v then
+                local e, s, l, f, t, a, m = parse(v)
+                now = now or Q.now()
+                if e > now then
+                    return h, s, l, f, t, a, now, got[2], m
+                end
+                forget(h, f, got[2])
+            end
+            redis.call('lpop', KEYS[3])
+        end
+    end
+
+    -- Takes the first waiter, `holder` with `flags` and the '~fair' count `fairs` as Q.head
+    -- just returned them, out of the queue.
+    function Q.remove_head(holder, flags, fairs)
+        forget(holder, flags, fairs)
         redis.call('lpop', KEYS[3])
     end
-end
 
--- Takes the first waiter, `holder` with `flags` and the '~fair' count `fairs` as Q.head
--- just returned them, out of the queue.
-function Q.remove_head(holder, flags, fairs)
-    forget(holder, flags, fairs)
-    redis.call('lpop', KEYS[3])
-end
-
--- Takes holder out of the queue wherever it is; true if it was queued.
-function Q.remove(holder)
-    local got = redis.call('hmget', KEYS[4], holder, '~fair')
-    if not got[1] then
-        return false
-    end
-    local _, _, _, f = parse(got[1])
-    forget(holder, f, got[2])
-    redis.call('lrem', KEYS[3], 1, holder)
-    return true
-end
-
--- Queues holder at the back, or refreshes its entry where it stands (its place and age
--- are kept: a waiter trying again does not lose its turn). Everything else is the calling
--- wait's own: an entry left by an earlier wait of the thread (a plain one whose cancel
--- was lost) must not make a fair wait plain or a fenced one tokenless. `m`: the metadata
--- text the hold is to carry if it is handed to the waiter (nil: none).
-function Q.join(holder, now, ttl, lease, flags, ticket, amount, m)
-    local got = redis.call('hmget', KEYS[4], holder, '~fair')
-    local v = got[1]
-    local fairs = tonumber(got[2]) or 0
-    local since = now
-    local was_fair = false
-    -- A queue this call creates has no expiry yet: no need to ask for it.
-    local fresh = false
-    if v then
-        local _, s, _, f = parse(v)
-        since, was_fair = s, is_fair(f)
-    else
-        fresh = redis.call('rpush', KEYS[3], holder) == 1
-    end
-    -- Numbers as exact integers (`..` would write 10^14 and more in exponent form).
-    local entry = string.format('%d %d %d %d %s %d', now + ttl, since, lease,
-        m and flags + 64 or flags, ticket, amount or 1)
-    if m then
-        entry = entry .. ' ' .. m
-    end
-    if is_fair(flags) and not was_fair then
-        redis.call('hset', KEYS[4], holder, entry, '~fair', fairs + 1)
-    elseif was_fair and not is_fair(flags) and fairs > 1 then
-        redis.call('hset', KEYS[4], holder, entry, '~fair', fairs - 1)
-    else
-        if was_fair and not is_fair(flags) then
-            redis.call('hdel', KEYS[4], '~fair')
+    -- Takes holder out of the queue wherever it is; true if it was queued.
+    function Q.remove(holder)
+        local got = redis.call('hmget', KEYS[4], holder, '~fair')
+        if not got[1] then
+            return false
         end
-        redis.call('hset', KEYS[4], holder, entry)
+        local _, _, _, f = parse(got[1])
+        forget(holder, f, got[2])
+        redis.call('lrem', KEYS[3], 1, holder)
+        return true
     end
-    Q.outlive(KEYS[3], KEYS[4], ttl, fresh)
-end
 
--- Makes a queue (LIST `queue`, HASH `waiters`) live `ttl` ms at least, and never forever:
--- as long as its longest-lived entry. Entries are fields of the waiters hash, so none
--- outlives it, and the list matters only while it does: when the hash must be raised,
--- the list is set to the same expiry without asking for its own (that may shorten a list
--- that outlived its entries, never one that lives less than the hash). `fresh`: the list
--- was just created (it has no expiry yet). (renew.lua keeps a copy of these rules.)
--- Servers from 7.0 on (told by the server's version, not by FCALL or EVALSHA: a 7.0
--- server whose ACL refuses FCALL runs the scripts as EVALSHAs) set the hash's expiry
--- with PEXPIRE's NX (only a key without one: a hash this call created) and GT (only a
--- later one), each one call where a PTTL and a PEXPIRE were; GT counts a key without an
--- expiry as never expiring, so its 0 is looked into when the list was not fresh (a hash
--- this call created beside a list that was left).
-function Q.outlive(queue, waiters, ttl, fresh)
-    if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-        if fresh then
-            if redis.call('pexpire', waiters, ttl, 'nx') == 0 then
-                redis.call('pexpire', waiters, ttl, 'gt')
+    -- Queues holder at the back, or refreshes its entry where it stands (its place and age
+    -- are kept: a waiter trying again does not lose its turn). Everything else is the calling
+    -- wait's own: an entry left by an earlier wait of the thread (a plain one whose cancel
+    -- was lost) must not make a fair wait plain or a fenced one tokenless. `m`: the metadata
+    -- text the hold is to carry if it is handed to the waiter (nil: none).
+    function Q.join(holder, now, ttl, lease, flags, ticket, amount, m)
+        local got = redis.call('hmget', KEYS[4], holder, '~fair')
+        local v = got[1]
+        local fairs = tonumber(got[2]) or 0
+        local since = now
+        local was_fair = false
+        -- A queue this call creates has no expiry yet: no need to ask for it.
+        local fresh = false
+        if v then
+            local _, s, _, f = parse(v)
+            since, was_fair = s, is_fair(f)
+        else
+            fresh = redis.call('rpush', KEYS[3], holder) == 1
+        end
+        -- Numbers as exact integers (`..` would write 10^14 and more in exponent form).
+        local entry = string.format('%d %d %d %d %s %d', now + ttl, since, lease,
+            m and flags + 64 or flags, ticket, amount or 1)
+        if m then
+            entry = entry .. ' ' .. m
+        end
+        if is_fair(flags) and not was_fair then
+            redis.call('hset', KEYS[4], holder, entry, '~fair', fairs + 1)
+        elseif was_fair and not is_fair(flags) and fairs > 1 then
+            redis.call('hset', KEYS[4], holder, entry, '~fair', fairs - 1)
+        else
+            if was_fair and not is_fair(flags) then
+                redis.call('hdel', KEYS[4], '~fair')
             end
-            redis.call('pexpire', queue, ttl)
+            redis.call('hset', KEYS[4], holder, entry)
+        end
+        Q.outlive(KEYS[3], KEYS[4], ttl, fresh)
+    end
+
+    -- Makes a queue (LIST `queue`, HASH `waiters`) live `ttl` ms at least, and never forever:
+    -- as long as its longest-lived entry. Entries are fields of the waiters hash, so none
+    -- outlives it, and the list matters only while it does: when the hash must be raised,
+    -- the list is set to the same expiry without asking for its own (that may shorten a list
+    -- that outlived its entries, never one that lives less than the hash). `fresh`: the list
+    -- was just created (it has no expiry yet). (renew.lua keeps a copy of these rules.)
+    -- Servers from 7.0 on (told by the server's version, not by FCALL or EVALSHA: a 7.0
+    -- server whose ACL refuses FCALL runs the scripts as EVALSHAs) set the hash's expiry
+    -- with PEXPIRE's NX (only a key without one: a hash this call created) and GT (only a
+    -- later one), each one call where a PTTL and a PEXPIRE were; GT counts a key without an
+    -- expiry as never expiring, so its 0 is looked into when the list was not fresh (a hash
+    -- this call created beside a list that was left).
+    function Q.outlive(queue, waiters, ttl, fresh)
+        if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+            if fresh then
+                if redis.call('pexpire', waiters, ttl, 'nx') == 0 then
+                    redis.call('pexpire', waiters, ttl, 'gt')
+                end
+                redis.call('pexpire', queue, ttl)
+                return
+            end
+            if redis.call('pexpire', waiters, ttl, 'gt') == 1 then
+                redis.call('pexpire', queue, ttl)
+                return
+            end
+            if redis.call('pttl', waiters) == -1 then
+                redis.call('pexpire', waiters, ttl)
+                redis.call('pexpire', queue, ttl)
+            elseif redis.call('pttl', queue) < ttl then
+                redis.call('pexpire', queue, ttl)
+            end
             return
         end
-        if redis.call('pexpire', waiters, ttl, 'gt') == 1 then
-            redis.call('pexpire', queue, ttl)
-            return
-        end
-        if redis.call('pttl', waiters) == -1 then
+        if redis.call('pttl', waiters) < ttl then
             redis.call('pexpire', waiters, ttl)
             redis.call('pexpire', queue, ttl)
-        elseif redis.call('pttl', queue) < ttl then
+        elseif fresh or redis.call('pttl', queue) < ttl then
             redis.call('pexpire', queue, ttl)
         end
-        return
     end
-    if redis.call('pttl', waiters) < ttl then
-        redis.call('pexpire', waiters, ttl)
-        redis.call('pexpire', queue, ttl)
-    elseif fresh or redis.call('pttl', queue) < ttl then
-        redis.call('pexpire', queue, ttl)
+
+    -- The client id of the holder id `holder` ("<client id>:<thread token>"): Q.hand_on's
+    -- test of a waiter of the releasing client (`mine`).
+    function Q.client_of(holder)
+        return string.match(holder, '^(.*):%d+$')
     end
-end
 
--- The client id of the holder id `holder` ("<client id>:<thread token>"): a release passes
--- its own to Q.hand_on as `mine`.
-function Q.client_of(holder)
-    return string.match(holder, '^(.*):%d+$')
-end
-
--- The reply {0, w} of a release that freed its hold (w: 1 when a waiter was served), with
--- the messages Q.hand_on returned for the caller's own client after them, to deliver.
-function Q.freed(served, told)
-    local reply = {0, served and 1 or 0}
-    if told then
-        for i = 1, #told do
-            reply[i + 2] = told[i]
-        end
-    end
-    return reply
-end
-
--- The free lock's next turns go to the first live waiters other than `me`, in order, for
--- as long as the next one fits (Q.fits: one for a lock, a run of readers, the permits a
--- release freed): each is made the holder (lease: its own, at most PICKUP ms until it
--- confirms) when `give`, or when it is fair or has waited STARVE ms; otherwise it is
--- told to try again. A waiter whose client no longer listens (PUBLISH reaches nobody: its
--- process died) is dropped and the next one served; one listening on another cluster node
--- is taken at its word (a dead one there costs the pickup window). Returns the last holder id served, or
--- nil when nobody (but `me`) waits or fits. `now` may be nil: the clock is then read only
--- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
--- that the first waiter fits without asking (and the handoff ends with its grant).
--- `mine`: the caller's client id, when the caller delivers its own client's messages
--- (a release: see Q.freed); a waiter of that client is not told with a PUBLISH (its
--- client is alive: it makes this call), its message is returned instead, second: a list
--- of the messages for the caller to deliver in order (nil when none), the way its
--- subscriber delivers a published one.
-function Q.hand_on(now, give, me, free, mine)
-    local served
-    -- The inbox prefix (keys.rs's `inbox`), made once a waiter is told.
-    local inbox
-    -- The messages for the caller's own client's waiters, if any.
-    local told
-    while true do
-        local h, s, l, f, t, a, fairs, m
-        h, s, l, f, t, a, now, fairs, m = Q.head(now)
-        if not h or h == me or not (free or Q.fits(f, a, h)) then
-            return served, told
-        end
-        local client, token = string.match(h, '^(.*):(%d+)$')
-        local grant = give or is_fair(f) or now - s >= STARVE
-        local fence = 0
-        local msg
-        if grant then
-            if is_fenced(f) then
-                fence = Q.draw_fence()
+    -- The reply {0, w} of a release that freed its hold (w: 1 when a waiter was served), with
+    -- the messages Q.hand_on returned for the caller's own client after them, to deliver.
+    function Q.freed(served, told)
+        local reply = {0, served and 1 or 0}
+        if told then
+            for i = 1, #told do
+                reply[i + 2] = told[i]
             end
-            msg = string.format('g %s %s %s %d', token, t, fence, now)
-        else
-            msg = 'w ' .. token .. ' ' .. t
         end
-        local heard
-        if client and client == mine then
-            told = told or {}
-            told[#told + 1] = msg
-            heard = true
-        else
-            inbox = inbox or KEYS[1] .. ':to:'
-            heard = client and
-                (Q.tell(f, inbox .. client, msg) > 0 or listens_elsewhere(f))
-        end
-        if heard and not grant then
-            return h, told
-        end
-        Q.remove_head(h, f, fairs)
-        if heard then
-            Q.take(h, math.min(l, PICKUP), f, fence, a, now, m)
-            served = h
-            if Q.sole(f) then
+        return reply
+    end
+
+    -- The free lock's next turns go to the first live waiters other than `me`, in order, for
+    -- as long as the next one fits (Q.fits: one for a lock, a run of readers, the permits a
+    -- release freed): each is made the holder (lease: its own, at most PICKUP ms until it
+    -- confirms) when `give`, or when it is fair or has waited STARVE ms; otherwise it is
+    -- told to try again. A waiter whose client no longer listens (PUBLISH reaches nobody: its
+    -- process died) is dropped and the next one served; one listening on another cluster node
+    -- is taken at its word (a dead one there costs the pickup window). Returns the last holder id served, or
+    -- nil when nobody (but `me`) waits or fits. `now` may be nil: the clock is then read only
+    -- if someone waits. `free`: the caller knows a lock (not a shared hold) to be free, so
+    -- that the first waiter fits without asking (and the handoff ends with its grant).
+    -- `mine`: the caller's holder id, when the caller delivers its own client's messages
+    -- (a release: see Q.freed); a waiter of that client is not told with a PUBLISH (its
+    -- client is alive: it makes this call), its message is returned instead, second: a list
+    -- of the messages for the caller to deliver in order (nil when none), the way its
+    -- subscriber delivers a published one.
+    function Q.hand_on(now, give, me, free, mine)
+        local served
+        -- The inbox prefix (keys.rs's `inbox`), made once a waiter is told.
+        local inbox
+        -- The messages for the caller's own client's waiters, if any.
+        local told
+        -- The caller's client id (Q.client_of(mine)), read from `mine` once a waiter is
+        -- found: a release that finds nobody pays no pattern match.
+        local own
+        while true do
+            local h, s, l, f, t, a, fairs, m
+            h, s, l, f, t, a, now, fairs, m = Q.head(now)
+            if not h or h == me or not (free or Q.fits(f, a, h)) then
                 return served, told
             end
+            local client, token = string.match(h, '^(.*):(%d+)$')
+            local grant = give or is_fair(f) or now - s >= STARVE
+            local fence = 0
+            local msg
+            if grant then
+                if is_fenced(f) then
+                    fence = Q.draw_fence()
+                end
+                msg = string.format('g %s %s %s %d', token, t, fence, now)
+            else
+                msg = 'w ' .. token .. ' ' .. t
+            end
+            local heard
+            if mine and own == nil then
+                own = Q.client_of(mine) or false
+            end
+            if client and client == own then
+                told = told or {}
+                told[#told + 1] = msg
+                heard = true
+            else
+                inbox = inbox or KEYS[1] .. ':to:'
+                heard = client and
+                    (Q.tell(f, inbox .. client, msg) > 0 or listens_elsewhere(f))
+            end
+            if heard and not grant then
+                return h, told
+            end
+            Q.remove_head(h, f, fairs)
+            if heard then
+                Q.take(h, math.min(l, PICKUP), f, fence, a, now, m)
+                served = h
+                if Q.sole(f) then
+                    return served, told
+                end
+            end
         end
     end
+end
+
+-- A library (FCALL) makes them at once, when it is loaded: its text (scripts.rs's
+-- LIBRARY_BODY) declares a local `setmetatable` left nil, as a library may not call it
+-- while it loads, and pays nothing for them per call.
+if setmetatable then
+    setmetatable(Q, {__index = function(q, name)
+        setmetatable(q, nil)
+        more()
+        return rawget(q, name)
+    end})
+else
+    more()
 end

@@ -20,16 +20,19 @@
 -- already over) free the lock at once, as their lease would have.
 -- The count is set from ARGV[3], not decremented, so a repeated call (after a lost reply)
 -- takes no second level, and levels left by lost acquire replies are dropped too.
--- A freed lock goes to the first live waiter: made the holder if it is fair or has waited
+-- A freed lock goes to the first live waiter (looked for only when the hold carries the
+-- queue mark, see queue.lua): made the holder if it is fair or has waited
 -- past the starvation bound, else told to try (a plain lock's releaser may barge back in).
-local reply, _, keep = Q.release(ARGV[1])
-if keep then
-    redis.call('pexpire', KEYS[1], keep)
-end
+-- Levels left keep their lease (Q.release sets it: a lock's).
+local reply, _, _, queued = Q.release(ARGV[1], true)
 if reply then
     return reply
 end
 redis.call('del', KEYS[1])
+if not queued then
+    -- Nobody queued behind this hold (its mark, queue.lua's '~q'): no queue to look at.
+    return {0, 0}
+end
 -- No clock read unless someone waits; the lock is free. A waiter of the caller's own
 -- client is told in the reply, not published to.
-return Q.freed(Q.hand_on(nil, false, nil, true, Q.client_of(ARGV[1])))
+return Q.freed(Q.hand_on(nil, false, nil, true, ARGV[1]))

@@ -49,7 +49,7 @@ function S.refuse_oversized(total)
     for i = 1, #entries, 2 do
         local h = entries[i]
         if string.sub(h, 1, 1) ~= '~' then
-            local _, _, _, f, t, a = parse(entries[i + 1])
+            local _, _, _, f, t, a = Q.parse(entries[i + 1])
             if a > total then
                 Q.remove(h)
                 local client, token = string.match(h, '^(.*):(%d+)$')

@@ -407,7 +407,7 @@ fn a_fixed_hold_lost_to_flushall_is_marked_lost_when_the_thread_takes_the_lock_a
 
 /// The README's minimal ACL rule, for the prefix of this file.
 const ACL_RULE: &str = "on >s3cret-pw resetchannels ~holes:* &holes:* -@all \
-    +evalsha +script|load +exists +hget +pttl +subscribe +unsubscribe +publish +ping +wait \
+    +evalsha +script|load +exists +hget +hmget +pttl +subscribe +unsubscribe +publish +ping +wait \
     +hincrby +hset +hexists +pexpire +del +incr";
 
 /// A server with the user `locker` whose rule is [`ACL_RULE`] without `missing`, and the

@@ -272,3 +272,81 @@ fn assert_queue_gone(con: &mut redis::Connection) {
         .unwrap();
     assert_eq!(n, 0, "an emptied queue leaves no keys behind");
 }
+
+/// Whether the lock's hold carries the queue mark (queue.lua's '~q').
+fn marked(con: &mut Connection) -> bool {
+    redis::cmd("HEXISTS")
+        .arg(LOCK)
+        .arg("~q")
+        .query::<i64>(con)
+        .unwrap()
+        == 1
+}
+
+/// `holder`'s release of its one level: the reply's first two numbers (0 and w: 1 when a
+/// waiter was told its turn).
+fn release(con: &mut Connection, holder: &str) -> (i64, i64) {
+    let args: Vec<String> = [holder, "0", "1"].iter().map(|s| s.to_string()).collect();
+    let reply = eval(con, include_str!("../lua/release.lua"), &args);
+    let int = |v: &redis::Value| match v {
+        redis::Value::Int(n) => *n,
+        other => panic!("not a number: {other:?}"),
+    };
+    (int(&reply[0]), int(&reply[1]))
+}
+
+#[track_caller]
+fn assert_granted(reply: &[redis::Value]) {
+    assert_eq!(reply[0], redis::Value::Int(1), "granted: {reply:?}");
+}
+
+#[track_caller]
+fn assert_queued(reply: &[redis::Value]) {
+    assert_eq!(reply[0], redis::Value::Int(0), "queued: {reply:?}");
+    assert_eq!(reply.len(), 3, "queued: {reply:?}");
+}
+
+/// A release frees a hold without the queue mark without looking at the queue (the
+/// uncontended release's one command less: `tests/script_cost.rs`), so every hold that
+/// may have a waiter behind it must carry the mark, however it was made: queued behind,
+/// taken while the queue existed (the first waiter's own turn here), or handed on from
+/// the queue (by an acquire or a release). Each release below that has a waiter behind it
+/// tells one its turn (w = 1): told to try, or handed the lock once it has waited past the
+/// starvation bound (2 ms: either, whatever the machine's load; each step below holds
+/// both ways). Waiters have flag 8, "listens elsewhere": taken at their word, as nobody
+/// subscribes here.
+#[test]
+fn every_hold_a_waiter_may_wait_behind_carries_the_queue_mark() {
+    const ELSEWHERE: u8 = 8;
+    const FAIR: u8 = 1;
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    // Taken with no queue: unmarked, and its release finds nobody.
+    assert_granted(&attempt(&mut con, "a:1", 0, 30_000));
+    assert!(!marked(&mut con), "nobody waits");
+    assert_eq!(release(&mut con, "a:1"), (0, 0));
+    // A waiter queues behind an unmarked hold: it marks it, and the release tells it.
+    assert_granted(&attempt(&mut con, "a:1", 0, 30_000));
+    assert!(!marked(&mut con));
+    assert_queued(&attempt(&mut con, "b:1", ELSEWHERE, 30_000));
+    assert!(marked(&mut con), "queued behind");
+    assert_queued(&attempt(&mut con, "c:1", ELSEWHERE, 30_000));
+    assert_eq!(release(&mut con, "a:1"), (0, 1), "b is told its turn");
+    // The first waiter takes the free lock itself while c still waits (or finds it was
+    // handed the lock): marked.
+    assert_granted(&attempt(&mut con, "b:1", ELSEWHERE, 30_000));
+    assert!(marked(&mut con), "taken while the queue exists");
+    assert_eq!(release(&mut con, "b:1"), (0, 1), "c is told its turn");
+    // A fair caller finds the lock free and c first (it hands the lock to c) or c
+    // holding: it queues behind c's hold, marked.
+    assert_queued(&attempt(&mut con, "x:1", FAIR | ELSEWHERE, 30_000));
+    assert!(marked(&mut con), "handed on");
+    assert_eq!(release(&mut con, "c:1"), (0, 1), "handed to x");
+    assert!(marked(&mut con), "handed on by a release");
+    // The queue is empty now: the mark stays with the hold, whose release finds nobody.
+    assert_eq!(release(&mut con, "x:1"), (0, 0));
+    assert_queue_gone(&mut con);
+    // With the queue gone, a new hold is unmarked again.
+    assert_granted(&attempt(&mut con, "h:1", 0, 30_000));
+    assert!(!marked(&mut con));
+}

@@ -141,13 +141,13 @@ pub(crate) fn acquire(keys: &LockKeys, a: &Acquire<'_>) -> ScriptCall {
     for other in keys.other_kinds(false) {
         call.key(other);
     }
-    call.arg(a.holder)
-        .arg(a.lease_ms)
-        .arg(a.held)
-        .arg(a.flags)
-        .arg(u8::from(a.join.is_some()))
-        .arg(ttl)
-        .arg(ticket);
+    call.arg(a.holder).arg(a.lease_ms).arg(a.held).arg(a.flags);
+    // The queue's arguments only when they say something (or hold the place of those
+    // after them): an attempt that does not queue (a lock's first, a `try_lock`) ends
+    // here, and the scripts read the missing ARGV[5] as 0.
+    if a.join.is_some() || a.amount.is_some() || a.metadata.is_some() {
+        call.arg(u8::from(a.join.is_some())).arg(ttl).arg(ticket);
+    }
     if let Some((amount, initial)) = a.amount {
         call.arg(amount).arg(initial);
     }

@@ -69,6 +69,9 @@ macro_rules! function {
 /// them, shared by the group's rules and its bodies (a server runs one call at a time).
 const LIBRARY_BODY: &str = concat!(
     "local KEYS, ARGV\n",
+    // Nil: queue.lua makes its rules at once here, not on first use (a library may not
+    // call `setmetatable` while it loads, and makes them once anyway).
+    "local setmetatable\n",
     "local function register(name, flags, body)\n",
     "    redis.register_function{function_name = LIB .. '_' .. name, flags = flags,\n",
     "        callback = function(keys, args) KEYS, ARGV = keys, args return body() end}\n",
@@ -151,7 +154,11 @@ pub(crate) struct Bundled {
 }
 
 static ACQUIRE: Bundled = script!("acquire": "queue.lua", "acquire.lua");
-static RELEASE: Bundled = script!(allow_oom "release": "queue.lua", "release.lua");
+// No allow_oom.lua: a lock's release never writes first what may take memory (its first
+// write is a DEL, or the PEXPIRE before an inner level's HSET: queue.lua's Q.release), so
+// the server's memory limit never refuses it, and the uncontended release runs no marker
+// command. (Its function keeps the flag: nothing to lose.)
+static RELEASE: Bundled = script!("release": "queue.lua", "release.lua");
 static CANCEL: Bundled = script!(allow_oom "cancel": "queue.lua", "cancel.lua");
 static KICK: Bundled = script!(allow_oom "kick": "queue.lua", "kick.lua");
 static FORCE_UNLOCK: Bundled = script!(allow_oom "force_unlock": "queue.lua", "force_unlock.lua");
@@ -497,4 +504,44 @@ pub(crate) fn is_functions_refused(e: &RedisError) -> bool {
 /// by the client's ordinary path, which gets over it ([`Scripting::recover`]).
 pub(crate) fn is_setup_refusal(e: &RedisError) -> bool {
     is_noscript(e) || is_function_missing(e) || is_functions_refused(e)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The names `text` defines as `function Q.<name>` at the start of a line indented by
+    /// `indent` spaces.
+    fn defined(text: &str, indent: usize) -> Vec<&str> {
+        let head = format!("{}function Q.", " ".repeat(indent));
+        text.lines()
+            .filter_map(|l| l.strip_prefix(head.as_str()))
+            .map(|rest| rest.split('(').next().unwrap_or(rest))
+            .collect()
+    }
+
+    /// queue.lua makes most of its functions on first use (`more`), after the rule files
+    /// that follow it have run: those may redefine only what it makes at once or makes
+    /// only where missing (the hooks), or `more` would put the lock's own back.
+    #[test]
+    fn later_rule_files_redefine_only_the_queues_hooks() {
+        let queue = lua!("queue.lua");
+        let eager = defined(queue, 0);
+        let hooks = defined(queue, 8);
+        assert!(
+            eager.contains(&"look") && hooks.contains(&"take"),
+            "{eager:?} {hooks:?}"
+        );
+        for (file, text) in [
+            ("leases.lua", lua!("leases.lua")),
+            ("rw.lua", lua!("rw.lua")),
+            ("semaphore.lua", lua!("semaphore.lua")),
+            ("latch.lua", lua!("latch.lua")),
+        ] {
+            for name in defined(text, 0) {
+                assert!(
+                    eager.contains(&name) || hooks.contains(&name),
+                    "{file} redefines Q.{name}, which queue.lua's `more` would make over it"
+                );
+            }
+        }
+    }
 }

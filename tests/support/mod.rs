@@ -858,7 +858,8 @@ fn script_text(script: &str) -> String {
     };
     let parts: Vec<&str> = match script {
         "acquire" => vec![queue, include_str!("../../lua/acquire.lua")],
-        "release" => vec![oom, queue, include_str!("../../lua/release.lua")],
+        // A lock's release needs no allow_oom.lua (see queue.lua's Q.release).
+        "release" => vec![queue, include_str!("../../lua/release.lua")],
         "cancel" => vec![oom, queue, include_str!("../../lua/cancel.lua")],
         "kick" => vec![oom, queue, kick],
         "force_unlock" => vec![oom, queue, force],
