@@ -29,11 +29,18 @@ fn sentinel_client(topo: &Sentinels) -> redmutex::ClientBuilder {
 }
 
 /// The holder ids in `name`'s hash on the node `con`, with their counts.
+/// The holds of the lock `name`: its hash's fields but the '~' ones (the queue mark, a
+/// fencing token, metadata).
 fn holders(con: &mut redis::Connection, name: &str) -> Vec<(String, i64)> {
-    redis::cmd("HGETALL")
+    let fields: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(Keys::lock(DEFAULT_PREFIX, name).key())
         .query(con)
-        .expect("HGETALL")
+        .expect("HGETALL");
+    fields
+        .into_iter()
+        .filter(|(field, _)| !field.starts_with('~'))
+        .map(|(field, count)| (field, count.parse().expect("a reentry count")))
+        .collect()
 }
 
 fn primary_connection(topo: &Sentinels) -> redis::Connection {
