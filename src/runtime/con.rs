@@ -36,13 +36,26 @@ impl Con {
     ) -> redis::RedisResult<u32> {
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(timeout_ms);
+        self.query_at(&wait, key)
+    }
+
+    /// Runs `cmd` on the primary that owns `key`'s slot (a cluster's), or on the server.
+    /// For a command a cluster would send to every primary or to one picked at random: a
+    /// random one may be a node that accepts connections but answers nothing (frozen),
+    /// where redis-rs's reconnection inside the call waits out its connect timeout
+    /// whatever the call's deadline; `key`'s owner is the node the caller's work is on.
+    pub(crate) fn query_at<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &redis::Cmd,
+        key: &[u8],
+    ) -> redis::RedisResult<T> {
         match self {
-            Con::Single(c) => wait.query(c),
+            Con::Single(c) => cmd.query(c),
             Con::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = Route::with_key(key, SlotAddr::Master);
                 let value = c.route_command(
-                    &wait,
+                    cmd,
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
                 )?;
                 Ok(redis::from_redis_value(value)?)

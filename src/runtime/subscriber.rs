@@ -473,11 +473,17 @@ impl Subscriber {
         let subscription = self.slot(channel, waiters, token);
         self.ensure_running()?;
         if let Some((command, to)) = nudge {
+            // On a cluster, a classic PUBLISH goes to the node of the waiter's lock (where
+            // its attempt just ran), not to one picked at random, which may be frozen (see
+            // `Con::query_at`): it reaches the reader on whichever node it listens. An
+            // SPUBLISH goes where its channel's slot is: the link's node.
+            let at = if command == "SPUBLISH" {
+                to.as_slice()
+            } else {
+                channel
+            };
             if let Err(e) = client.run_until(until, |con| {
-                redis::cmd(command)
-                    .arg(to.as_slice())
-                    .arg("s")
-                    .query::<()>(con)
+                con.query_at::<()>(redis::cmd(command).arg(to.as_slice()).arg("s"), at)
             }) {
                 // The reader still subscribes within a read tick (a second), and until it
                 // confirms the waiter goes by the holder's lease.
