@@ -20,9 +20,12 @@
 --          the server's time as '~m:<holder id>' (see queue.lua); a re-entry keeps the
 --          outermost level's record
 --
--- Returns {1, count, token}  granted; count is the caller's reentry count after this call,
---                            token the hold's fencing token (0 unless fenced), in decimal
---                            text: it may be beyond what a Lua number holds exactly
+-- Returns count              granted without a fencing token (the common reply: an integer,
+--                            no table to make and send); count is the caller's reentry
+--                            count after this call
+--         {1, count, token}  granted with the fencing token `token` (the hold is fenced),
+--                            in decimal text: it may be beyond what a Lua number holds
+--                            exactly
 --         {0, pttl}          not granted; pttl is the remaining lease of the holder in ms
 --                            (-1 when the key somehow has no TTL)
 --         {0, pttl, now}     not granted and queued (ARGV[5] is 1); now is the server's
@@ -96,6 +99,9 @@ if held then
     if redis.call('pttl', KEYS[1]) < lease then
         redis.call('pexpire', KEYS[1], lease)
     end
+    if token == 0 then
+        return count
+    end
     return {1, count, token}
 end
 local now
@@ -148,6 +154,9 @@ if pttl == -2 then
             redis.call('hset', KEYS[1], holder, 1)
         end
         redis.call('pexpire', KEYS[1], lease)
+        if token == 0 then
+            return 1
+        end
         return {1, 1, token}
     end
 end

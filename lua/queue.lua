@@ -98,7 +98,7 @@ end
 -- levels need and ARGV[3] the levels it believes it holds (see release.lua). Returns the
 -- script's reply when the caller holds nothing ({-1, 0}), when this release already took
 -- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the lease
--- in ms the caller then gives them); nil and the levels held when the hold is over and
+-- in ms the caller then gives them; a lock's: `left`, an integer, see release.lua); nil and the levels held when the hold is over and
 -- the caller must free it. (The lease is returned rather than given through a callback:
 -- a closure would be made on every call.) `lock`: a lock's release (release.lua), which
 -- reads the queue mark too (see '~q' above), returned fourth (true when someone may
@@ -128,7 +128,8 @@ function Q.release(field, lock)
         if lock then
             redis.call('pexpire', KEYS[1], need)
             redis.call('hset', KEYS[1], field, left)
-            return {left, 0}
+            -- A lock's release replies an integer here (release.lua).
+            return left
         end
         redis.call('hset', KEYS[1], field, left)
         return {left, 0}, nil, need

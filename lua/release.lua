@@ -10,10 +10,15 @@
 --
 -- Returns {-1, 0}  the caller holds no level (never acquired, lease expired, force-unlocked,
 --                  or a repeated call whose first run freed the lock)
---         {0, w, m...}  the lock is now free (or handed on); w is 1 when a waiter was
---                  told; m...: the messages for waiters of the caller's own client,
---                  which it delivers itself (see Q.hand_on), none when none
---         {n, 0}   the caller still holds n levels; the key's expiry is set to ARGV[2]
+--         0        the lock is now free and nobody was told (the common reply: an
+--                  integer, no table to make and send)
+--         {0, w, m...}  the lock is now free (or handed on) after a look at its queue; w
+--                  is 1 when a waiter was told; m...: the messages for waiters of the
+--                  caller's own client, which it delivers itself (see Q.hand_on), none
+--                  when none
+--         n        the caller still holds n levels; the key's expiry is set to ARGV[2]
+--         {n, 0}   the caller holds n levels, fewer than it believes: an earlier call
+--                  whose reply was lost took effect
 --
 -- The expiry is set, not just raised: a released inner level with a longer lease must not
 -- leave its lease to the outer ones. Remaining levels that need no more time (fixed leases
@@ -31,7 +36,7 @@ end
 redis.call('del', KEYS[1])
 if not queued then
     -- Nobody queued behind this hold (its mark, queue.lua's '~q'): no queue to look at.
-    return {0, 0}
+    return 0
 end
 -- No clock read unless someone waits; the lock is free. A waiter of the caller's own
 -- client is told in the reply, not published to.

@@ -37,7 +37,17 @@ fn eval_with(
         .arg(WAITERS)
         .arg(more)
         .arg(args)
-        .query(con)
+        .query::<redis::Value>(con)
+        .map(|reply| match reply {
+            redis::Value::Array(items) => items,
+            // A lock's common replies are one integer (acquire.lua: a grant's count,
+            // release.lua: the levels left): read as the tables they stand for.
+            redis::Value::Int(n) if body.starts_with("-- acquire.lua") => {
+                vec![redis::Value::Int(1), redis::Value::Int(n), redis::Value::Int(0)]
+            }
+            redis::Value::Int(n) => vec![redis::Value::Int(n), redis::Value::Int(0)],
+            other => panic!("an unexpected reply: {other:?}"),
+        })
         .expect("script")
 }
 
