@@ -101,11 +101,13 @@ macro_rules! constants {
 }
 const LOCK_ACQUIRE: &str = concat!(
     constants!(),
+    include_str!("../lua/acquire_fast.lua"),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/acquire.lua")
 );
 const LOCK_RELEASE: &str = concat!(
     constants!(),
+    include_str!("../lua/release_fast.lua"),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/release.lua")
 );
@@ -141,8 +143,9 @@ const SEM_RELEASE: &str = concat!(
 /// Every bundled script, to learn which commands scripts run: `INFO commandstats` counts
 /// those too, so they are told apart from the requests clients send by name (none of them
 /// is a command the library sends itself).
-const ALL_LUA: [&str; 18] = [
+const ALL_LUA: [&str; 20] = [
     include_str!("../lua/acquire.lua"),
+    include_str!("../lua/acquire_fast.lua"),
     include_str!("../lua/cancel.lua"),
     include_str!("../lua/force_unlock.lua"),
     include_str!("../lua/kick.lua"),
@@ -154,6 +157,7 @@ const ALL_LUA: [&str; 18] = [
     include_str!("../lua/leases.lua"),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/release.lua"),
+    include_str!("../lua/release_fast.lua"),
     include_str!("../lua/renew.lua"),
     include_str!("../lua/rw.lua"),
     include_str!("../lua/rw_acquire.lua"),

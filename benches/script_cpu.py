@@ -72,10 +72,11 @@ def library_body(wt):
     m = re.search(r'const LIBRARY_BODY: &str = concat!\((.*?)\n\);', src, re.S)
     body = []
     lua = lambda f: open(os.path.join(wt, 'lua', f)).read()
-    for tok in re.finditer(r'function!\("(\w+)", "([^"]*)", "([\w.]+)"\)|lua!\("([\w.]+)"\)|"((?:[^"\\]|\\.)*)"', m.group(1)):
+    for tok in re.finditer(r'function!\("(\w+)", "([^"]*)", ((?:"[\w.]+"(?:, )?)+)\)|lua!\("([\w.]+)"\)|"((?:[^"\\]|\\.)*)"', m.group(1)):
         if tok.group(1):
             flags = tok.group(2).replace("\\'", "'")
-            body.append("\nregister('%s', %s, function()\n%s\nend)\n" % (tok.group(1), flags, lua(tok.group(3))))
+            files = re.findall(r'"([\w.]+)"', tok.group(3))
+            body.append("\nregister('%s', %s, function()\n%s\nend)\n" % (tok.group(1), flags, ''.join(lua(f) for f in files)))
         elif tok.group(4):
             body.append(lua(tok.group(4)))
         else:
@@ -148,10 +149,14 @@ def run(a, c):
                  "if tonumber(n) > 1 then redis.call('HINCRBY', keys[1], args[1], -1) redis.call('PEXPIRE', keys[1], args[2]) return 0 end\n"
                  "redis.call('DEL', keys[1]) return 1 end)\n")
         c.call('FUNCTION', 'LOAD', 'REPLACE', floor)
-    acq_text = CONSTANTS + lua('queue.lua') + lua('acquire.lua')
     src = open(os.path.join(wt, 'src/runtime/scripts.rs')).read()
-    oom = lua('allow_oom.lua') if re.search(r'static RELEASE: Bundled = script!\(allow_oom', src) else ''
-    rel_text = CONSTANTS + oom + lua('queue.lua') + lua('release.lua')
+    # The scripts as scripts.rs's `script!` puts them together (EVALSHA).
+    def bundled(name):
+        m = re.search(r'static %s: Bundled = script!\((allow_oom )?"\w+": ((?:"[\w.]+"(?:, )?)+)\)' % name, src)
+        files = (['allow_oom.lua'] if m.group(1) else []) + re.findall(r'"([\w.]+)"', m.group(2))
+        return CONSTANTS + ''.join(lua(f) for f in files)
+    acq_text = bundled('ACQUIRE')
+    rel_text = bundled('RELEASE')
     take_text = ("if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], ARGV[1], 1) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\n"
                  "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\nreturn 0")
     give_text = ("local n = redis.call('HGET', KEYS[1], ARGV[1]) if not n then return -1 end\n"

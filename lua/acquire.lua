@@ -1,5 +1,6 @@
 -- acquire.lua: take a reentrant lock, re-enter it, or wait in its queue.
--- (queue.lua is prepended: see it for the queue keys and the messages to waiters)
+-- (acquire_fast.lua comes first: the uncontended case, which ends there; then queue.lua,
+-- when sent as a script of its own: see it for the queue keys and the messages to waiters)
 --
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the token)
 -- KEYS[2]  the lock's fencing-token counter (an integer that never expires, in a key
@@ -67,7 +68,8 @@ local unmarked = false
 if not held then
     -- The lease is read along (Q.look's `timed`) whenever anything exists.
     local taken, listed, other
-    taken, listed, other, pttl = Q.look(1, 5, true)
+    -- (The kind check's count as acquire_fast.lua read it, if it did.)
+    taken, listed, other, pttl = Q.look(1, 5, true, found)
     if other then
         return Q.refuse_kind(holder, listed, other)
     end
