@@ -72,7 +72,7 @@ def library_body(wt):
     m = re.search(r'const LIBRARY_BODY: &str = concat!\((.*?)\n\);', src, re.S)
     body = []
     lua = lambda f: open(os.path.join(wt, 'lua', f)).read()
-    for tok in re.finditer(r'function!\("(\w+)", "([^"]*)", ((?:"[\w.]+"(?:, )?)+)\)|lua!\("([\w.]+)"\)|"((?:[^"\\]|\\.)*)"', m.group(1)):
+    for tok in re.finditer(r'function!\(\s*"(\w+)",\s*"([^"]*)",\s*((?:"[\w.]+"(?:,\s*)?)+)\s*\)|lua!\("([\w.]+)"\)|"((?:[^"\\]|\\.)*)"', m.group(1)):
         if tok.group(1):
             flags = tok.group(2).replace("\\'", "'")
             files = re.findall(r'"([\w.]+)"', tok.group(3))
@@ -152,7 +152,7 @@ def run(a, c):
     src = open(os.path.join(wt, 'src/runtime/scripts.rs')).read()
     # The scripts as scripts.rs's `script!` puts them together (EVALSHA).
     def bundled(name):
-        m = re.search(r'static %s: Bundled = script!\((allow_oom )?"\w+": ((?:"[\w.]+"(?:, )?)+)\)' % name, src)
+        m = re.search(r'static %s: Bundled =\s*script!\((allow_oom )?"\w+": ((?:"[\w.]+"(?:,\s*)?)+)\)' % name, src)
         files = (['allow_oom.lua'] if m.group(1) else []) + re.findall(r'"([\w.]+)"', m.group(2))
         return CONSTANTS + ''.join(lua(f) for f in files)
     acq_text = bundled('ACQUIRE')
