@@ -9,7 +9,8 @@ overhead amortised: the scripts' own cost stands out) or one request at a time.
 
 usage: script_cpu.py WORKTREE [--server BIN] [--evalsha] [--n N] [--batch B] [--reps R]
        [--kinds lock,hashfloor,naive,x_argv,x_argv4,x_exists8,x_exists15,x_lindex]
-       [--argv old|short]  (old: a first attempt sends ARGV[5..7], before i29-fast)
+       [--argv old|short|lean]  (old: a first attempt sends ARGV[5..7], before i29-fast;
+       lean: ARGV[3..4] and the release's ARGV[2..3] left out at their defaults, i29-lean)
 WORKTREE: a directory with lua/ and src/runtime/scripts.rs (git archive <rev> lua
 src/runtime/scripts.rs | tar -x -C DIR compares revisions).
 """
@@ -89,12 +90,16 @@ def spawn(binary, port):
     p = subprocess.Popen([binary, '--port', str(port), '--save', '', '--appendonly', 'no',
                           '--bind', '127.0.0.1'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(100):
+        if p.poll() is not None:
+            break
         try:
             c = Con(port)
             c.call('PING')
             return p, c
         except OSError:
             time.sleep(0.05)
+    p.terminate()
+    p.wait()
     raise SystemExit('no server')
 
 def cpu(c):
@@ -123,7 +128,15 @@ def main():
     ap.add_argument('--reps', type=int, default=3)
     ap.add_argument('--port', type=int, default=47000 + os.getpid() % 1000)
     a = ap.parse_args()
-    proc, c = spawn(a.server, a.port)
+    # A port another process took meanwhile (tests spawn servers too): the next ones.
+    for port in range(a.port, a.port + 20):
+        try:
+            proc, c = spawn(a.server, port)
+            break
+        except SystemExit:
+            continue
+    else:
+        raise SystemExit('no server')
     try:
         run(a, c)
     finally:
@@ -186,9 +199,12 @@ def run(a, c):
             acq = script('acq', 'rm_acquire', k, [holder, 30000, 0, 0, 0, 0, 0])
         elif a.argv == 'short':
             acq = script('acq', 'rm_acquire', k, [holder, 30000, 0, 0])
+        elif a.argv == 'lean':
+            acq = script('acq', 'rm_acquire', k, [holder, 30000])
         else:
             raise SystemExit('argv format ' + a.argv)
-        rel = script('rel', 'rm_release', k[:4], [holder, 0, 1])
+        # lean: a release of one level needing no lease sends the holder id alone (i29-lean)
+        rel = script('rel', 'rm_release', k[:4], [holder] if a.argv == 'lean' else [holder, 0, 1])
         return acq + rel
 
     def hashfloor_pair(n):

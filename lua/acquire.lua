@@ -11,6 +11,8 @@
 -- ARGV[2]  lease in milliseconds that this level needs
 -- ARGV[3]  the levels the caller believes it holds before this call (0 for a new hold)
 -- ARGV[4]  flags: 1 fair (never passes the queue), 2 fenced (draw a token)
+--          (ARGV[3..4] are left out when both are 0 and no argument follows: a plain
+--          lock's new hold sends two arguments; the script reads them as 0)
 -- ARGV[5]  1 to wait in the queue when not granted (the caller listens on its inbox), 0 not
 -- ARGV[6]  how long the queue entry lives unless refreshed, ms
 -- ARGV[7]  the waiting call's ticket, echoed in its messages
@@ -45,8 +47,8 @@
 -- grants that level instead of adding another.
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
-local expected = tonumber(ARGV[3])
-local flags = tonumber(ARGV[4])
+local expected = tonumber(ARGV[3] or 0)
+local flags = tonumber(ARGV[4] or 0)
 local fair = flags % 2 == 1
 local fenced = math.floor(flags / 2) % 2 == 1
 local meta = ARGV[8]

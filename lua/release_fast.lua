@@ -11,6 +11,8 @@
 -- ARGV[2]  lease in milliseconds that the caller's remaining levels still need (the
 --          longest of them); 0 when none needs any more time
 -- ARGV[3]  the levels the caller believes it holds before this call (at least 1)
+--          (ARGV[2..3] are left out when they are 0 and 1, the release of a hold's one
+--          level: its common call sends the holder id alone)
 --
 -- Returns 0        the lock is now free and nobody was told: its hold did not carry the
 --                  queue mark (the common reply: an integer, no table)
@@ -39,17 +41,21 @@ local held = got[1]
 if not held then
     return {-1, 0}
 end
-local count, expected = tonumber(held), tonumber(ARGV[3])
-if count < expected then
-    return {count, 0}
-end
-local left = expected - 1
-if left > 0 then
-    local need = tonumber(ARGV[2])
-    if need > 0 then
-        redis.call('pexpire', KEYS[1], need)
-        redis.call('hset', KEYS[1], ARGV[1], left)
-        return left
+-- Without ARGV[3] the caller believes it holds one level: it holds at least that many (a
+-- count is never below 1), and leaves none.
+if ARGV[3] then
+    local count, expected = tonumber(held), tonumber(ARGV[3])
+    if count < expected then
+        return {count, 0}
+    end
+    local left = expected - 1
+    if left > 0 then
+        local need = tonumber(ARGV[2])
+        if need > 0 then
+            redis.call('pexpire', KEYS[1], need)
+            redis.call('hset', KEYS[1], ARGV[1], left)
+            return left
+        end
     end
 end
 redis.call('del', KEYS[1])
