@@ -1,6 +1,7 @@
 -- queue.lua: the waiter queue of a lock. Not a script of its own: it is prepended to every
--- script that can hand a lock on (acquire, release, cancel, kick, force_unlock), so the
--- queue's rules are written once.
+-- script that can hand a lock on (acquire, release, cancel, kick, force_unlock; a lock's
+-- acquire and release have their fast path before it, acquire_fast.lua and
+-- release_fast.lua), so the queue's rules are written once.
 --
 -- PICKUP and STARVE, the pickup window and the starvation bound in ms, are the client's
 -- constants (lease.rs's PICKUP and STARVATION_BOUND), set in a line put before
