@@ -9,7 +9,8 @@ overhead amortised: the scripts' own cost stands out) or one request at a time.
 
 usage: script_cpu.py WORKTREE [--server BIN] [--evalsha] [--n N] [--batch B] [--reps R]
        [--kinds lock,hashfloor,naive,x_argv,x_argv4,x_exists8,x_exists15,x_lindex]
-       [--argv old|short]  (old: a first attempt sends ARGV[5..7], before i29-fast)
+       [--argv old|short|lean]  (old: a first attempt sends ARGV[5..7], before i29-fast;
+       lean: ARGV[3..4] and the release's ARGV[2..3] left out at their defaults, i29-lean)
 WORKTREE: a directory with lua/ and src/runtime/scripts.rs (git archive <rev> lua
 src/runtime/scripts.rs | tar -x -C DIR compares revisions).
 """
@@ -72,10 +73,11 @@ def library_body(wt):
     m = re.search(r'const LIBRARY_BODY: &str = concat!\((.*?)\n\);', src, re.S)
     body = []
     lua = lambda f: open(os.path.join(wt, 'lua', f)).read()
-    for tok in re.finditer(r'function!\("(\w+)", "([^"]*)", "([\w.]+)"\)|lua!\("([\w.]+)"\)|"((?:[^"\\]|\\.)*)"', m.group(1)):
+    for tok in re.finditer(r'function!\(\s*"(\w+)",\s*"([^"]*)",\s*((?:"[\w.]+"(?:,\s*)?)+)\s*\)|lua!\("([\w.]+)"\)|"((?:[^"\\]|\\.)*)"', m.group(1)):
         if tok.group(1):
             flags = tok.group(2).replace("\\'", "'")
-            body.append("\nregister('%s', %s, function()\n%s\nend)\n" % (tok.group(1), flags, lua(tok.group(3))))
+            files = re.findall(r'"([\w.]+)"', tok.group(3))
+            body.append("\nregister('%s', %s, function()\n%s\nend)\n" % (tok.group(1), flags, ''.join(lua(f) for f in files)))
         elif tok.group(4):
             body.append(lua(tok.group(4)))
         else:
@@ -88,12 +90,16 @@ def spawn(binary, port):
     p = subprocess.Popen([binary, '--port', str(port), '--save', '', '--appendonly', 'no',
                           '--bind', '127.0.0.1'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(100):
+        if p.poll() is not None:
+            break
         try:
             c = Con(port)
             c.call('PING')
             return p, c
         except OSError:
             time.sleep(0.05)
+    p.terminate()
+    p.wait()
     raise SystemExit('no server')
 
 def cpu(c):
@@ -122,7 +128,15 @@ def main():
     ap.add_argument('--reps', type=int, default=3)
     ap.add_argument('--port', type=int, default=47000 + os.getpid() % 1000)
     a = ap.parse_args()
-    proc, c = spawn(a.server, a.port)
+    # A port another process took meanwhile (tests spawn servers too): the next ones.
+    for port in range(a.port, a.port + 20):
+        try:
+            proc, c = spawn(a.server, port)
+            break
+        except SystemExit:
+            continue
+    else:
+        raise SystemExit('no server')
     try:
         run(a, c)
     finally:
@@ -148,10 +162,14 @@ def run(a, c):
                  "if tonumber(n) > 1 then redis.call('HINCRBY', keys[1], args[1], -1) redis.call('PEXPIRE', keys[1], args[2]) return 0 end\n"
                  "redis.call('DEL', keys[1]) return 1 end)\n")
         c.call('FUNCTION', 'LOAD', 'REPLACE', floor)
-    acq_text = CONSTANTS + lua('queue.lua') + lua('acquire.lua')
     src = open(os.path.join(wt, 'src/runtime/scripts.rs')).read()
-    oom = lua('allow_oom.lua') if re.search(r'static RELEASE: Bundled = script!\(allow_oom', src) else ''
-    rel_text = CONSTANTS + oom + lua('queue.lua') + lua('release.lua')
+    # The scripts as scripts.rs's `script!` puts them together (EVALSHA).
+    def bundled(name):
+        m = re.search(r'static %s: Bundled =\s*script!\((allow_oom )?"\w+": ((?:"[\w.]+"(?:,\s*)?)+)\)' % name, src)
+        files = (['allow_oom.lua'] if m.group(1) else []) + re.findall(r'"([\w.]+)"', m.group(2))
+        return CONSTANTS + ''.join(lua(f) for f in files)
+    acq_text = bundled('ACQUIRE')
+    rel_text = bundled('RELEASE')
     take_text = ("if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], ARGV[1], 1) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\n"
                  "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\nreturn 0")
     give_text = ("local n = redis.call('HGET', KEYS[1], ARGV[1]) if not n then return -1 end\n"
@@ -181,9 +199,12 @@ def run(a, c):
             acq = script('acq', 'rm_acquire', k, [holder, 30000, 0, 0, 0, 0, 0])
         elif a.argv == 'short':
             acq = script('acq', 'rm_acquire', k, [holder, 30000, 0, 0])
+        elif a.argv == 'lean':
+            acq = script('acq', 'rm_acquire', k, [holder, 30000])
         else:
             raise SystemExit('argv format ' + a.argv)
-        rel = script('rel', 'rm_release', k[:4], [holder, 0, 1])
+        # lean: a release of one level needing no lease sends the holder id alone (i29-lean)
+        rel = script('rel', 'rm_release', k[:4], [holder] if a.argv == 'lean' else [holder, 0, 1])
         return acq + rel
 
     def hashfloor_pair(n):

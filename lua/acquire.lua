@@ -1,5 +1,6 @@
 -- acquire.lua: take a reentrant lock, re-enter it, or wait in its queue.
--- (queue.lua is prepended: see it for the queue keys and the messages to waiters)
+-- (acquire_fast.lua comes first: the uncontended case, which ends there; then queue.lua,
+-- when sent as a script of its own: see it for the queue keys and the messages to waiters)
 --
 -- KEYS[1]  the lock hash (field = holder id, value = reentry count; '~fence' = the token)
 -- KEYS[2]  the lock's fencing-token counter (an integer that never expires, in a key
@@ -10,6 +11,8 @@
 -- ARGV[2]  lease in milliseconds that this level needs
 -- ARGV[3]  the levels the caller believes it holds before this call (0 for a new hold)
 -- ARGV[4]  flags: 1 fair (never passes the queue), 2 fenced (draw a token)
+--          (ARGV[3..4] are left out when both are 0 and no argument follows: a plain
+--          lock's new hold sends two arguments; the script reads them as 0)
 -- ARGV[5]  1 to wait in the queue when not granted (the caller listens on its inbox), 0 not
 -- ARGV[6]  how long the queue entry lives unless refreshed, ms
 -- ARGV[7]  the waiting call's ticket, echoed in its messages
@@ -20,9 +23,12 @@
 --          the server's time as '~m:<holder id>' (see queue.lua); a re-entry keeps the
 --          outermost level's record
 --
--- Returns {1, count, token}  granted; count is the caller's reentry count after this call,
---                            token the hold's fencing token (0 unless fenced), in decimal
---                            text: it may be beyond what a Lua number holds exactly
+-- Returns count              granted without a fencing token (the common reply: an integer,
+--                            no table to make and send); count is the caller's reentry
+--                            count after this call
+--         {1, count, token}  granted with the fencing token `token` (the hold is fenced),
+--                            in decimal text: it may be beyond what a Lua number holds
+--                            exactly
 --         {0, pttl}          not granted; pttl is the remaining lease of the holder in ms
 --                            (-1 when the key somehow has no TTL)
 --         {0, pttl, now}     not granted and queued (ARGV[5] is 1); now is the server's
@@ -41,8 +47,8 @@
 -- grants that level instead of adding another.
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
-local expected = tonumber(ARGV[3])
-local flags = tonumber(ARGV[4])
+local expected = tonumber(ARGV[3] or 0)
+local flags = tonumber(ARGV[4] or 0)
 local fair = flags % 2 == 1
 local fenced = math.floor(flags / 2) % 2 == 1
 local meta = ARGV[8]
@@ -64,7 +70,8 @@ local unmarked = false
 if not held then
     -- The lease is read along (Q.look's `timed`) whenever anything exists.
     local taken, listed, other
-    taken, listed, other, pttl = Q.look(1, 5, true)
+    -- (The kind check's count as acquire_fast.lua read it, if it did.)
+    taken, listed, other, pttl = Q.look(1, 5, true, found)
     if other then
         return Q.refuse_kind(holder, listed, other)
     end
@@ -95,6 +102,9 @@ if held then
     local count = Q.reenter(holder, tonumber(held), expected)
     if redis.call('pttl', KEYS[1]) < lease then
         redis.call('pexpire', KEYS[1], lease)
+    end
+    if token == 0 then
+        return count
     end
     return {1, count, token}
 end
@@ -148,6 +158,9 @@ if pttl == -2 then
             redis.call('hset', KEYS[1], holder, 1)
         end
         redis.call('pexpire', KEYS[1], lease)
+        if token == 0 then
+            return 1
+        end
         return {1, 1, token}
     end
 end

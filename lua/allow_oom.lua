@@ -1,7 +1,7 @@
 -- allow_oom.lua: put before a script that renews, releases, frees or hands on, when it
 -- is sent with EVALSHA (Redis 6.2 has no functions, whose 'allow-oom' flag says the
 -- same), unless its first write can never be one that may take memory (a lock's release:
--- see queue.lua's Q.release). A server at its memory limit refuses a script's first command that may grow
+-- see release_fast.lua). A server at its memory limit refuses a script's first command that may grow
 -- memory, unless the script has already written: a renewal whose first write is a
 -- lease's ZADD, or a release whose first is an HSET, would be refused and the holds it
 -- keeps would lapse just when the server is busiest. An HDEL of a field no object of the

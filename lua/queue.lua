@@ -1,6 +1,7 @@
 -- queue.lua: the waiter queue of a lock. Not a script of its own: it is prepended to every
--- script that can hand a lock on (acquire, release, cancel, kick, force_unlock), so the
--- queue's rules are written once.
+-- script that can hand a lock on (acquire, release, cancel, kick, force_unlock; a lock's
+-- acquire and release have their fast path before it, acquire_fast.lua and
+-- release_fast.lua), so the queue's rules are written once.
 --
 -- PICKUP and STARVE, the pickup window and the starvation bound in ms, are the client's
 -- constants (lease.rs's PICKUP and STARVATION_BOUND), set in a line put before
@@ -71,11 +72,12 @@ local Q = {}
 -- `timed`: the caller reads its own key's PTTL whenever anything exists, returned fourth
 -- (-2 when the key does not exist): that read tells whether the key exists, so the one
 -- EXISTS need only tell the queue (named once) from the other kinds (named twice each)
--- by what is left, 8 keys named where 15 were (a lock's acquire).
-function Q.look(own, first, timed)
+-- by what is left, 8 keys named where 15 were (a lock's acquire). `found`: that EXISTS's
+-- count when the caller read it already (acquire_fast.lua), nil when not.
+function Q.look(own, first, timed, found)
     local a, b, c = KEYS[first], KEYS[first + 1], KEYS[first + 2]
     if timed then
-        local found = redis.call('exists', KEYS[1], KEYS[3], a, a, b, b, c, c)
+        found = found or redis.call('exists', KEYS[1], KEYS[3], a, a, b, b, c, c)
         if found == 0 then
             return false, false, nil, -2
         end
@@ -94,26 +96,16 @@ function Q.look(own, first, timed)
     return found % 2 == 1, math.floor(found / 2) % 2 == 1, nil
 end
 
--- Leaves one level of `field`'s hold; ARGV[2] is the lease in ms the caller's remaining
--- levels need and ARGV[3] the levels it believes it holds (see release.lua). Returns the
--- script's reply when the caller holds nothing ({-1, 0}), when this release already took
--- effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the lease
--- in ms the caller then gives them); nil and the levels held when the hold is over and
--- the caller must free it. (The lease is returned rather than given through a callback:
--- a closure would be made on every call.) `lock`: a lock's release (release.lua), which
--- reads the queue mark too (see '~q' above), returned fourth (true when someone may
--- wait), in the same call, and whose remaining levels' lease, the hash's expiry, is set
--- here, before their count: so its first write is never one that may take memory, which
--- a server at its memory limit refuses as a script's first write (release.lua then needs
--- no allow_oom.lua with EVALSHA, see scripts.rs).
-function Q.release(field, lock)
-    local held, queued
-    if lock then
-        local got = redis.call('hmget', KEYS[1], field, '~q')
-        held, queued = got[1], got[2]
-    else
-        held = redis.call('hget', KEYS[1], field)
-    end
+-- Leaves one level of `field`'s hold (a read-write lock's or a semaphore's: a lock's
+-- release is release_fast.lua's); ARGV[2] is the lease in ms the caller's remaining
+-- levels need and ARGV[3] the levels it believes it holds (see release_fast.lua). Returns
+-- the script's reply when the caller holds nothing ({-1, 0}), when this release already
+-- took effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the
+-- lease in ms the caller then gives them); nil and the levels held when the hold is over
+-- and the caller must free it. (The lease is returned rather than given through a
+-- callback: a closure would be made on every call.)
+function Q.release(field)
+    local held = redis.call('hget', KEYS[1], field)
     if not held then
         return {-1, 0}
     end
@@ -125,15 +117,10 @@ function Q.release(field, lock)
     local left = expected - 1
     local need = tonumber(ARGV[2])
     if left > 0 and need > 0 then
-        if lock then
-            redis.call('pexpire', KEYS[1], need)
-            redis.call('hset', KEYS[1], field, left)
-            return {left, 0}
-        end
         redis.call('hset', KEYS[1], field, left)
         return {left, 0}, nil, need
     end
-    return nil, held, nil, queued
+    return nil, held
 end
 
 -- Everything else is made on first use: the first read of a name Q lacks (its

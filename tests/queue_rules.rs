@@ -37,7 +37,21 @@ fn eval_with(
         .arg(WAITERS)
         .arg(more)
         .arg(args)
-        .query(con)
+        .query::<redis::Value>(con)
+        .map(|reply| match reply {
+            redis::Value::Array(items) => items,
+            // A lock's common replies are one integer (acquire_fast.lua and acquire.lua: a grant's count,
+            // release_fast.lua: the levels left): read as the tables they stand for.
+            redis::Value::Int(n) if body == support::LOCK_ACQUIRE => {
+                vec![
+                    redis::Value::Int(1),
+                    redis::Value::Int(n),
+                    redis::Value::Int(0),
+                ]
+            }
+            redis::Value::Int(n) => vec![redis::Value::Int(n), redis::Value::Int(0)],
+            other => panic!("an unexpected reply: {other:?}"),
+        })
         .expect("script")
 }
 
@@ -55,7 +69,7 @@ fn attempt(con: &mut Connection, holder: &str, flags: u8, ttl: u64) -> Vec<redis
     .iter()
     .map(|s| s.to_string())
     .collect::<Vec<_>>();
-    eval_with(con, include_str!("../lua/acquire.lua"), &OTHER_KINDS, &args)
+    eval_with(con, support::LOCK_ACQUIRE, &OTHER_KINDS, &args)
 }
 
 fn leave(con: &mut Connection, holder: &str) {
@@ -287,7 +301,7 @@ fn marked(con: &mut Connection) -> bool {
 /// waiter was told its turn).
 fn release(con: &mut Connection, holder: &str) -> (i64, i64) {
     let args: Vec<String> = [holder, "0", "1"].iter().map(|s| s.to_string()).collect();
-    let reply = eval(con, include_str!("../lua/release.lua"), &args);
+    let reply = eval(con, support::LOCK_RELEASE, &args);
     let int = |v: &redis::Value| match v {
         redis::Value::Int(n) => *n,
         other => panic!("not a number: {other:?}"),

@@ -37,8 +37,8 @@ impl<K: Kind> Lock<K> {
             .begin_attempt(keys.hold(), token, until)?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join, listen);
         let outcome = inner.exec.run_until(until, |con| {
-            let reply: Vec<i64> = inner.exec.eval(con, &call)?;
-            let grant = match Self::grant_of(&reply)? {
+            let reply: AcquireReply = inner.exec.eval(con, &call)?;
+            let grant = match Self::grant_of(&reply.0)? {
                 Ok(Ok(grant)) => grant,
                 other => return Ok(other),
             };
@@ -284,6 +284,20 @@ impl<K: Kind> Lock<K> {
             grace += Duration::from_millis(wait_ms);
         }
         Some(deadline.max(Instant::now()) + grace)
+    }
+}
+
+/// An acquire script's reply as the numbers of its table (see [`Lock::grant_of`]). A lock's
+/// grant without a fencing token, its common reply, comes as the bare reentry count, an
+/// integer (`lua/acquire.lua`): read as the table `{1, count, 0}` it stands for.
+pub(crate) struct AcquireReply(pub(crate) Vec<i64>);
+
+impl redis::FromRedisValue for AcquireReply {
+    fn from_redis_value(v: redis::Value) -> Result<AcquireReply, redis::ParsingError> {
+        Ok(AcquireReply(match v {
+            redis::Value::Int(count) => vec![1, count, 0],
+            table => Vec::<i64>::from_redis_value(table)?,
+        }))
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Select;
 
-use crate::primitives::attempt::Grant;
+use crate::primitives::attempt::{AcquireReply, Grant};
 use crate::primitives::cancel::{self, CancellationToken};
 use crate::primitives::multi_guard::release_all;
 use crate::primitives::multilock::MultiLock;
@@ -354,11 +354,11 @@ impl MultiWait<'_> {
             tried.push((i, held, join.is_some()));
             calls.push(Call::script(inner, cmd));
         }
-        let replies = fanout::run::<Vec<i64>>(&calls, bound);
+        let replies = fanout::run::<AcquireReply>(&calls, bound);
         for ((i, held, joined), reply) in tried.into_iter().zip(replies) {
             let m = &lock.members[i];
             let holder = self.holders[i].clone();
-            let outcome = reply.and_then(|r| Lock::<Plain>::grant_of(&r)?);
+            let outcome = reply.and_then(|r| Lock::<Plain>::grant_of(&r.0)?);
             match m.settle_attempt((self.token, &holder), held, joined, outcome) {
                 Ok(Ok(grant)) => {
                     // The script took the thread out of the queue with the grant.

@@ -32,6 +32,15 @@ pub(crate) struct Freed {
 
 impl redis::FromRedisValue for Freed {
     fn from_redis_value(v: redis::Value) -> Result<Freed, redis::ParsingError> {
+        // A lock's common replies are an integer (`lua/release.lua`): the levels left,
+        // 0 when the lock is free and nobody was told.
+        if let redis::Value::Int(left) = v {
+            return Ok(Freed {
+                left,
+                served: 0,
+                told: Vec::new(),
+            });
+        }
         let mut items = Vec::<redis::Value>::from_redis_value(v)?.into_iter();
         let (Some(left), Some(served)) = (items.next(), items.next()) else {
             return Err("a release reply of fewer than two items".into());

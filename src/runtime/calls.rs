@@ -13,7 +13,13 @@ use crate::runtime::scripts::{self, Ops, ScriptCall};
 /// whose remaining levels need `need` ms (`release.lua`).
 pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> ScriptCall {
     let mut cmd = command(keys.ops.release, keys);
-    cmd.arg(holder).arg(need).arg(held);
+    cmd.arg(holder);
+    // A lock's release of its one level needing no lease, its common call, sends the
+    // holder id alone: `release_fast.lua` reads ARGV[2..3] as 0 and 1 (each string sent
+    // costs the server about as much as a command the script runs).
+    if keys.has_leases() || need != 0 || held != 1 {
+        cmd.arg(need).arg(held);
+    }
     // Which side's hold it is: read by `leased_release.lua` only (a lock has one side).
     if keys.has_leases() {
         cmd.arg(keys.ops.flags);
@@ -141,11 +147,20 @@ pub(crate) fn acquire(keys: &LockKeys, a: &Acquire<'_>) -> ScriptCall {
     for other in keys.other_kinds(false) {
         call.key(other);
     }
-    call.arg(a.holder).arg(a.lease_ms).arg(a.held).arg(a.flags);
+    call.arg(a.holder).arg(a.lease_ms);
+    let queue_args = a.join.is_some() || a.amount.is_some() || a.metadata.is_some();
+    // The levels held and the flags only when they say something (or hold the place of
+    // those after them): a plain lock's new hold that does not queue sends two arguments,
+    // and `acquire.lua` reads the missing ARGV[3..4] as 0 (each string sent costs the
+    // server about as much as a command the script runs). The other kinds' flags are
+    // never 0.
+    if queue_args || a.held != 0 || a.flags != 0 {
+        call.arg(a.held).arg(a.flags);
+    }
     // The queue's arguments only when they say something (or hold the place of those
     // after them): an attempt that does not queue (a lock's first, a `try_lock`) ends
     // here, and the scripts read the missing ARGV[5] as 0.
-    if a.join.is_some() || a.amount.is_some() || a.metadata.is_some() {
+    if queue_args {
         call.arg(u8::from(a.join.is_some())).arg(ttl).arg(ticket);
     }
     if let Some((amount, initial)) = a.amount {

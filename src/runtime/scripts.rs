@@ -20,7 +20,8 @@ macro_rules! lua {
 }
 
 /// A bundled script: its rule files and body, in order (the queue's rules,
-/// `lua/queue.lua`, first, then those of the primitive that redefine its hooks), as a
+/// `lua/queue.lua`, first, then those of the primitive that redefine its hooks; before
+/// them a lock's fast path, see `ACQUIRE`), as a
 /// script of its own, and the name of its function in the library (where the same files
 /// make it, see [`LIBRARY_BODY`]). `allow_oom` before the name: a script that renews,
 /// releases, frees or hands on, whose function carries the `allow-oom` flag; as a script
@@ -42,13 +43,13 @@ macro_rules! script {
     };
 }
 
-/// One function of the library: `$file`, a script's body, as the function `$function`
-/// (named after the library), which runs it with the call's keys and arguments as `KEYS`
-/// and `ARGV`. `$flags`: `{}` for a script that may add data, which a server out of
+/// One function of the library: `$file`s, a script's body (a lock's acquire and release:
+/// their fast path's file, then the rest), as the function `$function` (named after the
+/// library), which runs it with the call's keys and arguments as `KEYS` and `ARGV`. `$flags`: `{}` for a script that may add data, which a server out of
 /// memory refuses at once (as it refuses a script's first such write), `{'allow-oom'}`
 /// for one that renews, reads, frees or hands on, which must not fail for it.
 macro_rules! function {
-    ($function:literal, $flags:literal, $file:literal) => {
+    ($function:literal, $flags:literal, $($file:literal),+) => {
         concat!(
             // On a line of its own, whatever the file before ends with.
             "\nregister('",
@@ -56,7 +57,7 @@ macro_rules! function {
             "', ",
             $flags,
             ", function()\n",
-            lua!($file),
+            $(lua!($file),)+
             "\nend)\n"
         )
     };
@@ -78,8 +79,13 @@ const LIBRARY_BODY: &str = concat!(
     "end\n",
     "do\n",
     lua!("queue.lua"),
-    function!("acquire", "{}", "acquire.lua"),
-    function!("release", "{'allow-oom'}", "release.lua"),
+    function!("acquire", "{}", "acquire_fast.lua", "acquire.lua"),
+    function!(
+        "release",
+        "{'allow-oom'}",
+        "release_fast.lua",
+        "release.lua"
+    ),
     function!("cancel", "{'allow-oom'}", "cancel.lua"),
     function!("kick", "{'allow-oom'}", "kick.lua"),
     function!("force_unlock", "{'allow-oom'}", "force_unlock.lua"),
@@ -153,12 +159,15 @@ pub(crate) struct Bundled {
     script: LazyLock<Script>,
 }
 
-static ACQUIRE: Bundled = script!("acquire": "queue.lua", "acquire.lua");
+// A lock's acquire and release start with their fast path (the uncontended call, which
+// ends there), before the queue's rules: as a script of its own, such a call makes none of
+// them (a library makes them once, when it loads).
+static ACQUIRE: Bundled = script!("acquire": "acquire_fast.lua", "queue.lua", "acquire.lua");
 // No allow_oom.lua: a lock's release never writes first what may take memory (its first
-// write is a DEL, or the PEXPIRE before an inner level's HSET: queue.lua's Q.release), so
+// write is a DEL, or the PEXPIRE before an inner level's HSET: release_fast.lua), so
 // the server's memory limit never refuses it, and the uncontended release runs no marker
 // command. (Its function keeps the flag: nothing to lose.)
-static RELEASE: Bundled = script!("release": "queue.lua", "release.lua");
+static RELEASE: Bundled = script!("release": "release_fast.lua", "queue.lua", "release.lua");
 static CANCEL: Bundled = script!(allow_oom "cancel": "queue.lua", "cancel.lua");
 static KICK: Bundled = script!(allow_oom "kick": "queue.lua", "kick.lua");
 static FORCE_UNLOCK: Bundled = script!(allow_oom "force_unlock": "queue.lua", "force_unlock.lua");

@@ -706,7 +706,8 @@ pub const SCRIPT_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 10\n";
 
 /// A bundled script's text as the library runs it when it can hand a lock on (acquire,
 /// release, cancel, kick, force_unlock): the constants, then the queue's rules,
-/// `lua/queue.lua`, first.
+/// `lua/queue.lua`, first. (A lock's acquire and release: `script` is their fast path's
+/// file and the rest together, see [`LOCK_ACQUIRE`].)
 pub fn queued_script(script: &str) -> String {
     [
         SCRIPT_CONSTANTS,
@@ -715,6 +716,19 @@ pub fn queued_script(script: &str) -> String {
     ]
     .concat()
 }
+
+/// A lock's acquire script body for [`queued_script`]: its fast path, then the rest (the
+/// library puts the queue's rules between them when it sends it as a script of its own).
+pub const LOCK_ACQUIRE: &str = concat!(
+    include_str!("../../lua/acquire_fast.lua"),
+    include_str!("../../lua/acquire.lua")
+);
+
+/// A lock's release script body for [`queued_script`], as [`LOCK_ACQUIRE`].
+pub const LOCK_RELEASE: &str = concat!(
+    include_str!("../../lua/release_fast.lua"),
+    include_str!("../../lua/release.lua")
+);
 
 /// Script executions in `stats` (`INFO commandstats`): FCALLs of the library's functions,
 /// or EVALSHAs where a client runs the scripts as scripts of their own (and EVALs).
@@ -857,9 +871,18 @@ fn script_text(script: &str) -> String {
         _ => force,
     };
     let parts: Vec<&str> = match script {
-        "acquire" => vec![queue, include_str!("../../lua/acquire.lua")],
-        // A lock's release needs no allow_oom.lua (see queue.lua's Q.release).
-        "release" => vec![queue, include_str!("../../lua/release.lua")],
+        // A lock's fast path first, before the queue's rules.
+        "acquire" => vec![
+            include_str!("../../lua/acquire_fast.lua"),
+            queue,
+            include_str!("../../lua/acquire.lua"),
+        ],
+        // A lock's release needs no allow_oom.lua (see release_fast.lua).
+        "release" => vec![
+            include_str!("../../lua/release_fast.lua"),
+            queue,
+            include_str!("../../lua/release.lua"),
+        ],
         "cancel" => vec![oom, queue, include_str!("../../lua/cancel.lua")],
         "kick" => vec![oom, queue, kick],
         "force_unlock" => vec![oom, queue, force],
