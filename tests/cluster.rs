@@ -522,6 +522,82 @@ fn a_waiter_gives_up_on_a_frozen_seed_nodes_slot_map_at_its_deadline() {
     wakes_at_once(|| held.unlock().unwrap(), (t, woke));
 }
 
+/// A call to the node that owns the lock, when that node accepts connections but answers
+/// nothing (frozen), ends at the call's own bound: its deadline, or `command_timeout` for
+/// a call without one. redis-rs's cluster connection retries a timed-out command at once
+/// (up to its `retries`, each waiting a whole read timeout), which alone would make such
+/// a call last nine times its bound.
+#[test]
+fn a_call_to_a_frozen_lock_owner_ends_at_its_own_bound() {
+    const COMMAND: Duration = Duration::from_millis(600);
+    const PATIENCE: Duration = Duration::from_millis(300);
+    // Frozen for a few seconds, never taken for failed meanwhile.
+    let cluster = Cluster::builder()
+        .primaries(3)
+        .node_timeout(Duration::from_secs(30))
+        .start();
+    let owner = cluster.primaries()[0];
+    let on_owner = |prefix: &str| {
+        (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|n| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, n).key()) == owner)
+            .unwrap()
+    };
+    let name = on_owner("frozen-owner");
+    let other = on_owner("frozen-other");
+    let client = CLIENTS
+        .command(COMMAND)
+        .connect(Duration::from_secs(5))
+        .cluster_at(cluster.seed_urls());
+    // The command connection and its socket to the owner made before the freeze.
+    client.lock(&name).lock().unwrap().unlock().unwrap();
+    cluster.node(owner).server().freeze();
+    struct Thaw<'a>(&'a Cluster, usize);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            self.0.node(self.1).server().thaw();
+        }
+    }
+    let thaw = Thaw(&cluster, owner);
+    // Without a deadline, on the connection made before: one command timeout, not nine.
+    let started = Instant::now();
+    let got = client.lock(&name).lock();
+    let took = started.elapsed();
+    println!("lock() on a frozen owner returned after {took:?}");
+    assert!(
+        matches!(got, Err(redmutex::Error::Timeout { .. })),
+        "{:?}",
+        got.map(|_| ())
+    );
+    assert!(took >= COMMAND, "{took:?}");
+    assert!(took < COMMAND * 3, "{took:?}");
+    // With a deadline, on another name (the first one's timed-out attempt leaves a
+    // clean-up there that a new call waits for first), with a new connection to make.
+    let started = Instant::now();
+    let got = client.lock(&other).try_lock_for(PATIENCE);
+    let took = started.elapsed();
+    println!(
+        "try_lock_for({PATIENCE:?}) on a frozen owner returned after {took:?}: {:?}",
+        got.as_ref().err()
+    );
+    assert!(
+        matches!(
+            got,
+            Err(redmutex::Error::Timeout { .. } | redmutex::Error::Pool { .. })
+        ),
+        "{:?}",
+        got.map(|g| g.is_some())
+    );
+    assert!(took >= PATIENCE, "{took:?}");
+    // The deadline, the I/O grace (250 ms) and a wide margin.
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    drop(thaw);
+    // Thawed, the lock works again through the same client.
+    let g = client.lock(&name).lock().unwrap();
+    assert_eq!(holder_count(&cluster, &name), 1);
+    g.unlock().unwrap();
+}
+
 /// A fair lock's queue is served in order through a half-moved slot (as in
 /// `a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once`): each release runs on
 /// the importing node, where neither `SPUBLISH` nor `PUBLISH` counts the next waiter

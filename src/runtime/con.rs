@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use redis::ConnectionLike;
 
+use crate::runtime::node_con::NodeCon;
+
 /// A command connection: to one server, or to a cluster (a socket per node, following
 /// `MOVED`/`ASK` redirections and slot-map changes by itself).
 pub(crate) enum Con {
     Single(redis::Connection),
-    Cluster(Box<redis::cluster::ClusterConnection>),
+    Cluster(Box<redis::cluster::ClusterConnection<NodeCon>>),
 }
 
 impl Con {

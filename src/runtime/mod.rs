@@ -16,6 +16,7 @@ pub(crate) mod keys;
 pub(crate) mod lease;
 pub(crate) mod loss;
 pub(crate) mod lost_lease;
+pub(crate) mod node_con;
 pub(crate) mod pool;
 pub(crate) mod queue;
 pub(crate) mod renewer;

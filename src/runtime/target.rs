@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
 
 use crate::runtime::con::{Con, NodeAddr};
+use crate::runtime::node_con::NodeCon;
 
 /// What a client's connection layer saw of the deployment changing under it: a connection
 /// retired after an I/O failure or a timeout (the next one is a reconnect, perhaps to
@@ -170,7 +171,8 @@ impl Target {
     ) -> RedisResult<(Con, u64)> {
         match self {
             Target::Cluster(cluster) => {
-                let con = cluster.client.get_connection()?;
+                // Node sockets that end a call at its first timeout (see `NodeCon`).
+                let con = cluster.client.get_generic_connection::<NodeCon>()?;
                 con.set_read_timeout(Some(io))?;
                 con.set_write_timeout(Some(io))?;
                 Ok((Con::Cluster(Box::new(con)), 0))
