@@ -1,9 +1,53 @@
 //! A cluster node's socket, as the cluster connection uses it: a command that timed out is
-//! not waited for again within the same call.
+//! not waited for again within the same call, nor a silent node's handshake by every
+//! new connection.
 
-use std::time::Duration;
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Value};
+
+/// Nodes that timed out lately (a command's reply, or a new connection), by address: until
+/// when a new connection to each is refused at once, and the timeout that expired, which
+/// bounds the next try. A node that made a caller wait that long for nothing is not waited
+/// for again before as much time has passed.
+///
+/// Why: a command connection that timed out is made anew (the pool retires it: its slot
+/// map may be stale, the node failed over), and redis-rs connects to every node of the
+/// cluster for it, one after another. Without this, a node that accepts connections but
+/// answers nothing (frozen), or a host gone without a reset, would hold each new
+/// connection for a whole connect timeout, and with it every lock of the healthy nodes.
+/// The refusal is one redis-rs and the executor know: redis-rs drops the node from the
+/// new connection's map, and a call for that node's slots waits it out as it does a node
+/// that is down (`Executor::is_node_down`), within its deadline; the command reached no
+/// server. One record for the process: a node silent for one client is silent for all.
+static SILENT: parking_lot::Mutex<BTreeMap<String, (Instant, Duration)>> =
+    parking_lot::Mutex::new(BTreeMap::new());
+
+/// The least a quiet time lasts.
+const QUIET: Duration = Duration::from_millis(100);
+
+/// `addr` timed out after waiting `waited` (the connect timeout if none was set).
+fn went_silent(addr: &str, waited: Option<Duration>) {
+    let waited = waited.unwrap_or(QUIET).max(QUIET);
+    SILENT
+        .lock()
+        .insert(addr.to_owned(), (Instant::now() + waited, waited));
+}
+
+/// The bound of a new connection to `addr` (`timeout`, or what the node was waited for
+/// last if it timed out lately), or a refusal while its quiet time lasts.
+fn connect_bound(addr: &str, timeout: Option<Duration>) -> RedisResult<Option<Duration>> {
+    match SILENT.lock().get(addr) {
+        None => Ok(timeout),
+        Some((until, _)) if Instant::now() < *until => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!("cluster node {addr} timed out lately; not tried again yet"),
+        ))),
+        Some((_, waited)) => Ok(Some(timeout.map_or(*waited, |t| t.min(*waited)))),
+    }
+}
 
 /// One node's connection inside a [`ClusterConnection`](redis::cluster::ClusterConnection).
 ///
@@ -19,6 +63,10 @@ use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Va
 pub(crate) struct NodeCon {
     con: redis::Connection,
     timed_out: Option<RedisError>,
+    // "host:port", for `SILENT`.
+    addr: String,
+    // The read timeout set last: what a timed-out read waited.
+    read_timeout: Cell<Option<Duration>>,
 }
 
 impl NodeCon {
@@ -28,7 +76,12 @@ impl NodeCon {
 
     fn keep<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         match &result {
-            Err(e) if e.is_timeout() => self.timed_out = Some(e.clone()),
+            Err(e) if e.is_timeout() => {
+                if self.timed_out.is_none() {
+                    went_silent(&self.addr, self.read_timeout.get());
+                }
+                self.timed_out = Some(e.clone());
+            }
             _ => {}
         }
         result
@@ -40,7 +93,19 @@ impl redis::cluster::Connect for NodeCon {
     where
         T: IntoConnectionInfo,
     {
-        let con = <redis::Connection as redis::cluster::Connect>::connect(info, timeout)?;
+        let info = info.into_connection_info()?;
+        let addr = info.addr().to_string();
+        let timeout = connect_bound(&addr, timeout)?;
+        let con = match <redis::Connection as redis::cluster::Connect>::connect(info, timeout) {
+            Ok(con) => con,
+            Err(e) => {
+                if e.is_timeout() {
+                    went_silent(&addr, timeout);
+                }
+                return Err(e);
+            }
+        };
+        SILENT.lock().remove(&addr);
         // redis-rs PINGs a new node connection before it sets the call's timeouts, and
         // `connect` leaves none: a node frozen after its handshake would hold the PING,
         // and the call, for ever.
@@ -49,6 +114,8 @@ impl redis::cluster::Connect for NodeCon {
         Ok(NodeCon {
             con,
             timed_out: None,
+            addr,
+            read_timeout: Cell::new(timeout),
         })
     }
 
@@ -63,6 +130,7 @@ impl redis::cluster::Connect for NodeCon {
     }
 
     fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
+        self.read_timeout.set(dur);
         self.con.set_read_timeout(dur)
     }
 
