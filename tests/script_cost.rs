@@ -115,17 +115,52 @@ fn uncontended_lock_pair_executes_few_commands() {
 fn uncontended_lock_pair_sends_few_strings() {
     let (server, client) = Clients::DEFAULT.serve();
     let lock = client.lock("strings");
-    // The scripts loaded first, which MONITOR would show too.
-    drop(lock.lock().unwrap());
+    assert_eq!(
+        strings_per_call(&server, || drop(lock.lock().unwrap())),
+        [5, 9]
+    );
+}
+
+/// The strings per call (sorted) of the script calls `op` makes, run once after a first
+/// run that loaded the scripts (which MONITOR would show too).
+fn strings_per_call(server: &RedisServer, mut op: impl FnMut()) -> Vec<usize> {
+    op();
     let monitor = server.monitor();
-    drop(lock.lock().unwrap());
+    op();
     let lines = monitor.stop();
     let mut strings: Vec<usize> = argv_per_call(&lines).iter().map(|(_, n)| *n).collect();
     strings.sort_unstable();
+    eprintln!("strings per call {strings:?}: {lines:?}");
+    strings
+}
+
+/// A `FairLock`'s and a `FencedLock`'s pair run the lock's scripts with their own flags
+/// (1 fair, 2 fenced), which `acquire.lua` needs: the acquire sends the 7 keys, the holder
+/// id, the lease, the levels held (0, there only to hold the flags' place) and the flags;
+/// the release sends what a `Lock`'s does, 4 keys and the holder id. A re-entry of a
+/// `Lock` sends the levels held (1) but not the flags (0): 7 + 3; the release of that
+/// inner level sends the lease the outer one needs and the levels held: 4 + 3.
+#[test]
+fn fair_fenced_and_reentrant_pairs_send_few_strings() {
+    let (server, client) = Clients::DEFAULT.serve();
+    let fair = client.fair_lock("fair-strings");
     assert_eq!(
-        strings,
-        [5, 9],
-        "strings per call (release, acquire): {lines:?}"
+        strings_per_call(&server, || drop(fair.lock().unwrap())),
+        [5, 11],
+        "FairLock"
+    );
+    let fenced = client.fenced_lock("fenced-strings");
+    assert_eq!(
+        strings_per_call(&server, || drop(fenced.lock().unwrap())),
+        [5, 11],
+        "FencedLock"
+    );
+    let lock = client.lock("nested-strings");
+    let _outer = lock.lock().unwrap();
+    assert_eq!(
+        strings_per_call(&server, || drop(lock.lock().unwrap())),
+        [7, 10],
+        "Lock re-entry"
     );
 }
 

@@ -2,6 +2,7 @@
 //! in the order the script reads them (see its header in `lua/`), so that no caller writes
 //! them by hand.
 
+use std::fmt::Display;
 use std::time::Duration;
 
 use crate::runtime::keys::LockKeys;
@@ -9,20 +10,49 @@ use crate::runtime::lease::millis;
 use crate::runtime::queue::{command, command_with};
 use crate::runtime::scripts::{self, Ops, ScriptCall};
 
+/// What a script reads each of its arguments as when it is left out (`defaults[i]` for
+/// ARGV[i + 1]), as its header in `lua/` says: `None` for one it needs. An absent ARGV
+/// reads as nil in Lua, so a default is only written for an argument the script reads
+/// with a fallback (or does not read at all then).
+type Defaults = &'static [Option<&'static str>];
+
+/// Adds `args` (ARGV[1] on) to `call`, less those at the end that are at their
+/// `defaults`: each string sent costs the server about as much as a command the script
+/// runs, and a lock's common calls need few of theirs (see tests/script_cost.rs). An
+/// argument past the end of `defaults` is needed, and so is every one before a needed one.
+fn add_args(call: &mut ScriptCall, args: &[&dyn Display], defaults: Defaults) {
+    let mut text: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    while let Some(last) = text.last() {
+        match defaults.get(text.len() - 1) {
+            Some(Some(default)) if last == default => {
+                text.pop();
+            }
+            _ => break,
+        }
+    }
+    for arg in text {
+        call.arg(arg);
+    }
+}
+
+/// What a lock's release (`release_fast.lua`, whose header says it) reads each argument as
+/// when it is left out: ARGV[2], the lease the remaining levels need, as 0, and ARGV[3],
+/// the levels held, as 1 (one level: the release frees the lock).
+const RELEASE_DEFAULTS: Defaults = &[None, Some("0"), Some("1")];
+
 /// Releases one level of the lock `keys` held by `holder`, which holds `held` levels and
 /// whose remaining levels need `need` ms (`release.lua`).
 pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> ScriptCall {
     let mut cmd = command(keys.ops.release, keys);
-    cmd.arg(holder);
-    // A lock's release of its one level needing no lease, its common call, sends the
-    // holder id alone: `release_fast.lua` reads ARGV[2..3] as 0 and 1 (each string sent
-    // costs the server about as much as a command the script runs).
-    if keys.has_leases() || need != 0 || held != 1 {
-        cmd.arg(need).arg(held);
-    }
-    // Which side's hold it is: read by `leased_release.lua` only (a lock has one side).
+    let args: &[&dyn Display] = &[&holder, &need, &held];
     if keys.has_leases() {
-        cmd.arg(keys.ops.flags);
+        // ARGV[4], which side's hold it is: read by `leased_release.lua` only (a lock has
+        // one side), which needs every argument.
+        add_args(&mut cmd, &[args, &[&keys.ops.flags]].concat(), &[]);
+    } else {
+        // A lock's release of its one level needing no lease, its common call, sends the
+        // holder id alone.
+        add_args(&mut cmd, args, RELEASE_DEFAULTS);
     }
     cmd
 }
@@ -139,36 +169,64 @@ pub(crate) struct Acquire<'a> {
     pub(crate) metadata: Option<&'a str>,
 }
 
+/// What `acquire.lua` (and `acquire_fast.lua` before it; their headers say it) reads each
+/// of ARGV[1..7] as when it is left out: the levels held, the flags and ARGV[5] (whether to
+/// queue) as 0. ARGV[6..7], the entry's lifetime and ticket, are read only when ARGV[5]
+/// is 1: an attempt that does not queue sends 0 for them, and one that queues sends a
+/// ticket of at least 1 (`NEXT_TICKET`), so neither is left out then, nor anything before.
+const ACQUIRE_DEFAULTS: Defaults = &[
+    None,
+    None,
+    Some("0"),
+    Some("0"),
+    Some("0"),
+    Some("0"),
+    Some("0"),
+];
+
+/// The same for the read-write lock's and the semaphore's acquire (`rw_acquire.lua`,
+/// `sem_acquire.lua`): they need the levels held and the flags (never 0 for them), and
+/// read ARGV[5..7] as `acquire.lua` does.
+const LEASED_ACQUIRE_DEFAULTS: Defaults =
+    &[None, None, None, None, Some("0"), Some("0"), Some("0")];
+
 /// An acquire attempt on the lock `keys` (see `lua/acquire.lua`).
 pub(crate) fn acquire(keys: &LockKeys, a: &Acquire<'_>) -> ScriptCall {
     let (ticket, ttl) = a.join.unwrap_or((0, 0));
+    debug_assert!(
+        a.join.is_none() || ticket != 0,
+        "a queued attempt's ticket is 0"
+    );
     let mut call = command(keys.ops.acquire, keys);
     // Last: the other kinds' keys of the name, which the script refuses it for.
     for other in keys.other_kinds(false) {
         call.key(other);
     }
-    call.arg(a.holder).arg(a.lease_ms);
-    let queue_args = a.join.is_some() || a.amount.is_some() || a.metadata.is_some();
-    // The levels held and the flags only when they say something (or hold the place of
-    // those after them): a plain lock's new hold that does not queue sends two arguments,
-    // and `acquire.lua` reads the missing ARGV[3..4] as 0 (each string sent costs the
-    // server about as much as a command the script runs). The other kinds' flags are
-    // never 0.
-    if queue_args || a.held != 0 || a.flags != 0 {
-        call.arg(a.held).arg(a.flags);
+    let join = u8::from(a.join.is_some());
+    let mut args: Vec<&dyn Display> = vec![
+        &a.holder,
+        &a.lease_ms,
+        &a.held,
+        &a.flags,
+        &join,
+        &ttl,
+        &ticket,
+    ];
+    if let Some((amount, initial)) = &a.amount {
+        args.push(amount);
+        args.push(initial);
     }
-    // The queue's arguments only when they say something (or hold the place of those
-    // after them): an attempt that does not queue (a lock's first, a `try_lock`) ends
-    // here, and the scripts read the missing ARGV[5] as 0.
-    if queue_args {
-        call.arg(u8::from(a.join.is_some())).arg(ttl).arg(ticket);
+    if let Some(text) = &a.metadata {
+        args.push(text);
     }
-    if let Some((amount, initial)) = a.amount {
-        call.arg(amount).arg(initial);
-    }
-    if let Some(text) = a.metadata {
-        call.arg(text);
-    }
+    // A plain lock's new hold that does not queue (a lock's first attempt, a `try_lock`)
+    // sends the holder id and the lease alone.
+    let defaults = if keys.has_leases() {
+        LEASED_ACQUIRE_DEFAULTS
+    } else {
+        ACQUIRE_DEFAULTS
+    };
+    add_args(&mut call, &args, defaults);
     call
 }
 
