@@ -96,37 +96,10 @@ function Q.look(own, first, timed, found)
     return found % 2 == 1, math.floor(found / 2) % 2 == 1, nil
 end
 
--- Leaves one level of `field`'s hold (a read-write lock's or a semaphore's: a lock's
--- release is release_fast.lua's); ARGV[2] is the lease in ms the caller's remaining
--- levels need and ARGV[3] the levels it believes it holds (see release_fast.lua). Returns
--- the script's reply when the caller holds nothing ({-1, 0}), when this release already
--- took effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the
--- lease in ms the caller then gives them); nil and the levels held when the hold is over
--- and the caller must free it. (The lease is returned rather than given through a
--- callback: a closure would be made on every call.)
-function Q.release(field)
-    local held = redis.call('hget', KEYS[1], field)
-    if not held then
-        return {-1, 0}
-    end
-    local count = tonumber(held)
-    local expected = tonumber(ARGV[3])
-    if count < expected then
-        return {count, 0}
-    end
-    local left = expected - 1
-    local need = tonumber(ARGV[2])
-    if left > 0 and need > 0 then
-        redis.call('hset', KEYS[1], field, left)
-        return {left, 0}, nil, need
-    end
-    return nil, held
-end
-
 -- Everything else is made on first use: the first read of a name Q lacks (its
 -- metatable's __index) runs `more`, which adds them all. A script sent with EVALSHA runs
 -- the top level of these files on every call, and an uncontended acquire or release
--- needs only Q.look or Q.release; a library makes them once. The hooks that a
+-- needs only Q.look; a library makes them once. The hooks that a
 -- primitive's rules (after this file) redefine are made only where they did not.
 -- (scripts.rs tests that no later file redefines anything else `more` makes.)
 local function more()
