@@ -359,43 +359,34 @@ local function more()
     end
 
     -- Makes a queue (LIST `queue`, HASH `waiters`) live `ttl` ms at least, and never forever:
-    -- as long as its longest-lived entry. Entries are fields of the waiters hash, so none
-    -- outlives it, and the list matters only while it does: when the hash must be raised,
-    -- the list is set to the same expiry without asking for its own (that may shorten a list
-    -- that outlived its entries, never one that lives less than the hash). `fresh`: the list
-    -- was just created (it has no expiry yet). (renew.lua keeps a copy of these rules.)
-    -- Servers from 7.0 on (told by the server's version, not by FCALL or EVALSHA: a 7.0
-    -- server whose ACL refuses FCALL runs the scripts as EVALSHAs) set the hash's expiry
-    -- with PEXPIRE's NX (only a key without one: a hash this call created) and GT (only a
-    -- later one), each one call where a PTTL and a PEXPIRE were; GT counts a key without an
-    -- expiry as never expiring, so its 0 is looked into when the list was not fresh (a hash
-    -- this call created beside a list that was left).
+    -- at most twice as long as its longest-lived entry. Entries are fields of the waiters
+    -- hash, so none outlives it, and the list matters only while it does: the list is set
+    -- to the hash's expiry whenever that is set (or, `fresh`, when the list was just
+    -- created and has no expiry yet), so it never lives less (nor did the rules before
+    -- these leave it less, so the hash is the key to read). The hash's expiry is raised
+    -- only when less than `ttl` is left, and then to twice `ttl`: a queue whose waiters
+    -- keep joining and refreshing costs one PTTL a call, where setting both expiries to
+    -- `ttl` cost a PEXPIRE each every call (raising them with PEXPIRE ... GT, Redis 7.0+,
+    -- costs the same two). A queue whose waiters all stopped refreshing outlives them by
+    -- at most `ttl`; the readers drop lapsed entries anyway (Q.head). (renew.lua keeps a
+    -- copy of these rules.) A queue this call made anew (its first waiter: a fresh list,
+    -- and most often a hash just created, without expiry) is set with PEXPIRE's NX on
+    -- servers from 7.0 on (told by the server's version, not by FCALL or EVALSHA: a 7.0
+    -- server whose ACL refuses FCALL runs the scripts as EVALSHAs): one call where the
+    -- PTTL and a PEXPIRE were; a hash that already had an expiry (it outlived the list)
+    -- goes by the rule above.
     function Q.outlive(queue, waiters, ttl, fresh)
-        if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-            if fresh then
-                if redis.call('pexpire', waiters, ttl, 'nx') == 0 then
-                    redis.call('pexpire', waiters, ttl, 'gt')
-                end
-                redis.call('pexpire', queue, ttl)
-                return
-            end
-            if redis.call('pexpire', waiters, ttl, 'gt') == 1 then
-                redis.call('pexpire', queue, ttl)
-                return
-            end
-            if redis.call('pttl', waiters) == -1 then
-                redis.call('pexpire', waiters, ttl)
-                redis.call('pexpire', queue, ttl)
-            elseif redis.call('pttl', queue) < ttl then
-                redis.call('pexpire', queue, ttl)
-            end
+        if fresh and (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+            and redis.call('pexpire', waiters, 2 * ttl, 'nx') == 1 then
+            redis.call('pexpire', queue, 2 * ttl)
             return
         end
-        if redis.call('pttl', waiters) < ttl then
-            redis.call('pexpire', waiters, ttl)
-            redis.call('pexpire', queue, ttl)
-        elseif fresh or redis.call('pttl', queue) < ttl then
-            redis.call('pexpire', queue, ttl)
+        local left = redis.call('pttl', waiters)
+        if left < ttl then
+            redis.call('pexpire', waiters, 2 * ttl)
+            redis.call('pexpire', queue, 2 * ttl)
+        elseif fresh then
+            redis.call('pexpire', queue, left)
         end
     end
 

@@ -77,7 +77,7 @@ fn report(label: &str, calls: &HashMap<String, u64>, ops: usize) -> (f64, Vec<(S
 
 /// What the EVALSHA path adds to a pair: on a server without functions, the release
 /// script's first command is lua/allow_oom.lua's HDEL (functions carry `allow-oom`); a
-/// lock's release needs none (queue.lua's Q.release), a read-write lock's or a
+/// lock's release needs none (levels.lua), a read-write lock's or a
 /// semaphore's does.
 fn marker() -> f64 {
     if support::server_kind().has_functions() {
