@@ -74,10 +74,24 @@ local Q = {}
 -- EXISTS need only tell the queue (named once) from the other kinds (named twice each)
 -- by what is left, 8 keys named where 15 were (a lock's acquire). `found`: that EXISTS's
 -- count when the caller read it already (acquire_fast.lua), nil when not.
+-- Without `found` (an attempt that queues, or a re-entry whose hold was not found: both
+-- most often find the key held) the PTTL comes first, and a held key ends the look: a
+-- name held as one kind is refused to every other kind's acquire, so no other kind needs
+-- a look, and the queue is not read by a caller whose lock is held (acquire.lua): one
+-- command, not two. (The one way two kinds are held at once, a lock handed on from its
+-- queue by a kick or a cancel after another kind took the free name, is refused one
+-- attempt later, when the lock is free.) A free key then costs the EXISTS after it.
 function Q.look(own, first, timed, found)
     local a, b, c = KEYS[first], KEYS[first + 1], KEYS[first + 2]
+    if timed and not found then
+        local pttl = redis.call('pttl', KEYS[1])
+        if pttl ~= -2 then
+            return true, false, nil, pttl
+        end
+        found = redis.call('exists', KEYS[3], a, a, b, b, c, c)
+        return false, found % 2 == 1, found >= 2 and Q.other(own, first) or nil, -2
+    end
     if timed then
-        found = found or redis.call('exists', KEYS[1], KEYS[3], a, a, b, b, c, c)
         if found == 0 then
             return false, false, nil, -2
         end

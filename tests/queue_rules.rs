@@ -373,3 +373,34 @@ fn every_hold_a_waiter_may_wait_behind_carries_the_queue_mark() {
     assert_granted(&attempt(&mut con, "h:1", 0, 30_000));
     assert!(!marked(&mut con));
 }
+
+/// An attempt that queues reads the lock's lease first (`Q.look` without `found`): behind
+/// a held lock it looks at no other kind (no EXISTS: a name held as a lock is no other
+/// kind's), and a name another kind holds while the lock is free is still refused, the
+/// attempt's entry taken out of the queue.
+#[test]
+fn a_queueing_attempt_reads_the_lease_first_and_still_refuses_another_kind() {
+    let server = RedisServer::new();
+    let mut con = server.connection();
+    hold_elsewhere(&mut con);
+    let before = server.command_calls();
+    let reply = attempt(&mut con, "a:1", 0, 5_000);
+    assert_eq!(reply[0], redis::Value::Int(0), "queued: {reply:?}");
+    let calls = server.calls_since(&before, |_| false);
+    assert_eq!(calls.get("exists"), None, "{calls:?}");
+    assert_eq!(support::llen(&mut con, QUEUE), 1);
+    // The lock freed and the name taken as a semaphore (its main key, OTHER_KINDS[1]).
+    let _: () = redis::cmd("DEL").arg(LOCK).query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(OTHER_KINDS[1])
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    let reply = attempt(&mut con, "a:1", 0, 5_000);
+    assert_eq!(
+        reply[..2],
+        [redis::Value::Int(-4), redis::Value::Int(3)],
+        "refused as a semaphore's name: {reply:?}"
+    );
+    assert_queue_gone(&mut con);
+}
