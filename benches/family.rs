@@ -107,6 +107,7 @@ const LOCK_ACQUIRE: &str = concat!(
 );
 const LOCK_RELEASE: &str = concat!(
     constants!(),
+    include_str!("../lua/levels.lua"),
     include_str!("../lua/release_fast.lua"),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/release.lua")
@@ -120,6 +121,7 @@ const RW_ACQUIRE: &str = concat!(
 );
 const RW_RELEASE: &str = concat!(
     constants!(),
+    include_str!("../lua/levels.lua"),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/leases.lua"),
     include_str!("../lua/rw.lua"),
@@ -134,6 +136,7 @@ const SEM_ACQUIRE: &str = concat!(
 );
 const SEM_RELEASE: &str = concat!(
     constants!(),
+    include_str!("../lua/levels.lua"),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/leases.lua"),
     include_str!("../lua/semaphore.lua"),
@@ -143,7 +146,7 @@ const SEM_RELEASE: &str = concat!(
 /// Every bundled script, to learn which commands scripts run: `INFO commandstats` counts
 /// those too, so they are told apart from the requests clients send by name (none of them
 /// is a command the library sends itself).
-const ALL_LUA: [&str; 20] = [
+const ALL_LUA: [&str; 21] = [
     include_str!("../lua/acquire.lua"),
     include_str!("../lua/acquire_fast.lua"),
     include_str!("../lua/cancel.lua"),
@@ -155,6 +158,7 @@ const ALL_LUA: [&str; 20] = [
     include_str!("../lua/leased_cancel.lua"),
     include_str!("../lua/leased_release.lua"),
     include_str!("../lua/leases.lua"),
+    include_str!("../lua/levels.lua"),
     include_str!("../lua/queue.lua"),
     include_str!("../lua/release.lua"),
     include_str!("../lua/release_fast.lua"),

@@ -6,7 +6,7 @@
 //! seconds (default 3) per run, in `REDMUTEX_SATURATION_PASSES` passes (default 2) over
 //! all runs whose figures are summed, over 1,000 lock names (each iteration a random one: little
 //! contention) and over 1 name (all contention: a hot lock; left out with
-//! `REDMUTEX_SATURATION_ONLY=many`). Runs, back to back, for each
+//! `REDMUTEX_SATURATION_ONLY=many`; only it with `=one`). Runs, back to back, for each
 //! of 1,000 names and 1 name: `Lock`, `FairLock`, the naive lock and the fair floor. Each
 //! process has one redmutex `Client` (its threads share it), or one connection per thread
 //! for the naive lock (two for the fair floor: one of them subscribed).
@@ -75,7 +75,8 @@ const PASSES_ENV: &str = "REDMUTEX_SATURATION_PASSES";
 const DEFAULT_PASSES: f64 = 2.0;
 /// The naive lock's sleep after a failed SET NX, ms (a float); 1 unless set.
 const POLL_ENV: &str = "REDMUTEX_SATURATION_POLL_MS";
-/// `many` runs only the 1,000-name runs (item 1's figures, in half the time); unset: all.
+/// `many` runs only the 1,000-name runs (item 1's figures, in half the time), `one` only
+/// the one-name runs (items 2 and 3: contention); unset: all.
 const ONLY_ENV: &str = "REDMUTEX_SATURATION_ONLY";
 const DEFAULT_POLL_MS: f64 = 1.0;
 
@@ -219,7 +220,9 @@ fn parent_main() {
          naive polls every {poll_ms} ms"
     );
 
-    let only_many = std::env::var(ONLY_ENV).is_ok_and(|v| v == "many");
+    let only = std::env::var(ONLY_ENV).ok();
+    let only_many = only.as_deref() == Some("many");
+    let only_one = only.as_deref() == Some("one");
     let plan: Vec<(Kind, usize)> = [
         (Kind::Lock, MANY_NAMES),
         (Kind::Fair, MANY_NAMES),
@@ -234,6 +237,7 @@ fn parent_main() {
     ]
     .into_iter()
     .filter(|&(_, names)| !only_many || names == MANY_NAMES)
+    .filter(|&(_, names)| !only_one || names == 1)
     .collect();
     let mut runs: Vec<Run> = Vec::new();
     for pass in 0..passes {

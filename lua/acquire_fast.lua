@@ -11,8 +11,11 @@
 -- HSET and PEXPIRE, and the reply 1, the count (an integer: no table). Anything else goes
 -- on to acquire.lua with the EXISTS's count in `found` when it was read (nil when not):
 -- no call reads it twice.
+-- An attempt that queues (ARGV[5] is 1: its client listens for the lock already, most
+-- often because it found it taken) is left to acquire.lua, which reads the lock's lease
+-- first (Q.look without `found`): a held lock costs it that one read.
 local found
-if not ARGV[3] or ARGV[3] == '0' then
+if (not ARGV[3] or ARGV[3] == '0') and ARGV[5] ~= '1' then
     local a, b, c = KEYS[5], KEYS[6], KEYS[7]
     found = redis.call('exists', KEYS[1], KEYS[3], a, a, b, b, c, c)
     if found == 0 and not ARGV[8] and (not ARGV[4] or tonumber(ARGV[4]) % 4 < 2) then

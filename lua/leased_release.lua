@@ -1,6 +1,7 @@
 -- leased_release.lua: leave one level of a hold of a read-write lock or a semaphore; hand
 -- the freed share on.
--- (queue.lua, leases.lua and the primitive's rules are prepended: see them for the keys)
+-- (levels.lua, queue.lua, leases.lua and the primitive's rules are prepended: see them for
+-- the keys)
 --
 -- KEYS[1]  the holds         KEYS[2]  the fencing-token counter (unused)
 -- KEYS[3]  the queue         KEYS[4]  the waiters      KEYS[5]  the holds' leases
@@ -16,16 +17,16 @@
 --         {0, w, m...}  the caller's hold is over; w is 1 when a waiter was handed a
 --                  share; m...: the messages for waiters of the caller's own client, which
 --                  it delivers itself (see Q.hand_on)
---         {n, 0}   the caller still holds n levels, with a lease of ARGV[2] ms
--- As in release.lua, the count is set from ARGV[3] rather than decremented, and the
--- remaining lease is set, not raised, so that a repeated call changes nothing more.
+--         {n, 0}   the caller holds n levels, fewer than it believes: an earlier call whose
+--                  reply was lost took effect, and this one changes nothing
+--         n        the caller still holds n levels, with a lease of ARGV[2] ms
+-- The count rule is levels.lua's `leave`, a lock's too (release_fast.lua): the remaining
+-- levels' lease is their field's in the leases (M.set).
 local now = Q.now()
 Q.purge(now)
 local field = M.field(ARGV[1], tonumber(ARGV[4]))
-local reply, held, keep = Q.release(field)
-if keep then
-    M.set(field, now + keep, now)
-end
+local held = redis.call('hget', KEYS[1], field)
+local reply = leave(field, held, M.set, now)
 if reply then
     return reply
 end

@@ -74,10 +74,24 @@ local Q = {}
 -- EXISTS need only tell the queue (named once) from the other kinds (named twice each)
 -- by what is left, 8 keys named where 15 were (a lock's acquire). `found`: that EXISTS's
 -- count when the caller read it already (acquire_fast.lua), nil when not.
+-- Without `found` (an attempt that queues, or a re-entry whose hold was not found: both
+-- most often find the key held) the PTTL comes first, and a held key ends the look: a
+-- name held as one kind is refused to every other kind's acquire, so no other kind needs
+-- a look, and the queue is not read by a caller whose lock is held (acquire.lua): one
+-- command, not two. (The one way two kinds are held at once, a lock handed on from its
+-- queue by a kick or a cancel after another kind took the free name, is refused one
+-- attempt later, when the lock is free.) A free key then costs the EXISTS after it.
 function Q.look(own, first, timed, found)
     local a, b, c = KEYS[first], KEYS[first + 1], KEYS[first + 2]
+    if timed and not found then
+        local pttl = redis.call('pttl', KEYS[1])
+        if pttl ~= -2 then
+            return true, false, nil, pttl
+        end
+        found = redis.call('exists', KEYS[3], a, a, b, b, c, c)
+        return false, found % 2 == 1, found >= 2 and Q.other(own, first) or nil, -2
+    end
     if timed then
-        found = found or redis.call('exists', KEYS[1], KEYS[3], a, a, b, b, c, c)
         if found == 0 then
             return false, false, nil, -2
         end
@@ -96,37 +110,10 @@ function Q.look(own, first, timed, found)
     return found % 2 == 1, math.floor(found / 2) % 2 == 1, nil
 end
 
--- Leaves one level of `field`'s hold (a read-write lock's or a semaphore's: a lock's
--- release is release_fast.lua's); ARGV[2] is the lease in ms the caller's remaining
--- levels need and ARGV[3] the levels it believes it holds (see release_fast.lua). Returns
--- the script's reply when the caller holds nothing ({-1, 0}), when this release already
--- took effect ({count, 0}: a lost reply), or when levels remain ({left, 0}, nil, and the
--- lease in ms the caller then gives them); nil and the levels held when the hold is over
--- and the caller must free it. (The lease is returned rather than given through a
--- callback: a closure would be made on every call.)
-function Q.release(field)
-    local held = redis.call('hget', KEYS[1], field)
-    if not held then
-        return {-1, 0}
-    end
-    local count = tonumber(held)
-    local expected = tonumber(ARGV[3])
-    if count < expected then
-        return {count, 0}
-    end
-    local left = expected - 1
-    local need = tonumber(ARGV[2])
-    if left > 0 and need > 0 then
-        redis.call('hset', KEYS[1], field, left)
-        return {left, 0}, nil, need
-    end
-    return nil, held
-end
-
 -- Everything else is made on first use: the first read of a name Q lacks (its
 -- metatable's __index) runs `more`, which adds them all. A script sent with EVALSHA runs
 -- the top level of these files on every call, and an uncontended acquire or release
--- needs only Q.look or Q.release; a library makes them once. The hooks that a
+-- needs only Q.look; a library makes them once. The hooks that a
 -- primitive's rules (after this file) redefine are made only where they did not.
 -- (scripts.rs tests that no later file redefines anything else `more` makes.)
 local function more()
@@ -386,43 +373,34 @@ local function more()
     end
 
     -- Makes a queue (LIST `queue`, HASH `waiters`) live `ttl` ms at least, and never forever:
-    -- as long as its longest-lived entry. Entries are fields of the waiters hash, so none
-    -- outlives it, and the list matters only while it does: when the hash must be raised,
-    -- the list is set to the same expiry without asking for its own (that may shorten a list
-    -- that outlived its entries, never one that lives less than the hash). `fresh`: the list
-    -- was just created (it has no expiry yet). (renew.lua keeps a copy of these rules.)
-    -- Servers from 7.0 on (told by the server's version, not by FCALL or EVALSHA: a 7.0
-    -- server whose ACL refuses FCALL runs the scripts as EVALSHAs) set the hash's expiry
-    -- with PEXPIRE's NX (only a key without one: a hash this call created) and GT (only a
-    -- later one), each one call where a PTTL and a PEXPIRE were; GT counts a key without an
-    -- expiry as never expiring, so its 0 is looked into when the list was not fresh (a hash
-    -- this call created beside a list that was left).
+    -- at most twice as long as its longest-lived entry. Entries are fields of the waiters
+    -- hash, so none outlives it, and the list matters only while it does: the list is set
+    -- to the hash's expiry whenever that is set (or, `fresh`, when the list was just
+    -- created and has no expiry yet), so it never lives less (nor did the rules before
+    -- these leave it less, so the hash is the key to read). The hash's expiry is raised
+    -- only when less than `ttl` is left, and then to twice `ttl`: a queue whose waiters
+    -- keep joining and refreshing costs one PTTL a call, where setting both expiries to
+    -- `ttl` cost a PEXPIRE each every call (raising them with PEXPIRE ... GT, Redis 7.0+,
+    -- costs the same two). A queue whose waiters all stopped refreshing outlives them by
+    -- at most `ttl`; the readers drop lapsed entries anyway (Q.head). (renew.lua keeps a
+    -- copy of these rules.) A queue this call made anew (its first waiter: a fresh list,
+    -- and most often a hash just created, without expiry) is set with PEXPIRE's NX on
+    -- servers from 7.0 on (told by the server's version, not by FCALL or EVALSHA: a 7.0
+    -- server whose ACL refuses FCALL runs the scripts as EVALSHAs): one call where the
+    -- PTTL and a PEXPIRE were; a hash that already had an expiry (it outlived the list)
+    -- goes by the rule above.
     function Q.outlive(queue, waiters, ttl, fresh)
-        if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-            if fresh then
-                if redis.call('pexpire', waiters, ttl, 'nx') == 0 then
-                    redis.call('pexpire', waiters, ttl, 'gt')
-                end
-                redis.call('pexpire', queue, ttl)
-                return
-            end
-            if redis.call('pexpire', waiters, ttl, 'gt') == 1 then
-                redis.call('pexpire', queue, ttl)
-                return
-            end
-            if redis.call('pttl', waiters) == -1 then
-                redis.call('pexpire', waiters, ttl)
-                redis.call('pexpire', queue, ttl)
-            elseif redis.call('pttl', queue) < ttl then
-                redis.call('pexpire', queue, ttl)
-            end
+        if fresh and (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+            and redis.call('pexpire', waiters, 2 * ttl, 'nx') == 1 then
+            redis.call('pexpire', queue, 2 * ttl)
             return
         end
-        if redis.call('pttl', waiters) < ttl then
-            redis.call('pexpire', waiters, ttl)
-            redis.call('pexpire', queue, ttl)
-        elseif fresh or redis.call('pttl', queue) < ttl then
-            redis.call('pexpire', queue, ttl)
+        local left = redis.call('pttl', waiters)
+        if left < ttl then
+            redis.call('pexpire', waiters, 2 * ttl)
+            redis.call('pexpire', queue, 2 * ttl)
+        elseif fresh then
+            redis.call('pexpire', queue, left)
         end
     end
 

@@ -26,37 +26,18 @@
 --                  waiters of the caller's own client, which it delivers itself (see
 --                  Q.hand_on), none when none
 --
--- The expiry is set, not just raised: a released inner level with a longer lease must not
--- leave its lease to the outer ones. Remaining levels that need no more time (fixed leases
--- already over) free the lock at once, as their lease would have.
--- The count is set from ARGV[3], not decremented, so a repeated call (after a lost reply)
--- takes no second level, and levels left by lost acquire replies are dropped too.
--- The queue mark ('~q', see queue.lua) is read in the same HMGET: a hold without it frees
--- the lock without looking at the queue.
--- The first write is never one that may take memory (a DEL, or the PEXPIRE before an
--- inner level's HSET), which a server at its memory limit refuses as a script's first
--- write: with EVALSHA the script needs no allow_oom.lua (see scripts.rs).
+-- The count rule (levels.lua's `leave`, before this file): the lock's remaining levels'
+-- lease is its hash's expiry. The queue mark ('~q', see queue.lua) is read in the same
+-- HMGET: a hold without it frees the lock without looking at the queue. The first write
+-- is never one that may take memory (a DEL, or the PEXPIRE before an inner level's HSET),
+-- which a server at its memory limit refuses as a script's first write: with EVALSHA the
+-- script needs no allow_oom.lua (see scripts.rs).
 local got = redis.call('hmget', KEYS[1], ARGV[1], '~q')
-local held = got[1]
-if not held then
-    return {-1, 0}
-end
--- Without ARGV[3] the caller believes it holds one level: it holds at least that many (a
--- count is never below 1), and leaves none.
-if ARGV[3] then
-    local count, expected = tonumber(held), tonumber(ARGV[3])
-    if count < expected then
-        return {count, 0}
-    end
-    local left = expected - 1
-    if left > 0 then
-        local need = tonumber(ARGV[2])
-        if need > 0 then
-            redis.call('pexpire', KEYS[1], need)
-            redis.call('hset', KEYS[1], ARGV[1], left)
-            return left
-        end
-    end
+-- A held lock's release without ARGV[3] (its one level, the common call) leaves none by
+-- that rule: no call of it.
+local reply = (ARGV[3] or not got[1]) and leave(ARGV[1], got[1])
+if reply then
+    return reply
 end
 redis.call('del', KEYS[1])
 if not got[2] then

@@ -15,7 +15,8 @@
 -- renewal can never resurrect or extend a hold someone else now has), and the indices j
 -- of waiters no longer queued (dropped as dead, or lapsed): they must ask again.
 -- A renewal only raises a hold's expiry: a nested level with a longer fixed lease keeps it.
--- A queue's keys live as long as its longest-lived entry (queue.lua's Q.outlive).
+-- A queue's keys live at least as long as its longest-lived entry, at most twice as long
+-- (queue.lua's Q.outlive).
 local function clock()
     local t = redis.call('time')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -72,10 +73,12 @@ while k + 1 <= #KEYS do
         local rest = string.match(v, '^%d+ (.*)$')
         redis.call('hset', waiters, holder, string.format('%d', now + ttl) .. ' ' .. rest)
         -- As queue.lua's Q.outlive: the entry is a field of the waiters hash, which the
-        -- list needs to outlive, no more.
+        -- list needs to outlive; both raised to twice `ttl` when less is left. (A list
+        -- left shorter than the entry is raised too: a refresh runs once a renewal
+        -- period, not once a handoff, and may afford the look.)
         if redis.call('pttl', waiters) < ttl then
-            redis.call('pexpire', waiters, ttl)
-            redis.call('pexpire', queue, ttl)
+            redis.call('pexpire', waiters, 2 * ttl)
+            redis.call('pexpire', queue, 2 * ttl)
         elseif redis.call('pttl', queue) < ttl then
             redis.call('pexpire', queue, ttl)
         end

@@ -77,6 +77,8 @@ const LIBRARY_BODY: &str = concat!(
     "    redis.register_function{function_name = LIB .. '_' .. name, flags = flags,\n",
     "        callback = function(keys, args) KEYS, ARGV = keys, args return body() end}\n",
     "end\n",
+    // The release's count rule, a lock's and a leased kind's (`leave`).
+    lua!("levels.lua"),
     "do\n",
     lua!("queue.lua"),
     function!("acquire", "{}", "acquire_fast.lua", "acquire.lua"),
@@ -164,18 +166,18 @@ pub(crate) struct Bundled {
 // them (a library makes them once, when it loads).
 static ACQUIRE: Bundled = script!("acquire": "acquire_fast.lua", "queue.lua", "acquire.lua");
 // No allow_oom.lua: a lock's release never writes first what may take memory (its first
-// write is a DEL, or the PEXPIRE before an inner level's HSET: release_fast.lua), so
+// write is a DEL, or the PEXPIRE before an inner level's HSET: levels.lua), so
 // the server's memory limit never refuses it, and the uncontended release runs no marker
 // command. (Its function keeps the flag: nothing to lose.)
-static RELEASE: Bundled = script!("release": "release_fast.lua", "queue.lua", "release.lua");
+static RELEASE: Bundled =
+    script!("release": "levels.lua", "release_fast.lua", "queue.lua", "release.lua");
 static CANCEL: Bundled = script!(allow_oom "cancel": "queue.lua", "cancel.lua");
 static KICK: Bundled = script!(allow_oom "kick": "queue.lua", "kick.lua");
 static FORCE_UNLOCK: Bundled = script!(allow_oom "force_unlock": "queue.lua", "force_unlock.lua");
 
 static RW_ACQUIRE: Bundled =
     script!("rw_acquire": "queue.lua", "leases.lua", "rw.lua", "rw_acquire.lua");
-static RW_RELEASE: Bundled =
-    script!(allow_oom "rw_release": "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
+static RW_RELEASE: Bundled = script!(allow_oom "rw_release": "levels.lua", "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
 static RW_CANCEL: Bundled =
     script!(allow_oom "rw_cancel": "queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
 static RW_KICK: Bundled =
@@ -185,7 +187,7 @@ static RW_FORCE_UNLOCK: Bundled =
 
 static SEM_ACQUIRE: Bundled =
     script!("sem_acquire": "queue.lua", "leases.lua", "semaphore.lua", "sem_acquire.lua");
-static SEM_RELEASE: Bundled = script!(allow_oom "sem_release": "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
+static SEM_RELEASE: Bundled = script!(allow_oom "sem_release": "levels.lua", "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
 static SEM_CANCEL: Bundled = script!(allow_oom "sem_cancel": "queue.lua", "leases.lua", "semaphore.lua", "leased_cancel.lua");
 static SEM_KICK: Bundled =
     script!(allow_oom "sem_kick": "queue.lua", "leases.lua", "semaphore.lua", "kick.lua");

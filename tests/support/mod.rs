@@ -726,6 +726,7 @@ pub const LOCK_ACQUIRE: &str = concat!(
 
 /// A lock's release script body for [`queued_script`], as [`LOCK_ACQUIRE`].
 pub const LOCK_RELEASE: &str = concat!(
+    include_str!("../../lua/levels.lua"),
     include_str!("../../lua/release_fast.lua"),
     include_str!("../../lua/release.lua")
 );
@@ -863,9 +864,10 @@ fn script_text(script: &str) -> String {
     // A read-write lock's or semaphore's script: the queue's and the leases' rules, the
     // kind's own, then the body.
     let leased_kind = |rules, body| vec![queue, leases, rules, body];
+    // The release's count rule, before a release's other files (see levels.lua).
+    let levels = include_str!("../../lua/levels.lua");
     // The bodies read-write locks and semaphores share, each on its own rules file.
     let leased_op = |op: &str| match op {
-        "release" => released,
         "cancel" => cancelled,
         "kick" => kick,
         _ => force,
@@ -879,6 +881,7 @@ fn script_text(script: &str) -> String {
         ],
         // A lock's release needs no allow_oom.lua (see release_fast.lua).
         "release" => vec![
+            levels,
             include_str!("../../lua/release_fast.lua"),
             queue,
             include_str!("../../lua/release.lua"),
@@ -887,11 +890,13 @@ fn script_text(script: &str) -> String {
         "kick" => vec![oom, queue, kick],
         "force_unlock" => vec![oom, queue, force],
         "rw_acquire" => leased_kind(rw, include_str!("../../lua/rw_acquire.lua")),
-        "rw_release" | "rw_cancel" | "rw_kick" | "rw_force_unlock" => {
+        "rw_release" => vec![oom, levels, queue, leases, rw, released],
+        "rw_cancel" | "rw_kick" | "rw_force_unlock" => {
             vec![oom, queue, leases, rw, leased_op(&script["rw_".len()..])]
         }
         "sem_acquire" => leased_kind(sem, include_str!("../../lua/sem_acquire.lua")),
-        "sem_release" | "sem_cancel" | "sem_kick" | "sem_force_unlock" => {
+        "sem_release" => vec![oom, levels, queue, leases, sem, released],
+        "sem_cancel" | "sem_kick" | "sem_force_unlock" => {
             vec![oom, queue, leases, sem, leased_op(&script["sem_".len()..])]
         }
         "sem_permits" => leased_kind(sem, include_str!("../../lua/sem_permits.lua")),
