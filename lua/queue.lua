@@ -437,6 +437,14 @@ local function more()
     -- client is alive: it makes this call), its message is returned instead, second: a list
     -- of the messages for the caller to deliver in order (nil when none), the way its
     -- subscriber delivers a published one.
+    -- Only a script that knows the name to be this object's may make a waiter the holder:
+    -- a release (`mine`: the object was held until this call), an acquire (`me`: it looked
+    -- at the name, Q.look), or one that finds the object's key (KEYS[1]) held. A script
+    -- that finds the object free and did not free it (a cancel, a kick, a forced unlock of
+    -- a lapsed hold, more permits for a semaphore nobody holds) tells the next waiter to
+    -- try again instead, whatever its flags: another kind may hold the name since the hold
+    -- lapsed (the other kinds' acquires look at this object's key, not at its queue), and
+    -- the waiter's own attempt looks at the name (a refusal, WrongKind) before it takes it.
     function Q.hand_on(now, give, me, free, mine)
         local served
         -- The inbox prefix (keys.rs's `inbox`), made once a waiter is told.
@@ -446,6 +454,8 @@ local function more()
         -- The caller's client id (Q.client_of(mine)), read from `mine` once a waiter is
         -- found: a release that finds nobody pays no pattern match.
         local own
+        -- Whether the name is known to be this object's (see above), once asked.
+        local sure = me or mine
         while true do
             local h, s, l, f, t, a, fairs, m
             h, s, l, f, t, a, now, fairs, m = Q.head(now)
@@ -454,6 +464,10 @@ local function more()
             end
             local client, token = string.match(h, '^(.*):(%d+)$')
             local grant = give or is_fair(f) or now - s >= STARVE
+            if grant and not sure then
+                sure = redis.call('exists', KEYS[1]) == 1
+                grant = sure
+            end
             local fence = 0
             local msg
             if grant then

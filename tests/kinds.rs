@@ -295,6 +295,110 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
     drop(guard);
 }
 
+/// An object found free by a script that did not free it (a waiter's cancel, a kick) is
+/// not handed to a queued waiter without a look at the name: another kind may have taken
+/// the name meanwhile (a hold lapsed, nothing told the waiters). The waiter at the head is
+/// told its turn, and its own attempt is refused, so the object is never held beside the
+/// other kind; before, the cancel made it the holder. A fair lock (a reader takes the
+/// name) and a read-write lock's write side (a lock takes it), both ways of running the
+/// scripts.
+fn a_cancel_that_finds_it_free_looks_at_the_name<K: redmutex::Kind>(
+    side: fn(&Client) -> redmutex::Lock<K>,
+    keys: Keys,
+    take_other: fn(&Client) -> Box<dyn FnOnce()>,
+    in_use: &str,
+) {
+    const DEADLINE: Duration = Duration::from_secs(3);
+    for functions in [true, false] {
+        let server = RedisServer::new();
+        let holder = CLIENTS.functions(functions).at(&server);
+        let first = CLIENTS.functions(functions).at(&server);
+        let second = CLIENTS.functions(functions).at(&server);
+        let other = CLIENTS.functions(functions).at(&server);
+        let (own_key, queue) = (keys.key(), keys.queue());
+        // A lease twice the second waiter's deadline: the first one waits for it (nothing
+        // tells it of the lapse below) unless the second one's cancel tells it first.
+        let guard = support::leased(&side(&holder), DEADLINE * 2, "acquire");
+        let started = Instant::now();
+        let waiting = std::thread::spawn(move || {
+            let got = side(&first).try_lock_for(Duration::from_secs(60));
+            let held = matches!(got, Ok(Some(_)));
+            (got.map(|g| g.is_some()), held)
+        });
+        let mut con = server.connection();
+        let len = |con: &mut redis::Connection| -> i64 {
+            redis::cmd("LLEN").arg(&queue).query(con).unwrap()
+        };
+        assert!(support::wait_until(Duration::from_secs(5), || len(
+            &mut con
+        ) == 1));
+        let cancelling =
+            std::thread::spawn(move || side(&second).try_lock_for(DEADLINE).map(|g| g.is_some()));
+        assert!(support::wait_until(Duration::from_secs(5), || len(
+            &mut con
+        ) == 2));
+        // The hold vanishes as a lapse would (nothing tells the waiters), and another kind
+        // takes the name.
+        redis::cmd("DEL")
+            .arg(&own_key)
+            .query::<()>(&mut con)
+            .unwrap();
+        let release_other = take_other(&other);
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the other kind came after the second waiter's deadline ({:?}): nothing was tested",
+            started.elapsed()
+        );
+        // The second waiter gives up (its cancel finds the object free and the first waiter
+        // at the head) or is itself refused the name.
+        let second_got = cancelling.join().unwrap();
+        assert!(
+            matches!(second_got, Ok(false) | Err(Error::WrongKind { .. })),
+            "{second_got:?}"
+        );
+        let (outcome, held) = waiting.join().unwrap();
+        assert!(!held, "held beside the other kind (functions: {functions})");
+        match outcome {
+            Err(Error::WrongKind { in_use: used, .. }) => assert_eq!(used, in_use),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(len(&mut con), 0, "still queued");
+        release_other();
+        drop(guard);
+    }
+}
+
+#[test]
+fn a_cancel_that_finds_a_fair_lock_free_looks_at_the_name() {
+    a_cancel_that_finds_it_free_looks_at_the_name(
+        |c| c.fair_lock("handed"),
+        Keys::lock(PREFIX, "handed"),
+        |c| {
+            let g = c
+                .read_write_lock("handed")
+                .read_lock()
+                .try_lock()
+                .unwrap()
+                .expect("free");
+            Box::new(move || g.unlock().unwrap())
+        },
+        "read-write lock",
+    );
+}
+
+#[test]
+fn a_cancel_that_finds_a_write_side_free_looks_at_the_name() {
+    a_cancel_that_finds_it_free_looks_at_the_name(
+        |c| c.read_write_lock("handed-rw").write_lock(),
+        Keys::rw(PREFIX, "handed-rw"),
+        |c| {
+            let g = c.lock("handed-rw").try_lock().unwrap().expect("free");
+            Box::new(move || g.unlock().unwrap())
+        },
+        "lock",
+    );
+}
+
 /// A semaphore refused its name does not define its number of permits, and a latch refused
 /// its name is not set: the refusal comes before anything is written.
 #[test]
