@@ -11,13 +11,14 @@
 -- ARGV[2]  lease in milliseconds that this level needs
 -- ARGV[3]  the levels the caller believes it holds before this call (0 for a new hold)
 -- ARGV[4]  flags: 1 fair (never passes the queue), 2 fenced (draw a token)
---          (ARGV[3..4] are left out when both are 0 and no argument follows: a plain
---          lock's new hold sends two arguments; the script reads them as 0)
+--          (each of ARGV[3..7] may be left out when it is 0 and no argument after it is
+--          sent: a plain lock's new hold sends two arguments; the script reads them as 0)
 -- ARGV[5]  1 to wait in the queue when not granted (the caller listens on its inbox), 0 not
 -- ARGV[6]  how long the queue entry lives unless refreshed, ms
 -- ARGV[7]  the waiting call's ticket, echoed in its messages
 --          (ARGV[5..7] are left out by an attempt that does not queue and sends no
---          metadata: the script then does not queue)
+--          metadata: the script then does not queue; one that queues sends all three, its
+--          ticket never 0)
 -- (the pickup window, the starvation bound and the waiters' inbox: see queue.lua)
 -- ARGV[8]  (only when the client has metadata) the text a new hold carries, recorded with
 --          the server's time as '~m:<holder id>' (see queue.lua); a re-entry keeps the

@@ -11,8 +11,9 @@
 -- ARGV[2]  lease in milliseconds that the caller's remaining levels still need (the
 --          longest of them); 0 when none needs any more time
 -- ARGV[3]  the levels the caller believes it holds before this call (at least 1)
---          (ARGV[2..3] are left out when they are 0 and 1, the release of a hold's one
---          level: its common call sends the holder id alone)
+--          (ARGV[3] is left out when it is 1, and ARGV[2] too when it is 0: the release of a
+--          hold's one level sends the holder id alone, and without ARGV[3] the script frees
+--          the lock whatever ARGV[2] says)
 --
 -- Returns 0        the lock is now free and nobody was told: its hold did not carry the
 --                  queue mark (the common reply: an integer, no table)

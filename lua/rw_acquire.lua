@@ -5,8 +5,9 @@
 -- KEYS[1]  the holds         KEYS[2]  the fencing-token counter (unused)
 -- KEYS[3]  the queue         KEYS[4]  the waiters      KEYS[5]  the holds' leases
 -- KEYS[6..8] the name's lock, semaphore and count-down latch (see Q.look)
--- ARGV[1..8] as in acquire.lua (ARGV[4] flags: 1 fair, 4 a read hold, 16 an upgradeable
---          read hold, 32 a write asked as an upgrade; read-write waiters are always fair;
+-- ARGV[1..8] as in acquire.lua, but ARGV[3..4] are always sent (ARGV[4] flags: 1 fair,
+--          4 a read hold, 16 an upgradeable read hold, 32 a write asked as an upgrade;
+--          read-write waiters are always fair;
 --          ARGV[8], the metadata, is recorded per hold field: '~m:r:<holder>'...)
 --
 -- Returns {1, count, 0}  granted; count is the caller's reentry count in this mode

@@ -3,8 +3,9 @@
 --
 -- KEYS[1..6] as in leased_release.lua
 -- KEYS[7..9] the name's lock, read-write lock and count-down latch (see Q.look)
--- ARGV[1..7] as in acquire.lua (ARGV[3], the levels held, is 0 or 1: 1 when an earlier
---          attempt of the same call may have been granted; ARGV[4] flags: 1, fair)
+-- ARGV[1..7] as in acquire.lua, but ARGV[3..4] are always sent (ARGV[3], the levels held,
+--          is 0 or 1: 1 when an earlier attempt of the same call may have been granted;
+--          ARGV[4] flags: 1, fair)
 -- ARGV[8]  the permits asked for (at least 1)
 -- ARGV[9]  the number of permits the semaphore is made with when it does not exist yet
 -- ARGV[10] (only when the client has metadata) the text the hold carries (see acquire.lua)
