@@ -472,6 +472,32 @@ fn a_handoff_as_a_slot_is_handed_over_wakes_the_waiter_at_once() {
     g.unlock().unwrap();
 }
 
+/// Node `.1` of a cluster frozen (SIGSTOP) until this is dropped: the node is thawed
+/// even when the test fails.
+struct Thaw<'a>(&'a Cluster, usize);
+
+impl<'a> Thaw<'a> {
+    fn freeze(cluster: &'a Cluster, node: usize) -> Thaw<'a> {
+        cluster.node(node).server().freeze();
+        Thaw(cluster, node)
+    }
+}
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.node(self.1).server().thaw();
+    }
+}
+
+/// Three primaries whose nodes may be frozen for a few seconds, never taken for failed
+/// meanwhile.
+fn cluster_to_freeze() -> Cluster {
+    Cluster::builder()
+        .primaries(3)
+        .node_timeout(Duration::from_secs(30))
+        .start()
+}
+
 /// A waiter's first wait on a cluster reads the slot map (`CLUSTER SLOTS`, from a seed
 /// node) to know where to listen: a waiter with a deadline gives up on it when its
 /// deadline passes (and listens the classic way), rather than wait for a seed node that
@@ -497,14 +523,7 @@ fn a_waiter_gives_up_on_a_frozen_seed_nodes_slot_map_at_its_deadline() {
     // taken and given back (without a wait, so no slot map read yet).
     let elsewhere = name_on_other_node(&cluster, seed, "warm-up");
     waiter.lock(&elsewhere).lock().unwrap().unlock().unwrap();
-    cluster.node(seed).server().freeze();
-    struct Thaw<'a>(&'a Cluster, usize);
-    impl Drop for Thaw<'_> {
-        fn drop(&mut self) {
-            self.0.node(self.1).server().thaw();
-        }
-    }
-    let thaw = Thaw(&cluster, seed);
+    let thaw = Thaw::freeze(&cluster, seed);
     let started = Instant::now();
     let got = waiter.lock(&name).try_lock_for(PATIENCE);
     let took = started.elapsed();
@@ -531,11 +550,7 @@ fn a_waiter_gives_up_on_a_frozen_seed_nodes_slot_map_at_its_deadline() {
 fn a_call_to_a_frozen_lock_owner_ends_at_its_own_bound() {
     const COMMAND: Duration = Duration::from_millis(600);
     const PATIENCE: Duration = Duration::from_millis(300);
-    // Frozen for a few seconds, never taken for failed meanwhile.
-    let cluster = Cluster::builder()
-        .primaries(3)
-        .node_timeout(Duration::from_secs(30))
-        .start();
+    let cluster = cluster_to_freeze();
     let owner = cluster.primaries()[0];
     let on_owner = |prefix: &str| {
         (0..)
@@ -551,14 +566,7 @@ fn a_call_to_a_frozen_lock_owner_ends_at_its_own_bound() {
         .cluster_at(cluster.seed_urls());
     // The command connection and its socket to the owner made before the freeze.
     client.lock(&name).lock().unwrap().unlock().unwrap();
-    cluster.node(owner).server().freeze();
-    struct Thaw<'a>(&'a Cluster, usize);
-    impl Drop for Thaw<'_> {
-        fn drop(&mut self) {
-            self.0.node(self.1).server().thaw();
-        }
-    }
-    let thaw = Thaw(&cluster, owner);
+    let thaw = Thaw::freeze(&cluster, owner);
     // Without a deadline, on the connection made before: one command timeout, not nine.
     let started = Instant::now();
     let got = client.lock(&name).lock();
@@ -604,10 +612,7 @@ fn a_call_to_a_frozen_lock_owner_ends_at_its_own_bound() {
 #[test]
 fn locks_elsewhere_stay_at_hand_while_one_node_is_frozen() {
     const COMMAND: Duration = Duration::from_millis(600);
-    let cluster = Cluster::builder()
-        .primaries(3)
-        .node_timeout(Duration::from_secs(30))
-        .start();
+    let cluster = cluster_to_freeze();
     let frozen = cluster.primaries()[0];
     let on_frozen = (0..)
         .map(|i| format!("frozen-node{i}"))
@@ -620,14 +625,7 @@ fn locks_elsewhere_stay_at_hand_while_one_node_is_frozen() {
         .cluster_at(cluster.seed_urls());
     client.lock(&on_frozen).lock().unwrap().unlock().unwrap();
     client.lock(&elsewhere).lock().unwrap().unlock().unwrap();
-    cluster.node(frozen).server().freeze();
-    struct Thaw<'a>(&'a Cluster, usize);
-    impl Drop for Thaw<'_> {
-        fn drop(&mut self) {
-            self.0.node(self.1).server().thaw();
-        }
-    }
-    let thaw = Thaw(&cluster, frozen);
+    let thaw = Thaw::freeze(&cluster, frozen);
     assert!(client.lock(&on_frozen).try_lock().is_err());
     for round in 0..3 {
         let started = Instant::now();
