@@ -78,9 +78,9 @@ local Q = {}
 -- most often find the key held) the PTTL comes first, and a held key ends the look: a
 -- name held as one kind is refused to every other kind's acquire, so no other kind needs
 -- a look, and the queue is not read by a caller whose lock is held (acquire.lua): one
--- command, not two. (The one way two kinds are held at once, a lock handed on from its
--- queue by a kick or a cancel after another kind took the free name, is refused one
--- attempt later, when the lock is free.) A free key then costs the EXISTS after it.
+-- command, not two. (A lock is never handed on from its queue by a script that found it
+-- free without a look at the name: see Q.hand_on.) A free key then costs the EXISTS
+-- after it.
 function Q.look(own, first, timed, found)
     local a, b, c = KEYS[first], KEYS[first + 1], KEYS[first + 2]
     if timed and not found then
