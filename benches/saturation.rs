@@ -7,7 +7,8 @@
 //! all runs whose figures are summed, over 1,000 lock names (each iteration a random one: little
 //! contention) and over 1 name (all contention: a hot lock; left out with
 //! `REDMUTEX_SATURATION_ONLY=many`; only it with `=one`). Runs, back to back, for each
-//! of 1,000 names and 1 name: `Lock`, `FairLock`, the naive lock and the fair floor. Each
+//! of 1,000 names and 1 name: `Lock`, `FairLock`, the naive lock and the fair floor (and
+//! the script floors, on 1,000 names; the safe fair floors, on 1 name). Each
 //! process has one redmutex `Client` (its threads share it), or one connection per thread
 //! for the naive lock (two for the fair floor: one of them subscribed).
 //!
@@ -20,7 +21,13 @@
 //! `SET NX PX` else `RPUSH` to the queue (then the thread waits for its grant on its own
 //! channel); give = one script, `GET` (compare), `LPOP`, `SET PX` to the next waiter and
 //! `PUBLISH` its grant, else `DEL`. No tickets, entry expiry, crash safety, renewal,
-//! reentrancy or confirmation.
+//! reentrancy or confirmation. The one-name run has two more fair floors beside it, which
+//! keep what a queue needs when waiters die (`common::QueueShape`): `safefloor`, the fair
+//! floor whose entries expire (a HASH holder -> expiry beside the list, read by the give,
+//! which skips entries past it; the queue's keys expire after their longest entry), and
+//! `safehash`, the same with the lock kept as `Lock` keeps it (a reentrant HASH with
+//! PEXPIRE, the design's shape). Every queue floor runs as FCALL or EVALSHA as the
+//! client's scripts do.
 //!
 //! The 1,000-name run has two script floors too (`common::ScriptFloor`), run as FCALL of
 //! a function library of their own on Redis 7.0+ and Valkey, as EVALSHA on 6.2 and with
@@ -97,6 +104,12 @@ enum Kind {
     Naive,
     /// `common::QueueFloorLock`: the fair floor.
     Floor,
+    /// `common::QueueFloorLock` of `QueueShape::Safe`: the fair floor with expiring queue
+    /// entries and queue keys (a waiter that dies does not hold the queue).
+    SafeFloor,
+    /// `common::QueueFloorLock` of `QueueShape::SafeHash`: the safe floor with the lock
+    /// kept as `Lock` keeps it (a reentrant HASH), the design's shape.
+    SafeHash,
     /// `common::ScriptFloor` of the hash shape: the least a lock kept as `Lock` keeps it
     /// (a HASH holder -> count with PEXPIRE, one script per operation) can run.
     HashFloor,
@@ -112,6 +125,8 @@ impl Kind {
             Kind::Fair => "FairLock",
             Kind::Naive => "naive",
             Kind::Floor => "floor",
+            Kind::SafeFloor => "safefloor",
+            Kind::SafeHash => "safehash",
             Kind::HashFloor => "hashfloor",
             Kind::SetFloor => "setfloor",
         }
@@ -124,6 +139,8 @@ impl Kind {
                 Kind::Fair,
                 Kind::Naive,
                 Kind::Floor,
+                Kind::SafeFloor,
+                Kind::SafeHash,
                 Kind::HashFloor,
                 Kind::SetFloor,
             ],
@@ -234,6 +251,8 @@ fn parent_main() {
         (Kind::Fair, 1),
         (Kind::Naive, 1),
         (Kind::Floor, 1),
+        (Kind::SafeFloor, 1),
+        (Kind::SafeHash, 1),
     ]
     .into_iter()
     .filter(|&(_, names)| !only_many || names == MANY_NAMES)
@@ -433,9 +452,14 @@ fn child_main() {
                         naive: NaiveLock::new(),
                         token: format!("{}:{t}", std::process::id()),
                     },
-                    Kind::Floor => {
+                    Kind::Floor | Kind::SafeFloor | Kind::SafeHash => {
+                        let shape = match kind {
+                            Kind::Floor => QueueShape::Bare,
+                            Kind::SafeFloor => QueueShape::Safe,
+                            _ => QueueShape::SafeHash,
+                        };
                         let me = format!("{}:{t}", std::process::id());
-                        let channels = format!("{prefix}floor-grant:");
+                        let channels = format!("{prefix}{}-grant:", kind.name());
                         let mut sub = Box::new(connect(&url));
                         QueueFloorLock::subscribe(&mut sub, &channels, &me, STUCK);
                         Handles::Floor {
@@ -443,14 +467,14 @@ fn child_main() {
                             sub,
                             keys: (0..names)
                                 .map(|i| {
-                                    let key = format!("{prefix}floor:{}", name(i));
+                                    let key = format!("{prefix}{}:{}", kind.name(), name(i));
                                     let queue = format!("{key}:q");
                                     (key, queue)
                                 })
                                 .collect(),
                             channels,
                             me,
-                            floor: QueueFloorLock::new(),
+                            floor: QueueFloorLock::with(shape, fcall),
                         }
                     }
                     Kind::HashFloor | Kind::SetFloor => {
@@ -674,6 +698,12 @@ fn report(runs: &[Run], fcall: bool, poll_ms: f64, elapsed: Duration) {
             );
             floors.push(("hashfloor", &h.cost, h.total()));
         }
+        // The crash-safe fair floors, on the one-name run only.
+        for k in [Kind::SafeFloor, Kind::SafeHash] {
+            if let Some(f) = these.iter().find(|r| r.kind == k) {
+                floors.push((k.name(), &f.cost, f.total()));
+            }
+        }
         server_cost_rows_vs(
             &mut t,
             &these
@@ -828,6 +858,46 @@ fn report(runs: &[Run], fcall: bool, poll_ms: f64, elapsed: Duration) {
                     "<= 14",
                     executed(k) <= 14.0,
                     &format!("item 2; floor {}", f2(executed(Kind::Floor))),
+                );
+            }
+            // What a fair queue that outlives its waiters costs (issue 29's floor keeps no
+            // entry expiry): the same targets measured against it, the string lock's and
+            // the design's hash shape.
+            let cpu_vs = |k: Kind, base: Kind| {
+                of(k).cost.cpu_per(of(k).total()) / of(base).cost.cpu_per(of(base).total())
+            };
+            for base in [Kind::SafeFloor, Kind::SafeHash] {
+                targets.info(
+                    &format!("1 name: {} Redis CPU per acquisition x floor", base.name()),
+                    f2(cpu_vs(base, Kind::Floor)),
+                    &format!(
+                        "item 2's floor with expiring entries{}; executed {}",
+                        if base == Kind::SafeHash {
+                            ", the lock a reentrant hash"
+                        } else {
+                            ""
+                        },
+                        f2(executed(base))
+                    ),
+                );
+            }
+            for k in [Kind::Lock, Kind::Fair] {
+                targets.info(
+                    &format!(
+                        "1 name: {} Redis CPU per acquisition x safefloor / x safehash",
+                        k.name()
+                    ),
+                    format!(
+                        "{} / {}",
+                        f2(cpu_vs(k, Kind::SafeFloor)),
+                        f2(cpu_vs(k, Kind::SafeHash))
+                    ),
+                    &format!(
+                        "item 2; executed {} against {} / {}",
+                        f2(executed(k)),
+                        f2(executed(Kind::SafeFloor)),
+                        f2(executed(Kind::SafeHash))
+                    ),
                 );
             }
             for (k, want, fair) in [(Kind::Lock, 0.5, 0.8), (Kind::Fair, 0.3, 0.95)] {

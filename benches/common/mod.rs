@@ -903,7 +903,7 @@ impl ScriptFloor {
             "#!lua name={FLOOR_LIBRARY}
 "
         );
-        for (name, body) in FLOOR_BODIES {
+        for (name, body) in FLOOR_BODIES.iter().chain(&QUEUE_FLOOR_BODIES) {
             let _ = writeln!(
                 code,
                 "redis.register_function('{name}', function(keys, args){body}end)"
@@ -958,6 +958,183 @@ impl ScriptFloor {
     }
 }
 
+/// Which fair floor a [`QueueFloorLock`] is: issue 29's, or one that also survives a
+/// waiter that dies.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum QueueShape {
+    /// Issue 29's fair floor: the lock a string (`SET NX PX`), the queue a list of holder
+    /// ids, nothing else.
+    Bare,
+    /// The fair floor with what keeps a queue working when waiters die: every entry has an
+    /// expiry (a HASH holder -> expiry beside the list, one `TIME` per call that needs
+    /// it), the release skips entries past it, and the queue's keys expire after their
+    /// longest entry (one `PTTL` per join, raising both keys' expiry when short). Without
+    /// it a waiter that dies is handed the lock and holds the queue for a whole lease,
+    /// and an abandoned queue stays in memory for ever. A contended acquisition: take
+    /// `SET NX`, `TIME`, `HSET`, `RPUSH`, `PTTL`; give `GET`, `LPOP`, `HGET`, `HDEL`,
+    /// `TIME`, `SET PX`, `PUBLISH`: 14 executed commands with the two calls.
+    Safe,
+    /// [`QueueShape::Safe`] with the lock kept as `Lock` keeps it, the design's shape: a
+    /// HASH holder -> reentry count with PEXPIRE, so a take looks whether the caller holds
+    /// it already (`EXISTS`, `HEXISTS`) and a handover is `DEL`, `HSET`, `PEXPIRE` where
+    /// the string needs one `SET PX`: 17 executed commands per contended acquisition.
+    SafeHash,
+}
+
+impl QueueShape {
+    fn prefix(self) -> &'static str {
+        match self {
+            QueueShape::Bare => "floor",
+            QueueShape::Safe => "safefloor",
+            QueueShape::SafeHash => "safehash",
+        }
+    }
+}
+
+/// The queue floors' scripts, as [`FLOOR_BODIES`] are written (`keys`, `args`).
+/// KEYS: the lock, its queue (a list), its entries (a hash, the safe shapes only).
+/// take ARGV: holder, lease ms, entry lifetime ms; 1 when taken, 0 when queued.
+/// give ARGV: holder, lease ms, grant channel prefix; 1 when handed over, 0 when freed,
+/// an error when the caller did not hold it.
+const QUEUE_FLOOR_BODIES: [(&str, &str); 6] = [
+    (
+        "floor_take",
+        r#"
+if redis.call('SET', keys[1], args[1], 'NX', 'PX', args[2]) then
+    return 1
+end
+redis.call('RPUSH', keys[2], args[1])
+return 0
+"#,
+    ),
+    (
+        "floor_give",
+        r#"
+if redis.call('GET', keys[1]) ~= args[1] then
+    return redis.error_reply('queue floor: not the holder')
+end
+local next = redis.call('LPOP', keys[2])
+if next then
+    redis.call('SET', keys[1], next, 'PX', args[2])
+    redis.call('PUBLISH', args[3] .. next, 'g')
+    return 1
+end
+redis.call('DEL', keys[1])
+return 0
+"#,
+    ),
+    (
+        "safefloor_take",
+        r#"
+if redis.call('SET', keys[1], args[1], 'NX', 'PX', args[2]) then
+    return 1
+end
+local t = redis.call('TIME')
+local life = tonumber(args[3])
+if redis.call('HSET', keys[3], args[1], t[1] * 1000 + math.floor(t[2] / 1000) + life) == 1 then
+    redis.call('RPUSH', keys[2], args[1])
+end
+if redis.call('PTTL', keys[3]) < life then
+    redis.call('PEXPIRE', keys[2], 2 * life)
+    redis.call('PEXPIRE', keys[3], 2 * life)
+end
+return 0
+"#,
+    ),
+    (
+        "safefloor_give",
+        r#"
+if redis.call('GET', keys[1]) ~= args[1] then
+    return redis.error_reply('safe floor: not the holder')
+end
+local now
+while true do
+    local next = redis.call('LPOP', keys[2])
+    if not next then
+        break
+    end
+    local due = redis.call('HGET', keys[3], next)
+    redis.call('HDEL', keys[3], next)
+    if not now then
+        local t = redis.call('TIME')
+        now = t[1] * 1000 + math.floor(t[2] / 1000)
+    end
+    if due and tonumber(due) > now then
+        redis.call('SET', keys[1], next, 'PX', args[2])
+        redis.call('PUBLISH', args[3] .. next, 'g')
+        return 1
+    end
+end
+redis.call('DEL', keys[1])
+return 0
+"#,
+    ),
+    (
+        "safehash_take",
+        r#"
+if redis.call('EXISTS', keys[1]) == 0 then
+    redis.call('HSET', keys[1], args[1], 1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 1
+end
+if redis.call('HEXISTS', keys[1], args[1]) == 1 then
+    redis.call('HINCRBY', keys[1], args[1], 1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 1
+end
+local t = redis.call('TIME')
+local life = tonumber(args[3])
+if redis.call('HSET', keys[3], args[1], t[1] * 1000 + math.floor(t[2] / 1000) + life) == 1 then
+    redis.call('RPUSH', keys[2], args[1])
+end
+if redis.call('PTTL', keys[3]) < life then
+    redis.call('PEXPIRE', keys[2], 2 * life)
+    redis.call('PEXPIRE', keys[3], 2 * life)
+end
+return 0
+"#,
+    ),
+    (
+        "safehash_give",
+        r#"
+local n = redis.call('HGET', keys[1], args[1])
+if not n then
+    return redis.error_reply('safe hash floor: not the holder')
+end
+if tonumber(n) > 1 then
+    redis.call('HINCRBY', keys[1], args[1], -1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 0
+end
+redis.call('DEL', keys[1])
+local now
+while true do
+    local next = redis.call('LPOP', keys[2])
+    if not next then
+        return 0
+    end
+    local due = redis.call('HGET', keys[3], next)
+    redis.call('HDEL', keys[3], next)
+    if not now then
+        local t = redis.call('TIME')
+        now = t[1] * 1000 + math.floor(t[2] / 1000)
+    end
+    if due and tonumber(due) > now then
+        redis.call('HSET', keys[1], next, 1)
+        redis.call('PEXPIRE', keys[1], args[2])
+        redis.call('PUBLISH', args[3] .. next, 'g')
+        return 1
+    end
+end
+"#,
+    ),
+];
+
+/// A queue floor's entries hash: beside its queue list.
+fn entries_key(queue: &str) -> String {
+    format!("{queue}:e")
+}
+
 /// The floor of a fair lock that hands over without polling, queueing its waiters in
 /// Redis and waking the next one with a PUBLISH as `Lock` and `FairLock` do: the least
 /// such a lock can do, measured under the same contention as they are. (Another wake-up,
@@ -966,54 +1143,88 @@ impl ScriptFloor {
 /// (subscribed once, before the run); the holder's release pops the next waiter, makes it
 /// the holder and PUBLISHes one grant to it. So a handed-over acquisition costs exactly
 /// two script requests (the take that queues, the give that hands over) and one PUBLISH
-/// delivered to a subscriber.
+/// delivered to a subscriber. Its [`QueueShape`] says what else it keeps.
 ///
 /// Left out, which is why it is a lower bound and not a lock to use: no ticket or
 /// sequence number (a late grant cannot be told from a current one), no expiry of queue
-/// entries (a waiter that dies stays queued and is handed a lock it never uses, until the
-/// lease runs out), no crash safety beyond the lease, no lease renewal (the lease only has
-/// to outlast the bench's 1 ms holds), no reentrancy, no confirmation that the grant was
-/// received, no timeout or cancellation of a wait, no fencing token, and one subscriber
-/// connection per waiter instead of one shared per client. A grant reaches only a waiter
-/// already subscribed, so each subscribes before its first take.
+/// entries in the bare shape (a waiter that dies stays queued and is handed a lock it
+/// never uses, until the lease runs out), no crash safety beyond the lease, no lease
+/// renewal (the lease only has to outlast the bench's 1 ms holds) nor refresh of a
+/// waiter's entry, no reentrancy but in the hash shape, no confirmation that the grant
+/// was received, no timeout or cancellation of a wait, no fencing token, no check that a
+/// name is one kind, and one subscriber connection per waiter instead of one shared per
+/// client. A grant reaches only a waiter already subscribed, so each subscribes before
+/// its first take.
 pub struct QueueFloorLock {
+    shape: QueueShape,
+    fcall: bool,
     take: redis::Script,
     give: redis::Script,
 }
 
 impl QueueFloorLock {
+    /// Issue 29's fair floor, run as EVALSHA.
     pub fn new() -> QueueFloorLock {
+        QueueFloorLock::with(QueueShape::Bare, false)
+    }
+
+    /// A floor of `shape`, run as FCALL of the floors' library
+    /// ([`ScriptFloor::load_library`], loaded first) or as EVALSHA.
+    pub fn with(shape: QueueShape, fcall: bool) -> QueueFloorLock {
+        let evalsha = |op: &str| {
+            let name = format!("{}_{op}", shape.prefix());
+            let (_, body) = QUEUE_FLOOR_BODIES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .expect("a queue floor body");
+            redis::Script::new(&body.replace("keys[", "KEYS[").replace("args[", "ARGV["))
+        };
         QueueFloorLock {
-            // KEYS: lock key, queue list. ARGV: me, lease ms.
-            // Returns 1 when taken, 0 when queued (the caller waits for its grant).
-            take: redis::Script::new(
-                r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return 1
-end
-redis.call('RPUSH', KEYS[2], ARGV[1])
-return 0
-"#,
-            ),
-            // KEYS: lock key, queue list. ARGV: me, lease ms, channel prefix.
-            // Returns 1 when handed to the next waiter, 0 when freed; an error when `me`
-            // did not hold it.
-            give: redis::Script::new(
-                r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return redis.error_reply('queue floor: not the holder')
-end
-local next = redis.call('LPOP', KEYS[2])
-if next then
-    redis.call('SET', KEYS[1], next, 'PX', ARGV[2])
-    redis.call('PUBLISH', ARGV[3] .. next, 'g')
-    return 1
-end
-redis.call('DEL', KEYS[1])
-return 0
-"#,
-            ),
+            shape,
+            fcall,
+            take: evalsha("take"),
+            give: evalsha("give"),
         }
+    }
+
+    fn call(
+        &self,
+        con: &mut redis::Connection,
+        op: &str,
+        key: &str,
+        queue: &str,
+        args: (&str, u64, Option<&str>),
+    ) -> i64 {
+        let entries = entries_key(queue);
+        // The bare shape has no entries hash: two keys, as its scripts read.
+        let keys: &[&str] = if self.shape == QueueShape::Bare {
+            &[key, queue]
+        } else {
+            &[key, queue, &entries]
+        };
+        let reply = if self.fcall {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(format!("{}_{op}", self.shape.prefix()))
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args.0)
+                .arg(args.1)
+                .arg(args.2);
+            cmd.query(con)
+        } else {
+            let script = if op == "take" { &self.take } else { &self.give };
+            let mut call = script.prepare_invoke();
+            for k in keys {
+                call.key(*k);
+            }
+            call.arg(args.0).arg(args.1);
+            // (None: the bare take reads no third argument, and is sent none.)
+            if let Some(a) = args.2 {
+                call.arg(a);
+            }
+            call.invoke(con)
+        };
+        reply.unwrap_or_else(|e| panic!("{} {op} (not the holder?): {e}", self.shape.prefix()))
     }
 
     /// Subscribes `sub` (a connection of its own, used for nothing else) to the grant
@@ -1032,6 +1243,7 @@ return 0
 
     /// Takes `key` as `me`: at once when it is free, else queued on `queue` until the
     /// holder's give PUBLISHes the grant on `sub` (subscribed with [`Self::subscribe`]).
+    /// A queue entry lives for `lease_ms` too.
     pub fn lock(
         &self,
         con: &mut redis::Connection,
@@ -1041,15 +1253,9 @@ return 0
         me: &str,
         lease_ms: u64,
     ) {
-        let taken: i64 = self
-            .take
-            .key(key)
-            .key(queue)
-            .arg(me)
-            .arg(lease_ms)
-            .invoke(con)
-            .expect("queue floor take");
-        if taken == 1 {
+        let life = lease_ms.to_string();
+        let life = (self.shape != QueueShape::Bare).then_some(life.as_str());
+        if self.call(con, "take", key, queue, (me, lease_ms, life)) == 1 {
             return;
         }
         let value = sub.recv_response().unwrap_or_else(|e| {
@@ -1071,15 +1277,7 @@ return 0
         lease_ms: u64,
         prefix: &str,
     ) {
-        let _: i64 = self
-            .give
-            .key(key)
-            .key(queue)
-            .arg(me)
-            .arg(lease_ms)
-            .arg(prefix)
-            .invoke(con)
-            .expect("queue floor give (not the holder?)");
+        self.call(con, "give", key, queue, (me, lease_ms, Some(prefix)));
     }
 }
 
