@@ -784,6 +784,62 @@ return 1
     }
 }
 
+/// The hash floors' take, written once: the first hold (`EXISTS`, `HSET`, `PEXPIRE`) or
+/// the holder's re-entry (`HEXISTS`, `HINCRBY`, `PEXPIRE`), each returning 1; what
+/// follows it runs when another holds the lock.
+macro_rules! hash_take {
+    () => {
+        r#"
+if redis.call('EXISTS', keys[1]) == 0 then
+    redis.call('HSET', keys[1], args[1], 1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 1
+end
+if redis.call('HEXISTS', keys[1], args[1]) == 1 then
+    redis.call('HINCRBY', keys[1], args[1], 1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 1
+end
+"#
+    };
+}
+
+/// The hash floors' give, written once: -1 when the caller does not hold the lock, 0 when
+/// it keeps levels (`HINCRBY -1`, `PEXPIRE`); after its last level the lock is deleted and
+/// what follows runs.
+macro_rules! hash_leave {
+    () => {
+        r#"
+local n = redis.call('HGET', keys[1], args[1])
+if not n then
+    return -1
+end
+if tonumber(n) > 1 then
+    redis.call('HINCRBY', keys[1], args[1], -1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 0
+end
+redis.call('DEL', keys[1])
+"#
+    };
+}
+
+/// The string-lock floors' handover, written once: `next` (popped) made the holder and
+/// told, else the lock deleted.
+macro_rules! set_hand {
+    () => {
+        r#"
+if next then
+    redis.call('SET', keys[1], next, 'PX', args[2])
+    redis.call('PUBLISH', args[3] .. next, 'g')
+    return 1
+end
+redis.call('DEL', keys[1])
+return 0
+"#
+    };
+}
+
 /// Which shape a [`ScriptFloor`] keeps its hold in.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FloorShape {
@@ -811,38 +867,8 @@ impl FloorShape {
 /// on the last level (2 commands), else HINCRBY -1 + PEXPIRE. No queue, so no look for
 /// waiters on release, no wake-up, no fencing, no metadata: a floor, not a lock to use.
 const FLOOR_BODIES: [(&str, &str); 4] = [
-    (
-        "hashfloor_take",
-        r#"
-if redis.call('EXISTS', keys[1]) == 0 then
-    redis.call('HSET', keys[1], args[1], 1)
-    redis.call('PEXPIRE', keys[1], args[2])
-    return 1
-end
-if redis.call('HEXISTS', keys[1], args[1]) == 1 then
-    redis.call('HINCRBY', keys[1], args[1], 1)
-    redis.call('PEXPIRE', keys[1], args[2])
-    return 1
-end
-return 0
-"#,
-    ),
-    (
-        "hashfloor_give",
-        r#"
-local n = redis.call('HGET', keys[1], args[1])
-if not n then
-    return -1
-end
-if tonumber(n) > 1 then
-    redis.call('HINCRBY', keys[1], args[1], -1)
-    redis.call('PEXPIRE', keys[1], args[2])
-    return 0
-end
-redis.call('DEL', keys[1])
-return 1
-"#,
-    ),
+    ("hashfloor_take", concat!(hash_take!(), "return 0\n")),
+    ("hashfloor_give", concat!(hash_leave!(), "return 1\n")),
     (
         "setfloor_take",
         r#"
@@ -991,6 +1017,51 @@ impl QueueShape {
     }
 }
 
+/// The safe floors' join (after a take found the lock held), written once: the entry's
+/// expiry in the entries hash (pushed on the list when new), and the queue keys' expiry
+/// raised to twice an entry's life when less than one is left (one `PTTL` when not).
+macro_rules! safe_join {
+    () => {
+        r#"
+local t = redis.call('TIME')
+local life = tonumber(args[3])
+if redis.call('HSET', keys[3], args[1], t[1] * 1000 + math.floor(t[2] / 1000) + life) == 1 then
+    redis.call('RPUSH', keys[2], args[1])
+end
+if redis.call('PTTL', keys[3]) < life then
+    redis.call('PEXPIRE', keys[2], 2 * life)
+    redis.call('PEXPIRE', keys[3], 2 * life)
+end
+return 0
+"#
+    };
+}
+
+/// The safe floors' next waiter, written once: pops entries until one that has not
+/// expired (`TIME` read once) into `next`, which is false when the queue ran out.
+macro_rules! safe_next {
+    () => {
+        r#"
+local now, next
+while true do
+    next = redis.call('LPOP', keys[2])
+    if not next then
+        break
+    end
+    local due = redis.call('HGET', keys[3], next)
+    redis.call('HDEL', keys[3], next)
+    if not now then
+        local t = redis.call('TIME')
+        now = t[1] * 1000 + math.floor(t[2] / 1000)
+    end
+    if due and tonumber(due) > now then
+        break
+    end
+end
+"#
+    };
+}
+
 /// The queue floors' scripts, as [`FLOOR_BODIES`] are written (`keys`, `args`).
 /// KEYS: the lock, its queue (a list), its entries (a hash, the safe shapes only).
 /// take ARGV: holder, lease ms, entry lifetime ms; 1 when taken, 0 when queued.
@@ -1009,124 +1080,55 @@ return 0
     ),
     (
         "floor_give",
-        r#"
+        concat!(
+            r#"
 if redis.call('GET', keys[1]) ~= args[1] then
     return redis.error_reply('queue floor: not the holder')
 end
 local next = redis.call('LPOP', keys[2])
-if next then
-    redis.call('SET', keys[1], next, 'PX', args[2])
-    redis.call('PUBLISH', args[3] .. next, 'g')
-    return 1
-end
-redis.call('DEL', keys[1])
-return 0
 "#,
+            set_hand!()
+        ),
     ),
     (
         "safefloor_take",
-        r#"
+        concat!(
+            r#"
 if redis.call('SET', keys[1], args[1], 'NX', 'PX', args[2]) then
     return 1
 end
-local t = redis.call('TIME')
-local life = tonumber(args[3])
-if redis.call('HSET', keys[3], args[1], t[1] * 1000 + math.floor(t[2] / 1000) + life) == 1 then
-    redis.call('RPUSH', keys[2], args[1])
-end
-if redis.call('PTTL', keys[3]) < life then
-    redis.call('PEXPIRE', keys[2], 2 * life)
-    redis.call('PEXPIRE', keys[3], 2 * life)
-end
-return 0
 "#,
+            safe_join!()
+        ),
     ),
     (
         "safefloor_give",
-        r#"
+        concat!(
+            r#"
 if redis.call('GET', keys[1]) ~= args[1] then
     return redis.error_reply('safe floor: not the holder')
 end
-local now
-while true do
-    local next = redis.call('LPOP', keys[2])
-    if not next then
-        break
-    end
-    local due = redis.call('HGET', keys[3], next)
-    redis.call('HDEL', keys[3], next)
-    if not now then
-        local t = redis.call('TIME')
-        now = t[1] * 1000 + math.floor(t[2] / 1000)
-    end
-    if due and tonumber(due) > now then
-        redis.call('SET', keys[1], next, 'PX', args[2])
-        redis.call('PUBLISH', args[3] .. next, 'g')
-        return 1
-    end
-end
-redis.call('DEL', keys[1])
-return 0
 "#,
+            safe_next!(),
+            set_hand!()
+        ),
     ),
-    (
-        "safehash_take",
-        r#"
-if redis.call('EXISTS', keys[1]) == 0 then
-    redis.call('HSET', keys[1], args[1], 1)
-    redis.call('PEXPIRE', keys[1], args[2])
-    return 1
-end
-if redis.call('HEXISTS', keys[1], args[1]) == 1 then
-    redis.call('HINCRBY', keys[1], args[1], 1)
-    redis.call('PEXPIRE', keys[1], args[2])
-    return 1
-end
-local t = redis.call('TIME')
-local life = tonumber(args[3])
-if redis.call('HSET', keys[3], args[1], t[1] * 1000 + math.floor(t[2] / 1000) + life) == 1 then
-    redis.call('RPUSH', keys[2], args[1])
-end
-if redis.call('PTTL', keys[3]) < life then
-    redis.call('PEXPIRE', keys[2], 2 * life)
-    redis.call('PEXPIRE', keys[3], 2 * life)
-end
-return 0
-"#,
-    ),
+    ("safehash_take", concat!(hash_take!(), safe_join!())),
     (
         "safehash_give",
-        r#"
-local n = redis.call('HGET', keys[1], args[1])
-if not n then
-    return redis.error_reply('safe hash floor: not the holder')
-end
-if tonumber(n) > 1 then
-    redis.call('HINCRBY', keys[1], args[1], -1)
+        concat!(
+            hash_leave!(),
+            safe_next!(),
+            r#"
+if next then
+    redis.call('HSET', keys[1], next, 1)
     redis.call('PEXPIRE', keys[1], args[2])
-    return 0
+    redis.call('PUBLISH', args[3] .. next, 'g')
+    return 1
 end
-redis.call('DEL', keys[1])
-local now
-while true do
-    local next = redis.call('LPOP', keys[2])
-    if not next then
-        return 0
-    end
-    local due = redis.call('HGET', keys[3], next)
-    redis.call('HDEL', keys[3], next)
-    if not now then
-        local t = redis.call('TIME')
-        now = t[1] * 1000 + math.floor(t[2] / 1000)
-    end
-    if due and tonumber(due) > now then
-        redis.call('HSET', keys[1], next, 1)
-        redis.call('PEXPIRE', keys[1], args[2])
-        redis.call('PUBLISH', args[3] .. next, 'g')
-        return 1
-    end
-end
-"#,
+return 0
+"#
+        ),
     ),
 ];
 
@@ -1277,7 +1279,8 @@ impl QueueFloorLock {
         lease_ms: u64,
         prefix: &str,
     ) {
-        self.call(con, "give", key, queue, (me, lease_ms, Some(prefix)));
+        let given = self.call(con, "give", key, queue, (me, lease_ms, Some(prefix)));
+        assert!(given >= 0, "{} give: not the holder", self.shape.prefix());
     }
 }
 
