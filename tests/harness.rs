@@ -54,3 +54,20 @@ fn command_calls_counts_ping() {
     assert!(delta >= 1, "ping delta {delta}: {after:?}");
     assert!(server.total_calls() > before.values().sum::<u64>());
 }
+
+/// A test that keeps a port free on purpose (a Redis that is down, started later on the
+/// same port) must not see another test's server come up on it: within one test process,
+/// `free_port` never hands out a port twice. (`lock::building_while_redis_is_down…` once
+/// found its "down" port answered by a parallel test's server.) The kernel picks an
+/// ephemeral port at random, so 2,000 picks repeat one nearly always without that rule.
+#[test]
+fn free_ports_are_never_handed_out_twice() {
+    let mut seen = HashSet::new();
+    for i in 0..2_000 {
+        let port = support::free_port();
+        assert!(
+            seen.insert(port),
+            "port {port} handed out again at pick {i}"
+        );
+    }
+}

@@ -441,13 +441,25 @@ impl Drop for RedisServer {
     }
 }
 
-/// A loopback port that was free a moment ago. Another process may take it
-/// before it is used; `RedisServer` retries for exactly that reason.
+/// A loopback port that was free a moment ago, and never handed out before in this
+/// process. Another process may take it before it is used; `RedisServer` retries for
+/// exactly that reason. Within one test process the kernel's random pick repeats itself
+/// often enough (a repeat in the first few hundred picks) that a test keeping a port free
+/// on purpose (a Redis that is down, started later on it) could find a parallel test's
+/// server there: so each port is handed out once.
 pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral loopback port")
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .expect("bind an ephemeral loopback port")
+            .port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// `REDIS_URL` from the environment (with no server), else a throwaway server
