@@ -269,9 +269,16 @@ impl<K: Kind> Lock<K> {
                 kind: K::NAME,
                 generation: self.client.inner.exec.generation(),
                 max_hold: self.max_hold,
+                thread: self.thread_owned().then(keys::thread_token),
             },
         );
         LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
+    }
+
+    /// Whether this handle's holds are the acquiring thread's (re-entered by its later
+    /// acquisitions), not holders of their own (a permit, an owned hold).
+    pub(crate) fn thread_owned(&self) -> bool {
+        !self.keys.ops.per_call && !<K as crate::primitives::kind::sealed::Sealed>::OWN_HOLDER
     }
 
     /// The instant I/O of an attempt must give up at: none for unbounded calls, the

@@ -454,6 +454,19 @@ impl<K: Kind> LockGuard<K> {
             // it was handed).
             inner.subscriber.recheck_all(keys.channel());
         }
+        if let Err(e) = &reply {
+            if held == 1 && e.outcome_unknown() {
+                // The release of the hold's last level may still run (its request slow on
+                // the wire), or may never: the watchdog gives the hold back, as it does a
+                // level a doubtful acquisition may have left, so a release that never
+                // arrives does not keep the lock for a whole lease. Safe to repeat, and
+                // safe whenever it runs: no later hold of this thread uses this holder
+                // token again (see `HoldTable::token_of_thread`).
+                inner
+                    .watchdog
+                    .doubt(inner, keys, self.token, &self.holder, 0);
+            }
+        }
         let (Freed { left, served, told }, shortfall) = reply?;
         // First: a waiting thread of this client the lock went to waits for this.
         inner.subscriber.deliver_own(keys.channel(), &told);

@@ -425,14 +425,14 @@ impl<K: Kind> Lock<K> {
         let inner = &self.client.inner;
         inner.exec.check_process()?;
         let keys = &self.keys;
-        if !inner
-            .watchdog
-            .table
-            .holds_locally(keys.hold(), thread_token())
-        {
+        let table = &inner.watchdog.table;
+        let Some(token) = table
+            .token_of_thread(keys, thread_token())
+            .filter(|&token| table.holds_locally(keys.hold(), token))
+        else {
             return Ok(0);
-        }
-        let field = keys.ops.field(&self.holder());
+        };
+        let field = keys.ops.field(&holder_id(&inner.exec.id, token));
         if !keys.has_leases() {
             let count: Option<u32> = inner
                 .exec
@@ -541,10 +541,6 @@ impl<K: Kind> Lock<K> {
     /// ```
     pub fn name(&self) -> &[u8] {
         self.keys.name()
-    }
-
-    fn holder(&self) -> String {
-        holder_id(&self.client.inner.exec.id, thread_token())
     }
 
     pub(crate) fn check_name(&self) -> Result<(), Error> {

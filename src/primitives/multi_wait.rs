@@ -16,7 +16,7 @@ use crate::primitives::multilock::MultiLock;
 use crate::primitives::wait::NEXT_TICKET;
 use crate::runtime::calls;
 use crate::runtime::fanout::{self, Call};
-use crate::runtime::keys::{holder_id, thread_token};
+use crate::runtime::keys::{fresh_token, holder_id, thread_token};
 use crate::runtime::lease::{millis, Lease, IO_GRACE};
 use crate::runtime::queue::Notice;
 use crate::runtime::subscriber::Subscription;
@@ -67,7 +67,20 @@ impl MultiLock {
                 inner.watchdog.ensure_running(inner)?;
             }
         }
-        let token = thread_token();
+        // Each member's holder token: the thread's hold of it re-entered under its own,
+        // every member it holds none of under one token never used before (see
+        // `Lock::acquire_cancellable`: a late call of an earlier hold finds nothing of
+        // this one).
+        let thread = thread_token();
+        let fresh = fresh_token();
+        let tokens: Vec<u64> = self
+            .members
+            .iter()
+            .map(|m| {
+                let table = &m.client.inner.watchdog.table;
+                table.token_of_thread(&m.keys, thread).unwrap_or(fresh)
+            })
+            .collect();
         let n = self.members.len();
         // Where this thread holds a member already, the call re-enters it (the scripts
         // grant a re-entry whoever waits): it never queues there, so that leaving the call
@@ -75,7 +88,8 @@ impl MultiLock {
         let reentry = self
             .members
             .iter()
-            .map(|m| {
+            .zip(&tokens)
+            .map(|(m, &token)| {
                 m.client
                     .inner
                     .watchdog
@@ -85,12 +99,13 @@ impl MultiLock {
             .collect();
         let mut wait = MultiWait {
             lock: self,
-            token,
             holders: self
                 .members
                 .iter()
-                .map(|m| holder_id(&m.client.inner.exec.id, token))
+                .zip(&tokens)
+                .map(|(m, &token)| holder_id(&m.client.inner.exec.id, token))
                 .collect(),
+            tokens,
             lease,
             deadline,
             cancel,
@@ -101,7 +116,7 @@ impl MultiLock {
             queued: vec![false; n],
         };
         let names = telemetry::Names(self.members.iter().map(|m| m.name()));
-        let holder = telemetry::Holder(&self.members[0].client.inner.exec.id, token);
+        let holder = telemetry::Holder(&self.members[0].client.inner.exec.id, fresh);
         telemetry::acquisition("MultiLock", &names, &holder, || {
             let guard = wait.run()?;
             match (guard, self.refusal()) {
@@ -132,7 +147,8 @@ impl MultiLock {
 /// One call waiting for a `MultiLock`: its rounds, and its place in each lock's queue.
 struct MultiWait<'a> {
     lock: &'a MultiLock,
-    token: u64,
+    // Each member's holder token (`holders` are their holder ids).
+    tokens: Vec<u64>,
     holders: Vec<String>,
     lease: Lease,
     deadline: Option<Instant>,
@@ -262,7 +278,7 @@ impl MultiWait<'_> {
                     self.subs[i] = Some(inner.subscriber.subscribe(
                         &inner.exec,
                         m.keys.channel(),
-                        self.token,
+                        self.tokens[i],
                         until,
                         true,
                     )?);
@@ -324,16 +340,18 @@ impl MultiWait<'_> {
             });
             if join.is_some() && !self.queued[i] {
                 self.queued[i] = true;
-                inner
-                    .watchdog
-                    .table
-                    .waiting(&m.keys, self.token, &self.holders[i], self.deadline);
+                inner.watchdog.table.waiting(
+                    &m.keys,
+                    self.tokens[i],
+                    &self.holders[i],
+                    self.deadline,
+                );
             }
             let held =
                 match inner
                     .watchdog
                     .table
-                    .begin_attempt(m.keys.hold(), self.token, Some(bound))
+                    .begin_attempt(m.keys.hold(), self.tokens[i], Some(bound))
                 {
                     Ok(held) => held,
                     // This member sends nothing this round: it counts as failed.
@@ -359,12 +377,12 @@ impl MultiWait<'_> {
             let m = &lock.members[i];
             let holder = self.holders[i].clone();
             let outcome = reply.and_then(|r| Lock::<Plain>::grant_of(&r.0)?);
-            match m.settle_attempt((self.token, &holder), held, joined, outcome) {
+            match m.settle_attempt((self.tokens[i], &holder), held, joined, outcome) {
                 Ok(Ok(grant)) => {
                     // The script took the thread out of the queue with the grant.
                     self.left_queue(i);
                     guards[i] =
-                        Some(m.granted(self.token, holder, grant, self.lease, start, false));
+                        Some(m.granted(self.tokens[i], holder, grant, self.lease, start, false));
                 }
                 Ok(Err(refused)) => {
                     if self.reentry[i] {
@@ -376,7 +394,7 @@ impl MultiWait<'_> {
                         let generation = m.client.inner.exec.generation();
                         m.client.inner.watchdog.table.hold_gone(
                             m.keys.hold(),
-                            self.token,
+                            self.tokens[i],
                             generation,
                         );
                     }
@@ -496,11 +514,11 @@ impl MultiWait<'_> {
             }
             let inner = &m.client.inner;
             let watchdog_ms = inner.exec.config.lease.watchdog_ms();
-            let levels = inner.watchdog.table.levels(m.keys.hold(), self.token);
+            let levels = inner.watchdog.table.levels(m.keys.hold(), self.tokens[i]);
             let need = inner
                 .watchdog
                 .table
-                .need_ms(m.keys.hold(), self.token, watchdog_ms);
+                .need_ms(m.keys.hold(), self.tokens[i], watchdog_ms);
             left.push(i);
             calls.push(Call::script(
                 inner,
@@ -525,7 +543,7 @@ impl MultiWait<'_> {
                     let grant = Grant { count, fence: None };
                     let holder = self.holders[i].clone();
                     guards[i] = Some(m.granted(
-                        self.token,
+                        self.tokens[i],
                         holder,
                         grant,
                         self.lease,
@@ -541,10 +559,10 @@ impl MultiWait<'_> {
                         error = %e,
                         "redmutex: leaving a MultiLock queue failed"
                     );
-                    let levels = inner.watchdog.table.levels(m.keys.hold(), self.token);
+                    let levels = inner.watchdog.table.levels(m.keys.hold(), self.tokens[i]);
                     inner
                         .watchdog
-                        .doubt(inner, &m.keys, self.token, &self.holders[i], levels);
+                        .doubt(inner, &m.keys, self.tokens[i], &self.holders[i], levels);
                 }
             }
         }
@@ -569,7 +587,14 @@ impl MultiWait<'_> {
         match m.pick_up(holder, m.lease_ms(self.lease), Some(until)) {
             Ok(true) => {
                 let grant = Grant { count, fence: None };
-                Some(m.granted(self.token, holder.clone(), grant, self.lease, sent, false))
+                Some(m.granted(
+                    self.tokens[i],
+                    holder.clone(),
+                    grant,
+                    self.lease,
+                    sent,
+                    false,
+                ))
             }
             // Lapsed, and handed on or taken by another client: not ours to count.
             Ok(false) => None,
@@ -582,10 +607,13 @@ impl MultiWait<'_> {
                     error = %e,
                     "redmutex: confirming a MultiLock member handed over failed"
                 );
-                let levels = inner.watchdog.table.levels_now(m.keys.hold(), self.token);
+                let levels = inner
+                    .watchdog
+                    .table
+                    .levels_now(m.keys.hold(), self.tokens[i]);
                 inner
                     .watchdog
-                    .doubt(inner, &m.keys, self.token, holder, levels);
+                    .doubt(inner, &m.keys, self.tokens[i], holder, levels);
                 None
             }
         }
@@ -610,7 +638,7 @@ impl MultiWait<'_> {
                 .inner
                 .watchdog
                 .table
-                .done_waiting(m.keys.key(), self.token);
+                .done_waiting(m.keys.key(), self.tokens[i]);
         }
     }
 }
@@ -623,13 +651,19 @@ impl Drop for MultiWait<'_> {
                 // up by that client's watchdog thread, off this caller's path.
                 let m = &self.lock.members[i];
                 let inner = &m.client.inner;
-                inner.watchdog.table.done_waiting(m.keys.key(), self.token);
-                // Told the levels the thread holds there (none: a thread that held the
-                // lock never queued on it), so that the clean-up can never take one.
-                let held = inner.watchdog.table.levels_now(m.keys.hold(), self.token);
                 inner
                     .watchdog
-                    .doubt(inner, &m.keys, self.token, &self.holders[i], held);
+                    .table
+                    .done_waiting(m.keys.key(), self.tokens[i]);
+                // Told the levels the thread holds there (none: a thread that held the
+                // lock never queued on it), so that the clean-up can never take one.
+                let held = inner
+                    .watchdog
+                    .table
+                    .levels_now(m.keys.hold(), self.tokens[i]);
+                inner
+                    .watchdog
+                    .doubt(inner, &m.keys, self.tokens[i], &self.holders[i], held);
             }
         }
     }

@@ -66,31 +66,35 @@ impl<K: Kind> Lock<K> {
             return Err(refused);
         }
         let keys = &self.keys;
-        // A semaphore's permits and an owned hold are holders of their own, never the
-        // thread's: they neither re-enter its holds nor are re-entered by them.
-        let token = if keys.ops.per_call || <K as Sealed>::OWN_HOLDER {
-            fresh_token()
-        } else {
-            thread_token()
-        };
+        let table = &inner.watchdog.table;
+        // The holder token: a semaphore's permits and an owned hold are holders of their
+        // own, never the thread's (they neither re-enter its holds nor are re-entered by
+        // them). A thread's hold of the object is re-entered under its token; a new hold
+        // gets a token never used before, so a call of an earlier hold that runs late (its
+        // outcome unknown to this process) finds nothing of this one to release.
+        let thread = (!keys.ops.per_call && !<K as Sealed>::OWN_HOLDER).then(thread_token);
+        let token = thread
+            .and_then(|thread| table.token_of_thread(keys, thread))
+            .unwrap_or_else(fresh_token);
         if let Some(read_hold) = keys.read_hold() {
             // Reading without writing: asking to write, or for the upgradeable side (whose
             // upgrade would wait for this read hold), would wait for itself. (A writer
             // that also reads, mid-downgrade, may re-enter the write side.)
-            if !inner.watchdog.table.holds_locally(keys.hold(), token) {
+            if !table.holds_locally(keys.hold(), token) {
                 // Unless it also holds the upgradeable side: then a write is an upgrade,
                 // which waits for the others' read holds only.
                 let upgrading = keys
                     .upgradeable_hold()
-                    .is_some_and(|hold| inner.watchdog.table.holds_locally(&hold, token));
-                if !upgrading && inner.watchdog.table.holds_locally(&read_hold, token) {
+                    .is_some_and(|hold| table.holds_locally(&hold, token));
+                if !upgrading && table.holds_locally(&read_hold, token) {
                     return Err(Error::WOULD_DEADLOCK);
                 }
-                if inner.watchdog.table.forget_over(&read_hold, token) {
+                let over = thread.and_then(|t| table.forget_over_of_thread(&read_hold, t));
+                if let Some(read_token) = over {
                     // A read hold whose lease ran out here may live a moment longer on the
                     // server (its lease counts from when Redis ran the acquire), where it
                     // would refuse this write: it is given back first.
-                    self.give_back_read(token, self.io_until(deadline))?;
+                    self.give_back_read(read_token, self.io_until(deadline))?;
                 }
             }
         }

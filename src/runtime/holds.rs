@@ -112,6 +112,9 @@ pub(crate) struct Acquisition {
     pub(crate) generation: u64,
     /// `max_hold`: how long the watchdog may renew it.
     pub(crate) max_hold: Option<Duration>,
+    /// The thread whose hold it is (`keys::thread_token`), whose later acquisitions of the
+    /// lock's object re-enter it; `None` for a hold of its own (a permit, an owned hold).
+    pub(crate) thread: Option<u64>,
 }
 
 impl HoldTable {
@@ -174,7 +177,7 @@ impl HoldTable {
         };
         let fresh = || {
             let loss = Loss::new(keys, acq.kind, acq.generation, self.notifier.events());
-            Hold::new(keys, holder, loss)
+            Hold::new(keys, holder, acq.thread, loss)
         };
         let hold = by_token.or_insert_with(token, fresh);
         if count == 1 && !hold.levels.is_empty() {
@@ -240,6 +243,47 @@ impl HoldTable {
             self.alarm.nudge_for(due);
         }
         registration
+    }
+
+    /// The holder token under which thread `thread` holds the object of `keys` here (on any
+    /// of its sides: a read-write lock's read, write and upgradeable holds share one), if it
+    /// has a live hold of it: its acquisitions of the object re-enter that hold and use its
+    /// token. `None` when it holds none: its next acquisition is a new hold, under a token
+    /// never used before, so that a call of an earlier hold of the thread that runs late
+    /// (a release or a cancel whose outcome was unknown) can never touch it.
+    pub(crate) fn token_of_thread(&self, keys: &LockKeys, thread: u64) -> Option<u64> {
+        let holds = self.holds.lock();
+        let now = Instant::now();
+        let find = |key: &[u8]| {
+            let by_token = holds.get(key)?;
+            by_token
+                .iter()
+                .find(|(_, h)| h.thread == Some(thread) && h.live_levels(now) > 0)
+                .map(|(token, _)| token)
+        };
+        if !keys.has_sides() {
+            return find(keys.hold());
+        }
+        let mut side = keys.hold().to_vec();
+        LockKeys::HOLD_MARKS.iter().find_map(|&mark| {
+            side[0] = mark;
+            find(&side)
+        })
+    }
+
+    /// Takes thread `thread`'s hold of the lock `key` out of the table if it is over here
+    /// (lost, or every lease of it ran out) while guards of it live, and returns its token:
+    /// Redis may still keep it a moment longer (see [`forget_over`](HoldTable::forget_over)).
+    pub(crate) fn forget_over_of_thread(&self, key: &[u8], thread: u64) -> Option<u64> {
+        let now = Instant::now();
+        let token = {
+            let holds = self.holds.lock();
+            let found = holds.get(key)?.iter().find(|(_, h)| {
+                h.thread == Some(thread) && !h.levels.is_empty() && h.live_levels(now) == 0
+            });
+            found.map(|(token, _)| token)?
+        };
+        self.forget_over(key, token).then_some(token)
     }
 
     /// The levels this thread holds of the lock, as far as this process knows: what the

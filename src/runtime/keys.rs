@@ -179,6 +179,12 @@ impl LockKeys {
         &self.names[..self.key_end]
     }
 
+    /// Whether the object has holds of several sides ([`HOLD_MARKS`](Self::HOLD_MARKS)): a
+    /// read-write lock's read, write and upgradeable holds.
+    pub(crate) fn has_sides(&self) -> bool {
+        self.object() == Object::ReadWrite
+    }
+
     /// For a write or upgradeable handle of a read-write lock, the read holds'
     /// [`hold`](Self::hold): a thread with one must not wait to write (unless it also holds
     /// the upgradeable side) nor for the upgradeable side.

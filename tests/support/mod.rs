@@ -862,6 +862,14 @@ const LIBRARY_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 2\n";
 /// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
 /// by its SHA-1): the constants line, allow_oom.lua for those that must run at the memory
 /// limit, its rule files, then its body, as `src/runtime/scripts.rs` puts them together.
+/// The SHA-1 a client that runs `script` with `EVALSHA` names it by (the text it sends,
+/// constants first): what its requests carry, on any server.
+pub fn script_sha(script: &str) -> String {
+    redis::Script::new(&script_text(script))
+        .get_hash()
+        .to_owned()
+}
+
 fn script_text(script: &str) -> String {
     let queue = include_str!("../../lua/queue.lua");
     let leases = include_str!("../../lua/leases.lua");

@@ -33,6 +33,10 @@ pub(super) struct Hold {
     // still need, and the watchdog renews while any of them is a watchdog guard.
     pub(super) levels: Vec<Level>,
     pub(super) holder: Arc<str>,
+    // The thread whose hold this is (its `keys::thread_token`), which its next acquisitions
+    // of the lock's object re-enter under the same holder token; `None` for a hold that is
+    // nobody's thread's (a permit, an owned hold), which nothing re-enters.
+    pub(super) thread: Option<u64>,
     pub(super) keys: Arc<LockKeys>,
     // Shared with the guards of this hold; a new outermost acquisition gets a new one, so
     // a verdict about an old hold can never mark a newer one lost.
@@ -60,11 +64,13 @@ pub(super) struct Hold {
 }
 
 impl Hold {
-    /// A hold of `holder` on `keys` with no level yet, not lost, not being renewed.
-    pub(super) fn new(keys: &Arc<LockKeys>, holder: &str, loss: Loss) -> Hold {
+    /// A hold of `holder` (thread `thread`'s, if any) on `keys` with no level yet, not
+    /// lost, not being renewed.
+    pub(super) fn new(keys: &Arc<LockKeys>, holder: &str, thread: Option<u64>, loss: Loss) -> Hold {
         Hold {
             levels: Vec::with_capacity(1),
             holder: Arc::from(holder),
+            thread,
             keys: keys.clone(),
             lost: Arc::new(loss),
             cap: None,
@@ -321,6 +327,18 @@ impl ByToken {
         };
         let few = few.into_iter().flatten().map(|(_, h)| h);
         few.chain(many.into_iter().flat_map(|m| m.values()))
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &Hold)> {
+        let (few, many) = match self {
+            ByToken::Few(v) => (Some(v), None),
+            ByToken::Many(m) => (None, Some(m)),
+        };
+        let few = few.into_iter().flatten().map(|(t, h)| (*t, h));
+        few.chain(
+            many.into_iter()
+                .flat_map(|m| m.iter().map(|(t, h)| (*t, h))),
+        )
     }
 
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&u64, &mut Hold)> {

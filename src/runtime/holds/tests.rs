@@ -6,7 +6,7 @@ use crate::runtime::keys::Object;
 use crate::runtime::scripts;
 
 fn hold(keys: &Arc<LockKeys>, level: u64) -> Hold {
-    let mut hold = Hold::new(keys, "c:1", Loss::new(keys, "Lock", 0, None));
+    let mut hold = Hold::new(keys, "c:1", Some(1), Loss::new(keys, "Lock", 0, None));
     hold.levels.push(Level {
         id: level,
         lease: Lease::Watchdog,
@@ -100,6 +100,7 @@ const ACQ: Acquisition = Acquisition {
     kind: "Lock",
     generation: 0,
     max_hold: None,
+    thread: Some(1),
 };
 
 fn keys_of(name: &str) -> Arc<LockKeys> {
