@@ -1,15 +1,18 @@
 //! Background threads that cannot be started: the waiter gets a typed error, nothing is
 //! leaked or left poisoned, and the next waiter works once threads can be started again.
+//! Background threads that did start end soon after the last handle of their client is
+//! dropped.
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redmutex::{Client, Error};
 use support::child::{say, ChildProc};
 use support::RedisServer;
 
 const URL: &str = "REDMUTEX_LIFECYCLE_URL";
+const THREADS_URL: &str = "REDMUTEX_LIFECYCLE_THREADS_URL";
 
 /// The current virtual size of this process, in bytes.
 fn vm_size() -> u64 {
@@ -111,5 +114,108 @@ fn a_pubsub_thread_that_cannot_start_is_an_error_and_the_next_waiter_works() {
     let child = ChildProc::spawn("child_entry", &[(URL, &server.url())]);
     assert_eq!(child.next_line(), "thread-error");
     assert_eq!(child.next_line(), "second-waiter-ok");
+    child.wait_success();
+}
+
+/// The names of this process's threads that are the library's (`redmutex-...`).
+fn library_threads() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .filter(|c| c.starts_with("redmutex-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// How many clients the child uses and drops.
+const CLIENTS: usize = 5;
+/// How long the child watches its threads after the drop: well past the bound the parent
+/// asserts, well short of r2d2's 30 s reaper period.
+const WATCHED: Duration = Duration::from_secs(5);
+
+/// Runs in a child process only (a no-op in the normal test run): it counts the threads
+/// of the whole process, which parallel tests would add to.
+#[test]
+fn threads_entry() {
+    let Ok(url) = std::env::var(THREADS_URL) else {
+        return;
+    };
+    let clients: Vec<Client> = (0..CLIENTS)
+        .map(|_| {
+            Client::builder()
+                .url(url.as_str())
+                .key_prefix("lifecycle:threads:")
+                .on_lease_lost(|_| {})
+                .build()
+                .unwrap()
+        })
+        .collect();
+    // Every thread a client may start: the pool's, the pub/sub connection's and the
+    // watchdog's (a watchdog hold), the loss thread's (`lost()`), the hook's.
+    let guards: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let guard = c.lock(format!("job:{i}")).lock().unwrap();
+            let _ = guard.lost();
+            guard
+        })
+        .collect();
+    say(&format!("running {}", library_threads().join(",")));
+    // The guards are the last handles: they keep their clients' threads until dropped.
+    drop(clients);
+    drop(guards);
+    let dropped = Instant::now();
+    // Nothing tells of a thread's end but the thread list.
+    support::wait_until(WATCHED, || library_threads().is_empty());
+    let left = library_threads();
+    say(&format!(
+        "after {} ms: {}",
+        dropped.elapsed().as_millis(),
+        left.join(",")
+    ));
+}
+
+/// Issue 38, "a dropped `Client` leaves its pool thread for 30 s": r2d2's pool thread ran
+/// its pending reaper job (due 30 s after the pool was built) before ending, so each
+/// client dropped left a `redmutex-pool` thread behind for up to 30 s. Every thread of a
+/// client ends within a second or so of its last handle (here a guard) being dropped (the pub/sub
+/// reader, last, notices at its next 1 s read tick), bounded at 2 s for a loaded machine.
+#[test]
+fn the_threads_of_dropped_clients_end_soon_after() {
+    let server = RedisServer::new();
+    let child = ChildProc::spawn("threads_entry", &[(THREADS_URL, &server.url())]);
+    let running = child.next_line();
+    let after = child.next_line();
+    println!("{running}\n{after}");
+    let (ms, left) = after
+        .strip_prefix("after ")
+        .and_then(|rest| rest.split_once(" ms: "))
+        .unwrap_or_else(|| panic!("unexpected line {after:?}"));
+    let ms: u64 = ms.parse().expect("milliseconds");
+    assert!(
+        left.is_empty() && ms < 2000,
+        "threads left {ms} ms after the last client was dropped: {left}"
+    );
+    let running: Vec<&str> = running
+        .strip_prefix("running ")
+        .expect("the running threads")
+        .split(',')
+        .collect();
+    for name in [
+        "redmutex-pool",
+        "redmutex-pubsub",
+        "redmutex-watchd",
+        "redmutex-loss",
+        "redmutex-hook",
+    ] {
+        assert_eq!(
+            running.iter().filter(|n| **n == name).count(),
+            CLIENTS,
+            "one {name} thread per client: {running:?}"
+        );
+    }
     child.wait_success();
 }

@@ -273,3 +273,83 @@ fn permits_and_multilocks_are_told_of_their_loss() {
         "{heard:?}"
     );
 }
+
+/// Issue 38, "a slow `on_lease_lost` hook holds back every other hold's `lost()`": the
+/// hook ran on the thread that fires the loss timers, so while it ran no other hold's
+/// lease end was told (a 3 s hook: a 400 ms lease told at 3.1 s). Here the hook blocks
+/// (on a channel the test holds) in its call for the first loss; meanwhile a fixed lease
+/// that runs out is told within its bound, a `force_unlock` (another path) is told too,
+/// and the hook is called for none of them until the first call returns, then for both,
+/// in order.
+#[test]
+fn a_blocked_hook_holds_back_no_other_holds_loss_and_is_told_of_each_in_order() {
+    let server = RedisServer::new();
+    let watchdog = Duration::from_millis(1500);
+    let clients = CLIENTS.prefix("lost:slow-hook:").watchdog(watchdog);
+    let (called_tx, called) = crossbeam_channel::unbounded();
+    let (open, gate) = crossbeam_channel::bounded::<()>(0);
+    let client = support::build(clients.builder_at(&server.url()).on_lease_lost(
+        move |lost: &redmutex::LostLease| {
+            let _ = called_tx.send((lost.name_lossy(), lost.reason()));
+            // As slow as the test wants: until it drops `open`.
+            let _ = gate.recv();
+        },
+    ));
+    let other = clients.at(&server.url());
+
+    let first_lease = Duration::from_millis(200);
+    let first = support::leased(&client.lock("first"), first_lease, "first");
+    let lease = Duration::from_millis(1000);
+    let before = Instant::now();
+    let second = support::leased(&client.lock("second"), lease, "second");
+    let after = Instant::now();
+    let second_lost = second.lost();
+    let third = client.lock("third").lock().unwrap();
+    let third_lost = third.lost();
+
+    // The hook is told of "first" and stays in that call.
+    assert_eq!(
+        called.recv_timeout(first_lease + MARGIN),
+        Ok(("first".to_owned(), LossReason::LeaseExpired))
+    );
+    assert!(first.is_lease_lost());
+
+    // "second" is told at its lease's end all the same: not before, and within the margin.
+    assert_eq!(ready_at(&second_lost, before + lease - MARGIN), None);
+    let fired = ready_at(&second_lost, after + lease + MARGIN)
+        .expect("told at the lease's end while the hook is busy");
+    assert!(fired >= before + lease, "not before the lease ran out");
+    assert!(second.is_lease_lost(), "the poll agrees");
+    println!("told {:?} after the lease's end", fired - (before + lease));
+    // It is really over: another client takes it.
+    let taken = other
+        .lock("second")
+        .try_lock_for(MARGIN)
+        .unwrap()
+        .expect("the lease is over on the server too");
+    drop(taken);
+
+    // A loss told by the server (a force_unlock) is marked while the hook is busy too.
+    assert!(other.lock("third").force_unlock().unwrap());
+    let forced = Instant::now();
+    ready_at(&third_lost, forced + watchdog / 3 + MARGIN)
+        .expect("told of the force_unlock while the hook is busy");
+    assert!(third.is_lease_lost());
+
+    // Still in the first call: the others wait for it, in the order they were lost.
+    assert_eq!(called.try_recv(), Err(TryRecvError::Empty));
+    drop(open);
+    let rest: Vec<_> = (0..2).map(|_| called.recv_timeout(MARGIN)).collect();
+    assert_eq!(
+        rest,
+        [
+            Ok(("second".to_owned(), LossReason::LeaseExpired)),
+            Ok(("third".to_owned(), LossReason::Deleted)),
+        ]
+    );
+    assert_eq!(
+        called.recv_timeout(MARGIN),
+        Err(RecvTimeoutError::Timeout),
+        "once per hold"
+    );
+}

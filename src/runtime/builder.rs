@@ -197,13 +197,18 @@ impl ClientBuilder {
     /// nested levels of one lock are one hold), with the lock's name, its kind and why
     /// ([`LostLease`](crate::LostLease)); never of a hold released normally.
     ///
-    /// The hook runs on a thread of the client's own (`redmutex-loss`), never while the
+    /// The hook runs on a thread of the client's own (`redmutex-hook`), never while the
     /// client holds an internal lock, and is told as soon as the loss is known: when a
     /// renewal finds the hold gone, when a fixed lease runs out or no renewal reached Redis
-    /// within the lease (at that instant, whether anyone polls or not), when a later
-    /// acquisition or a release finds it gone. Keep it short (log, count, alert): a slow
-    /// hook delays the next one, though never a renewal. A panic in it is caught and
-    /// logged. Per guard, [`LockGuard::lost`](crate::LockGuard::lost) gives a channel.
+    /// within the lease (at that instant, whether anyone polls or not), when a
+    /// `force_unlock` is heard, when a later acquisition or a release finds it gone. The
+    /// calls come one at a time, in the order the holds were lost. Keep it short (log,
+    /// count, alert): a slow hook delays only its own later calls, never a renewal, and
+    /// never another hold being marked lost (its guards'
+    /// [`lost()`](crate::LockGuard::lost) and
+    /// [`is_lease_lost()`](crate::LockGuard::is_lease_lost) say so at once, whatever the
+    /// hook is doing). A panic in it is caught and logged. The thread ends once the client
+    /// is gone (every clone and guard dropped) and the calls queued before are made.
     ///
     /// ```no_run
     /// let client = redmutex::Client::builder()

@@ -29,10 +29,11 @@ use crate::{
 /// has a random id, so holder ids of different clients, even in one process, never meet.
 /// It owns a pool of command connections, at most one pub/sub connection (opened when a
 /// thread first has to wait) and at most one watchdog thread (started when the first
-/// watchdog lease is taken), and at most one loss thread (started when a guard's `lost()`
+/// watchdog lease is taken), at most one loss thread (started when a guard's `lost()`
 /// is first asked for, or at once with an
-/// [`on_lease_lost`](crate::ClientBuilder::on_lease_lost) hook); the threads end once the
-/// last clone and guard are dropped.
+/// [`on_lease_lost`](crate::ClientBuilder::on_lease_lost) hook) and, with a hook, one thread
+/// that calls it; the threads end once the last clone and guard are dropped (within about
+/// a second).
 ///
 /// ```no_run
 /// let client = redmutex::Client::open("redis://127.0.0.1/")?;

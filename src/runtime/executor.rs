@@ -90,10 +90,16 @@ impl Executor {
             .test_on_check_out(false)
             .connection_timeout(config.connect_timeout)
             // Connection setup and idle reaping need little: one thread, not r2d2's three.
+            // Dropped with the pool, it ends at once: by default it would first wait for
+            // its pending jobs, among them the reaper's next run (up to 30 s away), for a
+            // pool that no longer exists.
             .thread_pool(Arc::new(
                 scheduled_thread_pool::ScheduledThreadPool::builder()
                     .num_threads(1)
                     .thread_name_pattern("redmutex-pool")
+                    .on_drop_behavior(
+                        scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                    )
                     .build(),
             ))
             .build_unchecked(manager);

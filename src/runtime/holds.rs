@@ -100,7 +100,7 @@ pub(crate) struct HoldTable {
     // Wakes the thread that renews what the table holds, checks handed-on locks and
     // cleans up after doubtful attempts, when the table has something due.
     pub(super) alarm: Alarm,
-    // The thread that marks holds lost when their time is up and calls the hook.
+    // The threads that mark holds lost when their time is up, and that call the hook.
     pub(crate) notifier: Notifier,
 }
 

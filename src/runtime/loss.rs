@@ -1,6 +1,6 @@
 //! Loss pushed to the holder: the flag the guards of one hold share, the channels and
-//! quorum counts waiting on it, and the thread that marks a hold lost once its time is up
-//! (nobody may be polling) and calls the client's `on_lease_lost` hook.
+//! quorum counts waiting on it, the thread that marks a hold lost once its time is up
+//! (nobody may be polling), and the thread that calls the client's `on_lease_lost` hook.
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
@@ -51,7 +51,7 @@ pub(crate) struct Loss {
     // The primary the hold was granted on (`Target::generation`): found gone on a later
     // one, a failover lost it.
     generation: u64,
-    // To the loss thread, which calls the hook; only when the client has one.
+    // To the hook thread; only when the client has a hook.
     events: Option<Sender<LostLease>>,
 }
 
@@ -76,8 +76,10 @@ impl Loss {
         self.lost.load(Ordering::SeqCst)
     }
 
-    /// Marks the hold lost for `reason`, once: the first call tells every watcher and the
-    /// hook. Never blocks (it may run under the holds table's lock).
+    /// Marks the hold lost for `reason`, once: the first call tells every watcher, then
+    /// queues the loss for the hook. Never blocks, and never waits for the hook (it may
+    /// run under the holds table's lock, or on the loss thread, whose other timers must
+    /// not wait for a slow hook).
     pub(crate) fn mark(&self, reason: LossReason) {
         if self.lost.swap(true, Ordering::SeqCst) {
             return;
@@ -250,16 +252,23 @@ pub(crate) trait LossSource: Send + Sync {
 }
 
 /// The loss thread of a client: a thread of its own rather than the renewal thread, so that
-/// a renewal call stuck on a frozen server does not hold back other holds' deadlines, and
-/// a slow hook never delays a renewal.
+/// a renewal call stuck on a frozen server does not hold back other holds' deadlines. With
+/// an `on_lease_lost` hook, also the client's hook thread: the hook runs there, not on the
+/// loss thread, so that a slow hook delays only the hook's later calls, never a hold being
+/// marked lost (nor a renewal).
 pub(crate) struct Notifier {
     hook: Option<Hook>,
+    // Losses queued for the hook thread, in the order the holds were marked lost. The
+    // thread ends once every sender is gone: this one and those of the holds' `Loss`es,
+    // all gone with the client (guards keep it).
     events: Option<(Sender<LostLease>, Receiver<LostLease>)>,
     timers: Mutex<Timers>,
     seq: AtomicU64,
     // The running thread and the sender that wakes it; dropped with the client, which
     // ends the thread.
     thread: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
+    // The hook thread, once started.
+    hook_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Notifier {
@@ -274,6 +283,7 @@ impl Notifier {
             }),
             seq: AtomicU64::new(0),
             thread: Mutex::new(None),
+            hook_thread: Mutex::new(None),
         }
     }
 
@@ -287,11 +297,13 @@ impl Notifier {
         self.events.as_ref().map(|(tx, _)| tx.clone())
     }
 
-    /// Makes sure the loss thread runs (again, if it died).
+    /// Makes sure the loss thread runs (again, if it died), and the hook thread if there
+    /// is a hook.
     pub(crate) fn ensure_running<C: LossSource + 'static>(
         &self,
         client: &Arc<C>,
     ) -> Result<(), Error> {
+        self.ensure_hook_running()?;
         let mut thread = self.thread.lock();
         if let Some((_, handle)) = &*thread {
             if !handle.is_finished() {
@@ -300,16 +312,35 @@ impl Notifier {
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         let weak: Weak<dyn LossSource> = Arc::downgrade(client) as Weak<C>;
-        let events = self.events.as_ref().map(|(_, rx)| rx.clone());
         let handle = thread::Builder::new()
             .name("redmutex-loss".to_owned())
-            .spawn(move || run(weak, rx, events))
+            .spawn(move || run(weak, rx))
             .map_err(Error::Thread)?;
         *thread = Some((tx, handle));
         // Deadlines pushed while no thread ran are looked at now.
         self.timers.lock().planned = None;
         drop(thread);
         self.wake();
+        Ok(())
+    }
+
+    /// Makes sure the hook thread runs, if there is a hook. It holds the hook and the
+    /// receiving end of the losses, nothing of the client, so it ends by itself once the
+    /// client is gone and the losses queued before are told.
+    fn ensure_hook_running(&self) -> Result<(), Error> {
+        let (Some(hook), Some((_, events))) = (&self.hook, &self.events) else {
+            return Ok(());
+        };
+        let mut thread = self.hook_thread.lock();
+        if thread.as_ref().is_some_and(|handle| !handle.is_finished()) {
+            return Ok(());
+        }
+        let (hook, events) = (hook.clone(), events.clone());
+        let handle = thread::Builder::new()
+            .name("redmutex-hook".to_owned())
+            .spawn(move || call_hook(&hook, &events))
+            .map_err(Error::Thread)?;
+        *thread = Some(handle);
         Ok(())
     }
 
@@ -367,8 +398,20 @@ impl Notifier {
     }
 }
 
-fn run(client: Weak<dyn LossSource>, wake: Receiver<()>, events: Option<Receiver<LostLease>>) {
-    let events = events.unwrap_or_else(never);
+/// The hook thread: calls the hook for each loss, in order, until every sender is gone.
+fn call_hook(hook: &Hook, events: &Receiver<LostLease>) {
+    for lost in events {
+        // A panicking hook must not end the notifications of later losses.
+        if catch_unwind(AssertUnwindSafe(|| hook(&lost))).is_err() {
+            tracing::error!(
+                target: "redmutex",
+                "redmutex: the on_lease_lost hook panicked"
+            );
+        }
+    }
+}
+
+fn run(client: Weak<dyn LossSource>, wake: Receiver<()>) {
     loop {
         let next = match client.upgrade() {
             Some(inner) => inner.notifier().next(),
@@ -376,19 +419,6 @@ fn run(client: Weak<dyn LossSource>, wake: Receiver<()>, events: Option<Receiver
         };
         let timeout = next.map_or_else(never, crossbeam_channel::at);
         select! {
-            recv(events) -> lost => {
-                if let (Ok(lost), Some(inner)) = (lost, client.upgrade()) {
-                    if let Some(hook) = &inner.notifier().hook {
-                        // A panicking hook must not end the notifications of later losses.
-                        if catch_unwind(AssertUnwindSafe(|| hook(&lost))).is_err() {
-                            tracing::error!(
-                                target: "redmutex",
-                                "redmutex: the on_lease_lost hook panicked"
-                            );
-                        }
-                    }
-                }
-            }
             recv(wake) -> woken => {
                 if woken.is_err() {
                     return;
