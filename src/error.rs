@@ -220,6 +220,21 @@ pub enum Error {
         /// The lock, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
     },
+    /// An earlier call of this thread's hold on this side of a read-write lock timed out
+    /// (an upgrade's cancel, an acquisition) while the hold's other side stays held: that
+    /// call may still reach Redis, and would undo a hold of this side taken now under the
+    /// same hold. Nothing was written. Release every side of the lock this thread holds,
+    /// then take it again: a new hold is never touched by an earlier one's calls.
+    #[error(
+        "{}an earlier call of this thread's hold on the lock timed out and may still reach \
+         redis: release the lock (every side this thread holds) and take it again",
+        On(.lock)
+    )]
+    #[non_exhaustive]
+    InDoubt {
+        /// The lock, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+    },
     /// The name is in use as another kind of object: a name is one kind at a time, so a
     /// [`Lock`](crate::Lock) (plain, fair and fenced locks are one object), a
     /// [`ReadWriteLock`](crate::ReadWriteLock), a [`Semaphore`](crate::Semaphore) and a
@@ -325,6 +340,7 @@ impl Error {
             | Error::LeaseLost { lock }
             | Error::NotReplicated { lock, .. }
             | Error::WouldDeadlock { lock }
+            | Error::InDoubt { lock }
             | Error::WrongKind { lock, .. }
             | Error::Auth { lock, .. }
             | Error::NoPermission { lock, .. }
@@ -346,6 +362,7 @@ impl Error {
             | Error::LeaseLost { lock }
             | Error::NotReplicated { lock, .. }
             | Error::WouldDeadlock { lock }
+            | Error::InDoubt { lock }
             | Error::WrongKind { lock, .. }
             | Error::Auth { lock, .. }
             | Error::NoPermission { lock, .. }
@@ -396,6 +413,8 @@ impl Error {
 
     /// [`Error::WouldDeadlock`] not (yet) tied to a lock.
     pub(crate) const WOULD_DEADLOCK: Error = Error::WouldDeadlock { lock: None };
+    /// [`Error::InDoubt`] not (yet) tied to a lock.
+    pub(crate) const IN_DOUBT: Error = Error::InDoubt { lock: None };
 
     /// [`Error::Cancelled`] not (yet) tied to a lock.
     pub(crate) const CANCELLED: Error = Error::Cancelled { lock: None };

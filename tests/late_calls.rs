@@ -222,7 +222,7 @@ fn clients(way: Way) -> Clients {
 /// What the requests of `script` carry, the way `way`'s clients send it.
 fn marker(server: &RedisServer, way: Way, script: &str) -> String {
     if way == Way::Evalsha {
-        support::script_sha(script)
+        support::load_script_sha(&mut server.connection(), script)
     } else {
         support::function_name(&server.url(), script)
     }
@@ -405,4 +405,88 @@ fn a_late_cancel_never_frees_the_threads_next_hold() {
 #[test]
 fn a_late_cancel_never_frees_the_threads_next_hold_evalsha() {
     late_cancel(Way::Evalsha);
+}
+
+/// An upgrade (a write asked by the thread that holds the upgradeable side) waits for the
+/// others' read holds under the token of the thread's upgradeable hold, which stays: a
+/// cancel of that wait that runs late must not free the thread's next upgrade.
+fn late_upgrade_cancel(way: Way) {
+    let (server, proxy, client) = clients(way).serve_through_proxy();
+    let other = clients(way).at(&server);
+    let name = "cancel-upgrade";
+    let rw = client.read_write_lock(name);
+    let wait = || LockOptions::new().wait_for(Duration::from_secs(10));
+    rw.write_lock().lock().unwrap().unlock().unwrap();
+    let upgradeable = rw.upgradeable_lock().lock().expect("the upgradeable hold");
+    let reader = other.read_write_lock(name).read_lock().lock().unwrap();
+    let marker = marker(&server, way, "rw_cancel");
+    proxy.watch(&marker);
+    proxy.delay_requests_containing(&marker, LATE);
+    let token = CancellationToken::new();
+    let queue = Keys::rw(PREFIX, name).queue();
+    let waited = thread::scope(|s| {
+        s.spawn(|| {
+            let mut con = server.connection();
+            assert!(support::wait_until(Duration::from_secs(10), || {
+                support::llen(&mut con, &queue) >= 1
+            }));
+            token.cancel();
+        });
+        rw.write_lock().try_lock_with(wait().cancellable(&token))
+    });
+    let waited = waited.map(|g| g.is_some());
+    assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+    reader.unlock().unwrap();
+    // The upgradeable hold goes on under the token the late cancel names: an upgrade taken
+    // under it now would be undone when the cancel runs. It is refused, nothing written.
+    let refused = rw.write_lock().try_lock_with(wait());
+    let refused = refused.map(|g| g.is_some());
+    assert!(matches!(refused, Err(Error::InDoubt { .. })), "{refused:?}");
+    assert!(!upgradeable.is_lease_lost());
+    // A new upgradeable hold is a new holder: its upgrade is never touched by the cancel.
+    upgradeable.unlock().unwrap();
+    let upgradeable = rw
+        .upgradeable_lock()
+        .lock()
+        .expect("the upgradeable hold again");
+    let upgraded = match rw.write_lock().try_lock_with(wait()) {
+        Ok(Some(guard)) => guard,
+        other => panic!("the next upgrade: {:?}", other.map(|g| g.is_some())),
+    };
+    assert!(support::wait_until(Duration::from_secs(10), || {
+        proxy.forwarded(&marker) >= proxy.seen(&marker)
+    }));
+    proxy.delay_requests_containing(&marker, Duration::ZERO);
+    let held = Held::Write(upgraded);
+    assert_still_held(
+        Case::Write,
+        &other,
+        name,
+        &held,
+        Duration::from_millis(1_000),
+    );
+    let readers = other.read_write_lock(name).read_lock();
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        if let Some(r) = readers.try_lock().unwrap() {
+            r.unlock().unwrap();
+            panic!(
+                "another client read while the thread writes (lost: {})",
+                held.is_lease_lost()
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    held.unlock().unwrap();
+    upgradeable.unlock().unwrap();
+}
+
+#[test]
+fn a_late_cancel_of_an_upgrade_never_frees_the_next_upgrade() {
+    late_upgrade_cancel(Way::Functions);
+}
+
+#[test]
+fn a_late_cancel_of_an_upgrade_never_frees_the_next_upgrade_evalsha() {
+    late_upgrade_cancel(Way::Evalsha);
 }

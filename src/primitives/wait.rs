@@ -76,6 +76,9 @@ impl<K: Kind> Lock<K> {
         let token = thread
             .and_then(|thread| table.token_of_thread(keys, thread))
             .unwrap_or_else(fresh_token);
+        if table.is_in_doubt(keys, token) {
+            return Err(Error::IN_DOUBT);
+        }
         if let Some(read_hold) = keys.read_hold() {
             // Reading without writing: asking to write, or for the upgradeable side (whose
             // upgrade would wait for this read hold), would wait for itself. (A writer

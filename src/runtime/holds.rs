@@ -95,6 +95,11 @@ pub(crate) struct HoldTable {
     pub(super) cleaned: Condvar,
     // (lock key, thread token) -> a queue entry of this client.
     waiting: Mutex<HashMap<(Vec<u8>, u64), Waiting>>,
+    // (side's hold key, holder token): a call of a hold on that side of a read-write lock
+    // whose outcome is unknown (a doubt with no level held there) while the hold goes on
+    // under the same token on another side. The late call would undo a new hold of that
+    // side under the token, so none is taken (`Error::InDoubt`) until the hold is over.
+    pub(super) in_doubt: Mutex<Vec<(Vec<u8>, u64)>>,
     // lock key -> the check due after this client handed it on.
     kicks: Mutex<HashMap<Vec<u8>, Kick>>,
     // Wakes the thread that renews what the table holds, checks handed-on locks and
@@ -128,6 +133,7 @@ impl HoldTable {
             doubts: Mutex::new(Vec::new()),
             cleaned: Condvar::new(),
             waiting: Mutex::new(HashMap::new()),
+            in_doubt: Mutex::new(Vec::new()),
             kicks: Mutex::new(HashMap::new()),
             alarm: Alarm::default(),
         }
@@ -269,6 +275,44 @@ impl HoldTable {
             side[0] = mark;
             find(&side)
         })
+    }
+
+    /// Whether `token` has a hold of the object of `keys` on a side other than `keys`'
+    /// own, live or not: its token then stays in use, by this thread's later acquisitions.
+    pub(super) fn held_on_another_side(&self, keys: &LockKeys, token: u64) -> bool {
+        if !keys.has_sides() {
+            return false;
+        }
+        let holds = self.holds.lock();
+        let mut side = keys.hold().to_vec();
+        LockKeys::HOLD_MARKS.iter().any(|&mark| {
+            side[0] = mark;
+            side[..] != *keys.hold()
+                && holds
+                    .get(&side[..])
+                    .is_some_and(|b| b.get(&token).is_some())
+        })
+    }
+
+    /// Whether a new hold of `keys`' side under `token` must be refused (see `in_doubt`).
+    /// Entries of tokens no longer held on any side are dropped on the way: their holds are
+    /// over, and no later hold uses the token.
+    pub(crate) fn is_in_doubt(&self, keys: &LockKeys, token: u64) -> bool {
+        let mut in_doubt = self.in_doubt.lock();
+        if in_doubt.is_empty() {
+            return false;
+        }
+        let holds = self.holds.lock();
+        in_doubt.retain(|(side, t)| {
+            let mut key = side.clone();
+            LockKeys::HOLD_MARKS.iter().any(|&mark| {
+                key[0] = mark;
+                holds.get(&key[..]).is_some_and(|b| b.get(t).is_some())
+            })
+        });
+        in_doubt
+            .iter()
+            .any(|(side, t)| *t == token && side[..] == *keys.hold())
     }
 
     /// Takes thread `thread`'s hold of the lock `key` out of the table if it is over here

@@ -863,11 +863,14 @@ const LIBRARY_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 2\n";
 /// by its SHA-1): the constants line, allow_oom.lua for those that must run at the memory
 /// limit, its rule files, then its body, as `src/runtime/scripts.rs` puts them together.
 /// The SHA-1 a client that runs `script` with `EVALSHA` names it by (the text it sends,
-/// constants first): what its requests carry, on any server.
-pub fn script_sha(script: &str) -> String {
+/// constants first): what its requests carry, on any server. Loaded on `con`'s server
+/// (`SCRIPT LOAD`), as a client would have: a request of it delayed on the way is then
+/// run when it arrives, not refused with `NOSCRIPT`.
+pub fn load_script_sha(con: &mut redis::Connection, script: &str) -> String {
     redis::Script::new(&script_text(script))
-        .get_hash()
-        .to_owned()
+        .prepare_invoke()
+        .load(con)
+        .expect("SCRIPT LOAD")
 }
 
 fn script_text(script: &str) -> String {

@@ -80,6 +80,17 @@ impl HoldTable {
         holder: &str,
         expected: usize,
     ) {
+        if expected == 0 && self.held_on_another_side(keys, token) {
+            // The call may run whenever: a hold of this side taken under the token before
+            // the hold is over would be undone by it.
+            let mut in_doubt = self.in_doubt.lock();
+            if !in_doubt
+                .iter()
+                .any(|(k, t)| *t == token && k[..] == *keys.hold())
+            {
+                in_doubt.push((keys.hold().to_vec(), token));
+            }
+        }
         let mut doubts = self.doubts.lock();
         if let Some(d) = doubts
             .iter_mut()
