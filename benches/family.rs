@@ -360,7 +360,9 @@ impl HandRun {
             .arg(0)
             .arg(0);
         if self.kind == Kind::Sem {
-            call.arg(1).arg(SEM_PERMITS);
+            // One permit of a semaphore made with SEM_PERMITS, whose definition outlives
+            // its last lease by a day (the library's default).
+            call.arg(1).arg(SEM_PERMITS).arg(86_400_000);
         }
         // A lock's grant without a fencing token is its bare count (lua/acquire.lua).
         let reply: Vec<i64> = match call.invoke(&mut *con).expect("acquire script") {

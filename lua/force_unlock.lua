@@ -6,7 +6,8 @@
 -- KEYS[3]  the lock's queue       KEYS[4]  the lock's waiters
 -- KEYS[5]  the holds' leases (read-write locks: every reader and the writer are freed;
 --          semaphores: every permit held is given back)
--- KEYS[6]  the semaphore's number of permits (semaphores: kept as it is)
+-- KEYS[6]  the semaphore's definition, its number of permits (semaphores: kept as it is,
+--          with its expiry, see semaphore.lua)
 -- KEYS[#KEYS] (last, after the leases and permits where there are some)  the id of the
 --          call that force-unlocked the lock last (a string, kept ARGV[2] ms)
 -- ARGV[1]  this call's id: the same for each run of one call (the client repeats a call

@@ -13,7 +13,8 @@
 --                            its PTTL in ms, its hash as a flat field/value list, the
 --                            waiters' holder ids in queue order, for the lock its fencing
 --                            counter, for the semaphore its number of permits (false when
---                            unset), and the hold fields whose own lease has ended (the
+--                            undefined; its definition's first number, see semaphore.lua),
+--                            and the hold fields whose own lease has ended (the
 --                            read-write lock's and the semaphore's; the next script that
 --                            writes drops them): no longer holders, not to be shown
 --   latch                    {type, pttl, count}
@@ -46,6 +47,13 @@ local function object(hash, queue, extra, leases)
     return {kind, redis.call('pttl', hash), fields, waiting, extra, ended}
 end
 
+-- The number of permits of a semaphore's definition (semaphore.lua's S.parse, which this
+-- script does not include).
+local function permits(key)
+    local v = text(key)
+    return v and string.match(v, '^%d+') or v
+end
+
 local latch = false
 local latch_kind = redis.call('type', KEYS[9])['ok']
 if latch_kind ~= 'none' then
@@ -54,6 +62,6 @@ end
 return {
     object(KEYS[1], KEYS[2], text(KEYS[3]), nil),
     object(KEYS[4], KEYS[5], false, KEYS[10]),
-    object(KEYS[6], KEYS[7], text(KEYS[8]), KEYS[11]),
+    object(KEYS[6], KEYS[7], permits(KEYS[8]), KEYS[11]),
     latch,
 }

@@ -7,7 +7,7 @@
 -- KEYS[1]  the lock hash          KEYS[2]  the lock's fencing-token counter
 -- KEYS[3]  the lock's queue       KEYS[4]  the lock's waiters
 -- KEYS[5]  the holds' leases (read-write locks and semaphores)
--- KEYS[6]  the semaphore's number of permits (semaphores)
+-- KEYS[6]  the semaphore's definition, its number of permits (semaphores; read only)
 -- ARGV     none
 --
 -- Returns {pttl, w}  pttl: the key's remaining lease in ms (-2 free, -1 without expiry);

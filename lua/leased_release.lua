@@ -5,7 +5,8 @@
 --
 -- KEYS[1]  the holds         KEYS[2]  the fencing-token counter (unused)
 -- KEYS[3]  the queue         KEYS[4]  the waiters      KEYS[5]  the holds' leases
--- KEYS[6]  the semaphore's number of permits (semaphores)
+-- KEYS[6]  the semaphore's definition, its number of permits (semaphores; read, never
+--          written: a release ends a lease, which the definition outlives, see semaphore.lua)
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in ms the caller's remaining levels still need (0 when none)
 -- ARGV[3]  the levels the caller believes it holds before this call (at least 1; a permit

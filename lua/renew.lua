@@ -5,8 +5,11 @@
 -- Then for each hold i, three ARGV (mode, field, lease in ms) and its keys, in order:
 --   mode 'k'  a lock: one key, the lock hash; the field is the holder id, and the lease is
 --             the key's expiry
---   mode 'm'  a hold with a lease of its own (read-write locks, semaphores): two keys, the
---             holds hash and the leases ZSET (see leases.lua); the field is the hold's field
+--   mode 'm'  a hold with a lease of its own (read-write locks): two keys, the holds hash
+--             and the leases ZSET (see leases.lua); the field is the hold's field
+--   mode 's'  a semaphore's permits: as 'm', a third key, the semaphore's definition (see
+--             semaphore.lua), and a fourth ARGV, how long the definition outlives the
+--             holds' new expiry, in ms: it is raised to that at least (S.keep's rule)
 -- Then for each waiter j, two ARGV (holder id, how long its entry lives in ms) and two keys
 -- (the queue and the waiters hash of what it waits for).
 --
@@ -28,6 +31,17 @@ local function raise(key, lease)
     redis.call('pexpire', key, math.max(redis.call('pttl', key), lease))
 end
 
+-- semaphore.lua's S.keep (this script does not include the semaphore's rules): `key`, which
+-- exists, lives `ms` more at least, never less than it did. (A definition written before
+-- they expired, without one, is left so: its semaphore's next acquisition gives it one.)
+local function keep(key, ms)
+    if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+        redis.call('pexpire', key, ms, 'gt')
+        return
+    end
+    redis.call('pexpire', key, math.max(redis.call('pttl', key), ms))
+end
+
 local n = tonumber(ARGV[1])
 local lost, gone = {}, {}
 local now
@@ -35,6 +49,12 @@ local k, a = 1, 2
 for i = 1, n do
     local mode, field, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
     a = a + 3
+    -- A semaphore's definition and how long it outlives the holds ('s').
+    local definition, idle
+    if mode == 's' then
+        definition, idle = KEYS[k + 2], tonumber(ARGV[a])
+        a = a + 1
+    end
     if mode == 'k' then
         if redis.call('hexists', KEYS[k], field) == 1 then
             raise(KEYS[k], lease)
@@ -44,7 +64,7 @@ for i = 1, n do
         k = k + 1
     else
         local holds, leases = KEYS[k], KEYS[k + 1]
-        k = k + 2
+        k = k + (definition and 3 or 2)
         now = now or clock()
         local ends = tonumber(redis.call('zscore', leases, field) or '0')
         if ends > now and redis.call('hexists', holds, field) == 1 then
@@ -57,6 +77,9 @@ for i = 1, n do
             local ms = math.max(redis.call('pttl', holds), lease)
             redis.call('pexpire', holds, ms)
             redis.call('pexpire', leases, ms)
+            if definition then
+                keep(definition, ms + idle)
+            end
         else
             lost[#lost + 1] = i
         end

@@ -5,8 +5,17 @@
 -- KEYS[1]  the holds: '<holder>' -> the permits that holder holds, '~used' -> their sum,
 --          '~m:<holder>' -> a hold's metadata (see queue.lua)
 -- KEYS[5]  the leases of those holds (see leases.lua)
--- KEYS[6]  the number of permits: a string that never expires (like the fencing counter,
---          it is the semaphore's definition; operators change it)
+-- KEYS[6]  the definition: "<permits> <made with>", the number of permits and the number
+--          the first use (or trySetPermits) made the semaphore with, which an operator's
+--          change (sem_permits.lua) leaves as it was. (A bare "<permits>" was written by
+--          versions before definitions expired, with no expiry: read as both numbers, and
+--          given an expiry by S.keep.) It expires a time the caller chose
+--          (`expire_after`) past its last use and past the end of every lease it gave:
+--          every script that raises a permit's lease (sem_acquire.lua, renew.lua) raises
+--          it with S.keep, and none lowers it, so it never expires while a permit is held.
+--          A waiter handed permits by a release (Q.take) gets a lease of the pickup window
+--          at most, which the definition outlives as it outlives the releaser's lease by
+--          `expire_after`, never under the pickup window (semaphore.rs checks that).
 --
 -- Each acquisition is a holder of its own (its id is "<client id>:<number>"), holding the
 -- permits it asked for under its own lease. Waiters are fair (flags 1): a newcomer queues
@@ -17,8 +26,46 @@
 
 local S = {}
 
+-- The number of permits and the number the semaphore was made with, of the definition's
+-- text `v`, and whether the text is a bare number (written before definitions expired).
+function S.parse(v)
+    local total, made = string.match(v, '^(%d+) (%d+)$')
+    if total then
+        return tonumber(total), tonumber(made), false
+    end
+    local n = tonumber(v)
+    return n, n, true
+end
+
+-- The definition's text of `total` permits for a semaphore made with `made`.
+function S.text(total, made)
+    return string.format('%d %d', total, made)
+end
+
 function S.total()
-    return tonumber(redis.call('get', KEYS[6]) or '0')
+    local v = redis.call('get', KEYS[6])
+    if not v then
+        return 0
+    end
+    return (S.parse(v))
+end
+
+-- Makes the definition, which exists, live `ms` more at least: its expiry is raised,
+-- never lowered (another handle's longer `expire_after`, a longer lease, stand). One
+-- PEXPIRE ... GT on Redis 7.0+ (told by the server's version, as Q.outlive does), a PTTL
+-- and a PEXPIRE on 6.2: a fixed number of commands, whatever the expiry was. GT never
+-- sets an expiry where there is none, which only a definition written before they
+-- expired lacks (`bare`, S.parse's third value): that one takes the PTTL's way.
+function S.keep(ms, bare)
+    if not bare and (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+        redis.call('pexpire', KEYS[6], ms, 'gt')
+        return
+    end
+    local left = redis.call('pttl', KEYS[6])
+    if left == -1 or left < ms then
+        left = ms
+    end
+    redis.call('pexpire', KEYS[6], left)
 end
 
 function S.used()

@@ -75,6 +75,17 @@ fn report(label: &str, calls: &HashMap<String, u64>, ops: usize) -> (f64, Vec<(S
     (total, by_name)
 }
 
+/// What keeping a semaphore's definition alive adds to a call that gives a lease (issue
+/// 38, semaphore.lua's S.keep): one PEXPIRE ... GT on Redis 7.0+; its PTTL and a PEXPIRE
+/// on 6.2, which has no GT.
+fn definition_expiry() -> f64 {
+    if support::server_kind().has_functions() {
+        1.0
+    } else {
+        2.0
+    }
+}
+
 /// What the EVALSHA path adds to a pair: on a server without functions, the release
 /// script's first command is lua/allow_oom.lua's HDEL (functions carry `allow-oom`); a
 /// lock's release needs none (levels.lua), a read-write lock's or a
@@ -215,7 +226,9 @@ fn uncontended_read_write_and_semaphore_pairs() {
     });
     // Before issue 18: 25, 29 and 28; before issue 26 (a name is one kind at a time, told
     // by one EXISTS that also spares a free object's purge, holds' read and queue's
-    // read): 19, 20 and 21.
+    // read): 19, 20 and 21. The semaphore's since issue 38 (its definition expires past
+    // its last lease: semaphore.lua's S.keep): 19 before, one PEXPIRE ... GT more on
+    // Redis 7.0+, a PTTL and a PEXPIRE more on 6.2.
     assert!(
         read <= 17.5 + marker(),
         "a read pair executed {read:.2} commands"
@@ -225,7 +238,7 @@ fn uncontended_read_write_and_semaphore_pairs() {
         "a write pair executed {write:.2} commands"
     );
     assert!(
-        permit <= 19.5 + marker(),
+        permit <= 19.5 + marker() + definition_expiry(),
         "a semaphore pair executed {permit:.2} commands"
     );
 }
@@ -541,6 +554,67 @@ fn renewal_cost_per_hold() {
         N,
     );
 
+    // A semaphore's permits (issue 38): as the shared holds, and their definition, which
+    // outlives the renewed lease.
+    for i in 0..N {
+        let _: () = redis::cmd("HSET")
+            .arg(format!("sem{i}"))
+            .arg("c:1")
+            .arg(1)
+            .query(&mut con)
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg(format!("sem{i}:leases"))
+            .arg(now_ms + 30_000)
+            .arg("c:1")
+            .query(&mut con)
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(format!("sem{i}:permits"))
+            .arg("3 3")
+            .arg("PX")
+            .arg(31_000)
+            .query(&mut con)
+            .unwrap();
+        for key in [format!("sem{i}"), format!("sem{i}:leases")] {
+            let _: () = redis::cmd("PEXPIRE")
+                .arg(key)
+                .arg(30_000)
+                .query(&mut con)
+                .unwrap();
+        }
+    }
+    let mut lease = 60_000;
+    let mut renew_permits = |con: &mut redis::Connection| {
+        // Longer each time, as the watchdog's renewals are: each raises the definition.
+        lease += 1_000;
+        let mut call = script.prepare_invoke();
+        call.arg(N);
+        for i in 0..N {
+            call.key(format!("sem{i}"))
+                .key(format!("sem{i}:leases"))
+                .key(format!("sem{i}:permits"))
+                .arg("s")
+                .arg("c:1")
+                .arg(lease)
+                .arg(1_000);
+        }
+        let (lost, gone): (Vec<i64>, Vec<i64>) = call.invoke(con).unwrap();
+        assert!(lost.is_empty() && gone.is_empty());
+    };
+    renew_permits(&mut con);
+    let before = server.command_calls();
+    renew_permits(&mut con);
+    let (permits, _) = report("renew.lua, per semaphore hold", &delta(&server, &before), N);
+    let left: i64 = redis::cmd("PTTL")
+        .arg("sem0:permits")
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        left > lease - 1_000 && left <= lease + 1_000,
+        "the definition expires in {left} ms after a renewal to {lease} ms"
+    );
+
     // Waiters' queue entries: one queue of N waiters.
     for i in 0..N {
         let _: () = redis::cmd("RPUSH")
@@ -574,6 +648,12 @@ fn renewal_cost_per_hold() {
     assert!(
         shared <= 6.1,
         "{shared:.2} commands per renewed shared hold"
+    );
+    // A shared hold's, and the definition's PEXPIRE ... GT (Redis 7.0+; its PTTL and
+    // PEXPIRE on 6.2).
+    assert!(
+        permits <= 6.1 + definition_expiry(),
+        "{permits:.2} commands per renewed semaphore hold"
     );
     // HGET, HSET, the waiters' PTTL, the queue's PTTL (no PEXPIRE while both live long
     // enough). Before issue 18: 6.

@@ -1064,8 +1064,9 @@ fn a_release_after_the_lease_ended_is_refused() {
 // ---------------------------------------------------------------------------------------
 // 6. Operators.
 
-/// Issue 8: the first use stores the handle's number of permits, forever (no TTL), and
-/// later handles with other numbers see it; holds expire with their leases; add, reduce
+/// Issue 8: the first use stores the handle's number of permits (issue 38: for a day past
+/// its last use, not forever), and later handles with other numbers see it (issue 38:
+/// but may not acquire through it); holds expire with their leases; add, reduce
 /// and set change the number; reducing below what is held keeps the holders' permits and
 /// admits nobody until enough are released; raising the number admits waiters.
 #[test]
@@ -1083,10 +1084,12 @@ fn operators_change_the_stored_number_of_permits() {
         "made without touching Redis"
     );
     assert_eq!(sem.permits().unwrap(), 3);
-    assert_eq!(
-        pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")),
-        -1,
-        "the number never expires"
+    // Issue 38: the definition expires a day (`DEFAULT_EXPIRE_AFTER`) past its last use.
+    let day = Semaphore::DEFAULT_EXPIRE_AFTER.as_millis() as i64;
+    let left = pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits"));
+    assert!(
+        left > day - 60_000 && left <= day,
+        "the number expires a day past its last use: {left} ms"
     );
     let other = CLIENTS.scaled(LONG).at(&server.url()).semaphore(NAME, 10);
     assert_eq!(
@@ -1095,6 +1098,12 @@ fn operators_change_the_stored_number_of_permits() {
         "the stored number counts, not the handle's"
     );
     assert_eq!(other.available_permits().unwrap(), 3);
+    // Issue 38: never silently: acquiring through a handle made with another number is
+    // refused (tests/semaphore_definition.rs).
+    assert!(matches!(
+        other.try_acquire(),
+        Err(Error::InvalidArgument { .. })
+    ));
     let fresh = CLIENTS
         .scaled(LONG)
         .at(&server.url())
@@ -1121,7 +1130,12 @@ fn operators_change_the_stored_number_of_permits() {
             "{k} expires with the lease ({WATCHDOG:?}): {ttl}"
         );
     }
-    assert_eq!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")), -1);
+    // The definition outlives the lease by a day.
+    let left = pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits"));
+    assert!(
+        left > day && left <= day + WATCHDOG.as_millis() as i64,
+        "{left}"
+    );
     assert_eq!(sem.add_permits(2).unwrap(), 5);
     assert_eq!(sem.available_permits().unwrap(), 3);
     let p2 = sem.acquire().unwrap();
@@ -1168,7 +1182,7 @@ fn operators_change_the_stored_number_of_permits() {
     all.release().unwrap();
     assert_eq!(sem.available_permits().unwrap(), 1);
 
-    // Nothing held: the holds are gone, the number stays.
+    // Nothing held: the holds are gone, the number stays (a day, at least).
     assert!(!support::exists(
         &mut server.connection(),
         Keys::sem(PREFIX, NAME).key()
@@ -1182,8 +1196,9 @@ fn operators_change_the_stored_number_of_permits() {
         "GET",
         Keys::sem(PREFIX, NAME).aux("permits"),
     );
-    assert_eq!(stored, "1");
-    assert_eq!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")), -1);
+    // One permit now; the semaphore was made with 3 (see semaphore.lua).
+    assert_eq!(stored, "1 3");
+    assert!(pttl(&server, &Keys::sem(PREFIX, NAME).aux("permits")) > day - 60_000);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -158,6 +158,20 @@ impl<K: Kind> Lock<K> {
             [-2, total] => Err(Error::invalid(format!(
                 "more permits asked for than the semaphore has ({total})"
             ))),
+            // A semaphore handle made with a number the semaphore neither has nor was
+            // defined with: refused, nothing written.
+            [-5, total, made, asked] => Err(Error::invalid(if total == made {
+                format!(
+                    "the semaphore has {total} permits, but this handle was made with \
+                     {asked}: make it with {total}, or change the number with set_permits"
+                )
+            } else {
+                format!(
+                    "the semaphore has {total} permits (defined with {made}), but this \
+                     handle was made with {asked}: make it with either, or change the \
+                     number with set_permits"
+                )
+            })),
             _ => {
                 return Err(redis::RedisError::from((
                     redis::ErrorKind::Parse,

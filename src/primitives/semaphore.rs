@@ -1,13 +1,14 @@
 //! `Semaphore`: at most N permits held at once, each with an owner and a lease.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::Permits;
 use crate::runtime::calls;
 use crate::runtime::con::Con;
-use crate::runtime::keys::Object;
-use crate::runtime::lease::Lease;
+use crate::runtime::keys::{self, Object};
+use crate::runtime::lease::{millis, Lease, MAX_LEASE, PICKUP};
 use crate::{CancellationToken, Client, Error, Lock, LockOptions, Permit};
 
 /// The most permits a semaphore may have.
@@ -30,9 +31,17 @@ pub const MAX_PERMITS: u32 = u32::MAX;
 /// The number of permits is the semaphore's definition in Redis: the first use of the name
 /// creates it with the number this handle was made with, and from then on the number in
 /// Redis counts (operators change it with [`add_permits`](Semaphore::add_permits),
-/// [`reduce_permits`](Semaphore::reduce_permits) and [`set_permits`](Semaphore::set_permits);
-/// like a fencing counter, it never expires). A semaphore lives in keys of its own
-/// (`<prefix>!sem:…`): a lock of the same name is a different object.
+/// [`reduce_permits`](Semaphore::reduce_permits) and [`set_permits`](Semaphore::set_permits)).
+/// A handle made with a number the semaphore neither was defined with nor has now is
+/// refused at every acquisition with [`Error::InvalidArgument`] naming both, and nothing
+/// changes: `client.semaphore("x", 5)` on a name defined with 3 never silently gets 3.
+/// (Handles made with the number it was defined with keep working after an operator
+/// changes it, and so do handles made with the new number; reading the number is no
+/// acquisition.) The definition lives while the semaphore is used and
+/// [`expire_after`](Semaphore::with_expire_after) (a day unless the handle says otherwise)
+/// past its last use, never while a permit is held: names made per entity leave nothing
+/// behind. A semaphore lives in keys of its own (`<prefix>!sem:…`): a lock of the same name
+/// is a different object.
 ///
 /// # Guarantees
 ///
@@ -60,9 +69,69 @@ pub struct Semaphore {
 
 impl Semaphore {
     pub(crate) fn new(client: &Client, name: Vec<u8>, permits: u32) -> Semaphore {
+        Semaphore::made(client, name, permits, keys::DEFAULT_EXPIRE_AFTER_MS)
+    }
+
+    fn made(client: &Client, name: Vec<u8>, permits: u32, expire_after_ms: u64) -> Semaphore {
         let mut handle: Lock<Permits> = client.handle(name, Object::Semaphore);
         handle.initial = permits;
+        Arc::get_mut(&mut handle.keys)
+            .expect("a handle just made shares its keys with nobody")
+            .set_expire_after_ms(expire_after_ms);
         Semaphore { permits: handle }
+    }
+
+    /// How long a semaphore's definition outlives its last use unless
+    /// [`with_expire_after`](Semaphore::with_expire_after) says otherwise: a day.
+    pub const DEFAULT_EXPIRE_AFTER: Duration = Duration::from_millis(keys::DEFAULT_EXPIRE_AFTER_MS);
+
+    /// This semaphore with its definition (its number of permits in Redis) kept
+    /// `expire_after` past its last use, rather than
+    /// [`DEFAULT_EXPIRE_AFTER`](Semaphore::DEFAULT_EXPIRE_AFTER) (a day).
+    ///
+    /// The definition never expires while a permit is held: each acquisition and each
+    /// renewal of a permit's lease sets it to expire no sooner than `expire_after` past
+    /// that lease's end, each of the other calls (`permits`, `add_permits`, …) no sooner
+    /// than `expire_after` from then, and no call ever brings its expiry nearer. So it
+    /// goes between `expire_after` and `expire_after` plus a lease after the last permit
+    /// is given back (with the number of permits an operator gave it), and the next use
+    /// makes it anew with the handle's number.
+    ///
+    /// A handle rather than a variant of every call, as
+    /// [`Lock::with_max_hold`](crate::Lock::with_max_hold): how long a definition is
+    /// worth keeping is a property of what the semaphore is for. Names made per entity
+    /// (`"export:{customer}"`) want a short one; a semaphore whose number an operator
+    /// changes and that is used less than daily, a long one.
+    ///
+    /// Fails with [`Error::InvalidArgument`] under a second (a permit handed to a waiter
+    /// must be picked up within a second, and the definition outlives it) or over ten
+    /// years; nothing is sent.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// # let customer = 42;
+    /// let exports = client
+    ///     .semaphore(format!("export:{customer}"), 2)
+    ///     .with_expire_after(Duration::from_secs(600))?;
+    /// let permit = exports.acquire()?;
+    /// // Ten minutes after the last export of this customer, nothing of it is left in Redis.
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn with_expire_after(&self, expire_after: Duration) -> Result<Semaphore, Error> {
+        if expire_after < PICKUP || expire_after > MAX_LEASE {
+            return Err(Error::invalid(format!(
+                "a semaphore's expire_after must be at least {PICKUP:?} and at most ten \
+                 years, not {expire_after:?}"
+            ))
+            .on_lock(self.name()));
+        }
+        Ok(Semaphore::made(
+            &self.permits.client,
+            self.name().to_vec(),
+            self.permits.initial,
+            millis(expire_after),
+        ))
     }
 
     /// Blocks until one permit is held, its lease renewed by the watchdog while the
@@ -131,10 +200,13 @@ impl Semaphore {
     ///
     /// Fails with [`Error::InvalidArgument`] for zero permits, and at once, writing
     /// nothing, for more than the semaphore's number of permits (no release could ever
-    /// cover it: it would wait forever, and everyone queued behind it too). A call already
-    /// waiting when [`reduce_permits`](Semaphore::reduce_permits) or
-    /// [`set_permits`](Semaphore::set_permits) takes the number below its request fails
-    /// so then, leaving the queue to the waiters behind it.
+    /// cover it: it would wait forever, and everyone queued behind it too), or through a
+    /// handle made with a number the semaphore neither was defined with nor has (see
+    /// [`Semaphore`]). A call already waiting when
+    /// [`reduce_permits`](Semaphore::reduce_permits) or
+    /// [`set_permits`](Semaphore::set_permits) takes the number below its request, or
+    /// away from its handle's, fails so at its next attempt, leaving the queue to the
+    /// waiters behind it. The other ways to acquire fail the same.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -188,13 +260,14 @@ impl Semaphore {
     /// (Redisson's `trySetPermits`): `Ok(true)` if it set them, `Ok(false)` if the name
     /// already had a number (left unchanged). A semaphore is defined by its first use,
     /// with the number its handle was made with ([`Client::semaphore`]); this defines it
-    /// without acquiring. [`set_permits`](Semaphore::set_permits) overwrites instead.
+    /// without acquiring, as a first use with `n` would (handles made with another number
+    /// are then refused). [`set_permits`](Semaphore::set_permits) overwrites instead.
     /// Fails with [`Error::InvalidArgument`] for zero. Not repeated after a lost reply
     /// (the repeat could not tell its own set from another's).
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
-    /// let slots = client.semaphore("slots", 1);
+    /// let slots = client.semaphore("slots", 3);
     /// if slots.try_set_permits(3)? {
     ///     println!("we defined the semaphore with 3 permits");
     /// }
@@ -239,8 +312,9 @@ impl Semaphore {
 
     /// Sets the number of permits, whatever it was (more are handed to waiters at once;
     /// waiting calls that ask for more than the new number fail with
-    /// [`Error::InvalidArgument`]). To set it only where it is not defined yet, see
-    /// [`try_set_permits`](Semaphore::try_set_permits).
+    /// [`Error::InvalidArgument`]). The semaphore still remembers the number it was
+    /// defined with: handles made with that one or with `n` may acquire. To set it only
+    /// where it is not defined yet, see [`try_set_permits`](Semaphore::try_set_permits).
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -341,6 +415,10 @@ impl fmt::Debug for Semaphore {
             .field("name", &String::from_utf8_lossy(self.name()))
             .field("key", &String::from_utf8_lossy(self.permits.keys.key()))
             .field("permits", &self.permits.initial)
+            .field(
+                "expire_after",
+                &Duration::from_millis(self.permits.keys.expire_after_ms()),
+            )
             .finish()
     }
 }

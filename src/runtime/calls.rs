@@ -108,12 +108,21 @@ pub(crate) fn renew<'a>(
     for &(keys, holder, lease_ms) in holds {
         let ops = keys.ops;
         call.key(keys.key());
-        if ops.field_prefix.is_some() {
+        let permits = keys.permits();
+        if !permits.is_empty() {
+            // A semaphore's definition outlives the lease renewed here (see `renew.lua`).
+            call.key(keys.leases().as_slice())
+                .key(permits.as_slice())
+                .arg("s");
+        } else if ops.field_prefix.is_some() {
             call.key(keys.leases().as_slice()).arg("m");
         } else {
             call.arg("k");
         }
         call.arg(ops.field(holder)).arg(lease_ms);
+        if !permits.is_empty() {
+            call.arg(keys.expire_after_ms());
+        }
     }
     for (keys, holder, ttl_ms) in entries {
         call.key(keys.queue().as_slice())
@@ -162,7 +171,8 @@ pub(crate) struct Acquire<'a> {
     /// The ticket and entry lifetime in ms to queue with, if the attempt queues.
     pub(crate) join: Option<(u64, u64)>,
     /// For a kind that takes an amount per call (a semaphore): the permits asked for and
-    /// the number of permits to create the semaphore with.
+    /// the number of permits the handle was made with (the semaphore is created with it,
+    /// and a semaphore defined otherwise refuses it).
     pub(crate) amount: Option<(u32, u32)>,
     /// The client's metadata text; only sent when set, so that a client without it sends
     /// what it always did.
@@ -212,9 +222,11 @@ pub(crate) fn acquire(keys: &LockKeys, a: &Acquire<'_>) -> ScriptCall {
         &ttl,
         &ticket,
     ];
+    let expire_after = keys.expire_after_ms();
     if let Some((amount, initial)) = &a.amount {
         args.push(amount);
         args.push(initial);
+        args.push(&expire_after);
     }
     if let Some(text) = &a.metadata {
         args.push(text);
@@ -248,10 +260,15 @@ pub(crate) fn force_unlock(
 }
 
 /// Runs the semaphore operation `op` (`"add"`, `"reduce"` or a read) with `n` on the
-/// semaphore `keys`, created with `initial` permits, at most `max` (`sem_permits.lua`).
+/// semaphore `keys`, created with `initial` permits, at most `max`; its definition lives
+/// the keys' `expire_after` past this use at least (`sem_permits.lua`).
 pub(crate) fn sem_permits(keys: &LockKeys, op: &str, n: u32, initial: u32, max: u32) -> ScriptCall {
     let mut call = command(&scripts::SEM_PERMITS, keys);
-    call.arg(op).arg(n).arg(initial).arg(max);
+    call.arg(op)
+        .arg(n)
+        .arg(initial)
+        .arg(max)
+        .arg(keys.expire_after_ms());
     call
 }
 

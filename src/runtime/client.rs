@@ -168,7 +168,9 @@ impl Client {
     /// The semaphore called `name`, with `permits` permits if it does not exist in Redis
     /// yet (see [`Semaphore`]): at most that many permits are held at once, across threads
     /// and processes. Making one touches no network; with zero `permits` every operation
-    /// fails with [`Error::InvalidArgument`].
+    /// fails with [`Error::InvalidArgument`], and so does every acquisition when the name
+    /// is defined with another number (never silently that one). Its definition expires
+    /// a day past its last use ([`Semaphore::with_expire_after`] to choose).
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;

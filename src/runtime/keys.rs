@@ -21,6 +21,10 @@ const READ_MARK: u8 = b'r';
 /// The first byte of an upgradeable read hold's name in this process.
 const UPGRADEABLE_MARK: u8 = b'u';
 
+/// How long a semaphore's definition outlives its last use unless its handle says
+/// otherwise (`Semaphore::DEFAULT_EXPIRE_AFTER`), in ms.
+pub(crate) const DEFAULT_EXPIRE_AFTER_MS: u64 = 24 * 3600 * 1000;
+
 /// The bytes a key prefix must not hold: those that start what follows the prefix in a
 /// key (`{`, `~`, `#` of the lock keys, [`AUX_MARK`] of the auxiliary keys), and `}`.
 /// Without them, of two different prefixes either neither starts the other, or the longer
@@ -57,6 +61,11 @@ pub(crate) struct LockKeys {
     key_end: usize,
     prefix_len: usize,
     pub(crate) ops: &'static Ops,
+    // A semaphore's: how long its definition outlives its last use, in ms (see
+    // `Semaphore::with_expire_after`). Here rather than on the handle because every
+    // script that raises a permit's lease raises the definition's expiry too, the
+    // watchdog's renewal included, and the watchdog keeps a hold's keys, not its handle.
+    expire_after_ms: u64,
 }
 
 impl std::fmt::Debug for LockKeys {
@@ -229,7 +238,18 @@ impl LockKeys {
         }
     }
 
-    /// A semaphore's number of permits; empty for the others.
+    /// How long a semaphore's definition ([`permits`](Self::permits)) outlives its last
+    /// use, in ms (unused by the other kinds).
+    pub(crate) fn expire_after_ms(&self) -> u64 {
+        self.expire_after_ms
+    }
+
+    /// These keys with the semaphore's definition living `ms` past its last use.
+    pub(crate) fn set_expire_after_ms(&mut self, ms: u64) {
+        self.expire_after_ms = ms;
+    }
+
+    /// A semaphore's number of permits, its definition; empty for the others.
     pub(crate) fn permits(&self) -> Vec<u8> {
         if self.object() == Object::Semaphore {
             self.aux(b"permits")
@@ -303,6 +323,7 @@ impl LockKeys {
             key_end: 1 + key.len(),
             prefix_len: prefix.len(),
             ops,
+            expire_after_ms: DEFAULT_EXPIRE_AFTER_MS,
         }
     }
 }
