@@ -188,8 +188,20 @@ local function more()
     -- Draws the next fencing token, as the counter's own decimal text: INCR's reply reaches
     -- Lua as a double, exact only below 2^53 (and `..` would write 10^14 as "1e+14"), so
     -- beyond that the text is read back.
+    -- The counter expires a day (86,400,000 ms) after its last draw, so that a lock name
+    -- left alone leaves nothing behind. Its tokens still only grow: a counter made anew (the
+    -- INCR found none, whether it expired or never was) starts from the server's clock in
+    -- microseconds, which is past every token an earlier counter of the name drew (those
+    -- grew by one per hold, from an earlier such start, far fewer than a microsecond apart).
     function Q.draw_fence()
         local n = redis.call('incr', KEYS[2])
+        if n == 1 then
+            local t = redis.call('time')
+            local fresh = string.format('%d%06d', t[1], t[2])
+            redis.call('set', KEYS[2], fresh, 'px', 86400000)
+            return fresh
+        end
+        redis.call('pexpire', KEYS[2], 86400000)
         if n < 9007199254740992 then
             return string.format('%d', n)
         end

@@ -41,9 +41,44 @@ fn tokens_grow_with_every_hold_by_any_client() {
     .join()
     .unwrap();
     assert!(t > last);
-    // Another name counts on its own.
+    // Another name counts on its own: its next token is its own last one's successor,
+    // whatever "orders" drew meanwhile.
     let other = a.fenced_lock("invoices").lock().unwrap();
-    assert_eq!(other.token(), 1);
+    let start = other.token();
+    other.unlock().unwrap();
+    b.fenced_lock("orders").lock().unwrap().unlock().unwrap();
+    let other = a.fenced_lock("invoices").lock().unwrap();
+    assert_eq!(other.token(), start + 1);
+}
+
+/// The counter a name's tokens are drawn from expires a day after its last draw (a name
+/// left alone leaves no key behind), and a counter made anew, after it expired, draws
+/// past every token drawn before it: tokens still only grow.
+#[test]
+fn the_token_counter_expires_and_a_new_one_draws_past_the_old_tokens() {
+    let (server, client) = CLIENTS.serve();
+    let mut con = server.connection();
+    let counter = Keys::lock("fenced:", "expiring").fence();
+    let lock = client.fenced_lock("expiring");
+    let mut last = 0;
+    for _ in 0..3 {
+        let guard = lock.lock().unwrap();
+        assert!(guard.token() > last, "token {} after {last}", guard.token());
+        last = guard.token();
+        guard.unlock().unwrap();
+        let pttl: i64 = redis::cmd("PTTL").arg(&counter).query(&mut con).unwrap();
+        assert!(
+            pttl > 86_400_000 - 60_000 && pttl <= 86_400_000,
+            "the counter expires in {pttl} ms"
+        );
+    }
+    // As if the day had passed: the counter is gone, and so are its numbers.
+    let _: i64 = redis::cmd("DEL").arg(&counter).query(&mut con).unwrap();
+    let guard = lock.lock().unwrap();
+    assert!(guard.token() > last, "token {} after {last}", guard.token());
+    let next = guard.token();
+    guard.unlock().unwrap();
+    assert_eq!(lock.lock().unwrap().token(), next + 1);
 }
 
 #[test]

@@ -146,8 +146,10 @@ pub type FairLock = Lock<Fair>;
 ///
 /// The token is drawn inside the acquire script (no extra round trip) from a counter key
 /// beside the lock (`<prefix>!fence:<key>`, in the lock's hash slot and in a key namespace
-/// that no lock name can produce) that never expires. Tokens are only as durable as
-/// Redis's data: a Redis that loses its data starts counting again.
+/// that no lock name can produce) that expires a day after its last draw. A counter made
+/// anew (the name's first hold, a name left alone for a day, a Redis that lost its data)
+/// starts from the server's clock in microseconds, past every token drawn before it, and
+/// grows by one per hold.
 ///
 /// # Guarantees
 ///
