@@ -2,7 +2,8 @@
 -- also how a waiter confirms a hold handed to it (one hold, no waiter).
 --
 -- ARGV[1]  n, the number of holds
--- Then for each hold i, three ARGV (mode, field, lease in ms) and its keys, in order:
+-- Then for each hold i, three ARGV (mode, field, lease in ms) and its keys, in order (a
+-- lease of 0 checks the hold only: it is reported if gone, and nothing is written):
 --   mode 'k'  a lock: one key, the lock hash; the field is the holder id, and the lease is
 --             the key's expiry
 --   mode 'm'  a hold with a lease of its own (read-write locks, semaphores): two keys, the
@@ -36,10 +37,10 @@ for i = 1, n do
     local mode, field, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
     a = a + 3
     if mode == 'k' then
-        if redis.call('hexists', KEYS[k], field) == 1 then
-            raise(KEYS[k], lease)
-        else
+        if redis.call('hexists', KEYS[k], field) == 0 then
             lost[#lost + 1] = i
+        elseif lease > 0 then
+            raise(KEYS[k], lease)
         end
         k = k + 1
     else
@@ -47,7 +48,9 @@ for i = 1, n do
         k = k + 2
         now = now or clock()
         local ends = tonumber(redis.call('zscore', leases, field) or '0')
-        if ends > now and redis.call('hexists', holds, field) == 1 then
+        if ends <= now or redis.call('hexists', holds, field) == 0 then
+            lost[#lost + 1] = i
+        elseif lease > 0 then
             if ends < now + lease then
                 redis.call('zadd', leases, now + lease, field)
             end
@@ -57,8 +60,6 @@ for i = 1, n do
             local ms = math.max(redis.call('pttl', holds), lease)
             redis.call('pexpire', holds, ms)
             redis.call('pexpire', leases, ms)
-        else
-            lost[#lost + 1] = i
         end
     end
 end
