@@ -2,7 +2,8 @@
 -- also how a waiter confirms a hold handed to it (one hold, no waiter).
 --
 -- ARGV[1]  n, the number of holds
--- Then for each hold i, three ARGV (mode, field, lease in ms) and its keys, in order:
+-- Then for each hold i, three ARGV (mode, field, lease in ms) and its keys, in order (a
+-- lease of 0 checks the hold only: it is reported if gone, and nothing is written):
 --   mode 'k'  a lock: one key, the lock hash; the field is the holder id, and the lease is
 --             the key's expiry
 --   mode 'm'  a hold with a lease of its own (read-write locks): two keys, the holds hash
@@ -56,10 +57,10 @@ for i = 1, n do
         a = a + 1
     end
     if mode == 'k' then
-        if redis.call('hexists', KEYS[k], field) == 1 then
-            raise(KEYS[k], lease)
-        else
+        if redis.call('hexists', KEYS[k], field) == 0 then
             lost[#lost + 1] = i
+        elseif lease > 0 then
+            raise(KEYS[k], lease)
         end
         k = k + 1
     else
@@ -67,7 +68,9 @@ for i = 1, n do
         k = k + (definition and 3 or 2)
         now = now or clock()
         local ends = tonumber(redis.call('zscore', leases, field) or '0')
-        if ends > now and redis.call('hexists', holds, field) == 1 then
+        if ends <= now or redis.call('hexists', holds, field) == 0 then
+            lost[#lost + 1] = i
+        elseif lease > 0 then
             if ends < now + lease then
                 redis.call('zadd', leases, now + lease, field)
             end
@@ -80,8 +83,6 @@ for i = 1, n do
             if definition then
                 keep(definition, ms + idle)
             end
-        else
-            lost[#lost + 1] = i
         end
     end
 end

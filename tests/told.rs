@@ -13,7 +13,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
-use redmutex::{Client, Error, Kind, LockGuard, LossReason, MultiLock, OwnedGuard, Permit};
+use redmutex::{
+    Client, Error, Kind, LockGuard, LockOptions, LossReason, MultiLock, OwnedGuard, Permit,
+};
 use support::clients::{with_hook, Clients, Heard, Told};
 use support::keys::{self, Keys, DEFAULT_PREFIX};
 use support::topology::Cluster;
@@ -533,4 +535,361 @@ fn a_force_unlock_of_a_multilock_member_is_told_at_once() {
         [("m2".to_owned(), "Lock", LossReason::Deleted)]
     );
     assert!(is_lease_lost(&held.unlock()));
+}
+
+/// While the guard lives, `con`'s server takes no new connection (`maxclients` 1: those
+/// open stay, new ones are refused with "max number of clients reached"); dropped, it
+/// takes them again.
+struct Refusing(redis::Connection);
+
+impl Refusing {
+    fn new(mut con: redis::Connection) -> Refusing {
+        max_clients(&mut con, 1);
+        Refusing(con)
+    }
+
+    /// Connections the server refused so far (`INFO stats`).
+    fn refused(&mut self) -> u64 {
+        let info: String = redis::cmd("INFO").arg("stats").query(&mut self.0).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("rejected_connections:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO stats: rejected_connections")
+    }
+
+    /// Blocks until the server refused another connection (the holder's pub/sub reader
+    /// trying again: it backs off to once a second), so that what happened before is
+    /// known to have happened while the reader could not listen.
+    fn await_refusal(&mut self) {
+        let before = self.refused();
+        assert!(
+            support::wait_until(Duration::from_secs(5), || self.refused() > before),
+            "no connection was tried (and refused) within 5 s"
+        );
+    }
+}
+
+impl Drop for Refusing {
+    fn drop(&mut self) {
+        max_clients(&mut self.0, 10_000);
+    }
+}
+
+fn max_clients(con: &mut redis::Connection, n: u32) {
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(n)
+        .exec(con)
+        .expect("CONFIG SET maxclients");
+}
+
+/// How soon after its pub/sub connection can be made again a client is told of a
+/// force_unlock it missed meanwhile: its reader's reconnect comes within its backoff (at
+/// most a second), then one check of its holds; ample on a loaded machine, and far under
+/// the watchdog's renewal (10 s) and the fixed leases (20 s).
+const TOLD_AFTER_RECONNECT_WITHIN: Duration = Duration::from_secs(3);
+
+/// Issue 38, "told late, or never": a `force_unlock` published while the holder's pub/sub
+/// connection is down (killed, and its reconnects refused: the server at `maxclients`)
+/// reaches nobody. Once the client listens again it checks its holds against Redis at
+/// once, so a fixed-lease hold (20 s), a watchdog hold (renewed 10 s after its grant) and
+/// a read hold with a lease of its own (renew.lua's other mode) are told within seconds of
+/// the reconnect, not at their lease's end or next renewal. A hold that was not freed is
+/// left as it was: the check extends no fixed lease. `pubsub` is the server the holder's
+/// pub/sub connection goes to; `other` frees the locks.
+fn told_after_the_reconnect(
+    pubsub: &dyn Fn() -> redis::Connection,
+    holder: &Client,
+    heard: &Heard,
+    other: &Client,
+    names: [&str; 4],
+    what: &str,
+) {
+    let [fixed_name, watched_name, read_name, bystander_name] = names;
+    const FIXED: Duration = Duration::from_secs(20);
+    let fixed = support::leased(&holder.lock(fixed_name), FIXED, "fixed");
+    let watched = holder.lock(watched_name).lock().unwrap();
+    let read = holder
+        .read_write_lock(read_name)
+        .read_lock()
+        .try_lock_with(LockOptions::new().lease(FIXED))
+        .unwrap()
+        .expect("read");
+    let bystander = support::leased(&holder.lock(bystander_name), FIXED, "bystander");
+    let granted = Instant::now();
+    let losts = [fixed.lost(), watched.lost(), read.lost(), bystander.lost()];
+    let own = keys::control_channel(DEFAULT_PREFIX, holder);
+    assert!(
+        support::wait_until(Duration::from_secs(5), || {
+            support::subscribers(&mut pubsub(), &own) == 1
+        }),
+        "{what}: the holder listens"
+    );
+    // The other client's command connections open now: the server refuses new ones
+    // below (the holder's are open: they took the locks).
+    assert!(other.lock(fixed_name).is_locked().unwrap(), "{what}");
+    let mut refusing = Refusing::new(pubsub());
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut refusing.0)
+        .unwrap();
+    assert_eq!(killed, 1, "{what}: the holder's pub/sub connection");
+    refusing.await_refusal();
+    for name in [fixed_name, watched_name, read_name] {
+        assert!(!other.force_unlock(name).unwrap().is_empty(), "{what}");
+    }
+    // Still reconnecting after the force_unlocks, and nothing told it.
+    refusing.await_refusal();
+    for lost in &losts {
+        assert!(not_ready(lost), "{what}: told while its pub/sub was down");
+    }
+    drop(refusing);
+    let back = Instant::now();
+    for (lost, name) in losts[..3].iter().zip(names) {
+        let after = select! {
+            recv(lost) -> _ => back.elapsed(),
+            recv(crossbeam_channel::at(back + TOLD_AFTER_RECONNECT_WITHIN)) -> _ => panic!(
+                "{what}: {name} not told within {TOLD_AFTER_RECONNECT_WITHIN:?} of the \
+                 pub/sub connection being possible again"
+            ),
+        };
+        println!("{what}: {name} told {after:?} after the server took connections again");
+    }
+    assert!(fixed.is_lease_lost() && watched.is_lease_lost() && read.is_lease_lost());
+    let mut told = heard.told(3);
+    told.sort_by_key(|t| t.0.clone());
+    let mut expected = vec![
+        (fixed_name.to_owned(), "Lock", LossReason::Deleted),
+        (watched_name.to_owned(), "Lock", LossReason::Deleted),
+        (read_name.to_owned(), "ReadLock", LossReason::Deleted),
+    ];
+    expected.sort_by_key(|t| t.0.clone());
+    assert_eq!(told, expected, "{what}");
+    // The hold nobody freed stands, its lease as it was: counted from its grant.
+    assert!(not_ready(&losts[3]) && !bystander.is_lease_lost(), "{what}");
+    let left = other
+        .lock(bystander_name)
+        .remaining_lease()
+        .unwrap()
+        .expect("held");
+    assert!(
+        left <= FIXED.saturating_sub(granted.elapsed()) + Duration::from_millis(5),
+        "{what}: the bystander's lease was extended to {left:?}"
+    );
+    for said in [fixed.unlock(), watched.unlock(), read.unlock()] {
+        assert!(is_lease_lost(&said), "{what}: {said:?}");
+    }
+    bystander.unlock().unwrap();
+}
+
+#[test]
+fn a_force_unlock_while_the_holders_pubsub_connection_is_down_is_told_once_it_is_back() {
+    for functions in [true, false] {
+        if functions && !support::server_kind().has_functions() {
+            continue;
+        }
+        // A server each: the pub/sub connection killed must be this holder's alone.
+        let server = RedisServer::new();
+        let path = if functions { "fcall" } else { "evalsha" };
+        let (holder, heard) = CLIENTS.functions(functions).heard_at(&server.url());
+        let other = Clients::DEFAULT.functions(functions).at(&server);
+        told_after_the_reconnect(
+            &|| server.connection(),
+            &holder,
+            &heard,
+            &other,
+            ["fixed", "watched", "read", "bystander"],
+            path,
+        );
+    }
+}
+
+/// The same on a Redis Cluster: the holder's pub/sub connection goes to node 0 (its only
+/// seed), the locks live on other nodes, and node 0 alone refuses new connections.
+#[test]
+fn a_force_unlock_on_a_cluster_while_the_holders_pubsub_connection_is_down_is_told_once_it_is_back()
+{
+    let cluster = Cluster::new(3, 0);
+    // One hash tag for the four locks: one node, not 0.
+    let tag = (0..)
+        .map(|i| format!("{{t{i}}}"))
+        .find(|t| cluster.node_for_key(Keys::lock(DEFAULT_PREFIX, t).key()) != 0)
+        .unwrap();
+    let (holder, heard) = with_hook(
+        CLIENTS
+            .connect(Duration::from_secs(10))
+            .builder()
+            .cluster(vec![format!("redis://{}/", cluster.node(0).addr())]),
+    );
+    let other = Clients::DEFAULT
+        .connect(Duration::from_secs(10))
+        .cluster_at(cluster.seed_urls());
+    let names = ["fixed", "watched", "read", "bystander"].map(|n| format!("{tag}-{n}"));
+    told_after_the_reconnect(
+        &|| cluster.node(0).connection(),
+        &holder,
+        &heard,
+        &other,
+        [&names[0], &names[1], &names[2], &names[3]].map(String::as_str),
+        "cluster",
+    );
+}
+
+/// How long past its deadline a bounded call may return (documented: 250 ms), with a
+/// margin for a loaded machine. The calls below took 3 s before (the command timeout).
+const PAST_DEADLINE_WITHIN: Duration = Duration::from_millis(250 + 750);
+
+/// Issue 38, "a first hold waits for its subscription past its deadline": with the server
+/// at `maxclients` (the pooled command connection still works, the pub/sub connection
+/// cannot be made) a client's first `try_lock()` took 3 s, the command timeout it waited
+/// for its own channel's subscription, and `try_lock_with(wait_for(0).lease(1 s))`
+/// returned after 3 s a guard whose lease had ended 2 s before. Bounded calls stay within
+/// their deadline plus the grace, and a guard returned has its lease. A hold taken while
+/// the client cannot listen is still told of a `force_unlock` once it can.
+#[test]
+fn a_first_hold_stays_within_its_deadline_while_the_client_cannot_listen() {
+    let server = RedisServer::new();
+    for functions in [true, false] {
+        if functions && !support::server_kind().has_functions() {
+            continue;
+        }
+        let path = if functions { "fcall" } else { "evalsha" };
+        // The default command timeout (3 s), a fresh client: its first hold is below.
+        let (client, heard) = Clients::DEFAULT
+            .functions(functions)
+            .heard_at(&server.url());
+        let other = Clients::DEFAULT.functions(functions).at(&server);
+        let (plain, leased) = (format!("{path}-plain"), format!("{path}-leased"));
+        // Their command connections open before the server refuses new ones.
+        assert!(!client.lock(&plain).is_locked().unwrap());
+        assert!(!other.lock(&plain).is_locked().unwrap());
+        let mut refusing = Refusing::new(server.connection());
+
+        let (got, took) = support::timed(|| client.lock(&plain).try_lock());
+        println!(
+            "{path}: try_lock() took {took:?}: {:?}",
+            got.as_ref().map(Option::is_some)
+        );
+        assert!(
+            took < PAST_DEADLINE_WITHIN,
+            "{path}: try_lock() took {took:?}"
+        );
+        let first = match got {
+            Ok(Some(guard)) => {
+                assert!(!guard.is_lease_lost(), "{path}: returned lost");
+                Some(guard)
+            }
+            Ok(None) => panic!("{path}: the lock is free"),
+            Err(e) => {
+                println!("{path}: try_lock() failed: {e}");
+                None
+            }
+        };
+
+        let options = LockOptions::new()
+            .wait_for(Duration::ZERO)
+            .lease(Duration::from_secs(1));
+        let (got, took) = support::timed(|| client.lock(&leased).try_lock_with(options.clone()));
+        println!("{path}: try_lock_with(wait_for(0).lease(1 s)) took {took:?}");
+        assert!(
+            took < PAST_DEADLINE_WITHIN,
+            "{path}: try_lock_with(wait_for(0).lease(1 s)) took {took:?}"
+        );
+        match got {
+            Ok(Some(guard)) => {
+                assert!(
+                    !guard.is_lease_lost(),
+                    "{path}: a guard whose lease is over"
+                );
+                let left = other.lock(&leased).remaining_lease().unwrap();
+                assert!(left.is_some_and(|l| !l.is_zero()), "{path}: {left:?}");
+                guard.unlock().unwrap();
+            }
+            Ok(None) => panic!("{path}: the lock is free"),
+            Err(e) => println!("{path}: try_lock_with failed: {e}"),
+        }
+
+        // The first hold, taken while the client could not listen, freed meanwhile: told
+        // once the client listens.
+        if let Some(guard) = first {
+            let lost = guard.lost();
+            assert!(!other.force_unlock(&plain).unwrap().is_empty());
+            refusing.await_refusal();
+            assert!(not_ready(&lost), "{path}: told while it could not listen");
+            drop(refusing);
+            let back = Instant::now();
+            let after = select! {
+                recv(lost) -> _ => back.elapsed(),
+                recv(crossbeam_channel::at(back + TOLD_AFTER_RECONNECT_WITHIN)) -> _ => panic!(
+                    "{path}: not told within {TOLD_AFTER_RECONNECT_WITHIN:?} of the server \
+                     taking connections again"
+                ),
+            };
+            println!("{path}: told {after:?} after the server took connections again");
+            assert_eq!(
+                heard.told(1),
+                [(plain.clone(), "Lock", LossReason::Deleted)],
+                "{path}"
+            );
+            assert!(is_lease_lost(&guard.unlock()));
+        }
+    }
+}
+
+/// The same with a subscription that is slow rather than refused: the holder's pub/sub
+/// requests reach Redis 2 s late (a proxy holds them back), its command connection is as
+/// fast as ever. The first `try_lock()` waits for the answer no longer than its deadline
+/// plus the grace (it waited the command timeout, 3 s, before), nor past half a short
+/// lease; the guards it returns have their leases.
+#[test]
+fn a_first_hold_stays_within_its_deadline_while_its_subscription_is_slow() {
+    let (server, proxy, client) = Clients::DEFAULT.serve_through_proxy();
+    let other = Clients::DEFAULT.at(&server);
+    assert!(!client.lock("plain").is_locked().unwrap());
+    // Its own channel's SUBSCRIBE: the first thing its pub/sub reader sends.
+    let own = keys::control_channel(DEFAULT_PREFIX, &client);
+    proxy.delay_requests_containing(&own, Duration::from_secs(2));
+
+    let (got, took) = support::timed(|| client.lock("plain").try_lock());
+    println!("try_lock() took {took:?}");
+    assert!(took < PAST_DEADLINE_WITHIN, "try_lock() took {took:?}");
+    let guard = got.unwrap().expect("free");
+    assert!(!guard.is_lease_lost());
+    assert!(proxy.seen(&own) >= 1, "the client's reader subscribes");
+    assert_eq!(proxy.forwarded(&own), 0, "{took:?}: not answered yet");
+
+    let options = LockOptions::new()
+        .wait_for(Duration::ZERO)
+        .lease(Duration::from_millis(400));
+    let (got, took) = support::timed(|| client.lock("short").try_lock_with(options.clone()));
+    println!("try_lock_with(wait_for(0).lease(400 ms)) took {took:?}");
+    assert!(took < PAST_DEADLINE_WITHIN, "took {took:?}");
+    let short = got.unwrap().expect("free");
+    assert!(
+        !short.is_lease_lost(),
+        "a guard whose lease is over, after {took:?}"
+    );
+    let left = other.lock("short").remaining_lease().unwrap();
+    assert!(left.is_some_and(|l| !l.is_zero()), "{left:?}");
+    short.unlock().unwrap();
+
+    // Once the subscription goes through, the hold taken meanwhile is checked: freed,
+    // it is told.
+    let lost = guard.lost();
+    assert!(!other.force_unlock("plain").unwrap().is_empty());
+    assert!(not_ready(&lost));
+    proxy.delay_requests_containing(&own, Duration::ZERO);
+    let lifted = Instant::now();
+    // A SUBSCRIBE held back already arrives late; the reader's next one is not held.
+    let after = select! {
+        recv(lost) -> _ => lifted.elapsed(),
+        recv(crossbeam_channel::at(lifted + Duration::from_secs(5))) -> _ => panic!(
+            "not told within 5 s of the subscription being let through"
+        ),
+    };
+    println!("told {after:?} after the subscription was let through");
+    assert!(is_lease_lost(&guard.unlock()));
 }

@@ -266,12 +266,7 @@ impl<K: Kind> Lock<K> {
         sent: Instant,
         handoff: bool,
     ) -> LockGuard<K> {
-        // Listening on the client's own channel from its first hold on: a force_unlock of
-        // this hold is told there.
         let inner = &self.client.inner;
-        inner
-            .subscriber
-            .listen(inner, inner.exec.config.command_timeout);
         let registration = self.client.inner.watchdog.table.acquired(
             &self.keys,
             token,
@@ -286,6 +281,9 @@ impl<K: Kind> Lock<K> {
                 thread: self.thread_owned().then(keys::thread_token),
             },
         );
+        // A force_unlock of this hold is told on the client's own channel, or found by a
+        // check of the holds if it may have been told to nobody (see `Subscriber::held`).
+        inner.subscriber.held(inner, sent);
         LockGuard::new(self, token, holder, lease, sent, registration, grant.fence)
     }
 
@@ -293,6 +291,27 @@ impl<K: Kind> Lock<K> {
     /// acquisitions), not holders of their own (a permit, an owned hold).
     pub(crate) fn thread_owned(&self) -> bool {
         !self.keys.ops.per_call && !<K as crate::primitives::kind::sealed::Sealed>::OWN_HOLDER
+    }
+
+    /// How long an acquisition begun now with `deadline` and `lease` waits for the client's
+    /// own channel's subscription to be answered (see `Subscriber::listen`): before it
+    /// sends anything, until its deadline (a call that may not wait at all sends at once);
+    /// once it holds, until its I/O bound ends, and never past half its lease (counted
+    /// from no earlier than now), so a guard is never handed out with its lease over;
+    /// either at most the command timeout from now.
+    pub(crate) fn listen_bounds(
+        &self,
+        lease: Lease,
+        deadline: Option<Instant>,
+    ) -> (Instant, Instant) {
+        let now = Instant::now();
+        let command = now + self.client.inner.exec.config.command_timeout;
+        let before = deadline.map_or(command, |d| d.min(command));
+        let half_lease = now + Duration::from_millis(self.lease_ms(lease) / 2);
+        let after = self
+            .io_until(deadline)
+            .map_or(command, |io| io.min(command));
+        (before, after.min(half_lease))
     }
 
     /// The instant I/O of an attempt must give up at: none for unbounded calls, the

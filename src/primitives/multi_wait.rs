@@ -57,6 +57,20 @@ impl MultiLock {
         if cancel::is_cancelled(cancel) {
             return Err(Error::CANCELLED);
         }
+        // Each member's client listens on its own channel before anything is sent, as for
+        // a `Lock` (see `Subscriber::listen`): their readers started together, so that
+        // the waits overlap.
+        let bounds: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| m.listen_bounds(lease, deadline))
+            .collect();
+        for m in self.members.iter() {
+            m.client.inner.subscriber.start(&m.client.inner);
+        }
+        for (m, &(by, _)) in self.members.iter().zip(&bounds) {
+            m.client.inner.subscriber.listen(&m.client.inner, by);
+        }
         // A member whose client's own channel the server refuses: as for a `Lock` (see
         // `Subscriber::refusal`), nothing is written.
         self.refusal()?;
@@ -119,6 +133,11 @@ impl MultiLock {
         let holder = telemetry::Holder(&self.members[0].client.inner.exec.id, fresh);
         telemetry::acquisition("MultiLock", &names, &holder, || {
             let guard = wait.run()?;
+            if guard.is_some() {
+                for (m, &(_, by)) in self.members.iter().zip(&bounds) {
+                    m.client.inner.subscriber.listen(&m.client.inner, by);
+                }
+            }
             match (guard, self.refusal()) {
                 // Learned with the first hold of a member's client: given back, as a
                 // `Lock`'s, so that a call that fails holds nothing.

@@ -60,6 +60,10 @@ impl<K: Kind> Lock<K> {
         if cancel.is_some_and(CancellationToken::is_cancelled) {
             return Err(Error::CANCELLED);
         }
+        // The client listens on its own channel before anything is sent (see
+        // `Subscriber::listen`), within the call's bounds.
+        let (listen_by, answer_by) = self.listen_bounds(lease, deadline);
+        inner.subscriber.listen(inner, listen_by);
         if let Some(refused) = inner.subscriber.refusal() {
             // The server refuses the client's own channel: a force_unlock of a hold could
             // not be told, nor a release to a waiter. Nothing is written.
@@ -145,6 +149,9 @@ impl<K: Kind> Lock<K> {
             // The client's first hold learns whether the server lets it listen on its own
             // channel (see `Subscriber::listen`): refused, the hold is given back, so that
             // a call that fails holds nothing.
+            if guard.is_some() {
+                inner.subscriber.listen(inner, answer_by);
+            }
             match (guard, inner.subscriber.refusal()) {
                 (Some(guard), Some(refused)) => {
                     if let Err(e) = guard.unlock() {

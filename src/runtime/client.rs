@@ -324,6 +324,10 @@ impl ForceUnlocked for Inner {
     fn force_unlocked(&self, key: &[u8], token: u64) {
         self.watchdog.table.force_unlocked(key, token);
     }
+
+    fn unheard(self: Arc<Self>) {
+        self.watchdog.check_holds(&self);
+    }
 }
 
 impl fmt::Debug for Client {

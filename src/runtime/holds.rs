@@ -29,7 +29,7 @@ use crate::runtime::loss::{Hook, Loss, Notifier, Timed};
 use self::hold::{live_levels, remove_hold, Hold, HoldKey, Holds, Level};
 use self::tasks::Waiting;
 
-pub(crate) use self::hold::{LossAt, Watched};
+pub(crate) use self::hold::{LossAt, RoundKind, Watched};
 pub(crate) use self::tasks::{Doubtful, Kick, KICK_TRIES};
 
 /// What a guard keeps of its registration.

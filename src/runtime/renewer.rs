@@ -5,6 +5,7 @@
 //! are the client's lease policy (`lease.rs`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
@@ -14,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::runtime::calls;
 use crate::runtime::executor::Executor;
-use crate::runtime::holds::{Doubtful, HoldTable, Watched, KICK_TRIES};
+use crate::runtime::holds::{Doubtful, HoldTable, RoundKind, Watched, KICK_TRIES};
 use crate::runtime::keys::LockKeys;
 use crate::runtime::telemetry;
 use crate::Error;
@@ -45,6 +46,8 @@ pub(crate) struct Watchdog {
     pub(crate) table: HoldTable,
     // The running thread; the table's alarm holds the sender that wakes it.
     thread: Mutex<Option<JoinHandle<()>>>,
+    // Every hold is to be checked against Redis at once (see `check_holds`).
+    check: AtomicBool,
 }
 
 impl Watchdog {
@@ -52,7 +55,30 @@ impl Watchdog {
         Watchdog {
             table,
             thread: Mutex::new(None),
+            check: AtomicBool::new(false),
         }
+    }
+
+    /// Has the thread check every hold against Redis at once, fixed leases too (a check
+    /// round: see [`RoundKind::Check`]): a hold found gone is marked lost, as a renewal
+    /// marks it. For when a `force_unlock` of any hold may have been told to nobody: the
+    /// client's pub/sub connection was down (and a fixed lease is never renewed, a
+    /// watchdog lease only a third of the lease later).
+    pub(crate) fn check_holds<C: Owner + 'static>(&self, client: &Arc<C>) {
+        if !self.table.holds_any() {
+            return;
+        }
+        self.check.store(true, Ordering::SeqCst);
+        if let Err(e) = self.ensure_running(client) {
+            // A watchdog hold's renewal finds it gone still; a fixed lease ends by itself.
+            tracing::warn!(
+                target: "redmutex",
+                error = %e,
+                "redmutex: cannot check the holds after the pub/sub connection was down"
+            );
+            return;
+        }
+        self.table.alarm.nudge();
     }
 
     /// Makes sure the renewal thread runs, starting it (again, if it died) when needed.
@@ -144,6 +170,14 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
         let woken = wake.recv_deadline(wake_at);
         if let Some(inner) = client.upgrade() {
             *inner.watchdog().table.alarm.planned.lock() = None;
+            if inner.watchdog().check.swap(false, Ordering::SeqCst)
+                && catch_unwind(AssertUnwindSafe(|| {
+                    renew_round(&*inner, RoundKind::Check, false)
+                }))
+                .is_err()
+            {
+                tracing::error!(target: "redmutex", "redmutex: a check of the holds panicked");
+            }
         }
         match woken {
             Ok(()) => {
@@ -316,7 +350,12 @@ fn clean_doubtful(inner: &dyn Owner) {
 /// have a third of their time left. Each call gives up after a third of the lease, so one
 /// slow round cannot use up the time of the next one.
 pub(crate) fn renew_all(inner: &dyn Owner, full: bool) {
-    renew_round(inner, full, false);
+    let kind = if full {
+        RoundKind::Full
+    } else {
+        RoundKind::Due
+    };
+    renew_round(inner, kind, false);
 }
 
 /// The extensions due now, run in the pauses of a call of the watchdog thread that waits
@@ -330,7 +369,11 @@ fn extensions_meanwhile(inner: &dyn Owner) -> impl FnMut() + '_ {
             // through: the extension would wait out the same refusal.)
             return;
         }
-        if catch_unwind(AssertUnwindSafe(|| renew_round(inner, false, true))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| {
+            renew_round(inner, RoundKind::Due, true)
+        }))
+        .is_err()
+        {
             tracing::error!(
                 target: "redmutex",
                 "redmutex: an extension of a handed-over hold panicked"
@@ -339,16 +382,17 @@ fn extensions_meanwhile(inner: &dyn Owner) -> impl FnMut() + '_ {
     }
 }
 
-/// [`renew_all`]; `nested` when run in the pause of another call (whose own pauses then
-/// run nothing more).
-fn renew_round(inner: &dyn Owner, full: bool, nested: bool) {
+/// A round of `kind` ([`renew_all`]'s, or a check of every hold); `nested` when run in
+/// the pause of another call (whose own pauses then run nothing more).
+fn renew_round(inner: &dyn Owner, kind: RoundKind, nested: bool) {
     let watchdog_ms = inner.executor().config.lease.watchdog_ms();
     let table = &inner.watchdog().table;
     let mut round = Round {
         table,
-        watched: table.watched(full, watchdog_ms),
+        watched: table.watched(kind, watchdog_ms),
     };
-    let mut waiters = if full {
+    // (Queue entries are the full round's: a reconnect has every waiter look again.)
+    let mut waiters = if kind == RoundKind::Full {
         table.waiters(&inner.executor().config.lease)
     } else {
         Vec::new()
@@ -451,8 +495,12 @@ fn renew_batch(
         Ok((lost, gone)) => {
             // Those lost are forgotten below; the others are extended.
             table.extended(batch, true);
-            telemetry::renewed(batch.len().saturating_sub(lost.len()));
             let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
+            // (A hold only checked, lease 0, was not renewed.)
+            let renewed = (0..batch.len())
+                .filter(|i| batch[*i].lease_ms > 0 && !lost_at.contains(i))
+                .count();
+            telemetry::renewed(renewed);
             table.confirmed(batch, sent, &lost_at);
             for i in lost {
                 let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {

@@ -52,6 +52,12 @@ pub(crate) trait ForceUnlocked: Send + Sync {
     /// The `force_unlock` freed the holder `token` of `key` (see
     /// `HoldTable::force_unlocked`).
     fn force_unlocked(&self, key: &[u8], token: u64);
+
+    /// A `force_unlock` of any of the client's holds may have been told to nobody: they
+    /// were taken, or held, while the client did not listen on its own channel (its
+    /// pub/sub connection down or not made yet). Every hold is to be checked against
+    /// Redis at once (see `Watchdog::check_holds`).
+    fn unheard(self: Arc<Self>);
 }
 
 pub(crate) struct Subscriber {
@@ -66,12 +72,17 @@ struct Shared {
     // socket, come back and subscribe their channels (it alone owns the connection), and
     // `force_unlock` tells this client here which of its holds it freed.
     control: Vec<u8>,
-    // The client whose holds a `force_unlock` message marks lost: set once it first holds
-    // something (see `Subscriber::listen`).
+    // The client whose holds a `force_unlock` message marks lost: set once it first
+    // acquires something (see `Subscriber::listen`).
     client: OnceLock<Weak<dyn ForceUnlocked>>,
-    // A latch: its sender is dropped once the server confirmed the subscription of
-    // `control` (the first session's first SUBSCRIBE), which a client's first hold awaits.
+    // A latch: its sender is dropped once the server answered the subscription of
+    // `control` (the first session's first SUBSCRIBE), or the reader failed to make or
+    // keep its first connection, which a client's first acquisitions await (see `listen`).
     listening: Mutex<(Option<Sender<()>>, Receiver<()>)>,
+    // Since when the server has confirmed `control`'s subscription on the current
+    // connection (`None`: not confirmed, or no connection): a hold granted after that
+    // instant was granted while a `force_unlock` of it is heard (see `held`).
+    listening_since: Mutex<Option<Instant>>,
     // The server's ACL refusal of `control`'s SUBSCRIBE, while it stands: the reader asks
     // again, backing off, and meanwhile the client's acquisitions fail (see `refusal`).
     refused: Mutex<Option<redis::RedisError>>,
@@ -278,6 +289,7 @@ impl Subscriber {
                     let (tx, rx) = crossbeam_channel::bounded(0);
                     (Some(tx), rx)
                 }),
+                listening_since: Mutex::new(None),
                 refused: Mutex::new(None),
                 warned: AtomicBool::new(false),
                 sharding: AtomicBool::new(sharding),
@@ -287,18 +299,64 @@ impl Subscriber {
         }
     }
 
-    /// `client` holds something: makes sure the reader runs, so that it listens on the
-    /// client's own channel, where a `force_unlock` of any of its holds is told. Sends
-    /// nothing on the caller's connection: the reader subscribes once per connection.
+    /// `client` is about to hold something: makes sure the reader runs, so that it listens
+    /// on the client's own channel, where a `force_unlock` of any of its holds is told.
+    /// Sends nothing on the caller's connection: the reader subscribes once per
+    /// connection.
     ///
-    /// The client's first hold waits (at most `bound`) until the server has confirmed
-    /// that subscription: a `force_unlock` right after it would otherwise go unheard
-    /// until a renewal, and the set-up happens once, before the first acquisition
-    /// returns, not at some later moment of the client's traffic. A refusal of the
-    /// subscription ends that wait at once (see [`Subscriber::refusal`]).
-    pub(crate) fn listen<C: ForceUnlocked + 'static>(&self, client: &Arc<C>, bound: Duration) {
-        let weak: Weak<dyn ForceUnlocked> = Arc::downgrade(client) as Weak<C>;
-        let first = self.shared.client.get().is_none() && self.shared.client.set(weak).is_ok();
+    /// Until the server has first answered that subscription (or the reader failed to
+    /// make its first connection), waits for it, at most until `until`: called before an
+    /// acquisition sends anything, so that a hold it takes is granted while a
+    /// `force_unlock` of it is heard (and a refusal fails it before anything is written,
+    /// see [`Subscriber::refusal`]); called again once it holds (the wait is then the
+    /// rest of the call's bound), so that a refusal that comes meanwhile has its hold
+    /// given back. A call whose wait ends unanswered goes on: its holds are checked
+    /// against Redis once the subscription is confirmed (see [`Subscriber::held`]). The
+    /// set-up happens once, with the first acquisitions, not at some later moment of the
+    /// client's traffic.
+    pub(crate) fn listen<C: ForceUnlocked + 'static>(&self, client: &Arc<C>, until: Instant) {
+        if !self.start(client) {
+            return;
+        }
+        let rx = self.shared.listening.lock().1.clone();
+        if let Err(RecvTimeoutError::Timeout) = rx.recv_deadline(until) {
+            // Redis is slow: the reader keeps trying on its own, and the client's holds
+            // are checked once it listens.
+            tracing::debug!(
+                target: "redmutex",
+                "redmutex: the client's own channel is not subscribed yet"
+            );
+        }
+    }
+
+    /// `client` was granted a hold (now in its table) by a call sent at `sent`: if the
+    /// server had not confirmed the client's own channel by then, a `force_unlock` of the
+    /// hold may have been published to nobody, and its holds are checked against Redis
+    /// as soon as the subscription is confirmed (now, if it is). Sends nothing itself.
+    pub(crate) fn held<C: ForceUnlocked + 'static>(&self, client: &Arc<C>, sent: Instant) {
+        if !self.start(client) {
+            return;
+        }
+        let since = *self.shared.listening_since.lock();
+        match since {
+            // Confirmed before the grant was sent, on the connection still up: the server
+            // ran the SUBSCRIBE before the grant, so a force_unlock after it is heard.
+            Some(at) if at < sent => {}
+            // Confirmed since: perhaps after a force_unlock right after the grant.
+            Some(_) => client.clone().unheard(),
+            // The confirmation to come checks every hold, this one with them: it was put
+            // in the table before this look.
+            None => {}
+        }
+    }
+
+    /// Makes sure the reader runs for `client` (told of `force_unlock`s from now on),
+    /// waiting for nothing; false when it cannot be started.
+    pub(crate) fn start<C: ForceUnlocked + 'static>(&self, client: &Arc<C>) -> bool {
+        if self.shared.client.get().is_none() {
+            let weak: Weak<dyn ForceUnlocked> = Arc::downgrade(client) as Weak<C>;
+            let _ = self.shared.client.set(weak);
+        }
         if let Err(e) = self.ensure_running() {
             // Its renewals still find a force_unlock, a third of the lease later.
             tracing::warn!(
@@ -306,19 +364,9 @@ impl Subscriber {
                 error = %e,
                 "redmutex: cannot start the pub/sub thread"
             );
-            return;
+            return false;
         }
-        if first {
-            let rx = self.shared.listening.lock().1.clone();
-            if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(bound) {
-                // Redis is slow or away: the reader keeps trying on its own, and the
-                // renewals find a force_unlock meanwhile.
-                tracing::debug!(
-                    target: "redmutex",
-                    "redmutex: the client's own channel is not subscribed yet"
-                );
-            }
-        }
+        true
     }
 
     /// The server's ACL refusal of the client's own channel, while it stands, as the
@@ -526,6 +574,7 @@ fn run(shared: Weak<Shared>) {
                     // come from another server than the one its waiter queued on.
                     strong.manager.topology.changed();
                     strong.disconnected();
+                    strong.not_listening();
                 }
                 if began.elapsed() < MAX_RECONNECT_BACKOFF {
                     // A session that failed as soon as it began (the server refusing it
@@ -543,6 +592,9 @@ fn run(shared: Weak<Shared>) {
                     error = %e,
                     "redmutex: pub/sub connection failed, retrying in {backoff:?}"
                 );
+                if let Some(strong) = shared.upgrade() {
+                    strong.not_listening();
+                }
                 thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
             }
@@ -770,6 +822,15 @@ impl Shared {
                     tracing::info!(target: "redmutex", "redmutex: the server now allows this client's pub/sub channel");
                     self.warned.store(false, Ordering::Relaxed);
                 }
+                *self.listening_since.lock() = Some(Instant::now());
+                // A force_unlock published while the client did not listen (its connection
+                // down, or not made yet when a hold was granted) reached nobody: the holds
+                // are checked against Redis, as a waiter looks again after a reconnect.
+                // (This channel is the classic connection's on a cluster too: a sharded
+                // link carries waiters' channels only, and its reconnect needs no check.)
+                if let Some(client) = self.client.get().and_then(Weak::upgrade) {
+                    client.unheard();
+                }
                 None
             }
             Err(e) => {
@@ -781,9 +842,17 @@ impl Shared {
                 Some((Instant::now() + pause, pause))
             }
         };
-        // Either way the client's first hold need wait no longer (see `listen`).
+        // Either way the client's first acquisitions need wait no longer (see `listen`).
         self.listening.lock().0 = None;
         next
+    }
+
+    /// The reader could not make, or keep, its connection: the client's first
+    /// acquisitions wait no longer for it to listen (see `Subscriber::listen`), and until
+    /// it does, a hold it is granted is checked once it does (see `Subscriber::held`).
+    fn not_listening(&self) {
+        *self.listening_since.lock() = None;
+        self.listening.lock().0 = None;
     }
 
     /// Says at WARN, once, that the server refused a channel; later refusals at DEBUG.
@@ -933,6 +1002,7 @@ impl Shared {
     }
 
     fn disconnected(&self) {
+        *self.listening_since.lock() = None;
         let mut state = self.state.lock();
         state.connected = false;
         state.pending.clear();

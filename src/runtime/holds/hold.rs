@@ -100,12 +100,14 @@ impl Hold {
     }
 
     /// Adds this hold (thread `token`'s) to a renewal round's `watched` and marks it as
-    /// being renewed, if the round is for it: in a `full` round when it has a watchdog
-    /// level or a pending extension, otherwise when its extension is due by `now`.
+    /// being renewed, if the round is for it: in a full round when it has a watchdog
+    /// level or a pending extension, otherwise when its extension is due by `now`. A
+    /// check round takes what a full one does, and every other hold whose lease is not
+    /// over too, to be checked only (a lease of 0: nothing extends it).
     pub(super) fn watch(
         &mut self,
         token: u64,
-        full: bool,
+        kind: RoundKind,
         now: Instant,
         watchdog_ms: u64,
         watched: &mut Vec<Watched>,
@@ -115,25 +117,30 @@ impl Hold {
             self.extend_at = None;
             return;
         }
+        let full = kind != RoundKind::Due;
         let due = self.extend_at.is_some_and(|at| full || at <= now);
-        if due || (full && self.has_watchdog_level()) {
-            self.extend_at = None;
-            let extension = self.pickup_ends.is_some();
-            let lease_ms = self.need_ms(watchdog_ms, now);
-            if lease_ms == 0 {
-                return;
-            }
-            self.renewing = true;
-            watched.push(Watched {
-                keys: self.keys.clone(),
-                token,
-                holder: self.holder.clone(),
-                lost: self.lost.clone(),
-                lease_ms,
-                extension,
-                pickup_ends: self.pickup_ends,
-            });
+        let renew = due || (full && self.has_watchdog_level());
+        if !renew && kind != RoundKind::Check {
+            return;
         }
+        if renew {
+            self.extend_at = None;
+        }
+        let extension = renew && self.pickup_ends.is_some();
+        let need_ms = self.need_ms(watchdog_ms, now);
+        if need_ms == 0 {
+            return;
+        }
+        self.renewing = true;
+        watched.push(Watched {
+            keys: self.keys.clone(),
+            token,
+            holder: self.holder.clone(),
+            lost: self.lost.clone(),
+            lease_ms: if renew { need_ms } else { 0 },
+            extension,
+            pickup_ends: self.pickup_ends,
+        });
     }
 
     pub(super) fn has_watchdog_level(&self) -> bool {
@@ -379,6 +386,20 @@ pub(super) fn remove_hold(holds: &mut Holds, key: &[u8], token: u64) -> Option<H
     hold
 }
 
+/// Which holds a renewal round takes (see `HoldTable::watched`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RoundKind {
+    /// The extensions of handed-over holds due by now.
+    Due,
+    /// Every hold with a watchdog level or a pending extension: the round of every third
+    /// of the watchdog lease.
+    Full,
+    /// What a full round takes, and every hold with fixed leases only, checked without
+    /// being extended: after the client's pub/sub connection was down, when a
+    /// `force_unlock` of any hold may have been published to nobody.
+    Check,
+}
+
 /// A hold as the watchdog thread snapshots it for one renewal round.
 pub(crate) struct Watched {
     // Its keys; `keys.hold()` is its name in this process.
@@ -386,6 +407,8 @@ pub(crate) struct Watched {
     pub(super) token: u64,
     pub(crate) holder: Arc<str>,
     pub(crate) lost: Arc<Loss>,
+    // The lease to renew it to; 0 in a check round for a hold the watchdog does not renew
+    // (fixed leases): it is only checked (`renew.lua`).
     pub(crate) lease_ms: u64,
     // The first renewal of a handed-over hold: its lease is only the pickup window.
     pub(crate) extension: bool,

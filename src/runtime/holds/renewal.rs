@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::hold::{HoldKey, Watched};
+use super::hold::{HoldKey, RoundKind, Watched};
 use super::HoldTable;
 
 /// How soon a failed extension of a handed-over hold is tried again: several times
@@ -33,18 +33,22 @@ impl HoldTable {
         }
     }
 
-    /// Snapshots the holds to renew and marks them as being renewed: in a full round every
-    /// hold with a watchdog level or a pending extension, otherwise only the extensions
-    /// due by now. Each with the lease its levels need.
-    pub(crate) fn watched(&self, full: bool, watchdog_ms: u64) -> Vec<Watched> {
+    /// Whether this process holds anything.
+    pub(crate) fn holds_any(&self) -> bool {
+        !self.holds.lock().is_empty()
+    }
+
+    /// Snapshots the holds a round of `kind` takes and marks them as being renewed (see
+    /// [`RoundKind`]), each with the lease its levels need (0: checked only).
+    pub(crate) fn watched(&self, kind: RoundKind, watchdog_ms: u64) -> Vec<Watched> {
         let now = Instant::now();
         let mut holds = self.holds.lock();
         let mut extending = self.extending.lock();
         let mut watched = Vec::new();
-        if full {
+        if kind != RoundKind::Due {
             for by_token in holds.values_mut() {
                 for (&token, hold) in by_token.iter_mut() {
-                    hold.watch(token, true, now, watchdog_ms, &mut watched);
+                    hold.watch(token, kind, now, watchdog_ms, &mut watched);
                 }
             }
             // Every pending extension was taken (or dropped, its hold lost).
@@ -57,7 +61,7 @@ impl HoldTable {
                 else {
                     return false;
                 };
-                hold.watch(*token, false, now, watchdog_ms, &mut watched);
+                hold.watch(*token, RoundKind::Due, now, watchdog_ms, &mut watched);
                 hold.extend_at.is_some()
             });
         }

@@ -140,7 +140,7 @@ fn pending_extensions_are_found_without_walking_every_hold() {
     assert_eq!(watchdog.extending.lock().len(), 2);
     assert_eq!(watchdog.next_due(), Some(sent + PICKUP / 3));
 
-    let round = watchdog.watched(false, 30_000);
+    let round = watchdog.watched(RoundKind::Due, 30_000);
     let names: Vec<&[u8]> = round.iter().map(|w| w.keys.key()).collect();
     assert_eq!(names, [past.key()], "only the extension due");
     assert!(round[0].extension);
@@ -155,7 +155,7 @@ fn pending_extensions_are_found_without_walking_every_hold() {
     assert!(watchdog.extending.lock().is_empty());
 
     let r = watchdog.acquired(&later, 3, "c:3", 1, watchdog_lease, (now, true), &ACQ);
-    let round = watchdog.watched(true, 30_000);
+    let round = watchdog.watched(RoundKind::Full, 30_000);
     assert_eq!(round.len(), 1_000 + 3, "a full round renews every hold");
     assert!(round
         .iter()
@@ -189,4 +189,59 @@ fn a_hold_keeps_one_loss_timer_however_often_it_is_re_entered() {
     assert_eq!(watchdog.notifier.timers(), 1);
     watchdog.acquired(&keys_of("other"), 2, "c:2", 1, fixed, (now, false), &ACQ);
     assert_eq!(watchdog.notifier.timers(), 2);
+}
+
+/// A check round (after the client's pub/sub connection was down) takes every hold: a
+/// watchdog hold to renew as a full round would, a hold of fixed leases to check only
+/// (a lease of 0: never extended), and none whose leases are all over (lost by the clock).
+#[test]
+fn a_check_round_takes_fixed_holds_too_without_extending_them() {
+    let table = HoldTable::new(None);
+    let now = Instant::now();
+    let (watched, fixed, over) = (keys_of("watched"), keys_of("fixed"), keys_of("over"));
+    table.acquired(
+        &watched,
+        1,
+        "c:1",
+        1,
+        (Lease::Watchdog, 30_000),
+        (now, false),
+        &ACQ,
+    );
+    table.acquired(
+        &fixed,
+        1,
+        "c:1",
+        1,
+        (Lease::Fixed(20_000), 20_000),
+        (now, false),
+        &ACQ,
+    );
+    let long_ago = now.checked_sub(Duration::from_secs(2)).expect("2 s ago");
+    table.acquired(
+        &over,
+        1,
+        "c:1",
+        1,
+        (Lease::Fixed(1_000), 1_000),
+        (long_ago, false),
+        &ACQ,
+    );
+    assert!(table.holds_any());
+
+    let full = table.watched(RoundKind::Full, 30_000);
+    let names: Vec<&[u8]> = full.iter().map(|w| w.keys.key()).collect();
+    assert_eq!(
+        names,
+        [watched.key()],
+        "a full round renews the watchdog hold alone"
+    );
+    table.renewed(&full);
+
+    let mut check = table.watched(RoundKind::Check, 30_000);
+    check.sort_by_key(|w| w.keys.key().to_vec());
+    let taken: Vec<(&[u8], u64)> = check.iter().map(|w| (w.keys.key(), w.lease_ms)).collect();
+    assert_eq!(taken, [(fixed.key(), 0), (watched.key(), 30_000)]);
+    assert!(check.iter().all(|w| !w.extension));
+    table.renewed(&check);
 }
