@@ -81,7 +81,7 @@ pub enum Error {
         server: Option<Box<str>>,
     },
     /// Every connection of the client's pool stayed in use by its other calls for as long
-    /// as this call could wait for one (until its deadline): nothing was sent. Calls with
+    /// as this call could wait for one (until its deadline): the call did not run. Calls with
     /// no deadline wait for a connection as long as it takes, so only bounded calls get
     /// this. More threads call at once than the pool has connections for: raise
     /// [`ClientBuilder::pool_size`](crate::ClientBuilder::pool_size), or bound fewer calls
@@ -89,7 +89,7 @@ pub enum Error {
     #[error(
         "{}the client's connection pool{} was exhausted: all {pool_size} of its connections \
          stayed in use by the client's other calls for {waited:.1?}, until this call's \
-         deadline, and nothing was sent; raise ClientBuilder::pool_size, or make fewer \
+         deadline, so nothing was done; raise ClientBuilder::pool_size, or make fewer \
          calls at once",
         On(.lock), At(.server)
     )]

@@ -320,7 +320,8 @@ impl<K: Kind> Wait<'_, K> {
     /// awaited without the room (it may take a round trip of the pub/sub connection), up
     /// to the lease end the others saw, or the deadline, or the command timeout.
     fn before_first(&mut self) -> Result<Option<Room>, Error> {
-        if self.once {
+        // (Neither a single attempt nor a re-entry ever queues.)
+        if self.once || self.reentry {
             return Ok(None);
         }
         let lock = self.lock;
@@ -391,7 +392,7 @@ impl<K: Kind> Wait<'_, K> {
             room,
         );
         let outcome = match outcome {
-            // Never sent (see `Executor::run_until`): no entry to leave for the watchdog.
+            // It never ran (see `Executor::run_until`): no entry to leave for the watchdog.
             Err(e @ Error::PoolExhausted { .. }) if newly_queued => {
                 self.left_queue();
                 return Err(e);

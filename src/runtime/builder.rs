@@ -288,7 +288,7 @@ impl ClientBuilder {
     /// A call that finds every connection in use by the client's other calls waits for
     /// one, in the order they came: a call without a deadline as long as it takes, a
     /// bounded one (`try_lock*`) until its deadline plus 250 ms, then it fails with
-    /// [`Error::PoolExhausted`], having sent nothing.
+    /// [`Error::PoolExhausted`], having done nothing.
     ///
     /// Defaults to 16.
     ///

@@ -298,8 +298,9 @@ impl Executor {
     /// A call waits for room in the pool (every connection in use by the client's other
     /// calls) as long as `until` allows, and no longer: an unbounded one as long as it
     /// takes, since each of those calls gives its connection back within its timeouts. A
-    /// call that finds no room by `until` fails with [`Error::PoolExhausted`], having sent
-    /// nothing. The connect timeout bounds only the making of a new connection.
+    /// call that finds no room by `until` fails with [`Error::PoolExhausted`], having run
+    /// nothing (room to repeat a call whose reply was lost is kept, or its failure is a
+    /// `Timeout`). The connect timeout bounds only the making of a new connection.
     pub(crate) fn run_until<T>(
         &self,
         until: Option<Instant>,

@@ -341,3 +341,78 @@ pub(crate) fn is_interrupted(e: &redis::RedisError) -> bool {
 pub(crate) fn is_readonly(e: &redis::RedisError) -> bool {
     e.code() == Some("READONLY") || e.detail().is_some_and(|d| d.contains("READONLY"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use super::Gate;
+
+    fn queued(gate: &Gate) -> usize {
+        gate.state.lock().queue.len()
+    }
+
+    fn until_queued(gate: &Gate, n: usize) {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while queued(gate) < n {
+            assert!(Instant::now() < give_up, "{n} callers never queued");
+            thread::yield_now();
+        }
+    }
+
+    /// A caller that gives up leaves the queue: the room given back later is free again,
+    /// not handed to a caller that is gone.
+    #[test]
+    fn a_caller_that_gives_up_takes_no_room_with_it() {
+        let gate = Gate::new(1);
+        let held = gate.try_enter().expect("a free room");
+        assert!(gate.try_enter().is_none(), "one room, taken");
+        let t = Instant::now();
+        let waited = gate
+            .enter(Some(t + Duration::from_millis(50)), false)
+            .err()
+            .expect("no room until the bound");
+        assert!(
+            waited >= Duration::from_millis(50),
+            "gave up after {waited:?}"
+        );
+        assert_eq!(queued(&gate), 0, "the caller left the queue");
+        drop(held);
+        assert!(gate.try_enter().is_some(), "the room was given back");
+    }
+
+    /// Rooms are handed on in the order callers came, urgent ones first, and a newcomer
+    /// never takes one ahead of those waiting.
+    #[test]
+    fn rooms_go_to_the_callers_in_order_urgent_ones_first() {
+        let gate = Gate::new(1);
+        let held = gate.try_enter().expect("a free room");
+        let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        for (i, (name, urgent)) in [("first", false), ("second", false), ("urgent", true)]
+            .into_iter()
+            .enumerate()
+        {
+            let (mine, tx) = (gate.clone(), tx.clone());
+            threads.push(thread::spawn(move || {
+                let room = mine.enter(None, urgent).expect("no bound");
+                tx.send(name).unwrap();
+                drop(room);
+            }));
+            until_queued(&gate, i + 1);
+        }
+        assert!(
+            gate.try_enter().is_none(),
+            "a newcomer went ahead of the queue"
+        );
+        drop(held);
+        let order: Vec<&str> = (0..3).map(|_| rx.recv().unwrap()).collect();
+        assert_eq!(order, ["urgent", "first", "second"]);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(gate.try_enter().is_some(), "the room came back");
+    }
+}
