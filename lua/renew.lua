@@ -11,8 +11,12 @@
 --   mode 's'  a semaphore's permits: as 'm', a third key, the semaphore's definition (see
 --             semaphore.lua), and a fourth ARGV, how long the definition outlives the
 --             holds' new expiry, in ms: it is raised to that at least (S.keep's rule)
--- Then for each waiter j, two ARGV (holder id, how long its entry lives in ms) and two keys
--- (the queue and the waiters hash of what it waits for).
+-- Then for each queue waited on, two keys (the queue and its waiters hash) and the ARGV m,
+-- the number of its entries to keep alive, followed by two ARGV per entry (holder id, how
+-- long the entry lives in ms): the waiters j are numbered across the queues in that order.
+-- A queue's entries are read and written a chunk at a time (one HMGET and one HSET per
+-- chunk), and its expiry looked at once: a client with 10,000 threads queued on one lock
+-- refreshes them with a few commands, not four each.
 --
 -- Returns {lost, gone}: the indices i (1-based) of holds that are gone (that lease was
 -- lost: expired, force-unlocked, or Redis lost its data; they are left untouched, so a
@@ -86,29 +90,59 @@ for i = 1, n do
         end
     end
 end
-local j = 1
+-- Entries read (and written) per HMGET (HSET): well within what unpack can pass.
+local CHUNK = 500
+local j = 0
 while k + 1 <= #KEYS do
     local queue, waiters = KEYS[k], KEYS[k + 1]
-    local holder, ttl = ARGV[a], tonumber(ARGV[a + 1])
-    k, a = k + 2, a + 2
-    local v = redis.call('hget', waiters, holder)
-    if v then
-        now = now or clock()
-        local rest = string.match(v, '^%d+ (.*)$')
-        redis.call('hset', waiters, holder, string.format('%d', now + ttl) .. ' ' .. rest)
-        -- As queue.lua's Q.outlive: the entry is a field of the waiters hash, which the
-        -- list needs to outlive; both raised to twice `ttl` when less is left. (A list
-        -- left shorter than the entry is raised too: a refresh runs once a renewal
-        -- period, not once a handoff, and may afford the look.)
-        if redis.call('pttl', waiters) < ttl then
-            redis.call('pexpire', waiters, 2 * ttl)
-            redis.call('pexpire', queue, 2 * ttl)
-        elseif redis.call('pttl', queue) < ttl then
-            redis.call('pexpire', queue, ttl)
+    local m = tonumber(ARGV[a])
+    k, a = k + 2, a + 1
+    -- The longest-lived entry kept, which the queue must outlive; the new expiry's text
+    -- by lifetime, made once for all the entries of one (a lock's unbounded waiters).
+    local longest = 0
+    local heads = {}
+    for from = 0, m - 1, CHUNK do
+        local n = math.min(CHUNK, m - from)
+        local holders = {}
+        for x = 1, n do
+            holders[x] = ARGV[a + 2 * (from + x - 1)]
         end
-    else
-        gone[#gone + 1] = j
+        local got = redis.call('hmget', waiters, unpack(holders))
+        local set = {}
+        for x = 1, n do
+            local v = got[x]
+            if v then
+                now = now or clock()
+                local ttl = ARGV[a + 2 * (from + x - 1) + 1]
+                local head = heads[ttl]
+                if not head then
+                    head = string.format('%d ', now + tonumber(ttl))
+                    heads[ttl] = head
+                    longest = math.max(longest, tonumber(ttl))
+                end
+                -- The entry as it was, but for its expiry (its first number).
+                set[#set + 1] = holders[x]
+                set[#set + 1] = head .. string.sub(v, string.find(v, ' ', 1, true) + 1)
+            else
+                gone[#gone + 1] = j + from + x
+            end
+        end
+        if #set > 0 then
+            redis.call('hset', waiters, unpack(set))
+        end
     end
-    j = j + 1
+    a, j = a + 2 * m, j + m
+    -- As queue.lua's Q.outlive: the entries are fields of the waiters hash, which the
+    -- list needs to outlive; both raised to twice the longest entry's life when less is
+    -- left. (A list left shorter than that is raised too: a refresh runs once a renewal
+    -- period, not once a handoff, and may afford the look.)
+    if longest > 0 then
+        if redis.call('pttl', waiters) < longest then
+            redis.call('pexpire', waiters, 2 * longest)
+            redis.call('pexpire', queue, 2 * longest)
+        elseif redis.call('pttl', queue) < longest then
+            redis.call('pexpire', queue, longest)
+        end
+    end
 end
 return {lost, gone}

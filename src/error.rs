@@ -22,7 +22,8 @@
 /// `#[non_exhaustive]`: match them as `Error::LeaseLost { .. }`.
 ///
 /// An error about the server says which one (`host:port`, never the password) and what to
-/// do: [`Error::Pool`] (none reachable), [`Error::Timeout`] (no answer), [`Error::Auth`]
+/// do: [`Error::Pool`] (none reachable), [`Error::PoolExhausted`] (every pooled
+/// connection in use until the call's deadline), [`Error::Timeout`] (no answer), [`Error::Auth`]
 /// (credentials refused: reported at once, not retried), [`Error::NoPermission`] (an ACL
 /// refusal), [`Error::NotALock`] (a key holding other data) and [`Error::InvalidUrl`]
 /// (which part of a URL is wrong).
@@ -63,7 +64,8 @@ pub enum Error {
         /// when known.
         server: Option<Box<str>>,
     },
-    /// No pooled connection could be had within the connect timeout (Redis down or unreachable).
+    /// No pooled connection could be made within the connect timeout (Redis down or
+    /// unreachable). A pool whose connections are all in use is [`Error::PoolExhausted`].
     #[error(
         "{}no redis connection{} within the connect timeout: {source}; \
          check that the server is running and reachable there",
@@ -76,6 +78,30 @@ pub enum Error {
         /// The lock the operation was on, printable (see [`Error::lock_name`]).
         lock: Option<Box<str>>,
         /// The server tried, as `host:port` (never with a password), when known.
+        server: Option<Box<str>>,
+    },
+    /// Every connection of the client's pool stayed in use by its other calls for as long
+    /// as this call could wait for one (until its deadline): the call did not run. Calls with
+    /// no deadline wait for a connection as long as it takes, so only bounded calls get
+    /// this. More threads call at once than the pool has connections for: raise
+    /// [`ClientBuilder::pool_size`](crate::ClientBuilder::pool_size), or bound fewer calls
+    /// at once. (A pool that cannot make a connection at all is [`Error::Pool`].)
+    #[error(
+        "{}the client's connection pool{} was exhausted: all {pool_size} of its connections \
+         stayed in use by the client's other calls for {waited:.1?}, until this call's \
+         deadline, so nothing was done; raise ClientBuilder::pool_size, or make fewer \
+         calls at once",
+        On(.lock), At(.server)
+    )]
+    #[non_exhaustive]
+    PoolExhausted {
+        /// The pool's size, [`ClientBuilder::pool_size`](crate::ClientBuilder::pool_size).
+        pool_size: u32,
+        /// How long the call waited for a connection.
+        waited: std::time::Duration,
+        /// The lock the operation was on, printable (see [`Error::lock_name`]).
+        lock: Option<Box<str>>,
+        /// The server the pool connects to, as `host:port`, when known.
         server: Option<Box<str>>,
     },
     /// Redis did not answer within the command timeout. The operation may or may not have
@@ -335,6 +361,7 @@ impl Error {
         match self {
             Error::Redis { lock, .. }
             | Error::Pool { lock, .. }
+            | Error::PoolExhausted { lock, .. }
             | Error::Timeout { lock, .. }
             | Error::NotHeld { lock }
             | Error::LeaseLost { lock }
@@ -357,6 +384,7 @@ impl Error {
         match &mut self {
             Error::Redis { lock, .. }
             | Error::Pool { lock, .. }
+            | Error::PoolExhausted { lock, .. }
             | Error::Timeout { lock, .. }
             | Error::NotHeld { lock }
             | Error::LeaseLost { lock }
@@ -400,6 +428,17 @@ impl Error {
     pub(crate) fn pool(source: r2d2::Error) -> Error {
         Error::Pool {
             source,
+            lock: None,
+            server: None,
+        }
+    }
+
+    /// [`Error::PoolExhausted`] not (yet) tied to a lock: all `pool_size` connections stayed
+    /// in use for `waited`.
+    pub(crate) fn pool_exhausted(pool_size: u32, waited: std::time::Duration) -> Error {
+        Error::PoolExhausted {
+            pool_size,
+            waited,
             lock: None,
             server: None,
         }
@@ -508,6 +547,7 @@ impl Error {
             mut other => {
                 if let Error::Redis { server: at, .. }
                 | Error::Pool { server: at, .. }
+                | Error::PoolExhausted { server: at, .. }
                 | Error::Timeout { server: at, .. } = &mut other
                 {
                     if at.is_none() {

@@ -262,6 +262,7 @@ fn a_refreshed_entry_keeps_its_queue_alive() {
             .arg(0)
             .key(QUEUE)
             .key(WAITERS)
+            .arg(1)
             .arg("a:1")
             .arg(ttl)
             .invoke(con)

@@ -13,13 +13,16 @@ use crate::runtime::con::Con;
 use crate::runtime::holds::Acquisition;
 use crate::runtime::keys;
 use crate::runtime::lease::{millis, Lease, IO_GRACE};
+use crate::runtime::pool::Room;
 use crate::runtime::scripts::ScriptCall;
 use crate::{Error, LockGuard};
 
 impl<K: Kind> Lock<K> {
     /// Runs the acquire script: `Ok(grant)` when granted, `Err(refused)` when held elsewhere.
     /// With `join`, a thread not granted is queued (or its entry refreshed), with the
-    /// flags `listen` of its subscription (`Subscription::listen_flags`).
+    /// flags `listen` of its subscription (`Subscription::listen_flags`). `room`: room in
+    /// the pool the caller took already (see `Executor::enter`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attempt(
         &self,
         (token, holder): (u64, &str),
@@ -28,15 +31,17 @@ impl<K: Kind> Lock<K> {
         join: Option<(u64, u64)>,
         listen: u8,
         until: Option<Instant>,
+        mut room: Option<Room>,
     ) -> Result<Result<Grant, Refused>, Error> {
         let inner = &self.client.inner;
         let keys = &self.keys;
+        // (The room is given back while a clean-up of this thread's is waited for.)
         let held = inner
             .watchdog
             .table
-            .begin_attempt(keys.hold(), token, until)?;
+            .begin_attempt_then(keys.hold(), token, until, || drop(room.take()))?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join, listen);
-        let outcome = inner.exec.run_until(until, |con| {
+        let outcome = inner.exec.run_in(room, until, |con| {
             let reply: AcquireReply = inner.exec.eval(con, &call)?;
             let grant = match Self::grant_of(&reply.0)? {
                 Ok(Ok(grant)) => grant,

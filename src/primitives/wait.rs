@@ -12,6 +12,7 @@ use crate::primitives::lock::Lock;
 use crate::runtime::calls;
 use crate::runtime::keys::{fresh_token, holder_id, thread_token};
 use crate::runtime::lease::{self, Lease};
+use crate::runtime::pool::Room;
 use crate::runtime::queue::{self, Notice};
 use crate::runtime::scripts;
 use crate::runtime::subscriber::Subscription;
@@ -221,8 +222,9 @@ impl<K: Kind> Wait<'_, K> {
     pub(super) fn run(&mut self) -> Result<Option<LockGuard<K>>, Error> {
         let lock = self.lock;
         let inner = &lock.client.inner;
+        let room = self.before_first()?;
         let mut sent = Instant::now();
-        let mut pttl = match self.attempt()? {
+        let mut pttl = match self.attempt(room)? {
             Ok(grant) => return Ok(Some(self.granted(grant, sent))),
             Err(refused) => refused.pttl,
         };
@@ -297,7 +299,7 @@ impl<K: Kind> Wait<'_, K> {
                 }
             }
             sent = Instant::now();
-            match self.attempt() {
+            match self.attempt(None) {
                 Ok(Ok(grant)) => {
                     if let Some(s) = &self.sub {
                         // The others of this process now wait for our release (or lease).
@@ -323,8 +325,50 @@ impl<K: Kind> Wait<'_, K> {
         }
     }
 
-    /// One attempt; it queues the thread when this client listens for its turn.
-    fn attempt(&mut self) -> Result<Result<Grant, Refused>, Error> {
+    /// Before the first attempt: room in the pool for it, and the process's subscription
+    /// to the lock's channel if it has one by then, confirmed, so that the attempt queues
+    /// the thread with its one call. A thread of a burst may wait long for room, while
+    /// others of its process, refused, subscribe: a subscription looked for only when the
+    /// call began, or not yet confirmed, would cost it a second call (one that cannot
+    /// queue, then one that does), for thousands of threads at once. The confirmation is
+    /// awaited without the room (it may take a round trip of the pub/sub connection), up
+    /// to the lease end the others saw, or the deadline, or the command timeout.
+    fn before_first(&mut self) -> Result<Option<Room>, Error> {
+        // (Neither a single attempt nor a re-entry ever queues.)
+        if self.once || self.reentry {
+            return Ok(None);
+        }
+        let lock = self.lock;
+        let inner = &lock.client.inner;
+        let mut room = None;
+        if self.sub.is_none() {
+            room = Some(inner.exec.enter(lock.io_until(self.deadline))?);
+            self.sub = inner.subscriber.rejoin(lock.keys.channel(), self.token);
+        }
+        let Some(s) = self.sub.as_ref().filter(|s| !s.is_confirmed()) else {
+            return Ok(room);
+        };
+        drop(room.take());
+        let now = Instant::now();
+        let bound = now + inner.exec.config.command_timeout;
+        // (No lease end seen yet: the thread that subscribed has not told it.)
+        let until = s
+            .next_try()
+            .unwrap_or(bound)
+            .min(self.deadline.unwrap_or(bound))
+            .min(bound);
+        // Not confirmed (a refusal, or not yet): the attempt does not queue, and the wait
+        // goes on as for a call that began without the subscription.
+        let _ = s.wait_confirmed(until, self.cancel.map(CancellationToken::signal));
+        if cancel::is_cancelled(self.cancel) {
+            return Err(Error::CANCELLED);
+        }
+        Ok(None)
+    }
+
+    /// One attempt, in `room` if the caller took one; it queues the thread when this
+    /// client listens for its turn.
+    fn attempt(&mut self, room: Option<Room>) -> Result<Result<Grant, Refused>, Error> {
         let lock = self.lock;
         let inner = &lock.client.inner;
         let join =
@@ -340,14 +384,11 @@ impl<K: Kind> Wait<'_, K> {
                 inner.exec.config.lease.entry_ttl_ms(self.deadline),
             )
         });
-        if join.is_some() && !self.queued {
+        let newly_queued = join.is_some() && !self.queued;
+        if newly_queued {
             // Entries are kept alive, and handed-over holds extended, by the watchdog.
             inner.watchdog.ensure_running(inner)?;
             self.queued = true;
-            inner
-                .watchdog
-                .table
-                .waiting(&lock.keys, self.token, &self.holder, self.deadline);
         }
         if join.is_some() {
             // Before anything is sent, so before the script can have run.
@@ -362,9 +403,24 @@ impl<K: Kind> Wait<'_, K> {
             join,
             self.sub.as_ref().map_or(0, Subscription::listen_flags),
             lock.io_until(self.deadline),
-        )?;
+            room,
+        );
+        let outcome = match outcome {
+            // It never ran (see `Executor::run_until`): no entry to leave for the watchdog.
+            Err(e @ Error::PoolExhausted { .. }) if newly_queued => {
+                self.left_queue();
+                return Err(e);
+            }
+            outcome => outcome?,
+        };
         if let (Some(_), Err(refused)) = (join, &outcome) {
             self.queued_at = refused.queued_at;
+            // Kept alive once the entry exists: a renewal round while the attempt waited
+            // for room in the pool would find none, and have the thread queue again.
+            inner
+                .watchdog
+                .table
+                .waiting(&lock.keys, self.token, &self.holder, self.deadline);
         }
         match outcome {
             // The script took the thread out of the queue with the grant.

@@ -290,6 +290,11 @@ impl ClientBuilder {
     /// The most command connections the client keeps open. A connection is only borrowed
     /// for the duration of one command, never while a lock is held or awaited.
     ///
+    /// A call that finds every connection in use by the client's other calls waits for
+    /// one, in the order they came: a call without a deadline as long as it takes, a
+    /// bounded one (`try_lock*`) until its deadline plus 250 ms, then it fails with
+    /// [`Error::PoolExhausted`], having done nothing.
+    ///
     /// Defaults to 16.
     ///
     /// ```no_run
@@ -301,8 +306,10 @@ impl ClientBuilder {
         self
     }
 
-    /// How long to wait for a connection to Redis before an operation fails with
-    /// [`Error::Pool`].
+    /// How long to wait for a new connection to Redis to be made before an operation fails
+    /// with [`Error::Pool`]. (Waiting for one of the pool's connections in use by other
+    /// calls is bounded by the call's own deadline instead: see
+    /// [`pool_size`](ClientBuilder::pool_size).)
     ///
     /// Defaults to 5 seconds.
     ///

@@ -98,7 +98,8 @@ pub(crate) fn confirm(keys: &LockKeys, holder: &str, lease_ms: u64) -> ScriptCal
 
 /// Renews the holds `holds` (each a lock's keys, its holder id and the lease in ms it
 /// needs) and keeps the queue entries `entries` alive (each a lock's keys, the waiting
-/// holder id and how long its entry lives in ms), all in one call (`renew.lua`).
+/// holder id and how long its entry lives in ms; those of one lock next to each other,
+/// or it is told more than once), all in one call (`renew.lua`).
 pub(crate) fn renew<'a>(
     holds: &[(&LockKeys, &str, u64)],
     entries: impl Iterator<Item = (&'a LockKeys, &'a str, u64)>,
@@ -124,11 +125,23 @@ pub(crate) fn renew<'a>(
             call.arg(keys.expire_after_ms());
         }
     }
-    for (keys, holder, ttl_ms) in entries {
+    // One group per queue, of its entries next to each other: the script refreshes a
+    // queue's entries together.
+    let entries: Vec<_> = entries.collect();
+    let mut rest = entries.as_slice();
+    while let Some(&(keys, ..)) = rest.first() {
+        let n = rest
+            .iter()
+            .take_while(|(other, ..)| other.key() == keys.key())
+            .count();
+        let (group, after) = rest.split_at(n);
         call.key(keys.queue().as_slice())
             .key(keys.waiters().as_slice())
-            .arg(holder)
-            .arg(ttl_ms);
+            .arg(n);
+        for &(_, holder, ttl_ms) in group {
+            call.arg(holder).arg(ttl_ms);
+        }
+        rest = after;
     }
     call
 }

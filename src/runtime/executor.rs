@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::runtime::con::Con;
 use crate::runtime::config::Config;
-use crate::runtime::pool::{self, Conn, Manager};
+use crate::runtime::pool::{self, Conn, Gate, Manager, Pooled, Room};
 use crate::runtime::scripts::{ScriptCall, Scripting};
 use crate::runtime::target::{Target, Topology};
 use crate::Error;
@@ -41,6 +41,24 @@ pub(crate) fn time_left(until: Instant) -> Duration {
         .max(MIN_IO_TIMEOUT)
 }
 
+/// How a call is run: in a room it already has, whether it may be sent again after a
+/// dropped connection, and whether it goes before the calls waiting for room.
+struct Calling {
+    room: Option<Room>,
+    repeatable: bool,
+    urgent: bool,
+}
+
+impl Default for Calling {
+    fn default() -> Calling {
+        Calling {
+            room: None,
+            repeatable: true,
+            urgent: false,
+        }
+    }
+}
+
 /// What runs a client's calls: its connection pool and the deployment it connects to,
 /// its settings, and what calls have lately seen of the deployment.
 pub(crate) struct Executor {
@@ -49,6 +67,8 @@ pub(crate) struct Executor {
     pid: u32,
     pub(crate) config: Config,
     pool: r2d2::Pool<Manager>,
+    // Lets as many callers at the pool as it has connections (see `Gate`).
+    gate: Arc<Gate>,
     target: Arc<Target>,
     // Signs of the deployment changing, seen by the connection layer (see `Topology`).
     topology: Arc<Topology>,
@@ -109,6 +129,7 @@ impl Executor {
             scripting: Scripting::new(config.use_functions),
             unreachable: parking_lot::Mutex::new(None),
             node_down: parking_lot::Mutex::new(None),
+            gate: Gate::new(config.pool_size),
             config,
             pool,
             target,
@@ -233,13 +254,27 @@ impl Executor {
     /// A pooled connection to a single server that is ready now, if there is one: calls
     /// sent to several clients at once (`fanout`) must not wait for one client's pool (its
     /// server down) while the other replies arrive.
-    pub(crate) fn idle_connection(&self) -> Option<r2d2::PooledConnection<Manager>> {
-        let mut conn = self.pool.try_get()?;
+    pub(crate) fn idle_connection(&self) -> Option<Pooled> {
+        let room = self.gate.try_enter()?;
+        let mut conn = Pooled::new(self.pool.try_get()?, room);
         if conn.generation != self.target.generation() || conn.single().is_none() {
             conn.mark_broken();
             return None;
         }
         Some(conn)
+    }
+
+    /// Room for one call in the pool (see [`Gate`]), waiting for it until `until` (`None`:
+    /// as long as it takes), for a caller that decides what to send once it has it (see
+    /// `Wait::run`): then [`run_in`](Executor::run_in).
+    pub(crate) fn enter(&self, until: Option<Instant>) -> Result<Room, Error> {
+        self.enter_as(until, false).map_err(|e| self.explain(e))
+    }
+
+    fn enter_as(&self, until: Option<Instant>, urgent: bool) -> Result<Room, Error> {
+        self.gate
+            .enter(until, urgent)
+            .map_err(|waited| Error::pool_exhausted(self.gate.size(), waited))
     }
 
     /// Runs `f` on a pooled connection with the configured timeouts; see
@@ -265,16 +300,53 @@ impl Executor {
     /// A settling deployment (see `pool::is_settling`, and a cluster node refusing
     /// connections until its replica is promoted) is waited out for up to
     /// `connect_timeout`, and never past `until`, where it gives `Error::Timeout`.
+    ///
+    /// A call waits for room in the pool (every connection in use by the client's other
+    /// calls) as long as `until` allows, and no longer: an unbounded one as long as it
+    /// takes, since each of those calls gives its connection back within its timeouts. A
+    /// call that finds no room by `until` fails with [`Error::PoolExhausted`], having run
+    /// nothing (room to repeat a call whose reply was lost is kept, or its failure is a
+    /// `Timeout`). The connect timeout bounds only the making of a new connection.
     pub(crate) fn run_until<T>(
         &self,
         until: Option<Instant>,
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        self.run_with(until, true, None, f)
+        self.run_with(until, Calling::default(), None, f)
     }
 
-    /// [`run_until`](Executor::run_until) for the watchdog thread: while the call waits out
-    /// a settling deployment, `meanwhile` runs in its pauses (the extensions of holds
+    /// [`run_until`](Executor::run_until) in the room `room`, when the caller has one (see
+    /// [`enter`](Executor::enter)), for its first connection.
+    pub(crate) fn run_in<T>(
+        &self,
+        room: Option<Room>,
+        until: Option<Instant>,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        let how = Calling {
+            room,
+            ..Calling::default()
+        };
+        self.run_with(until, how, None, f)
+    }
+
+    /// [`run_until`](Executor::run_until) ahead of the calls waiting for room in the pool:
+    /// for the watchdog's renewals, whose leases run out while they wait, and the nudge
+    /// that lets a burst of waiting threads queue with their first call.
+    pub(crate) fn run_urgent<T>(
+        &self,
+        until: Option<Instant>,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        let how = Calling {
+            urgent: true,
+            ..Calling::default()
+        };
+        self.run_with(until, how, None, f)
+    }
+
+    /// [`run_urgent`](Executor::run_urgent) for the watchdog thread: while the call waits
+    /// out a settling deployment, `meanwhile` runs in its pauses (the extensions of holds
     /// handed over, whose pickup window is shorter than such a wait may last).
     pub(crate) fn run_minding<T>(
         &self,
@@ -282,7 +354,11 @@ impl Executor {
         meanwhile: &mut dyn FnMut(),
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        self.run_with(until, true, Some(meanwhile), f)
+        let how = Calling {
+            urgent: true,
+            ..Calling::default()
+        };
+        self.run_with(until, how, Some(meanwhile), f)
     }
 
     /// A new id for one call whose script records it (see [`CALL_MEMORY`]): the client's
@@ -318,7 +394,11 @@ impl Executor {
         &self,
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        self.run_with(None, false, None, f)
+        let how = Calling {
+            repeatable: false,
+            ..Calling::default()
+        };
+        self.run_with(None, how, None, f)
     }
 
     /// A pooled connection within `timeout`. A connect refused for its credentials ends
@@ -368,28 +448,52 @@ impl Executor {
     fn run_with<T>(
         &self,
         until: Option<Instant>,
-        repeatable: bool,
+        how: Calling,
         meanwhile: Option<&mut dyn FnMut()>,
         f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        self.run_checked(until, repeatable, meanwhile, f)
+        self.run_checked(until, how, meanwhile, f)
             .map_err(|e| self.explain(e))
     }
 
     fn run_checked<T>(
         &self,
         until: Option<Instant>,
-        repeatable: bool,
+        how: Calling,
         mut meanwhile: Option<&mut dyn FnMut()>,
         mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         self.check_process()?;
+        let Calling {
+            mut room,
+            repeatable,
+            urgent,
+        } = how;
         let config = &self.config;
         let mut retries = 0;
         // While the deployment settles (see `pool::is_settling`): since when, and the
         // next pause.
         let mut settling: Option<(Instant, Duration)> = None;
+        // Whether a try's reply was lost (the call may have run).
+        let mut perhaps_ran = false;
         loop {
+            // Room first, then the connection: the room is held with the connection (and
+            // given back with it, before any pause below).
+            let entered = match room.take() {
+                Some(room) => room,
+                None => match self.enter_as(until, urgent) {
+                    Ok(room) => room,
+                    // A try whose reply was lost may have run: the call's outcome is
+                    // unknown, as a timed-out one's is, though nothing more was sent.
+                    Err(_) if perhaps_ran => {
+                        return Err(Error::timeout(crate::error::timed_out(
+                            "the reply was lost, and no pooled connection came free in time \
+                             to send the call again",
+                        )))
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
             let (checkout, io) = match until {
                 None => (config.connect_timeout, config.command_timeout),
                 Some(until) => {
@@ -400,17 +504,19 @@ impl Executor {
                     )
                 }
             };
-            let mut pooled: r2d2::PooledConnection<Manager> = self.checkout(checkout)?;
+            let mut pooled = Pooled::new(self.checkout(checkout)?, entered);
             let conn: &mut Conn = &mut pooled;
             if conn.generation != self.target.generation() {
                 // Made to a primary the sentinels no longer name: retired on return. The
                 // generation changes once per failover, so this ends within the pool.
                 conn.mark_broken();
+                room = Some(pooled.into_room());
                 continue;
             }
             let result = conn.run(io, &mut f);
-            // Back to the pool before any pause: what runs meanwhile may need it.
-            drop(pooled);
+            // The connection back to the pool; its room kept for a try again at once, and
+            // given back before any pause: what runs meanwhile may need it.
+            let kept = pooled.into_room();
             match result {
                 // Refused before it ran: a slot mid-migration, a failover under way (the
                 // slot's primary dead and its replica not yet promoted: its connections
@@ -418,6 +524,7 @@ impl Executor {
                 // for as long as a connection to a new primary would be waited for, and
                 // never past its deadline: a call stopped by its deadline says `Timeout`.
                 Err(e) if pool::is_settling(&e) || (repeatable && self.is_node_down(&e)) => {
+                    drop(kept);
                     let down = self.is_node_down(&e);
                     let (began, pause) = settling.get_or_insert_with(|| {
                         let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
@@ -465,6 +572,7 @@ impl Executor {
                     );
                     self.target.refresh(config.connect_timeout);
                     retries += 1;
+                    room = Some(kept);
                 }
                 // A read interrupted by a signal (the process was stopped and continued)
                 // left its reply unread on a connection now retired (an I/O error): like
@@ -481,6 +589,8 @@ impl Executor {
                         "redmutex: connection dropped or read interrupted, retrying on another"
                     );
                     retries += 1;
+                    perhaps_ran = true;
+                    room = Some(kept);
                 }
                 result => return Ok(result?),
             }

@@ -10,7 +10,7 @@ use redis::{Cmd, FromRedisValue, Value};
 use crate::runtime::client::Inner;
 use crate::runtime::con::Con;
 use crate::runtime::executor::time_left as left;
-use crate::runtime::pool::{self, Conn, Manager};
+use crate::runtime::pool::{self, Conn, Pooled};
 use crate::runtime::scripts::{self, Recovered, ScriptCall};
 use crate::Error;
 
@@ -70,7 +70,7 @@ const SKIP_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// The calls of one client that share a connection, written together.
 struct Lane {
-    conn: r2d2::PooledConnection<Manager>,
+    conn: Pooled,
     calls: Vec<usize>,
 }
 

@@ -530,7 +530,10 @@ impl Subscriber {
             } else {
                 channel
             };
-            if let Err(e) = client.run_until(until, |con| {
+            // Ahead of calls waiting for room in the pool: in a burst of waiting threads,
+            // those that find the channel subscribed when their turn comes queue with
+            // their first call (see `Wait::run`).
+            if let Err(e) = client.run_urgent(until, |con| {
                 con.query_at::<()>(redis::cmd(command).arg(to.as_slice()).arg("s"), at)
             }) {
                 // The reader still subscribes within a read tick (a second), and until it

@@ -24,12 +24,29 @@ impl HoldTable {
         token: u64,
         until: Option<Instant>,
     ) -> Result<usize, Error> {
+        self.begin_attempt_then(key, token, until, || {})
+    }
+
+    /// [`begin_attempt`](HoldTable::begin_attempt), running `before_waiting` before it
+    /// waits for a clean-up, if it does: a caller holding room in the client's pool gives
+    /// it back there, as the clean-up needs room of its own.
+    pub(crate) fn begin_attempt_then(
+        &self,
+        key: &[u8],
+        token: u64,
+        until: Option<Instant>,
+        before_waiting: impl FnOnce(),
+    ) -> Result<usize, Error> {
+        let mut before_waiting = Some(before_waiting);
         let mut doubts = self.doubts.lock();
         if !doubts.is_empty() {
             while doubts
                 .iter()
                 .any(|d| d.in_flight && d.token == token && d.keys.hold() == key)
             {
+                if let Some(f) = before_waiting.take() {
+                    f();
+                }
                 match until {
                     None => self.cleaned.wait(&mut doubts),
                     Some(until) => {
