@@ -1113,7 +1113,8 @@ fn entries(con: &mut redis::Connection, name: &str) -> Vec<(String, Vec<String>)
 /// A thread of `waiter` that waited on `name` as a plain `Lock` left its queue entry behind
 /// (as a cancel whose reply never came does, until the watchdog's clean-up): the entry is
 /// put back, plain, with a long life, after the wait ended. The same thread then waits
-/// again through `second`, whose flags its entry must carry from then on. Returns the
+/// again through `second`, a new holder whose own entry must carry its flags, and which
+/// the stale plain entry ahead of it must not keep from the lock. Returns the
 /// second wait's token (0 when unfenced), the flags its entry showed, and the waiters
 /// hash's `~fair` count then.
 fn a_stale_plain_entry(
@@ -1167,22 +1168,26 @@ fn a_stale_plain_entry(
 
     let w = waiter.clone();
     jobs.send(Box::new(move || second(&w))).unwrap();
-    // The second call reached Redis once the entry carries its ticket.
+    // The second call is a new hold of the thread, so a holder of its own (its token is
+    // never an earlier hold's: a late call of that one could free it): it queues its own
+    // entry behind the stale one, which is left to the clean-up or its expiry.
     let mut now_entry = Vec::new();
     assert!(
         wait_until(SETUP, || {
             now_entry = entries(&mut con, name)
-                .pop()
+                .into_iter()
+                .find(|(holder, _)| *holder != id)
                 .map(|e| e.1)
                 .unwrap_or_default();
-            now_entry.get(4).is_some_and(|t| *t != plain[4])
+            !now_entry.is_empty()
         }),
-        "the second wait never refreshed the entry: {now_entry:?}"
+        "the second wait never queued"
     );
+    assert_ne!(now_entry[4], plain[4], "the second wait's own ticket");
     assert_eq!(
         support::llen(&mut con, &Keys::lock(PREFIX, name).queue()),
-        1,
-        "one entry, not two"
+        2,
+        "the stale entry and the second wait's own"
     );
     let flags: u64 = now_entry[3].parse().unwrap();
     let fair: Option<u64> = redis::cmd("HGET")
@@ -1209,10 +1214,11 @@ fn a_stale_plain_entry(
     (holder_token, token, fair, flags)
 }
 
-/// A stale plain entry of a thread that now waits fairly: its entry is fair (flag 1, and
-/// counted in `~fair`, which keeps plain newcomers behind it), not the old plain one.
+/// A stale plain entry of a thread that now waits fairly: the new wait's entry is fair
+/// (flag 1, and counted in `~fair`, which keeps plain newcomers behind it), and the stale
+/// one ahead of it does not keep it from the lock.
 #[test]
-fn a_fair_wait_replaces_the_flags_of_a_stale_plain_entry() {
+fn a_fair_wait_behind_a_stale_plain_entry_of_its_thread_is_fair() {
     let (_, _, fair, flags) = a_stale_plain_entry("stale-fair", |c| {
         let g = c.fair_lock("stale-fair").lock().expect("fair wait");
         g.unlock().expect("unlock");
@@ -1229,7 +1235,7 @@ fn a_fair_wait_replaces_the_flags_of_a_stale_plain_entry() {
 /// The same with a fenced wait: the lock it is handed carries a fresh token above the last
 /// holder's, not the "no token" 0 of the stale plain entry's flags.
 #[test]
-fn a_fenced_wait_replaces_the_flags_of_a_stale_plain_entry() {
+fn a_fenced_wait_behind_a_stale_plain_entry_of_its_thread_is_fenced() {
     let (before, token, fair, flags) = a_stale_plain_entry("stale-fenced", |c| {
         let g = c.fenced_lock("stale-fenced").lock().expect("fenced wait");
         let token = g.token();
