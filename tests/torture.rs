@@ -58,6 +58,8 @@ const WATCHDOG: Duration = Duration::from_millis(1_000);
 /// How often, at most, a worker process cancels one of its threads' waits.
 const CANCEL_EVERY_MS: u64 = 6;
 /// Server freezes stay well below the lease: they must not cost anyone a lock.
+/// The name of the witness connections, which the chaos's connection kills spare.
+const WITNESS_NAME: &str = "torture-witness";
 const FREEZE: Duration = Duration::from_millis(150);
 /// Progress of every name, from the lease rather than the machine's speed: a name whose
 /// handoffs waited out the lease would make about `RUN_FOR / WATCHDOG` = 8 sections;
@@ -323,6 +325,13 @@ impl<K: Kind> Worker<K> {
                 let mut con = redis::Client::open(url)
                     .and_then(|c| c.get_connection())
                     .expect("witness connection");
+                // Named, so that the chaos's connection kills spare it: they are for the
+                // library's connections, whose calls then fail with their outcome unknown.
+                redis::cmd("CLIENT")
+                    .arg("SETNAME")
+                    .arg(WITNESS_NAME)
+                    .query::<()>(&mut con)
+                    .expect("name the witness connection");
                 let witness = redis::Script::new(witness);
                 let mut rng = u64::from(std::process::id()) << 8 | t as u64;
                 let mut sections = 0u64;
@@ -461,14 +470,22 @@ fn torture(kind: &str) {
         w.expect("started");
     }
 
-    let (mut kills, mut freezes) = (0, 0);
+    let (mut kills, mut freezes, mut cuts) = (0, 0, 0);
     let started = Instant::now();
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut chaos = server.connection();
     while started.elapsed() < RUN_FOR {
         thread::sleep(Duration::from_millis(400));
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
+        if rng % 4 == 1 {
+            // Every connection of the workers' clients dropped at once, pub/sub included:
+            // calls in flight fail with their outcome unknown (a release or a cancel that
+            // may have run), and the clients reconnect.
+            cut_library_connections(&mut chaos);
+            cuts += 1;
+        }
         if rng.is_multiple_of(3) {
             server.freeze();
             thread::sleep(FREEZE);
@@ -524,7 +541,8 @@ fn torture(kind: &str) {
     eprintln!(
         "torture ({kind}): {WORKERS} processes x {THREADS} threads, {} locks, {:.1} s: \
          {entries} critical sections (each nested 2 deep), {kills} workers SIGKILLed and \
-         restarted, {freezes} server freezes of {FREEZE:?}, {takeovers} takeovers from \
+         restarted, {freezes} server freezes of {FREEZE:?}, {cuts} times every library \
+         connection killed, {takeovers} takeovers from \
          another holder, {cancelled} waits cancelled, {owned} owned holds released on \
          another thread, violations {violations}",
         LOCKS.len(),
@@ -551,13 +569,42 @@ fn torture(kind: &str) {
     assert!(cancelled > 0, "{kind}: no wait was cancelled");
     assert!(owned > 0, "{kind}: no owned hold moved between threads");
     assert!(
-        kills >= 5 && freezes >= 2,
-        "{kind}: {kills} kills, {freezes} freezes"
+        kills >= 5 && freezes >= 2 && cuts >= 2,
+        "{kind}: {kills} kills, {freezes} freezes, {cuts} connection cuts"
     );
     if kind == "rw" {
         assert!(
             max_readers >= 2,
             "rw: readers never shared a lock (at most {max_readers} inside at once)"
         );
+    }
+}
+
+/// Kills every connection of the server but `con` and the witnesses' (`CLIENT KILL ID`).
+fn cut_library_connections(con: &mut redis::Connection) {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query(con)
+        .expect("CLIENT ID");
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(con)
+        .expect("CLIENT LIST");
+    for line in list.lines() {
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+        };
+        let Some(id) = field("id").and_then(|id| id.parse::<i64>().ok()) else {
+            continue;
+        };
+        if id != me && field("name") != Some(WITNESS_NAME) {
+            // Gone already (its process killed meanwhile) is fine.
+            let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("ID")
+                .arg(id)
+                .query(con);
+        }
     }
 }
