@@ -209,9 +209,7 @@ fn semaphore(url: &str) -> bool {
 
 fn latch(url: &str) -> bool {
     let setter = client(url).count_down_latch("import");
-    setter
-        .try_set_count(5, Duration::from_secs(60))
-        .expect("set the latch");
+    setter.try_set_count(5).expect("set the latch");
     let waiters: Vec<_> = (0..2)
         .map(|_| {
             let latch = client(url).count_down_latch("import");

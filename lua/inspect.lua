@@ -16,7 +16,9 @@
 --                            undefined; its definition's first number, see semaphore.lua),
 --                            and the hold fields whose own lease has ended (the
 --                            read-write lock's and the semaphore's; the next script that
---                            writes drops them): no longer holders, not to be shown
+--                            writes drops them): no longer holders, not to be shown.
+--                            A semaphore exists while its number of permits is defined,
+--                            held or not
 --   latch                    {type, pttl, count}
 local function text(key)
     if redis.call('type', key)['ok'] == 'string' then
@@ -25,13 +27,13 @@ local function text(key)
     return false
 end
 
-local function object(hash, queue, extra, leases)
+local function object(hash, queue, extra, leases, defined)
     local kind = redis.call('type', hash)['ok']
     local waiting = {}
     if redis.call('type', queue)['ok'] == 'list' then
         waiting = redis.call('lrange', queue, 0, -1)
     end
-    if kind == 'none' and #waiting == 0 then
+    if kind == 'none' and #waiting == 0 and not defined then
         return false
     end
     local fields = {}
@@ -62,6 +64,6 @@ end
 return {
     object(KEYS[1], KEYS[2], text(KEYS[3]), nil),
     object(KEYS[4], KEYS[5], false, KEYS[10]),
-    object(KEYS[6], KEYS[7], permits(KEYS[8]), KEYS[11]),
+    object(KEYS[6], KEYS[7], permits(KEYS[8]), KEYS[11], permits(KEYS[8]) ~= false),
     latch,
 }

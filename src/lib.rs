@@ -23,6 +23,32 @@
 //! # Ok::<(), redmutex::Error>(())
 //! ```
 //!
+//! [`Client::open`] takes every default; [`Client::builder`] gives a [`ClientBuilder`] for
+//! the client's other settings, each with its default: the server (or a Sentinel service,
+//! or a Cluster), the key prefix, the watchdog's lease, the text every hold records for
+//! operators, a hook told of every lost hold, timeouts and TLS. What one acquisition asks
+//! beyond the default (a fixed lease, a bound on the wait, a [`CancellationToken`]) travels
+//! as one [`LockOptions`] value:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redmutex::{CancellationToken, Client, LockOptions};
+//!
+//! let client = Client::builder()
+//!     .url("redis://127.0.0.1:6379/")
+//!     .watchdog_timeout(Duration::from_secs(10)) // a crashed holder's locks free within 10 s
+//!     .metadata("nightly-billing")                // recorded with each hold, for operators
+//!     .build()?;
+//! let token = CancellationToken::new();             // token.cancel() stops the wait
+//! let options = LockOptions::new()
+//!     .wait_for(Duration::from_secs(5))
+//!     .cancellable(&token);
+//! if let Some(guard) = client.lock("accounts:42").try_lock_with(options)? {
+//!     guard.unlock()?;
+//! }
+//! # Ok::<(), redmutex::Error>(())
+//! ```
+//!
 //! Every check-and-write runs inside one Lua script on the server, so a lock can never be
 //! granted to two holders. The [`guide`] holds the rest of the reference: the guarantees
 //! and failure modes, how waiting and the watchdog work, the Redis layout, Sentinel,
@@ -71,7 +97,7 @@ pub use crate::{
     primitives::holder_metadata::HolderMetadata,
     primitives::info::LockInfo,
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Upgradeable, Write},
-    primitives::latch::CountDownLatch,
+    primitives::latch::{CountDownLatch, LatchOptions},
     primitives::lock::{FairLock, FencedLock, Lock},
     primitives::multi_guard::MultiLockGuard,
     primitives::multilock::MultiLock,

@@ -343,10 +343,7 @@ fn json_kinds_are_one_word_and_ids_carry_no_role_prefix() {
         .try_acquire_with(redmutex::LockOptions::new().permits(2))
         .map(Option::unwrap)
         .unwrap();
-    assert!(c
-        .count_down_latch("all-latch")
-        .try_set_count(4, Duration::from_secs(60))
-        .unwrap());
+    assert!(c.count_down_latch("all-latch").try_set_count(4).unwrap());
     let doc = json(&output(redmutex(&server).args([
         "status",
         "--json",
@@ -784,10 +781,7 @@ fn flock_habits_conflict_exit_code_bare_seconds_and_hints_for_n_and_unlock() {
     let out = output(redmutex(&server).args(["run", "-w", "5", "free", "true"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let held = c.lock("busy").lock().unwrap();
-    assert!(c
-        .count_down_latch("closed")
-        .try_set_count(1, Duration::from_secs(60))
-        .unwrap());
+    assert!(c.count_down_latch("closed").try_set_count(1).unwrap());
     let t = Instant::now();
     let out = output(redmutex(&server).args(["run", "-w", "0.3", "busy", "true"]));
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
@@ -887,5 +881,119 @@ fn json_keys_come_in_the_documented_order_schema_first() {
     ];
     for pair in order.windows(2) {
         assert!(at(pair[0]) < at(pair[1]), "{pair:?}: {said}");
+    }
+}
+
+/// Issue 38: a lock name where a command goes (`redmutex NAME COMMAND`, flock's order) is
+/// pointed at `redmutex run NAME COMMAND`, never at `unlock` (which frees someone else's
+/// lock); a typo of a command is still told its command. Usage errors: exit 2.
+#[test]
+fn a_lock_name_first_points_at_run_not_unlock() {
+    for (args, said) in [
+        (
+            &["mylock", "./backup.sh", "--full"][..],
+            "redmutex run mylock ./backup.sh --full",
+        ),
+        (&["lock", "make"], "redmutex run lock make"),
+        (&["nightly"], "redmutex run nightly"),
+        (
+            &["--url", "redis://127.0.0.1:1/", "deploy", "ls"],
+            "redmutex run deploy ls",
+        ),
+        (&["stauts", "deploy"], "'status'"),
+    ] {
+        let out = output(bare().args(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(said), "{args:?}: {err}");
+        assert!(!err.contains("unlock"), "{args:?}: {err}");
+    }
+}
+
+/// Issue 38: a semaphore refused says all its permits are in use, a read lock that a
+/// writer is in the way, not "held by another".
+#[test]
+fn a_refusal_says_what_is_in_the_way() {
+    let server = RedisServer::new();
+    let _permit = Holding::start(&server, &["-n", "1", "pool"]);
+    let out = output(redmutex(&server).args(["run", "-n", "1", "--no-wait", "pool", "true"]));
+    assert_eq!(out.status.code(), Some(75));
+    let err = text(&out.stderr);
+    assert!(err.contains("all permits of pool are in use"), "{err}");
+    assert!(!err.contains("held by another"), "{err}");
+    let _writer = Holding::start(&server, &["-x", "schema"]);
+    let out = output(redmutex(&server).args(["run", "-s", "-w", "0.1", "schema", "true"]));
+    assert_eq!(out.status.code(), Some(75));
+    let err = text(&out.stderr);
+    assert!(err.contains("schema is held for writing"), "{err}");
+}
+
+/// Issue 38: `status` without a name shows every object of the prefix, as `list` does
+/// (table and JSON), instead of a usage error; a semaphore that exists with no holder
+/// shows its permits (`status` and `list`), not "free".
+#[test]
+fn status_without_a_name_shows_everything_and_an_idle_semaphore_its_permits() {
+    let (server, c) = CLIENTS.serve();
+    let held = c.lock("deploy").lock().unwrap();
+    c.semaphore("pool", 3).acquire().unwrap().release().unwrap();
+    for args in [
+        &["status", "--json", "pool"][..],
+        &["list", "--json"],
+        &["status", "--json"],
+    ] {
+        let doc = json(&output(redmutex(&server).args(args)));
+        let objects = doc["objects"].as_array().unwrap();
+        let pool = objects
+            .iter()
+            .find(|o| o["name"] == "pool")
+            .unwrap_or_else(|| panic!("{args:?}: {doc}"));
+        assert_eq!(pool["kind"], "semaphore", "{args:?}: {doc}");
+        assert_eq!(pool["permits"], 3, "{args:?}: {doc}");
+        assert_eq!(pool["holders"], serde_json::json!([]), "{args:?}: {doc}");
+        if args.len() == 2 {
+            let names: Vec<&str> = objects.iter().filter_map(|o| o["name"].as_str()).collect();
+            assert_eq!(names, ["deploy", "pool"], "{args:?}: {doc}");
+        }
+    }
+    let out = output(redmutex(&server).arg("status"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let listed = text(&output(redmutex(&server).arg("list")).stdout);
+    let rows = |t: &str| -> Vec<String> {
+        t.lines()
+            .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    assert_eq!(rows(&table), rows(&listed), "{table}");
+    assert!(table.contains("semaphore (3 permits)"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("deploy ")), "{table}");
+    held.unlock().unwrap();
+}
+
+/// Issue 38: the manual has an ENVIRONMENT section naming every variable redmutex reads
+/// (the whole page and each command's).
+#[test]
+fn the_manual_says_which_environment_variables_are_read() {
+    for path in [&[][..], &["run"], &["latch", "wait"]] {
+        let man = output(bare().arg("man").args(path));
+        assert_eq!(man.status.code(), Some(0));
+        let man = text(&man.stdout).replace("\\-", "-");
+        let section = man
+            .split_once(".SH ENVIRONMENT")
+            .unwrap_or_else(|| panic!("{path:?}: no ENVIRONMENT section"))
+            .1;
+        let section = section.split("\n.SH ").next().unwrap();
+        for var in [
+            "REDIS_URL",
+            "REDMUTEX_PREFIX",
+            "REDIS_SENTINELS",
+            "REDIS_SENTINEL_SERVICE",
+            "REDIS_CLUSTER",
+            "RUST_LOG",
+            "USER",
+        ] {
+            assert!(section.contains(var), "{path:?}: {var} not in {section}");
+        }
+        assert!(section.contains("--url"), "{path:?}: {section}");
     }
 }

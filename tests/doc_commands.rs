@@ -412,3 +412,45 @@ fn the_cli_docs_sample_outputs_are_what_the_cli_prints() {
         Some(0)
     );
 }
+
+/// The docs' files, and the sources whose comments and help reach users.
+fn user_facing() -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md"), root.join("Cargo.toml")];
+    let mut dirs = vec![root.join("docs"), root.join("src"), root.join("examples")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md" || e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// Issue 38: the docs give only lines that work. No doc tells a user to fetch redmutex
+/// from `github.com/redmutex/redmutex` (a repository that is not this project's: a `git =`
+/// dependency, a `git clone`), and every `cargo install` shown uses the committed
+/// `Cargo.lock` (`--locked`; without it cargo resolves anew and may pick versions that
+/// need a newer Rust).
+#[test]
+fn the_docs_fetch_nothing_from_elsewhere_and_install_with_the_committed_lock() {
+    let mut wrong = Vec::new();
+    for file in user_facing() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let at = format!("{}:{}: {}", file.display(), n + 1, line.trim());
+            let fetches = line.contains("git = ") || line.contains("git clone");
+            if fetches && line.contains("github.com/redmutex/redmutex") {
+                wrong.push(format!("{at} (not this project's repository)"));
+            }
+            if line.contains("cargo install") && !line.contains("--locked") {
+                wrong.push(format!("{at} (without --locked)"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -305,7 +305,7 @@ fn a_bad_argument_names_the_lock_and_sends_nothing() {
     bad_argument_on(&err, "capped", "must be longer than command_timeout");
     let err = c
         .count_down_latch("batch")
-        .try_set_count(0, Duration::from_secs(60))
+        .try_set_count(0)
         .expect_err("a zero count");
     bad_argument_on(&err, "batch", "between 1 and");
     // `total_calls` itself is one command (INFO), counted after its reply.

@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver};
-use redmutex::{Client, Error, LossReason};
+use redmutex::{Client, Error, LossReason, LostLease};
 use support::clients::Clients;
 use support::RedisServer;
 
@@ -25,7 +25,7 @@ fn pttl(lock: &redmutex::Lock) -> Duration {
         .expect("the lock is held with a lease")
 }
 
-fn ready_at(lost: &Receiver<()>, until: Instant) -> Option<Instant> {
+fn ready_at(lost: &Receiver<LostLease>, until: Instant) -> Option<Instant> {
     select! {
         recv(lost) -> _ => Some(Instant::now()),
         recv(crossbeam_channel::at(until)) -> _ => None,

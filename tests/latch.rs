@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::Error;
+use redmutex::{Error, LatchOptions};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
 use support::keys::Keys;
@@ -80,7 +80,7 @@ fn waiters_across_processes_wake_when_the_last_count_down_lands() {
     let server = RedisServer::new();
     let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch(NAME);
-    assert!(latch.try_set_count(3, Duration::from_secs(60)).unwrap());
+    assert!(latch.try_set_count(3).unwrap());
     let waiters: Vec<ChildProc> = (0..2).map(|_| spawn("waiter", &server)).collect();
     let mut counters: Vec<ChildProc> = (0..3).map(|_| spawn("counter", &server)).collect();
     for w in &waiters {
@@ -164,11 +164,9 @@ fn setting_and_counting() {
         latch.wait_for(Duration::ZERO).unwrap(),
         "an open latch does not block"
     );
-    assert!(latch.try_set_count(2, Duration::from_secs(30)).unwrap());
-    assert!(
-        !latch.try_set_count(5, Duration::from_secs(30)).unwrap(),
-        "counting already"
-    );
+    let options = LatchOptions::new().expire_after(Duration::from_secs(30));
+    assert!(latch.try_set_count_with(2, options).unwrap());
+    assert!(!latch.try_set_count(5).unwrap(), "counting already");
     assert_eq!(latch.count().unwrap(), 2);
     let pttl: i64 = support::query_key(
         &mut server.connection(),
@@ -192,16 +190,13 @@ fn setting_and_counting() {
     );
     assert_eq!(latch.count_down().unwrap(), 0);
     assert_eq!(latch.count().unwrap(), 0);
-    assert!(
-        latch.try_set_count(1, Duration::from_secs(30)).unwrap(),
-        "set again"
-    );
+    assert!(latch.try_set_count(1).unwrap(), "set again");
     // A name is one kind at a time: no lock of the name while its latch counts, and no
     // latch set while its lock is held (tests/kinds.rs has every pair).
     support::assert_wrong_kind(c.lock("basics").lock(), "count-down latch");
     assert_eq!(latch.count_down().unwrap(), 0);
     let guard = c.lock("basics").lock().unwrap();
-    assert!(latch.try_set_count(1, Duration::from_secs(30)).is_err());
+    assert!(latch.try_set_count(1).is_err());
     assert_eq!(latch.count().unwrap(), 0);
     guard.unlock().unwrap();
 }
@@ -213,7 +208,8 @@ fn an_expired_latch_opens() {
     let server = RedisServer::new();
     let c = CLIENTS.at(&server.url());
     let latch = c.count_down_latch("expiring");
-    assert!(latch.try_set_count(5, Duration::from_millis(400)).unwrap());
+    let options = LatchOptions::new().expire_after(Duration::from_millis(400));
+    assert!(latch.try_set_count_with(5, options).unwrap());
     let waiter = c.count_down_latch("expiring");
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
@@ -244,10 +240,10 @@ fn bad_input_changes_nothing() {
     ] {
         assert!(
             matches!(
-                latch.try_set_count(count, expiry),
+                latch.try_set_count_with(count, LatchOptions::new().expire_after(expiry)),
                 Err(Error::InvalidArgument { .. })
             ),
-            "try_set_count({count}, {expiry:?})"
+            "try_set_count_with({count}, {expiry:?})"
         );
     }
     assert!(!support::exists(
@@ -273,7 +269,7 @@ fn bad_input_changes_nothing() {
         .unwrap();
     assert!(latch.count_down().is_err());
     assert!(latch.count().is_err());
-    assert!(latch.try_set_count(3, Duration::from_secs(1)).is_err());
+    assert!(latch.try_set_count(3).is_err());
     let value: String = support::query_key(&mut con, "GET", Keys::lock(PREFIX, "bad").latch());
     assert_eq!(value, "not a number");
     let pttl: i64 = support::query_key(&mut con, "PTTL", Keys::lock(PREFIX, "bad").latch());
@@ -306,7 +302,7 @@ fn bad_input_changes_nothing() {
 fn a_count_down_whose_reply_is_lost_counts_once() {
     let (server, proxy, c) = CLIENTS.serve_through_proxy();
     let latch = c.count_down_latch("lost");
-    assert!(latch.try_set_count(3, Duration::from_secs(30)).unwrap());
+    assert!(latch.try_set_count(3).unwrap());
     // Loaded already (by the set), so the fault hits the real call, not a load round.
     let sha = support::function_name(&server.url(), "latch_count_down");
     proxy.lose_next_reply_to(&sha);
@@ -335,7 +331,7 @@ fn large_counts_are_exact() {
     .enumerate()
     {
         let latch = c.count_down_latch(format!("large-{i}"));
-        assert!(latch.try_set_count(count, Duration::from_secs(30)).unwrap());
+        assert!(latch.try_set_count(count).unwrap());
         assert_eq!(latch.count().unwrap(), count, "read back");
         assert!(
             !latch.wait_for(Duration::ZERO).unwrap(),
@@ -348,10 +344,7 @@ fn large_counts_are_exact() {
         );
         assert_eq!(latch.count().unwrap(), count - 1);
         assert_eq!(latch.count_down().unwrap(), count - 2);
-        assert!(
-            !latch.try_set_count(5, Duration::from_secs(30)).unwrap(),
-            "still counting"
-        );
+        assert!(!latch.try_set_count(5).unwrap(), "still counting");
         let info = c.inspect(format!("large-{i}")).unwrap();
         assert_eq!(info[0].count, Some(count - 2), "as inspect reports it");
         let stored: String = support::query_key(
@@ -372,7 +365,7 @@ fn a_set_whose_reply_is_lost_answers_that_it_set() {
     let latch = c.count_down_latch("lost-set");
     let sha = support::function_name(&server.url(), "latch_set");
     proxy.lose_next_reply_to(&sha);
-    let r = latch.try_set_count(3, Duration::from_secs(30));
+    let r = latch.try_set_count(3);
     assert_eq!(proxy.lost_replies(), 1, "the fault was injected");
     assert!(proxy.seen(&sha) >= 2, "the call was repeated");
     assert!(r.unwrap(), "its own set, found by the repeat");
@@ -385,7 +378,7 @@ fn a_set_whose_reply_is_lost_answers_that_it_set() {
     proxy.delay_requests_containing(&sha, delay);
     proxy.lose_next_reply_to(&sha);
     let setter = c.count_down_latch("lost-set-opened");
-    let call = thread::spawn(move || setter.try_set_count(1, Duration::from_secs(30)));
+    let call = thread::spawn(move || setter.try_set_count(1));
     let direct = CLIENTS
         .at(&server.url())
         .count_down_latch("lost-set-opened");
@@ -410,9 +403,37 @@ fn a_set_whose_reply_is_lost_answers_that_it_set() {
     proxy.delay_requests_containing(&sha, Duration::ZERO);
 
     // Another caller's set still answers false.
-    assert!(!c
-        .count_down_latch("lost-set")
-        .try_set_count(5, Duration::from_secs(30))
-        .unwrap());
+    assert!(!c.count_down_latch("lost-set").try_set_count(5).unwrap());
     assert_eq!(latch.count().unwrap(), 3);
+}
+
+/// Issue 38: `try_set_count(n)` alone sets the count, with the documented default expiry
+/// (`CountDownLatch::DEFAULT_EXPIRY`); `try_set_count_with` takes another.
+#[test]
+fn try_set_count_alone_expires_after_the_documented_default() {
+    let server = RedisServer::new();
+    let c = CLIENTS.at(&server.url());
+    let pttl = |name: &str| -> i64 {
+        support::query_key(
+            &mut server.connection(),
+            "PTTL",
+            Keys::lock(PREFIX, name).latch(),
+        )
+    };
+    let latch = c.count_down_latch("defaulted");
+    assert!(latch.try_set_count(2).unwrap());
+    assert_eq!(latch.count().unwrap(), 2);
+    let default = redmutex::CountDownLatch::DEFAULT_EXPIRY;
+    assert_eq!(default, Duration::from_secs(3600), "as documented");
+    let left = pttl("defaulted");
+    assert!(
+        left > (default - Duration::from_secs(60)).as_millis() as i64
+            && left <= default.as_millis() as i64,
+        "{left} ms left"
+    );
+    let chosen = c.count_down_latch("chosen");
+    let options = LatchOptions::new().expire_after(Duration::from_secs(60));
+    assert!(chosen.try_set_count_with(2, options).unwrap());
+    let left = pttl("chosen");
+    assert!(left > 50_000 && left <= 60_000, "{left} ms left");
 }

@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError, TryRecvError};
-use redmutex::{LossReason, MultiLock};
+use redmutex::{LossReason, LostLease, MultiLock};
 use support::clients::Clients;
 use support::RedisServer;
 
@@ -18,19 +18,22 @@ const CLIENTS: Clients = Clients::DEFAULT.command(Duration::from_millis(500));
 /// leases (1-1.5 s).
 const MARGIN: Duration = Duration::from_millis(400);
 
-/// Waits for `lost` to be ready (disconnected) in a `select!`, up to `until`; the instant.
-fn ready_at(lost: &Receiver<()>, until: Instant) -> Option<Instant> {
+/// Waits for `lost` to be ready in a `select!` (told of a loss, or closed by a release),
+/// up to `until`; the instant.
+fn ready_at(lost: &Receiver<LostLease>, until: Instant) -> Option<Instant> {
     select! {
-        recv(lost) -> r => {
-            assert!(r.is_err(), "no message is ever sent, the channel disconnects");
-            Some(Instant::now())
-        }
+        recv(lost) -> _ => Some(Instant::now()),
         recv(crossbeam_channel::at(until)) -> _ => None,
     }
 }
 
-fn not_ready(lost: &Receiver<()>) -> bool {
-    lost.try_recv() == Err(TryRecvError::Empty)
+fn not_ready(lost: &Receiver<LostLease>) -> bool {
+    matches!(lost.try_recv(), Err(TryRecvError::Empty))
+}
+
+/// Whether `lost` was closed without a message: released, not lost.
+fn closed(lost: &Receiver<LostLease>) -> bool {
+    matches!(lost.try_recv(), Err(TryRecvError::Disconnected))
 }
 
 #[test]
@@ -156,7 +159,7 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
     let guard = lock.lock().unwrap();
     let lost = guard.lost();
     guard.unlock().unwrap();
-    assert_eq!(lost.try_recv(), Err(TryRecvError::Disconnected));
+    assert!(closed(&lost));
 
     // A nested level's release readies its own channel only.
     let outer = lock
@@ -166,10 +169,10 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
     let inner = lock.lock().unwrap();
     let (outer_lost, inner_lost) = (outer.lost(), inner.lost());
     drop(inner);
-    assert_eq!(inner_lost.try_recv(), Err(TryRecvError::Disconnected));
+    assert!(closed(&inner_lost));
     assert!(not_ready(&outer_lost));
     drop(outer);
-    assert_eq!(outer_lost.try_recv(), Err(TryRecvError::Disconnected));
+    assert!(closed(&outer_lost));
 
     // Dropped after lost() was asked for, well within its fixed lease.
     let fixed = lock
@@ -178,13 +181,13 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
         .unwrap();
     let fixed_lost = fixed.lost();
     drop(fixed);
-    assert!(ready_at(&fixed_lost, Instant::now() + MARGIN).is_some());
+    assert!(closed(&fixed_lost), "released, not lost");
 
     let permit = client.semaphore("pool", 2).acquire().unwrap();
     let permit_lost = permit.lost();
     assert!(not_ready(&permit_lost));
     permit.release().unwrap();
-    assert_eq!(permit_lost.try_recv(), Err(TryRecvError::Disconnected));
+    assert!(closed(&permit_lost));
 
     let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
     let held = multi
@@ -194,7 +197,7 @@ fn released_guards_ready_their_receivers_and_the_hook_is_not_called() {
     let multi_lost = held.lost();
     assert!(not_ready(&multi_lost));
     held.unlock().unwrap();
-    assert_eq!(multi_lost.try_recv(), Err(TryRecvError::Disconnected));
+    assert!(closed(&multi_lost));
 
     // Past every lease: nothing released was reported lost.
     assert_eq!(
@@ -272,6 +275,99 @@ fn permits_and_multilocks_are_told_of_their_loss() {
         heard.contains(&("pool".to_owned(), "Semaphore", LossReason::Deleted)),
         "{heard:?}"
     );
+}
+
+/// Issue 38: `recv()` on a `lost()` channel tells a loss from a release. A loss sends
+/// what was lost, and why, then closes the channel (`Ok`, then `Err`); a release only
+/// closes it (`Err` at once). So code that waits for a message fires on a loss, for every
+/// guard type: a lock's (each of its nested levels), an owned guard's, a permit's, a
+/// `MultiLock`'s (a member lost, or its validity over).
+#[test]
+fn a_loss_sends_what_was_lost_and_a_release_only_disconnects() {
+    let server = RedisServer::new();
+    let watchdog = Duration::from_millis(1500);
+    let clients = CLIENTS.prefix("lost:told:").watchdog(watchdog);
+    let (client, other) = (clients.at(&server), clients.at(&server));
+    let wait = watchdog + MARGIN;
+    // The one message, then closed: what was lost, as (name, kind, reason).
+    let told = |what: &str, lost: &Receiver<LostLease>| {
+        let told = lost.recv_timeout(wait);
+        assert!(told.is_ok(), "{what}: a loss sends a message: {told:?}");
+        assert_eq!(
+            lost.recv_timeout(wait).map(drop),
+            Err(RecvTimeoutError::Disconnected),
+            "{what}: one message, then closed"
+        );
+        let told = told.unwrap();
+        (told.name_lossy(), told.kind(), told.reason())
+    };
+
+    // A lock force-unlocked: both nested levels get the message.
+    let guard = client.lock("held").lock().unwrap();
+    let nested = client.lock("held").lock().unwrap();
+    let (lost, nested_lost) = (guard.lost(), nested.lost());
+    assert!(other.lock("held").force_unlock().unwrap());
+    let deleted = ("held".to_owned(), "Lock", LossReason::Deleted);
+    assert_eq!(told("outer", &lost), deleted);
+    assert_eq!(told("nested", &nested_lost), deleted);
+    drop((nested, guard));
+
+    // A fixed lease that runs out.
+    let fixed = support::leased(&client.lock("fixed"), Duration::from_millis(600), "acquire");
+    assert_eq!(
+        told("a fixed lease", &fixed.lost()),
+        ("fixed".to_owned(), "Lock", LossReason::LeaseExpired)
+    );
+    drop(fixed);
+
+    // An owned guard, and a permit, force-unlocked.
+    let owned = client.fair_lock("owned").owned().lock().unwrap();
+    let owned_lost = owned.lost();
+    assert!(other.fair_lock("owned").force_unlock().unwrap());
+    assert_eq!(
+        told("an owned guard", &owned_lost),
+        ("owned".to_owned(), "FairLock", LossReason::Deleted)
+    );
+    drop(owned);
+    let permit = client.semaphore("pool", 1).acquire().unwrap();
+    let permit_lost = permit.lost();
+    assert_eq!(other.force_unlock("pool").unwrap(), ["semaphore"]);
+    assert_eq!(
+        told("a permit", &permit_lost),
+        ("pool".to_owned(), "Semaphore", LossReason::Deleted)
+    );
+    drop(permit);
+
+    // A MultiLock: a member lost (that member is named), and a fixed lease's validity
+    // over (its first member, LeaseExpired).
+    let multi = MultiLock::new([client.lock("m1"), client.lock("m2")]).unwrap();
+    let held = multi.lock().unwrap();
+    let multi_lost = held.lost();
+    assert!(other.lock("m2").force_unlock().unwrap());
+    assert_eq!(
+        told("a MultiLock's member", &multi_lost),
+        ("m2".to_owned(), "Lock", LossReason::Deleted)
+    );
+    drop(held);
+    let held = multi
+        .try_lock_with(redmutex::LockOptions::new().lease(Duration::from_millis(600)))
+        .map(Option::unwrap)
+        .unwrap();
+    assert_eq!(
+        told("a MultiLock's validity", &held.lost()),
+        ("m1".to_owned(), "Lock", LossReason::LeaseExpired)
+    );
+    drop(held);
+
+    // Releases: closed at once, no message.
+    let guard = client.lock("released").lock().unwrap();
+    let lost = guard.lost();
+    guard.unlock().unwrap();
+    assert!(closed(&lost));
+    let held = multi.lock().unwrap();
+    let lost = held.lost();
+    held.unlock().unwrap();
+    assert!(closed(&lost));
 }
 
 /// Issue 38, "a slow `on_lease_lost` hook holds back every other hold's `lost()`": the

@@ -1057,3 +1057,103 @@ fn a_lock_granted_after_its_lease_is_not_said_held() {
         .expect("owned try_lock_with(wait, lease)");
     assert!(got.as_ref().is_none_or(|g| g.is_lease_lost()));
 }
+
+/// Issue 38: one key on one server, reached through two clients (`localhost` and
+/// `127.0.0.1`, or a proxy's port), is the same lock twice: such a MultiLock could never be
+/// acquired (each member waits for the other). It cannot be told without asking the
+/// servers, so `new` and `red_lock` take it, and its first acquisition refuses it with
+/// the error `new` gives one client's lock twice (`InvalidArgument`), at once, holding
+/// and leaving nothing.
+#[test]
+fn one_key_reached_through_two_clients_is_refused_at_the_first_acquisition() {
+    let server = RedisServer::new();
+    let proxy = FaultProxy::new(server.port());
+    let numeric = CLIENTS.at(&format!("redis://127.0.0.1:{}/", server.port()));
+    let named = CLIENTS.at(&format!("redis://localhost:{}", server.port()));
+    let proxied = CLIENTS.at(&proxy.url());
+    let other = RedisServer::new();
+    let elsewhere = CLIENTS.at(&other);
+    let same_twice = |what: &str, lock: &MultiLock| {
+        let (got, took) = support::timed(|| lock.try_lock_for(Duration::from_secs(2)));
+        let err = got.expect_err(what);
+        assert!(
+            matches!(err, redmutex::Error::InvalidArgument { .. }),
+            "{what}: {err:?}"
+        );
+        assert!(err.to_string().contains("same lock twice"), "{what}: {err}");
+        assert!(
+            took < Duration::from_secs(1),
+            "{what}: refused after {took:?}"
+        );
+        // Refused again, whatever the call: never a wait.
+        let (got, took) = support::timed(|| lock.lock());
+        assert!(
+            got.is_err() && took < Duration::from_secs(1),
+            "{what}: {took:?}"
+        );
+    };
+    same_twice(
+        "localhost and 127.0.0.1",
+        &MultiLock::new([numeric.lock("x"), named.lock("y"), named.lock("x")]).unwrap(),
+    );
+    same_twice(
+        "a proxy's port",
+        &MultiLock::new([numeric.lock("x"), proxied.lock("x")]).unwrap(),
+    );
+    same_twice(
+        "RedLock with two masters one server",
+        &MultiLock::red_lock([numeric.lock("r"), elsewhere.lock("r"), named.lock("r")]).unwrap(),
+    );
+    // Nothing held or left behind, on either server.
+    for s in [&server, &other] {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut s.connection())
+            .unwrap();
+        assert!(keys.is_empty(), "{keys:?}");
+    }
+
+    // Asked of the servers once per MultiLock (its clones included), and only where two
+    // clients' locks share a key: one SET per member (with an EXISTS and a DEL, which the
+    // lock's own scripts call too), then nothing.
+    let lock = MultiLock::new([numeric.lock("q"), elsewhere.lock("q")]).unwrap();
+    let before = [server.command_calls(), other.command_calls()];
+    let (first, took) = support::timed(|| lock.try_lock().unwrap().unwrap());
+    println!("first acquisition, servers asked: {took:?}");
+    first.unlock().unwrap();
+    let asked = |s: &RedisServer, before| s.calls_since(before, |c| c != "set");
+    for (s, before) in [&server, &other].into_iter().zip(&before) {
+        let calls = asked(s, before);
+        assert_eq!(calls.get("set"), Some(&1), "{calls:?}");
+    }
+    let before = [server.command_calls(), other.command_calls()];
+    let (second, took) = support::timed(|| lock.clone().try_lock().unwrap().unwrap());
+    println!("second acquisition: {took:?}");
+    second.unlock().unwrap();
+    for (s, before) in [&server, &other].into_iter().zip(&before) {
+        let calls = asked(s, before);
+        assert_eq!(calls.get("set"), None, "asked again: {calls:?}");
+    }
+
+    // Not the same lock: another database of the server, another prefix, another server.
+    let db1 = CLIENTS.at(&format!("redis://localhost:{}/1", server.port()));
+    let prefixed = Clients::new("multi-other:").at(&server);
+    for (what, lock) in [
+        (
+            "another database",
+            MultiLock::new([numeric.lock("x"), db1.lock("x")]),
+        ),
+        (
+            "another prefix",
+            MultiLock::new([numeric.lock("x"), prefixed.lock("x")]),
+        ),
+        (
+            "another server",
+            MultiLock::new([numeric.lock("x"), elsewhere.lock("x")]),
+        ),
+    ] {
+        let guard = lock.unwrap().try_lock().unwrap();
+        assert!(guard.is_some(), "{what}: not acquired");
+        guard.unwrap().unlock().unwrap();
+    }
+}

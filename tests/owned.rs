@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, TryRecvError};
 use redmutex::{
-    CancellationToken, Error, Fair, Fenced, LossReason, OwnedGuard, Plain, Read, Upgradeable, Write,
+    CancellationToken, Error, Fair, Fenced, LossReason, LostLease, OwnedGuard, Plain, Read,
+    Upgradeable, Write,
 };
 use support::clients::Clients;
 use support::keys::Keys;
@@ -41,8 +42,8 @@ fn await_queued(server: &RedisServer, prefix: &str, name: &str, n: i64) {
     assert!(ok, "LLEN {queue} is {seen}, expected {n}");
 }
 
-fn not_ready(lost: &Receiver<()>) -> bool {
-    lost.try_recv() == Err(TryRecvError::Empty)
+fn not_ready(lost: &Receiver<LostLease>) -> bool {
+    matches!(lost.try_recv(), Err(TryRecvError::Empty))
 }
 
 fn assert_send_sync_static<T: Send + Sync + 'static>() {}
@@ -141,7 +142,7 @@ fn an_owned_hold_lost_on_another_thread_is_told_there() {
         let until = Instant::now() + Duration::from_secs(10);
         let fired = select! {
             recv(lost) -> r => {
-                assert!(r.is_err(), "the channel disconnects, nothing is sent");
+                assert_eq!(r.map(|l| l.reason()), Ok(LossReason::Deleted), "what was lost");
                 Instant::now()
             }
             recv(crossbeam_channel::at(until)) -> _ => panic!("never told of the loss"),
@@ -358,7 +359,7 @@ fn an_owned_fixed_lease_runs_out_and_extends() {
     let lost = guard.lost();
     let holder = thread::spawn(move || {
         let r = lost.recv_timeout(Duration::from_secs(10));
-        assert!(r.is_err());
+        assert_eq!(r.map(|l| l.reason()), Ok(LossReason::LeaseExpired));
         let fired = Instant::now();
         assert!(guard.is_lease_lost());
         (fired, guard.unlock())

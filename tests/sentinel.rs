@@ -257,10 +257,10 @@ fn without_sync_replicas_a_hold_the_failover_lost_is_reported() {
 
     // The watchdog's next renewal finds the hold gone and says so.
     let began = Instant::now();
-    assert_eq!(
-        lost.recv_timeout(WATCHDOG),
-        Err(crossbeam_channel::RecvTimeoutError::Disconnected),
-        "the lost watchdog hold is pushed to its channel"
+    let told = lost.recv_timeout(WATCHDOG);
+    assert!(
+        told.is_ok(),
+        "the lost watchdog hold is pushed to its channel: {told:?}"
     );
     assert!(
         watched.is_lease_lost(),
@@ -298,7 +298,7 @@ fn every_kind_of_primitive_works_on_a_sentinel_primary() {
     let read = rw.read_lock().lock().unwrap();
     let permit = client.semaphore("s", 2).acquire().unwrap();
     let latch = client.count_down_latch("l");
-    assert!(latch.try_set_count(1, Duration::from_secs(10)).unwrap());
+    assert!(latch.try_set_count(1).unwrap());
     latch.count_down().unwrap();
     assert!(latch.wait_for(Duration::from_secs(1)).unwrap());
     let mut primary = primary_connection(&topo);

@@ -17,7 +17,7 @@ use crate::runtime::keys::LockKeys;
 use crate::runtime::lease::{fixed, millis, Lease};
 use crate::runtime::loss::{Loss, Watcher};
 use crate::runtime::telemetry;
-use crate::{Error, Lock};
+use crate::{Error, Lock, LossReason, LostLease};
 
 /// Proof that the current thread holds a [`Lock`] (one level of it, when nested).
 ///
@@ -41,8 +41,9 @@ use crate::{Error, Lock};
 ///   [`max_hold`](crate::ClientBuilder::max_hold), if set, and while a
 ///   [`Client`](crate::Client) or a lock handle of it lives); a fixed lease is not.
 /// - **A loss is told, and stays told**: [`is_lease_lost`](LockGuard::is_lease_lost) turns
-///   true (never back), [`lost`](LockGuard::lost) becomes ready and `unlock` fails with
-///   [`Error::LeaseLost`], whichever call or thread found the hold gone.
+///   true (never back), [`lost`](LockGuard::lost) is sent what was lost and why (a
+///   release only closes it) and `unlock` fails with [`Error::LeaseLost`], whichever call
+///   or thread found the hold gone.
 /// - **It stays on its thread**: not `Send`, so only the thread that holds the lock
 ///   releases it.
 ///
@@ -78,7 +79,7 @@ pub struct LockGuard<K: Kind = Plain> {
     level: u64,
     lost: Arc<Loss>,
     // The receiver `lost()` hands out, made on its first call.
-    lost_rx: OnceLock<Receiver<()>>,
+    lost_rx: OnceLock<Receiver<LostLease>>,
     fence: Option<u64>,
     // The primary it was granted on (see `Target::generation`): a hold missing after a
     // failover was lost by it, whatever its lease.
@@ -293,22 +294,33 @@ impl<K: Kind> LockGuard<K> {
         Ok(())
     }
 
-    /// A channel that becomes ready once this hold is lost, or once this guard is
-    /// released (unlocked or dropped), whichever comes first: wait for it in a
+    /// A channel told when this hold is lost, and closed when this guard is released
+    /// (unlocked or dropped), whichever comes first: wait for it in a
     /// [`select!`](crossbeam_channel::select) beside your own work to stop as soon as the
     /// lock is no longer yours, without polling
     /// [`is_lease_lost`](LockGuard::is_lease_lost).
     ///
-    /// No message is ever sent: the channel is *disconnected*, so `recv()` returns
-    /// `Err(RecvError)` and a `recv(lost) -> _` arm of `select!` fires, at once and on
-    /// every later try. It is ready within the same bound as `is_lease_lost()` turns true:
-    /// the instant a fixed lease runs out or a lease goes unrenewed for its whole length
-    /// (a thread of the client wakes for it; nobody needs to poll), when a
+    /// What `recv()` returns tells the two apart:
+    ///
+    /// - `Ok(lost)`: the hold was lost. The [`LostLease`] says which lock and why
+    ///   ([`reason`](LostLease::reason)), as the client's
+    ///   [`on_lease_lost`](crate::ClientBuilder::on_lease_lost) hook is told. It is sent
+    ///   once, then the channel is closed: a later `recv()` returns `Err(RecvError)`.
+    /// - `Err(RecvError)` at once: the guard was released (or the loss was received
+    ///   already). A loss found by this guard's own release is said by that release's
+    ///   error ([`Error::LeaseLost`]), not here.
+    ///
+    /// Either way a `recv(lost) -> msg` arm of `select!` fires, at once and on every
+    /// later try. The message arrives within the same bound as `is_lease_lost()` turns
+    /// true: the instant a fixed lease runs out or a lease goes unrenewed for its whole
+    /// length (a thread of the client wakes for it; nobody needs to poll), when a
     /// `force_unlock` freed it (its client is told at once, on its own channel), or when a
-    /// renewal, a later acquisition, an `extend` or a release of any level finds the hold
-    /// gone. Every guard of a nested hold is
-    /// told of its loss; releasing one level readies only that guard's channel. Each call
-    /// returns a clone of the same receiver.
+    /// renewal, a later acquisition, an `extend` or a release of another level finds the
+    /// hold gone. Every guard of a nested hold is told of its loss; releasing one level
+    /// closes only that guard's channel. Each call returns a clone of the same receiver,
+    /// and the one message goes to whichever clone receives first: wait for it in one
+    /// place (after an `Err`, [`is_lease_lost`](LockGuard::is_lease_lost) still says
+    /// whether the hold was lost).
     ///
     /// ```no_run
     /// use crossbeam_channel::{select, Receiver};
@@ -323,9 +335,12 @@ impl<K: Kind> LockGuard<K> {
     ///             Ok(item) => { /* ... process item under the lock ... */ }
     ///             Err(_) => break,
     ///         },
-    ///         recv(lost) -> _ => {
-    ///             // The lock is no longer ours: another holder may run now. Stop;
-    ///             // the release reports it (`Error::LeaseLost`, naming the lock).
+    ///         recv(lost) -> lost => {
+    ///             // Ok: the lock is no longer ours, and another holder may run now.
+    ///             // Stop; the release reports it too (`Error::LeaseLost`).
+    ///             if let Ok(lost) = lost {
+    ///                 eprintln!("lost {:?}: {}", lost.name_lossy(), lost.reason());
+    ///             }
     ///             return guard.unlock();
     ///         }
     ///     }
@@ -333,21 +348,45 @@ impl<K: Kind> LockGuard<K> {
     /// guard.unlock()?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lost(&self) -> Receiver<()> {
+    ///
+    /// Waiting on another thread until the work is over either way:
+    ///
+    /// ```no_run
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("ledger").lock()?;
+    /// let lost = guard.lost();
+    /// let watcher = std::thread::spawn(move || match lost.recv() {
+    ///     Ok(lost) => eprintln!("lost the ledger lock: {}", lost.reason()),
+    ///     Err(_) => {} // released normally
+    /// });
+    /// // ... the work ...
+    /// guard.unlock()?;
+    /// watcher.join().unwrap();
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    #[doc(alias = "on_lost")]
+    #[doc(alias = "lost_channel")]
+    pub fn lost(&self) -> Receiver<LostLease> {
         self.lost_rx
             .get_or_init(|| {
-                let (tx, rx) = crossbeam_channel::bounded(0);
+                // One slot: a loss is sent once, and its send never blocks.
+                let (tx, rx) = crossbeam_channel::bounded(1);
                 self.inner.watchdog.table.watch_loss(
                     &self.inner,
                     &self.keys,
                     self.token,
                     &self.lost,
                     self.level,
-                    Watcher::Guard { _sender: tx },
+                    Watcher::Guard(tx),
                 );
                 rx
             })
             .clone()
+    }
+
+    /// What this hold's loss for `reason` is told as.
+    pub(crate) fn lost_lease(&self, reason: LossReason) -> LostLease {
+        self.lost.lease(reason)
     }
 
     /// Lets `watcher` know of this hold's loss (or of this guard's release).

@@ -8,7 +8,9 @@ use crate::HolderMetadata;
 /// semaphore or a count-down latch, read in one step ([`Client::inspect`],
 /// [`Client::list`]). For operators and tools (the `redmutex` command's `status`); a
 /// program deciding whether to work should try to lock instead, since this may be stale
-/// as soon as it returns.
+/// as soon as it returns. A semaphore is there from its first use on, while its number of
+/// permits is defined, held or not; the other kinds while they are held, waited for or
+/// (a latch) counting.
 ///
 /// ```no_run
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -37,8 +39,8 @@ pub struct LockInfo {
     /// count is the permits that holder has. A read-write lock's or semaphore's hold whose
     /// own lease has ended is not listed, even before a script has dropped it.
     pub holders: Vec<(String, u64)>,
-    /// The time left on the key's lease: `None` when there is no key (only waiters) or
-    /// it has no expiry.
+    /// The time left on the key's lease: `None` when there is no key (only waiters, or a
+    /// semaphore with no permit held) or it has no expiry.
     pub remaining_lease: Option<Duration>,
     /// The holder ids of the waiters, in the order they are served.
     pub waiters: Vec<String>,

@@ -17,9 +17,10 @@ use crate::{Client, Error};
 /// workers call [`count_down`](CountDownLatch::count_down) as they finish, and any number
 /// of threads in any process [`wait`](CountDownLatch::wait) until it reaches zero. Waiting
 /// does not poll: the count-down that opens the latch publishes one message that wakes
-/// every waiter. The latch is one Redis string with the expiry the setter chose, so a latch
-/// left counting by crashed workers does not stay forever; an expired latch reads 0 and
-/// counts as open, like one that was never set.
+/// every waiter. The latch is one Redis string with an expiry (one hour unless the setter
+/// chose another: [`LatchOptions::expire_after`]), so a latch left counting by crashed
+/// workers does not stay forever; an expired latch reads 0 and counts as open, like one
+/// that was never set.
 ///
 /// # Guarantees
 ///
@@ -28,14 +29,15 @@ use crate::{Client, Error};
 ///   the waiter's subscription and its first read.
 /// - The count is set once per round: a second [`try_set_count`](CountDownLatch::try_set_count)
 ///   while counting changes nothing, and a repeat after a lost reply never sets twice.
-/// - No count below zero; a latch left by crashed workers expires when its setter said.
+/// - No count below zero; a latch left by crashed workers expires when its setter said (an
+///   hour unless it said otherwise).
 /// - Bounded waits return by their deadline plus 250 ms, even when Redis stops answering.
 ///
 /// ```no_run
 /// # use std::time::Duration;
 /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
 /// let latch = client.count_down_latch("nightly-import");
-/// latch.try_set_count(3, Duration::from_secs(3600))?;   // three shards to import
+/// latch.try_set_count(3)?;               // three shards to import; expires in an hour
 /// // ... each of three workers, anywhere: latch.count_down()?;
 /// if latch.wait_for(Duration::from_secs(600))? {
 ///     println!("all shards imported");
@@ -72,30 +74,56 @@ impl CountDownLatch {
         }
     }
 
+    /// How long a latch set with [`try_set_count`](CountDownLatch::try_set_count) lasts
+    /// whatever its count: one hour. Then it reads 0 and its waiters return, as if it had
+    /// opened. Set the expiry longer than the work it counts can take, with
+    /// [`try_set_count_with`](CountDownLatch::try_set_count_with) and
+    /// [`LatchOptions::expire_after`].
+    pub const DEFAULT_EXPIRY: Duration = Duration::from_secs(3600);
+
     /// Sets the count to `count`, unless the latch is counting already (then `Ok(false)`
-    /// and nothing changes). The latch expires `expire_after` from now whatever its count:
-    /// then it reads 0 and its waiters return.
+    /// and nothing changes). The latch expires [`DEFAULT_EXPIRY`](Self::DEFAULT_EXPIRY)
+    /// (one hour) from now whatever its count: then it reads 0 and its waiters return. For
+    /// another expiry, [`try_set_count_with`](CountDownLatch::try_set_count_with).
     ///
     /// A call whose reply was lost is sent again, and the repeat recognizes the set its
     /// first run made: `Ok(true)`, never "someone else set it", and never a second set.
     ///
     /// Any count from 1 to `i64::MAX` is kept exactly (Redis integers, never a Lua double).
-    /// Fails with [`Error::InvalidArgument`] for a zero count or one above `i64::MAX`, a
-    /// zero expiry, or an expiry over ten years, and with [`Error::WrongKind`] while the
-    /// name is held as a lock, a read-write lock or a semaphore (a name is one kind at a
-    /// time; nothing is changed).
+    /// Fails with [`Error::InvalidArgument`] for a zero count or one above `i64::MAX`, and
+    /// with [`Error::WrongKind`] while the name is held as a lock, a read-write lock or a
+    /// semaphore (a name is one kind at a time; nothing is changed).
     ///
     /// ```no_run
-    /// # use std::time::Duration;
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
     /// let latch = client.count_down_latch("batch-42");
-    /// if !latch.try_set_count(10, Duration::from_secs(3600))? {
+    /// if !latch.try_set_count(10)? {
     ///     println!("another coordinator set it already");
     /// }
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     #[doc(alias = "trySetCount")]
-    pub fn try_set_count(&self, count: u64, expire_after: Duration) -> Result<bool, Error> {
+    #[doc(alias = "set_count")]
+    pub fn try_set_count(&self, count: u64) -> Result<bool, Error> {
+        self.try_set_count_with(count, LatchOptions::new())
+    }
+
+    /// [`try_set_count`](CountDownLatch::try_set_count) with [`LatchOptions`]: another
+    /// expiry. Fails as `try_set_count` does, and with [`Error::InvalidArgument`] for a
+    /// zero expiry or one over ten years (nothing is sent).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use redmutex::LatchOptions;
+    /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+    /// let latch = client.count_down_latch("nightly-import");
+    /// // The import can take all night: the latch lasts 12 hours if nobody opens it.
+    /// let options = LatchOptions::new().expire_after(Duration::from_secs(12 * 3600));
+    /// latch.try_set_count_with(3, options)?;
+    /// # Ok::<(), redmutex::Error>(())
+    /// ```
+    pub fn try_set_count_with(&self, count: u64, options: LatchOptions) -> Result<bool, Error> {
+        let expire_after = options.expire_after;
         self.check_name()?;
         Self::check_count(count, expire_after).map_err(|e| e.on_lock(&self.name))?;
         let exec = &self.client.inner.exec;
@@ -305,6 +333,64 @@ impl CountDownLatch {
 
     fn check_name(&self) -> Result<(), Error> {
         crate::name::check(&self.name, "latch names must not be empty")
+    }
+}
+
+/// What [`CountDownLatch::try_set_count_with`] sets beyond the count: how long the latch
+/// lasts. A consuming builder, as [`LockOptions`](crate::LockOptions) is for locks: start
+/// from [`LatchOptions::new`] (or `Default`), set what differs.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redmutex::LatchOptions;
+///
+/// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
+/// let options = LatchOptions::new().expire_after(Duration::from_secs(600));
+/// client.count_down_latch("batch-42").try_set_count_with(4, options)?;
+/// # Ok::<(), redmutex::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+#[must_use = "options do nothing until passed to `try_set_count_with`"]
+pub struct LatchOptions {
+    expire_after: Duration,
+}
+
+impl Default for LatchOptions {
+    fn default() -> LatchOptions {
+        LatchOptions {
+            expire_after: CountDownLatch::DEFAULT_EXPIRY,
+        }
+    }
+}
+
+impl LatchOptions {
+    /// The defaults: the latch expires after
+    /// [`CountDownLatch::DEFAULT_EXPIRY`] (one hour).
+    ///
+    /// ```no_run
+    /// let options = redmutex::LatchOptions::new();
+    /// ```
+    pub fn new() -> LatchOptions {
+        LatchOptions::default()
+    }
+
+    /// The latch expires `expire_after` from when its count is set, whatever its count:
+    /// then it reads 0 and its waiters return, as if it had opened, so that a latch left
+    /// counting by crashed workers does not stay forever. Set it longer than the work it
+    /// counts can take. Must be longer than zero and at most ten years (the set fails with
+    /// [`Error::InvalidArgument`] otherwise).
+    ///
+    /// Defaults to [`CountDownLatch::DEFAULT_EXPIRY`], one hour.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let options = redmutex::LatchOptions::new().expire_after(Duration::from_secs(4 * 3600));
+    /// ```
+    #[doc(alias = "expire")]
+    #[doc(alias = "ttl")]
+    pub fn expire_after(mut self, expire_after: Duration) -> LatchOptions {
+        self.expire_after = expire_after;
+        self
     }
 }
 

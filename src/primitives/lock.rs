@@ -45,6 +45,11 @@ use crate::{LockOptions, OwnedLock};
 /// `FairLock`'s returns `None`. For strict first come, first served use
 /// [`FairLock`](crate::FairLock), the same lock without barging.
 ///
+/// Who holds a lock (holder ids, leases, waiters) is read with
+/// [`Client::inspect`](crate::Client::inspect); what each hold records beside its holder
+/// id for operators (a host, a pid) is set once for the client, with
+/// [`ClientBuilder::metadata`](crate::ClientBuilder::metadata), not per lock.
+///
 /// # Guarantees
 ///
 /// - No two threads anywhere hold the lock at once while Redis keeps its data and every

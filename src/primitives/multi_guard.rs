@@ -11,7 +11,7 @@ use crossbeam_channel::Receiver;
 use crate::primitives::release::Freed;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::loss::{Quorum, Timed, Watcher};
-use crate::{Error, LockGuard};
+use crate::{Error, LockGuard, LossReason, LostLease};
 
 /// Proof that the current thread holds a [`MultiLock`](crate::MultiLock): one level of
 /// its lock on each of the servers that granted it (a quorum at least).
@@ -27,8 +27,8 @@ use crate::{Error, LockGuard};
 ///   with its lease.
 /// - A loss is told, and stays told: once fewer than the quorum of its levels stand, or a
 ///   fixed lease's validity ended, [`is_lease_lost`](MultiLockGuard::is_lease_lost) is
-///   true (never back), [`lost`](MultiLockGuard::lost) is ready and `unlock` fails with
-///   [`Error::LeaseLost`].
+///   true (never back), [`lost`](MultiLockGuard::lost) is sent what was lost (a release
+///   only closes it) and `unlock` fails with [`Error::LeaseLost`].
 ///
 /// ```no_run
 /// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
@@ -56,7 +56,7 @@ pub struct MultiLockGuard {
     member_timeout: Duration,
     released: bool,
     // What `lost()` waits on, made on its first call.
-    lost: OnceCell<(Arc<Quorum>, Receiver<()>)>,
+    lost: OnceCell<(Arc<Quorum>, Receiver<LostLease>)>,
 }
 
 impl MultiLockGuard {
@@ -76,10 +76,12 @@ impl MultiLockGuard {
         }
     }
 
-    /// A channel that becomes ready (disconnected) once this hold is lost, as
-    /// [`is_lease_lost`](MultiLockGuard::is_lease_lost) tells (fewer than the quorum of its
-    /// levels still stand, or a fixed lease's validity ended), or once it is released:
-    /// see [`LockGuard::lost`], which this is for a `MultiLock`.
+    /// A channel told when this hold is lost, as
+    /// [`is_lease_lost`](MultiLockGuard::is_lease_lost) tells, and closed when it is
+    /// released: see [`LockGuard::lost`], which this is for a `MultiLock`. `recv()` returns
+    /// `Ok` with the [`LostLease`] of the member whose loss left fewer than the quorum
+    /// standing, or, when a fixed lease's validity ended, the first member's with
+    /// [`LossReason::LeaseExpired`]; `Err` once released.
     ///
     /// ```no_run
     /// # fn work(lock: &redmutex::MultiLock) -> Result<(), redmutex::Error> {
@@ -87,17 +89,29 @@ impl MultiLockGuard {
     /// let lost = guard.lost();
     /// crossbeam_channel::select! {
     ///     // Lost: the release reports it (`Error::LeaseLost`).
-    ///     recv(lost) -> _ => return guard.unlock(),
+    ///     recv(lost) -> lost => {
+    ///         if let Ok(lost) = lost {
+    ///             eprintln!("lost on {:?}: {}", lost.name_lossy(), lost.reason());
+    ///         }
+    ///         return guard.unlock();
+    ///     }
     ///     default(std::time::Duration::from_secs(1)) => {} // ... work ...
     /// }
     /// guard.unlock()?;
     /// # Ok(()) }
     /// ```
-    pub fn lost(&self) -> Receiver<()> {
+    pub fn lost(&self) -> Receiver<LostLease> {
         let (_, rx) = self.lost.get_or_init(|| {
-            let (tx, rx) = crossbeam_channel::bounded(0);
+            // One slot: a loss is sent once, and its send never blocks.
+            let (tx, rx) = crossbeam_channel::bounded(1);
             let granted = self.holds.iter().flatten().count();
-            let quorum = Arc::new(Quorum::new(granted, self.quorum, tx));
+            let expired = self
+                .holds
+                .iter()
+                .flatten()
+                .next()
+                .map(|first| first.lost_lease(LossReason::LeaseExpired));
+            let quorum = Arc::new(Quorum::new(granted, self.quorum, tx, expired));
             for member in self.holds.iter().flatten() {
                 member.watch(Watcher::Quorum(quorum.clone()));
             }
@@ -174,7 +188,7 @@ impl MultiLockGuard {
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
         if let Some((quorum, _)) = self.lost.get() {
-            quorum.fire();
+            quorum.released();
         }
         let lost = self.is_lease_lost();
         let members = self.holds.len();

@@ -2,9 +2,10 @@
 //! across independent Redis masters, or several resources taken all at once.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::primitives::cancel;
 use crate::runtime::fanout::{self, Call};
 use crate::runtime::lease::Lease;
 use crate::LockOptions;
@@ -13,6 +14,15 @@ use crate::{Error, Lock, MultiLockGuard};
 /// How long a round of calls waits for a server by default: far below any lease, so that
 /// a server down or frozen delays each acquisition by this much at most.
 const MEMBER_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long a key of the check that members are distinct (`MultiLock::check_distinct`)
+/// lives if its removal fails: far beyond the check's rounds, which each give a server
+/// the member timeout.
+const PROBE_TTL_MS: u64 = 10_000;
+
+/// What the servers said of a `MultiLock`'s members: `None`, distinct; `Some((i, j))`,
+/// members `i` and `j` are one key of one server.
+type Distinct = Option<(usize, usize)>;
 
 /// One lock over several [`Lock`]s, each on its own [`Client`](crate::Client): held by a
 /// thread while a quorum of them is held by it.
@@ -90,6 +100,9 @@ pub struct MultiLock {
     pub(super) members: Arc<[Lock]>,
     pub(super) quorum: usize,
     pub(super) member_timeout: Duration,
+    // Set once the servers told whether two clients' members are one key (see
+    // `check_distinct`): clones share it, so it is asked once.
+    distinct: Arc<OnceLock<Distinct>>,
 }
 
 impl Clone for MultiLock {
@@ -98,6 +111,7 @@ impl Clone for MultiLock {
             members: self.members.clone(),
             quorum: self.quorum,
             member_timeout: self.member_timeout,
+            distinct: self.distinct.clone(),
         }
     }
 }
@@ -110,6 +124,15 @@ impl MultiLock {
     /// Fails with [`Error::InvalidArgument`] for no locks, a lock given twice, or a
     /// client built with [`sync_replicas`](crate::ClientBuilder::sync_replicas) (the
     /// calls here do not wait for replicas).
+    ///
+    /// A lock given twice through two clients of one server (one URL with `localhost`,
+    /// the other with `127.0.0.1`; a proxy; the same server by two names) cannot be told
+    /// without asking the servers, which making a `MultiLock` does not: the first
+    /// acquisition asks them (only where two clients' locks have the same key), and
+    /// refuses such a `MultiLock` with the same [`Error::InvalidArgument`], holding and
+    /// leaving nothing, as does every acquisition after it (clones included). It would
+    /// otherwise never be acquired: each of the two waits for the other. The same name in
+    /// another database of the server, or under another key prefix, is another lock.
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
@@ -136,10 +159,16 @@ impl MultiLock {
                 return Err(invalid("a MultiLock cannot hold the same lock twice"));
             }
         }
+        let distinct = OnceLock::new();
+        if suspects(&members).is_empty() {
+            // No two clients' locks share a key: nothing to ask the servers.
+            let _ = distinct.set(None);
+        }
         Ok(MultiLock {
             quorum: members.len(),
             members: members.into(),
             member_timeout: MEMBER_TIMEOUT,
+            distinct: Arc::new(distinct),
         })
     }
 
@@ -148,8 +177,8 @@ impl MultiLock {
     ///
     /// Fails with [`Error::InvalidArgument`] for fewer than three locks (a majority of one
     /// or two survives no failure), for two locks on one [`Client`](crate::Client), and
-    /// as [`new`](MultiLock::new) does. Two clients of the same server cannot be told apart
-    /// here: that is for the caller to avoid.
+    /// as [`new`](MultiLock::new) does: one name reached through two clients of the same
+    /// server (two "masters" that are one) is refused by the first acquisition.
     ///
     /// ```no_run
     /// # use redmutex::{Client, MultiLock};
@@ -276,6 +305,7 @@ impl MultiLock {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn lock(&self) -> Result<MultiLockGuard, Error> {
+        self.check_distinct()?;
         Ok(self
             .acquire(Lease::Watchdog, None)?
             .expect("an acquisition without deadline only returns once acquired"))
@@ -295,6 +325,7 @@ impl MultiLock {
     /// # Ok(()) }
     /// ```
     pub fn try_lock(&self) -> Result<Option<MultiLockGuard>, Error> {
+        self.check_distinct()?;
         self.acquire(Lease::Watchdog, Some(Instant::now()))
     }
 
@@ -310,7 +341,9 @@ impl MultiLock {
     /// # Ok(()) }
     /// ```
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiLockGuard>, Error> {
-        self.acquire(Lease::Watchdog, Instant::now().checked_add(wait))
+        let deadline = Instant::now().checked_add(wait);
+        self.check_distinct()?;
+        self.acquire(Lease::Watchdog, deadline)
     }
 
     /// Waits until `deadline` for the lock; `None` if it was not acquired by then. Fails
@@ -327,6 +360,7 @@ impl MultiLock {
     /// # Ok(()) }
     /// ```
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<MultiLockGuard>, Error> {
+        self.check_distinct()?;
         self.acquire(Lease::Watchdog, Some(deadline))
     }
 
@@ -357,6 +391,10 @@ impl MultiLock {
     #[doc(alias = "tryLock")]
     pub fn try_lock_with(&self, options: LockOptions) -> Result<Option<MultiLockGuard>, Error> {
         let o = options.for_lock()?;
+        if !cancel::is_cancelled(o.cancel) {
+            // (A token cancelled already fails the call with nothing sent.)
+            self.check_distinct()?;
+        }
         self.acquire_cancellable(o.lease, o.deadline, o.cancel)
     }
 
@@ -418,6 +456,107 @@ impl MultiLock {
         }
     }
 
+    /// Refuses a `MultiLock` two of whose members, on two clients, are one key of one
+    /// server: it could never be acquired. Asked of the servers the first time (until
+    /// every pair that shares a key answered), in three rounds each bounded by the member
+    /// timeout: each such member sets a key of its own beside its lock (`SET ... PX`,
+    /// under its prefix, in its slot), then each pair looks, through one member's client,
+    /// for the other's key (`EXISTS`), and the keys are removed (`DEL`). Two members see
+    /// each other's key exactly when they share a keyspace, whatever their URLs say. A
+    /// server that does not answer leaves its pairs to the next acquisition; a user whose
+    /// ACL refuses `SET` or `EXISTS` is not asked again (the check is skipped).
+    fn check_distinct(&self) -> Result<(), Error> {
+        if let Some(verdict) = self.distinct.get() {
+            return self.refused(*verdict);
+        }
+        let pairs = suspects(&self.members);
+        for m in self.members.iter() {
+            m.client.inner.exec.check_process()?;
+        }
+        let mut probed: Vec<usize> = pairs.iter().flat_map(|&(i, j)| [i, j]).collect();
+        probed.sort_unstable();
+        probed.dedup();
+        let nonce = uuid::Uuid::new_v4().as_u64_pair().0;
+        let key = |i: usize| self.members[i].keys.probe(nonce.wrapping_add(i as u64));
+        let call = |i: usize, cmd: redis::Cmd| Call::plain(&self.members[i].client.inner, cmd);
+        let set: Vec<Call<'_>> = probed
+            .iter()
+            .map(|&i| {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(key(i)).arg(1).arg("PX").arg(PROBE_TTL_MS);
+                call(i, cmd)
+            })
+            .collect();
+        let set = fanout::run::<redis::Value>(&set, Instant::now() + self.member_timeout);
+        let was_set = |i: usize| {
+            probed
+                .iter()
+                .position(|&p| p == i)
+                .is_some_and(|at| set[at].is_ok())
+        };
+        let asked: Vec<(usize, usize)> = pairs
+            .iter()
+            .copied()
+            .filter(|&(i, j)| was_set(i) && was_set(j))
+            .collect();
+        let exists: Vec<Call<'_>> = asked
+            .iter()
+            .map(|&(i, j)| {
+                let mut cmd = redis::cmd("EXISTS");
+                cmd.arg(key(j));
+                call(i, cmd)
+            })
+            .collect();
+        let seen = fanout::run::<i64>(&exists, Instant::now() + self.member_timeout);
+        let del: Vec<Call<'_>> = probed
+            .iter()
+            .filter(|&&i| was_set(i))
+            .map(|&i| {
+                let mut cmd = redis::cmd("DEL");
+                cmd.arg(key(i));
+                call(i, cmd)
+            })
+            .collect();
+        // Every key set is removed, also on a server that failed a call a moment ago.
+        let _ = fanout::run_always::<redis::Value>(&del, Instant::now() + self.member_timeout);
+        let refusal = set
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .chain(seen.iter().filter_map(|r| r.as_ref().err()))
+            .find(|e| matches!(e, Error::NoPermission { .. }));
+        if let Some(refusal) = refusal {
+            tracing::debug!(
+                target: "redmutex",
+                "redmutex: a MultiLock cannot ask whether two of its clients reach one server \
+                 ({refusal}); not asked again"
+            );
+            let _ = self.distinct.set(None);
+            return Ok(());
+        }
+        for (&pair, seen) in asked.iter().zip(&seen) {
+            if matches!(seen, Ok(n) if *n > 0) {
+                let _ = self.distinct.set(Some(pair));
+                return self.refused(Some(pair));
+            }
+        }
+        if asked.len() == pairs.len() && seen.iter().all(Result::is_ok) {
+            let _ = self.distinct.set(None);
+        }
+        Ok(())
+    }
+
+    /// The error of members `pair` found to be one key of one server, if they were.
+    fn refused(&self, pair: Distinct) -> Result<(), Error> {
+        match pair {
+            None => Ok(()),
+            Some((i, j)) => Err(Error::invalid(format!(
+                "a MultiLock cannot hold the same lock twice: its locks {i} and {j} ({:?}) are \
+                 one key of one server, reached through two clients",
+                String::from_utf8_lossy(self.members[i].name())
+            ))),
+        }
+    }
+
     pub(super) fn no_quorum(
         &self,
         reached: usize,
@@ -444,4 +583,18 @@ impl fmt::Debug for MultiLock {
 
 fn invalid(what: &str) -> Error {
     Error::invalid(what)
+}
+
+/// The pairs of members (`i < j`) whose locks have the same key on two clients: the same
+/// lock twice if the clients reach one server.
+fn suspects(members: &[Lock]) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    for (j, b) in members.iter().enumerate() {
+        for (i, a) in members[..j].iter().enumerate() {
+            if a.keys.key() == b.keys.key() && !Arc::ptr_eq(&a.client.inner, &b.client.inner) {
+                pairs.push((i, j));
+            }
+        }
+    }
+    pairs
 }

@@ -14,6 +14,9 @@ use crate::Error;
 /// [`Semaphore::try_acquire_with`](crate::Semaphore::try_acquire_with)), instead of one
 /// method name per combination.
 ///
+/// What every hold of a client records for operators (a host, a pid) is not an option of
+/// one acquisition but a client setting, [`ClientBuilder::metadata`](crate::ClientBuilder::metadata).
+///
 /// A consuming builder: start from [`LockOptions::new`] (or `Default`), set what differs.
 /// The value is cheap to clone and may be kept and reused: a wait given with
 /// [`wait_for`](LockOptions::wait_for) is measured from each call that uses it.
@@ -145,6 +148,10 @@ impl LockOptions {
     /// }
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "cancellation_token")]
+    #[doc(alias = "cancel_token")]
+    #[doc(alias = "with_cancellation")]
+    #[doc(alias = "token")]
     pub fn cancellable(mut self, token: &CancellationToken) -> LockOptions {
         self.cancel = Some(token.clone());
         self

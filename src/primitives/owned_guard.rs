@@ -7,7 +7,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{Fenced, Kind, Owned, Plain};
-use crate::{Error, LockGuard};
+use crate::{Error, LockGuard, LostLease};
 
 /// Proof that an owned acquisition (through [`Lock::owned`](crate::Lock::owned), an
 /// [`OwnedLock`](crate::OwnedLock)) holds a [`Lock`](crate::Lock). Unlike a [`LockGuard`], it belongs to no thread: it is `Send + Sync +
@@ -94,9 +94,10 @@ impl<K: Kind> OwnedGuard<K> {
         self.guard.is_lease_lost()
     }
 
-    /// A channel that becomes ready (disconnected) once this hold is lost, or once the
-    /// guard is released, whichever comes first: see [`LockGuard::lost`]. Like the guard,
-    /// the receiver may be used on any thread.
+    /// A channel told when this hold is lost (`recv()` returns `Ok` with the
+    /// [`LostLease`]: which lock, and why), and closed when the guard is released
+    /// (`Err`), whichever comes first: see [`LockGuard::lost`]. Like the guard, the
+    /// receiver may be used on any thread.
     ///
     /// ```no_run
     /// use crossbeam_channel::select;
@@ -105,13 +106,18 @@ impl<K: Kind> OwnedGuard<K> {
     /// std::thread::spawn(move || {
     ///     let lost = guard.lost();
     ///     select! {
-    ///         recv(lost) -> _ => { /* the lock is no longer ours: stop the work */ }
+    ///         recv(lost) -> lost => {
+    ///             // Ok(lost): the lock is no longer ours: stop the work.
+    ///             if let Ok(lost) = lost {
+    ///                 eprintln!("lost: {}", lost.reason());
+    ///             }
+    ///         }
     ///         default(std::time::Duration::from_secs(5)) => { let _ = guard.unlock(); }
     ///     }
     /// });
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lost(&self) -> Receiver<()> {
+    pub fn lost(&self) -> Receiver<LostLease> {
         self.guard.lost()
     }
 

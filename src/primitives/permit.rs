@@ -80,20 +80,22 @@ impl Permit {
         self.guard.unlock()
     }
 
-    /// A channel that becomes ready (disconnected) once these permits are lost, or once
-    /// they are released: see [`LockGuard::lost`], which this is for permits. Like the
-    /// permit, the receiver may be used on any thread.
+    /// A channel told when these permits are lost (`recv()` returns `Ok` with the
+    /// [`LostLease`](crate::LostLease)), and closed when they are released (`Err`): see
+    /// [`LockGuard::lost`], which this is for permits. Like the permit, the receiver may be
+    /// used on any thread.
     ///
     /// ```no_run
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
     /// let permit = client.semaphore("encoders", 2).acquire()?;
     /// let lost = permit.lost();
-    /// std::thread::spawn(move || {
-    ///     let _ = lost.recv(); // returns once the permits are lost or released
+    /// std::thread::spawn(move || match lost.recv() {
+    ///     Ok(lost) => eprintln!("the permit was lost: {}", lost.reason()),
+    ///     Err(_) => {} // released
     /// });
     /// # Ok::<(), redmutex::Error>(())
     /// ```
-    pub fn lost(&self) -> crossbeam_channel::Receiver<()> {
+    pub fn lost(&self) -> crossbeam_channel::Receiver<crate::LostLease> {
         self.guard.lost()
     }
 

@@ -69,7 +69,11 @@ impl Default for ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// The Redis server, as a `redis://` URL (`redis://[user:password@]host[:port][/db]`).
+    /// The Redis server, as a `redis://` URL (`redis://[user:password@]host[:port][/db]`):
+    /// `Client::builder().url(url)`, then the other settings, then
+    /// [`build`](ClientBuilder::build). ([`Client::open(url)`](Client::open) is the same with
+    /// every other setting at its default.) A URL with a wrong part fails `build` with
+    /// [`Error::InvalidUrl`].
     ///
     /// Defaults to `redis://127.0.0.1:6379/`.
     ///
@@ -282,6 +286,9 @@ impl ClientBuilder {
     ///
     /// [`Client::inspect`]: crate::Client::inspect
     /// [`Client::list`]: crate::Client::list
+    #[doc(alias = "holder_metadata")]
+    #[doc(alias = "with_metadata")]
+    #[doc(alias = "set_metadata")]
     pub fn metadata(mut self, text: impl Into<String>) -> Self {
         self.metadata = Some(text.into());
         self
@@ -431,12 +438,19 @@ impl ClientBuilder {
     /// Checks the settings and creates the client. No connection is made yet: building
     /// succeeds while Redis is down, and the first operation then reports it.
     ///
-    /// Fails with [`Error::InvalidArgument`] for an unparsable URL, a prefix with `{`, `}`, `!`, `~` or `#`,
-    /// zero durations, a zero pool size, a `watchdog_timeout` not longer than the
+    /// Fails with [`Error::InvalidUrl`] for a URL with a wrong part (it names the part:
+    /// scheme, host, port, database, password, socket path), and with
+    /// [`Error::InvalidArgument`] for a URL refused for no part that can be told, a URL at
+    /// odds with the TLS settings, a prefix with `{`, `}`, `!`, `~` or `#`, zero
+    /// durations, a zero pool size, a `watchdog_timeout` not longer than the
     /// `command_timeout`, or `metadata` longer than 1 KiB.
     ///
-    /// ```no_run
-    /// let client = redmutex::Client::builder().url("redis://127.0.0.1:6379/").build()?;
+    /// ```
+    /// use redmutex::{Client, Error};
+    /// let client = Client::builder().url("redis://127.0.0.1:6379/").build()?;
+    /// // Nothing is sent to check a URL: a wrong one fails here, naming what is wrong.
+    /// let wrong = Client::builder().url("redis://127.0.0.1:63790000/").build();
+    /// assert!(matches!(wrong, Err(Error::InvalidUrl { part: "port", .. })));
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn build(self) -> Result<Client, Error> {

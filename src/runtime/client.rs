@@ -96,13 +96,16 @@ impl Client {
     /// let client = redmutex::Client::open("redis://127.0.0.1:6379/")?;
     /// # Ok::<(), redmutex::Error>(())
     /// ```
+    #[doc(alias = "new")]
+    #[doc(alias = "connect")]
     pub fn open(url: impl Into<String>) -> Result<Client, Error> {
         Client::builder().url(url).build()
     }
 
     /// A builder with every setting at its default: set the server with
     /// [`url`](ClientBuilder::url) (or [`sentinel`](ClientBuilder::sentinel),
-    /// [`cluster`](ClientBuilder::cluster)), then [`build`](ClientBuilder::build).
+    /// [`cluster`](ClientBuilder::cluster)), then [`build`](ClientBuilder::build). It takes
+    /// no argument: the URL is a setting like the others, `Client::builder().url(url)`.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -220,10 +223,9 @@ impl Client {
     /// name are different objects. Making one touches no network.
     ///
     /// ```no_run
-    /// # use std::time::Duration;
     /// # let client = redmutex::Client::open("redis://127.0.0.1/")?;
     /// let latch = client.count_down_latch("batch-42");
-    /// latch.try_set_count(8, Duration::from_secs(600))?;
+    /// latch.try_set_count(8)?; // expires in an hour (CountDownLatch::DEFAULT_EXPIRY)
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     #[doc(alias = "getCountDownLatch")]

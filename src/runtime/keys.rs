@@ -273,6 +273,13 @@ impl LockKeys {
         self.aux(b"forced")
     }
 
+    /// A key of one `MultiLock`'s check that two clients' members are not one key of one
+    /// server (see `MultiLock::check_distinct`), `nonce` its own: in the lock's hash slot,
+    /// under its prefix, and no object's key (`list` passes it by).
+    pub(crate) fn probe(&self, nonce: u64) -> Vec<u8> {
+        self.aux(format!("probe{nonce:016x}").as_bytes())
+    }
+
     fn aux(&self, kind: &[u8]) -> Vec<u8> {
         let key = self.key();
         aux_key(&key[..self.prefix_len], key, kind)
@@ -359,15 +366,23 @@ fn aux_key(prefix: &[u8], key: &[u8], kind: &[u8]) -> Vec<u8> {
 
 /// The object a Redis key of this prefix is, and the name it was made from: `None` for
 /// auxiliary keys that are not an object of their own (queues, counters, leases) and keys
-/// no name produces. The inverse of [`LockKeys::new`]'s key forms.
+/// no name produces. The inverse of [`LockKeys::new`]'s key forms. A semaphore's number of
+/// permits is its semaphore: it is defined while no permit is held.
 pub(crate) fn object_of(prefix: &[u8], key: &[u8]) -> Option<(Object, bool, Vec<u8>)> {
     let rest = key.strip_prefix(prefix)?;
+    let mut permits = false;
     let (object, latch, rest) = if let Some(rest) = rest.strip_prefix(RW_MARK) {
         (Object::ReadWrite, false, rest)
     } else if let Some(rest) = rest.strip_prefix(SEM_MARK) {
         (Object::Semaphore, false, rest)
     } else if let Some(rest) = rest.strip_prefix(b"!latch:") {
         (Object::Lock, true, rest)
+    } else if let Some(rest) = rest
+        .strip_prefix(b"!permits:")
+        .and_then(|r| r.strip_prefix(SEM_MARK))
+    {
+        permits = true;
+        (Object::Semaphore, false, rest)
     } else {
         (Object::Lock, false, rest)
     };
@@ -388,6 +403,8 @@ pub(crate) fn object_of(prefix: &[u8], key: &[u8]) -> Option<(Object, bool, Vec<
     );
     let expected = if latch {
         made.latch()
+    } else if permits {
+        made.permits()
     } else {
         made.key().to_vec()
     };

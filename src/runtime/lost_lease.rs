@@ -1,5 +1,5 @@
-//! `LostLease`: what the client-wide hook ([`ClientBuilder::on_lease_lost`]) is told when
-//! a hold of this process is lost.
+//! `LostLease`: what the client-wide hook ([`ClientBuilder::on_lease_lost`]) and a guard's
+//! `lost()` channel are told when a hold of this process is lost.
 //!
 //! [`ClientBuilder::on_lease_lost`]: crate::ClientBuilder::on_lease_lost
 
@@ -63,7 +63,8 @@ impl fmt::Display for LossReason {
 /// A hold this process lost, as told to the hook set with
 /// [`ClientBuilder::on_lease_lost`](crate::ClientBuilder::on_lease_lost): the hook is
 /// called once per lost hold (a thread's reentrant levels of one lock are one hold),
-/// never for a hold released normally.
+/// never for a hold released normally. Each guard's [`lost`](crate::LockGuard::lost)
+/// channel is sent the same (a release only closes it).
 ///
 /// ```no_run
 /// let client = redmutex::Client::builder()

@@ -26,11 +26,8 @@ pub fn lose_a_lease(prefix: &'static str) -> (RedisServer, Client, Client) {
     let guard = holder.lock(NAME).lock().expect("acquire");
     let lost = guard.lost();
     assert!(other.lock(NAME).force_unlock().expect("force_unlock"));
-    assert_eq!(
-        lost.recv_timeout(Duration::from_secs(5)),
-        Err(crossbeam_channel::RecvTimeoutError::Disconnected),
-        "told of the loss"
-    );
+    let told = lost.recv_timeout(Duration::from_secs(5));
+    assert!(told.is_ok(), "told of the loss: {told:?}");
     assert!(guard.is_lease_lost());
     drop(guard);
     // A renewal round (every 300 ms) and the loss thread have had their say.

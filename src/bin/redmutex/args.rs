@@ -132,17 +132,21 @@ not held, nothing is printed and the descriptor closes as redmutex exits, so `re
 fails. If the lease is lost meanwhile it says so and exits 76."
     )]
     Hold(hold::HoldArgs),
-    /// Show who holds locks, for how long, and who waits.
+    /// Show who holds locks, for how long, and who waits (every lock, without a NAME).
     #[command(
-        override_usage = "redmutex status [OPTIONS] <NAME>...",
+        override_usage = "redmutex status [OPTIONS] [NAME]...",
         after_help = "\
 Examples:
   redmutex status nightly-report deploy
-  redmutex status --json deploy | jq '.objects[0].holders'"
+  redmutex status                  # every lock of the prefix, as `list` shows them
+  redmutex status --json deploy | jq '.objects[0].holders'
+
+A NAME with nothing under it shows as free. Without a NAME, status shows every object of
+the prefix (`list`)."
     )]
     Status {
-        /// The lock names.
-        #[arg(required = true, value_name = "NAME")]
+        /// The lock names; none: every lock of the prefix, as `list`.
+        #[arg(value_name = "NAME")]
         names: Vec<String>,
         /// Print JSON (schema 1, see docs/cli.md) instead of a table.
         #[arg(long)]

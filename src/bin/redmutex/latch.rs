@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Subcommand;
-use redmutex::Error;
+use redmutex::{Error, LatchOptions};
 
 use crate::connect::{connect, Connection};
 use crate::output::{print, warn, NOT_ACQUIRED};
@@ -19,8 +19,9 @@ pub(crate) enum LatchCommand {
         /// How many count-downs open it.
         #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         count: u64,
-        /// The latch opens by itself after this long, whatever its count.
-        #[arg(long, value_parser = expire, default_value = "1h")]
+        /// The latch opens by itself after this long, whatever its count (the library's
+        /// default, CountDownLatch::DEFAULT_EXPIRY).
+        #[arg(long, value_parser = expire, default_value = DEFAULT_EXPIRE)]
         expire: Duration,
     },
     /// Count down by one; prints the count left (0: it opened).
@@ -43,6 +44,9 @@ pub(crate) enum LatchCommand {
     },
 }
 
+/// `--expire`'s default: the library's own (a unit test holds them together).
+const DEFAULT_EXPIRE: &str = "1h";
+
 /// `--expire`: the library's bounds on a latch's expiry, said of the flag.
 fn expire(s: &str) -> Result<Duration, String> {
     let expire = duration(s)?;
@@ -62,7 +66,7 @@ pub(crate) fn latch(connection: &Connection, command: LatchCommand) -> Result<u8
         } => {
             if client
                 .count_down_latch(name.as_str())
-                .try_set_count(count, expire)?
+                .try_set_count_with(count, LatchOptions::new().expire_after(expire))?
             {
                 Ok(print(&format!("{name}: counting down from {count}\n")))
             } else {
@@ -94,5 +98,17 @@ pub(crate) fn latch(connection: &Connection, command: LatchCommand) -> Result<u8
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `latch set` without `--expire` sets what `try_set_count` would.
+    #[test]
+    fn the_default_expiry_is_the_librarys() {
+        assert_eq!(
+            super::expire(super::DEFAULT_EXPIRE),
+            Ok(redmutex::CountDownLatch::DEFAULT_EXPIRY)
+        );
     }
 }

@@ -33,7 +33,7 @@ use connect::connect;
 use output::{fail, messages, not_a_lock, print, warn, NOT_A_LOCK};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
     messages(cli.verbose, cli.quiet);
     let quiet = cli.quiet;
     let outcome = match cli.command {
@@ -41,6 +41,11 @@ fn main() -> ExitCode {
         Command::Hold(args) => hold::hold(&cli.connection, args, quiet),
         Command::Guard(args) => Ok(guard::guard(args)),
         Command::Status { names, json } => connect(&cli.connection, None).and_then(|c| {
+            if names.is_empty() {
+                // Everything there is, as `list` shows it: what `git status` or
+                // `systemctl status` without a name would do.
+                return Ok(print(&show::list(&c.list("*")?, json)));
+            }
             let mut found = Vec::new();
             for name in &names {
                 let info = c.inspect(name.as_str())?;
@@ -91,6 +96,124 @@ fn main() -> ExitCode {
         },
     };
     ExitCode::from(outcome.unwrap_or_else(|e| fail(&e)))
+}
+
+/// Exits on a usage error, as clap says it, except for a word where a command goes: a lock
+/// name first (`redmutex NAME COMMAND`, flock's order) is shown the `run` line that does
+/// what was meant, rather than clap's nearest command (for `lock` or `mylock`: `unlock`,
+/// which frees someone else's lock). A command's typo (`stauts`) is still named.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let Some(ContextValue::String(word)) = e.get(ContextKind::InvalidSubcommand) else {
+        e.exit()
+    };
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let rest = words_after_command(&args, word);
+    let mut root = Cli::command();
+    root.build();
+    let mut text = format!("unrecognized subcommand {word:?}\n");
+    let near = near_command(&root, word);
+    if let Some(near) = near {
+        text.push_str(&format!("\n  tip: a similar command exists: '{near}'"));
+    }
+    // A typo's options (`unlok --force x`) are no command to run.
+    if near.is_some() && rest.first().is_some_and(|a| a.starts_with('-')) {
+        text.push_str("\n  (`redmutex --help` lists the commands)");
+        root.error(ErrorKind::InvalidSubcommand, text).exit()
+    }
+    let run = std::iter::once(word.as_str())
+        .chain(rest.iter().map(String::as_str))
+        .map(shell_word)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if rest.is_empty() {
+        text.push_str(&format!(
+            "\n  tip: to run a command while holding the lock {word}: `redmutex run {run} \
+             COMMAND...`; to hold it until a signal: `redmutex hold {run}`"
+        ));
+    } else {
+        text.push_str(&format!(
+            "\n  tip: to run `{}` while holding the lock {word}: `redmutex run {run}`",
+            rest.iter()
+                .map(|a| shell_word(a))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    text.push_str("\n  (`redmutex --help` lists the commands)");
+    root.error(ErrorKind::InvalidSubcommand, text).exit()
+}
+
+/// What follows `word`, the first argument that is not an option (or an option's value)
+/// of redmutex itself.
+fn words_after_command(args: &[String], word: &str) -> Vec<String> {
+    let root = Cli::command();
+    let takes_value = |arg: &str| {
+        root.get_arguments().any(|a| {
+            a.get_action().takes_values()
+                && (a.get_long().is_some_and(|l| arg == format!("--{l}"))
+                    || a.get_short().is_some_and(|s| arg == format!("-{s}")))
+        })
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        if arg == word {
+            return args[i + 1..].to_vec();
+        }
+        i += if takes_value(arg) { 2 } else { 1 };
+    }
+    Vec::new()
+}
+
+/// The command `word` is one slip away from (a letter wrong, missing, extra, or two
+/// swapped), if any: further than that, a lock name is likelier than a typo.
+fn near_command<'a>(root: &'a clap::Command, word: &str) -> Option<&'a str> {
+    root.get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(clap::Command::get_name)
+        .find(|name| one_slip(word, name))
+}
+
+/// Whether `a` and `b` differ by at most one edit (a transposition counting as one).
+fn one_slip(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let (short, long) = if a.len() <= b.len() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    match long.len() - short.len() {
+        0 => {
+            let differ: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+            match differ[..] {
+                [] | [_] => true,
+                [i, j] => j == i + 1 && a[i] == b[j] && a[j] == b[i],
+                _ => false,
+            }
+        }
+        1 => (0..long.len()).any(|skip| {
+            long.iter()
+                .enumerate()
+                .filter(|&(i, _)| i != skip)
+                .map(|(_, c)| c)
+                .eq(short.iter())
+        }),
+        _ => false,
+    }
+}
+
+/// `word` as a shell reads it back: quoted when it holds anything but plain characters.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// `unlock --force`: frees every kind of `name` that can be held.

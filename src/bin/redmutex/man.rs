@@ -76,6 +76,7 @@ fn whole(root: &Command) -> String {
         subs.reverse();
         stack.extend(subs);
     }
+    page.push_str(&environment(root));
     page.push_str(&exit_status());
     page.push_str(&see_also("flock(1)"));
     once_preamble(&page)
@@ -122,6 +123,7 @@ fn one(cmd: &Command, path: &str) -> String {
         }
     }
     page.push_str(&notes(cmd, Some("NOTES")));
+    page.push_str(&environment(cmd));
     page.push_str(&exit_status());
     page.push_str(&see_also("redmutex(1), flock(1)"));
     once_preamble(&page)
@@ -166,6 +168,46 @@ fn notes(cmd: &Command, heading: Option<&str>) -> String {
         roff.text([roman(line)]);
     }
     roff.control("fi", []);
+    roff.render()
+}
+
+/// What redmutex reads from the environment besides its options' defaults: `-v`'s and
+/// `-q`'s stand-in, and what a hold records.
+const ENVIRONMENT: [(&str, &str); 2] = [
+    (
+        "RUST_LOG",
+        "Which messages show on standard error when neither -v nor -q is given, as \
+         tracing's filter directives (e.g. RUST_LOG=redmutex=debug); unset or empty: only \
+         the library's warnings.",
+    ),
+    (
+        "USER",
+        "Recorded with each hold run and hold take, beside the host, the pid and the \
+         command line, for status and list to show (a null user when unset).",
+    ),
+];
+
+/// ENVIRONMENT: the variables the options read (each when its option is not given), from
+/// the Command tree so that none is missed, then [`ENVIRONMENT`].
+fn environment(cmd: &Command) -> String {
+    let mut roff = Roff::default();
+    roff.control("SH", ["ENVIRONMENT"]);
+    for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        let (Some(var), Some(long)) = (arg.get_env(), arg.get_long()) else {
+            continue;
+        };
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        roff.control("TP", [])
+            .text([bold(var.to_string_lossy())])
+            .text([roman(format!(
+                "Read when --{long} is not given (the option wins). {help}"
+            ))]);
+    }
+    for (var, meaning) in ENVIRONMENT {
+        roff.control("TP", [])
+            .text([bold(var)])
+            .text([roman(meaning)]);
+    }
     roff.render()
 }
 

@@ -8,7 +8,7 @@ use clap::Args;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use redmutex::{
     CancellationToken, Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, LockOptions,
-    Permit, ReadGuard, WriteGuard,
+    LostLease, Permit, ReadGuard, WriteGuard,
 };
 
 use crate::output::{fail, refused_as_not_a_lock, warn, NOT_ACQUIRED};
@@ -65,8 +65,8 @@ pub(crate) enum Held {
 }
 
 impl Held {
-    /// Ready once the lease is lost (or the lock released).
-    pub(crate) fn lost(&self) -> Receiver<()> {
+    /// Told once the lease is lost (closed once the lock is released).
+    pub(crate) fn lost(&self) -> Receiver<LostLease> {
         match self {
             Held::Plain(g) => g.lost(),
             Held::Fair(g) => g.lost(),
@@ -202,9 +202,17 @@ pub(crate) fn not_acquired(take: &TakeArgs) -> u8 {
         Some(wait) => format!("within {}", humantime::format_duration(wait)),
         None => "at once (--no-wait)".to_owned(),
     };
-    warn(format_args!(
-        "redmutex: {} is held by another; not acquired {within}",
-        take.name
-    ));
+    let name = &take.name;
+    // What is in the way, as the kind taken sees it.
+    let held = if take.semaphore.is_some() {
+        format!("all permits of {name} are in use")
+    } else if take.shared {
+        format!("{name} is held for writing, or a writer waits its turn")
+    } else if take.exclusive {
+        format!("{name} is held by readers or a writer")
+    } else {
+        format!("{name} is held by another")
+    };
+    warn(format_args!("redmutex: {held}; not acquired {within}"));
     take.conflict_exit_code
 }

@@ -31,6 +31,7 @@ fn every_object_key_gives_back_its_name() {
                 &k.waiters(),
                 &k.latch_setter(),
                 &k.forced(),
+                &k.probe(7),
             ] {
                 assert_eq!(
                     object_of(prefix, aux),
@@ -43,6 +44,13 @@ fn every_object_key_gives_back_its_name() {
                 assert_eq!(
                     object_of(prefix, &k.latch()),
                     Some((object, true, name.clone()))
+                );
+            }
+            if object == Object::Semaphore {
+                // Its number of permits: the semaphore, defined with no permit held.
+                assert_eq!(
+                    object_of(prefix, &k.permits()),
+                    Some((object, false, name.clone()))
                 );
             }
         }
