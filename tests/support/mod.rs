@@ -824,23 +824,27 @@ pub fn function_name(url: &str, script: &str) -> String {
     let mut con = redis::Client::open(info)
         .and_then(|c| c.get_connection())
         .expect("connect");
-    let version = redis_version(&mut con);
+    loaded_function_name(&mut con, script)
+}
+
+/// [`function_name`] on the server `con` is connected to, where a client of this build
+/// already ran a script (so loaded the library): a cluster node, which a lone client's
+/// first call, as `function_name` makes it, may not reach (`MOVED`).
+pub fn loaded_function_name(con: &mut redis::Connection, script: &str) -> String {
+    let version = redis_version(con);
     let major = version
         .split('.')
         .next()
         .and_then(|m| m.parse::<u32>().ok());
     if major.is_some_and(|m| m < 7) {
         // Loaded too, as the library would be: calls counted afterwards include no load.
-        return redis::Script::new(&script_text(script))
-            .prepare_invoke()
-            .load(&mut con)
-            .expect("SCRIPT LOAD");
+        return load_script(con, script);
     }
     let libraries: Vec<HashMap<String, redis::Value>> = redis::cmd("FUNCTION")
         .arg("LIST")
         .arg("LIBRARYNAME")
         .arg("redmutex_*")
-        .query(&mut con)
+        .query(con)
         .expect("FUNCTION LIST");
     let names: Vec<String> = libraries
         .iter()
@@ -868,6 +872,17 @@ pub fn script_sha(script: &str) -> String {
     redis::Script::new(&script_text(script))
         .get_hash()
         .to_owned()
+}
+
+/// Loads the bundled script `script` (`SCRIPT LOAD`) on the server `con` is connected to,
+/// as an `EVALSHA` client does on its first call of it, and returns its SHA-1
+/// ([`script_sha`]). A test that delays a script's first `EVALSHA` there loads it first:
+/// otherwise the late call finds no script (`NOSCRIPT`) and runs nothing.
+pub fn load_script(con: &mut redis::Connection, script: &str) -> String {
+    redis::Script::new(&script_text(script))
+        .prepare_invoke()
+        .load(con)
+        .expect("SCRIPT LOAD")
 }
 
 fn script_text(script: &str) -> String {
