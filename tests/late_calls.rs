@@ -2,7 +2,9 @@
 //! client could not learn (its request slow on the wire, the call timed out) may still
 //! reach Redis after the same thread took the lock again. Every kind (lock, fair, fenced,
 //! read, write, upgradeable, permits, owned, a `MultiLock`'s members), through `FCALL`
-//! and `EVALSHA`, with plain and hash-tagged names.
+//! and `EVALSHA`, with plain and hash-tagged names, on one server and on a Redis Cluster
+//! (each node behind a proxy it announces as its address, so that the client's every
+//! connection, after a redirection or a slot map refresh too, can be slowed).
 
 mod support;
 
@@ -15,7 +17,8 @@ use redmutex::{
 };
 use support::clients::Clients;
 use support::keys::Keys;
-use support::RedisServer;
+use support::topology::Cluster;
+use support::{FaultProxy, RedisServer};
 
 const PREFIX: &str = "late:";
 
@@ -212,19 +215,144 @@ impl Case {
     }
 }
 
-fn clients(way: Way) -> Clients {
+fn clients(way: Way, on: On) -> Clients {
+    let clients = match on {
+        On::Single => CLIENTS,
+        // A cluster node whose command timed out is not asked again for a while (the
+        // client's quiet time for a silent node: each delayed call, the clean-ups' too,
+        // begins one), and a call for its slots waits that out as it does a node that is
+        // down, for up to the connect timeout. With 500 ms the thread's next hold failed
+        // at times ("timed out lately; not tried again yet"); 5 s is the library's default.
+        On::Cluster => CLIENTS.connect(Duration::from_secs(5)),
+    };
     match way {
-        Way::Functions => CLIENTS,
-        Way::Evalsha => CLIENTS.functions(false),
+        Way::Functions => clients,
+        Way::Evalsha => clients.functions(false),
     }
 }
 
-/// What the requests of `script` carry, the way `way`'s clients send it.
-fn marker(server: &RedisServer, way: Way, script: &str) -> String {
-    if way == Way::Evalsha {
-        support::load_script_sha(&mut server.connection(), script)
-    } else {
-        support::function_name(&server.url(), script)
+/// Where a test's cases run.
+#[derive(Clone, Copy, Debug)]
+enum On {
+    /// A server of its own for each case.
+    Single,
+    /// One cluster of three primaries for all the cases of a test (a cluster takes
+    /// seconds to form), each case on names of its own.
+    Cluster,
+}
+
+/// Servers reached through fault proxies, with what a case needs of them.
+enum Deployment {
+    Single {
+        server: RedisServer,
+        proxy: FaultProxy,
+    },
+    /// Every node behind a proxy it announces as its address.
+    Cluster(Cluster),
+}
+
+impl Deployment {
+    fn start(on: On) -> Deployment {
+        match on {
+            On::Single => {
+                let server = RedisServer::new();
+                let proxy = FaultProxy::new(server.port());
+                Deployment::Single { server, proxy }
+            }
+            On::Cluster => Deployment::Cluster(Cluster::builder().through_proxies().start()),
+        }
+    }
+
+    fn on(&self) -> On {
+        match self {
+            Deployment::Single { .. } => On::Single,
+            Deployment::Cluster(_) => On::Cluster,
+        }
+    }
+
+    /// A client that reaches the servers only through the proxies.
+    fn client(&self, way: Way) -> Client {
+        match self {
+            Deployment::Single { proxy, .. } => clients(way, self.on()).at(&proxy.url()),
+            Deployment::Cluster(cluster) => {
+                clients(way, self.on()).cluster_at(cluster.proxy_urls())
+            }
+        }
+    }
+
+    /// Another client, none of whose calls is delayed (none carries a marker the cases
+    /// delay). A cluster's reaches the nodes through the proxies too: the slot map names
+    /// them.
+    fn other(&self, way: Way) -> Client {
+        match self {
+            Deployment::Single { server, .. } => clients(way, self.on()).at(server),
+            Deployment::Cluster(cluster) => clients(way, self.on()).cluster_at(cluster.seed_urls()),
+        }
+    }
+
+    fn proxies(&self) -> Vec<&FaultProxy> {
+        match self {
+            Deployment::Single { proxy, .. } => vec![proxy],
+            Deployment::Cluster(cluster) => cluster.proxies(),
+        }
+    }
+
+    /// From now on, requests containing `marker` reach Redis `delay` late (`ZERO` lifts
+    /// it): on every proxy, so on whichever node serves the lock's slot (each member's,
+    /// for a `MultiLock`).
+    fn delay(&self, marker: &str, delay: Duration) {
+        for proxy in self.proxies() {
+            proxy.delay_requests_containing(marker, delay);
+        }
+    }
+
+    /// Requests containing `marker` read from clients so far, on every proxy (counted since
+    /// the marker was first delayed; a cluster's proxies count every case's).
+    fn seen(&self, marker: &str) -> usize {
+        self.proxies().iter().map(|p| p.seen(marker)).sum()
+    }
+
+    /// Whether every request containing `marker` seen so far has reached Redis. (The
+    /// forwarded ones are counted first: a request forwarded is seen already, so this
+    /// is never true while one counted as seen is still held back.)
+    fn all_forwarded(&self, marker: &str) -> bool {
+        let forwarded: usize = self.proxies().iter().map(|p| p.forwarded(marker)).sum();
+        forwarded >= self.seen(marker)
+    }
+
+    /// What the requests of `script` carry, the way `way`'s clients send it, with the
+    /// script on every server: as `EVALSHA`'s SHA-1, loaded on each (else a late call
+    /// of a script the client had not run there yet would find none and run nothing); as
+    /// `FCALL`'s function name, looked up on the server, on a cluster on the node serving
+    /// `key` (a key the case's calls touched, which loaded the library there).
+    fn marker(&self, way: Way, script: &str, key: &str) -> String {
+        match (way, self) {
+            (Way::Evalsha, Deployment::Single { server, .. }) => {
+                support::load_script(&mut server.connection(), script)
+            }
+            (Way::Evalsha, Deployment::Cluster(cluster)) => {
+                for node in cluster.nodes() {
+                    support::load_script(&mut node.connection(), script);
+                }
+                support::script_sha(script)
+            }
+            (Way::Functions, Deployment::Single { server, .. }) => {
+                support::function_name(&server.url(), script)
+            }
+            (Way::Functions, Deployment::Cluster(cluster)) => {
+                support::loaded_function_name(&mut cluster.connection_for_key(key), script)
+            }
+        }
+    }
+
+    /// The length of the list `key`, read on the server (node) that has it.
+    fn llen(&self, key: &str) -> i64 {
+        match self {
+            Deployment::Single { server, .. } => support::llen(&mut server.connection(), key),
+            Deployment::Cluster(cluster) => {
+                support::llen(&mut cluster.connection_for_key(key), key)
+            }
+        }
     }
 }
 
@@ -233,13 +361,24 @@ fn names(case: Case, op: &str) -> [String; 2] {
     [base.clone(), format!("{{{base}}}:tagged")]
 }
 
-/// Runs `check` for every case, each with a plain and a hash-tagged name, and fails with
-/// every case that failed (not only the first).
-fn each_case(op: &str, check: impl Fn(Case, &str)) {
+/// Runs `check` for every case, each with a plain and a hash-tagged name, on `on`'s
+/// deployment, and fails with every case that failed (not only the first).
+fn each_case(on: On, op: &str, check: impl Fn(&Deployment, Case, &str)) {
+    let cluster = matches!(on, On::Cluster).then(|| Deployment::start(on));
     let mut failed = Vec::new();
     for case in CASES {
         for name in names(case, op) {
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(case, &name)));
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let own;
+                let at = match &cluster {
+                    Some(cluster) => cluster,
+                    None => {
+                        own = Deployment::start(on);
+                        &own
+                    }
+                };
+                check(at, case, &name)
+            }));
             if let Err(panic) = run {
                 let why = panic
                     .downcast_ref::<String>()
@@ -284,23 +423,23 @@ fn assert_still_held(case: Case, other: &Client, name: &str, held: &Held, watch:
 /// A thread's `unlock()` fails with `Timeout` (its request is slow on the wire, so the
 /// client cannot know whether it ran); the thread locks again at once; then the first
 /// release reaches Redis. It must not free the new hold.
-fn late_release(way: Way) {
-    each_case("release", |case, name| {
-        let (server, proxy, client) = clients(way).serve_through_proxy();
-        let other = clients(way).at(&server);
+fn late_release(way: Way, on: On) {
+    each_case(on, "release", |at, case, name| {
+        let client = at.client(way);
+        let other = at.other(way);
         let wait = || LockOptions::new().wait_for(Duration::from_secs(10));
         case.take(&client, name, wait())
             .unwrap()
             .expect("warm-up")
             .unlock()
             .unwrap();
-        let marker = marker(&server, way, &case.script("release"));
+        let marker = at.marker(way, &case.script("release"), &case.queue(name));
         let held = case
             .take(&client, name, wait())
             .unwrap()
             .expect("first hold");
-        proxy.watch(&marker);
-        proxy.delay_requests_containing(&marker, case.late());
+        at.delay(&marker, case.late());
+        let sent = at.seen(&marker);
         let released = held.unlock();
         // (A `MultiLock` reports its members' timeouts as a quorum not reached.)
         assert!(
@@ -310,116 +449,137 @@ fn late_release(way: Way) {
             ),
             "{case:?} {name}: {released:?}"
         );
-        assert!(proxy.wait_seen(&marker, 1, Duration::from_secs(5)));
-        proxy.delay_requests_containing(&marker, Duration::ZERO);
+        assert!(
+            support::wait_until(Duration::from_secs(5), || at.seen(&marker) > sent),
+            "{case:?} {name}: the release was never sent"
+        );
+        at.delay(&marker, Duration::ZERO);
         let again = case.take_again(&client, name);
         assert!(
-            proxy.wait_forwarded(&marker, 1, Duration::from_secs(10)),
+            support::wait_until(Duration::from_secs(10), || at.all_forwarded(&marker)),
             "{case:?} {name}: the late release never reached Redis"
         );
         assert_still_held(case, &other, name, &again, Duration::from_millis(1_000));
         again
             .unlock()
             .unwrap_or_else(|e| panic!("{case:?} {name}: {e}"));
-        drop(proxy);
     });
 }
 
 /// A cancelled wait whose cancel is slow fails with `Timeout`; the thread later holds the
 /// lock; the old cancel (and the clean-up's, for the same wait) reach Redis then. They must
 /// not free the hold.
-fn late_cancel(way: Way) {
-    each_case("cancel", |case, name| {
-        {
-            let (server, proxy, client) = clients(way).serve_through_proxy();
-            let other = clients(way).at(&server);
-            let wait = || LockOptions::new().wait_for(Duration::from_secs(10));
-            case.take(&client, name, wait())
-                .unwrap()
-                .expect("warm-up")
-                .unlock()
-                .unwrap();
-            let theirs = case
-                .exclusive(&other, name, wait())
-                .expect("the other client's hold");
-            let marker = marker(&server, way, &case.script("cancel"));
-            proxy.watch(&marker);
-            proxy.delay_requests_containing(&marker, case.late());
-            let token = CancellationToken::new();
-            let queue = case.queue(name);
-            let waited = thread::scope(|s| {
-                s.spawn(|| {
-                    let mut con = server.connection();
-                    assert!(
-                        support::wait_until(Duration::from_secs(10), || {
-                            support::llen(&mut con, &queue) >= 1
-                        }),
-                        "{case:?} {name}: the waiter never queued"
-                    );
-                    token.cancel();
-                });
-                case.take(&client, name, wait().cancellable(&token))
+fn late_cancel(way: Way, on: On) {
+    each_case(on, "cancel", |at, case, name| {
+        let client = at.client(way);
+        let other = at.other(way);
+        let wait = || LockOptions::new().wait_for(Duration::from_secs(10));
+        case.take(&client, name, wait())
+            .unwrap()
+            .expect("warm-up")
+            .unlock()
+            .unwrap();
+        let theirs = case
+            .exclusive(&other, name, wait())
+            .expect("the other client's hold");
+        let queue = case.queue(name);
+        let marker = at.marker(way, &case.script("cancel"), &queue);
+        at.delay(&marker, case.late());
+        let sent = at.seen(&marker);
+        let token = CancellationToken::new();
+        let waited = thread::scope(|s| {
+            s.spawn(|| {
+                assert!(
+                    support::wait_until(Duration::from_secs(10), || at.llen(&queue) >= 1),
+                    "{case:?} {name}: the waiter never queued"
+                );
+                token.cancel();
             });
-            // The cancel timed out (`Timeout`); a `MultiLock` reports the cancellation and
-            // leaves its members' queues to the clean-up (`Cancelled`).
-            assert!(
-                matches!(waited, Err(Error::Timeout { .. } | Error::Cancelled { .. })),
-                "{case:?} {name}: {:?}",
-                waited.map(|h| h.is_some())
-            );
-            assert!(proxy.wait_seen(&marker, 1, Duration::from_secs(5)));
-            theirs.unlock().unwrap();
-            let again = case.take_again(&client, name);
-            // Every cancel sent so far (the call's, and the watchdog's clean-ups of it,
-            // each delayed) reaches Redis while the thread holds the lock.
-            assert!(
-                support::wait_until(Duration::from_secs(10), || {
-                    proxy.forwarded(&marker) >= proxy.seen(&marker)
-                }),
-                "{case:?} {name}: the late cancels never reached Redis"
-            );
-            proxy.delay_requests_containing(&marker, Duration::ZERO);
-            assert_still_held(case, &other, name, &again, Duration::from_millis(1_000));
-            again
-                .unlock()
-                .unwrap_or_else(|e| panic!("{case:?} {name}: {e}"));
-        }
+            case.take(&client, name, wait().cancellable(&token))
+        });
+        // The cancel timed out (`Timeout`); a `MultiLock` reports the cancellation and
+        // leaves its members' queues to the clean-up (`Cancelled`).
+        assert!(
+            matches!(waited, Err(Error::Timeout { .. } | Error::Cancelled { .. })),
+            "{case:?} {name}: {:?}",
+            waited.map(|h| h.is_some())
+        );
+        assert!(
+            support::wait_until(Duration::from_secs(5), || at.seen(&marker) > sent),
+            "{case:?} {name}: the cancel was never sent"
+        );
+        theirs.unlock().unwrap();
+        let again = case.take_again(&client, name);
+        // Every cancel sent so far (the call's, and the watchdog's clean-ups of it, each
+        // delayed) reaches Redis while the thread holds the lock.
+        assert!(
+            support::wait_until(Duration::from_secs(10), || at.all_forwarded(&marker)),
+            "{case:?} {name}: the late cancels never reached Redis"
+        );
+        at.delay(&marker, Duration::ZERO);
+        assert_still_held(case, &other, name, &again, Duration::from_millis(1_000));
+        again
+            .unlock()
+            .unwrap_or_else(|e| panic!("{case:?} {name}: {e}"));
     });
 }
 
 #[test]
 fn a_late_release_never_frees_the_threads_next_hold() {
-    late_release(Way::Functions);
+    late_release(Way::Functions, On::Single);
 }
 
 #[test]
 fn a_late_release_never_frees_the_threads_next_hold_evalsha() {
-    late_release(Way::Evalsha);
+    late_release(Way::Evalsha, On::Single);
 }
 
 #[test]
 fn a_late_cancel_never_frees_the_threads_next_hold() {
-    late_cancel(Way::Functions);
+    late_cancel(Way::Functions, On::Single);
 }
 
 #[test]
 fn a_late_cancel_never_frees_the_threads_next_hold_evalsha() {
-    late_cancel(Way::Evalsha);
+    late_cancel(Way::Evalsha, On::Single);
+}
+
+#[test]
+fn a_late_release_never_frees_the_threads_next_hold_on_a_cluster() {
+    late_release(Way::Functions, On::Cluster);
+}
+
+#[test]
+fn a_late_release_never_frees_the_threads_next_hold_on_a_cluster_evalsha() {
+    late_release(Way::Evalsha, On::Cluster);
+}
+
+#[test]
+fn a_late_cancel_never_frees_the_threads_next_hold_on_a_cluster() {
+    late_cancel(Way::Functions, On::Cluster);
+}
+
+#[test]
+fn a_late_cancel_never_frees_the_threads_next_hold_on_a_cluster_evalsha() {
+    late_cancel(Way::Evalsha, On::Cluster);
 }
 
 /// An upgrade (a write asked by the thread that holds the upgradeable side) waits for the
 /// others' read holds under the token of the thread's upgradeable hold, which stays: a
 /// cancel of that wait that runs late must not free the thread's next upgrade.
 fn late_upgrade_cancel(way: Way) {
-    let (server, proxy, client) = clients(way).serve_through_proxy();
-    let other = clients(way).at(&server);
+    let (server, proxy, client) = clients(way, On::Single).serve_through_proxy();
+    let other = clients(way, On::Single).at(&server);
     let name = "cancel-upgrade";
     let rw = client.read_write_lock(name);
     let wait = || LockOptions::new().wait_for(Duration::from_secs(10));
     rw.write_lock().lock().unwrap().unlock().unwrap();
     let upgradeable = rw.upgradeable_lock().lock().expect("the upgradeable hold");
     let reader = other.read_write_lock(name).read_lock().lock().unwrap();
-    let marker = marker(&server, way, "rw_cancel");
+    let marker = match way {
+        Way::Evalsha => support::load_script(&mut server.connection(), "rw_cancel"),
+        Way::Functions => support::function_name(&server.url(), "rw_cancel"),
+    };
     proxy.watch(&marker);
     proxy.delay_requests_containing(&marker, LATE);
     let token = CancellationToken::new();

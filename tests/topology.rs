@@ -277,6 +277,62 @@ fn cluster_forms_and_routes_keys() {
     }
 }
 
+/// A cluster started through proxies names them, never its nodes' own ports: in its slot
+/// map and its redirections; and a client seeded with them reaches each node through its
+/// proxy (what the late-call tests on a cluster rely on to slow any call).
+#[test]
+fn a_cluster_through_proxies_is_reached_through_them() {
+    let cluster = Cluster::builder().through_proxies().start();
+    println!(
+        "cluster (3 primaries, proxies) ready in {:?}",
+        cluster.started_in()
+    );
+    let proxy_addr = |i: usize| format!("127.0.0.1:{}", cluster.node(i).proxy().port());
+
+    for node in cluster.nodes() {
+        let ranges: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut node.connection())
+            .unwrap();
+        for range in ranges {
+            let owner = match &range[2] {
+                redis::Value::Array(fields) => fields[1].clone(),
+                other => panic!("CLUSTER SLOTS node {other:?}"),
+            };
+            let redis::Value::Int(port) = owner else {
+                panic!("CLUSTER SLOTS port {owner:?}")
+            };
+            let port = u16::try_from(port).unwrap();
+            let i = cluster.index_of_port(port).expect("a node of the cluster");
+            assert_eq!(port, cluster.node(i).proxy().port(), "{range:?}");
+        }
+    }
+
+    let client = support::Clients::DEFAULT.cluster_at(cluster.proxy_urls());
+    for owner in 0..3 {
+        let (first, _) = cluster.view(0).unwrap()[..]
+            .iter()
+            .find(|e| e.id == cluster.node(owner).id())
+            .map(|e| e.slots[0])
+            .unwrap();
+        let name = format!("{{{}}}:through-proxy", tag_for_slot(first));
+        let key = Keys::lock(DEFAULT_PREFIX, &name).key();
+        assert_eq!(cluster.node_for_key(&key), owner);
+        let (code, target) = redirect(get(&mut cluster.node((owner + 1) % 3).connection(), &key));
+        assert_eq!((code.as_str(), target), ("MOVED", proxy_addr(owner)));
+
+        for proxy in cluster.proxies() {
+            proxy.watch(&name);
+        }
+        client.lock(&name).lock().unwrap().unlock().unwrap();
+        let seen: Vec<usize> = cluster.proxies().iter().map(|p| p.seen(&name)).collect();
+        assert!(
+            seen[owner] >= 2,
+            "{name} on node {owner}: seen by the proxies {seen:?}"
+        );
+    }
+}
+
 #[test]
 fn cluster_slot_migration_answers_ask_then_moved() {
     let cluster = Cluster::new(3, 0);

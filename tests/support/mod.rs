@@ -824,23 +824,27 @@ pub fn function_name(url: &str, script: &str) -> String {
     let mut con = redis::Client::open(info)
         .and_then(|c| c.get_connection())
         .expect("connect");
-    let version = redis_version(&mut con);
+    loaded_function_name(&mut con, script)
+}
+
+/// [`function_name`] on the server `con` is connected to, where a client of this build
+/// already ran a script (so loaded the library): a cluster node, which a lone client's
+/// first call, as `function_name` makes it, may not reach (`MOVED`).
+pub fn loaded_function_name(con: &mut redis::Connection, script: &str) -> String {
+    let version = redis_version(con);
     let major = version
         .split('.')
         .next()
         .and_then(|m| m.parse::<u32>().ok());
     if major.is_some_and(|m| m < 7) {
         // Loaded too, as the library would be: calls counted afterwards include no load.
-        return redis::Script::new(&script_text(script))
-            .prepare_invoke()
-            .load(&mut con)
-            .expect("SCRIPT LOAD");
+        return load_script(con, script);
     }
     let libraries: Vec<HashMap<String, redis::Value>> = redis::cmd("FUNCTION")
         .arg("LIST")
         .arg("LIBRARYNAME")
         .arg("redmutex_*")
-        .query(&mut con)
+        .query(con)
         .expect("FUNCTION LIST");
     let names: Vec<String> = libraries
         .iter()
@@ -859,20 +863,28 @@ pub fn function_name(url: &str, script: &str) -> String {
 /// these are the library's (a change there fails them, which is the point).
 const LIBRARY_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 2\n";
 
-/// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
-/// by its SHA-1): the constants line, allow_oom.lua for those that must run at the memory
-/// limit, its rule files, then its body, as `src/runtime/scripts.rs` puts them together.
 /// The SHA-1 a client that runs `script` with `EVALSHA` names it by (the text it sends,
-/// constants first): what its requests carry, on any server. Loaded on `con`'s server
-/// (`SCRIPT LOAD`), as a client would have: a request of it delayed on the way is then
-/// run when it arrives, not refused with `NOSCRIPT`.
-pub fn load_script_sha(con: &mut redis::Connection, script: &str) -> String {
+/// constants first): what its requests carry, on any server.
+pub fn script_sha(script: &str) -> String {
+    redis::Script::new(&script_text(script))
+        .get_hash()
+        .to_owned()
+}
+
+/// Loads the bundled script `script` (`SCRIPT LOAD`) on the server `con` is connected to,
+/// as an `EVALSHA` client does on its first call of it, and returns its SHA-1
+/// ([`script_sha`]). A test that delays a script's first `EVALSHA` there loads it first:
+/// otherwise the late call finds no script (`NOSCRIPT`) and runs nothing.
+pub fn load_script(con: &mut redis::Connection, script: &str) -> String {
     redis::Script::new(&script_text(script))
         .prepare_invoke()
         .load(con)
         .expect("SCRIPT LOAD")
 }
 
+/// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
+/// by its SHA-1): the constants line, allow_oom.lua for those that must run at the memory
+/// limit, its rule files, then its body, as `src/runtime/scripts.rs` puts them together.
 fn script_text(script: &str) -> String {
     let queue = include_str!("../../lua/queue.lua");
     let leases = include_str!("../../lua/leases.lua");

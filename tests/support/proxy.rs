@@ -26,7 +26,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -44,6 +44,9 @@ struct Shared {
     dropped: AtomicUsize,
     failed: AtomicUsize,
     stop: AtomicBool,
+    // The server's port; 0 until it is known (`FaultProxy::reserve`), while connections
+    // are closed as soon as they are accepted.
+    upstream: AtomicU16,
     next_conn: AtomicU64,
     // Every live connection's two sockets, shut down when the proxy is dropped.
     conns: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
@@ -202,6 +205,16 @@ impl Rules {
 impl FaultProxy {
     /// A proxy on a free loopback port forwarding to `127.0.0.1:upstream_port`.
     pub fn new(upstream_port: u16) -> FaultProxy {
+        let proxy = FaultProxy::reserve();
+        proxy.forward_to(upstream_port);
+        proxy
+    }
+
+    /// A proxy on a free loopback port that forwards nowhere yet: its port is known before
+    /// the server's, for a server that must be told it (a cluster node announcing the
+    /// proxy's address, see `topology::ClusterBuilder::through_proxies`). Connections
+    /// made before [`forward_to`](Self::forward_to) are closed at once.
+    pub fn reserve() -> FaultProxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind the proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let shared = Arc::new(Shared {
@@ -210,6 +223,7 @@ impl FaultProxy {
             dropped: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            upstream: AtomicU16::new(0),
             next_conn: AtomicU64::new(0),
             conns: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
@@ -223,6 +237,10 @@ impl FaultProxy {
                         return;
                     }
                     let Ok(client) = client else { continue };
+                    let upstream_port = s.upstream.load(Ordering::SeqCst);
+                    if upstream_port == 0 {
+                        continue;
+                    }
                     let Ok(server) = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream_port))
                     else {
                         continue;
@@ -238,6 +256,16 @@ impl FaultProxy {
             shared,
             acceptor: Some(acceptor),
         }
+    }
+
+    /// From now on, connections made to the proxy go to `127.0.0.1:upstream_port`.
+    pub fn forward_to(&self, upstream_port: u16) {
+        self.shared.upstream.store(upstream_port, Ordering::SeqCst);
+    }
+
+    /// The proxy's own (loopback) port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn url(&self) -> String {
@@ -340,6 +368,15 @@ impl FaultProxy {
     pub fn wait_forwarded(&self, marker: &str, n: usize, timeout: Duration) -> bool {
         self.shared
             .wait_for(timeout, |rules| rules.counts(marker.as_bytes()).1 >= n)
+    }
+}
+
+impl std::fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("port", &self.port)
+            .field("upstream", &self.shared.upstream.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
     }
 }
 

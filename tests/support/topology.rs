@@ -31,6 +31,12 @@
 //!   `cluster-allow-replica-migration no` (replicas stay where they were put).
 //! - replication: `repl-diskless-sync-delay 0` (Redis 7 otherwise waits 5 s for more
 //!   replicas before a full sync).
+//!
+//! A cluster may be reached through a [`FaultProxy`] per node
+//! ([`ClusterBuilder::through_proxies`]): each node announces its proxy's port, so that
+//! the slot map and the redirections a client is given name the proxies, and every
+//! client connection goes through them (the harness's own connections and the bus do
+//! not).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -46,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use redis::IntoConnectionInfo;
 
-use super::{free_port, RedisServer};
+use super::{free_port, FaultProxy, RedisServer};
 
 /// Pause between checks of state that no event announces.
 pub const POLL: Duration = Duration::from_millis(10);
@@ -1210,6 +1216,7 @@ pub struct ClusterBuilder {
     primaries: usize,
     replicas: usize,
     node_timeout: Duration,
+    through_proxies: bool,
 }
 
 impl Default for ClusterBuilder {
@@ -1218,6 +1225,7 @@ impl Default for ClusterBuilder {
             primaries: 3,
             replicas: 0,
             node_timeout: Duration::from_millis(1000),
+            through_proxies: false,
         }
     }
 }
@@ -1242,6 +1250,19 @@ impl ClusterBuilder {
         self
     }
 
+    /// A [`FaultProxy`] in front of each node ([`Cluster::proxy`]), which the node
+    /// announces as its address (`cluster-announce-ip`/`-port`; the bus stays direct,
+    /// `cluster-announce-bus-port`): `CLUSTER SLOTS`/`SHARDS`/`NODES`, `MOVED` and `ASK`
+    /// name the proxies, so a client seeded with [`Cluster::proxy_urls`] reaches every
+    /// node through them, redirections and slot map refreshes included, and a test can
+    /// delay or lose what it sends to any node. Set at start (Redis 6.2 takes no
+    /// `cluster-announce-port` change at run time for its own view), so a restarted node
+    /// announces its proxy again.
+    pub fn through_proxies(mut self) -> Self {
+        self.through_proxies = true;
+        self
+    }
+
     /// Starts the nodes and forms the cluster by hand (what `redis-cli --cluster
     /// create` does, minus its one-second sleeps): distinct config epochs, slot ranges,
     /// a MEET between every pair, then CLUSTER REPLICATE. Returns once every node says
@@ -1251,7 +1272,8 @@ impl ClusterBuilder {
         let began = Instant::now();
         let total = self.primaries * (1 + self.replicas);
         let timeout = self.node_timeout;
-        let nodes = spawn_all(total, || ClusterNode::spawn(timeout));
+        let proxied = self.through_proxies;
+        let nodes = spawn_all(total, || ClusterNode::spawn(timeout, proxied));
         let mut cluster = Cluster {
             nodes,
             killed_slots: HashMap::new(),
@@ -1348,23 +1370,28 @@ impl ClusterBuilder {
 
 /// One cluster node: a [`RedisServer`] (through `Deref`: port, url, connection, kill,
 /// freeze, thaw, restart, which keeps its `nodes.conf` and so its identity) with its
-/// cluster id and bus port.
+/// cluster id and bus port, and the proxy in front of it if the cluster has them.
 #[derive(Debug)]
 pub struct ClusterNode {
     server: RedisServer,
     id: String,
     bus_port: u16,
+    proxy: Option<FaultProxy>,
 }
 
 impl ClusterNode {
     /// Starts a cluster-enabled server; the bus port is given explicitly
     /// (`cluster-port`, since port + 10000 may be taken or past 65535), and another is
     /// tried when a parallel test took it. A server without `cluster-port` (before Redis
-    /// 7.0) has its bus on port + 10000, so both are picked together.
-    fn spawn(node_timeout: Duration) -> ClusterNode {
+    /// 7.0) has its bus on port + 10000, so both are picked together. With `proxied`, a
+    /// [`FaultProxy`] is bound first and the node announces its port (see
+    /// [`ClusterBuilder::through_proxies`]).
+    fn spawn(node_timeout: Duration, proxied: bool) -> ClusterNode {
         const ATTEMPTS: usize = 5;
         let timeout = node_timeout.as_millis().to_string();
         let own_bus = super::server_kind().has_cluster_port();
+        let proxy = proxied.then(FaultProxy::reserve);
+        let announced = proxy.as_ref().map(|p| p.port().to_string());
         for attempt in 1..=ATTEMPTS {
             let (port, bus_port) = if own_bus {
                 (None, free_port())
@@ -1392,13 +1419,28 @@ impl ClusterNode {
                 Some(port) => args.extend(["--port", port]),
                 None => args.extend(["--cluster-port", &bus]),
             }
+            if let Some(announced) = &announced {
+                args.extend([
+                    "--cluster-announce-ip",
+                    "127.0.0.1",
+                    "--cluster-announce-port",
+                    announced,
+                    // Else derived from the announced port (before 7.0): the bus is direct.
+                    "--cluster-announce-bus-port",
+                    &bus,
+                ]);
+            }
             match panic::catch_unwind(|| RedisServer::with_args(&args)) {
                 Ok(server) => {
+                    if let Some(proxy) = &proxy {
+                        proxy.forward_to(server.port());
+                    }
                     return ClusterNode {
                         server,
                         id: String::new(),
                         bus_port,
-                    }
+                        proxy,
+                    };
                 }
                 Err(e) if attempt == ATTEMPTS => panic::resume_unwind(e),
                 Err(_) => {}
@@ -1422,6 +1464,14 @@ impl ClusterNode {
 
     pub fn server(&self) -> &RedisServer {
         &self.server
+    }
+
+    /// The proxy in front of the node; panics unless the cluster was started
+    /// [`through_proxies`](ClusterBuilder::through_proxies).
+    pub fn proxy(&self) -> &FaultProxy {
+        self.proxy
+            .as_ref()
+            .expect("a cluster started through_proxies() has proxies")
     }
 }
 
@@ -1494,12 +1544,29 @@ impl Cluster {
         self.running().map(|i| self.nodes[i].url()).collect()
     }
 
+    /// The URL of the proxy of each node not killed: the seeds of a client that reaches
+    /// the cluster only through them ([`ClusterBuilder::through_proxies`]).
+    pub fn proxy_urls(&self) -> Vec<String> {
+        self.running()
+            .map(|i| self.nodes[i].proxy().url())
+            .collect()
+    }
+
+    /// The proxy of every node, in node order ([`ClusterBuilder::through_proxies`]).
+    pub fn proxies(&self) -> Vec<&FaultProxy> {
+        self.nodes.iter().map(ClusterNode::proxy).collect()
+    }
+
     pub fn index_of_id(&self, id: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.id == id)
     }
 
+    /// The node listening on `port`, or whose proxy does (the port the cluster names
+    /// it by when it has proxies).
     pub fn index_of_port(&self, port: u16) -> Option<usize> {
-        self.nodes.iter().position(|n| n.port() == port)
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port || n.proxy.as_ref().is_some_and(|p| p.port() == port))
     }
 
     /// `CLUSTER NODES` as node `i` sees the cluster.
