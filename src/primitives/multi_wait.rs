@@ -119,6 +119,7 @@ impl MultiLock {
                 .zip(&tokens)
                 .map(|(m, &token)| holder_id(&m.client.inner.exec.id, token))
                 .collect(),
+            doubted: vec![false; tokens.len()],
             tokens,
             lease,
             deadline,
@@ -168,6 +169,9 @@ struct MultiWait<'a> {
     lock: &'a MultiLock,
     // Each member's holder token (`holders` are their holder ids).
     tokens: Vec<u64>,
+    // A call of this wait on the member under its token had an unknown outcome (it may
+    // still run): the member gets a new token before its next attempt.
+    doubted: Vec<bool>,
     holders: Vec<String>,
     lease: Lease,
     deadline: Option<Instant>,
@@ -225,16 +229,21 @@ impl MultiWait<'_> {
             // Not enough, or too late (RedLock's rule: a quorum granted after its lease's
             // validity is no hold): what the round took goes back, to all at once, and
             // the call tries again within its wait, or returns None.
-            let taken: Vec<LockGuard> = guards.into_iter().flatten().collect();
-            for e in release_all(taken, Instant::now() + lock.member_timeout)
+            let (members, taken): (Vec<usize>, Vec<LockGuard>) = guards
                 .into_iter()
-                .filter_map(Result::err)
-            {
-                tracing::debug!(
-                    target: "redmutex",
-                    error = %e,
-                    "redmutex: giving back a partial MultiLock hold failed"
-                );
+                .enumerate()
+                .filter_map(|(i, g)| g.map(|g| (i, g)))
+                .unzip();
+            let given_back = release_all(taken, Instant::now() + lock.member_timeout);
+            for (i, result) in members.into_iter().zip(given_back) {
+                if let Err(e) = result {
+                    tracing::debug!(
+                        target: "redmutex",
+                        error = %e,
+                        "redmutex: giving back a partial MultiLock hold failed"
+                    );
+                    self.doubted[i] |= e.outcome_unknown();
+                }
             }
             telemetry::waiting(self.once);
             let failed = seen.iter().filter(|s| matches!(s, Seen::Failed(_))).count();
@@ -346,6 +355,9 @@ impl MultiWait<'_> {
         let mut tried = Vec::new();
         let mut calls = Vec::new();
         let bound = self.round_bound(start);
+        for i in 0..n {
+            self.fresh_holder_if_in_doubt(i);
+        }
         for (i, m) in lock.members.iter().enumerate() {
             let inner = &m.client.inner;
             let join = !self.once
@@ -419,10 +431,45 @@ impl MultiWait<'_> {
                     }
                     seen[i] = Seen::Held(refused.pttl);
                 }
-                Err(e) => seen[i] = Seen::Failed(e),
+                Err(e) => {
+                    self.doubted[i] |= e.outcome_unknown();
+                    seen[i] = Seen::Failed(e);
+                }
             }
         }
         (guards, seen)
+    }
+
+    /// Member `i` gets a holder token never used before when an earlier call of this wait
+    /// on it is in doubt (an attempt, a give-back or a queue leave whose outcome is
+    /// unknown, left to the watchdog's clean-up): that call, or its clean-up, may still
+    /// run, and would undo a grant this wait took under the same token in a later round.
+    /// (A member the thread held before the call keeps its hold's token: its doubts are
+    /// about levels beyond those it holds, which the count rule keeps apart.) Its queue
+    /// entry and subscription go with the old token: the clean-up removes the one, and the
+    /// next round that finds the member held subscribes again.
+    fn fresh_holder_if_in_doubt(&mut self, i: usize) {
+        let m = &self.lock.members[i];
+        let inner = &m.client.inner;
+        let in_doubt = self.doubted[i]
+            || inner
+                .watchdog
+                .table
+                .in_doubt_for(m.keys.hold(), self.tokens[i]);
+        if self.reentry[i] || !in_doubt {
+            return;
+        }
+        self.doubted[i] = false;
+        if self.queued[i] {
+            self.queued[i] = false;
+            inner
+                .watchdog
+                .table
+                .done_waiting(m.keys.key(), self.tokens[i]);
+        }
+        self.subs[i] = None;
+        self.tokens[i] = fresh_token();
+        self.holders[i] = holder_id(&inner.exec.id, self.tokens[i]);
     }
 
     /// The lease left for certain on a quorum after a round that started at `start`: the
@@ -582,6 +629,7 @@ impl MultiWait<'_> {
                     inner
                         .watchdog
                         .doubt(inner, &m.keys, self.tokens[i], &self.holders[i], levels);
+                    self.doubted[i] = true;
                 }
             }
         }
@@ -597,7 +645,7 @@ impl MultiWait<'_> {
     /// counted as held until the watchdog's extension found it gone. One renewal call
     /// settles it (as a `Lock`'s waiter does), bounded by the member timeout; it extends
     /// the hold to this call's lease, which then counts from the confirmation's start.
-    fn confirm_handed(&self, i: usize, count: i64) -> Option<LockGuard> {
+    fn confirm_handed(&mut self, i: usize, count: i64) -> Option<LockGuard> {
         let m = &self.lock.members[i];
         let inner = &m.client.inner;
         let holder = &self.holders[i];
@@ -633,6 +681,7 @@ impl MultiWait<'_> {
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.tokens[i], holder, levels);
+                self.doubted[i] = true;
                 None
             }
         }

@@ -88,6 +88,15 @@ impl HoldTable {
         }
     }
 
+    /// Whether a call of `token`'s on the lock `key` is in doubt: recorded, and its
+    /// clean-up not over.
+    pub(crate) fn in_doubt_for(&self, key: &[u8], token: u64) -> bool {
+        self.doubts
+            .lock()
+            .iter()
+            .any(|d| d.token == token && d.keys.hold() == key)
+    }
+
     /// Records an attempt whose outcome is unknown, for the watchdog thread to give back
     /// the level it may have taken (see `Watchdog::doubt`).
     pub(crate) fn record_doubt(
