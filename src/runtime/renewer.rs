@@ -75,13 +75,19 @@ impl Watchdog {
             return;
         }
         self.check.store(true, Ordering::SeqCst);
+        // (Not started: a watchdog hold's renewal finds it gone still; a fixed lease ends
+        // by itself.)
+        self.wake(
+            client,
+            "check the holds after the pub/sub connection was down",
+        );
+    }
+
+    /// Has the thread look at the table now, starting it if it is not running; `what` the
+    /// warning says cannot be done when it cannot be started.
+    fn wake<C: Owner + 'static>(&self, client: &Arc<C>, what: &str) {
         if let Err(e) = self.ensure_running(client) {
-            // A watchdog hold's renewal finds it gone still; a fixed lease ends by itself.
-            tracing::warn!(
-                target: "redmutex",
-                error = %e,
-                "redmutex: cannot check the holds after the pub/sub connection was down"
-            );
+            tracing::warn!(target: "redmutex", error = %e, "redmutex: cannot {what}");
             return;
         }
         self.table.alarm.nudge();
@@ -137,15 +143,7 @@ impl Watchdog {
         expected: usize,
     ) {
         self.table.record_doubt(keys, token, holder, expected);
-        if let Err(e) = self.ensure_running(client) {
-            tracing::warn!(
-                target: "redmutex",
-                error = %e,
-                "redmutex: cannot clean up a doubtful acquisition"
-            );
-            return;
-        }
-        self.table.alarm.nudge();
+        self.wake(client, "clean up a call whose outcome is unknown");
     }
 }
 
