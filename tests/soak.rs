@@ -118,34 +118,6 @@ impl Witness {
     }
 }
 
-/// Kills every connection of the server but `con` (`CLIENT KILL ID`).
-fn cut_connections(con: &mut redis::Connection) -> usize {
-    let me: i64 = redis::cmd("CLIENT")
-        .arg("ID")
-        .query(con)
-        .expect("CLIENT ID");
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query(con)
-        .expect("CLIENT LIST");
-    let mut cut = 0;
-    for line in list.lines() {
-        let id = line
-            .split(' ')
-            .find_map(|kv| kv.strip_prefix("id="))
-            .and_then(|id| id.parse::<i64>().ok());
-        if let Some(id) = id.filter(|&id| id != me) {
-            let killed: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                .arg("KILL")
-                .arg("ID")
-                .arg(id)
-                .query(con);
-            cut += usize::from(killed.is_ok());
-        }
-    }
-    cut
-}
-
 /// One worker thread: takes one kind after another until `stop`, checking each section.
 fn work(client: &Client, w: &Witness, stop: &AtomicBool, seed: u64) {
     let mut rng = seed | 1;
@@ -257,7 +229,7 @@ fn soak(run_for: Duration) {
         let started = Instant::now();
         while started.elapsed() < run_for {
             thread::sleep(Duration::from_millis(700));
-            killed += cut_connections(&mut chaos);
+            killed += support::kill_connections(&mut chaos, None);
             cuts += 1;
         }
         stop.store(true, Ordering::Relaxed);

@@ -483,7 +483,7 @@ fn torture(kind: &str) {
             // Every connection of the workers' clients dropped at once, pub/sub included:
             // calls in flight fail with their outcome unknown (a release or a cancel that
             // may have run), and the clients reconnect.
-            cut_library_connections(&mut chaos);
+            support::kill_connections(&mut chaos, Some(WITNESS_NAME));
             cuts += 1;
         }
         if rng.is_multiple_of(3) {
@@ -577,34 +577,5 @@ fn torture(kind: &str) {
             max_readers >= 2,
             "rw: readers never shared a lock (at most {max_readers} inside at once)"
         );
-    }
-}
-
-/// Kills every connection of the server but `con` and the witnesses' (`CLIENT KILL ID`).
-fn cut_library_connections(con: &mut redis::Connection) {
-    let me: i64 = redis::cmd("CLIENT")
-        .arg("ID")
-        .query(con)
-        .expect("CLIENT ID");
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query(con)
-        .expect("CLIENT LIST");
-    for line in list.lines() {
-        let field = |name: &str| {
-            line.split(' ')
-                .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-        };
-        let Some(id) = field("id").and_then(|id| id.parse::<i64>().ok()) else {
-            continue;
-        };
-        if id != me && field("name") != Some(WITNESS_NAME) {
-            // Gone already (its process killed meanwhile) is fine.
-            let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                .arg("KILL")
-                .arg("ID")
-                .arg(id)
-                .query(con);
-        }
     }
 }

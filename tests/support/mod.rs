@@ -863,6 +863,40 @@ pub fn loaded_function_name(con: &mut redis::Connection, script: &str) -> String
 /// these are the library's (a change there fails them, which is the point).
 const LIBRARY_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 2\n";
 
+/// Kills every connection of `con`'s server but `con` itself and those named `spare`
+/// (`CLIENT KILL ID`): the calls in flight on them fail with their outcome unknown, and
+/// their clients reconnect. Returns how many were killed.
+pub fn kill_connections(con: &mut redis::Connection, spare: Option<&str>) -> usize {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query(con)
+        .expect("CLIENT ID");
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(con)
+        .expect("CLIENT LIST");
+    let mut killed = 0;
+    for line in list.lines() {
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+        };
+        let Some(id) = field("id").and_then(|id| id.parse::<i64>().ok()) else {
+            continue;
+        };
+        if id != me && (spare.is_none() || field("name") != spare) {
+            // Gone already (its process killed meanwhile) is fine.
+            let done: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("ID")
+                .arg(id)
+                .query(con);
+            killed += usize::from(done.is_ok());
+        }
+    }
+    killed
+}
+
 /// The SHA-1 a client that runs `script` with `EVALSHA` names it by (the text it sends,
 /// constants first): what its requests carry, on any server.
 pub fn script_sha(script: &str) -> String {
