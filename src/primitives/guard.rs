@@ -10,12 +10,12 @@ use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
 use crate::primitives::release::{Freed, Release};
-use crate::runtime::calls;
 use crate::runtime::client::Inner;
+use crate::runtime::holds::lease::{fixed, millis, Lease};
+use crate::runtime::holds::loss::{Loss, Watcher};
 use crate::runtime::holds::Registration;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{fixed, millis, Lease};
-use crate::runtime::loss::{Loss, Watcher};
+use crate::runtime::scripting::calls;
 use crate::runtime::telemetry;
 use crate::{Error, Lock, LossReason, LostLease};
 
@@ -402,7 +402,7 @@ impl<K: Kind> LockGuard<K> {
     }
 
     /// Has the loss thread of this guard's client look at `what` at `at`.
-    pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::loss::Timed) {
+    pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::holds::loss::Timed) {
         let notifier = &self.inner.watchdog.table.notifier;
         if let Err(e) = notifier.ensure_running(&self.inner) {
             tracing::warn!(

@@ -1,9 +1,9 @@
 //! The kinds of [`Lock`](crate::Lock): what an acquisition asks of the scripts.
 
-use crate::runtime::scripts::{self, Ops};
+use crate::runtime::scripting::scripts::{self, Ops};
 
 pub(crate) mod sealed {
-    use crate::runtime::scripts::Ops;
+    use crate::runtime::scripting::scripts::Ops;
 
     /// What makes a thread's guard `!Send`. Its name is for the compiler's message when a
     /// guard is moved to another thread ("required because it appears within the type

@@ -3,10 +3,10 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::runtime::calls;
-use crate::runtime::executor::CALL_MEMORY;
+use crate::runtime::connection::executor::CALL_MEMORY;
+use crate::runtime::holds::lease::{IO_GRACE, MAX_LEASE};
 use crate::runtime::keys::{self, thread_token, LockKeys};
-use crate::runtime::lease::{IO_GRACE, MAX_LEASE};
+use crate::runtime::scripting::calls;
 use crate::runtime::subscriber::BROADCAST;
 use crate::{Client, Error};
 

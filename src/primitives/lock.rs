@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{Fair, Fenced, Kind, Owned, Plain};
-use crate::runtime::calls;
-use crate::runtime::executor::CALL_MEMORY;
+use crate::runtime::connection::executor::CALL_MEMORY;
+use crate::runtime::holds::lease::Lease;
 use crate::runtime::keys::{holder_id, thread_token, LockKeys};
-use crate::runtime::lease::Lease;
-use crate::runtime::scripts::ScriptCall;
+use crate::runtime::scripting::calls;
+use crate::runtime::scripting::scripts::ScriptCall;
 use crate::runtime::subscriber;
 use crate::{Client, Error, LockGuard};
 use crate::{LockOptions, OwnedLock};
@@ -228,7 +228,7 @@ impl<K: Kind> Lock<K> {
     /// # Ok::<(), redmutex::Error>(())
     /// ```
     pub fn with_max_hold(&self, max_hold: Duration) -> Result<Lock<K>, Error> {
-        crate::runtime::lease::check_max_hold(
+        crate::runtime::holds::lease::check_max_hold(
             max_hold,
             self.client.inner.exec.config.command_timeout,
         )

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::primitives::release::Freed;
-use crate::runtime::fanout::{self, Call};
-use crate::runtime::loss::{Quorum, Timed, Watcher};
+use crate::runtime::connection::fanout::{self, Call};
+use crate::runtime::holds::loss::{Quorum, Timed, Watcher};
 use crate::{Error, LockGuard, LossReason, LostLease};
 
 /// Proof that the current thread holds a [`MultiLock`](crate::MultiLock): one level of

@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::primitives::cancel;
-use crate::runtime::fanout::{self, Call};
-use crate::runtime::lease::Lease;
+use crate::runtime::connection::fanout::{self, Call};
+use crate::runtime::holds::lease::Lease;
 use crate::LockOptions;
 use crate::{Error, Lock, MultiLockGuard};
 

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::primitives::cancel::CancellationToken;
-use crate::runtime::lease::{fixed, Lease};
+use crate::runtime::holds::lease::{fixed, Lease};
 use crate::Error;
 
 /// What an acquisition asks for beyond the default: a fixed lease, a bound on the wait, a

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{Kind, Owned, Plain};
-use crate::runtime::lease::Lease;
+use crate::runtime::holds::lease::Lease;
 use crate::{Error, Lock, LockOptions, OwnedGuard};
 
 /// A [`Lock`]'s owned form ([`Lock::owned`]): the same lock (the same queue, handoffs

@@ -4,16 +4,16 @@
 
 use std::time::Instant;
 
-use crate::runtime::calls;
 use crate::runtime::client::Inner;
-use crate::runtime::con::Con;
+use crate::runtime::connection::con::Con;
+use crate::runtime::connection::pool;
+use crate::runtime::holds::lease;
+use crate::runtime::holds::loss::Loss;
+use crate::runtime::holds::lost_lease::LossReason;
 use crate::runtime::holds::LossAt;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease;
-use crate::runtime::loss::Loss;
-use crate::runtime::lost_lease::LossReason;
-use crate::runtime::pool;
-use crate::runtime::scripts::{self, ScriptCall};
+use crate::runtime::scripting::calls;
+use crate::runtime::scripting::scripts::{self, ScriptCall};
 use crate::Error;
 
 /// The release script's reply and the replicas' shortfall, if any.

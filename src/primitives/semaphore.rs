@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::primitives::kind::Permits;
-use crate::runtime::calls;
-use crate::runtime::con::Con;
+use crate::runtime::connection::con::Con;
+use crate::runtime::holds::lease::{millis, Lease, MAX_LEASE, PICKUP};
 use crate::runtime::keys::{self, Object};
-use crate::runtime::lease::{millis, Lease, MAX_LEASE, PICKUP};
+use crate::runtime::scripting::calls;
 use crate::{CancellationToken, Client, Error, Lock, LockOptions, Permit};
 
 /// The most permits a semaphore may have.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::primitives::kind::{Upgradeable, Write};
 use crate::runtime::keys::{LockKeys, Object};
-use crate::runtime::scripts;
+use crate::runtime::scripting::scripts;
 use crate::{Client, Error, Lock, LockGuard, WriteGuard};
 
 /// Proof that the current thread holds the upgradeable read side of a

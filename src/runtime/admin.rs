@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::runtime::calls;
 use crate::runtime::keys::{self, LockKeys, Object};
-use crate::runtime::scripts;
+use crate::runtime::scripting::calls;
+use crate::runtime::scripting::scripts;
 use crate::{Client, Error, HolderMetadata, LockInfo, LockName, Semaphore};
 
 impl Client {

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use crate::runtime::client::Client;
 use crate::runtime::config::Config;
-use crate::runtime::lease::LeasePolicy;
-use crate::runtime::loss::Hook;
-use crate::runtime::target::{Sentinel, Target};
-use crate::runtime::urls::{cluster_target, parse_urls, redact_url, tls_certificates, tls_client};
+use crate::runtime::connection::target::{Sentinel, Target};
+use crate::runtime::connection::urls::{
+    cluster_target, parse_urls, redact_url, tls_certificates, tls_client,
+};
+use crate::runtime::holds::lease::LeasePolicy;
+use crate::runtime::holds::loss::Hook;
 use crate::Error;
 
 /// The longest text [`ClientBuilder::metadata`] takes, in bytes.
@@ -462,7 +464,7 @@ impl ClientBuilder {
         if self.watchdog_timeout < Duration::from_millis(3) {
             return invalid("watchdog_timeout must be at least 3 ms");
         }
-        if self.watchdog_timeout > crate::runtime::lease::MAX_LEASE {
+        if self.watchdog_timeout > crate::runtime::holds::lease::MAX_LEASE {
             return invalid("watchdog_timeout is too long");
         }
         if self.pool_size == 0 {
@@ -479,7 +481,7 @@ impl ClientBuilder {
             )));
         }
         if let Some(max_hold) = self.max_hold {
-            crate::runtime::lease::check_max_hold(max_hold, self.command_timeout)?;
+            crate::runtime::holds::lease::check_max_hold(max_hold, self.command_timeout)?;
         }
         if let Some(text) = &self.metadata {
             if text.len() > MAX_METADATA {
@@ -496,9 +498,10 @@ impl ClientBuilder {
                 Some((_, t)) if t.is_zero() || t >= self.command_timeout => return invalid(
                     "the sync_replicas timeout must be non-zero and shorter than command_timeout",
                 ),
-                Some((n, t)) => Some((n, crate::runtime::lease::millis(t))),
+                Some((n, t)) => Some((n, crate::runtime::holds::lease::millis(t))),
             };
-        let bad_url = |e: redis::RedisError| crate::runtime::urls::bad_url(&self.url, &e);
+        let bad_url =
+            |e: redis::RedisError| crate::runtime::connection::urls::bad_url(&self.url, &e);
         let redis = if self.tls_ca.is_none() && self.tls_client.is_none() {
             redis::Client::open(self.url.as_str()).map_err(bad_url)?
         } else {

@@ -2,7 +2,7 @@
 //! the factories that make its handles (locks, read-write locks, semaphores, latches). Its
 //! calls run in its executor (`executor.rs`), its administrative operations are in
 //! `admin.rs`, and it starts and wakes its background threads, handing each a `Weak` of
-//! what it needs (`renewer::Owner`, `loss::LossSource`, `subscriber::ForceUnlocked`).
+//! what it needs (`watchdog::Owner`, `loss::LossSource`, `subscriber::ForceUnlocked`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,14 +10,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::runtime::config::Config;
-use crate::runtime::executor::Executor;
+use crate::runtime::connection::executor::Executor;
+use crate::runtime::connection::target::Target;
+use crate::runtime::holds::loss::{Loss, LossSource, Notifier};
+use crate::runtime::holds::watchdog::{self, Watchdog};
 use crate::runtime::holds::HoldTable;
 use crate::runtime::keys::{LockKeys, Object};
-use crate::runtime::loss::{Loss, LossSource, Notifier};
-use crate::runtime::renewer::{self, Watchdog};
-use crate::runtime::scripts;
+use crate::runtime::scripting::scripts;
 use crate::runtime::subscriber::{ForceUnlocked, Subscriber};
-use crate::runtime::target::Target;
 use crate::{
     ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
     ReadWriteLock, Semaphore,
@@ -304,7 +304,7 @@ impl LossSource for Inner {
     }
 }
 
-impl renewer::Owner for Inner {
+impl watchdog::Owner for Inner {
     fn executor(&self) -> &Executor {
         &self.exec
     }

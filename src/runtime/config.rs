@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::runtime::lease::LeasePolicy;
-use crate::runtime::loss::Hook;
+use crate::runtime::holds::lease::LeasePolicy;
+use crate::runtime::holds::loss::Hook;
 
 /// A client's settings, fixed once it is built.
 pub(crate) struct Config {

@@ -5,23 +5,11 @@
 
 pub(crate) mod admin;
 pub(crate) mod builder;
-pub(crate) mod calls;
 pub(crate) mod client;
-pub(crate) mod con;
 pub(crate) mod config;
-pub(crate) mod executor;
-pub(crate) mod fanout;
+pub(crate) mod connection;
 pub(crate) mod holds;
 pub(crate) mod keys;
-pub(crate) mod lease;
-pub(crate) mod loss;
-pub(crate) mod lost_lease;
-pub(crate) mod node_con;
-pub(crate) mod pool;
-pub(crate) mod queue;
-pub(crate) mod renewer;
-pub(crate) mod scripts;
+pub(crate) mod scripting;
 pub(crate) mod subscriber;
-pub(crate) mod target;
 pub(crate) mod telemetry;
-pub(crate) mod urls;

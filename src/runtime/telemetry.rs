@@ -62,7 +62,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::runtime::keys::LockKeys;
-use crate::runtime::scripts::{self, Ops};
+use crate::runtime::scripting::scripts::{self, Ops};
 use crate::Error;
 use crate::LossReason;
 
@@ -307,7 +307,7 @@ pub(crate) fn released(
 }
 
 /// A hold of the lock `keys` was lost for `reason` (called once per hold, by the hold's
-/// [`Loss`](crate::runtime::loss::Loss) the first time it is marked): the one WARN that
+/// [`Loss`](crate::runtime::holds::loss::Loss) the first time it is marked): the one WARN that
 /// says so, by the lock's name (never its key).
 #[inline]
 pub(crate) fn lease_lost(keys: &LockKeys, reason: LossReason) {

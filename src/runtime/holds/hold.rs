@@ -7,10 +7,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::runtime::holds::lease::{millis, Lease};
+use crate::runtime::holds::loss::Loss;
+use crate::runtime::holds::lost_lease::LossReason;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{millis, Lease};
-use crate::runtime::loss::Loss;
-use crate::runtime::lost_lease::LossReason;
 
 pub(super) struct Level {
     pub(super) id: u64,

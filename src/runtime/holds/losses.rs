@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::runtime::holds::loss::{Loss, LossSource, Timed, Watcher};
+use crate::runtime::holds::lost_lease::LossReason;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::loss::{Loss, LossSource, Timed, Watcher};
-use crate::runtime::lost_lease::LossReason;
 
 use super::hold::Hold;
 use super::HoldTable;

@@ -3,7 +3,7 @@
 use super::hold::{remove_hold, ByToken, Hold, Holds, Level, FEW_HOLDERS};
 use super::*;
 use crate::runtime::keys::Object;
-use crate::runtime::scripts;
+use crate::runtime::scripting::scripts;
 
 fn hold(keys: &Arc<LockKeys>, level: u64) -> Hold {
     let mut hold = Hold::new(keys, "c:1", Some(1), Loss::new(keys, "Lock", 0, None));

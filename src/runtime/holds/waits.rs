@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::runtime::holds::lease::{LeasePolicy, KICK_AFTER};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{LeasePolicy, KICK_AFTER};
 
 use super::tasks::{Kick, Waiting, KICK_TRIES};
 use super::HoldTable;

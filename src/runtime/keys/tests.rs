@@ -1,7 +1,7 @@
 //! The key layout's unit tests.
 
 use super::*;
-use crate::runtime::scripts;
+use crate::runtime::scripting::scripts;
 
 fn tag_of(key: &[u8]) -> &[u8] {
     let open = key.iter().position(|&b| b == b'{').unwrap();

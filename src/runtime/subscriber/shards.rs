@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use redis::{PushInfo, PushKind, Value};
 
 use super::{Shared, State, HEALTH_CHECK_AFTER, MAX_RECONNECT_BACKOFF, READ_TICK};
-use crate::runtime::con::NodeAddr;
+use crate::runtime::connection::con::NodeAddr;
 
 /// How long a link blocks on its socket before it looks for channels to subscribe and
 /// whether it is still needed: a channel routed to it while no nudge could reach it (see
@@ -42,7 +42,7 @@ const LINK_READ_TICK: Duration = Duration::from_millis(100);
 
 /// The hash slot of a key or shard channel.
 pub(super) fn slot(key: &[u8]) -> u16 {
-    crate::runtime::renewer::slot(key)
+    crate::runtime::holds::watchdog::slot(key)
 }
 
 /// Which primary serves which slots, as `CLUSTER SLOTS` said, patched by `MOVED`s.
@@ -554,7 +554,9 @@ impl ShardLink<'_> {
         self.read_timeout(tick)?;
         match std::mem::ManuallyDrop::new(self.con.as_pubsub()).get_message() {
             Ok(_) => Ok(()),
-            Err(e) if e.is_timeout() || crate::runtime::pool::is_interrupted(&e) => Ok(()),
+            Err(e) if e.is_timeout() || crate::runtime::connection::pool::is_interrupted(&e) => {
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }

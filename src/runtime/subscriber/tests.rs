@@ -1,7 +1,7 @@
 //! The subscriber's unit tests.
 
 use super::*;
-use crate::runtime::pool::{is_interrupted as interrupted, EINTR};
+use crate::runtime::connection::pool::{is_interrupted as interrupted, EINTR};
 
 #[test]
 fn a_force_unlock_message_is_read_back() {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::runtime::queue::Notice;
+use crate::runtime::scripting::queue::Notice;
 
 /// The threads of this process waiting on one lock (its channel for this client).
 pub(super) struct Waiters {

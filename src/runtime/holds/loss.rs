@@ -13,8 +13,8 @@ use std::time::Instant;
 use crossbeam_channel::{never, select, Receiver, Sender};
 use parking_lot::Mutex;
 
+use crate::runtime::holds::lost_lease::{LossReason, LostLease};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lost_lease::{LossReason, LostLease};
 use crate::runtime::telemetry;
 use crate::Error;
 
@@ -501,7 +501,7 @@ fn run(client: Weak<dyn LossSource>, wake: Receiver<()>) {
 mod tests {
     use super::*;
     use crate::runtime::keys::Object;
-    use crate::runtime::scripts;
+    use crate::runtime::scripting::scripts;
     use crossbeam_channel::TryRecvError;
 
     fn loss(events: Option<Sender<LostLease>>) -> Loss {

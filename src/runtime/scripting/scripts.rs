@@ -9,13 +9,13 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ConnectionLike, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
-use crate::runtime::con::Con;
-use crate::runtime::lease::{pickup_ms, starve_ms};
+use crate::runtime::connection::con::Con;
+use crate::runtime::holds::lease::{pickup_ms, starve_ms};
 
 /// The text of a file of `lua/`.
 macro_rules! lua {
     ($file:literal) => {
-        include_str!(concat!("../../lua/", $file))
+        include_str!(concat!("../../../lua/", $file))
     };
 }
 

@@ -7,12 +7,16 @@
 
 mod attempts;
 mod hold;
+pub(crate) mod lease;
+pub(crate) mod loss;
 mod losses;
+pub(crate) mod lost_lease;
 mod renewal;
 mod tasks;
 #[cfg(test)]
 mod tests;
 mod waits;
+pub(crate) mod watchdog;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,9 +26,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use self::lease::{Lease, PICKUP};
+use crate::runtime::holds::loss::{Hook, Loss, Notifier, Timed};
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::{self, Lease, PICKUP};
-use crate::runtime::loss::{Hook, Loss, Notifier, Timed};
 
 use self::hold::{live_levels, remove_hold, Hold, HoldKey, Holds, Level};
 use self::tasks::Waiting;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 
-use crate::runtime::target::{Cluster, Target};
+use crate::runtime::connection::target::{Cluster, Target};
 use crate::Error;
 
 /// The connection settings of `urls` (at least one), and the URLs with passwords hidden.

@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Select;
 
-use crate::primitives::attempt::{AcquireReply, Grant};
+use crate::primitives::acquire::attempt::{AcquireReply, Grant};
+use crate::primitives::acquire::wait::NEXT_TICKET;
 use crate::primitives::cancel::{self, CancellationToken};
 use crate::primitives::multi_guard::release_all;
 use crate::primitives::multilock::MultiLock;
-use crate::primitives::wait::NEXT_TICKET;
-use crate::runtime::calls;
-use crate::runtime::fanout::{self, Call};
+use crate::runtime::connection::fanout::{self, Call};
+use crate::runtime::holds::lease::{millis, Lease, IO_GRACE};
 use crate::runtime::keys::{fresh_token, holder_id, thread_token};
-use crate::runtime::lease::{millis, Lease, IO_GRACE};
-use crate::runtime::queue::Notice;
+use crate::runtime::scripting::calls;
+use crate::runtime::scripting::queue::Notice;
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::telemetry;
 use crate::{Error, Lock, LockGuard, MultiLockGuard, Plain};
@@ -36,7 +36,7 @@ const SPLIT_RETRIES: u32 = 6;
 
 impl MultiLock {
     /// [`acquire_cancellable`](MultiLock::acquire_cancellable) that nothing cancels.
-    pub(super) fn acquire(
+    pub(in crate::primitives) fn acquire(
         &self,
         lease: Lease,
         deadline: Option<Instant>,
@@ -45,7 +45,7 @@ impl MultiLock {
     }
 
     /// The one acquisition path; `deadline` and `cancel` as in [`Lock`]'s.
-    pub(super) fn acquire_cancellable(
+    pub(in crate::primitives) fn acquire_cancellable(
         &self,
         lease: Lease,
         deadline: Option<Instant>,

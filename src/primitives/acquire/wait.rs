@@ -5,16 +5,16 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::primitives::attempt::{Grant, Refused};
+use crate::primitives::acquire::attempt::{Grant, Refused};
 use crate::primitives::cancel::{self, CancellationToken};
 use crate::primitives::kind::{self, sealed::Sealed, Kind};
 use crate::primitives::lock::Lock;
-use crate::runtime::calls;
+use crate::runtime::connection::pool::Room;
+use crate::runtime::holds::lease::{self, Lease};
 use crate::runtime::keys::{fresh_token, holder_id, thread_token};
-use crate::runtime::lease::{self, Lease};
-use crate::runtime::pool::Room;
-use crate::runtime::queue::{self, Notice};
-use crate::runtime::scripts;
+use crate::runtime::scripting::calls;
+use crate::runtime::scripting::queue::{self, Notice};
+use crate::runtime::scripting::scripts;
 use crate::runtime::subscriber::Subscription;
 use crate::runtime::telemetry;
 use crate::{Error, LockGuard};
@@ -185,41 +185,41 @@ impl<K: Kind> Lock<K> {
 }
 
 /// One call waiting for a lock: its attempts, its place in the queue, its subscription.
-pub(super) struct Wait<'a, K: Kind> {
-    pub(super) lock: &'a Lock<K>,
-    pub(super) token: u64,
-    pub(super) holder: String,
-    pub(super) lease: Lease,
-    pub(super) lease_ms: u64,
-    pub(super) deadline: Option<Instant>,
+pub(in crate::primitives) struct Wait<'a, K: Kind> {
+    pub(in crate::primitives) lock: &'a Lock<K>,
+    pub(in crate::primitives) token: u64,
+    pub(in crate::primitives) holder: String,
+    pub(in crate::primitives) lease: Lease,
+    pub(in crate::primitives) lease_ms: u64,
+    pub(in crate::primitives) deadline: Option<Instant>,
     // Another thread may stop the wait through it.
-    pub(super) cancel: Option<&'a CancellationToken>,
+    pub(in crate::primitives) cancel: Option<&'a CancellationToken>,
     // A single attempt (try_lock): it never queues.
-    pub(super) once: bool,
+    pub(in crate::primitives) once: bool,
     // The permits asked for (1 for the locks).
-    pub(super) amount: u32,
+    pub(in crate::primitives) amount: u32,
     // The call's first ticket: every ticket of this call is at least this, every one of
     // the thread's earlier calls below it.
-    pub(super) first_ticket: u64,
+    pub(in crate::primitives) first_ticket: u64,
     // The ticket of the latest attempt that could queue, and when it was sent: a grant
     // carrying it was made from the queue entry that attempt wrote, so after it ran.
-    pub(super) ticket: u64,
-    pub(super) joined: Option<Instant>,
+    pub(in crate::primitives) ticket: u64,
+    pub(in crate::primitives) joined: Option<Instant>,
     // The server's time when that attempt queued the thread, from its reply: a grant's
     // own server time is set against it (see `pick_up`).
-    pub(super) queued_at: Option<u64>,
+    pub(in crate::primitives) queued_at: Option<u64>,
     // The client's topology epoch when that attempt was sent: a grant heard under
     // another was perhaps timed by another server's clock (see `window_start`).
-    pub(super) joined_topology: u64,
+    pub(in crate::primitives) joined_topology: u64,
     // The thread held the lock when the call began: its attempts never queue.
-    pub(super) reentry: bool,
+    pub(in crate::primitives) reentry: bool,
     // An attempt of this call may have queued the thread: leaving, it must leave the queue.
-    pub(super) queued: bool,
-    pub(super) sub: Option<Subscription>,
+    pub(in crate::primitives) queued: bool,
+    pub(in crate::primitives) sub: Option<Subscription>,
 }
 
 impl<K: Kind> Wait<'_, K> {
-    pub(super) fn run(&mut self) -> Result<Option<LockGuard<K>>, Error> {
+    pub(in crate::primitives) fn run(&mut self) -> Result<Option<LockGuard<K>>, Error> {
         let lock = self.lock;
         let inner = &lock.client.inner;
         let room = self.before_first()?;

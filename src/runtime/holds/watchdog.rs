@@ -13,10 +13,10 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
-use crate::runtime::calls;
-use crate::runtime::executor::Executor;
+use crate::runtime::connection::executor::Executor;
 use crate::runtime::holds::{Doubtful, HoldTable, RoundKind, Watched, KICK_TRIES};
 use crate::runtime::keys::LockKeys;
+use crate::runtime::scripting::calls;
 use crate::runtime::telemetry;
 use crate::Error;
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
 
-use crate::runtime::con::{Con, NodeAddr};
-use crate::runtime::node_con::NodeCon;
+use crate::runtime::connection::con::{Con, NodeAddr};
+use crate::runtime::connection::node_con::NodeCon;
 
 /// What a client's connection layer saw of the deployment changing under it: a connection
 /// retired after an I/O failure or a timeout (the next one is a reconnect, perhaps to

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use redis::{Cmd, FromRedisValue, Value};
 
 use crate::runtime::client::Inner;
-use crate::runtime::con::Con;
-use crate::runtime::executor::time_left as left;
-use crate::runtime::pool::{self, Conn, Pooled};
-use crate::runtime::scripts::{self, Recovered, ScriptCall};
+use crate::runtime::connection::con::Con;
+use crate::runtime::connection::executor::time_left as left;
+use crate::runtime::connection::pool::{self, Conn, Pooled};
+use crate::runtime::scripting::scripts::{self, Recovered, ScriptCall};
 use crate::Error;
 
 /// One call, to the client that must run it: a bundled script's, or a plain command.

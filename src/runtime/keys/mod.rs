@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::runtime::scripts::Ops;
+use crate::runtime::scripting::scripts::Ops;
 
 /// A waiter's channel is the lock key, this, and its client id. Suffixing the key keeps the
 /// channel in the key's hash slot, which sharded pub/sub on a cluster needs.
@@ -399,7 +399,7 @@ pub(crate) fn object_of(prefix: &[u8], key: &[u8]) -> Option<(Object, bool, Vec<
         name.clone(),
         "",
         object,
-        &crate::runtime::scripts::PLAIN,
+        &crate::runtime::scripting::scripts::PLAIN,
     );
     let expected = if latch {
         made.latch()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::ConnectionLike;
 
-use crate::runtime::node_con::NodeCon;
+use crate::runtime::connection::node_con::NodeCon;
 
 /// A command connection: to one server, or to a cluster (a socket per node, following
 /// `MOVED`/`ASK` redirections and slot-map changes by itself).

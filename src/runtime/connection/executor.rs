@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::runtime::con::Con;
 use crate::runtime::config::Config;
-use crate::runtime::pool::{self, Conn, Gate, Manager, Pooled, Room};
-use crate::runtime::scripts::{ScriptCall, Scripting};
-use crate::runtime::target::{Target, Topology};
+use crate::runtime::connection::con::Con;
+use crate::runtime::connection::pool::{self, Conn, Gate, Manager, Pooled, Room};
+use crate::runtime::connection::target::{Target, Topology};
+use crate::runtime::scripting::scripts::{ScriptCall, Scripting};
 use crate::Error;
 
 /// The first pause before a command refused by a settling cluster is sent again; it

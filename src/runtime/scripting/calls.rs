@@ -5,10 +5,10 @@
 use std::fmt::Display;
 use std::time::Duration;
 
+use crate::runtime::holds::lease::millis;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::lease::millis;
-use crate::runtime::queue::{command, command_with};
-use crate::runtime::scripts::{self, Ops, ScriptCall};
+use crate::runtime::scripting::queue::{command, command_with};
+use crate::runtime::scripting::scripts::{self, Ops, ScriptCall};
 
 /// What a script reads each of its arguments as when it is left out (`defaults[i]` for
 /// ARGV[i + 1]), as its header in `lua/` says: `None` for one it needs. An absent ARGV

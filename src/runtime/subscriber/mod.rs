@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
-use crate::runtime::con::NodeAddr;
-use crate::runtime::executor::Executor;
-use crate::runtime::pool::{self, Manager};
-use crate::runtime::queue::{self, Notice};
+use crate::runtime::connection::con::NodeAddr;
+use crate::runtime::connection::executor::Executor;
+use crate::runtime::connection::pool::{self, Manager};
+use crate::runtime::scripting::queue::{self, Notice};
 use crate::Error;
 
 use self::waiters::Waiters;

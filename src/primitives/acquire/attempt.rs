@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use crate::primitives::kind::{self, Kind};
 use crate::primitives::lock::Lock;
 use crate::primitives::release::Freed;
-use crate::runtime::calls;
-use crate::runtime::con::Con;
+use crate::runtime::connection::con::Con;
+use crate::runtime::connection::pool::Room;
+use crate::runtime::holds::lease::{millis, Lease, IO_GRACE};
 use crate::runtime::holds::Acquisition;
 use crate::runtime::keys;
-use crate::runtime::lease::{millis, Lease, IO_GRACE};
-use crate::runtime::pool::Room;
-use crate::runtime::scripts::ScriptCall;
+use crate::runtime::scripting::calls;
+use crate::runtime::scripting::scripts::ScriptCall;
 use crate::{Error, LockGuard};
 
 impl<K: Kind> Lock<K> {
@@ -23,7 +23,7 @@ impl<K: Kind> Lock<K> {
     /// flags `listen` of its subscription (`Subscription::listen_flags`). `room`: room in
     /// the pool the caller took already (see `Executor::enter`).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn attempt(
+    pub(in crate::primitives) fn attempt(
         &self,
         (token, holder): (u64, &str),
         lease_ms: u64,
@@ -322,7 +322,7 @@ impl<K: Kind> Lock<K> {
     /// The instant I/O of an attempt must give up at: none for unbounded calls, the
     /// deadline (or now, past it) plus a grace for the round trip under way for bounded
     /// ones, plus the replicas' WAIT when `sync_replicas` is on.
-    pub(super) fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
+    pub(in crate::primitives) fn io_until(&self, deadline: Option<Instant>) -> Option<Instant> {
         let deadline = deadline?;
         let mut grace = IO_GRACE;
         if let Some((_, wait_ms)) = self.client.inner.exec.config.sync_replicas {

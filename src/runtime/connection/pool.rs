@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use redis::ConnectionLike;
 
-use crate::runtime::con::Con;
-use crate::runtime::target::{Target, Topology};
+use crate::runtime::connection::con::Con;
+use crate::runtime::connection::target::{Target, Topology};
 
 /// A command connection that remembers when a failure left it unusable.
 pub(crate) struct Conn {

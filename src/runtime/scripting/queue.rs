@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::runtime::keys::LockKeys;
-use crate::runtime::scripts::{Bundled, ScriptCall};
+use crate::runtime::scripting::scripts::{Bundled, ScriptCall};
 
 /// The longest wait whose grant is placed on this machine's clock by the server's own
 /// times (see [`grant_seen_from`]): beyond it, a server clock running fast could move the
@@ -61,7 +61,7 @@ pub(crate) fn command_with(
 /// What a script told a waiting thread of its turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Notice {
-    /// The thread was made the holder (one level, a lease of at most [`PICKUP`](crate::runtime::lease::PICKUP) from the
+    /// The thread was made the holder (one level, a lease of at most [`PICKUP`](crate::runtime::holds::lease::PICKUP) from the
     /// release, to be confirmed); `fence` is the hold's fencing token, 0 when the waiter
     /// is not fenced; `at` the server's time of the handoff in ms (`None` from a script
     /// that does not say).
