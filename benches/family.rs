@@ -47,10 +47,14 @@ use std::time::{Duration, Instant};
 use redmutex::Client;
 
 mod common;
+#[allow(dead_code)] // the bits these hand-run scripts need, of all the library's
+#[path = "../src/runtime/scripting/flags.rs"]
+mod flags;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use common::*;
+use support::manifest;
 
 use support::child::{say, ChildProc};
 
@@ -83,91 +87,49 @@ const OPS_PER_ROUND: usize = 600;
 
 /// What the library passes its scripts (the defaults: a 30 s watchdog lease).
 const LEASE_MS: u64 = 30_000;
-/// Flags of the holds (src/runtime/scripts.rs): a plain lock 0, a read hold 1 | 4, a
-/// semaphore's permits 1.
+/// Flags of the holds (src/runtime/scripting/scripts.rs): a plain lock none, a read hold
+/// fair and read, a semaphore's permits fair.
 const PLAIN_FLAGS: u8 = 0;
-const READ_FLAGS: u8 = 5;
-const PERMIT_FLAGS: u8 = 1;
+const READ_FLAGS: u8 = flags::FAIR | flags::READ;
+const PERMIT_FLAGS: u8 = flags::FAIR;
 
 /// Waits on other processes never last this long unless something is broken.
 const STUCK: Duration = Duration::from_secs(30);
 
-/// The scripts the library runs (src/runtime/scripts.rs), concatenated the same way, after
-/// the line of constants it puts first (a 1 s pickup window, a 10 ms starvation bound).
-macro_rules! constants {
-    () => {
-        "local PICKUP, STARVE = 1000, 10\n"
-    };
+/// The text of the bundled script `name` ("acquire", "rw_release"...) as the library runs
+/// it as a script of its own (the files the manifest lists), after the line of constants
+/// it puts first (a 1 s pickup window, a 10 ms starvation bound).
+fn bundled_script(name: &str) -> String {
+    let text = manifest::script_text(name).expect("a bundled script");
+    ["local PICKUP, STARVE = 1000, 10\n", &text].concat()
 }
-const LOCK_ACQUIRE: &str = concat!(
-    constants!(),
-    include_str!("../lua/acquire_fast.lua"),
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/acquire.lua")
-);
-const LOCK_RELEASE: &str = concat!(
-    constants!(),
-    include_str!("../lua/levels.lua"),
-    include_str!("../lua/release_fast.lua"),
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/release.lua")
-);
-const RW_ACQUIRE: &str = concat!(
-    constants!(),
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/leases.lua"),
-    include_str!("../lua/rw.lua"),
-    include_str!("../lua/rw_acquire.lua")
-);
-const RW_RELEASE: &str = concat!(
-    constants!(),
-    include_str!("../lua/levels.lua"),
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/leases.lua"),
-    include_str!("../lua/rw.lua"),
-    include_str!("../lua/leased_release.lua")
-);
-const SEM_ACQUIRE: &str = concat!(
-    constants!(),
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/leases.lua"),
-    include_str!("../lua/semaphore.lua"),
-    include_str!("../lua/sem_acquire.lua")
-);
-const SEM_RELEASE: &str = concat!(
-    constants!(),
-    include_str!("../lua/levels.lua"),
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/leases.lua"),
-    include_str!("../lua/semaphore.lua"),
-    include_str!("../lua/leased_release.lua")
-);
 
-/// Every bundled script, to learn which commands scripts run: `INFO commandstats` counts
-/// those too, so they are told apart from the requests clients send by name (none of them
-/// is a command the library sends itself).
-const ALL_LUA: [&str; 21] = [
-    include_str!("../lua/acquire.lua"),
-    include_str!("../lua/acquire_fast.lua"),
-    include_str!("../lua/cancel.lua"),
-    include_str!("../lua/force_unlock.lua"),
-    include_str!("../lua/kick.lua"),
-    include_str!("../lua/latch_count_down.lua"),
-    include_str!("../lua/latch_set.lua"),
-    include_str!("../lua/latch_state.lua"),
-    include_str!("../lua/leased_cancel.lua"),
-    include_str!("../lua/leased_release.lua"),
-    include_str!("../lua/leases.lua"),
-    include_str!("../lua/levels.lua"),
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/release.lua"),
-    include_str!("../lua/release_fast.lua"),
-    include_str!("../lua/renew.lua"),
-    include_str!("../lua/rw.lua"),
-    include_str!("../lua/rw_acquire.lua"),
-    include_str!("../lua/sem_acquire.lua"),
-    include_str!("../lua/sem_permits.lua"),
-    include_str!("../lua/semaphore.lua"),
+/// Every bundled script's files but `allow_oom.lua`, `inspect.lua` and `latch.lua`, to
+/// learn which commands scripts run: `INFO commandstats` counts those too, so they are
+/// told apart from the requests clients send by name (none of them is a command the
+/// library sends itself).
+const ALL_LUA: [manifest::Part; 21] = [
+    manifest::ACQUIRE,
+    manifest::ACQUIRE_FAST,
+    manifest::CANCEL,
+    manifest::FORCE_UNLOCK,
+    manifest::KICK,
+    manifest::LATCH_COUNT_DOWN,
+    manifest::LATCH_SET,
+    manifest::LATCH_STATE,
+    manifest::LEASED_CANCEL,
+    manifest::LEASED_RELEASE,
+    manifest::LEASES,
+    manifest::LEVELS,
+    manifest::QUEUE,
+    manifest::RELEASE,
+    manifest::RELEASE_FAST,
+    manifest::RENEW,
+    manifest::RW,
+    manifest::RW_ACQUIRE,
+    manifest::SEM_ACQUIRE,
+    manifest::SEM_PERMITS,
+    manifest::SEMAPHORE,
 ];
 
 /// One EVALSHA round trip for the floor child (a script that touches nothing).
@@ -330,15 +292,15 @@ struct HandRun {
 impl HandRun {
     fn new(kind: Kind, prefix: &str) -> HandRun {
         let (acquire, release, flags) = match kind {
-            Kind::Lock => (LOCK_ACQUIRE, LOCK_RELEASE, PLAIN_FLAGS),
-            Kind::Read => (RW_ACQUIRE, RW_RELEASE, READ_FLAGS),
-            Kind::Sem => (SEM_ACQUIRE, SEM_RELEASE, PERMIT_FLAGS),
+            Kind::Lock => ("acquire", "release", PLAIN_FLAGS),
+            Kind::Read => ("rw_acquire", "rw_release", READ_FLAGS),
+            Kind::Sem => ("sem_acquire", "sem_release", PERMIT_FLAGS),
             Kind::Naive => unreachable!("the naive lock has no redmutex scripts"),
         };
         HandRun {
             kind,
-            acquire: redis::Script::new(acquire),
-            release: redis::Script::new(release),
+            acquire: redis::Script::new(&bundled_script(acquire)),
+            release: redis::Script::new(&bundled_script(release)),
             keys: Keys::new(prefix, kind, name_of(kind)),
             flags,
         }
@@ -1001,7 +963,7 @@ fn report(cheap: &Cheap, floor: &Floor, runs: &[Run], secs: f64, elapsed: Durati
 fn script_commands() -> HashSet<&'static str> {
     ALL_LUA
         .iter()
-        .flat_map(|text| text.split("redis.call('").skip(1))
+        .flat_map(|part| part.text.split("redis.call('").skip(1))
         .filter_map(|rest| rest.split_once('\'').map(|(name, _)| name))
         .collect()
 }

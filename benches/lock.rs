@@ -267,8 +267,8 @@ fn cheap_latencies(url: &str) -> Cheap {
     // The library's scripts as it runs them (the queue's rules prepended), with the
     // arguments it passes: the floor of an uncontended lock + unlock.
     let queued = support::queued_script;
-    let acquire = redis::Script::new(&queued(support::LOCK_ACQUIRE));
-    let release = redis::Script::new(&queued(support::LOCK_RELEASE));
+    let acquire = redis::Script::new(&queued(support::lock_acquire()));
+    let release = redis::Script::new(&queued(support::lock_release()));
     let lock_keys = [
         "cheap:{raw}",
         "cheap:!fence:{raw}",

@@ -99,6 +99,7 @@ pub use crate::{
     primitives::kind::{Fair, Fenced, Kind, Plain, Read, Upgradeable, Write},
     primitives::latch::{CountDownLatch, LatchOptions},
     primitives::lock::{FairLock, FencedLock, Lock},
+    primitives::lock_kind::LockKind,
     primitives::multi_guard::MultiLockGuard,
     primitives::multilock::MultiLock,
     primitives::options::LockOptions,

@@ -673,7 +673,7 @@ fn force_unlock_with_a_waiter(server: &RedisServer, holder: &Client, name: &str,
             .inspect(name)
             .unwrap()
             .iter()
-            .any(|i| i.kind == kind && i.waiters.len() == 1)),
+            .any(|i| i.kind.to_string() == kind && i.waiters.len() == 1)),
         "nobody waits on {name}"
     );
     let out = output(redmutex(server).args(["unlock", "--force", name]));

@@ -200,7 +200,7 @@ fn a_handed_over_fenced_hold_gets_a_larger_token() {
     let mut con = server.connection();
     // Loads the scripts: no NOSCRIPT round in the counts below.
     a.fenced_lock("handoff").lock().unwrap().unlock().unwrap();
-    let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
+    let _: String = redis::Script::new(support::manifest::RENEW.text)
         .prepare_invoke()
         .load(&mut con)
         .unwrap();

@@ -965,7 +965,7 @@ fn a_cancel_never_takes_levels_the_thread_holds() {
         .unwrap();
     let holder = fields.into_iter().find(|f| !f.starts_with('~')).unwrap();
     let cancel = |expected: u32| -> Vec<i64> {
-        redis::Script::new(&support::queued_script(include_str!("../lua/cancel.lua")))
+        redis::Script::new(&support::queued_script(support::manifest::CANCEL.text))
             .key(Keys::lock(PREFIX, NAME).key())
             .key(Keys::lock(PREFIX, NAME).fence())
             .key(Keys::lock(PREFIX, NAME).queue())

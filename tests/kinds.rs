@@ -9,8 +9,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redmutex::{
-    Client, CountDownLatch, Error, FencedGuard, LockGuard, Permit, ReadGuard, UpgradeableGuard,
-    WriteGuard,
+    Client, CountDownLatch, Error, FencedGuard, LockGuard, LockKind, Permit, ReadGuard,
+    UpgradeableGuard, WriteGuard,
 };
 use support::clients::Clients;
 use support::keys::Keys;
@@ -458,7 +458,7 @@ fn on_a_cluster_the_kinds_of_a_name_refuse_each_other() {
             // holds (`inspect` shows it, with no holder).
             let key = holder.inspect(name.as_str()).unwrap();
             assert!(
-                key.iter().all(|i| i.kind == "semaphore"
+                key.iter().all(|i| i.kind == LockKind::Semaphore
                     && i.holders.is_empty()
                     && i.waiters.is_empty()
                     && i.count == Some(2)),

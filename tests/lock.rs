@@ -845,7 +845,7 @@ fn one_release_wakes_one_waiting_thread_per_process() {
     holder.lock("herd").lock().unwrap().unlock().unwrap();
     // And the renewal script, with which the hold handed to the waiter is confirmed or
     // extended.
-    let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
+    let _: String = redis::Script::new(support::manifest::RENEW.text)
         .prepare_invoke()
         .load(&mut server.connection())
         .unwrap();

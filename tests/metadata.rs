@@ -30,7 +30,7 @@ fn info_of(client: &Client, name: &str, kind: &str) -> Option<LockInfo> {
         .inspect(name)
         .expect("inspect")
         .into_iter()
-        .find(|i| i.kind == kind)
+        .find(|i| i.kind.to_string() == kind)
 }
 
 fn metadata_of(client: &Client, name: &str, kind: &str) -> Vec<HolderMetadata> {

@@ -42,7 +42,7 @@ fn eval_with(
             redis::Value::Array(items) => items,
             // A lock's common replies are one integer (acquire_fast.lua and acquire.lua: a grant's count,
             // release_fast.lua: the levels left): read as the tables they stand for.
-            redis::Value::Int(n) if body == support::LOCK_ACQUIRE => {
+            redis::Value::Int(n) if body == support::lock_acquire() => {
                 vec![
                     redis::Value::Int(1),
                     redis::Value::Int(n),
@@ -69,7 +69,7 @@ fn attempt(con: &mut Connection, holder: &str, flags: u8, ttl: u64) -> Vec<redis
     .iter()
     .map(|s| s.to_string())
     .collect::<Vec<_>>();
-    eval_with(con, support::LOCK_ACQUIRE, &OTHER_KINDS, &args)
+    eval_with(con, support::lock_acquire(), &OTHER_KINDS, &args)
 }
 
 fn leave(con: &mut Connection, holder: &str) {
@@ -77,7 +77,7 @@ fn leave(con: &mut Connection, holder: &str) {
         .iter()
         .map(|s| s.to_string())
         .collect();
-    eval(con, include_str!("../lua/cancel.lua"), &args);
+    eval(con, support::manifest::CANCEL.text, &args);
 }
 
 fn fair_count(con: &mut Connection) -> Option<i64> {
@@ -161,7 +161,7 @@ fn the_fair_count_follows_every_join_change_and_leave() {
     // it is dropped), then to "d:1" (fair, made the holder; unheard too, and dropped):
     // every entry goes, and the count with them.
     let _: () = redis::cmd("DEL").arg(LOCK).query(&mut con).unwrap();
-    eval(&mut con, include_str!("../lua/kick.lua"), &[]);
+    eval(&mut con, support::manifest::KICK.text, &[]);
     assert_count_exact(&mut con);
     assert_queue_gone(&mut con);
 }
@@ -257,7 +257,7 @@ fn a_refreshed_entry_keeps_its_queue_alive() {
     hold_elsewhere(&mut con);
     attempt(&mut con, "a:1", 0, 2_000);
     let refresh = |con: &mut Connection, ttl: u64| -> (Vec<i64>, Vec<i64>) {
-        redis::Script::new(include_str!("../lua/renew.lua"))
+        redis::Script::new(support::manifest::RENEW.text)
             .prepare_invoke()
             .arg(0)
             .key(QUEUE)
@@ -311,7 +311,7 @@ fn marked(con: &mut Connection) -> bool {
 /// waiter was told its turn).
 fn release(con: &mut Connection, holder: &str) -> (i64, i64) {
     let args: Vec<String> = [holder, "0", "1"].iter().map(|s| s.to_string()).collect();
-    let reply = eval(con, support::LOCK_RELEASE, &args);
+    let reply = eval(con, support::lock_release(), &args);
     let int = |v: &redis::Value| match v {
         redis::Value::Int(n) => *n,
         other => panic!("not a number: {other:?}"),

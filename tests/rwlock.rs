@@ -212,9 +212,9 @@ fn await_queued(con: &mut redis::Connection, name: &str, n: i64, who: &str) {
     );
 }
 
-const QUEUE_LUA: &str = include_str!("../lua/queue.lua");
-const LEASES_LUA: &str = include_str!("../lua/leases.lua");
-const RW_LUA: &str = include_str!("../lua/rw.lua");
+const QUEUE_LUA: &str = support::manifest::QUEUE.text;
+const LEASES_LUA: &str = support::manifest::LEASES.text;
+const RW_LUA: &str = support::manifest::RW.text;
 
 /// The function of the read-write lock's acquire script (see `support::function_name`).
 fn rw_acquire_call(server: &RedisServer) -> String {
@@ -1493,7 +1493,7 @@ fn a_blocked_writer_does_not_poll_and_is_handed_the_lock() {
     let warm = reader.read_write_lock("warm-up");
     warm.read_lock().lock().unwrap().unlock().unwrap();
     // And the renewal script, with which the writer confirms the hold handed to it.
-    let _: String = redis::Script::new(include_str!("../lua/renew.lua"))
+    let _: String = redis::Script::new(support::manifest::RENEW.text)
         .prepare_invoke()
         .load(&mut con)
         .unwrap();
@@ -1696,7 +1696,7 @@ fn a_cancel_never_takes_read_levels_the_thread_holds() {
                 QUEUE_LUA,
                 LEASES_LUA,
                 RW_LUA,
-                include_str!("../lua/leased_cancel.lua"),
+                support::manifest::LEASED_CANCEL.text,
             ]
             .concat(),
         )

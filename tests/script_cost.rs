@@ -481,7 +481,7 @@ fn renewal_cost_per_hold() {
     const N: usize = 100;
     let server = RedisServer::new();
     let mut con = server.connection();
-    let script = redis::Script::new(include_str!("../lua/renew.lua"));
+    let script = redis::Script::new(support::manifest::RENEW.text);
     for i in 0..N {
         let _: () = redis::cmd("HSET")
             .arg(format!("lock{i}"))

@@ -44,7 +44,7 @@ fn await_waiters(client: &Client, name: &str, kind: &str, n: usize) {
                 .inspect(name)
                 .unwrap()
                 .iter()
-                .any(|i| i.kind == kind && i.waiters.len() == n)
+                .any(|i| i.kind.to_string() == kind && i.waiters.len() == n)
         }),
         "{n} waiter(s) never queued on {kind} {name}"
     );

@@ -17,7 +17,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redmutex::{Client, Error};
+use redmutex::{Client, Error, LockKind};
 use support::child::{say, ChildProc};
 use support::clients::Clients;
 use support::keys::Keys;
@@ -1061,7 +1061,7 @@ fn an_upgrade_works_on_a_cluster() {
         c.inspect(name)
             .unwrap()
             .iter()
-            .any(|i| i.kind == "read-write lock" && i.waiters.len() == 1)
+            .any(|i| i.kind == LockKind::ReadWrite && i.waiters.len() == 1)
     };
     assert!(wait_until(SETUP, writer_queued), "the writer queues");
     let released = Arc::new(AtomicBool::new(false));
@@ -1078,7 +1078,7 @@ fn an_upgrade_works_on_a_cluster() {
                 .inspect(name)
                 .unwrap()
                 .into_iter()
-                .find(|i| i.kind == "read-write lock")
+                .find(|i| i.kind == LockKind::ReadWrite)
                 .unwrap()
                 .waiters;
             released.store(true, Ordering::SeqCst);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::HolderMetadata;
+use crate::{HolderMetadata, LockKind};
 
 /// What Redis records of one object of a name right now: a lock, a read-write lock, a
 /// semaphore or a count-down latch, read in one step ([`Client::inspect`],
@@ -27,10 +27,10 @@ use crate::HolderMetadata;
 pub struct LockInfo {
     /// The name the object was made with (lossy UTF-8).
     pub name: String,
-    /// `"lock"` (plain, fair and fenced locks are one object), `"read-write lock"`,
-    /// `"semaphore"`, `"count-down latch"`, or `"foreign"` when the lock's key holds data
-    /// that is not a redmutex lock (someone else's key).
-    pub kind: &'static str,
+    /// Which kind of object it is ([`LockKind::Foreign`] when the object's key holds data
+    /// that is not a redmutex object: someone else's key); `{}` writes `lock`,
+    /// `read-write lock`, `semaphore`, `count-down latch` or `foreign`.
+    pub kind: LockKind,
     /// Its Redis key.
     pub key: String,
     /// Each holder id (`<client-uuid>:<thread-token>`) with its reentry count; a

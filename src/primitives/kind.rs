@@ -1,5 +1,6 @@
 //! The kinds of [`Lock`](crate::Lock): what an acquisition asks of the scripts.
 
+use crate::runtime::scripting::flags;
 use crate::runtime::scripting::scripts::{self, Ops};
 
 pub(crate) mod sealed {
@@ -134,5 +135,5 @@ impl<K: Kind> Kind for Owned<K> {
 
 /// Whether holds of kind `K` draw fencing tokens.
 pub(crate) fn is_fenced<K: Kind>() -> bool {
-    K::OPS.flags & 2 != 0
+    K::OPS.flags & flags::FENCED != 0
 }

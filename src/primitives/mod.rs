@@ -10,6 +10,7 @@ pub(crate) mod info;
 pub(crate) mod kind;
 pub(crate) mod latch;
 pub(crate) mod lock;
+pub(crate) mod lock_kind;
 pub(crate) mod multi_guard;
 pub(crate) mod multilock;
 pub(crate) mod options;

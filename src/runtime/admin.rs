@@ -2,12 +2,13 @@
 //! ([`inspect`](Client::inspect)), every object of the key prefix ([`list`](Client::list)),
 //! and freeing an object whoever holds it ([`force_unlock`](Client::force_unlock)).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::runtime::keys::{self, LockKeys, Object};
 use crate::runtime::scripting::calls;
 use crate::runtime::scripting::scripts;
-use crate::{Client, Error, HolderMetadata, LockInfo, LockName, Semaphore};
+use crate::{Client, Error, HolderMetadata, LockInfo, LockKind, LockName, Semaphore};
 
 impl Client {
     /// What Redis records right now of each object called `name` that exists: its lock,
@@ -27,6 +28,8 @@ impl Client {
         self.inspect_name(&name).map_err(|e| e.on_lock(&name))
     }
 
+    /// [`inspect`](Client::inspect) of the name `name`: one call reads every kind's keys,
+    /// each read as its own kind's layout.
     fn inspect_name(&self, name: &[u8]) -> Result<Vec<LockInfo>, Error> {
         crate::name::check(name, "lock names must not be empty")?;
         let c = &self.inner.exec.config;
@@ -37,103 +40,21 @@ impl Client {
             keys(Object::ReadWrite, &scripts::READ),
             keys(Object::Semaphore, &scripts::PERMITS),
         );
-        type Object3 = Option<(
-            String,
-            i64,
-            Vec<Vec<u8>>,
-            Vec<Vec<u8>>,
-            Option<u64>,
-            Vec<Vec<u8>>,
-        )>;
-        type Reply = (
-            Object3,
-            Object3,
-            Object3,
-            Option<(String, i64, Option<u64>)>,
-        );
         let call = calls::inspect(&lock, &rw, &sem);
-        let (l, r, m, latch): Reply = self
+        let (l, r, m, latch): InspectReply = self
             .inner
             .exec
             .run(|con| self.inner.exec.eval(con, &call))?;
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        let lease = |pttl: i64| (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
-        let mut out = Vec::new();
-        for (found, keys, kind) in [
-            (l, &lock, "lock"),
-            (r, &rw, "read-write lock"),
-            (m, &sem, "semaphore"),
-        ] {
-            let Some((redis_type, pttl, fields, queue, extra, ended)) = found else {
-                continue;
-            };
-            let mut info = LockInfo {
-                name: text(name),
-                kind: if redis_type == "hash" || redis_type == "none" {
-                    kind
-                } else {
-                    "foreign"
-                },
-                key: text(keys.key()),
-                holders: Vec::new(),
-                remaining_lease: lease(pttl),
-                waiters: queue.iter().map(|w| text(w)).collect(),
-                token: None,
-                count: if kind == "semaphore" { extra } else { None },
-                metadata: Vec::new(),
-            };
-            let mut records = std::collections::HashMap::new();
-            for pair in fields.chunks_exact(2) {
-                if let Some(holder) = pair[0].strip_prefix(META_PREFIX) {
-                    records.insert(holder, &pair[1]);
-                    continue;
-                }
-                let value = std::str::from_utf8(&pair[1])
-                    .ok()
-                    .and_then(|v| v.parse().ok());
-                match (pair[0].first(), value) {
-                    (Some(b'~'), v) => {
-                        if pair[0] == b"~fence" {
-                            info.token = v;
-                        }
-                    }
-                    // A hold whose own lease ended is gone, whether or not a script has
-                    // dropped it yet.
-                    (_, Some(_)) if ended.contains(&pair[0]) => {}
-                    (_, Some(count)) => info.holders.push((text(&pair[0]), count)),
-                    (_, None) => {}
-                }
-            }
-            // Only the holds shown: a record whose hold is not there is never reported.
-            for pair in fields.chunks_exact(2) {
-                let Some(record) = records.get(pair[0].as_slice()) else {
-                    continue;
-                };
-                if !info.holders.iter().any(|(h, _)| h.as_bytes() == pair[0]) {
-                    continue;
-                }
-                if let Some(metadata) = parse_metadata(text(&pair[0]), record) {
-                    info.metadata.push(metadata);
-                }
-            }
-            out.push(info);
-        }
-        if let Some((redis_type, pttl, count)) = latch {
-            out.push(LockInfo {
-                name: text(name),
-                kind: if redis_type == "string" {
-                    "count-down latch"
-                } else {
-                    "foreign"
-                },
-                key: text(&lock.latch()),
-                holders: Vec::new(),
-                remaining_lease: lease(pttl),
-                waiters: Vec::new(),
-                token: None,
-                count,
-                metadata: Vec::new(),
-            });
+        let mut out: Vec<LockInfo> = [
+            (l, &lock, LockKind::Lock),
+            (r, &rw, LockKind::ReadWrite),
+            (m, &sem, LockKind::Semaphore),
+        ]
+        .into_iter()
+        .filter_map(|(found, keys, kind)| Some(held_info(name, keys, kind, found?)))
+        .collect();
+        if let Some(found) = latch {
+            out.push(latch_info(name, &lock, found));
         }
         Ok(out)
     }
@@ -207,8 +128,8 @@ impl Client {
     /// Frees every object called `name` that can be held, whoever holds it: its lock
     /// (plain, fair or fenced holds), every reader and the writer of its read-write lock,
     /// and every permit held of its semaphore (its number of permits stays), each handed
-    /// on to its first waiters. Returns the kinds that were held, as [`LockInfo::kind`]
-    /// names them; empty when none was. A count-down latch has no holder and is left as it
+    /// on to its first waiters. Returns the kinds that were held, as [`LockKind`]'s
+    /// `Display` names them; empty when none was. A count-down latch has no holder and is left as it
     /// is. An administrative operation (what `redmutex unlock --force` runs), like
     /// [`Lock::force_unlock`](crate::Lock::force_unlock): the former holders are not stopped, but their clients are
     /// told at once (their guards' `lost()` fire, the hook is called) and their releases
@@ -227,19 +148,142 @@ impl Client {
         let name = name.into_name();
         let mut freed = Vec::new();
         if self.lock(name.clone()).force_unlock()? {
-            freed.push("lock");
+            freed.push(LockKind::Lock.as_str());
         }
         if self
             .read_write_lock(name.clone())
             .write_lock()
             .force_unlock()?
         {
-            freed.push("read-write lock");
+            freed.push(LockKind::ReadWrite.as_str());
         }
         if Semaphore::new(self, name, 0).force_unlock()? {
-            freed.push("semaphore");
+            freed.push(LockKind::Semaphore.as_str());
         }
         Ok(freed)
+    }
+}
+
+/// What `inspect.lua` reads of an object that can be held (lock, read-write lock,
+/// semaphore), when its keys exist: its key's Redis type and time to live, its hash's
+/// fields and values one after the other, its queue, its number of permits (a semaphore)
+/// and the holds whose own lease has ended.
+type HeldReply = (
+    String,
+    i64,
+    Vec<Vec<u8>>,
+    Vec<Vec<u8>>,
+    Option<u64>,
+    Vec<Vec<u8>>,
+);
+
+/// `inspect.lua`'s reply: the lock, the read-write lock, the semaphore, and the latch's
+/// Redis type, time to live and count.
+type InspectReply = (
+    Option<HeldReply>,
+    Option<HeldReply>,
+    Option<HeldReply>,
+    Option<(String, i64, Option<u64>)>,
+);
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A key's time to live in ms as a lease: `None` when it has none or there is no key.
+fn lease(pttl: i64) -> Option<Duration> {
+    (pttl >= 0).then(|| Duration::from_millis(pttl as u64))
+}
+
+/// The [`LockInfo`] of the object `name` of the kind `kind` that `found` describes: a key
+/// of another Redis type than a hash (or none: only waiters) is someone else's
+/// ([`LockKind::Foreign`]).
+fn held_info(name: &[u8], keys: &LockKeys, kind: LockKind, found: HeldReply) -> LockInfo {
+    let (redis_type, pttl, fields, queue, extra, ended) = found;
+    let mut info = LockInfo {
+        name: text(name),
+        kind: if redis_type == "hash" || redis_type == "none" {
+            kind
+        } else {
+            LockKind::Foreign
+        },
+        key: text(keys.key()),
+        holders: Vec::new(),
+        remaining_lease: lease(pttl),
+        waiters: queue.iter().map(|w| text(w)).collect(),
+        token: None,
+        count: if kind == LockKind::Semaphore {
+            extra
+        } else {
+            None
+        },
+        metadata: Vec::new(),
+    };
+    let records = read_holds(&mut info, &fields, &ended);
+    // Only the holds shown: a record whose hold is not there is never reported.
+    for pair in fields.chunks_exact(2) {
+        let Some(record) = records.get(pair[0].as_slice()) else {
+            continue;
+        };
+        if !info.holders.iter().any(|(h, _)| h.as_bytes() == pair[0]) {
+            continue;
+        }
+        if let Some(metadata) = parse_metadata(text(&pair[0]), record) {
+            info.metadata.push(metadata);
+        }
+    }
+    info
+}
+
+/// Reads the holds hash's `fields` into `info`: its holders (less those whose own lease
+/// has `ended`, gone whether or not a script has dropped them yet) and its fencing token.
+/// Returns the metadata records, by the holder they are for.
+fn read_holds<'a>(
+    info: &mut LockInfo,
+    fields: &'a [Vec<u8>],
+    ended: &[Vec<u8>],
+) -> HashMap<&'a [u8], &'a Vec<u8>> {
+    let mut records = HashMap::new();
+    for pair in fields.chunks_exact(2) {
+        if let Some(holder) = pair[0].strip_prefix(META_PREFIX) {
+            records.insert(holder, &pair[1]);
+            continue;
+        }
+        let value = std::str::from_utf8(&pair[1])
+            .ok()
+            .and_then(|v| v.parse().ok());
+        match (pair[0].first(), value) {
+            (Some(b'~'), v) => {
+                if pair[0] == b"~fence" {
+                    info.token = v;
+                }
+            }
+            (_, Some(_)) if ended.contains(&pair[0]) => {}
+            (_, Some(count)) => info.holders.push((text(&pair[0]), count)),
+            (_, None) => {}
+        }
+    }
+    records
+}
+
+/// The [`LockInfo`] of the count-down latch `name` (its key `lock.latch()`) that `found`
+/// describes: a key of another Redis type than a string is someone else's.
+fn latch_info(name: &[u8], lock: &LockKeys, found: (String, i64, Option<u64>)) -> LockInfo {
+    let (redis_type, pttl, count) = found;
+    LockInfo {
+        name: text(name),
+        kind: if redis_type == "string" {
+            LockKind::CountDownLatch
+        } else {
+            LockKind::Foreign
+        },
+        key: text(&lock.latch()),
+        holders: Vec::new(),
+        remaining_lease: lease(pttl),
+        waiters: Vec::new(),
+        token: None,
+        count,
+        metadata: Vec::new(),
     }
 }
 

@@ -23,6 +23,9 @@ pub mod cli;
 pub mod clients;
 pub mod deployment;
 pub mod keys;
+/// Which files of `lua/` make up each bundled script: the library's own list.
+#[path = "../../src/runtime/scripting/manifest.rs"]
+pub mod manifest;
 mod proxy;
 pub mod topology;
 // Not every test binary that includes the harness injects faults.
@@ -711,7 +714,7 @@ pub fn commandstats(con: &mut redis::Connection) -> HashMap<String, u64> {
     parse_commandstats(&info)
 }
 
-/// The constants line the library puts before every script (`src/runtime/scripts.rs`'s
+/// The constants line the library puts before every script (`src/runtime/scripting/scripts.rs`'s
 /// `constants`): the pickup window and the starvation bound, in ms, here the ones the
 /// tests of the scripts by hand were written for.
 pub const SCRIPT_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 10\n";
@@ -721,27 +724,29 @@ pub const SCRIPT_CONSTANTS: &str = "local PICKUP, STARVE = 1000, 10\n";
 /// `lua/queue.lua`, first. (A lock's acquire and release: `script` is their fast path's
 /// file and the rest together, see [`LOCK_ACQUIRE`].)
 pub fn queued_script(script: &str) -> String {
-    [
-        SCRIPT_CONSTANTS,
-        include_str!("../../lua/queue.lua"),
-        script,
-    ]
-    .concat()
+    [SCRIPT_CONSTANTS, manifest::QUEUE.text, script].concat()
 }
 
 /// A lock's acquire script body for [`queued_script`]: its fast path, then the rest (the
 /// library puts the queue's rules between them when it sends it as a script of its own).
-pub const LOCK_ACQUIRE: &str = concat!(
-    include_str!("../../lua/acquire_fast.lua"),
-    include_str!("../../lua/acquire.lua")
-);
+pub fn lock_acquire() -> &'static str {
+    static TEXT: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| [manifest::ACQUIRE_FAST.text, manifest::ACQUIRE.text].concat());
+    &TEXT
+}
 
-/// A lock's release script body for [`queued_script`], as [`LOCK_ACQUIRE`].
-pub const LOCK_RELEASE: &str = concat!(
-    include_str!("../../lua/levels.lua"),
-    include_str!("../../lua/release_fast.lua"),
-    include_str!("../../lua/release.lua")
-);
+/// A lock's release script body for [`queued_script`], as [`lock_acquire`].
+pub fn lock_release() -> &'static str {
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        [
+            manifest::LEVELS.text,
+            manifest::RELEASE_FAST.text,
+            manifest::RELEASE.text,
+        ]
+        .concat()
+    });
+    &TEXT
+}
 
 /// Script executions in `stats` (`INFO commandstats`): FCALLs of the library's functions,
 /// or EVALSHAs where a client runs the scripts as scripts of their own (and EVALs).
@@ -771,7 +776,8 @@ impl RedisServer {
             return;
         }
         let mut con = self.connection();
-        for name in BUNDLED {
+        for (_, function) in manifest::functions() {
+            let name = function.name;
             redis::Script::new(&script_text(name))
                 .prepare_invoke()
                 .load(&mut con)
@@ -780,33 +786,8 @@ impl RedisServer {
     }
 }
 
-/// The bundled scripts' names (their functions' names after the library's).
-const BUNDLED: [&str; 21] = [
-    "acquire",
-    "release",
-    "cancel",
-    "kick",
-    "force_unlock",
-    "rw_acquire",
-    "rw_release",
-    "rw_cancel",
-    "rw_kick",
-    "rw_force_unlock",
-    "sem_acquire",
-    "sem_release",
-    "sem_cancel",
-    "sem_kick",
-    "sem_force_unlock",
-    "sem_permits",
-    "renew",
-    "inspect",
-    "latch_set",
-    "latch_count_down",
-    "latch_state",
-];
-
 /// The name of the function that runs the bundled script `script` ("acquire",
-/// "rw_release", "renew"...: the names `src/runtime/scripts.rs` gives them), as the
+/// "rw_release", "renew"...: the names `src/runtime/scripting/manifest.rs` gives them), as the
 /// clients of this build call it with `FCALL` on the server at `url`: it appears in their
 /// requests (which the proxy and MONITOR see) instead of an `EVALSHA`'s SHA-1. Loads the
 /// library there, as a client's first call would, so that calls counted afterwards
@@ -857,7 +838,7 @@ pub fn loaded_function_name(con: &mut redis::Connection, script: &str) -> String
     format!("{}_{script}", names[0])
 }
 
-/// The constants line `src/runtime/scripts.rs` puts before every script it sends, with the
+/// The constants line `src/runtime/scripting/scripts.rs` puts before every script it sends, with the
 /// library's own values (`lease::PICKUP`, 1 s; `lease::STARVATION_BOUND`, 2 ms): a script's
 /// SHA-1 covers it, so the tests that look for a script's `EVALSHA` find it only while
 /// these are the library's (a change there fails them, which is the point).
@@ -918,65 +899,11 @@ pub fn load_script(con: &mut redis::Connection, script: &str) -> String {
 
 /// The text of the bundled script `script` as a script of its own (what `EVALSHA` names
 /// by its SHA-1): the constants line, allow_oom.lua for those that must run at the memory
-/// limit, its rule files, then its body, as `src/runtime/scripts.rs` puts them together.
+/// limit, its rule files, then its body, as `src/runtime/scripting/manifest.rs` lists them.
 fn script_text(script: &str) -> String {
-    let queue = include_str!("../../lua/queue.lua");
-    let leases = include_str!("../../lua/leases.lua");
-    let rw = include_str!("../../lua/rw.lua");
-    let sem = include_str!("../../lua/semaphore.lua");
-    let latch = include_str!("../../lua/latch.lua");
-    let kick = include_str!("../../lua/kick.lua");
-    let force = include_str!("../../lua/force_unlock.lua");
-    let released = include_str!("../../lua/leased_release.lua");
-    let cancelled = include_str!("../../lua/leased_cancel.lua");
-    let oom = include_str!("../../lua/allow_oom.lua");
-    // A read-write lock's or semaphore's script: the queue's and the leases' rules, the
-    // kind's own, then the body.
-    let leased_kind = |rules, body| vec![queue, leases, rules, body];
-    // The release's count rule, before a release's other files (see levels.lua).
-    let levels = include_str!("../../lua/levels.lua");
-    // The bodies read-write locks and semaphores share, each on its own rules file.
-    let leased_op = |op: &str| match op {
-        "cancel" => cancelled,
-        "kick" => kick,
-        _ => force,
-    };
-    let parts: Vec<&str> = match script {
-        // A lock's fast path first, before the queue's rules.
-        "acquire" => vec![
-            include_str!("../../lua/acquire_fast.lua"),
-            queue,
-            include_str!("../../lua/acquire.lua"),
-        ],
-        // A lock's release needs no allow_oom.lua (see release_fast.lua).
-        "release" => vec![
-            levels,
-            include_str!("../../lua/release_fast.lua"),
-            queue,
-            include_str!("../../lua/release.lua"),
-        ],
-        "cancel" => vec![oom, queue, include_str!("../../lua/cancel.lua")],
-        "kick" => vec![oom, queue, kick],
-        "force_unlock" => vec![oom, queue, force],
-        "rw_acquire" => leased_kind(rw, include_str!("../../lua/rw_acquire.lua")),
-        "rw_release" => vec![oom, levels, queue, leases, rw, released],
-        "rw_cancel" | "rw_kick" | "rw_force_unlock" => {
-            vec![oom, queue, leases, rw, leased_op(&script["rw_".len()..])]
-        }
-        "sem_acquire" => leased_kind(sem, include_str!("../../lua/sem_acquire.lua")),
-        "sem_release" => vec![oom, levels, queue, leases, sem, released],
-        "sem_cancel" | "sem_kick" | "sem_force_unlock" => {
-            vec![oom, queue, leases, sem, leased_op(&script["sem_".len()..])]
-        }
-        "sem_permits" => leased_kind(sem, include_str!("../../lua/sem_permits.lua")),
-        "renew" => vec![oom, include_str!("../../lua/renew.lua")],
-        "inspect" => vec![include_str!("../../lua/inspect.lua")],
-        "latch_set" => vec![latch, include_str!("../../lua/latch_set.lua")],
-        "latch_count_down" => vec![oom, latch, include_str!("../../lua/latch_count_down.lua")],
-        "latch_state" => vec![latch, include_str!("../../lua/latch_state.lua")],
-        other => panic!("no bundled script {other:?}"),
-    };
-    [LIBRARY_CONSTANTS, &parts.concat()].concat()
+    let text =
+        manifest::script_text(script).unwrap_or_else(|| panic!("no bundled script {script:?}"));
+    [LIBRARY_CONSTANTS, &text].concat()
 }
 
 /// The length of list `key` (a lock's queue, say).

@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::thread;
 
 use clap::Args;
@@ -42,39 +42,14 @@ pub(crate) struct GuardArgs {
 /// left to wait for a command that lingers: the lock is already running out, and a
 /// command that outlived it would run beside the next holder.
 pub(crate) fn guard(args: GuardArgs) -> u8 {
-    let mut caught = CAUGHT.to_vec();
-    if let Some(Lost(Some(sig))) = args.catch {
-        let sig = sig as i32;
-        if !FORBIDDEN.contains(&sig) && !caught.contains(&sig) {
-            caught.push(sig);
-        }
-    }
-    // Caught, not ignored: a signal redmutex sends the group reaches the command and
-    // leaves the guard in place, while the command starts with the default actions (exec
-    // resets caught signals, not ignored ones).
-    let mut signals = match Signals::new(&caught) {
+    let mut signals = match catch_signals(&args) {
         Ok(signals) => signals,
-        Err(e) => {
-            warn(format_args!("redmutex: cannot catch signals: {e}"));
-            return 71;
-        }
+        Err(code) => return code,
     };
-    // Blocked in redmutex's threads (see Catcher::install), and so here: unblocked, for
-    // the guard to get them and the command to start as if run from a shell.
-    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&caught_set()), None) {
-        warn(format_args!("redmutex: cannot unblock signals: {e}"));
-        return 71;
-    }
-    if let Err(e) = set_pdeathsig(Signal::SIGTERM) {
-        warn(format_args!(
-            "redmutex: cannot watch for redmutex's death: {e}"
-        ));
-        return 71;
-    }
     let parent = Pid::from_raw(args.parent);
     if getppid() != parent {
-        // redmutex died before the line above, so the signal will never come: the
-        // command must not start.
+        // redmutex died before the parent-death signal was asked for, so it will never
+        // come: the command must not start.
         return 128 + 9;
     }
     if let Some(sig) = signals.pending().next() {
@@ -82,7 +57,7 @@ pub(crate) fn guard(args: GuardArgs) -> u8 {
         return 128u8.wrapping_add(sig as u8);
     }
     let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut child = match Command::new(program).args(rest).spawn() {
+    let child = match Command::new(program).args(rest).spawn() {
         Ok(child) => child,
         Err(e) => {
             warn(format_args!(
@@ -97,6 +72,48 @@ pub(crate) fn guard(args: GuardArgs) -> u8 {
             };
         }
     };
+    wait_for_command(child, signals, parent)
+}
+
+/// Catches the signals redmutex may send the group (and `--catch`'s), unblocks them, and
+/// asks for SIGTERM at redmutex's death: the caught signals, or `Err(71)` when any of it
+/// fails.
+fn catch_signals(args: &GuardArgs) -> Result<Signals, u8> {
+    let mut caught = CAUGHT.to_vec();
+    if let Some(Lost(Some(sig))) = args.catch {
+        let sig = sig as i32;
+        if !FORBIDDEN.contains(&sig) && !caught.contains(&sig) {
+            caught.push(sig);
+        }
+    }
+    // Caught, not ignored: a signal redmutex sends the group reaches the command and
+    // leaves the guard in place, while the command starts with the default actions (exec
+    // resets caught signals, not ignored ones).
+    let signals = match Signals::new(&caught) {
+        Ok(signals) => signals,
+        Err(e) => {
+            warn(format_args!("redmutex: cannot catch signals: {e}"));
+            return Err(71);
+        }
+    };
+    // Blocked in redmutex's threads (see Catcher::install), and so here: unblocked, for
+    // the guard to get them and the command to start as if run from a shell.
+    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&caught_set()), None) {
+        warn(format_args!("redmutex: cannot unblock signals: {e}"));
+        return Err(71);
+    }
+    if let Err(e) = set_pdeathsig(Signal::SIGTERM) {
+        warn(format_args!(
+            "redmutex: cannot watch for redmutex's death: {e}"
+        ));
+        return Err(71);
+    }
+    Ok(signals)
+}
+
+/// Waits for the command `child` to exit, returning its exit code; a signal caught once
+/// redmutex (`parent`) is gone kills the whole group instead.
+fn wait_for_command(mut child: Child, mut signals: Signals, parent: Pid) -> u8 {
     let (done_tx, done) = bounded(1);
     thread::spawn(move || {
         let _ = done_tx.send(child.wait());

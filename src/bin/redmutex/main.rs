@@ -26,7 +26,7 @@ mod wait;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use redmutex::{Client, Error};
+use redmutex::{Client, Error, LockKind};
 
 use args::{Cli, Command};
 use connect::connect;
@@ -219,12 +219,12 @@ fn shell_word(word: &str) -> String {
 /// `unlock --force`: frees every kind of `name` that can be held.
 fn unlock(c: &Client, name: &str) -> Result<u8, Error> {
     let before = c.inspect(name)?;
-    if let Some(foreign) = before.iter().find(|i| i.kind == "foreign") {
+    if let Some(foreign) = before.iter().find(|i| i.kind == LockKind::Foreign) {
         // Refused before anything is freed (each script would refuse it too).
         return Ok(not_a_lock(&foreign.key));
     }
     let freed = c.force_unlock(name)?;
-    let latch = before.iter().find(|i| i.kind == "count-down latch");
+    let latch = before.iter().find(|i| i.kind == LockKind::CountDownLatch);
     if freed.is_empty() {
         if let Some(latch) = latch {
             warn(format_args!(

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::io::{ErrorKind, Write};
 
-use redmutex::{Client, Error};
+use redmutex::{Client, Error, LockKind};
 
 use crate::connect::UNREACHABLE;
 
@@ -215,7 +215,7 @@ pub(crate) fn refused_as_not_a_lock(client: &Client, name: &str, e: &Error) -> O
             let key = client
                 .inspect(name)
                 .ok()
-                .and_then(|found| found.into_iter().find(|i| i.kind == "foreign"))
+                .and_then(|found| found.into_iter().find(|i| i.kind == LockKind::Foreign))
                 .map_or_else(|| format!("a key of {name}"), |i| i.key);
             Some(not_a_lock(&key))
         }

@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus};
 use std::str::FromStr;
 use std::thread;
 
@@ -135,10 +135,20 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
         ));
         return Err(128u8.wrapping_add(sig as u8));
     }
-    // Ctrl-Z stops redmutex's group, the terminal's foreground job, and not the
-    // command's: it is passed on, then redmutex stops itself (and so stops renewing, as
-    // a stopped `flock` would not, but the command is stopped too); `fg` or `bg`
-    // continues redmutex, which continues the command.
+    let (job, _closes_job) = catch_job_control()?;
+    let (guard, group) = start_guard(args, held)?;
+    let done = exited(group);
+    wait_for_command(args, held, guard, group, signals, &job, &done)
+}
+
+/// Catches the job-control signals (`JOB`), which the returned channel delivers until the
+/// [`Closes`] is dropped; `Err(71)` when they cannot be caught.
+///
+/// Ctrl-Z stops redmutex's group, the terminal's foreground job, and not the command's:
+/// it is passed on, then redmutex stops itself (and so stops renewing, as a stopped
+/// `flock` would not, but the command is stopped too); `fg` or `bg` continues redmutex,
+/// which continues the command.
+fn catch_job_control() -> Result<(Receiver<i32>, Closes), u8> {
     let (job_tx, job) = unbounded();
     let mut job_signals = Signals::new(JOB).map_err(|e| {
         warn(format_args!("redmutex: cannot catch job control: {e}"));
@@ -152,7 +162,13 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
             }
         }
     });
-    let _closes_job = Closes(job_handle);
+    Ok((job, Closes(job_handle)))
+}
+
+/// Starts `__guard`, which runs the command, as the leader of a process group of its own
+/// (with the hold's fencing token in the environment if asked): the guard and the group's
+/// id, or `Err(126)` when it cannot be started.
+fn start_guard(args: &RunArgs, held: &Held) -> Result<(Child, Pid), u8> {
     // /proc/self/exe, not a path: the very binary running, even if replaced on disk since.
     let mut command = Command::new("/proc/self/exe");
     command
@@ -167,7 +183,7 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
     if let (Some(var), Held::Fenced(guard)) = (&args.token_env, held) {
         command.env(var, guard.token().to_string());
     }
-    let mut guard = match command.spawn() {
+    let guard = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             warn(format_args!("redmutex: cannot start the command: {e}"));
@@ -180,10 +196,15 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
         "the command started in process group {group}: {:?}",
         args.command
     );
+    Ok((guard, group))
+}
+
+/// A channel ready once the guard leading `group` has exited, which leaves it unreaped:
+/// until [`wait_for_command`] reaps it, after its last signal, the guard's pid (the
+/// group's id) cannot be given to another process.
+fn exited(group: Pid) -> Receiver<()> {
     let (done_tx, done) = bounded(1);
     thread::spawn(move || loop {
-        // Waits without reaping: until the loop below reaps it, after its last signal,
-        // the guard's pid (the group's id) cannot be given to another process.
         match waitid(Id::Pid(group), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
             Err(Errno::EINTR) => continue,
             _ => {
@@ -192,6 +213,21 @@ fn supervise(args: &RunArgs, held: &Held, signals: &Receiver<i32>) -> Result<u8,
             }
         }
     });
+    done
+}
+
+/// Waits for the command to exit, passing the signals caught and job control on to its
+/// `group` and sending it `--on-lost`'s signal once the lease is lost: its exit code, or
+/// [`LEASE_LOST`] when the lease was lost while it ran.
+fn wait_for_command(
+    args: &RunArgs,
+    held: &Held,
+    mut guard: Child,
+    group: Pid,
+    signals: &Receiver<i32>,
+    job: &Receiver<i32>,
+    done: &Receiver<()>,
+) -> Result<u8, u8> {
     // Told by the client the moment the lease is lost: no polling. (The lock is only
     // released after this loop, so the channel is ready for a loss alone.)
     let mut lease = held.lost();

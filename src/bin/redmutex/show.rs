@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redmutex::LockInfo;
+use redmutex::{LockInfo, LockKind};
 use serde_json::{json, Value};
 
 /// The version of the JSON `status --json` and `list --json` print: raised when a field
@@ -14,10 +14,10 @@ const SCHEMA: u64 = 1;
 /// The JSON `kind` of a library kind: one word each.
 fn kind(info: &LockInfo) -> &'static str {
     match info.kind {
-        "lock" => "lock",
-        "read-write lock" => "rwlock",
-        "semaphore" => "semaphore",
-        "count-down latch" => "latch",
+        LockKind::Lock => "lock",
+        LockKind::ReadWrite => "rwlock",
+        LockKind::Semaphore => "semaphore",
+        LockKind::CountDownLatch => "latch",
         _ => "foreign",
     }
 }
@@ -26,13 +26,13 @@ fn kind(info: &LockInfo) -> &'static str {
 /// carry their side as a prefix (`r:`, `w:`, `u:`).
 fn role<'a>(info: &LockInfo, id: &'a str) -> (&'static str, &'a str) {
     match info.kind {
-        "read-write lock" => match id.split_once(':') {
+        LockKind::ReadWrite => match id.split_once(':') {
             Some(("r", rest)) => ("read", rest),
             Some(("w", rest)) => ("write", rest),
             Some(("u", rest)) => ("upgradeable", rest),
             _ => ("read", id),
         },
-        "semaphore" => ("permit", id),
+        LockKind::Semaphore => ("permit", id),
         _ => ("exclusive", id),
     }
 }
@@ -115,7 +115,7 @@ fn millis(d: Duration) -> u64 {
 
 /// One object as JSON.
 fn to_json(info: &LockInfo) -> Value {
-    let semaphore = info.kind == "semaphore";
+    let semaphore = info.kind == LockKind::Semaphore;
     let holders: Vec<Value> = info
         .holders
         .iter()
@@ -153,7 +153,7 @@ fn to_json(info: &LockInfo) -> Value {
         "lease_remaining_ms": info.remaining_lease.map(millis),
         "token": info.token,
         "permits": if semaphore { info.count } else { None },
-        "count": if info.kind == "count-down latch" { info.count } else { None },
+        "count": if info.kind == LockKind::CountDownLatch { info.count } else { None },
     })
 }
 
@@ -199,8 +199,8 @@ fn rows(info: &LockInfo, out: &mut Vec<Row>) {
         kind = format!("{kind} (token {token})");
     }
     match (info.kind, info.count) {
-        ("semaphore", Some(n)) => kind = format!("{kind} ({n} permits)"),
-        ("count-down latch", Some(n)) => kind = format!("{kind} (count {n})"),
+        (LockKind::Semaphore, Some(n)) => kind = format!("{kind} ({n} permits)"),
+        (LockKind::CountDownLatch, Some(n)) => kind = format!("{kind} (count {n})"),
         _ => {}
     }
     let dash = || "-".to_owned();
@@ -220,7 +220,7 @@ fn rows(info: &LockInfo, out: &mut Vec<Row>) {
         let first = i == 0;
         let only_first = |s: &String| if first { s.clone() } else { String::new() };
         let (role, id) = role(info, raw);
-        let holder = if info.kind == "read-write lock" {
+        let holder = if info.kind == LockKind::ReadWrite {
             format!("{id} ({role})")
         } else {
             id.to_owned()
@@ -310,7 +310,7 @@ pub(crate) fn list(found: &[LockInfo], json: bool) -> String {
 
 /// The note a waiter prints after a second: who holds `name` (of the library kind
 /// `kind`), since when and where, as `found` (its `inspect`) says.
-pub(crate) fn waiting_for(name: &str, kind: &str, found: &[LockInfo]) -> String {
+pub(crate) fn waiting_for(name: &str, kind: LockKind, found: &[LockInfo]) -> String {
     let Some(info) = found.iter().find(|i| i.kind == kind) else {
         return format!("redmutex: waiting for {name}");
     };
@@ -357,13 +357,13 @@ pub(crate) fn waiting_for(name: &str, kind: &str, found: &[LockInfo]) -> String 
 }
 
 /// `unlock --force`: what each kind freed held before (`freed`: the kinds the library
-/// freed, as `LockInfo::kind` names them).
+/// freed, as `LockKind` names them).
 pub(crate) fn removed(name: &str, freed: &[&str], before: &[LockInfo]) -> String {
     let mut out = String::new();
     for kind in freed {
         let holders: Vec<String> = before
             .iter()
-            .filter(|i| i.kind == *kind)
+            .filter(|i| i.kind.as_str() == *kind)
             .flat_map(|i| i.holders.iter())
             .map(|(id, count)| format!("{id} (count {count})"))
             .collect();

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use redmutex::{
-    CancellationToken, Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, LockOptions,
-    LostLease, Permit, ReadGuard, WriteGuard,
+    CancellationToken, Client, Error, Fair, FencedGuard, Kind, Lock, LockGuard, LockKind,
+    LockOptions, LostLease, Permit, ReadGuard, WriteGuard,
 };
 
 use crate::output::{fail, refused_as_not_a_lock, warn, NOT_ACQUIRED};
@@ -147,13 +147,13 @@ pub(crate) fn acquire(
 }
 
 /// The kind `status` reports for what `args` take.
-pub(crate) fn kind_of(args: &TakeArgs) -> &'static str {
+pub(crate) fn kind_of(args: &TakeArgs) -> LockKind {
     if args.semaphore.is_some() {
-        "semaphore"
+        LockKind::Semaphore
     } else if args.shared || args.exclusive {
-        "read-write lock"
+        LockKind::ReadWrite
     } else {
-        "lock"
+        LockKind::Lock
     }
 }
 
@@ -162,7 +162,7 @@ const NOTICE_AFTER: Duration = Duration::from_secs(1);
 
 /// Says once on standard error whom `name` waits for, if the acquisition has not
 /// returned after [`NOTICE_AFTER`] (the returned sender, dropped, says it returned).
-pub(crate) fn notice(client: &Client, name: &str, kind: &'static str, quiet: bool) -> Sender<()> {
+pub(crate) fn notice(client: &Client, name: &str, kind: LockKind, quiet: bool) -> Sender<()> {
     let (done_tx, done) = bounded::<()>(0);
     if quiet {
         return done_tx;

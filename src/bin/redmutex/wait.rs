@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redmutex::{Error, LockOptions};
+use redmutex::{Error, LockKind, LockOptions};
 
 use crate::connect::{connect, Connection};
 use crate::output::warn;
@@ -21,7 +21,7 @@ pub(crate) fn wait(
     let catcher = Catcher::install(name, ACQUIRE_GRACE)?;
     let client = connect(connection, None)?;
     let lock = client.lock(name);
-    let waiting = notice(&client, name, "lock", quiet);
+    let waiting = notice(&client, name, LockKind::Lock, quiet);
     let options = LockOptions::new().cancellable(catcher.cancel());
     let guard = lock.try_lock_with(match wait.and_then(deadline) {
         Some(until) => options.wait_until(until),

@@ -210,7 +210,7 @@ impl Executor {
     /// cannot count it among the subscribers.
     pub(crate) fn listener_flags(&self) -> u8 {
         if self.target.is_cluster() {
-            8
+            crate::runtime::scripting::flags::LISTENS_ELSEWHERE
         } else {
             0
         }

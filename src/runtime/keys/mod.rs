@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::runtime::scripting::flags;
 use crate::runtime::scripting::scripts::Ops;
 
 /// A waiter's channel is the lock key, this, and its client id. Suffixing the key keeps the
@@ -317,9 +318,9 @@ impl LockKeys {
         };
         // Names that never reach Redis: the first byte tells read and upgradeable holds
         // from the others.
-        let mark = if ops.flags & 4 != 0 {
+        let mark = if ops.flags & flags::READ != 0 {
             READ_MARK
-        } else if ops.flags & 16 != 0 {
+        } else if ops.flags & flags::UPGRADEABLE != 0 {
             UPGRADEABLE_MARK
         } else {
             b'x'

@@ -7,8 +7,38 @@ use std::time::Duration;
 
 use crate::runtime::holds::lease::millis;
 use crate::runtime::keys::LockKeys;
-use crate::runtime::scripting::queue::{command, command_with};
-use crate::runtime::scripting::scripts::{self, Ops, ScriptCall};
+use crate::runtime::scripting::scripts::{self, Bundled, Ops, ScriptCall};
+
+/// A call of `script` with a primitive's keys (hash, fence counter, queue, waiters; then
+/// the holds' leases and the permits where it has them), the layout every script that can
+/// hand a primitive on expects, to add arguments to and run with `Scripting::run`, or to
+/// send to several servers at once (`fanout`).
+pub(crate) fn command(script: &'static Bundled, keys: &LockKeys) -> ScriptCall {
+    command_with(script, keys, &[])
+}
+
+/// [`command`]'s call with `more` keys after the object's own (a script that names its
+/// last key `KEYS[#KEYS]`, as `force_unlock.lua` does).
+pub(crate) fn command_with(
+    script: &'static Bundled,
+    keys: &LockKeys,
+    more: &[&[u8]],
+) -> ScriptCall {
+    let mut call = ScriptCall::new(script);
+    call.key(keys.key())
+        .key(keys.fence().as_slice())
+        .key(keys.queue().as_slice())
+        .key(keys.waiters().as_slice());
+    for extra in [&keys.leases(), &keys.permits()] {
+        if !extra.is_empty() {
+            call.key(extra.as_slice());
+        }
+    }
+    for key in more {
+        call.key(*key);
+    }
+    call
+}
 
 /// What a script reads each of its arguments as when it is left out (`defaults[i]` for
 /// ARGV[i + 1]), as its header in `lua/` says: `None` for one it needs. An absent ARGV

@@ -1,10 +1,7 @@
-//! The waiter queue's parameters, the key layout its scripts share and their messages (its
-//! rules are `lua/queue.lua`; the typed calls of its scripts are `calls.rs`).
+//! The waiter queue's parameters and its scripts' messages (its rules are `lua/queue.lua`;
+//! the typed calls of its scripts, and the key layout they share, are `calls.rs`).
 
 use std::time::{Duration, Instant};
-
-use crate::runtime::keys::LockKeys;
-use crate::runtime::scripting::scripts::{Bundled, ScriptCall};
 
 /// The longest wait whose grant is placed on this machine's clock by the server's own
 /// times (see [`grant_seen_from`]): beyond it, a server clock running fast could move the
@@ -25,37 +22,6 @@ pub(crate) fn grant_seen_from(sent: Instant, queued_at: Option<u64>, at: Option<
         }
         _ => sent,
     }
-}
-
-/// A call of `script` with a primitive's keys (hash, fence counter, queue, waiters; then
-/// the holds' leases and the permits where it has them), the layout every script that can
-/// hand a primitive on expects, to add arguments to and run with `Scripting::run`, or to
-/// send to several servers at once (`fanout`).
-pub(crate) fn command(script: &'static Bundled, keys: &LockKeys) -> ScriptCall {
-    command_with(script, keys, &[])
-}
-
-/// [`command`]'s call with `more` keys after the object's own (a script that names its
-/// last key `KEYS[#KEYS]`, as `force_unlock.lua` does).
-pub(crate) fn command_with(
-    script: &'static Bundled,
-    keys: &LockKeys,
-    more: &[&[u8]],
-) -> ScriptCall {
-    let mut call = ScriptCall::new(script);
-    call.key(keys.key())
-        .key(keys.fence().as_slice())
-        .key(keys.queue().as_slice())
-        .key(keys.waiters().as_slice());
-    for extra in [&keys.leases(), &keys.permits()] {
-        if !extra.is_empty() {
-            call.key(extra.as_slice());
-        }
-    }
-    for key in more {
-        call.key(*key);
-    }
-    call
 }
 
 /// What a script told a waiting thread of its turn.

@@ -11,115 +11,66 @@ use redis::{Cmd, ConnectionLike, FromRedisValue, RedisError, RedisResult, Script
 
 use crate::runtime::connection::con::Con;
 use crate::runtime::holds::lease::{pickup_ms, starve_ms};
+use crate::runtime::scripting::{flags, manifest};
 
-/// The text of a file of `lua/`.
-macro_rules! lua {
-    ($file:literal) => {
-        include_str!(concat!("../../../lua/", $file))
-    };
-}
-
-/// A bundled script: its rule files and body, in order (the queue's rules,
-/// `lua/queue.lua`, first, then those of the primitive that redefine its hooks; before
-/// them a lock's fast path, see `ACQUIRE`), as a
-/// script of its own, and the name of its function in the library (where the same files
-/// make it, see [`LIBRARY_BODY`]). `allow_oom` before the name: a script that renews,
-/// releases, frees or hands on, whose function carries the `allow-oom` flag; as a script
-/// of its own it starts with `lua/allow_oom.lua`, which does the flag's job there.
+/// A bundled script: the library function that runs it (`$function`, named after the
+/// library) and the same files as a script of its own, both as the manifest lists them.
 macro_rules! script {
-    ($function:literal: $($file:literal),+) => {
-        Bundled {
-            function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
-            script: LazyLock::new(|| Script::new(&with_constants(concat!($(lua!($file)),+)))),
-        }
-    };
-    (allow_oom $function:literal: $($file:literal),+) => {
+    ($function:literal) => {
         Bundled {
             function: LazyLock::new(|| format!("{}_{}", library().name, $function)),
             script: LazyLock::new(|| {
-                Script::new(&with_constants(concat!(lua!("allow_oom.lua"), $(lua!($file)),+)))
+                let text = manifest::script_text($function).expect("a function of the manifest");
+                Script::new(&with_constants(&text))
             }),
         }
     };
 }
 
-/// One function of the library: `$file`s, a script's body (a lock's acquire and release:
-/// their fast path's file, then the rest), as the function `$function` (named after the
-/// library), which runs it with the call's keys and arguments as `KEYS` and `ARGV`. `$flags`: `{}` for a script that may add data, which a server out of
-/// memory refuses at once (as it refuses a script's first such write), `{'allow-oom'}`
-/// for one that renews, reads, frees or hands on, which must not fail for it.
-macro_rules! function {
-    ($function:literal, $flags:literal, $($file:literal),+) => {
-        concat!(
-            // On a line of its own, whatever the file before ends with.
-            "\nregister('",
-            $function,
-            "', ",
-            $flags,
-            ", function()\n",
-            $(lua!($file),)+
-            "\nend)\n"
-        )
-    };
+/// The library's text after its name: the shared files, then each group of functions
+/// that share rule files as a `do ... end` block of its own, with those files and then its
+/// functions (see [`manifest::Group`]). The library's functions cannot see the `KEYS` and
+/// `ARGV` of a call as a script does: each call sets them, shared by the group's rules and
+/// its bodies (a server runs one call at a time).
+fn library_body() -> String {
+    let mut body = String::from(concat!(
+        "local KEYS, ARGV\n",
+        // Nil: queue.lua makes its rules at once here, not on first use (a library may not
+        // call `setmetatable` while it loads, and makes them once anyway).
+        "local setmetatable\n",
+        "local function register(name, flags, body)\n",
+        "    redis.register_function{function_name = LIB .. '_' .. name, flags = flags,\n",
+        "        callback = function(keys, args) KEYS, ARGV = keys, args return body() end}\n",
+        "end\n",
+    ));
+    for part in manifest::SHARED {
+        body.push_str(part.text);
+    }
+    for group in manifest::LIBRARY {
+        body.push_str("do\n");
+        for rule in group.rules {
+            body.push_str(rule.text);
+        }
+        for f in group.functions {
+            push_function(&mut body, f);
+        }
+        body.push_str("end\n");
+    }
+    body
 }
 
-/// The library's text after its name: each group of scripts that share rule files is a
-/// `do ... end` block of its own, with those files and then its functions, since a
-/// primitive's rules redefine the queue's hooks (`Q`) for its scripts only. The library's
-/// functions cannot see the `KEYS` and `ARGV` of a call as a script does: each call sets
-/// them, shared by the group's rules and its bodies (a server runs one call at a time).
-const LIBRARY_BODY: &str = concat!(
-    "local KEYS, ARGV\n",
-    // Nil: queue.lua makes its rules at once here, not on first use (a library may not
-    // call `setmetatable` while it loads, and makes them once anyway).
-    "local setmetatable\n",
-    "local function register(name, flags, body)\n",
-    "    redis.register_function{function_name = LIB .. '_' .. name, flags = flags,\n",
-    "        callback = function(keys, args) KEYS, ARGV = keys, args return body() end}\n",
-    "end\n",
-    // The release's count rule, a lock's and a leased kind's (`leave`).
-    lua!("levels.lua"),
-    "do\n",
-    lua!("queue.lua"),
-    function!("acquire", "{}", "acquire_fast.lua", "acquire.lua"),
-    function!(
-        "release",
-        "{'allow-oom'}",
-        "release_fast.lua",
-        "release.lua"
-    ),
-    function!("cancel", "{'allow-oom'}", "cancel.lua"),
-    function!("kick", "{'allow-oom'}", "kick.lua"),
-    function!("force_unlock", "{'allow-oom'}", "force_unlock.lua"),
-    "end\ndo\n",
-    lua!("queue.lua"),
-    lua!("leases.lua"),
-    lua!("rw.lua"),
-    function!("rw_acquire", "{}", "rw_acquire.lua"),
-    function!("rw_release", "{'allow-oom'}", "leased_release.lua"),
-    function!("rw_cancel", "{'allow-oom'}", "leased_cancel.lua"),
-    function!("rw_kick", "{'allow-oom'}", "kick.lua"),
-    function!("rw_force_unlock", "{'allow-oom'}", "force_unlock.lua"),
-    "end\ndo\n",
-    lua!("queue.lua"),
-    lua!("leases.lua"),
-    lua!("semaphore.lua"),
-    function!("sem_acquire", "{}", "sem_acquire.lua"),
-    function!("sem_release", "{'allow-oom'}", "leased_release.lua"),
-    function!("sem_cancel", "{'allow-oom'}", "leased_cancel.lua"),
-    function!("sem_kick", "{'allow-oom'}", "kick.lua"),
-    function!("sem_force_unlock", "{'allow-oom'}", "force_unlock.lua"),
-    function!("sem_permits", "{}", "sem_permits.lua"),
-    "end\ndo\n",
-    lua!("latch.lua"),
-    function!("latch_set", "{}", "latch_set.lua"),
-    function!("latch_count_down", "{'allow-oom'}", "latch_count_down.lua"),
-    function!("latch_state", "{'allow-oom'}", "latch_state.lua"),
-    "end\ndo\n",
-    function!("renew", "{'allow-oom'}", "renew.lua"),
-    function!("inspect", "{'allow-oom'}", "inspect.lua"),
-    "end\n",
-);
+/// Adds the function `f` to the library's text: its fast path and body as the function
+/// that runs them with the call's keys and arguments as `KEYS` and `ARGV`.
+fn push_function(body: &mut String, f: &manifest::Function) {
+    let flags = if f.allow_oom { "{'allow-oom'}" } else { "{}" };
+    // On a line of its own, whatever the file before ends with.
+    body.push_str(&format!("\nregister('{}', {flags}, function()\n", f.name));
+    if let Some(fast) = f.fast {
+        body.push_str(fast.text);
+    }
+    body.push_str(f.body.text);
+    body.push_str("\nend)\n");
+}
 
 /// The client's constants the scripts share (`PICKUP`, `STARVE`: see `lua/queue.lua`), as
 /// the Lua line put before every script and before the library's body: sent once with the
@@ -145,7 +96,7 @@ pub(crate) struct Library {
 pub(crate) fn library() -> &'static Library {
     static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         // The SHA-1 that `EVALSHA` would name the text by.
-        let body = with_constants(LIBRARY_BODY);
+        let body = with_constants(&library_body());
         let hash = Script::new(&body).get_hash()[..12].to_owned();
         let name = format!("redmutex_{hash}");
         let text = format!("#!lua name={name}\nlocal LIB = '{name}'\n{body}");
@@ -161,46 +112,28 @@ pub(crate) struct Bundled {
     script: LazyLock<Script>,
 }
 
-// A lock's acquire and release start with their fast path (the uncontended call, which
-// ends there), before the queue's rules: as a script of its own, such a call makes none of
-// them (a library makes them once, when it loads).
-static ACQUIRE: Bundled = script!("acquire": "acquire_fast.lua", "queue.lua", "acquire.lua");
-// No allow_oom.lua: a lock's release never writes first what may take memory (its first
-// write is a DEL, or the PEXPIRE before an inner level's HSET: levels.lua), so
-// the server's memory limit never refuses it, and the uncontended release runs no marker
-// command. (Its function keeps the flag: nothing to lose.)
-static RELEASE: Bundled =
-    script!("release": "levels.lua", "release_fast.lua", "queue.lua", "release.lua");
-static CANCEL: Bundled = script!(allow_oom "cancel": "queue.lua", "cancel.lua");
-static KICK: Bundled = script!(allow_oom "kick": "queue.lua", "kick.lua");
-static FORCE_UNLOCK: Bundled = script!(allow_oom "force_unlock": "queue.lua", "force_unlock.lua");
-
-static RW_ACQUIRE: Bundled =
-    script!("rw_acquire": "queue.lua", "leases.lua", "rw.lua", "rw_acquire.lua");
-static RW_RELEASE: Bundled = script!(allow_oom "rw_release": "levels.lua", "queue.lua", "leases.lua", "rw.lua", "leased_release.lua");
-static RW_CANCEL: Bundled =
-    script!(allow_oom "rw_cancel": "queue.lua", "leases.lua", "rw.lua", "leased_cancel.lua");
-static RW_KICK: Bundled =
-    script!(allow_oom "rw_kick": "queue.lua", "leases.lua", "rw.lua", "kick.lua");
-static RW_FORCE_UNLOCK: Bundled =
-    script!(allow_oom "rw_force_unlock": "queue.lua", "leases.lua", "rw.lua", "force_unlock.lua");
-
-static SEM_ACQUIRE: Bundled =
-    script!("sem_acquire": "queue.lua", "leases.lua", "semaphore.lua", "sem_acquire.lua");
-static SEM_RELEASE: Bundled = script!(allow_oom "sem_release": "levels.lua", "queue.lua", "leases.lua", "semaphore.lua", "leased_release.lua");
-static SEM_CANCEL: Bundled = script!(allow_oom "sem_cancel": "queue.lua", "leases.lua", "semaphore.lua", "leased_cancel.lua");
-static SEM_KICK: Bundled =
-    script!(allow_oom "sem_kick": "queue.lua", "leases.lua", "semaphore.lua", "kick.lua");
-static SEM_FORCE_UNLOCK: Bundled = script!(allow_oom "sem_force_unlock": "queue.lua", "leases.lua", "semaphore.lua", "force_unlock.lua");
-pub(crate) static SEM_PERMITS: Bundled =
-    script!("sem_permits": "queue.lua", "leases.lua", "semaphore.lua", "sem_permits.lua");
-
-pub(crate) static RENEW: Bundled = script!(allow_oom "renew": "renew.lua");
-pub(crate) static INSPECT: Bundled = script!("inspect": "inspect.lua");
-pub(crate) static LATCH_SET: Bundled = script!("latch_set": "latch.lua", "latch_set.lua");
-pub(crate) static LATCH_COUNT_DOWN: Bundled =
-    script!(allow_oom "latch_count_down": "latch.lua", "latch_count_down.lua");
-pub(crate) static LATCH_STATE: Bundled = script!("latch_state": "latch.lua", "latch_state.lua");
+// The scripts of every function of the library (see `manifest::LIBRARY` for their files).
+static ACQUIRE: Bundled = script!("acquire");
+static RELEASE: Bundled = script!("release");
+static CANCEL: Bundled = script!("cancel");
+static KICK: Bundled = script!("kick");
+static FORCE_UNLOCK: Bundled = script!("force_unlock");
+static RW_ACQUIRE: Bundled = script!("rw_acquire");
+static RW_RELEASE: Bundled = script!("rw_release");
+static RW_CANCEL: Bundled = script!("rw_cancel");
+static RW_KICK: Bundled = script!("rw_kick");
+static RW_FORCE_UNLOCK: Bundled = script!("rw_force_unlock");
+static SEM_ACQUIRE: Bundled = script!("sem_acquire");
+static SEM_RELEASE: Bundled = script!("sem_release");
+static SEM_CANCEL: Bundled = script!("sem_cancel");
+static SEM_KICK: Bundled = script!("sem_kick");
+static SEM_FORCE_UNLOCK: Bundled = script!("sem_force_unlock");
+pub(crate) static SEM_PERMITS: Bundled = script!("sem_permits");
+pub(crate) static RENEW: Bundled = script!("renew");
+pub(crate) static INSPECT: Bundled = script!("inspect");
+pub(crate) static LATCH_SET: Bundled = script!("latch_set");
+pub(crate) static LATCH_COUNT_DOWN: Bundled = script!("latch_count_down");
+pub(crate) static LATCH_STATE: Bundled = script!("latch_state");
 
 /// What one kind of primitive runs and how its holds are kept: everything the shared
 /// acquisition, release, renewal and clean-up code needs to know about a kind. (`pub` only
@@ -211,9 +144,8 @@ pub struct Ops {
     pub(crate) cancel: &'static Bundled,
     pub(crate) kick: &'static Bundled,
     pub(crate) force_unlock: &'static Bundled,
-    /// Flags of every hold and queue entry: 1 fair, 2 fenced, 4 a read hold, 16 an
-    /// upgradeable read hold, 32 a write hold asked as an upgrade (refused if the
-    /// upgradeable hold is gone).
+    /// Flags of every hold and queue entry ([`flags`]: fair, fenced, a read hold, an
+    /// upgradeable read hold, a write hold asked as an upgrade).
     pub(crate) flags: u8,
     /// `None`: the hold is the lock hash's field `<holder>` and its lease the key's expiry.
     /// `Some(p)`: the hold is the field `<p><holder>`, with a lease of its own (leases.lua).
@@ -259,13 +191,13 @@ const fn read_write(flags: u8, prefix: &'static str) -> Ops {
 }
 
 pub(crate) static PLAIN: Ops = lock(0);
-pub(crate) static FAIR: Ops = lock(1);
-pub(crate) static FENCED: Ops = lock(2);
-pub(crate) static READ: Ops = read_write(1 | 4, "r:");
-pub(crate) static WRITE: Ops = read_write(1, "w:");
-pub(crate) static UPGRADEABLE: Ops = read_write(1 | 16, "u:");
+pub(crate) static FAIR: Ops = lock(flags::FAIR);
+pub(crate) static FENCED: Ops = lock(flags::FENCED);
+pub(crate) static READ: Ops = read_write(flags::FAIR | flags::READ, "r:");
+pub(crate) static WRITE: Ops = read_write(flags::FAIR, "w:");
+pub(crate) static UPGRADEABLE: Ops = read_write(flags::FAIR | flags::UPGRADEABLE, "u:");
 /// The write side as an upgrade asks for it: the same holds as [`WRITE`]'s.
-pub(crate) static UPGRADE: Ops = read_write(1 | 32, "w:");
+pub(crate) static UPGRADE: Ops = read_write(flags::FAIR | flags::UPGRADE, "w:");
 pub(crate) static PERMITS: Ops = Ops {
     acquire: &SEM_ACQUIRE,
     release: &SEM_RELEASE,
@@ -273,7 +205,7 @@ pub(crate) static PERMITS: Ops = Ops {
     kick: &SEM_KICK,
     // Every permit held is given back; the number of permits stays.
     force_unlock: &SEM_FORCE_UNLOCK,
-    flags: 1,
+    flags: flags::FAIR,
     field_prefix: Some(""),
     per_call: true,
 };
@@ -519,6 +451,8 @@ pub(crate) fn is_setup_refusal(e: &RedisError) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use crate::runtime::scripting::manifest;
+
     /// The names `text` defines as `function Q.<name>` at the start of a line indented by
     /// `indent` spaces.
     fn defined(text: &str, indent: usize) -> Vec<&str> {
@@ -529,25 +463,69 @@ mod tests {
             .collect()
     }
 
+    /// Each script is a function of the manifest, and every function of the manifest is
+    /// one of the client's scripts.
+    #[test]
+    fn the_scripts_are_the_manifests_functions() {
+        use super::*;
+        let all: [&Bundled; 21] = [
+            &ACQUIRE,
+            &RELEASE,
+            &CANCEL,
+            &KICK,
+            &FORCE_UNLOCK,
+            &RW_ACQUIRE,
+            &RW_RELEASE,
+            &RW_CANCEL,
+            &RW_KICK,
+            &RW_FORCE_UNLOCK,
+            &SEM_ACQUIRE,
+            &SEM_RELEASE,
+            &SEM_CANCEL,
+            &SEM_KICK,
+            &SEM_FORCE_UNLOCK,
+            &SEM_PERMITS,
+            &RENEW,
+            &INSPECT,
+            &LATCH_SET,
+            &LATCH_COUNT_DOWN,
+            &LATCH_STATE,
+        ];
+        let mut names: Vec<&str> = all
+            .iter()
+            .map(|b| {
+                // Made from the manifest, or a panic.
+                let _ = b.script.get_hash();
+                &b.function[library().name.len() + 1..]
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut listed: Vec<&str> = manifest::functions().map(|(_, f)| f.name).collect();
+        listed.sort_unstable();
+        assert_eq!(names, listed);
+    }
+
     /// queue.lua makes most of its functions on first use (`more`), after the rule files
     /// that follow it have run: those may redefine only what it makes at once or makes
     /// only where missing (the hooks), or `more` would put the lock's own back.
     #[test]
     fn later_rule_files_redefine_only_the_queues_hooks() {
-        let queue = lua!("queue.lua");
+        let queue = manifest::QUEUE.text;
         let eager = defined(queue, 0);
         let hooks = defined(queue, 8);
         assert!(
             eager.contains(&"look") && hooks.contains(&"take"),
             "{eager:?} {hooks:?}"
         );
-        for (file, text) in [
-            ("leases.lua", lua!("leases.lua")),
-            ("rw.lua", lua!("rw.lua")),
-            ("semaphore.lua", lua!("semaphore.lua")),
-            ("latch.lua", lua!("latch.lua")),
+        for part in [
+            manifest::LEASES,
+            manifest::RW,
+            manifest::SEMAPHORE,
+            manifest::LATCH,
         ] {
-            for name in defined(text, 0) {
+            let file = part.file;
+            for name in defined(part.text, 0) {
                 assert!(
                     eager.contains(&name) || hooks.contains(&name),
                     "{file} redefines Q.{name}, which queue.lua's `more` would make over it"

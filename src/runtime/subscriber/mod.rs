@@ -157,7 +157,7 @@ impl Subscription {
     /// pickup window, as on a cluster before.
     pub(crate) fn listen_flags(&self) -> u8 {
         if self.waiters.sharded.load(Ordering::Relaxed) {
-            128
+            crate::runtime::scripting::flags::SHARDED
         } else {
             0
         }
