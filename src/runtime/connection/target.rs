@@ -17,7 +17,7 @@ use crate::runtime::connection::node_con::NodeCon;
 /// the Sentinel generation ([`Target::generation`]) it makes the client's topology epoch
 /// (`Inner::topology_epoch`). A wait that began under an older epoch may have been queued
 /// by one server and granted by another, whose clock the grant's time is from: such a
-/// grant is confirmed with the server before it is returned (`Wait::pick_up`).
+/// grant is confirmed with the server before it is returned (`Wait::take_handoff`).
 #[derive(Debug, Default)]
 pub(crate) struct Topology {
     changes: AtomicU64,

@@ -21,7 +21,7 @@ pub(crate) const IO_GRACE: Duration = Duration::from_millis(250);
 
 /// How long a hold handed to a waiter lasts until it is extended, counted from the
 /// release on the server (a waiter with a shorter lease gets its own). A waiter that hears
-/// of the grant early enough (`Wait::pick_up`) returns at once and its watchdog extends the
+/// of the grant early enough (`Wait::take_handoff`) returns at once and its watchdog extends the
 /// hold a third into the window; later, the waiting call confirms it first (`renew.lua`),
 /// and a grant it hears of only after the window is refused there. A waiter that cannot
 /// (its process froze, or died right after the grant) stalls the lock this long, then the

@@ -161,7 +161,7 @@ impl HoldTable {
     /// `sent` is when the acquire script was sent: a fixed lease is counted from there.
     /// `handoff`: a release handed the lock over, with a lease of the pickup window (or
     /// `lease_ms`, if shorter) from the release, and nothing confirmed it yet: a waiter
-    /// that heard of the grant early in its window (`Wait::pick_up`; `sent` is then an
+    /// that heard of the grant early in its window (`Wait::take_handoff`; `sent` is then an
     /// instant known to precede the release), or a `MultiLock` member found handed over as
     /// its call gives up, about to be given back. The window, the fixed leases and the
     /// extension a third of the way in are all counted from `sent`.

@@ -1,5 +1,13 @@
 //! The one error type every fallible redmutex operation returns.
 
+mod classify;
+mod display;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use classify::{is_auth_failure, is_no_permission, timed_out};
+use display::{printable, Why};
+
 /// Everything that can go wrong talking to a lock.
 ///
 /// "Not acquired" is not an error: `try_lock*` return `Ok(None)` for it.
@@ -483,157 +491,14 @@ impl Error {
     }
 }
 
-/// Whether Redis refused the client's credentials: a wrong user or password (`WRONGPASS`,
-/// or redis-rs's own check of the `AUTH` reply), or none given to a server that needs one
-/// (`NOAUTH`; a script too long for an unauthenticated client gets "Protocol error:
-/// unauthenticated bulk length" instead).
-pub(crate) fn is_auth_failure(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
-        || e.detail().is_some_and(|d| {
-            d.starts_with("NOAUTH") || d.contains("Protocol error: unauthenticated")
-        })
-}
-
-/// Whether the server's ACL refused a command, key or channel (`NOPERM`; Redis 6.2 wraps
-/// a script's in "Error running script"; a command a script runs, e.g. a release's
-/// PUBLISH to a waiter's channel, is refused as "The user executing the script can't ...").
-pub(crate) fn is_no_permission(e: &redis::RedisError) -> bool {
-    e.code() == Some("NOPERM")
-        || e.detail().is_some_and(|d| {
-            d.contains("NOPERM") || d.contains("The user executing the script can't")
-        })
-}
-
-/// Whether a key held another type than the script expected (`WRONGTYPE`: Redis 7 gives a
-/// script's its own code; Redis 6.2 wraps it in "Error running script ...").
-fn is_wrong_type(e: &redis::RedisError) -> bool {
-    e.code() == Some("WRONGTYPE")
-        || e.detail().is_some_and(|d| {
-            d.contains("WRONGTYPE Operation against a key holding the wrong kind of value")
-        })
-}
-
-impl Error {
-    /// This error with the server named (`server`, as `host:port`, and the client's
-    /// `user`), and a refusal that has a way out of its own (credentials, ACL, a key of
-    /// another type) made its own variant.
-    pub(crate) fn at_server(
-        self,
-        server: impl FnOnce() -> String,
-        user: impl FnOnce() -> Option<String>,
-        password_given: bool,
-    ) -> Error {
-        let boxed = |s: String| s.into_boxed_str();
-        match self {
-            Error::Redis { source, lock, .. } if is_auth_failure(&source) => Error::Auth {
-                user: user().map(boxed),
-                password_given,
-                server: boxed(server()),
-                source,
-                lock,
-            },
-            Error::Redis { source, lock, .. } if is_no_permission(&source) => Error::NoPermission {
-                user: user().map(boxed),
-                server: boxed(server()),
-                source,
-                lock,
-            },
-            Error::Redis { source, lock, .. } if is_wrong_type(&source) => Error::NotALock {
-                server: boxed(server()),
-                source,
-                lock,
-            },
-            mut other => {
-                if let Error::Redis { server: at, .. }
-                | Error::Pool { server: at, .. }
-                | Error::PoolExhausted { server: at, .. }
-                | Error::Timeout { server: at, .. } = &mut other
-                {
-                    if at.is_none() {
-                        *at = Some(boxed(server()));
-                    }
-                }
-                other
-            }
-        }
-    }
-}
-
-/// A redis-rs timeout error saying `what`: for a call this crate gave up on itself (its
-/// outcome unknown, like a command that timed out), so that it reads and is handled as one.
-pub(crate) fn timed_out(what: impl Into<String>) -> redis::RedisError {
-    redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        what.into(),
-    ))
-}
-
-impl From<redis::RedisError> for Error {
-    fn from(e: redis::RedisError) -> Self {
-        if e.is_timeout() {
-            Error::timeout(e)
-        } else {
-            Error::redis(e)
-        }
-    }
-}
-
-impl From<r2d2::Error> for Error {
-    fn from(e: r2d2::Error) -> Self {
-        Error::pool(e)
-    }
-}
-
-/// The longest part of a name an error message shows, in bytes of the name.
-const SHOWN: usize = 256;
-
-/// `name` as text that is safe to print: see [`Error::lock_name`].
-fn printable(name: &[u8]) -> Box<str> {
-    let cut = name.len() > SHOWN;
-    let mut out = String::with_capacity(name.len().min(SHOWN) + 8);
-    for chunk in name[..name.len().min(SHOWN)].utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if c.is_control() || c == '"' || c == '\\' {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    if cut {
-        out.push('…');
-    }
-    out.into_boxed_str()
-}
-
 /// Displays ` at <host:port>` after a word about the server, nothing for no server.
 struct At<'a>(&'a Option<Box<str>>);
 
 impl std::fmt::Display for At<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(server) => write!(f, " at {server}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Displays `: <why>` after a timeout's message, for a reason of redmutex's own; nothing
-/// for an OS error, which says nothing the message does not.
-struct Why<'a>(&'a redis::RedisError);
-
-impl std::fmt::Display for Why<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = self.0.to_string();
-        if text.contains("(os error ") {
-            Ok(())
-        } else {
-            write!(f, ": {text}")
-        }
+        self.0
+            .as_deref()
+            .map_or(Ok(()), |server| write!(f, " at {server}"))
     }
 }
 
@@ -642,43 +507,8 @@ struct On<'a>(&'a Option<Box<str>>);
 
 impl std::fmt::Display for On<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(name) => write!(f, "lock \"{name}\": "),
-            None => Ok(()),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{is_no_permission, printable};
-
-    fn server_error(reply: &str) -> redis::RedisError {
-        let value = redis::parse_redis_value(reply.as_bytes()).expect("a reply");
-        value.extract_error().expect_err("an error reply")
-    }
-
-    #[test]
-    fn acl_refusals_are_told_from_other_errors() {
-        for refusal in [
-            "-NOPERM this user has no permissions to access one of the channels used as arguments\r\n",
-            "-ERR The user executing the script can't publish to the channel mentioned in the command script: redmutex_x_release, on @user_function:359.\r\n",
-            "-ERR Error running script (call to f_0123): @user_script:1: The user executing the script can't run this command or subcommand\r\n",
-        ] {
-            assert!(is_no_permission(&server_error(refusal)), "{refusal}");
-        }
-        assert!(!is_no_permission(&server_error("-ERR injected\r\n")));
-    }
-
-    #[test]
-    fn names_are_printed_escaped() {
-        assert_eq!(&*printable(b"orders:42"), "orders:42");
-        assert_eq!(&*printable("café".as_bytes()), "café");
-        assert_eq!(&*printable(b"a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
-        assert_eq!(&*printable(b"q\"uote\\"), "q\\\"uote\\\\");
-        assert_eq!(&*printable(b"\xff\xfeok"), "\\xff\\xfeok");
-        let long = vec![b'x'; 1000];
-        assert_eq!(printable(&long).chars().count(), 257);
-        assert!(printable(&long).ends_with('…'));
+        self.0
+            .as_deref()
+            .map_or(Ok(()), |name| write!(f, "lock \"{name}\": "))
     }
 }
