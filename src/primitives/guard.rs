@@ -10,10 +10,10 @@ use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
 use crate::primitives::release::{Freed, Release};
-use crate::runtime::client::Inner;
 use crate::runtime::holds::lease::{fixed, millis, Lease};
 use crate::runtime::holds::loss::{Loss, Watcher};
 use crate::runtime::holds::Registration;
+use crate::runtime::inner::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::scripting::calls;
 use crate::runtime::telemetry;
@@ -215,7 +215,7 @@ impl<K: Kind> LockGuard<K> {
         if self.lost.is_lost() {
             return true;
         }
-        let table = &self.inner.watchdog.table;
+        let table = &self.inner.holds;
         if table.pickup_lapsed(self.keys.hold(), self.token, &self.lost) {
             return true;
         }
@@ -278,7 +278,7 @@ impl<K: Kind> LockGuard<K> {
             let (lost, _): (Vec<i64>, Vec<i64>) = inner.exec.eval(con, &call)?;
             Ok(!lost.is_empty())
         })?;
-        let table = &inner.watchdog.table;
+        let table = &inner.holds;
         if gone {
             let reason = self.lost.gone_reason(inner.exec.generation());
             table.hold_lost(self.keys.hold(), &self.lost, reason);
@@ -371,7 +371,7 @@ impl<K: Kind> LockGuard<K> {
             .get_or_init(|| {
                 // One slot: a loss is sent once, and its send never blocks.
                 let (tx, rx) = crossbeam_channel::bounded(1);
-                self.inner.watchdog.table.watch_loss(
+                self.inner.holds.watch_loss(
                     &self.inner,
                     &self.keys,
                     self.token,
@@ -391,7 +391,7 @@ impl<K: Kind> LockGuard<K> {
 
     /// Lets `watcher` know of this hold's loss (or of this guard's release).
     pub(crate) fn watch(&self, watcher: Watcher) {
-        self.inner.watchdog.table.watch_loss(
+        self.inner.holds.watch_loss(
             &self.inner,
             &self.keys,
             self.token,
@@ -403,7 +403,7 @@ impl<K: Kind> LockGuard<K> {
 
     /// Has the loss thread of this guard's client look at `what` at `at`.
     pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::holds::loss::Timed) {
-        let notifier = &self.inner.watchdog.table.notifier;
+        let notifier = &self.inner.holds.notifier;
         if let Err(e) = notifier.ensure_running(&self.inner) {
             tracing::warn!(
                 target: "redmutex",
@@ -449,13 +449,11 @@ impl<K: Kind> LockGuard<K> {
         // This level is over for whoever waits on `lost()`, whatever the release finds.
         self.lost.released(self.level);
         let window_ends = inner
-            .watchdog
-            .table
+            .holds
             .pickup_pending(keys.hold(), self.token, &self.lost);
         let Some((need, held, lease_ends)) =
             inner
-                .watchdog
-                .table
+                .holds
                 .releasing(keys.hold(), self.token, self.level, watchdog_ms)
         else {
             // The hold this guard belonged to is over (lost, or replaced by a newer
@@ -528,16 +526,13 @@ impl<K: Kind> LockGuard<K> {
             // lapsed, lost by the server): it is lost, and everyone waiting on it (the
             // guards of the outer levels, the hook) is told now, not at a renewal.
             let reason = self.lost.gone_reason(inner.exec.generation());
-            inner
-                .watchdog
-                .table
-                .hold_lost(keys.hold(), &self.lost, reason);
+            inner.holds.hold_lost(keys.hold(), &self.lost, reason);
             return Err(Error::LEASE_LOST);
         }
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were
             // over (or the count was off); their guards must not look held.
-            inner.watchdog.table.hold_ended(keys.hold(), &self.lost);
+            inner.holds.hold_ended(keys.hold(), &self.lost);
         }
         shortfall.map_or(Ok(()), Err)
     }

@@ -9,6 +9,7 @@ pub(crate) mod client;
 pub(crate) mod config;
 pub(crate) mod connection;
 pub(crate) mod holds;
+pub(crate) mod inner;
 pub(crate) mod keys;
 pub(crate) mod scripting;
 pub(crate) mod subscriber;

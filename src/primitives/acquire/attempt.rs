@@ -37,8 +37,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         // (The room is given back while a clean-up of this thread's is waited for.)
         let held = inner
-            .watchdog
-            .table
+            .holds
             .begin_attempt_then(keys.hold(), token, until, || drop(room.take()))?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join, listen);
         let outcome = inner.exec.run_in(room, until, |con| {
@@ -49,10 +48,7 @@ impl<K: Kind> Lock<K> {
             };
             let need = || {
                 let watchdog_ms = inner.exec.config.lease.watchdog_ms();
-                inner
-                    .watchdog
-                    .table
-                    .need_ms(keys.hold(), token, watchdog_ms)
+                inner.holds.need_ms(keys.hold(), token, watchdog_ms)
             };
             Ok(
                 match self.replicated(con, holder, need, grant.count as usize)? {
@@ -79,10 +75,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let granted = matches!(outcome, Ok(Ok(_)));
         let queued = joined && matches!(outcome, Ok(Err(_)));
-        inner
-            .watchdog
-            .table
-            .end_attempt(keys.hold(), token, granted, queued);
+        inner.holds.end_attempt(keys.hold(), token, granted, queued);
         if let Err(e) = &outcome {
             if e.outcome_unknown() {
                 // Redis may have run the script, or may still: a level nobody holds, or a
@@ -272,7 +265,7 @@ impl<K: Kind> Lock<K> {
         handoff: bool,
     ) -> LockGuard<K> {
         let inner = &self.client.inner;
-        let registration = self.client.inner.watchdog.table.acquired(
+        let registration = self.client.inner.holds.acquired(
             &self.keys,
             token,
             &holder,

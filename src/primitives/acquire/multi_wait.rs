@@ -91,7 +91,7 @@ impl MultiLock {
             .members
             .iter()
             .map(|m| {
-                let table = &m.client.inner.watchdog.table;
+                let table = &m.client.inner.holds;
                 table.token_of_thread(&m.keys, thread).unwrap_or(fresh)
             })
             .collect();
@@ -103,13 +103,7 @@ impl MultiLock {
             .members
             .iter()
             .zip(&tokens)
-            .map(|(m, &token)| {
-                m.client
-                    .inner
-                    .watchdog
-                    .table
-                    .holds_locally(m.keys.hold(), token)
-            })
+            .map(|(m, &token)| m.client.inner.holds.holds_locally(m.keys.hold(), token))
             .collect();
         let mut wait = MultiWait {
             lock: self,
@@ -371,26 +365,21 @@ impl MultiWait<'_> {
             });
             if join.is_some() && !self.queued[i] {
                 self.queued[i] = true;
-                inner.watchdog.table.waiting(
-                    &m.keys,
-                    self.tokens[i],
-                    &self.holders[i],
-                    self.deadline,
-                );
+                inner
+                    .holds
+                    .waiting(&m.keys, self.tokens[i], &self.holders[i], self.deadline);
             }
-            let held =
-                match inner
-                    .watchdog
-                    .table
-                    .begin_attempt(m.keys.hold(), self.tokens[i], Some(bound))
-                {
-                    Ok(held) => held,
-                    // This member sends nothing this round: it counts as failed.
-                    Err(e) => {
-                        seen[i] = Seen::Failed(e);
-                        continue;
-                    }
-                };
+            let held = match inner
+                .holds
+                .begin_attempt(m.keys.hold(), self.tokens[i], Some(bound))
+            {
+                Ok(held) => held,
+                // This member sends nothing this round: it counts as failed.
+                Err(e) => {
+                    seen[i] = Seen::Failed(e);
+                    continue;
+                }
+            };
             let listen = self.subs[i].as_ref().map_or(0, |s| s.listen_flags());
             let cmd = m.acquire_cmd(
                 &self.holders[i],
@@ -423,11 +412,10 @@ impl MultiWait<'_> {
                         // which may queue; a grant there is a new hold.
                         self.reentry[i] = false;
                         let generation = m.client.inner.exec.generation();
-                        m.client.inner.watchdog.table.hold_gone(
-                            m.keys.hold(),
-                            self.tokens[i],
-                            generation,
-                        );
+                        m.client
+                            .inner
+                            .holds
+                            .hold_gone(m.keys.hold(), self.tokens[i], generation);
                     }
                     seen[i] = Seen::Held(refused.pttl);
                 }
@@ -451,21 +439,14 @@ impl MultiWait<'_> {
     fn fresh_holder_if_in_doubt(&mut self, i: usize) {
         let m = &self.lock.members[i];
         let inner = &m.client.inner;
-        let in_doubt = self.doubted[i]
-            || inner
-                .watchdog
-                .table
-                .in_doubt_for(m.keys.hold(), self.tokens[i]);
+        let in_doubt = self.doubted[i] || inner.holds.in_doubt_for(m.keys.hold(), self.tokens[i]);
         if self.reentry[i] || !in_doubt {
             return;
         }
         self.doubted[i] = false;
         if self.queued[i] {
             self.queued[i] = false;
-            inner
-                .watchdog
-                .table
-                .done_waiting(m.keys.key(), self.tokens[i]);
+            inner.holds.done_waiting(m.keys.key(), self.tokens[i]);
         }
         self.subs[i] = None;
         self.tokens[i] = fresh_token();
@@ -580,10 +561,9 @@ impl MultiWait<'_> {
             }
             let inner = &m.client.inner;
             let watchdog_ms = inner.exec.config.lease.watchdog_ms();
-            let levels = inner.watchdog.table.levels(m.keys.hold(), self.tokens[i]);
+            let levels = inner.holds.levels(m.keys.hold(), self.tokens[i]);
             let need = inner
-                .watchdog
-                .table
+                .holds
                 .need_ms(m.keys.hold(), self.tokens[i], watchdog_ms);
             left.push(i);
             calls.push(Call::script(
@@ -625,7 +605,7 @@ impl MultiWait<'_> {
                         error = %e,
                         "redmutex: leaving a MultiLock queue failed"
                     );
-                    let levels = inner.watchdog.table.levels(m.keys.hold(), self.tokens[i]);
+                    let levels = inner.holds.levels(m.keys.hold(), self.tokens[i]);
                     inner
                         .watchdog
                         .doubt(inner, &m.keys, self.tokens[i], &self.holders[i], levels);
@@ -674,10 +654,7 @@ impl MultiWait<'_> {
                     error = %e,
                     "redmutex: confirming a MultiLock member handed over failed"
                 );
-                let levels = inner
-                    .watchdog
-                    .table
-                    .levels_now(m.keys.hold(), self.tokens[i]);
+                let levels = inner.holds.levels_now(m.keys.hold(), self.tokens[i]);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.tokens[i], holder, levels);
@@ -704,8 +681,7 @@ impl MultiWait<'_> {
             let m = &self.lock.members[i];
             m.client
                 .inner
-                .watchdog
-                .table
+                .holds
                 .done_waiting(m.keys.key(), self.tokens[i]);
         }
     }
@@ -719,16 +695,10 @@ impl Drop for MultiWait<'_> {
                 // up by that client's watchdog thread, off this caller's path.
                 let m = &self.lock.members[i];
                 let inner = &m.client.inner;
-                inner
-                    .watchdog
-                    .table
-                    .done_waiting(m.keys.key(), self.tokens[i]);
+                inner.holds.done_waiting(m.keys.key(), self.tokens[i]);
                 // Told the levels the thread holds there (none: a thread that held the
                 // lock never queued on it), so that the clean-up can never take one.
-                let held = inner
-                    .watchdog
-                    .table
-                    .levels_now(m.keys.hold(), self.tokens[i]);
+                let held = inner.holds.levels_now(m.keys.hold(), self.tokens[i]);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.tokens[i], &self.holders[i], held);

@@ -71,7 +71,7 @@ impl<K: Kind> Lock<K> {
             return Err(refused);
         }
         let keys = &self.keys;
-        let table = &inner.watchdog.table;
+        let table = &inner.holds;
         // The holder token: a semaphore's permits and an owned hold are holders of their
         // own, never the thread's (they neither re-enter its holds nor are re-entered by
         // them). A thread's hold of the object is re-entered under its token; a new hold
@@ -114,7 +114,7 @@ impl<K: Kind> Lock<K> {
         // A thread that holds the lock re-enters at once (the scripts grant a re-entry
         // whoever waits): it never queues, so that leaving the call can never give up a
         // level it holds.
-        let reentry = inner.watchdog.table.holds_locally(keys.hold(), token);
+        let reentry = inner.holds.holds_locally(keys.hold(), token);
         let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
         let mut wait = Wait {
             lock: self,
@@ -418,8 +418,7 @@ impl<K: Kind> Wait<'_, K> {
             // Kept alive once the entry exists: a renewal round while the attempt waited
             // for room in the pool would find none, and have the thread queue again.
             inner
-                .watchdog
-                .table
+                .holds
                 .waiting(&lock.keys, self.token, &self.holder, self.deadline);
         }
         match outcome {
@@ -430,11 +429,9 @@ impl<K: Kind> Wait<'_, K> {
                 // (expired, force-unlocked, lost). Its guards must say so, and from here on
                 // the call is an ordinary acquisition, which may queue.
                 self.reentry = false;
-                inner.watchdog.table.hold_gone(
-                    lock.keys.hold(),
-                    self.token,
-                    inner.exec.generation(),
-                );
+                inner
+                    .holds
+                    .hold_gone(lock.keys.hold(), self.token, inner.exec.generation());
             }
             Err(_) => {}
         }
@@ -492,8 +489,8 @@ impl<K: Kind> Wait<'_, K> {
         let keys = &lock.keys;
         // The levels the thread holds (none: a thread that held the lock never queued),
         // never fewer: leaving must not give one of them up.
-        let held = inner.watchdog.table.levels_now(keys.hold(), self.token);
-        let need = inner.watchdog.table.need_ms(
+        let held = inner.holds.levels_now(keys.hold(), self.token);
+        let need = inner.holds.need_ms(
             keys.hold(),
             self.token,
             inner.exec.config.lease.watchdog_ms(),
@@ -648,10 +645,7 @@ impl<K: Kind> Wait<'_, K> {
         if self.queued {
             self.queued = false;
             let inner = &self.lock.client.inner;
-            inner
-                .watchdog
-                .table
-                .done_waiting(self.lock.keys.key(), self.token);
+            inner.holds.done_waiting(self.lock.keys.key(), self.token);
         }
     }
 }
@@ -663,10 +657,10 @@ impl<K: Kind> Drop for Wait<'_, K> {
             // meanwhile) is given up by the watchdog thread, off this caller's path.
             let inner = &self.lock.client.inner;
             let keys = &self.lock.keys;
-            inner.watchdog.table.done_waiting(keys.key(), self.token);
+            inner.holds.done_waiting(keys.key(), self.token);
             // Told the levels the thread holds (none: a thread that held the lock never
             // queued), so that the clean-up can never take one of them.
-            let held = inner.watchdog.table.levels_now(keys.hold(), self.token);
+            let held = inner.holds.levels_now(keys.hold(), self.token);
             inner
                 .watchdog
                 .doubt(inner, keys, self.token, &self.holder, held);

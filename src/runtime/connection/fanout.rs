@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, FromRedisValue, Value};
 
-use crate::runtime::client::Inner;
 use crate::runtime::connection::con::Con;
 use crate::runtime::connection::executor::time_left as left;
 use crate::runtime::connection::pool::{self, Conn, Pooled};
+use crate::runtime::inner::Inner;
 use crate::runtime::scripting::scripts::{self, Recovered, ScriptCall};
 use crate::Error;
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::runtime::holds::lease::{millis, Lease};
 use crate::runtime::holds::loss::Loss;
-use crate::runtime::holds::lost_lease::LossReason;
+use crate::runtime::holds::loss::LossReason;
 use crate::runtime::keys::LockKeys;
 
 pub(super) struct Level {

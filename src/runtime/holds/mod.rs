@@ -1,16 +1,15 @@
-//! The per-client table of what this process holds: each thread's levels and leases on each
-//! lock, and the attempts, doubts, waits and handed-on locks the watchdog thread looks after.
-//! One hold and the table's filing of them are `hold.rs`; the table's operations are split
-//! by concept: acquisitions and releases here, attempts in doubt (`attempts.rs`), queue
-//! entries and handed-on locks (`waits.rs`), renewal rounds (`renewal.rs`) and losses
-//! (`losses.rs`).
+//! The per-client table of what this process holds (`Inner::holds`): each thread's levels
+//! and leases on each lock, and the attempts, doubts, waits and handed-on locks the
+//! watchdog thread (`watchdog.rs`) looks after. One hold and the table's filing of them are
+//! `hold.rs`; the table's operations are split by concept: acquisitions and releases here,
+//! attempts in doubt (`attempts.rs`), queue entries and handed-on locks (`waits.rs`),
+//! renewal rounds (`renewal.rs`), and losses (`loss/`: what a guard is told, and the
+//! table's judgements in `loss/found.rs`).
 
 mod attempts;
 mod hold;
 pub(crate) mod lease;
 pub(crate) mod loss;
-mod losses;
-pub(crate) mod lost_lease;
 mod renewal;
 mod tasks;
 #[cfg(test)]
