@@ -13,7 +13,7 @@ use std::time::Instant;
 use crossbeam_channel::{never, select, Receiver, Sender};
 use parking_lot::Mutex;
 
-use super::{Hook, LostLease, Loss, Quorum};
+use super::{Hook, Loss, LostLease, Quorum};
 use crate::runtime::keys::LockKeys;
 use crate::Error;
 
