@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::runtime::config::Config;
 use crate::runtime::connection::con::Con;
-use crate::runtime::connection::pool::{self, Conn, Gate, Manager, Pooled, Room};
+use crate::runtime::connection::pool::{self, Gate, Manager, PoolConn, Pooled, Room};
 use crate::runtime::connection::target::{Target, Topology};
 use crate::runtime::scripting::scripts::{ScriptCall, Scripting};
 use crate::Error;
@@ -505,7 +505,7 @@ impl Executor {
                 }
             };
             let mut pooled = Pooled::new(self.checkout(checkout)?, entered);
-            let conn: &mut Conn = &mut pooled;
+            let conn: &mut PoolConn = &mut pooled;
             if conn.generation != self.target.generation() {
                 // Made to a primary the sentinels no longer name: retired on return. The
                 // generation changes once per failover, so this ends within the pool.

@@ -9,7 +9,7 @@ use redis::{Cmd, FromRedisValue, Value};
 
 use crate::runtime::connection::con::Con;
 use crate::runtime::connection::executor::time_left as left;
-use crate::runtime::connection::pool::{self, Conn, Pooled};
+use crate::runtime::connection::pool::{self, PoolConn, Pooled};
 use crate::runtime::inner::Inner;
 use crate::runtime::scripting::scripts::{self, Recovered, ScriptCall};
 use crate::Error;
@@ -155,7 +155,7 @@ fn run_calls<T: FromRedisValue + Send>(
     // Every command first, on every connection (one write each)...
     let mut sent: Vec<Lane> = Vec::with_capacity(lanes.len());
     for mut lane in lanes {
-        let conn: &mut Conn = &mut lane.conn;
+        let conn: &mut PoolConn = &mut lane.conn;
         let packed = match lane.calls[..] {
             [i] => calls[i].packed(),
             _ => transaction(lane.calls.iter().map(|&i| &calls[i])),
@@ -183,7 +183,7 @@ fn run_calls<T: FromRedisValue + Send>(
     }
     // ... then every reply.
     for mut lane in sent {
-        let conn: &mut Conn = &mut lane.conn;
+        let conn: &mut PoolConn = &mut lane.conn;
         let n = lane.calls.len();
         let reply = conn.set_timeout(left(until)).and_then(|()| {
             let c = conn.single().expect("lanes are single-server connections");
@@ -321,7 +321,7 @@ fn run_calls<T: FromRedisValue + Send>(
 
 /// What one reply read from a lane's connection means, retiring the connection when it
 /// may be out of step with the server.
-fn settle<T: FromRedisValue>(conn: &mut Conn, reply: redis::RedisResult<Value>) -> Outcome<T> {
+fn settle<T: FromRedisValue>(conn: &mut PoolConn, reply: redis::RedisResult<Value>) -> Outcome<T> {
     match reply {
         Ok(value) => Outcome::Done(parse(value).map_err(Error::from)),
         // Refused before it ran: the ordinary path loads the script or the library (or

@@ -42,7 +42,7 @@ pub(super) struct Shared {
     // Whether a refusal was told at WARN: once, not at every retry or lock.
     pub(super) warned: AtomicBool,
     // Whether a lock queue's channels are listened to with sharded pub/sub (a cluster,
-    // until a node shows it has none: see `shards.rs`).
+    // until a node shows it has none: see `shards/`).
     pub(super) sharding: AtomicBool,
     pub(super) state: Mutex<State>,
 }
@@ -59,7 +59,7 @@ pub(super) struct State {
     // When a channel nobody waits on may have lingered long enough, if any may: until
     // then `sweep_idle` has nothing to look for.
     pub(super) next_idle_check: Option<Instant>,
-    // On a cluster: the link to each primary the client listens on (see `shards.rs`).
+    // On a cluster: the link to each primary the client listens on (see `shards/`).
     pub(super) links: HashMap<NodeAddr, shards::LinkState>,
     // Which primary serves which slot, once needed.
     pub(super) slots: Option<shards::SlotMap>,
@@ -73,7 +73,7 @@ pub(super) struct Entry {
     // connection's, or of the link `shard`'s.
     pub(super) requested: bool,
     pub(super) waiters: Arc<Waiters>,
-    // `Some`: listened to with SSUBSCRIBE on this primary's link (see `shards.rs`).
+    // `Some`: listened to with SSUBSCRIBE on this primary's link (see `shards/`).
     pub(super) shard: Option<NodeAddr>,
     // A sharded subscription of the channel was lost (its slot moved, its link failed):
     // its next confirmation makes every waiter look again.

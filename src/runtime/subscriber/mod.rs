@@ -271,7 +271,7 @@ impl Subscriber {
     /// process was not already subscribed. `client` (the client's executor) is used to
     /// nudge the reader thread, giving up at `until`. `queue`: the channel is one a lock's
     /// queue tells its waiters on, which on a cluster with sharded pub/sub is listened to
-    /// on its slot's primary (see `shards.rs`; a latch's is not: its opening is published
+    /// on its slot's primary (see `shards/`; a latch's is not: its opening is published
     /// the classic way).
     pub(crate) fn subscribe(
         &self,
