@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::RecvTimeoutError;
 use parking_lot::Mutex;
 
+use crate::runtime::connection::con::NodeAddr;
 use crate::runtime::connection::executor::Executor;
 use crate::runtime::connection::pool::Manager;
 use crate::runtime::scripting::queue::Notice;
@@ -287,77 +288,97 @@ impl Subscriber {
         } else {
             None
         };
-        let (waiters, nudge) = {
-            let mut guard = self.shared.state.lock();
-            let state = &mut *guard;
-            let entry = match state.channels.get_mut(channel) {
-                Some(entry) => entry,
-                None => state.channels.entry(channel.to_vec()).or_insert(Entry {
-                    refs: 0,
-                    idle_since: None,
-                    requested: false,
-                    waiters: Arc::new(Waiters::new(shard.is_some())),
-                    shard,
-                    lapsed: false,
-                }),
-            };
-            entry.refs += 1;
-            entry.idle_since = None;
-            let waiters = entry.waiters.clone();
-            let mut nudge = None;
-            if !entry.requested {
-                match entry.shard.clone() {
-                    None => {
-                        entry.requested = true;
-                        state.pending.push(channel.to_vec());
-                        // While disconnected the reader subscribes everything on its next
-                        // session; while its own channel is refused it looks without a
-                        // nudge.
-                        if state.connected && self.shared.refused.lock().is_none() {
-                            nudge = Some(("PUBLISH", self.shared.control.clone()));
-                        }
-                    }
-                    Some(node) => {
-                        nudge = self
-                            .shared
-                            .shards()
-                            .route(state, channel, &node)
-                            .map(|to| ("SPUBLISH", to));
-                    }
-                }
-            }
-            (waiters, nudge)
-        };
+        let (waiters, nudge) = self.count_interest(channel, shard);
         // From here on the interest is counted: dropping this gives it back, also when
         // the thread cannot be started.
         let subscription = self.slot(channel, waiters, token);
         self.ensure_running()?;
         if let Some((command, to)) = nudge {
-            // On a cluster, a classic PUBLISH goes to the node of the waiter's lock (where
-            // its attempt just ran), not to one picked at random, which may be frozen (see
-            // `Con::query_at`): it reaches the reader on whichever node it listens. An
-            // SPUBLISH goes where its channel's slot is: the link's node.
-            let at = if command == "SPUBLISH" {
-                to.as_slice()
-            } else {
-                channel
-            };
-            // Ahead of calls waiting for room in the pool: in a burst of waiting threads,
-            // those that find the channel subscribed when their turn comes queue with
-            // their first call (see `Wait::run`).
-            if let Err(e) = client.run_urgent(until, |con| {
-                con.query_at::<()>(redis::cmd(command).arg(to.as_slice()).arg("s"), at)
-            }) {
-                // The reader still subscribes within a read tick (a second), and until it
-                // confirms the waiter goes by the holder's lease.
-                tracing::debug!(
-                    target: "redmutex",
-                    error = %e,
-                    "redmutex: could not nudge the pub/sub thread"
-                );
-            }
+            nudge_reader(client, channel, command, &to, until);
         }
         Ok(subscription)
+    }
+
+    /// Counts one more interest in `channel` (listened to on `shard`'s link, or the
+    /// classic way) and decides whether the channel is to be subscribed now: then it is
+    /// queued for its reader, and the nudge that makes the reader come back for it is
+    /// returned (the command and the channel to publish it to), unless the reader looks
+    /// by itself (disconnected, or its own channel refused).
+    fn count_interest(
+        &self,
+        channel: &[u8],
+        shard: Option<NodeAddr>,
+    ) -> (Arc<Waiters>, Option<(&'static str, Vec<u8>)>) {
+        let mut guard = self.shared.state.lock();
+        let state = &mut *guard;
+        let entry = match state.channels.get_mut(channel) {
+            Some(entry) => entry,
+            None => state.channels.entry(channel.to_vec()).or_insert(Entry {
+                refs: 0,
+                idle_since: None,
+                requested: false,
+                waiters: Arc::new(Waiters::new(shard.is_some())),
+                shard,
+                lapsed: false,
+            }),
+        };
+        entry.refs += 1;
+        entry.idle_since = None;
+        let waiters = entry.waiters.clone();
+        let mut nudge = None;
+        if !entry.requested {
+            match entry.shard.clone() {
+                None => {
+                    entry.requested = true;
+                    state.pending.push(channel.to_vec());
+                    // While disconnected the reader subscribes everything on its next
+                    // session; while its own channel is refused it looks without a
+                    // nudge.
+                    if state.connected && self.shared.refused.lock().is_none() {
+                        nudge = Some(("PUBLISH", self.shared.control.clone()));
+                    }
+                }
+                Some(node) => {
+                    nudge = self
+                        .shared
+                        .shards()
+                        .route(state, channel, &node)
+                        .map(|to| ("SPUBLISH", to));
+                }
+            }
+        }
+        (waiters, nudge)
+    }
+}
+
+/// Publishes `command` ("PUBLISH" or "SPUBLISH") to `to` so that the reader, blocked on
+/// its socket, comes back and subscribes `channel`; a failure only costs the waiter up to
+/// a read tick.
+fn nudge_reader(
+    client: &Executor,
+    channel: &[u8],
+    command: &str,
+    to: &[u8],
+    until: Option<Instant>,
+) {
+    // On a cluster, a classic PUBLISH goes to the node of the waiter's lock (where
+    // its attempt just ran), not to one picked at random, which may be frozen (see
+    // `Con::query_at`): it reaches the reader on whichever node it listens. An
+    // SPUBLISH goes where its channel's slot is: the link's node.
+    let at = if command == "SPUBLISH" { to } else { channel };
+    // Ahead of calls waiting for room in the pool: in a burst of waiting threads,
+    // those that find the channel subscribed when their turn comes queue with
+    // their first call (see `Wait::run`).
+    if let Err(e) = client.run_urgent(until, |con| {
+        con.query_at::<()>(redis::cmd(command).arg(to).arg("s"), at)
+    }) {
+        // The reader still subscribes within a read tick (a second), and until it
+        // confirms the waiter goes by the holder's lease.
+        tracing::debug!(
+            target: "redmutex",
+            error = %e,
+            "redmutex: could not nudge the pub/sub thread"
+        );
     }
 }
 

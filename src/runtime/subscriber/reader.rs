@@ -163,26 +163,10 @@ fn session(
         early: VecDeque::new(),
         timeout: READ_TICK,
     };
-    // One channel per SUBSCRIBE and UNSUBSCRIBE: each reply says whether its one channel
-    // was refused. One each costs a round trip per channel, on this thread.
     // While the server refuses the client's own channel: when to ask again, and the
     // pause after that (doubling as for a failed connect).
-    let mut control_retry = {
-        let Some(strong) = shared.upgrade() else {
-            return Ok(());
-        };
-        let answer = link.subscribe(strong.control.as_slice())?;
-        let control_retry = strong.control_answered(answer, None);
-        let channels = strong.begin_session();
-        drop(strong);
-        for channel in channels {
-            let answer = link.subscribe(channel.as_slice())?;
-            let Some(strong) = shared.upgrade() else {
-                return Ok(());
-            };
-            strong.answered(&channel, answer, reconnect);
-        }
-        control_retry
+    let Some(mut control_retry) = subscribe_all(shared, &mut link, reconnect)? else {
+        return Ok(());
     };
     let mut last_heard = Instant::now();
     let mut primary_checked = Instant::now();
@@ -190,30 +174,8 @@ fn session(
         let Some(strong) = shared.upgrade() else {
             return Ok(());
         };
-        let target = &strong.manager.target;
-        if target.is_sentinel() && primary_checked.elapsed() >= PRIMARY_CHECK {
-            target.refresh(strong.manager.connect_timeout);
-            primary_checked = Instant::now();
-        }
-        if target.generation() != generation {
-            // Releases are published on the new primary now; the reconnect re-subscribes
-            // there and has every waiter look again.
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "the sentinels name a new primary",
-            )));
-        }
-        if control_retry.is_some_and(|(at, _)| Instant::now() >= at) {
-            let answer = link.subscribe(strong.control.as_slice())?;
-            control_retry = strong.control_answered(answer, control_retry);
-        }
-        for channel in strong.take_pending() {
-            let answer = link.subscribe(channel.as_slice())?;
-            strong.answered(&channel, answer, false);
-        }
-        for channel in strong.take_idle() {
-            link.unsubscribe(channel.as_slice())?;
-        }
+        check_primary(&strong, generation, &mut primary_checked)?;
+        update_subscriptions(&strong, &mut link, &mut control_retry)?;
         let tick = if control_retry.is_some() {
             UNNUDGED_READ_TICK
         } else {
@@ -243,4 +205,80 @@ fn session(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// While the server refuses the client's own channel: when to ask again, and the pause
+/// after that (doubling as for a failed connect).
+type ControlRetry = Option<(Instant, Duration)>;
+
+/// Subscribes, on a new connection, the client's own channel and then every channel
+/// wanted; returns when to ask again for the own channel if the server refused it, or
+/// `None` if the client is gone.
+///
+/// One channel per SUBSCRIBE and UNSUBSCRIBE: each reply says whether its one channel was
+/// refused. One each costs a round trip per channel, on this thread.
+fn subscribe_all(
+    shared: &Weak<Shared>,
+    link: &mut Link<'_>,
+    reconnect: bool,
+) -> redis::RedisResult<Option<ControlRetry>> {
+    let Some(strong) = shared.upgrade() else {
+        return Ok(None);
+    };
+    let answer = link.subscribe(strong.control.as_slice())?;
+    let control_retry = strong.control_answered(answer, None);
+    let channels = strong.begin_session();
+    drop(strong);
+    for channel in channels {
+        let answer = link.subscribe(channel.as_slice())?;
+        let Some(strong) = shared.upgrade() else {
+            return Ok(None);
+        };
+        strong.answered(&channel, answer, reconnect);
+    }
+    Ok(Some(control_retry))
+}
+
+/// Under Sentinel, asks the sentinels which node is the primary (every `PRIMARY_CHECK`);
+/// fails the session (`Err`) once the primary is not the one this connection reached.
+fn check_primary(
+    strong: &Shared,
+    generation: u64,
+    primary_checked: &mut Instant,
+) -> redis::RedisResult<()> {
+    let target = &strong.manager.target;
+    if target.is_sentinel() && primary_checked.elapsed() >= PRIMARY_CHECK {
+        target.refresh(strong.manager.connect_timeout);
+        *primary_checked = Instant::now();
+    }
+    if target.generation() != generation {
+        // Releases are published on the new primary now; the reconnect re-subscribes
+        // there and has every waiter look again.
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "the sentinels name a new primary",
+        )));
+    }
+    Ok(())
+}
+
+/// Asks again for the client's own channel when it is time, subscribes the channels
+/// waiters asked for since, and unsubscribes those nobody waits on any more.
+fn update_subscriptions(
+    strong: &Shared,
+    link: &mut Link<'_>,
+    control_retry: &mut ControlRetry,
+) -> redis::RedisResult<()> {
+    if control_retry.is_some_and(|(at, _)| Instant::now() >= at) {
+        let answer = link.subscribe(strong.control.as_slice())?;
+        *control_retry = strong.control_answered(answer, *control_retry);
+    }
+    for channel in strong.take_pending() {
+        let answer = link.subscribe(channel.as_slice())?;
+        strong.answered(&channel, answer, false);
+    }
+    for channel in strong.take_idle() {
+        link.unsubscribe(channel.as_slice())?;
+    }
+    Ok(())
 }
