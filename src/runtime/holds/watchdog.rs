@@ -264,37 +264,13 @@ fn kick_due(inner: &dyn Owner) {
 /// the count no longer matches either. Only this thread's own field is ever touched.
 fn clean_doubtful(inner: &dyn Owner) {
     let table = &inner.holds();
-    let batch: Vec<Doubtful> = {
-        let mut doubts = table.doubts.lock();
-        doubts
-            .iter_mut()
-            .filter(|d| !d.in_flight && !d.paused)
-            .map(|d| {
-                d.in_flight = true;
-                Doubtful {
-                    keys: d.keys.clone(),
-                    holder: d.holder.clone(),
-                    ..*d
-                }
-            })
-            .collect()
-    };
-    let watchdog_ms = inner.executor().config.lease.watchdog_ms();
+    let batch = claim_doubts(table);
     let mut handed = Vec::new();
-    for Doubtful {
-        id,
-        keys,
-        token,
-        holder,
-        expected,
-        ..
-    } in batch
-    {
-        let need = table.need_ms(keys.hold(), token, watchdog_ms);
-        // Never fewer levels than the thread holds now: a clean-up must not take one of
-        // them, whatever the attempt was told (its thread cannot attempt meanwhile).
-        let expected = expected.max(table.levels_now(keys.hold(), token));
-        let until = Instant::now() + inner.executor().config.lease.chore_bound();
+    for doubtful in batch {
+        let (expected, need, until) = give_back_terms(inner, &doubtful);
+        let Doubtful {
+            id, keys, holder, ..
+        } = doubtful;
         let result = catch_unwind(AssertUnwindSafe(|| {
             let cancel = |con: &mut _| {
                 let cancel = calls::cancel(&keys, &holder, expected, need, false);
@@ -346,6 +322,38 @@ fn clean_doubtful(inner: &dyn Owner) {
     for keys in handed {
         table.schedule_kick(&keys);
     }
+}
+
+/// The doubtful attempts to clean up now (those neither in flight nor paused), marked in
+/// flight: copies, as the table's stay for the thread's next grant to adopt.
+fn claim_doubts(table: &HoldTable) -> Vec<Doubtful> {
+    let mut doubts = table.doubts.lock();
+    doubts
+        .iter_mut()
+        .filter(|d| !d.in_flight && !d.paused)
+        .map(|d| {
+            d.in_flight = true;
+            Doubtful {
+                keys: d.keys.clone(),
+                holder: d.holder.clone(),
+                ..*d
+            }
+        })
+        .collect()
+}
+
+/// How the level a doubtful attempt may have taken is given back: how many levels the
+/// cancel script is told the thread holds (never fewer than it holds now, so that a
+/// clean-up never takes one of them, whatever the attempt was told: its thread cannot
+/// attempt meanwhile), the lease the thread's hold still needs, and the call's deadline
+/// (the watchdog's chore bound).
+fn give_back_terms(inner: &dyn Owner, d: &Doubtful) -> (usize, u64, Instant) {
+    let table = inner.holds();
+    let watchdog_ms = inner.executor().config.lease.watchdog_ms();
+    let need = table.need_ms(d.keys.hold(), d.token, watchdog_ms);
+    let expected = d.expected.max(table.levels_now(d.keys.hold(), d.token));
+    let until = Instant::now() + inner.executor().config.lease.chore_bound();
+    (expected, need, until)
 }
 
 /// One renewal round: every watchdog hold and every queue entry of this client (`full`),
