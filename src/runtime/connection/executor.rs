@@ -8,19 +8,10 @@ use std::time::{Duration, Instant};
 use crate::runtime::config::Config;
 use crate::runtime::connection::con::Con;
 use crate::runtime::connection::pool::{self, Gate, Manager, PoolConn, Pooled, Room};
+use crate::runtime::connection::settling::{self, Settling};
 use crate::runtime::connection::target::{Target, Topology};
 use crate::runtime::scripting::scripts::{ScriptCall, Scripting};
 use crate::Error;
-
-/// The first pause before a command refused by a settling cluster is sent again; it
-/// doubles up to `MAX_SETTLE_PAUSE`.
-const SETTLE_PAUSE: Duration = Duration::from_millis(2);
-const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
-
-/// The same for a cluster node that refuses connections (killed, its replica not yet
-/// promoted): a failover takes seconds, so the pauses start and end longer.
-const DOWN_PAUSE: Duration = Duration::from_millis(10);
-const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a script that must recognize its own repeat (`latch_set.lua`,
 /// `force_unlock.lua`) remembers the id of the call that ran it. The client repeats such a
@@ -476,7 +467,7 @@ impl Executor {
         let mut retries = 0;
         // While the deployment settles (see `pool::is_settling`): since when, and the
         // next pause.
-        let mut settling: Option<(Instant, Duration)> = None;
+        let mut settling: Option<Settling> = None;
         // Whether a try's reply was lost (the call may have run).
         let mut perhaps_ran = false;
         loop {
@@ -577,56 +568,24 @@ impl Executor {
     }
 
     /// A call refused before it ran because the deployment settles (or, repeatable, its
-    /// node is down): a slot mid-migration, a failover under way (the slot's primary dead
-    /// and its replica not yet promoted: its connections refused, or CLUSTERDOWN). Decides
-    /// whether it waits for another try, with a growing pause (`settling`: since when, and
-    /// the next pause), or gives up (`Err`): past as long as a connection to a new primary
-    /// would be waited for, or past its deadline (then a `Timeout`: a call stopped by its
-    /// deadline says so). Runs `meanwhile` before it pauses.
+    /// node is down): waits for another try, or gives up (`Err`); see
+    /// [`settling::wait_out`].
     fn wait_out_settling(
         &self,
         e: redis::RedisError,
         until: Option<Instant>,
-        settling: &mut Option<(Instant, Duration)>,
+        settling: &mut Option<Settling>,
         meanwhile: &mut Option<&mut dyn FnMut()>,
     ) -> Result<(), Error> {
         let down = self.is_node_down(&e);
-        let (began, pause) = settling.get_or_insert_with(|| {
-            let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
-            (Instant::now(), first)
-        });
-        let now = Instant::now();
-        let give_up = if down {
-            // Past the outage's bound a call still gets a few quick tries:
-            // a refusal may come from a slot-map refresh on the way to a
-            // node that is up.
-            (*began + self.config.connect_timeout)
-                .min(self.node_down_since(now) + self.config.connect_timeout)
-                .max(*began + DOWN_PAUSE * 7)
-        } else {
-            *began + self.config.connect_timeout
-        };
-        if now + *pause >= give_up {
-            return Err(e.into());
-        }
-        if until.is_some_and(|u| now + *pause >= u) {
-            return Err(Error::timeout(e));
-        }
-        tracing::debug!(
-            target: "redmutex",
-            error = %e,
-            "redmutex: retrying in {pause:?}"
-        );
-        if let Some(meanwhile) = meanwhile.as_mut() {
-            meanwhile();
-        }
-        std::thread::sleep((now + *pause).saturating_duration_since(Instant::now()));
-        let most = if down {
-            MAX_DOWN_PAUSE
-        } else {
-            MAX_SETTLE_PAUSE
-        };
-        *pause = (*pause * 2).min(most).max(*pause);
-        Ok(())
+        let outage = |now| self.node_down_since(now);
+        settling::wait_out(
+            settling,
+            e,
+            down.then_some(&outage as &dyn Fn(Instant) -> Instant),
+            self.config.connect_timeout,
+            until,
+            meanwhile,
+        )
     }
 }

@@ -6,12 +6,14 @@
 //! wire: one server's connection, or a cluster connection over node sockets), `pool.rs`
 //! (`PoolConn`, a wire as the pool keeps it; the pool's gate; `Pooled`, a checked-out
 //! one), `target.rs` and `urls.rs` (where connections go), `executor.rs` (one call within
-//! its deadline) and `fanout.rs` (many calls of many clients at once).
+//! its deadline; `settling.rs`, how it waits out a settling deployment) and `fanout.rs`
+//! (many calls of many clients at once).
 
 pub(crate) mod con;
 pub(crate) mod executor;
 pub(crate) mod fanout;
 pub(crate) mod node_con;
 pub(crate) mod pool;
+pub(crate) mod settling;
 pub(crate) mod target;
 pub(crate) mod urls;

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
+use super::shards::state::{LinkState, SlotMap};
 use super::waiters::Waiters;
-use super::{shards, ForceUnlocked, BROADCAST, IDLE_CHECK_GAP, LINGER, MAX_RECONNECT_BACKOFF};
+use super::{ForceUnlocked, BROADCAST, IDLE_CHECK_GAP, LINGER, MAX_RECONNECT_BACKOFF};
 use crate::runtime::connection::con::NodeAddr;
 use crate::runtime::connection::pool::Manager;
 use crate::runtime::scripting::queue;
@@ -60,9 +61,9 @@ pub(super) struct State {
     // then `sweep_idle` has nothing to look for.
     pub(super) next_idle_check: Option<Instant>,
     // On a cluster: the link to each primary the client listens on (see `shards/`).
-    pub(super) links: HashMap<NodeAddr, shards::LinkState>,
+    pub(super) links: HashMap<NodeAddr, LinkState>,
     // Which primary serves which slot, once needed.
-    pub(super) slots: Option<shards::SlotMap>,
+    pub(super) slots: Option<SlotMap>,
 }
 
 /// One channel as the subscriber keeps it.
@@ -90,11 +91,6 @@ pub(super) fn parse_forced(payload: &[u8]) -> Option<(u64, &[u8])> {
 }
 
 impl Shared {
-    /// The sharded links of this state (see `shards/`).
-    pub(super) fn shards(self: &Arc<Self>) -> shards::Shards<'_> {
-        shards::Shards { shared: self }
-    }
-
     /// Everything to subscribe on a new connection; the pending queue is subsumed by it.
     pub(super) fn begin_session(&self) -> Vec<Vec<u8>> {
         let mut state = self.state.lock();

@@ -24,6 +24,7 @@ use crate::runtime::scripting::queue::Notice;
 use crate::Error;
 
 use self::dispatch::{Entry, Shared, State};
+use self::shards::Shards;
 use self::waiters::Waiters;
 
 pub(crate) use self::subscription::Subscription;
@@ -284,7 +285,7 @@ impl Subscriber {
     ) -> Result<Subscription, Error> {
         // FCALL refused is the sign of a server before 7.0, without sharded pub/sub either.
         let shard = if queue && client.scripting.uses_functions() {
-            self.shared.shards().shard_for(channel, until)
+            Shards::of(&self.shared).shard_for(channel, until)
         } else {
             None
         };
@@ -339,9 +340,7 @@ impl Subscriber {
                     }
                 }
                 Some(node) => {
-                    nudge = self
-                        .shared
-                        .shards()
+                    nudge = Shards::of(&self.shared)
                         .route(state, channel, &node)
                         .map(|to| ("SPUBLISH", to));
                 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::{PushInfo, PushKind, Value};
 
-use super::{parse_addr, refuses_command, Answer, LINK_READ_TICK};
+use super::{parse_addr, refuses_command, Answer, Shards, LINK_READ_TICK};
 use crate::runtime::connection::con::NodeAddr;
 use crate::runtime::subscriber::dispatch::Shared;
 use crate::runtime::subscriber::{HEALTH_CHECK_AFTER, MAX_RECONNECT_BACKOFF, READ_TICK};
@@ -36,7 +36,7 @@ fn run(shared: Weak<Shared>, node: NodeAddr) {
         let Some(strong) = shared.upgrade() else {
             return;
         };
-        if !strong.shards().link_wanted(&node) {
+        if !Shards::of(&strong).link_wanted(&node) {
             return;
         }
         let manager = &strong.manager;
@@ -63,7 +63,7 @@ fn run(shared: Weak<Shared>, node: NodeAddr) {
             return;
         };
         strong.manager.topology.changed();
-        strong.shards().link_lost(&node);
+        Shards::of(&strong).link_lost(&node);
         drop(strong);
         if began.elapsed() < MAX_RECONNECT_BACKOFF {
             thread::sleep(backoff);
@@ -209,7 +209,7 @@ fn session(
         let Some(strong) = shared.upgrade() else {
             return Ok(());
         };
-        strong.shards().begin_link_session(node)
+        Shards::of(&strong).begin_link_session(node)
     };
     let mut queue = channels;
     let mut last_heard = Instant::now();
@@ -229,25 +229,25 @@ fn session(
             let Some(strong) = shared.upgrade() else {
                 return Ok(());
             };
-            strong.shards().shard_answered(node, &channel, answer);
+            Shards::of(&strong).shard_answered(node, &channel, answer);
         }
         let Some(strong) = shared.upgrade() else {
             return Ok(());
         };
         for push in link.pushes.try_iter() {
             last_heard = Instant::now();
-            strong.shards().pushed(node, push);
+            Shards::of(&strong).pushed(node, push);
         }
         if looked.elapsed() >= LINK_READ_TICK {
-            if !strong.shards().link_wanted(node) {
+            if !Shards::of(&strong).link_wanted(node) {
                 return Ok(());
             }
             looked = Instant::now();
         }
-        for channel in strong.shards().take_link_idle(node) {
+        for channel in Shards::of(&strong).take_link_idle(node) {
             link.unlisten(&channel)?;
         }
-        queue = strong.shards().take_link_pending(node);
+        queue = Shards::of(&strong).take_link_pending(node);
         if !queue.is_empty() {
             continue;
         }

@@ -26,7 +26,6 @@
 //! Here the slot map and the routing of channels to links (`Shards`); each link's thread
 //! and connection are `link.rs`.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +36,9 @@ use super::{Shared, State};
 use crate::runtime::connection::con::NodeAddr;
 
 mod link;
+pub(super) mod state;
+
+pub(super) use self::state::SlotMap;
 
 /// How long a link blocks on its socket before it looks for channels to subscribe and
 /// whether it is still needed: a channel routed to it while no nudge could reach it (see
@@ -46,50 +48,6 @@ const LINK_READ_TICK: Duration = Duration::from_millis(100);
 /// The hash slot of a key or shard channel.
 pub(super) fn slot(key: &[u8]) -> u16 {
     crate::runtime::holds::watchdog::slot(key)
-}
-
-/// Which primary serves which slots, as `CLUSTER SLOTS` said, patched by `MOVED`s.
-#[derive(Default)]
-pub(super) struct SlotMap {
-    ranges: Vec<(u16, u16, NodeAddr)>,
-    moved: HashMap<u16, NodeAddr>,
-}
-
-impl SlotMap {
-    pub(super) fn new(ranges: Vec<(u16, u16, NodeAddr)>) -> SlotMap {
-        SlotMap {
-            ranges,
-            moved: HashMap::new(),
-        }
-    }
-
-    /// Records that `slot` moved to `node` (a `MOVED` said so).
-    pub(super) fn moved(&mut self, slot: u16, node: NodeAddr) {
-        self.moved.insert(slot, node);
-    }
-
-    pub(super) fn owner(&self, slot: u16) -> Option<&NodeAddr> {
-        self.moved.get(&slot).or_else(|| {
-            self.ranges
-                .iter()
-                .find(|(start, end, _)| (*start..=*end).contains(&slot))
-                .map(|(_, _, node)| node)
-        })
-    }
-}
-
-/// One primary's link, as the subscriber's state keeps it.
-#[derive(Default)]
-pub(super) struct LinkState {
-    // Channels to SSUBSCRIBE in the current session.
-    pub(super) pending: Vec<Vec<u8>>,
-    // Channels nobody waits on any more, to SUNSUBSCRIBE.
-    pub(super) idle: Vec<Vec<u8>>,
-    pub(super) connected: bool,
-    // A channel this link has confirmed: a waiter that routes a new channel here
-    // publishes to it to make the reader, blocked on its socket, come back (`SPUBLISH`
-    // goes to the channel's slot, this node, and to no other).
-    pub(super) nudge: Option<Vec<u8>>,
 }
 
 /// What a primary answered to the `SSUBSCRIBE` of one channel.
@@ -125,10 +83,15 @@ pub(super) fn parse_addr(addr: &str) -> Option<NodeAddr> {
 /// The client's sharded pub/sub links, as the shared state keeps them: which primary
 /// listens for which channel, the links' sessions and what their readers hear.
 pub(super) struct Shards<'a> {
-    pub(super) shared: &'a Arc<Shared>,
+    shared: &'a Arc<Shared>,
 }
 
-impl Shards<'_> {
+impl<'a> Shards<'a> {
+    /// The sharded links of `shared`.
+    pub(super) fn of(shared: &'a Arc<Shared>) -> Shards<'a> {
+        Shards { shared }
+    }
+
     /// The primary to listen on for `channel` with `SSUBSCRIBE`, or `None` to listen the
     /// classic way: not a cluster, a server without sharded pub/sub, or no slot map to be
     /// had by `until`. Fetches the map the first time (outside the state's lock), on the
