@@ -113,7 +113,7 @@ pub use crate::{
     primitives::upgradeable::UpgradeableGuard,
     runtime::builder::ClientBuilder,
     runtime::client::Client,
-    runtime::holds::lost_lease::{LossReason, LostLease},
+    runtime::holds::loss::{LossReason, LostLease},
 };
 
 // Compiles the README's examples with the doctests, so they cannot rot.

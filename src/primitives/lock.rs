@@ -432,7 +432,7 @@ impl<K: Kind> Lock<K> {
         let inner = &self.client.inner;
         inner.exec.check_process()?;
         let keys = &self.keys;
-        let table = &inner.watchdog.table;
+        let table = &inner.holds;
         let Some(token) = table
             .token_of_thread(keys, thread_token())
             .filter(|&token| table.holds_locally(keys.hold(), token))

@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use crate::runtime::client::Inner;
 use crate::runtime::connection::con::Con;
 use crate::runtime::connection::pool;
 use crate::runtime::holds::lease;
 use crate::runtime::holds::loss::Loss;
-use crate::runtime::holds::lost_lease::LossReason;
+use crate::runtime::holds::loss::LossReason;
 use crate::runtime::holds::LossAt;
+use crate::runtime::inner::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::scripting::calls;
 use crate::runtime::scripting::scripts::{self, ScriptCall};

@@ -457,6 +457,29 @@ impl ClientBuilder {
     /// ```
     pub fn build(self) -> Result<Client, Error> {
         crate::runtime::telemetry::describe();
+        let sync_replicas = self.check_settings()?;
+        let (target, described) = self.target()?;
+        Client::from_config(
+            target,
+            Config {
+                key_prefix: self.key_prefix.into_bytes(),
+                lease: LeasePolicy::new(self.watchdog_timeout),
+                pool_size: self.pool_size,
+                connect_timeout: self.connect_timeout,
+                command_timeout: self.command_timeout,
+                sync_replicas,
+                redacted_url: described,
+                use_functions: self.use_functions,
+                on_lease_lost: self.on_lease_lost,
+                max_hold: self.max_hold,
+                metadata: self.metadata,
+            },
+        )
+    }
+
+    /// Checks every setting but the addresses, in the order `build` documents; returns
+    /// `sync_replicas` as the scripts take it (the timeout in milliseconds).
+    fn check_settings(&self) -> Result<Option<(u32, u64)>, Error> {
         let invalid = |what: &str| Err(Error::invalid(what));
         if let Err(why) = crate::runtime::keys::check_prefix(&self.key_prefix) {
             return Err(Error::invalid(why));
@@ -491,15 +514,21 @@ impl ClientBuilder {
                 )));
             }
         }
-        let sync_replicas =
-            match self.sync_replicas {
-                None => None,
-                Some((0, _)) => return invalid("sync_replicas needs at least one replica"),
-                Some((_, t)) if t.is_zero() || t >= self.command_timeout => return invalid(
-                    "the sync_replicas timeout must be non-zero and shorter than command_timeout",
-                ),
-                Some((n, t)) => Some((n, crate::runtime::holds::lease::millis(t))),
-            };
+        match self.sync_replicas {
+            None => Ok(None),
+            Some((0, _)) => invalid("sync_replicas needs at least one replica"),
+            Some((_, t)) if t.is_zero() || t >= self.command_timeout => invalid(
+                "the sync_replicas timeout must be non-zero and shorter than command_timeout",
+            ),
+            Some((n, t)) => Ok(Some((n, crate::runtime::holds::lease::millis(t)))),
+        }
+    }
+
+    /// Where the client's connections go (one server, a Sentinel service's primary, a
+    /// cluster), from the URL and the TLS, Sentinel and Cluster settings, and how the
+    /// client describes it (passwords redacted).
+    fn target(&self) -> Result<(Target, String), Error> {
+        let invalid = |what: &str| Err(Error::invalid(what));
         let bad_url =
             |e: redis::RedisError| crate::runtime::connection::urls::bad_url(&self.url, &e);
         let redis = if self.tls_ca.is_none() && self.tls_client.is_none() {
@@ -510,45 +539,29 @@ impl ClientBuilder {
         if self.sentinel.is_some() && self.cluster.is_some() {
             return invalid("a client talks to a sentinel service or a cluster, not both");
         }
-        let (target, described) = match self.sentinel {
-            None => match self.cluster {
+        Ok(match &self.sentinel {
+            None => match &self.cluster {
                 None => (Target::Server(redis), redact_url(&self.url)),
                 Some(urls) => cluster_target(
-                    urls,
+                    urls.clone(),
                     self.connect_timeout,
                     self.command_timeout,
-                    tls_certificates(self.tls_ca, self.tls_client),
+                    tls_certificates(self.tls_ca.clone(), self.tls_client.clone()),
                 )?,
             },
             Some((urls, service)) => {
                 if service.is_empty() {
                     return invalid("sentinel needs a service name");
                 }
-                let (sentinels, urls) = parse_urls(&urls, "sentinel")?;
+                let (sentinels, urls) = parse_urls(urls, "sentinel")?;
                 let described = format!("sentinel service {service:?} via {urls:?}");
                 let node = redis.get_connection_info().clone();
                 (
-                    Target::Sentinel(Sentinel::new(sentinels, service, node)),
+                    Target::Sentinel(Sentinel::new(sentinels, service.clone(), node)),
                     described,
                 )
             }
-        };
-        Client::from_config(
-            target,
-            Config {
-                key_prefix: self.key_prefix.into_bytes(),
-                lease: LeasePolicy::new(self.watchdog_timeout),
-                pool_size: self.pool_size,
-                connect_timeout: self.connect_timeout,
-                command_timeout: self.command_timeout,
-                sync_replicas,
-                redacted_url: described,
-                use_functions: self.use_functions,
-                on_lease_lost: self.on_lease_lost,
-                max_hold: self.max_hold,
-                metadata: self.metadata,
-            },
-        )
+        })
     }
 }
 

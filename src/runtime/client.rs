@@ -1,23 +1,17 @@
-//! `Client`: one connection pool, one subscriber and one watchdog shared by all locks, and
-//! the factories that make its handles (locks, read-write locks, semaphores, latches). Its
-//! calls run in its executor (`executor.rs`), its administrative operations are in
-//! `admin.rs`, and it starts and wakes its background threads, handing each a `Weak` of
-//! what it needs (`watchdog::Owner`, `loss::LossSource`, `subscriber::ForceUnlocked`).
+//! `Client`: the public handle on one Redis deployment, and the factories that make its
+//! handles (locks, read-write locks, semaphores, latches). What its clones share is
+//! `inner.rs`; its calls run in its executor (`connection/executor.rs`), its
+//! administrative operations are in `admin.rs`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::runtime::config::Config;
-use crate::runtime::connection::executor::Executor;
 use crate::runtime::connection::target::Target;
-use crate::runtime::holds::loss::{Loss, LossSource, Notifier};
-use crate::runtime::holds::watchdog::{self, Watchdog};
-use crate::runtime::holds::HoldTable;
+use crate::runtime::inner::Inner;
 use crate::runtime::keys::{LockKeys, Object};
 use crate::runtime::scripting::scripts;
-use crate::runtime::subscriber::{ForceUnlocked, Subscriber};
 use crate::{
     ClientBuilder, CountDownLatch, Error, FairLock, FencedLock, Kind, Lock, LockName,
     ReadWriteLock, Semaphore,
@@ -71,18 +65,6 @@ impl Drop for Client {
         // a guard leaked with `mem::forget` must not have its lease renewed forever.
         self.inner.handles.fetch_sub(1, Ordering::Release);
     }
-}
-
-pub(crate) struct Inner {
-    // Runs the calls: the pool, the deployment, the settings (see `Executor`).
-    pub(crate) exec: Executor,
-    pub(crate) subscriber: Subscriber,
-    // What this process holds, with the thread that renews it (the field is named for
-    // that thread, the watchdog).
-    pub(crate) watchdog: Watchdog,
-    // Live `Client` values, the ones inside `Lock`s included. At zero nobody can take a
-    // lock any more, and the watchdog stops renewing.
-    handles: AtomicUsize,
 }
 
 impl Client {
@@ -257,78 +239,14 @@ impl Client {
 
     pub(crate) fn from_config(target: Target, config: Config) -> Result<Client, Error> {
         let id = uuid::Uuid::new_v4().to_string();
-        let watchdog = Watchdog::new(HoldTable::new(config.on_lease_lost.clone()));
-        let exec = Executor::new(id, target, config);
-        let subscriber = Subscriber::new(exec.manager(), &exec.config.key_prefix, &exec.id);
         let client = Client {
-            inner: Arc::new(Inner {
-                exec,
-                subscriber,
-                watchdog,
-                handles: AtomicUsize::new(1),
-            }),
+            inner: Arc::new(Inner::new(id, target, config)),
         };
-        if client.inner.watchdog.table.notifier.has_hook() {
+        if client.inner.holds.notifier.has_hook() {
             // The hook must hear of every loss, also of holds nobody watches.
-            client
-                .inner
-                .watchdog
-                .table
-                .notifier
-                .ensure_running(&client.inner)?;
+            client.inner.holds.notifier.ensure_running(&client.inner)?;
         }
         Ok(client)
-    }
-}
-
-impl Inner {
-    /// Whether any `Client` (or `Lock`) of this client is still alive.
-    pub(crate) fn has_handles(&self) -> bool {
-        self.handles.load(Ordering::Acquire) > 0
-    }
-}
-
-impl LossSource for Inner {
-    fn notifier(&self) -> &Notifier {
-        &self.watchdog.table.notifier
-    }
-
-    fn check_loss(
-        &self,
-        keys: &LockKeys,
-        token: u64,
-        loss: &Arc<Loss>,
-        popped: Option<Instant>,
-    ) -> Option<Instant> {
-        self.watchdog.table.check_loss(keys, token, loss, popped)
-    }
-}
-
-impl watchdog::Owner for Inner {
-    fn executor(&self) -> &Executor {
-        &self.exec
-    }
-
-    fn watchdog(&self) -> &Watchdog {
-        &self.watchdog
-    }
-
-    fn recheck(&self, channel: &[u8], token: u64) {
-        self.subscriber.recheck(channel, token);
-    }
-
-    fn has_handles(&self) -> bool {
-        Inner::has_handles(self)
-    }
-}
-
-impl ForceUnlocked for Inner {
-    fn force_unlocked(&self, key: &[u8], token: u64) {
-        self.watchdog.table.force_unlocked(key, token);
-    }
-
-    fn unheard(self: Arc<Self>) {
-        self.watchdog.check_holds(&self);
     }
 }
 

@@ -32,8 +32,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         // (The room is given back while a clean-up of this thread's is waited for.)
         let held = inner
-            .watchdog
-            .table
+            .holds
             .begin_attempt_then(keys.hold(), token, until, || drop(room.take()))?;
         let call = self.acquire_cmd(holder, lease_ms, held, amount, join, listen);
         let outcome = inner.exec.run_in(room, until, |con| {
@@ -44,10 +43,7 @@ impl<K: Kind> Lock<K> {
             };
             let need = || {
                 let watchdog_ms = inner.exec.config.lease.watchdog_ms();
-                inner
-                    .watchdog
-                    .table
-                    .need_ms(keys.hold(), token, watchdog_ms)
+                inner.holds.need_ms(keys.hold(), token, watchdog_ms)
             };
             Ok(
                 match self.replicated(con, holder, need, grant.count as usize)? {

@@ -68,7 +68,7 @@ impl<K: Kind> Lock<K> {
         let inner = &self.client.inner;
         let keys = &self.keys;
         let (thread, token) = self.holder_token();
-        if inner.watchdog.table.is_in_doubt(keys, token) {
+        if inner.holds.is_in_doubt(keys, token) {
             return Err(Error::IN_DOUBT);
         }
         self.refuse_waiting_for_own_read(thread, token, deadline)?;
@@ -123,13 +123,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let thread = (!keys.ops.per_call && !<K as Sealed>::OWN_HOLDER).then(thread_token);
         let token = thread
-            .and_then(|thread| {
-                self.client
-                    .inner
-                    .watchdog
-                    .table
-                    .token_of_thread(keys, thread)
-            })
+            .and_then(|thread| self.client.inner.holds.token_of_thread(keys, thread))
             .unwrap_or_else(fresh_token);
         (thread, token)
     }
@@ -146,7 +140,7 @@ impl<K: Kind> Lock<K> {
         deadline: Option<Instant>,
     ) -> Result<(), Error> {
         let keys = &self.keys;
-        let table = &self.client.inner.watchdog.table;
+        let table = &self.client.inner.holds;
         let Some(read_hold) = keys.read_hold() else {
             return Ok(());
         };

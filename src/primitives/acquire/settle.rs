@@ -30,10 +30,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let granted = matches!(outcome, Ok(Ok(_)));
         let queued = joined && matches!(outcome, Ok(Err(_)));
-        inner
-            .watchdog
-            .table
-            .end_attempt(keys.hold(), token, granted, queued);
+        inner.holds.end_attempt(keys.hold(), token, granted, queued);
         if let Err(e) = &outcome {
             if e.outcome_unknown() {
                 // Redis may have run the script, or may still: a level nobody holds, or a
@@ -121,7 +118,7 @@ impl<K: Kind> Lock<K> {
         handoff: bool,
     ) -> LockGuard<K> {
         let inner = &self.client.inner;
-        let registration = self.client.inner.watchdog.table.acquired(
+        let registration = self.client.inner.holds.acquired(
             &self.keys,
             token,
             &holder,

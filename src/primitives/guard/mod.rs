@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use crate::primitives::kind::{sealed::Sealed, Fenced, Kind, Plain};
-use crate::runtime::client::Inner;
 use crate::runtime::holds::lease::{fixed, millis, Lease};
 use crate::runtime::holds::loss::{Loss, Watcher};
 use crate::runtime::holds::Registration;
+use crate::runtime::inner::Inner;
 use crate::runtime::keys::LockKeys;
 use crate::runtime::scripting::calls;
 use crate::runtime::telemetry;
@@ -216,7 +216,7 @@ impl<K: Kind> LockGuard<K> {
         if self.lost.is_lost() {
             return true;
         }
-        let table = &self.inner.watchdog.table;
+        let table = &self.inner.holds;
         if table.pickup_lapsed(self.keys.hold(), self.token, &self.lost) {
             return true;
         }
@@ -279,7 +279,7 @@ impl<K: Kind> LockGuard<K> {
             let (lost, _): (Vec<i64>, Vec<i64>) = inner.exec.eval(con, &call)?;
             Ok(!lost.is_empty())
         })?;
-        let table = &inner.watchdog.table;
+        let table = &inner.holds;
         if gone {
             let reason = self.lost.gone_reason(inner.exec.generation());
             table.hold_lost(self.keys.hold(), &self.lost, reason);
@@ -372,7 +372,7 @@ impl<K: Kind> LockGuard<K> {
             .get_or_init(|| {
                 // One slot: a loss is sent once, and its send never blocks.
                 let (tx, rx) = crossbeam_channel::bounded(1);
-                self.inner.watchdog.table.watch_loss(
+                self.inner.holds.watch_loss(
                     &self.inner,
                     &self.keys,
                     self.token,
@@ -392,7 +392,7 @@ impl<K: Kind> LockGuard<K> {
 
     /// Lets `watcher` know of this hold's loss (or of this guard's release).
     pub(crate) fn watch(&self, watcher: Watcher) {
-        self.inner.watchdog.table.watch_loss(
+        self.inner.holds.watch_loss(
             &self.inner,
             &self.keys,
             self.token,
@@ -404,7 +404,7 @@ impl<K: Kind> LockGuard<K> {
 
     /// Has the loss thread of this guard's client look at `what` at `at`.
     pub(crate) fn push_timer(&self, at: Instant, what: crate::runtime::holds::loss::Timed) {
-        let notifier = &self.inner.watchdog.table.notifier;
+        let notifier = &self.inner.holds.notifier;
         if let Err(e) = notifier.ensure_running(&self.inner) {
             tracing::warn!(
                 target: "redmutex",

@@ -44,13 +44,11 @@ impl<K: Kind> LockGuard<K> {
         // This level is over for whoever waits on `lost()`, whatever the release finds.
         self.lost.released(self.level);
         let window_ends = inner
-            .watchdog
-            .table
+            .holds
             .pickup_pending(keys.hold(), self.token, &self.lost);
         let Some((need, held, lease_ends)) =
             inner
-                .watchdog
-                .table
+                .holds
                 .releasing(keys.hold(), self.token, self.level, watchdog_ms)
         else {
             // The hold this guard belonged to is over (lost, or replaced by a newer
@@ -123,16 +121,13 @@ impl<K: Kind> LockGuard<K> {
             // lapsed, lost by the server): it is lost, and everyone waiting on it (the
             // guards of the outer levels, the hook) is told now, not at a renewal.
             let reason = self.lost.gone_reason(inner.exec.generation());
-            inner
-                .watchdog
-                .table
-                .hold_lost(keys.hold(), &self.lost, reason);
+            inner.holds.hold_lost(keys.hold(), &self.lost, reason);
             return Err(Error::LEASE_LOST);
         }
         if left == 0 && held > 1 {
             // The lock is free although outer levels were registered: their leases were
             // over (or the count was off); their guards must not look held.
-            inner.watchdog.table.hold_ended(keys.hold(), &self.lost);
+            inner.holds.hold_ended(keys.hold(), &self.lost);
         }
         shortfall.map_or(Ok(()), Err)
     }

@@ -1,5 +1,6 @@
-//! A command connection, to one server or to a cluster: what the pool hands out and the
-//! deployment's target opens.
+//! The wire of a command connection, to one server or to a cluster, as the deployment's
+//! target opens it; the pool keeps each in a `pool::PoolConn` (which adds the socket
+//! timeout set and whether it is retired).
 
 use std::time::Duration;
 

@@ -7,20 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::runtime::config::Config;
 use crate::runtime::connection::con::Con;
-use crate::runtime::connection::pool::{self, Conn, Gate, Manager, Pooled, Room};
+use crate::runtime::connection::pool::{self, Gate, Manager, PoolConn, Pooled, Room};
+use crate::runtime::connection::settling::{self, Settling};
 use crate::runtime::connection::target::{Target, Topology};
 use crate::runtime::scripting::scripts::{ScriptCall, Scripting};
 use crate::Error;
-
-/// The first pause before a command refused by a settling cluster is sent again; it
-/// doubles up to `MAX_SETTLE_PAUSE`.
-const SETTLE_PAUSE: Duration = Duration::from_millis(2);
-const MAX_SETTLE_PAUSE: Duration = Duration::from_millis(100);
-
-/// The same for a cluster node that refuses connections (killed, its replica not yet
-/// promoted): a failover takes seconds, so the pauses start and end longer.
-const DOWN_PAUSE: Duration = Duration::from_millis(10);
-const MAX_DOWN_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a script that must recognize its own repeat (`latch_set.lua`,
 /// `force_unlock.lua`) remembers the id of the call that ran it. The client repeats such a
@@ -456,6 +447,9 @@ impl Executor {
             .map_err(|e| self.explain(e))
     }
 
+    /// Runs `f` on pooled connections until it succeeds or fails for good: decides, per
+    /// failure, whether the call waits the deployment out, finds a new primary, or is sent
+    /// again on another connection (only a repeatable call whose reply was lost).
     fn run_checked<T>(
         &self,
         until: Option<Instant>,
@@ -473,39 +467,16 @@ impl Executor {
         let mut retries = 0;
         // While the deployment settles (see `pool::is_settling`): since when, and the
         // next pause.
-        let mut settling: Option<(Instant, Duration)> = None;
+        let mut settling: Option<Settling> = None;
         // Whether a try's reply was lost (the call may have run).
         let mut perhaps_ran = false;
         loop {
             // Room first, then the connection: the room is held with the connection (and
             // given back with it, before any pause below).
-            let entered = match room.take() {
-                Some(room) => room,
-                None => match self.enter_as(until, urgent) {
-                    Ok(room) => room,
-                    // A try whose reply was lost may have run: the call's outcome is
-                    // unknown, as a timed-out one's is, though nothing more was sent.
-                    Err(_) if perhaps_ran => {
-                        return Err(Error::timeout(crate::error::timed_out(
-                            "the reply was lost, and no pooled connection came free in time \
-                             to send the call again",
-                        )))
-                    }
-                    Err(e) => return Err(e),
-                },
-            };
-            let (checkout, io) = match until {
-                None => (config.connect_timeout, config.command_timeout),
-                Some(until) => {
-                    let left = time_left(until);
-                    (
-                        left.min(config.connect_timeout),
-                        left.min(config.command_timeout),
-                    )
-                }
-            };
+            let entered = self.room_for_try(room.take(), until, urgent, perhaps_ran)?;
+            let (checkout, io) = self.try_timeouts(until);
             let mut pooled = Pooled::new(self.checkout(checkout)?, entered);
-            let conn: &mut Conn = &mut pooled;
+            let conn: &mut PoolConn = &mut pooled;
             if conn.generation != self.target.generation() {
                 // Made to a primary the sentinels no longer name: retired on return. The
                 // generation changes once per failover, so this ends within the pool.
@@ -518,50 +489,10 @@ impl Executor {
             // given back before any pause: what runs meanwhile may need it.
             let kept = pooled.into_room();
             match result {
-                // Refused before it ran: a slot mid-migration, a failover under way (the
-                // slot's primary dead and its replica not yet promoted: its connections
-                // refused, or CLUSTERDOWN). The call waits it out, with a growing pause,
-                // for as long as a connection to a new primary would be waited for, and
-                // never past its deadline: a call stopped by its deadline says `Timeout`.
+                // Refused before it ran, the deployment settling: waited out.
                 Err(e) if pool::is_settling(&e) || (repeatable && self.is_node_down(&e)) => {
                     drop(kept);
-                    let down = self.is_node_down(&e);
-                    let (began, pause) = settling.get_or_insert_with(|| {
-                        let first = if down { DOWN_PAUSE } else { SETTLE_PAUSE };
-                        (Instant::now(), first)
-                    });
-                    let now = Instant::now();
-                    let give_up = if down {
-                        // Past the outage's bound a call still gets a few quick tries:
-                        // a refusal may come from a slot-map refresh on the way to a
-                        // node that is up.
-                        (*began + config.connect_timeout)
-                            .min(self.node_down_since(now) + config.connect_timeout)
-                            .max(*began + DOWN_PAUSE * 7)
-                    } else {
-                        *began + config.connect_timeout
-                    };
-                    if now + *pause >= give_up {
-                        return Err(e.into());
-                    }
-                    if until.is_some_and(|u| now + *pause >= u) {
-                        return Err(Error::timeout(e));
-                    }
-                    tracing::debug!(
-                        target: "redmutex",
-                        error = %e,
-                        "redmutex: retrying in {pause:?}"
-                    );
-                    if let Some(meanwhile) = meanwhile.as_mut() {
-                        meanwhile();
-                    }
-                    std::thread::sleep((now + *pause).saturating_duration_since(Instant::now()));
-                    let most = if down {
-                        MAX_DOWN_PAUSE
-                    } else {
-                        MAX_SETTLE_PAUSE
-                    };
-                    *pause = (*pause * 2).min(most).max(*pause);
+                    self.wait_out_settling(e, until, &mut settling, &mut meanwhile)?;
                 }
                 // A demoted primary refused the write: nothing happened, so even a call
                 // that must not run twice may run again, on a connection to the new one.
@@ -595,5 +526,66 @@ impl Executor {
                 result => return Ok(result?),
             }
         }
+    }
+
+    /// The room for one try: the one kept from the last try, or a new one. When none
+    /// comes in time after a try whose reply was lost, the call's outcome is unknown
+    /// (it may have run), as a timed-out one's is, though nothing more was sent.
+    fn room_for_try(
+        &self,
+        kept: Option<Room>,
+        until: Option<Instant>,
+        urgent: bool,
+        perhaps_ran: bool,
+    ) -> Result<Room, Error> {
+        match kept {
+            Some(room) => Ok(room),
+            None => match self.enter_as(until, urgent) {
+                Ok(room) => Ok(room),
+                Err(_) if perhaps_ran => Err(Error::timeout(crate::error::timed_out(
+                    "the reply was lost, and no pooled connection came free in time \
+                     to send the call again",
+                ))),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// How long one try may wait for a pooled connection, and for each read and write:
+    /// the configured timeouts, cut to what is left of the deadline `until`.
+    fn try_timeouts(&self, until: Option<Instant>) -> (Duration, Duration) {
+        let config = &self.config;
+        match until {
+            None => (config.connect_timeout, config.command_timeout),
+            Some(until) => {
+                let left = time_left(until);
+                (
+                    left.min(config.connect_timeout),
+                    left.min(config.command_timeout),
+                )
+            }
+        }
+    }
+
+    /// A call refused before it ran because the deployment settles (or, repeatable, its
+    /// node is down): waits for another try, or gives up (`Err`); see
+    /// [`settling::wait_out`].
+    fn wait_out_settling(
+        &self,
+        e: redis::RedisError,
+        until: Option<Instant>,
+        settling: &mut Option<Settling>,
+        meanwhile: &mut Option<&mut dyn FnMut()>,
+    ) -> Result<(), Error> {
+        let down = self.is_node_down(&e);
+        let outage = |now| self.node_down_since(now);
+        settling::wait_out(
+            settling,
+            e,
+            down.then_some(&outage as &dyn Fn(Instant) -> Instant),
+            self.config.connect_timeout,
+            until,
+            meanwhile,
+        )
     }
 }

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, FromRedisValue, Value};
 
-use crate::runtime::client::Inner;
 use crate::runtime::connection::con::Con;
 use crate::runtime::connection::executor::time_left as left;
-use crate::runtime::connection::pool::{self, Conn, Pooled};
+use crate::runtime::connection::pool::{self, PoolConn, Pooled};
+use crate::runtime::inner::Inner;
 use crate::runtime::scripting::scripts::{self, Recovered, ScriptCall};
 use crate::Error;
 
@@ -121,6 +121,23 @@ fn run_calls<T: FromRedisValue + Send>(
     skip_failed: bool,
 ) -> Vec<Result<T, Error>> {
     let mut results: Vec<Option<Result<T, Error>>> = calls.iter().map(|_| None).collect();
+    let (lanes, mut rest) = sort_into_lanes(calls, skip_failed, &mut results);
+    // Every command first, on every connection (one write each)...
+    let sent = write_lanes(calls, lanes, until, &mut rest);
+    // ... then every reply.
+    read_lanes(sent, until, &mut results, &mut rest);
+    run_jobs(calls, &jobs_of(calls, &rest), until, &mut results);
+    conclude(calls, results)
+}
+
+/// Decides where each call goes: failed at once (its server failed a moment ago and
+/// `skip_failed`), on a lane (its client had an idle connection: one lane per client), or
+/// to the rest, for the client's ordinary path. Returns the lanes and the rest.
+fn sort_into_lanes<T>(
+    calls: &[Call<'_>],
+    skip_failed: bool,
+    results: &mut [Option<Result<T, Error>>],
+) -> (Vec<Lane>, Vec<usize>) {
     let mut lanes: Vec<Lane> = Vec::new();
     let mut rest: Vec<usize> = Vec::new();
     let mut no_lane: Vec<*const Inner> = Vec::new();
@@ -152,10 +169,21 @@ fn run_calls<T: FromRedisValue + Send>(
             rest.push(i);
         }
     }
-    // Every command first, on every connection (one write each)...
+    (lanes, rest)
+}
+
+/// Writes each lane's command (its calls in a transaction when several) without reading
+/// any reply; returns the lanes written, and puts the calls of a lane whose write failed
+/// in `rest`.
+fn write_lanes(
+    calls: &[Call<'_>],
+    lanes: Vec<Lane>,
+    until: Instant,
+    rest: &mut Vec<usize>,
+) -> Vec<Lane> {
     let mut sent: Vec<Lane> = Vec::with_capacity(lanes.len());
     for mut lane in lanes {
-        let conn: &mut Conn = &mut lane.conn;
+        let conn: &mut PoolConn = &mut lane.conn;
         let packed = match lane.calls[..] {
             [i] => calls[i].packed(),
             _ => transaction(lane.calls.iter().map(|&i| &calls[i])),
@@ -181,9 +209,20 @@ fn run_calls<T: FromRedisValue + Send>(
             rest.extend(&lane.calls);
         }
     }
-    // ... then every reply.
+    sent
+}
+
+/// Reads each written lane's replies and settles them: a lane whose calls were refused
+/// before they ran (or whose connection failed before a reply) goes to `rest`, all its
+/// calls together; a timeout fails all its calls (they may have run, all or none).
+fn read_lanes<T: FromRedisValue>(
+    sent: Vec<Lane>,
+    until: Instant,
+    results: &mut [Option<Result<T, Error>>],
+    rest: &mut Vec<usize>,
+) {
     for mut lane in sent {
-        let conn: &mut Conn = &mut lane.conn;
+        let conn: &mut PoolConn = &mut lane.conn;
         let n = lane.calls.len();
         let reply = conn.set_timeout(left(until)).and_then(|()| {
             let c = conn.single().expect("lanes are single-server connections");
@@ -225,10 +264,13 @@ fn run_calls<T: FromRedisValue + Send>(
             }
         }
     }
-    // The rest: one job per client (one per call on a cluster, whose keys are on
-    // different nodes and so cannot share a transaction).
+}
+
+/// Groups the calls left for the ordinary path: one job per client (one per call on a
+/// cluster, whose keys are on different nodes and so cannot share a transaction).
+fn jobs_of(calls: &[Call<'_>], rest: &[usize]) -> Vec<Vec<usize>> {
     let mut jobs: Vec<Vec<usize>> = Vec::new();
-    for &i in &rest {
+    for &i in rest {
         let client = calls[i].client;
         let shared = (!client.exec.is_cluster())
             .then(|| {
@@ -241,31 +283,50 @@ fn run_calls<T: FromRedisValue + Send>(
             None => jobs.push(vec![i]),
         }
     }
-    let job = |job: &[usize]| -> Vec<Result<T, Error>> {
-        let client = calls[job[0]].client;
-        if let [i] = job {
-            let call = &calls[*i];
-            return vec![client.exec.run_until(Some(until), |con| match &call.what {
-                What::Script(script) => client.exec.eval(con, script),
-                What::Plain(cmd) => cmd.query(con),
-            })];
+    jobs
+}
+
+/// Runs one job on its client's ordinary path (which reconnects and retries): one call
+/// alone, several in one transaction; a failure of the transaction fails each call.
+fn run_job<T: FromRedisValue>(
+    calls: &[Call<'_>],
+    job: &[usize],
+    until: Instant,
+) -> Vec<Result<T, Error>> {
+    let client = calls[job[0]].client;
+    if let [i] = job {
+        let call = &calls[*i];
+        return vec![client.exec.run_until(Some(until), |con| match &call.what {
+            What::Script(script) => client.exec.eval(con, script),
+            What::Plain(cmd) => cmd.query(con),
+        })];
+    }
+    match client
+        .exec
+        .run_until(Some(until), |con| together(con, calls, job))
+    {
+        Ok(values) => values
+            .into_iter()
+            .map(|value| Ok(parse::<T>(value.extract_error()?)?))
+            .collect(),
+        Err(e) => {
+            let mut errors: Vec<Result<T, Error>> =
+                job[1..].iter().map(|_| Err(copy_error(&e))).collect();
+            errors.insert(0, Err(e));
+            errors
         }
-        match client
-            .exec
-            .run_until(Some(until), |con| together(con, calls, job))
-        {
-            Ok(values) => values
-                .into_iter()
-                .map(|value| Ok(parse::<T>(value.extract_error()?)?))
-                .collect(),
-            Err(e) => {
-                let mut errors: Vec<Result<T, Error>> =
-                    job[1..].iter().map(|_| Err(copy_error(&e))).collect();
-                errors.insert(0, Err(e));
-                errors
-            }
-        }
-    };
+    }
+}
+
+/// Runs the jobs, each client's on a thread of its own when there are several, so that
+/// they wait side by side.
+fn run_jobs<T: FromRedisValue + Send>(
+    calls: &[Call<'_>],
+    jobs: &[Vec<usize>],
+    until: Instant,
+    results: &mut [Option<Result<T, Error>>],
+) {
+    let job = |job: &[usize]| -> Vec<Result<T, Error>> { run_job(calls, job, until) };
     match jobs.len() {
         0 => {}
         1 => {
@@ -289,8 +350,16 @@ fn run_calls<T: FromRedisValue + Send>(
             }
         }),
     }
-    // Each failure names its own server (and a refusal with a way out is typed), as on
-    // the ordinary path: the first lane's replies are settled here, not by the executor.
+}
+
+/// Names each failure's own server (and types a refusal with a way out), as the ordinary
+/// path does: the lanes' replies are settled here, not by the executor. Then marks each
+/// client whose server could not be reached as to be skipped for a while, and each that
+/// answered as reachable.
+fn conclude<T>(
+    calls: &[Call<'_>],
+    results: Vec<Option<Result<T, Error>>>,
+) -> Vec<Result<T, Error>> {
     let results: Vec<Result<T, Error>> = results
         .into_iter()
         .zip(calls)
@@ -321,7 +390,7 @@ fn run_calls<T: FromRedisValue + Send>(
 
 /// What one reply read from a lane's connection means, retiring the connection when it
 /// may be out of step with the server.
-fn settle<T: FromRedisValue>(conn: &mut Conn, reply: redis::RedisResult<Value>) -> Outcome<T> {
+fn settle<T: FromRedisValue>(conn: &mut PoolConn, reply: redis::RedisResult<Value>) -> Outcome<T> {
     match reply {
         Ok(value) => Outcome::Done(parse(value).map_err(Error::from)),
         // Refused before it ran: the ordinary path loads the script or the library (or

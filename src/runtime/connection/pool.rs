@@ -1,5 +1,8 @@
 //! Pooled command connections: r2d2 over redis, with timeouts and no PING per checkout,
-//! behind a gate that lets as many callers in as the pool has connections.
+//! behind a gate that lets as many callers in as the pool has connections. Three layers:
+//! the wire (`con::Con`), the connection as the pool keeps it ([`PoolConn`]: a `Con` with
+//! its socket timeout, whether it is retired, and the primary it reached), and a checked-out
+//! one with its room at the gate ([`Pooled`]).
 
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
@@ -13,8 +16,9 @@ use redis::ConnectionLike;
 use crate::runtime::connection::con::Con;
 use crate::runtime::connection::target::{Target, Topology};
 
-/// A command connection that remembers when a failure left it unusable.
-pub(crate) struct Conn {
+/// A command connection (`con::Con`) as the pool keeps it: it remembers when a failure
+/// left it unusable, and which socket timeout is set.
+pub(crate) struct PoolConn {
     pub(crate) con: Con,
     // The read/write timeout now set on the socket: the command timeout, or less for a
     // call bounded by a deadline. Changed only when a call needs another (two syscalls).
@@ -50,10 +54,10 @@ impl Manager {
 }
 
 impl r2d2::ManageConnection for Manager {
-    type Connection = Conn;
+    type Connection = PoolConn;
     type Error = redis::RedisError;
 
-    fn connect(&self) -> Result<Conn, redis::RedisError> {
+    fn connect(&self) -> Result<PoolConn, redis::RedisError> {
         let (con, generation) = self
             .target
             .connect_commands(self.connect_timeout, self.command_timeout)
@@ -62,7 +66,7 @@ impl r2d2::ManageConnection for Manager {
                     *self.refused.lock() = Some((Instant::now(), e.clone()));
                 }
             })?;
-        Ok(Conn {
+        Ok(PoolConn {
             con,
             timeout: self.command_timeout,
             broken: false,
@@ -71,16 +75,16 @@ impl r2d2::ManageConnection for Manager {
         })
     }
 
-    fn is_valid(&self, conn: &mut Conn) -> Result<(), redis::RedisError> {
+    fn is_valid(&self, conn: &mut PoolConn) -> Result<(), redis::RedisError> {
         redis::cmd("PING").query::<()>(&mut conn.con)
     }
 
-    fn has_broken(&self, conn: &mut Conn) -> bool {
+    fn has_broken(&self, conn: &mut PoolConn) -> bool {
         conn.broken || !conn.con.is_open() || conn.generation != self.target.generation()
     }
 }
 
-impl Conn {
+impl PoolConn {
     /// Retires the connection: the pool drops it when it comes back.
     pub(crate) fn mark_broken(&mut self) {
         self.broken = true;
@@ -294,15 +298,15 @@ impl Pooled {
 }
 
 impl Deref for Pooled {
-    type Target = Conn;
+    type Target = PoolConn;
 
-    fn deref(&self) -> &Conn {
+    fn deref(&self) -> &PoolConn {
         &self.conn
     }
 }
 
 impl DerefMut for Pooled {
-    fn deref_mut(&mut self) -> &mut Conn {
+    fn deref_mut(&mut self) -> &mut PoolConn {
         &mut self.conn
     }
 }

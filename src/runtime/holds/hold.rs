@@ -5,11 +5,11 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::runtime::holds::lease::{millis, Lease};
+use crate::runtime::holds::lease::{self, millis, Lease, PICKUP};
 use crate::runtime::holds::loss::Loss;
-use crate::runtime::holds::lost_lease::LossReason;
+use crate::runtime::holds::loss::LossReason;
 use crate::runtime::keys::LockKeys;
 
 pub(super) struct Level {
@@ -64,6 +64,58 @@ pub(super) struct Hold {
 }
 
 impl Hold {
+    /// Starts this entry anew for an acquisition Redis counted as the first level of a
+    /// hold (`fresh` makes the new one). Levels still here belong to a hold that was gone
+    /// on the server (expired, force-unlocked, lost in a restart or failover), and
+    /// someone else may have held the lock in between: their guards must say so (and the
+    /// mark says it once, at WARN).
+    pub(super) fn restart(&mut self, generation: u64, fresh: impl FnOnce() -> Hold) {
+        if !self.levels.is_empty() {
+            self.lost.mark(self.lost.gone_reason(generation));
+        }
+        *self = fresh();
+    }
+
+    /// Adds level `id`, taken with `lease` (of `lease_ms`) by a call sent at `sent`:
+    /// the hold's validity and `max_hold` cap follow. Returns when the watchdog is to
+    /// extend it, for a handed-over hold (`handoff`) whose pickup window is shorter than
+    /// its levels need (its lease is the window until then).
+    pub(super) fn add_level(
+        &mut self,
+        id: u64,
+        (lease, lease_ms): (Lease, u64),
+        (sent, handoff): (Instant, bool),
+        max_hold: Option<Duration>,
+    ) -> Option<Instant> {
+        self.levels.push(Level {
+            id,
+            lease,
+            ends: match lease {
+                Lease::Watchdog => None,
+                Lease::Fixed(ms) => sent.checked_add(Duration::from_millis(ms)),
+            },
+        });
+        // A handed-over hold's lease is the pickup window until the watchdog extends it.
+        let set = if handoff {
+            PICKUP.min(Duration::from_millis(lease_ms))
+        } else {
+            Duration::from_millis(lease_ms)
+        };
+        self.valid_until = self.valid_until.max(sent.checked_add(set));
+        if lease == Lease::Watchdog {
+            if let Some(cap) = max_hold.and_then(|d| sent.checked_add(d)) {
+                self.cap = Some(self.cap.map_or(cap, |c| c.min(cap)));
+            }
+        }
+        let extend = (handoff && self.need_ms(u64::MAX, sent) > lease::pickup_ms())
+            .then(|| lease::extend_at(sent));
+        if extend.is_some() {
+            self.extend_at = extend;
+            self.pickup_ends = Some(sent + PICKUP);
+        }
+        extend
+    }
+
     /// A hold of `holder` (thread `thread`'s, if any) on `keys` with no level yet, not
     /// lost, not being renewed.
     pub(super) fn new(keys: &Arc<LockKeys>, holder: &str, thread: Option<u64>, loss: Loss) -> Hold {

@@ -1,16 +1,15 @@
-//! The per-client table of what this process holds: each thread's levels and leases on each
-//! lock, and the attempts, doubts, waits and handed-on locks the watchdog thread looks after.
-//! One hold and the table's filing of them are `hold.rs`; the table's operations are split
-//! by concept: acquisitions and releases here, attempts in doubt (`attempts.rs`), queue
-//! entries and handed-on locks (`waits.rs`), renewal rounds (`renewal.rs`) and losses
-//! (`losses.rs`).
+//! The per-client table of what this process holds (`Inner::holds`): each thread's levels
+//! and leases on each lock, and the attempts, doubts, waits and handed-on locks the
+//! watchdog thread (`watchdog.rs`) looks after. One hold and the table's filing of them are
+//! `hold.rs`; the table's operations are split by concept: acquisitions and releases here,
+//! attempts in doubt (`attempts.rs`), queue entries and handed-on locks (`waits.rs`),
+//! renewal rounds (`renewal.rs`), and losses (`loss/`: what a guard is told, and the
+//! table's judgements in `loss/found.rs`).
 
 mod attempts;
 mod hold;
 pub(crate) mod lease;
 pub(crate) mod loss;
-mod losses;
-pub(crate) mod lost_lease;
 mod renewal;
 mod tasks;
 #[cfg(test)]
@@ -26,11 +25,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use self::lease::{Lease, PICKUP};
+use self::lease::Lease;
 use crate::runtime::holds::loss::{Hook, Loss, Notifier, Timed};
 use crate::runtime::keys::LockKeys;
 
-use self::hold::{live_levels, remove_hold, Hold, HoldKey, Holds, Level};
+use self::hold::{live_levels, remove_hold, Hold, HoldKey, Holds};
 use self::tasks::Waiting;
 
 pub(crate) use self::hold::{LossAt, RoundKind, Watched};
@@ -190,41 +189,12 @@ impl HoldTable {
             Hold::new(keys, holder, acq.thread, loss)
         };
         let hold = by_token.or_insert_with(token, fresh);
-        if count == 1 && !hold.levels.is_empty() {
-            // Redis shows no earlier level of ours: the hold those guards belong to was
-            // gone on the server (expired, force-unlocked, lost in a restart or failover),
-            // and someone else may have held the lock in between. They must say so (and
-            // the mark says it once, at WARN).
-            hold.lost.mark(hold.lost.gone_reason(acq.generation));
-            *hold = fresh();
-        } else if count == 1 {
-            *hold = fresh();
+        if count == 1 {
+            // Redis shows no earlier level of ours: a new hold.
+            hold.restart(acq.generation, fresh);
         }
-        hold.levels.push(Level {
-            id: level,
-            lease,
-            ends: match lease {
-                Lease::Watchdog => None,
-                Lease::Fixed(ms) => sent.checked_add(Duration::from_millis(ms)),
-            },
-        });
-        // A handed-over hold's lease is the pickup window until the watchdog extends it.
-        let set = if handoff {
-            PICKUP.min(Duration::from_millis(lease_ms))
-        } else {
-            Duration::from_millis(lease_ms)
-        };
-        hold.valid_until = hold.valid_until.max(sent.checked_add(set));
-        if lease == Lease::Watchdog {
-            if let Some(cap) = acq.max_hold.and_then(|d| sent.checked_add(d)) {
-                hold.cap = Some(hold.cap.map_or(cap, |c| c.min(cap)));
-            }
-        }
-        let extend = (handoff && hold.need_ms(u64::MAX, sent) > lease::pickup_ms())
-            .then(|| lease::extend_at(sent));
+        let extend = hold.add_level(level, (lease, lease_ms), (sent, handoff), acq.max_hold);
         if extend.is_some() {
-            hold.extend_at = extend;
-            hold.pickup_ends = Some(sent + PICKUP);
             self.extending.lock().insert((HoldKey(keys.clone()), token));
         }
         let registration = Registration {

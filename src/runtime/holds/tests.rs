@@ -2,6 +2,7 @@
 
 use super::hold::{remove_hold, ByToken, Hold, Holds, Level, FEW_HOLDERS};
 use super::*;
+use crate::runtime::holds::lease::PICKUP;
 use crate::runtime::keys::Object;
 use crate::runtime::scripting::scripts;
 

@@ -1,7 +1,7 @@
-//! The watchdog thread: renews the leases and queue entries in the holds table, checks the
-//! locks this client handed on, and cleans up after doubtful attempts. The client's
-//! [`Watchdog`] (the table and the thread's handle) starts it, handing it a `Weak` of what
-//! it needs of the client ([`Owner`]); the table wakes it through its alarm. Its timings
+//! The watchdog thread: renews the leases and queue entries in the client's hold table,
+//! checks the locks this client handed on, and cleans up after doubtful attempts. The
+//! client's [`Watchdog`] (the thread's handle) starts it, handing it a `Weak` of what it
+//! needs of the client ([`Owner`]); the table wakes it through its alarm. Its timings
 //! are the client's lease policy (`lease.rs`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -36,7 +36,9 @@ const ENTRY_BATCH: usize = 1_000;
 pub(crate) trait Owner: Send + Sync {
     /// Runs the thread's calls.
     fn executor(&self) -> &Executor;
-    /// What the client holds, with the thread's handle.
+    /// What the client holds.
+    fn holds(&self) -> &HoldTable;
+    /// The thread's handle.
     fn watchdog(&self) -> &Watchdog;
     /// Tells thread `token`, if it waits on `channel`, to try again: its queue entry was
     /// dropped (see `Subscriber::recheck`).
@@ -45,11 +47,10 @@ pub(crate) trait Owner: Send + Sync {
     fn has_handles(&self) -> bool;
 }
 
-/// A client's watchdog: the table of what this process holds, and the thread that renews
-/// it, checks the locks handed on and cleans up after doubtful attempts (started when
-/// first needed, and again if it died). The table's operations are called on `table`.
+/// A client's watchdog: the handle of the thread that renews the client's hold table
+/// ([`Owner::holds`]), checks the locks handed on and cleans up after doubtful attempts
+/// (started when first needed, and again if it died).
 pub(crate) struct Watchdog {
-    pub(crate) table: HoldTable,
     // The running thread; the table's alarm holds the sender that wakes it.
     thread: Mutex<Option<JoinHandle<()>>>,
     // Every hold is to be checked against Redis at once (see `check_holds`).
@@ -57,9 +58,8 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    pub(crate) fn new(table: HoldTable) -> Watchdog {
+    pub(crate) fn new() -> Watchdog {
         Watchdog {
-            table,
             thread: Mutex::new(None),
             check: AtomicBool::new(false),
         }
@@ -71,7 +71,7 @@ impl Watchdog {
     /// client's pub/sub connection was down (and a fixed lease is never renewed, a
     /// watchdog lease only a third of the lease later).
     pub(crate) fn check_holds<C: Owner + 'static>(&self, client: &Arc<C>) {
-        if !self.table.holds_any() {
+        if !client.holds().holds_any() {
             return;
         }
         self.check.store(true, Ordering::SeqCst);
@@ -90,7 +90,7 @@ impl Watchdog {
             tracing::warn!(target: "redmutex", error = %e, "redmutex: cannot {what}");
             return;
         }
-        self.table.alarm.nudge();
+        client.holds().alarm.nudge();
     }
 
     /// Makes sure the renewal thread runs, starting it (again, if it died) when needed.
@@ -113,7 +113,7 @@ impl Watchdog {
             .name("redmutex-watchdog".to_owned())
             .spawn(move || run(weak, rx))
             .map_err(Error::Thread)?;
-        self.table.alarm.set(tx);
+        client.holds().alarm.set(tx);
         *thread = Some(handle);
         Ok(())
     }
@@ -129,7 +129,7 @@ impl Watchdog {
             );
             return;
         }
-        self.table.schedule_kick(keys);
+        client.holds().schedule_kick(keys);
     }
 
     /// Records an attempt whose outcome is unknown and wakes the watchdog thread to give
@@ -142,7 +142,7 @@ impl Watchdog {
         holder: &str,
         expected: usize,
     ) {
-        self.table.record_doubt(keys, token, holder, expected);
+        client.holds().record_doubt(keys, token, holder, expected);
         self.wake(client, "clean up a call whose outcome is unknown");
     }
 }
@@ -157,7 +157,7 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
                     next_round = Instant::now() + lease.renew_every();
                 }
                 // Published before the dues are read: one added in between nudges.
-                let table = &inner.watchdog().table;
+                let table = &inner.holds();
                 *table.alarm.planned.lock() = Some(next_round);
                 if let Some(due) = table.next_due() {
                     let mut planned = table.alarm.planned.lock();
@@ -169,11 +169,11 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
         };
         let wake_at = client
             .upgrade()
-            .and_then(|inner| *inner.watchdog().table.alarm.planned.lock())
+            .and_then(|inner| *inner.holds().alarm.planned.lock())
             .unwrap_or(next_round);
         let woken = wake.recv_deadline(wake_at);
         if let Some(inner) = client.upgrade() {
-            *inner.watchdog().table.alarm.planned.lock() = None;
+            *inner.holds().alarm.planned.lock() = None;
             if inner.watchdog().check.swap(false, Ordering::SeqCst)
                 && catch_unwind(AssertUnwindSafe(|| {
                     renew_round(&*inner, RoundKind::Check, false)
@@ -206,7 +206,7 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
         if full && !inner.has_handles() {
             // Every Client and Lock is gone; only guards (perhaps forgotten ones) remain.
             // Their leases run out within a watchdog timeout.
-            inner.watchdog().table.abandon();
+            inner.holds().abandon();
             return;
         }
         // A bug in one round must not end renewals for every lock of the client.
@@ -228,7 +228,7 @@ fn run(client: Weak<dyn Owner>, wake: Receiver<()>) {
 /// Checks the locks this client handed on whose pickup window is over: a free lock with
 /// waiters goes to the next one (and is checked again after its window).
 fn kick_due(inner: &dyn Owner) {
-    let table = &inner.watchdog().table;
+    let table = &inner.holds();
     for kick in table.due_kicks() {
         // (Runs on the watchdog thread itself: no need to wake it for a reschedule.)
         let keys = kick.keys.clone();
@@ -263,38 +263,14 @@ fn kick_due(inner: &dyn Owner) {
 /// it finds fewer and changes nothing; if the thread released or re-took the lock since,
 /// the count no longer matches either. Only this thread's own field is ever touched.
 fn clean_doubtful(inner: &dyn Owner) {
-    let table = &inner.watchdog().table;
-    let batch: Vec<Doubtful> = {
-        let mut doubts = table.doubts.lock();
-        doubts
-            .iter_mut()
-            .filter(|d| !d.in_flight && !d.paused)
-            .map(|d| {
-                d.in_flight = true;
-                Doubtful {
-                    keys: d.keys.clone(),
-                    holder: d.holder.clone(),
-                    ..*d
-                }
-            })
-            .collect()
-    };
-    let watchdog_ms = inner.executor().config.lease.watchdog_ms();
+    let table = &inner.holds();
+    let batch = claim_doubts(table);
     let mut handed = Vec::new();
-    for Doubtful {
-        id,
-        keys,
-        token,
-        holder,
-        expected,
-        ..
-    } in batch
-    {
-        let need = table.need_ms(keys.hold(), token, watchdog_ms);
-        // Never fewer levels than the thread holds now: a clean-up must not take one of
-        // them, whatever the attempt was told (its thread cannot attempt meanwhile).
-        let expected = expected.max(table.levels_now(keys.hold(), token));
-        let until = Instant::now() + inner.executor().config.lease.chore_bound();
+    for doubtful in batch {
+        let (expected, need, until) = give_back_terms(inner, &doubtful);
+        let Doubtful {
+            id, keys, holder, ..
+        } = doubtful;
         let result = catch_unwind(AssertUnwindSafe(|| {
             let cancel = |con: &mut _| {
                 let cancel = calls::cancel(&keys, &holder, expected, need, false);
@@ -348,6 +324,38 @@ fn clean_doubtful(inner: &dyn Owner) {
     }
 }
 
+/// The doubtful attempts to clean up now (those neither in flight nor paused), marked in
+/// flight: copies, as the table's stay for the thread's next grant to adopt.
+fn claim_doubts(table: &HoldTable) -> Vec<Doubtful> {
+    let mut doubts = table.doubts.lock();
+    doubts
+        .iter_mut()
+        .filter(|d| !d.in_flight && !d.paused)
+        .map(|d| {
+            d.in_flight = true;
+            Doubtful {
+                keys: d.keys.clone(),
+                holder: d.holder.clone(),
+                ..*d
+            }
+        })
+        .collect()
+}
+
+/// How the level a doubtful attempt may have taken is given back: how many levels the
+/// cancel script is told the thread holds (never fewer than it holds now, so that a
+/// clean-up never takes one of them, whatever the attempt was told: its thread cannot
+/// attempt meanwhile), the lease the thread's hold still needs, and the call's deadline
+/// (the watchdog's chore bound).
+fn give_back_terms(inner: &dyn Owner, d: &Doubtful) -> (usize, u64, Instant) {
+    let table = inner.holds();
+    let watchdog_ms = inner.executor().config.lease.watchdog_ms();
+    let need = table.need_ms(d.keys.hold(), d.token, watchdog_ms);
+    let expected = d.expected.max(table.levels_now(d.keys.hold(), d.token));
+    let until = Instant::now() + inner.executor().config.lease.chore_bound();
+    (expected, need, until)
+}
+
 /// One renewal round: every watchdog hold and every queue entry of this client (`full`),
 /// or just the handed-over holds due for extension, in batches of one script call each. A
 /// batch that fails (Redis unreachable) is simply tried again next round; its leases still
@@ -390,7 +398,7 @@ fn extensions_meanwhile(inner: &dyn Owner) -> impl FnMut() + '_ {
 /// the pause of another call (whose own pauses then run nothing more).
 fn renew_round(inner: &dyn Owner, kind: RoundKind, nested: bool) {
     let watchdog_ms = inner.executor().config.lease.watchdog_ms();
-    let table = &inner.watchdog().table;
+    let table = &inner.holds();
     let mut round = Round {
         table,
         watched: table.watched(kind, watchdog_ms),
@@ -487,7 +495,7 @@ fn renew_batch(
         .map(|(keys, _, holder, ttl)| (&**keys, holder.as_str(), *ttl));
     let call = calls::renew(&holds, entries);
     let sent = Instant::now();
-    let table = &inner.watchdog().table;
+    let table = &inner.holds();
     let renew = |con: &mut _| {
         inner
             .executor()

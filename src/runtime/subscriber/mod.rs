@@ -1,27 +1,38 @@
 //! The client's pub/sub connections: refcounted channel subscriptions that wake waiters.
 //! One classic connection (`SUBSCRIBE`) for the client's own channel and every channel on
 //! a single server or a Sentinel service; on a Redis Cluster with sharded pub/sub, a lock
-//! queue's channels are listened to on the primaries that own their slots (`shards.rs`).
+//! queue's channels are listened to on the primaries that own their slots (`shards/`).
+//!
+//! The map: the subscriber's API, what waiters and the acquisition path call, is here;
+//! a waiter's handle on one channel is `subscription.rs`; the reader thread that owns the
+//! classic connection is `reader.rs`; the state the API and the readers share, and the
+//! dispatch of what the readers hear to the waiting threads, is `dispatch.rs`; the
+//! waiting threads of one channel are `waiters.rs`.
 
-use std::collections::{HashMap, VecDeque};
-use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_channel::RecvTimeoutError;
 use parking_lot::Mutex;
 
 use crate::runtime::connection::con::NodeAddr;
 use crate::runtime::connection::executor::Executor;
-use crate::runtime::connection::pool::{self, Manager};
-use crate::runtime::scripting::queue::{self, Notice};
+use crate::runtime::connection::pool::Manager;
+use crate::runtime::scripting::queue::Notice;
 use crate::Error;
 
+use self::dispatch::{Entry, Shared, State};
+use self::shards::Shards;
 use self::waiters::Waiters;
 
+pub(crate) use self::subscription::Subscription;
+
+mod dispatch;
+mod reader;
 mod shards;
+mod subscription;
 mod waiters;
 
 /// How long the reader gives a reply, and blocks on the socket before checking whether
@@ -64,219 +75,17 @@ pub(crate) trait ForceUnlocked: Send + Sync {
     fn unheard(self: Arc<Self>);
 }
 
+/// A client's subscriber: the state its waiters and readers share, and its reader thread.
 pub(crate) struct Subscriber {
     shared: Arc<Shared>,
     // The reader thread, started by the first waiter and again if it ever died.
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-struct Shared {
-    manager: Manager,
-    // Private to this client: waiters publish here to make the reader, blocked on the
-    // socket, come back and subscribe their channels (it alone owns the connection), and
-    // `force_unlock` tells this client here which of its holds it freed.
-    control: Vec<u8>,
-    // The client whose holds a `force_unlock` message marks lost: set once it first
-    // acquires something (see `Subscriber::listen`).
-    client: OnceLock<Weak<dyn ForceUnlocked>>,
-    // A latch: its sender is dropped once the server answered the subscription of
-    // `control` (the first session's first SUBSCRIBE), or the reader failed to make or
-    // keep its first connection, which a client's first acquisitions await (see `listen`).
-    listening: Mutex<(Option<Sender<()>>, Receiver<()>)>,
-    // Since when the server has confirmed `control`'s subscription on the current
-    // connection (`None`: not confirmed, or no connection): a hold granted after that
-    // instant was granted while a `force_unlock` of it is heard (see `held`).
-    listening_since: Mutex<Option<Instant>>,
-    // The server's ACL refusal of `control`'s SUBSCRIBE, while it stands: the reader asks
-    // again, backing off, and meanwhile the client's acquisitions fail (see `refusal`).
-    refused: Mutex<Option<redis::RedisError>>,
-    // Whether a refusal was told at WARN: once, not at every retry or lock.
-    warned: AtomicBool,
-    // Whether a lock queue's channels are listened to with sharded pub/sub (a cluster,
-    // until a node shows it has none: see `shards.rs`).
-    sharding: AtomicBool,
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    channels: HashMap<Vec<u8>, Entry>,
-    // Channels the reader must still SUBSCRIBE in the current session.
-    pending: Vec<Vec<u8>>,
-    // Channels nobody waits on any more, for the reader to UNSUBSCRIBE.
-    idle: Vec<Vec<u8>>,
-    connected: bool,
-    // When a channel nobody waits on may have lingered long enough, if any may: until
-    // then `sweep_idle` has nothing to look for.
-    next_idle_check: Option<Instant>,
-    // On a cluster: the link to each primary the client listens on (see `shards.rs`).
-    links: HashMap<NodeAddr, shards::LinkState>,
-    // Which primary serves which slot, once needed.
-    slots: Option<shards::SlotMap>,
-}
-
-struct Entry {
-    refs: usize,
-    idle_since: Option<Instant>,
-    // SUBSCRIBE requested in the current session (queued or sent): of the classic
-    // connection's, or of the link `shard`'s.
-    requested: bool,
-    waiters: Arc<Waiters>,
-    // `Some`: listened to with SSUBSCRIBE on this primary's link (see `shards.rs`).
-    shard: Option<NodeAddr>,
-    // A sharded subscription of the channel was lost (its slot moved, its link failed):
-    // its next confirmation makes every waiter look again.
-    lapsed: bool,
-}
-
-/// A thread's interest in one lock's channel; dropping it gives the interest up.
-pub(crate) struct Subscription {
-    shared: Arc<Shared>,
-    channel: Vec<u8>,
-    waiters: Arc<Waiters>,
-    token: u64,
-    notices: Receiver<Notice>,
-}
-
-impl Subscription {
-    /// Queue-entry flags saying how this thread's client listens on the lock's channel:
-    /// 128 with sharded pub/sub, so that a release tells it with `SPUBLISH` (see
-    /// `lua/queue.lua`), else none.
-    ///
-    /// A sharded waiter keeps flag 8 ("listens on another node": a release that counts
-    /// no subscriber takes it at its word), which every waiter on a cluster carries
-    /// (`Executor::listener_flags`), though on a settled cluster `SPUBLISH`'s count, this
-    /// node's alone, is the waiter's own: while a slot moves, a release sent by `ASK` to
-    /// the importing node counts no subscriber there, neither sharded nor classic (the
-    /// waiter listens on the exporting node, where the fallback `PUBLISH` reaches it), and
-    /// so does a release on a promoted replica before the waiter's link has followed.
-    /// Without flag 8 such a release drops every live waiter as dead, while its broadcast
-    /// wakes them all to race for the lock: a fair lock's order is lost (seen in 2 of 3
-    /// runs of `tests/cluster.rs`'s `a_fair_queue_is_served_in_order_through_a_half_moved_slot`
-    /// with 8 left off sharded entries). With it, a waiter whose process died costs a
-    /// pickup window, as on a cluster before.
-    pub(crate) fn listen_flags(&self) -> u8 {
-        if self.waiters.sharded.load(Ordering::Relaxed) {
-            crate::runtime::scripting::flags::SHARDED
-        } else {
-            0
-        }
-    }
-
-    /// Whether the server has confirmed this channel's subscription on the current
-    /// connection: only then can no message to this client be missed.
-    pub(crate) fn is_confirmed(&self) -> bool {
-        let rx = self.waiters.confirmed.lock().1.clone();
-        matches!(rx.try_recv(), Err(TryRecvError::Disconnected))
-            && self.waiters.refused.lock().is_none()
-    }
-
-    /// Blocks until the server confirmed the subscription (true), or `until` or `cancel`
-    /// (false). `cancel`: a channel that becomes ready when the call is cancelled.
-    /// `Err` when the server's ACL refused the channel: final, the caller can never be
-    /// told of a release (`Error::NoPermission`, naming the user and the server).
-    pub(crate) fn wait_confirmed(
-        &self,
-        until: Instant,
-        cancel: Option<&Receiver<()>>,
-    ) -> Result<bool, Error> {
-        let rx = self.waiters.confirmed.lock().1.clone();
-        let confirmed = match cancel {
-            None => matches!(rx.recv_deadline(until), Err(RecvTimeoutError::Disconnected)),
-            Some(cancel) => crossbeam_channel::select! {
-                recv(rx) -> r => r.is_err(),
-                recv(cancel) -> _ => false,
-                default(until.saturating_duration_since(Instant::now())) => false,
-            },
-        };
-        match &*self.waiters.refused.lock() {
-            Some(e) => Err(self.shared.explain(e)),
-            None => Ok(confirmed),
-        }
-    }
-
-    /// Blocks until a message for this thread arrives, or `until` or `cancel` (`None`).
-    pub(crate) fn wait(&self, until: Instant, cancel: Option<&Receiver<()>>) -> Option<Notice> {
-        let Some(cancel) = cancel else {
-            return self.notices.recv_deadline(until).ok();
-        };
-        crossbeam_channel::select! {
-            recv(self.notices) -> n => n.ok(),
-            recv(cancel) -> _ => None,
-            default(until.saturating_duration_since(Instant::now())) => None,
-        }
-    }
-
-    /// The channel this thread's messages arrive on, to wait on several at once.
-    pub(crate) fn notices(&self) -> &Receiver<Notice> {
-        &self.notices
-    }
-
-    /// Records when the lock's current lease ends, as an attempt just saw it.
-    pub(crate) fn saw_lease_end(&self, at: Instant) {
-        *self.waiters.next_try.lock() = Some(at);
-    }
-
-    /// When a thread of this process should next try on its own (`None`: now).
-    pub(crate) fn next_try(&self) -> Option<Instant> {
-        *self.waiters.next_try.lock()
-    }
-
-    /// Claims the next timed try for this thread: `Ok` when it is this thread's to make
-    /// (others then wait `window` for its outcome), `Err(when)` when a later lease end was
-    /// seen or another thread is trying, and this one should sleep until `when`.
-    pub(crate) fn claim_try(&self, now: Instant, window: Duration) -> Result<(), Instant> {
-        let mut next = self.waiters.next_try.lock();
-        match *next {
-            Some(when) if when > now => Err(when),
-            _ => {
-                *next = Some(now + window);
-                Ok(())
-            }
-        }
-    }
-
-    /// Gives a claimed try back (it failed with an error): the next timer may try at once.
-    pub(crate) fn unclaim(&self) {
-        *self.waiters.next_try.lock() = None;
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let mut state = self.shared.state.lock();
-        let mut idle_since = None;
-        if let Some(entry) = state.channels.get_mut(&self.channel) {
-            if Arc::ptr_eq(&entry.waiters, &self.waiters) {
-                entry.refs -= 1;
-                if entry.refs == 0 {
-                    idle_since = Some(Instant::now());
-                    entry.idle_since = idle_since;
-                }
-            }
-        }
-        if let Some(since) = idle_since {
-            let due = since + LINGER;
-            state.next_idle_check = Some(state.next_idle_check.map_or(due, |at| at.min(due)));
-        }
-        drop(state);
-        self.waiters.slots.lock().remove(&self.token);
-    }
-}
-
 /// What a client's own channel's name starts with, its client id following: the channel
 /// its reader always listens on (see `lua/force_unlock.lua`).
 pub(crate) fn own_channel_prefix(key_prefix: &[u8]) -> Vec<u8> {
     [key_prefix, b"__control:"].concat()
-}
-
-/// A `force_unlock` message on a client's own channel: "f <token> <key>", the token of
-/// the holder it freed (its holder id is "<client id>:<token>") and the key it freed.
-fn parse_forced(payload: &[u8]) -> Option<(u64, &[u8])> {
-    let rest = payload.strip_prefix(b"f ")?;
-    let space = rest.iter().position(|&b| b == b' ')?;
-    let token = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
-    Some((token, &rest[space + 1..]))
 }
 
 impl Subscriber {
@@ -399,7 +208,7 @@ impl Subscriber {
         let weak = Arc::downgrade(&self.shared);
         let handle = thread::Builder::new()
             .name("redmutex-pubsub".to_owned())
-            .spawn(move || run(weak))
+            .spawn(move || reader::run(weak))
             .map_err(Error::Thread)?;
         *thread = Some(handle);
         Ok(())
@@ -464,7 +273,7 @@ impl Subscriber {
     /// process was not already subscribed. `client` (the client's executor) is used to
     /// nudge the reader thread, giving up at `until`. `queue`: the channel is one a lock's
     /// queue tells its waiters on, which on a cluster with sharded pub/sub is listened to
-    /// on its slot's primary (see `shards.rs`; a latch's is not: its opening is published
+    /// on its slot's primary (see `shards/`; a latch's is not: its opening is published
     /// the classic way).
     pub(crate) fn subscribe(
         &self,
@@ -476,550 +285,99 @@ impl Subscriber {
     ) -> Result<Subscription, Error> {
         // FCALL refused is the sign of a server before 7.0, without sharded pub/sub either.
         let shard = if queue && client.scripting.uses_functions() {
-            self.shared.shard_for(channel, until)
+            Shards::of(&self.shared).shard_for(channel, until)
         } else {
             None
         };
-        let (waiters, nudge) = {
-            let mut guard = self.shared.state.lock();
-            let state = &mut *guard;
-            let entry = match state.channels.get_mut(channel) {
-                Some(entry) => entry,
-                None => state.channels.entry(channel.to_vec()).or_insert(Entry {
-                    refs: 0,
-                    idle_since: None,
-                    requested: false,
-                    waiters: Arc::new(Waiters::new(shard.is_some())),
-                    shard,
-                    lapsed: false,
-                }),
-            };
-            entry.refs += 1;
-            entry.idle_since = None;
-            let waiters = entry.waiters.clone();
-            let mut nudge = None;
-            if !entry.requested {
-                match entry.shard.clone() {
-                    None => {
-                        entry.requested = true;
-                        state.pending.push(channel.to_vec());
-                        // While disconnected the reader subscribes everything on its next
-                        // session; while its own channel is refused it looks without a
-                        // nudge.
-                        if state.connected && self.shared.refused.lock().is_none() {
-                            nudge = Some(("PUBLISH", self.shared.control.clone()));
-                        }
-                    }
-                    Some(node) => {
-                        nudge = self
-                            .shared
-                            .route(state, channel, &node)
-                            .map(|to| ("SPUBLISH", to));
-                    }
-                }
-            }
-            (waiters, nudge)
-        };
+        let (waiters, nudge) = self.count_interest(channel, shard);
         // From here on the interest is counted: dropping this gives it back, also when
         // the thread cannot be started.
         let subscription = self.slot(channel, waiters, token);
         self.ensure_running()?;
         if let Some((command, to)) = nudge {
-            // On a cluster, a classic PUBLISH goes to the node of the waiter's lock (where
-            // its attempt just ran), not to one picked at random, which may be frozen (see
-            // `Con::query_at`): it reaches the reader on whichever node it listens. An
-            // SPUBLISH goes where its channel's slot is: the link's node.
-            let at = if command == "SPUBLISH" {
-                to.as_slice()
-            } else {
-                channel
-            };
-            // Ahead of calls waiting for room in the pool: in a burst of waiting threads,
-            // those that find the channel subscribed when their turn comes queue with
-            // their first call (see `Wait::run`).
-            if let Err(e) = client.run_urgent(until, |con| {
-                con.query_at::<()>(redis::cmd(command).arg(to.as_slice()).arg("s"), at)
-            }) {
-                // The reader still subscribes within a read tick (a second), and until it
-                // confirms the waiter goes by the holder's lease.
-                tracing::debug!(
-                    target: "redmutex",
-                    error = %e,
-                    "redmutex: could not nudge the pub/sub thread"
-                );
-            }
+            nudge_reader(client, channel, command, &to, until);
         }
         Ok(subscription)
     }
-}
 
-fn run(shared: Weak<Shared>) {
-    let mut backoff = Duration::from_millis(10);
-    let mut reconnect = false;
-    loop {
-        let Some(strong) = shared.upgrade() else {
-            return;
-        };
-        let con = strong.manager.connect();
-        drop(strong);
-        match con {
-            Ok((mut con, generation)) => {
-                let began = Instant::now();
-                match session(&shared, &mut con, generation, reconnect) {
-                    Ok(()) => return,
-                    Err(e) => {
-                        tracing::warn!(
-                            target: "redmutex",
-                            error = %e,
-                            "redmutex: pub/sub connection lost, reconnecting"
-                        )
-                    }
-                }
-                reconnect = true;
-                if let Some(strong) = shared.upgrade() {
-                    // Before the next session delivers a message: a grant it brings may
-                    // come from another server than the one its waiter queued on.
-                    strong.manager.topology.changed();
-                    strong.disconnected();
-                    strong.not_listening();
-                }
-                if began.elapsed() < MAX_RECONNECT_BACKOFF {
-                    // A session that failed as soon as it began (the server refusing it
-                    // something) would fail again: back off as for a failed connect,
-                    // never reconnect in a tight loop.
-                    thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
-                } else {
-                    backoff = Duration::from_millis(10);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(
-                    target: "redmutex",
-                    error = %e,
-                    "redmutex: pub/sub connection failed, retrying in {backoff:?}"
-                );
-                if let Some(strong) = shared.upgrade() {
-                    strong.not_listening();
-                }
-                thread::sleep(backoff);
-                backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
-            }
-        }
-    }
-}
-
-/// The reader's connection, spoken to by hand: redis-rs's `PubSub::subscribe` drops the
-/// server's reply, so a SUBSCRIBE the ACL refused would pass for a confirmed one, and its
-/// waiters would wait for messages that can never come.
-struct Link<'a> {
-    con: &'a mut redis::Connection,
-    // Messages that arrived while a reply was awaited, delivered first.
-    early: VecDeque<redis::Msg>,
-    // The socket's read timeout now: a reply is given `READ_TICK`, a wait for a message
-    // the tick of the moment.
-    timeout: Duration,
-}
-
-impl Link<'_> {
-    /// Sends `cmd` and returns its reply (a server error as a value), keeping the messages
-    /// that arrive before it. `Err`: the connection failed.
-    fn request(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
-        self.read_timeout(READ_TICK)?;
-        self.con.send_packed_command(&cmd.get_packed_command())?;
-        loop {
-            let reply = self.con.recv_response()?;
-            match redis::Msg::from_value(&reply) {
-                Some(msg) => self.early.push_back(msg),
-                None => return Ok(reply),
-            }
-        }
-    }
-
-    /// Subscribes `channel`: `Ok(Err(e))` when the server's ACL refused it (`NOPERM`),
-    /// `Err` when the connection failed or the server answered another error.
-    fn subscribe(&mut self, channel: &[u8]) -> redis::RedisResult<Result<(), redis::RedisError>> {
-        match self
-            .request(redis::cmd("SUBSCRIBE").arg(channel))?
-            .extract_error()
-        {
-            Ok(_) => Ok(Ok(())),
-            Err(e) if crate::error::is_no_permission(&e) => Ok(Err(e)),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn unsubscribe(&mut self, channel: &[u8]) -> redis::RedisResult<()> {
-        if let Err(e) = self
-            .request(redis::cmd("UNSUBSCRIBE").arg(channel))?
-            .extract_error()
-        {
-            // Still subscribed: its messages find no waiter and are dropped.
-            tracing::debug!(target: "redmutex", "redmutex: the server refused an UNSUBSCRIBE: {e}");
-        }
-        Ok(())
-    }
-
-    /// A PING: any reply, a refusal too, shows the connection alive.
-    fn ping(&mut self) -> redis::RedisResult<()> {
-        self.request(&redis::cmd("PING")).map(drop)
-    }
-
-    fn read_timeout(&mut self, timeout: Duration) -> redis::RedisResult<()> {
-        if self.timeout != timeout {
-            self.con.set_read_timeout(Some(timeout))?;
-            self.timeout = timeout;
-        }
-        Ok(())
-    }
-
-    /// The next message, waiting at most `tick`.
-    fn next_message(&mut self, tick: Duration) -> redis::RedisResult<redis::Msg> {
-        if let Some(msg) = self.early.pop_front() {
-            return Ok(msg);
-        }
-        self.read_timeout(tick)?;
-        // A `PubSub` only to read a message without taking it for a reply (a timed-out
-        // reply read would make redis-rs skip the next value). Never dropped: its drop
-        // would UNSUBSCRIBE every channel; it owns nothing else.
-        ManuallyDrop::new(self.con.as_pubsub()).get_message()
-    }
-}
-
-/// Serves one connection until it fails (`Err`) or the client is gone (`Ok`).
-fn session(
-    shared: &Weak<Shared>,
-    con: &mut redis::Connection,
-    generation: u64,
-    reconnect: bool,
-) -> redis::RedisResult<()> {
-    con.set_read_timeout(Some(READ_TICK))?;
-    let mut link = Link {
-        con,
-        early: VecDeque::new(),
-        timeout: READ_TICK,
-    };
-    // One channel per SUBSCRIBE and UNSUBSCRIBE: each reply says whether its one channel
-    // was refused. One each costs a round trip per channel, on this thread.
-    // While the server refuses the client's own channel: when to ask again, and the
-    // pause after that (doubling as for a failed connect).
-    let mut control_retry = {
-        let Some(strong) = shared.upgrade() else {
-            return Ok(());
-        };
-        let answer = link.subscribe(strong.control.as_slice())?;
-        let control_retry = strong.control_answered(answer, None);
-        let channels = strong.begin_session();
-        drop(strong);
-        for channel in channels {
-            let answer = link.subscribe(channel.as_slice())?;
-            let Some(strong) = shared.upgrade() else {
-                return Ok(());
-            };
-            strong.answered(&channel, answer, reconnect);
-        }
-        control_retry
-    };
-    let mut last_heard = Instant::now();
-    let mut primary_checked = Instant::now();
-    loop {
-        let Some(strong) = shared.upgrade() else {
-            return Ok(());
-        };
-        let target = &strong.manager.target;
-        if target.is_sentinel() && primary_checked.elapsed() >= PRIMARY_CHECK {
-            target.refresh(strong.manager.connect_timeout);
-            primary_checked = Instant::now();
-        }
-        if target.generation() != generation {
-            // Releases are published on the new primary now; the reconnect re-subscribes
-            // there and has every waiter look again.
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "the sentinels name a new primary",
-            )));
-        }
-        if control_retry.is_some_and(|(at, _)| Instant::now() >= at) {
-            let answer = link.subscribe(strong.control.as_slice())?;
-            control_retry = strong.control_answered(answer, control_retry);
-        }
-        for channel in strong.take_pending() {
-            let answer = link.subscribe(channel.as_slice())?;
-            strong.answered(&channel, answer, false);
-        }
-        for channel in strong.take_idle() {
-            link.unsubscribe(channel.as_slice())?;
-        }
-        let tick = if control_retry.is_some() {
-            UNNUDGED_READ_TICK
-        } else {
-            IDLE_READ_TICK
-        };
-        // Never block on the socket holding a strong reference: the client must be able
-        // to go away meanwhile.
-        drop(strong);
-        match link.next_message(tick) {
-            Ok(msg) => {
-                last_heard = Instant::now();
-                let channel: Vec<u8> = msg.get_channel()?;
-                if let Some(strong) = shared.upgrade() {
-                    strong.deliver(&channel, msg.get_payload_bytes());
-                }
-            }
-            // A read interrupted by a signal (EINTR: on Linux a process stopped and
-            // continued gets it even without handlers) broke nothing: the connection and
-            // the parser's partial reply are intact, as after a read tick. Reconnecting
-            // would resubscribe, and a release meanwhile would drop the waiters as dead.
-            Err(e) if e.is_timeout() || pool::is_interrupted(&e) => {
-                if last_heard.elapsed() >= HEALTH_CHECK_AFTER {
-                    link.ping()?;
-                    last_heard = Instant::now();
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-impl Shared {
-    /// Everything to subscribe on a new connection; the pending queue is subsumed by it.
-    fn begin_session(&self) -> Vec<Vec<u8>> {
-        let mut state = self.state.lock();
-        state.pending.clear();
-        state.connected = true;
-        state
-            .channels
-            .iter_mut()
-            .filter(|(_, entry)| entry.shard.is_none())
-            .map(|(channel, entry)| {
-                entry.requested = true;
-                channel.clone()
-            })
-            .collect()
-    }
-
-    /// The server's answer to the SUBSCRIBE of `channel`: confirmed, or refused by its
-    /// ACL, which is final for the threads waiting on it: they fail with the refusal,
-    /// and the channel is forgotten (a later wait on the lock asks again).
-    fn answered(&self, channel: &[u8], answer: Result<(), redis::RedisError>, reconnect: bool) {
-        let Err(e) = answer else {
-            return self.confirmed(channel, reconnect);
-        };
-        self.warn_refused(channel, &e);
-        let mut state = self.state.lock();
-        if let Some(entry) = state.channels.remove(channel) {
-            entry.waiters.refuse(e);
-        }
-        state.pending.retain(|c| c != channel);
-        for link in state.links.values_mut() {
-            link.pending.retain(|c| c != channel);
-        }
-    }
-
-    /// The server's answer to the SUBSCRIBE of the client's own channel; returns when to
-    /// ask again (`None`: subscribed), given the current schedule `retry`.
-    fn control_answered(
+    /// Counts one more interest in `channel` (listened to on `shard`'s link, or the
+    /// classic way) and decides whether the channel is to be subscribed now: then it is
+    /// queued for its reader, and the nudge that makes the reader come back for it is
+    /// returned (the command and the channel to publish it to), unless the reader looks
+    /// by itself (disconnected, or its own channel refused).
+    fn count_interest(
         &self,
-        answer: Result<(), redis::RedisError>,
-        retry: Option<(Instant, Duration)>,
-    ) -> Option<(Instant, Duration)> {
-        let next = match answer {
-            Ok(()) => {
-                if self.refused.lock().take().is_some() {
-                    tracing::info!(target: "redmutex", "redmutex: the server now allows this client's pub/sub channel");
-                    self.warned.store(false, Ordering::Relaxed);
-                }
-                *self.listening_since.lock() = Some(Instant::now());
-                // A force_unlock published while the client did not listen (its connection
-                // down, or not made yet when a hold was granted) reached nobody: the holds
-                // are checked against Redis, as a waiter looks again after a reconnect.
-                // (This channel is the classic connection's on a cluster too: a sharded
-                // link carries waiters' channels only, and its reconnect needs no check.)
-                if let Some(client) = self.client.get().and_then(Weak::upgrade) {
-                    client.unheard();
-                }
-                None
-            }
-            Err(e) => {
-                self.warn_refused(&self.control, &e);
-                *self.refused.lock() = Some(e);
-                let pause = retry.map_or(Duration::from_millis(10), |(_, pause)| {
-                    (pause * 2).min(MAX_RECONNECT_BACKOFF)
-                });
-                Some((Instant::now() + pause, pause))
-            }
-        };
-        // Either way the client's first acquisitions need wait no longer (see `listen`).
-        self.listening.lock().0 = None;
-        next
-    }
-
-    /// The reader could not make, or keep, its connection: the client's first
-    /// acquisitions wait no longer for it to listen (see `Subscriber::listen`), and until
-    /// it does, a hold it is granted is checked once it does (see `Subscriber::held`).
-    fn not_listening(&self) {
-        *self.listening_since.lock() = None;
-        self.listening.lock().0 = None;
-    }
-
-    /// Says at WARN, once, that the server refused a channel; later refusals at DEBUG.
-    fn warn_refused(&self, channel: &[u8], e: &redis::RedisError) {
-        let channel = String::from_utf8_lossy(channel);
-        if self.warned.swap(true, Ordering::Relaxed) {
-            tracing::debug!(
-                target: "redmutex",
-                %channel,
-                error = %e,
-                "redmutex: pub/sub channel refused"
-            );
-        } else {
-            // Message and fields are what the CLI keeps back by (it prints the
-            // NoPermission error the waiting call gets instead).
-            tracing::warn!(
-                target: "redmutex",
-                %channel,
-                error = %e,
-                "redmutex: pub/sub channel refused: this client cannot hear releases or \
-                 force_unlocks there, so its waits (and, while its own channel is refused, \
-                 its acquisitions) fail with NoPermission until its ACL user may use \
-                 redmutex's channels (see docs/redis-layout.md)"
-            );
-        }
-    }
-
-    /// `e`, a refusal of this client's, as the error a refused command gets (see
-    /// `Executor::explain`): naming the client's user and server.
-    fn explain(&self, e: &redis::RedisError) -> Error {
-        let target = &self.manager.target;
-        Error::redis(e.clone()).at_server(
-            || target.server(),
-            || target.user(),
-            target.has_password(),
-        )
-    }
-
-    fn confirmed(&self, channel: &[u8], reconnect: bool) {
-        let state = self.state.lock();
-        if let Some(entry) = state.channels.get(channel) {
-            entry.waiters.confirm();
-            if reconnect {
-                // A message published while we were disconnected was never seen, and the
-                // scripts dropped this client's waiters as dead: every waiter looks again.
-                entry.waiters.recheck_all();
-            }
-        }
-    }
-
-    fn take_pending(&self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut self.state.lock().pending)
-    }
-
-    /// Channels of the classic connection nobody waits on any more (see `sweep_idle`).
-    fn take_idle(&self) -> Vec<Vec<u8>> {
-        self.sweep_idle();
-        std::mem::take(&mut self.state.lock().idle)
-    }
-
-    /// Forgets the channels nobody waited on for `LINGER`, handing those subscribed to
-    /// the reader that must unsubscribe them: the classic one's, or their link's.
-    fn sweep_idle(&self) {
-        let mut guard = self.state.lock();
+        channel: &[u8],
+        shard: Option<NodeAddr>,
+    ) -> (Arc<Waiters>, Option<(&'static str, Vec<u8>)>) {
+        let mut guard = self.shared.state.lock();
         let state = &mut *guard;
-        let now = Instant::now();
-        if state.next_idle_check.is_none_or(|at| at > now) {
-            return;
-        }
-        let mut idle = Vec::new();
-        let mut next: Option<Instant> = None;
-        state.channels.retain(|channel, entry| {
-            let Some(since) = entry.idle_since.filter(|_| entry.refs == 0) else {
-                return true;
-            };
-            if now.saturating_duration_since(since) < LINGER {
-                let due = since + LINGER;
-                next = Some(next.map_or(due, |at| at.min(due)));
-                return true;
-            }
-            idle.push((channel.clone(), entry.requested, entry.shard.take()));
-            false
-        });
-        state.next_idle_check = next.map(|at| at.max(now + IDLE_CHECK_GAP));
-        for (channel, requested, shard) in idle {
-            match shard {
-                Some(node) => {
-                    // A link already gone took its subscriptions with its connection.
-                    if let Some(link) = state.links.get_mut(&node) {
-                        link.pending.retain(|c| *c != channel);
-                        if link.nudge.as_ref() == Some(&channel) {
-                            link.nudge = None;
-                        }
-                        if requested {
-                            link.idle.push(channel);
-                        }
-                    }
-                }
-                None => {
-                    state.pending.retain(|c| *c != channel);
-                    if requested {
-                        state.idle.push(channel);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The threads of this process waiting on `channel`, if any.
-    fn waiters_of(&self, channel: &[u8]) -> Option<Arc<Waiters>> {
-        let state = self.state.lock();
-        state
-            .channels
-            .get(channel)
-            .map(|entry| entry.waiters.clone())
-    }
-
-    fn deliver(&self, channel: &[u8], payload: &[u8]) {
-        if channel == self.control.as_slice() {
-            if let Some((token, key)) = parse_forced(payload) {
-                let client = self.client.get().and_then(Weak::upgrade);
-                if let Some(inner) = client {
-                    inner.force_unlocked(key, token);
-                }
-            }
-            return; // otherwise a nudge
-        }
-        if payload == BROADCAST {
-            // A state every waiter of the channel waits for (a latch opened).
-            if let Some(w) = self.waiters_of(channel) {
-                w.recheck_all();
-            }
-            return;
-        }
-        let Some((token, notice)) = queue::parse(payload) else {
-            return;
+        let entry = match state.channels.get_mut(channel) {
+            Some(entry) => entry,
+            None => state.channels.entry(channel.to_vec()).or_insert(Entry {
+                refs: 0,
+                idle_since: None,
+                requested: false,
+                waiters: Arc::new(Waiters::new(shard.is_some())),
+                shard,
+                lapsed: false,
+            }),
         };
-        let waiters = self.waiters_of(channel);
-        if !waiters.is_some_and(|w| w.notify(token, notice)) {
-            // The thread left (its deadline passed, or it failed) before the message came.
-            // A grant it never took lapses after the pickup window and passes on.
-            tracing::debug!(
-                target: "redmutex",
-                "redmutex: a message for a thread no longer waiting: {notice:?}"
-            );
-        }
-    }
-
-    fn disconnected(&self) {
-        *self.listening_since.lock() = None;
-        let mut state = self.state.lock();
-        state.connected = false;
-        state.pending.clear();
-        state.idle.clear();
-        for entry in state.channels.values_mut() {
-            if entry.shard.is_none() {
-                entry.requested = false;
-                entry.waiters.rearm();
+        entry.refs += 1;
+        entry.idle_since = None;
+        let waiters = entry.waiters.clone();
+        let mut nudge = None;
+        if !entry.requested {
+            match entry.shard.clone() {
+                None => {
+                    entry.requested = true;
+                    state.pending.push(channel.to_vec());
+                    // While disconnected the reader subscribes everything on its next
+                    // session; while its own channel is refused it looks without a
+                    // nudge.
+                    if state.connected && self.shared.refused.lock().is_none() {
+                        nudge = Some(("PUBLISH", self.shared.control.clone()));
+                    }
+                }
+                Some(node) => {
+                    nudge = Shards::of(&self.shared)
+                        .route(state, channel, &node)
+                        .map(|to| ("SPUBLISH", to));
+                }
             }
         }
+        (waiters, nudge)
+    }
+}
+
+/// Publishes `command` ("PUBLISH" or "SPUBLISH") to `to` so that the reader, blocked on
+/// its socket, comes back and subscribes `channel`; a failure only costs the waiter up to
+/// a read tick.
+fn nudge_reader(
+    client: &Executor,
+    channel: &[u8],
+    command: &str,
+    to: &[u8],
+    until: Option<Instant>,
+) {
+    // On a cluster, a classic PUBLISH goes to the node of the waiter's lock (where
+    // its attempt just ran), not to one picked at random, which may be frozen (see
+    // `Con::query_at`): it reaches the reader on whichever node it listens. An
+    // SPUBLISH goes where its channel's slot is: the link's node.
+    let at = if command == "SPUBLISH" { to } else { channel };
+    // Ahead of calls waiting for room in the pool: in a burst of waiting threads,
+    // those that find the channel subscribed when their turn comes queue with
+    // their first call (see `Wait::run`).
+    if let Err(e) = client.run_urgent(until, |con| {
+        con.query_at::<()>(redis::cmd(command).arg(to).arg("s"), at)
+    }) {
+        // The reader still subscribes within a read tick (a second), and until it
+        // confirms the waiter goes by the holder's lease.
+        tracing::debug!(
+            target: "redmutex",
+            error = %e,
+            "redmutex: could not nudge the pub/sub thread"
+        );
     }
 }
 

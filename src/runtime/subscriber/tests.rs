@@ -1,5 +1,6 @@
 //! The subscriber's unit tests.
 
+use super::dispatch::parse_forced;
 use super::*;
 use crate::runtime::connection::pool::{is_interrupted as interrupted, EINTR};
 

@@ -26,7 +26,7 @@ pub(super) struct Waiters {
     // The server's ACL refusal of the channel's SUBSCRIBE: final for these threads (the
     // channel's entry is dropped, so a later wait asks again).
     pub(super) refused: Mutex<Option<redis::RedisError>>,
-    // Listened to with sharded pub/sub (see `shards.rs`): the threads queue with flag 128,
+    // Listened to with sharded pub/sub (see `shards/`): the threads queue with flag `SHARDED`,
     // so that releases `SPUBLISH` to them. Cleared if the cluster turns out to have none
     // (before any of them queued: they queue once the subscription is confirmed).
     pub(super) sharded: AtomicBool,

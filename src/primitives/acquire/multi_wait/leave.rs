@@ -25,10 +25,9 @@ impl MultiWait<'_> {
             }
             let inner = &m.client.inner;
             let watchdog_ms = inner.exec.config.lease.watchdog_ms();
-            let levels = inner.watchdog.table.levels(m.keys.hold(), self.tokens[i]);
+            let levels = inner.holds.levels(m.keys.hold(), self.tokens[i]);
             let need = inner
-                .watchdog
-                .table
+                .holds
                 .need_ms(m.keys.hold(), self.tokens[i], watchdog_ms);
             left.push(i);
             calls.push(Call::script(
@@ -70,7 +69,7 @@ impl MultiWait<'_> {
                         error = %e,
                         "redmutex: leaving a MultiLock queue failed"
                     );
-                    let levels = inner.watchdog.table.levels(m.keys.hold(), self.tokens[i]);
+                    let levels = inner.holds.levels(m.keys.hold(), self.tokens[i]);
                     inner
                         .watchdog
                         .doubt(inner, &m.keys, self.tokens[i], &self.holders[i], levels);
@@ -119,10 +118,7 @@ impl MultiWait<'_> {
                     error = %e,
                     "redmutex: confirming a MultiLock member handed over failed"
                 );
-                let levels = inner
-                    .watchdog
-                    .table
-                    .levels_now(m.keys.hold(), self.tokens[i]);
+                let levels = inner.holds.levels_now(m.keys.hold(), self.tokens[i]);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.tokens[i], holder, levels);
@@ -151,8 +147,7 @@ impl MultiWait<'_> {
             let m = &self.lock.members[i];
             m.client
                 .inner
-                .watchdog
-                .table
+                .holds
                 .done_waiting(m.keys.key(), self.tokens[i]);
         }
     }

@@ -185,7 +185,7 @@ impl<'a> MultiWait<'a> {
             .members
             .iter()
             .map(|m| {
-                let table = &m.client.inner.watchdog.table;
+                let table = &m.client.inner.holds;
                 table.token_of_thread(&m.keys, thread).unwrap_or(fresh)
             })
             .collect();
@@ -194,13 +194,7 @@ impl<'a> MultiWait<'a> {
             .members
             .iter()
             .zip(&tokens)
-            .map(|(m, &token)| {
-                m.client
-                    .inner
-                    .watchdog
-                    .table
-                    .holds_locally(m.keys.hold(), token)
-            })
+            .map(|(m, &token)| m.client.inner.holds.holds_locally(m.keys.hold(), token))
             .collect();
         let wait = MultiWait {
             lock,
@@ -480,16 +474,10 @@ impl Drop for MultiWait<'_> {
                 // up by that client's watchdog thread, off this caller's path.
                 let m = &self.lock.members[i];
                 let inner = &m.client.inner;
-                inner
-                    .watchdog
-                    .table
-                    .done_waiting(m.keys.key(), self.tokens[i]);
+                inner.holds.done_waiting(m.keys.key(), self.tokens[i]);
                 // Told the levels the thread holds there (none: a thread that held the
                 // lock never queued on it), so that the clean-up can never take one.
-                let held = inner
-                    .watchdog
-                    .table
-                    .levels_now(m.keys.hold(), self.tokens[i]);
+                let held = inner.holds.levels_now(m.keys.hold(), self.tokens[i]);
                 inner
                     .watchdog
                     .doubt(inner, &m.keys, self.tokens[i], &self.holders[i], held);

@@ -70,15 +70,12 @@ impl<'a> MultiWait<'a> {
         if join.is_some() && !self.queued[i] {
             self.queued[i] = true;
             inner
-                .watchdog
-                .table
+                .holds
                 .waiting(&m.keys, self.tokens[i], &self.holders[i], self.deadline);
         }
-        let held =
-            inner
-                .watchdog
-                .table
-                .begin_attempt(m.keys.hold(), self.tokens[i], Some(bound))?;
+        let held = inner
+            .holds
+            .begin_attempt(m.keys.hold(), self.tokens[i], Some(bound))?;
         let listen = self.subs[i].as_ref().map_or(0, |s| s.listen_flags());
         let cmd = m.acquire_cmd(
             &self.holders[i],
@@ -119,11 +116,10 @@ impl<'a> MultiWait<'a> {
                     // which may queue; a grant there is a new hold.
                     self.reentry[i] = false;
                     let generation = m.client.inner.exec.generation();
-                    m.client.inner.watchdog.table.hold_gone(
-                        m.keys.hold(),
-                        self.tokens[i],
-                        generation,
-                    );
+                    m.client
+                        .inner
+                        .holds
+                        .hold_gone(m.keys.hold(), self.tokens[i], generation);
                 }
                 Err(Seen::Held(refused.pttl))
             }
@@ -145,21 +141,14 @@ impl<'a> MultiWait<'a> {
     fn fresh_holder_if_in_doubt(&mut self, i: usize) {
         let m = &self.lock.members[i];
         let inner = &m.client.inner;
-        let in_doubt = self.doubted[i]
-            || inner
-                .watchdog
-                .table
-                .in_doubt_for(m.keys.hold(), self.tokens[i]);
+        let in_doubt = self.doubted[i] || inner.holds.in_doubt_for(m.keys.hold(), self.tokens[i]);
         if self.reentry[i] || !in_doubt {
             return;
         }
         self.doubted[i] = false;
         if self.queued[i] {
             self.queued[i] = false;
-            inner
-                .watchdog
-                .table
-                .done_waiting(m.keys.key(), self.tokens[i]);
+            inner.holds.done_waiting(m.keys.key(), self.tokens[i]);
         }
         self.subs[i] = None;
         self.tokens[i] = fresh_token();

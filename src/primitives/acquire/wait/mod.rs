@@ -80,7 +80,7 @@ impl<'a, K: Kind> Wait<'a, K> {
     ) -> Wait<'a, K> {
         let inner = &lock.client.inner;
         let once = deadline.is_some_and(|d| d <= Instant::now());
-        let reentry = inner.watchdog.table.holds_locally(lock.keys.hold(), token);
+        let reentry = inner.holds.holds_locally(lock.keys.hold(), token);
         let ticket = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
         Wait {
             lock,
@@ -335,8 +335,7 @@ impl<K: Kind> Wait<'_, K> {
             // Kept alive once the entry exists: a renewal round while the attempt waited
             // for room in the pool would find none, and have the thread queue again.
             inner
-                .watchdog
-                .table
+                .holds
                 .waiting(&lock.keys, self.token, &self.holder, self.deadline);
         }
         match outcome {
@@ -347,11 +346,9 @@ impl<K: Kind> Wait<'_, K> {
                 // (expired, force-unlocked, lost). Its guards must say so, and from here on
                 // the call is an ordinary acquisition, which may queue.
                 self.reentry = false;
-                inner.watchdog.table.hold_gone(
-                    lock.keys.hold(),
-                    self.token,
-                    inner.exec.generation(),
-                );
+                inner
+                    .holds
+                    .hold_gone(lock.keys.hold(), self.token, inner.exec.generation());
             }
             Err(_) => {}
         }
@@ -412,8 +409,8 @@ impl<K: Kind> Wait<'_, K> {
         let keys = &lock.keys;
         // The levels the thread holds (none: a thread that held the lock never queued),
         // never fewer: leaving must not give one of them up.
-        let held = inner.watchdog.table.levels_now(keys.hold(), self.token);
-        let need = inner.watchdog.table.need_ms(
+        let held = inner.holds.levels_now(keys.hold(), self.token);
+        let need = inner.holds.need_ms(
             keys.hold(),
             self.token,
             inner.exec.config.lease.watchdog_ms(),
@@ -464,10 +461,7 @@ impl<K: Kind> Wait<'_, K> {
         if self.queued {
             self.queued = false;
             let inner = &self.lock.client.inner;
-            inner
-                .watchdog
-                .table
-                .done_waiting(self.lock.keys.key(), self.token);
+            inner.holds.done_waiting(self.lock.keys.key(), self.token);
         }
     }
 }
@@ -479,10 +473,10 @@ impl<K: Kind> Drop for Wait<'_, K> {
             // meanwhile) is given up by the watchdog thread, off this caller's path.
             let inner = &self.lock.client.inner;
             let keys = &self.lock.keys;
-            inner.watchdog.table.done_waiting(keys.key(), self.token);
+            inner.holds.done_waiting(keys.key(), self.token);
             // Told the levels the thread holds (none: a thread that held the lock never
             // queued), so that the clean-up can never take one of them.
-            let held = inner.watchdog.table.levels_now(keys.hold(), self.token);
+            let held = inner.holds.levels_now(keys.hold(), self.token);
             inner
                 .watchdog
                 .doubt(inner, keys, self.token, &self.holder, held);

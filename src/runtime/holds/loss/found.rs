@@ -4,12 +4,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::runtime::holds::loss::{Loss, LossSource, Timed, Watcher};
-use crate::runtime::holds::lost_lease::LossReason;
+use super::{Loss, LossReason, LossSource, Timed, Watcher};
+use crate::runtime::holds::hold::Hold;
+use crate::runtime::holds::HoldTable;
 use crate::runtime::keys::LockKeys;
-
-use super::hold::Hold;
-use super::HoldTable;
 
 impl HoldTable {
     /// For a fixed level whose own lease is over: whether the hold `lost` belongs to is
