@@ -192,7 +192,7 @@ fn setting_and_counting() {
     assert_eq!(latch.count().unwrap(), 0);
     assert!(latch.try_set_count(1).unwrap(), "set again");
     // A name is one kind at a time: no lock of the name while its latch counts, and no
-    // latch set while its lock is held (tests/kinds.rs has every pair).
+    // latch set while its lock is held (tests/one_kind_per_name.rs has every pair).
     support::assert_wrong_kind(c.lock("basics").lock(), "count-down latch");
     assert_eq!(latch.count_down().unwrap(), 0);
     let guard = c.lock("basics").lock().unwrap();

@@ -1,7 +1,7 @@
-//! The multi-server harness itself (`tests/support/topology.rs`) against real servers:
+//! The multi-server harness itself (`tests/support/topology/`) against real servers:
 //! a primary with replicas and sentinels that fail over, and a Redis Cluster that forms,
 //! routes, reshards and fails over. Each test starts its own topology, so they run in
-//! parallel; each prints what it measured (`cargo test --test topology -- --nocapture`).
+//! parallel; each prints what it measured (`cargo test --test harness_topology -- --nocapture`).
 
 mod support;
 

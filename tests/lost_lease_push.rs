@@ -128,7 +128,7 @@ fn a_force_unlock_by_another_client_reaches_a_select_of_every_level() {
     assert!(not_ready(&outer_lost) && not_ready(&inner_lost));
     assert!(other.lock("job:7").force_unlock().unwrap());
     let forced = Instant::now();
-    // Told on the client's own channel at once (tests/told.rs bounds that); here every
+    // Told on the client's own channel at once (tests/lost_lease_any_call.rs bounds that); here every
     // level is told, within the next renewal round (a third of the lease) at the latest.
     let bound = forced + watchdog / 3 + MARGIN;
     let fired = ready_at(&outer_lost, bound).expect("told by the next renewal at the latest");
