@@ -129,6 +129,14 @@ fn library_threads() -> Vec<String> {
     names
 }
 
+/// The threads each client starts (their names as `/proc` shows them, cut to 15 bytes).
+const THREAD_NAMES: [&str; 5] = [
+    "redmutex-pool",
+    "redmutex-pubsub",
+    "redmutex-watchd",
+    "redmutex-loss",
+    "redmutex-hook",
+];
 /// How many clients the child uses and drops.
 const CLIENTS: usize = 5;
 /// How long the child watches its threads after the drop: well past the bound the parent
@@ -163,6 +171,15 @@ fn threads_entry() {
             guard
         })
         .collect();
+    // A thread takes its name itself, once it runs (std names it from inside): one just
+    // started may still show its parent's name. Wait for the names, not for time; the
+    // parent asserts the counts, so a thread that never starts still fails it.
+    support::wait_until(WATCHED, || {
+        let running = library_threads();
+        THREAD_NAMES
+            .iter()
+            .all(|name| running.iter().filter(|n| n == name).count() == CLIENTS)
+    });
     say(&format!("running {}", library_threads().join(",")));
     // The guards are the last handles: they keep their clients' threads until dropped.
     drop(clients);
@@ -204,13 +221,7 @@ fn the_threads_of_dropped_clients_end_soon_after() {
         .expect("the running threads")
         .split(',')
         .collect();
-    for name in [
-        "redmutex-pool",
-        "redmutex-pubsub",
-        "redmutex-watchd",
-        "redmutex-loss",
-        "redmutex-hook",
-    ] {
+    for name in THREAD_NAMES {
         assert_eq!(
             running.iter().filter(|n| **n == name).count(),
             CLIENTS,
