@@ -175,13 +175,7 @@ pub type FencedLock = Lock<Fenced>;
 
 impl<K: Kind> Clone for Lock<K> {
     fn clone(&self) -> Self {
-        Lock {
-            client: self.client.clone(),
-            keys: self.keys.clone(),
-            initial: self.initial,
-            max_hold: self.max_hold,
-            kind: PhantomData,
-        }
+        self.as_kind()
     }
 }
 
@@ -199,6 +193,11 @@ impl<K: Kind> Lock<K> {
     /// The same lock, whose acquisitions are holders of their own (see
     /// [`owned`](Lock::owned)).
     pub(crate) fn owned_kind(&self) -> Lock<Owned<K>> {
+        self.as_kind()
+    }
+
+    /// The same lock and settings, as a `Lock` of kind `L` (the same kind for a clone).
+    fn as_kind<L: Kind>(&self) -> Lock<L> {
         Lock {
             client: self.client.clone(),
             keys: self.keys.clone(),

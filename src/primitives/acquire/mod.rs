@@ -193,7 +193,7 @@ impl<K: Kind> Lock<K> {
         let keys = &self.keys;
         let read = &scripts::READ;
         let holder = holder_id(&self.client.inner.exec.id, token);
-        let cancel = calls::cancel_as(read, keys, &holder, 0, 0, false);
+        let cancel = calls::cancel(read, keys, &holder, 0, 0, false);
         let exec = &self.client.inner.exec;
         let reply: Vec<i64> = exec.run_until(until, |con| exec.eval(con, &cancel))?;
         if reply[..] == [0, 1] {

@@ -372,14 +372,7 @@ impl<K: Kind> LockGuard<K> {
             .get_or_init(|| {
                 // One slot: a loss is sent once, and its send never blocks.
                 let (tx, rx) = crossbeam_channel::bounded(1);
-                self.inner.holds.watch_loss(
-                    &self.inner,
-                    &self.keys,
-                    self.token,
-                    &self.lost,
-                    self.level,
-                    Watcher::Guard(tx),
-                );
+                self.watch(Watcher::Guard(tx));
                 rx
             })
             .clone()

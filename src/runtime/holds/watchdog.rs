@@ -273,7 +273,7 @@ fn clean_doubtful(inner: &dyn Owner) {
         } = doubtful;
         let result = catch_unwind(AssertUnwindSafe(|| {
             let cancel = |con: &mut _| {
-                let cancel = calls::cancel(&keys, &holder, expected, need, false);
+                let cancel = calls::cancel(keys.ops, &keys, &holder, expected, need, false);
                 inner.executor().eval::<Vec<i64>>(con, &cancel)
             };
             inner

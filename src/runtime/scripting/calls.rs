@@ -88,21 +88,11 @@ pub(crate) fn release(keys: &LockKeys, holder: &str, need: u64, held: usize) -> 
 }
 
 /// Leaves the queue of the lock `keys` as the thread `holder`, which holds `expected`
-/// levels: with `keep`, a level beyond them (the lock was handed over meanwhile) is kept
-/// and reported, otherwise given back, leaving `need` ms to the levels held (`cancel.lua`).
+/// levels, by the rules of `ops` (the keys' own kind's, `keys.ops`, or the read side's of
+/// a read-write lock left from its write side's keys: they share the object): with `keep`,
+/// a level beyond them (the lock was handed over meanwhile) is kept and reported,
+/// otherwise given back, leaving `need` ms to the levels held (`cancel.lua`).
 pub(crate) fn cancel(
-    keys: &LockKeys,
-    holder: &str,
-    expected: usize,
-    need: u64,
-    keep: bool,
-) -> ScriptCall {
-    cancel_as(keys.ops, keys, holder, expected, need, keep)
-}
-
-/// [`cancel`] by the rules of `ops` rather than those of the keys' own kind: the read side
-/// of a read-write lock left from its write side's keys (they share the object).
-pub(crate) fn cancel_as(
     ops: &'static Ops,
     keys: &LockKeys,
     holder: &str,

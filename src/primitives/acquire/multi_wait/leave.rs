@@ -32,7 +32,7 @@ impl MultiWait<'_> {
             left.push(i);
             calls.push(Call::script(
                 inner,
-                calls::cancel(&m.keys, &self.holders[i], levels, need, true),
+                calls::cancel(m.keys.ops, &m.keys, &self.holders[i], levels, need, true),
             ));
         }
         if calls.is_empty() {

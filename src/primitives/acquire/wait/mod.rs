@@ -416,7 +416,7 @@ impl<K: Kind> Wait<'_, K> {
             inner.exec.config.lease.watchdog_ms(),
         );
         let reply: Vec<i64> = inner.exec.run_until(lock.io_until(self.deadline), |con| {
-            let cancel = calls::cancel(keys, &self.holder, held, need, keep);
+            let cancel = calls::cancel(keys.ops, keys, &self.holder, held, need, keep);
             inner.exec.eval(con, &cancel)
         })?;
         match reply[..] {
