@@ -884,11 +884,12 @@ impl ProtocolModel {
                         },
                         Reply::Granted(count, fence),
                     ) => {
-                        // A re-entry's reply: one level more, the lease raised.
-                        let fixed = self.cfg.fixed && c == 0;
+                        // A re-entry's reply: one level more (its validity is left as
+                        // it was: the re-entry's own send time is not kept, and counting
+                        // less is the safe side).
                         s.clients[c] = Client::Holding {
                             count,
-                            valid: if fixed { valid } else { valid.max(now + 0) },
+                            valid,
                             lost,
                             renewing,
                             fence,
@@ -1176,7 +1177,7 @@ impl Model for ProtocolModel {
 
     fn init_states(&self) -> Vec<State> {
         let n = self.cfg.clients as usize;
-        let offsets: &[Tick] = if self.cfg.skewed_replica { &[0] } else { &[0] };
+        let offsets: &[Tick] = &[0];
         offsets
             .iter()
             .map(|_| State {
@@ -1233,18 +1234,16 @@ impl Model for ProtocolModel {
                         }
                     }
                 }
-                Client::Waiting { until, .. } => {
-                    if !Self::has_msg(s, h) {
-                        if s.now >= *until {
-                            out.push(Action::Retry(c));
-                        }
-                        let live = s.primary.queue.iter().find(|e| e.holder == h);
-                        if live.is_none_or(|e| e.expiry < s.now + ENTRY_TTL) {
-                            out.push(Action::Refresh(c));
-                        }
-                        if cfg.cancel {
-                            out.push(Action::GiveUp(c));
-                        }
+                Client::Waiting { until, .. } if !Self::has_msg(s, h) => {
+                    if s.now >= *until {
+                        out.push(Action::Retry(c));
+                    }
+                    let live = s.primary.queue.iter().find(|e| e.holder == h);
+                    if live.is_none_or(|e| e.expiry < s.now + ENTRY_TTL) {
+                        out.push(Action::Refresh(c));
+                    }
+                    if cfg.cancel {
+                        out.push(Action::GiveUp(c));
                     }
                 }
                 _ => {}
@@ -1443,10 +1442,11 @@ impl Model for ProtocolModel {
             }
             Action::Deliver(i) => {
                 let m = s.net.remove(i);
-                if !matches!(s.clients[client_of(&m) as usize], Client::Crashed)
-                    && !(s.deaf[client_of(&m) as usize]
-                        && matches!(m, Msg::Grant(..) | Msg::Wake(..) | Msg::Forced(..)))
-                {
+                let c = client_of(&m) as usize;
+                // A crashed client hears nothing; one reconnecting, no pub/sub message.
+                let pubsub = matches!(m, Msg::Grant(..) | Msg::Wake(..) | Msg::Forced(..));
+                let dropped = matches!(s.clients[c], Client::Crashed) || (s.deaf[c] && pubsub);
+                if !dropped {
                     self.deliver(&mut s, m);
                 }
             }
@@ -1468,7 +1468,7 @@ impl Model for ProtocolModel {
                 s.clients[c as usize] = Client::Crashed;
                 s.used[0] += 1;
                 s.net
-                    .retain(|m| !(client_of(m) == c && !matches!(m, Msg::Request(..))));
+                    .retain(|m| client_of(m) != c || matches!(m, Msg::Request(..)));
             }
             Action::Disconnect(c) => {
                 s.deaf[c as usize] = true;
