@@ -1,0 +1,116 @@
+//! The exhaustive run of the protocol model (docs/protocol.md): one line per configuration,
+//! and a check that every mutant is caught.
+
+use std::time::Instant;
+
+use redmutex_model::{configurations, mutant_from_env, Config, Mutant, ProtocolModel};
+
+#[test]
+fn model() {
+    if std::env::var("REDMUTEX_MODEL_MUTANT").is_ok_and(|v| v == "list") {
+        for m in Mutant::ALL {
+            println!("mutant: {}", m.name());
+        }
+        return;
+    }
+    let mutant = mutant_from_env().unwrap();
+    let started = Instant::now();
+    let mut total = 0;
+    let mut failures = Vec::new();
+    for cfg in configurations() {
+        let name = cfg.name;
+        let t = Instant::now();
+        match (ProtocolModel {
+            cfg: Config { mutant, ..cfg },
+        })
+        .check()
+        {
+            Ok((n, unique)) => {
+                total += unique;
+                println!(
+                    "model: {name}: {n} states, {unique} unique, all properties hold ({:.1} s)",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            Err(trace) => {
+                println!("model: {name}: FAILED\n{trace}");
+                failures.push(name);
+            }
+        }
+    }
+    println!(
+        "model: total {total} unique states in {:.1} s{}",
+        started.elapsed().as_secs_f64(),
+        mutant.map_or(String::new(), |m| format!(" (mutant {})", m.name()))
+    );
+    assert!(failures.is_empty(), "properties broken in: {failures:?}");
+    if mutant.is_none() {
+        assert!(total >= 100_000, "only {total} unique states");
+    }
+}
+
+/// The configuration whose run catches `m` fastest (any run with the mutant fails; see
+/// `REDMUTEX_MODEL_MUTANT=<name>` for the whole run).
+fn catcher(m: Mutant) -> &'static str {
+    match m {
+        Mutant::LateGrant | Mutant::GrantPastValidity | Mutant::HandoffToExpiredEntry => "plain",
+        Mutant::ReleaseWithoutOwnerCheck => "lost message",
+        Mutant::UnconfirmedEpochGrant => "clock is ahead",
+        Mutant::ForceUnlockNotTold => "force_unlock",
+    }
+}
+
+#[test]
+fn every_mutant_is_caught() {
+    if std::env::var("REDMUTEX_MODEL_MUTANT").is_ok() {
+        return; // the run above is the one asked for
+    }
+    for m in Mutant::ALL {
+        if m == Mutant::UnconfirmedEpochGrant && std::env::var("REDMUTEX_MODEL_BIG").is_err() {
+            // Needs a tick after a failover to a skewed replica: beyond the default budget
+            // (docs/protocol.md); REDMUTEX_MODEL_BIG=1 checks it.
+            continue;
+        }
+        let cfg = configurations()
+            .into_iter()
+            .find(|c| c.name.contains(catcher(m)))
+            .unwrap();
+        let name = cfg.name;
+        let t = Instant::now();
+        let trace = (ProtocolModel {
+            cfg: Config {
+                mutant: Some(m),
+                ..cfg
+            },
+        })
+        .check()
+        .expect_err(m.name());
+        println!(
+            "mutant {}: caught in \"{name}\" ({:.1} s)\n{trace}",
+            m.name(),
+            t.elapsed().as_secs_f64()
+        );
+        assert!(trace.contains("property broken"));
+    }
+}
+
+/// Finding 1 (docs/protocol.md): a `force_unlock` notice that reaches the client before
+/// its acquisition's reply is dropped, and the guard then says held until its next
+/// renewal. Kept as a check that the model still shows it, until the client is fixed.
+#[test]
+fn finding_force_unlock_notice_before_the_guard() {
+    let cfg = configurations()
+        .into_iter()
+        .find(|c| c.name.contains("force_unlock"))
+        .unwrap();
+    let trace = (ProtocolModel {
+        cfg: Config {
+            strict_told: true,
+            ..cfg
+        },
+    })
+    .check()
+    .expect_err("finding 1 no longer shows");
+    println!("finding 1:\n{trace}");
+    assert!(trace.contains("told"));
+}
