@@ -19,9 +19,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_redmutex");
 
 const PREFIX: &str = "cli:";
 
-const CLIENTS: Clients = Clients::new(PREFIX)
-    .watchdog(Duration::from_secs(5))
-    .command(Duration::from_secs(1));
+const CLIENTS: Clients = support::cli::clients(PREFIX);
 
 fn redmutex(server: &RedisServer) -> Command {
     support::cli::redmutex(server, PREFIX)

@@ -17,9 +17,7 @@ use support::RedisServer;
 
 const PREFIX: &str = "habits:";
 
-const CLIENTS: Clients = Clients::new(PREFIX)
-    .watchdog(Duration::from_secs(5))
-    .command(Duration::from_secs(1));
+const CLIENTS: Clients = support::cli::clients(PREFIX);
 
 fn redmutex(server: &RedisServer) -> Command {
     support::cli::redmutex(server, PREFIX)

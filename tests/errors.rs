@@ -445,13 +445,7 @@ fn a_user_without_channel_permission_is_told_when_it_waits() {
         // A new client each time: its first wait is the one that learns of the refusal.
         let waiter = no_channel_user(&server);
         let name = if fair { "fair-jobs" } else { "jobs" };
-        let release: Box<dyn FnOnce() -> Result<(), Error>> = if fair {
-            let guard = holder.fair_lock(name).lock().unwrap();
-            Box::new(move || guard.unlock())
-        } else {
-            let guard = holder.lock(name).lock().unwrap();
-            Box::new(move || guard.unlock())
-        };
+        let release = support::hold_lock(&holder, name, fair);
         // Its pub/sub reader cannot subscribe: it would never hear the release.
         let (result, took) = support::timed(|| {
             let wait = Duration::from_secs(5);

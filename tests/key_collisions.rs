@@ -34,14 +34,21 @@ fn evalsha_client(server: &RedisServer, watchdog: Duration) -> Client {
         .expect("build client")
 }
 
+/// A server, the client that holds the victim on it, and a third client that checks
+/// nobody else can take the victim.
+fn victim_and_third() -> (RedisServer, Client, Client) {
+    let (server, victim) = CLIENTS.serve();
+    let third = CLIENTS.at(&server);
+    (server, victim, third)
+}
+
 /// The lock `job{t}:!oom`, held by one client, outlives a release, a cancelled wait and a
 /// force-unlock of the lock `job{t}` by another: nobody else can take it meanwhile.
 #[test]
 fn releasing_a_lock_leaves_the_lock_named_after_its_marker_alone() {
-    let (server, victim) = CLIENTS.serve();
+    let (server, victim, third) = victim_and_third();
     let held = victim.lock("job{t}:!oom");
     let guard = held.lock().unwrap();
-    let third = CLIENTS.at(&server);
     let still_held = |after: &str| {
         assert_eq!(held.hold_count().unwrap(), 1, "after {after}: hold lost");
         assert!(
@@ -71,10 +78,9 @@ fn releasing_a_lock_leaves_the_lock_named_after_its_marker_alone() {
 /// `job{t}` taken and released, and a force-unlock of it.
 #[test]
 fn releasing_a_read_write_lock_leaves_the_one_named_after_its_marker_alone() {
-    let (server, victim) = CLIENTS.serve();
+    let (server, victim, third) = victim_and_third();
     let held = victim.read_write_lock("job{t}:!oom");
     let guard = held.write_lock().lock().unwrap();
-    let third = CLIENTS.at(&server);
     let still_held = |after: &str| {
         assert_eq!(held.write_lock().hold_count().unwrap(), 1, "after {after}");
         let rw = third.read_write_lock("job{t}:!oom");
@@ -99,10 +105,9 @@ fn releasing_a_read_write_lock_leaves_the_one_named_after_its_marker_alone() {
 /// third client after permits of `job{t}` are taken and given back.
 #[test]
 fn releasing_a_permit_leaves_the_semaphore_named_after_its_marker_alone() {
-    let (server, victim) = CLIENTS.serve();
+    let (server, victim, third) = victim_and_third();
     let held = victim.semaphore("job{t}:!oom", 1);
     let permit = held.acquire().unwrap();
-    let third = CLIENTS.at(&server);
     let still_held = |after: &str| {
         assert_eq!(held.available_permits().unwrap(), 0, "after {after}");
         assert!(

@@ -384,13 +384,7 @@ fn a_local_grant_whose_release_reply_is_lost_is_picked_up() {
         let name = if fair { "lost-fair" } else { "lost" };
         let queue = Keys::lock(PREFIX, name).queue();
         let take: Take = if fair { take_fair } else { take_lock };
-        let first: Box<dyn FnOnce() -> Result<(), Error>> = if fair {
-            let g = c.fair_lock(name).lock().unwrap();
-            Box::new(move || g.unlock())
-        } else {
-            let g = c.lock(name).lock().unwrap();
-            Box::new(move || g.unlock())
-        };
+        let first = support::hold_lock(&c, name, fair);
         let (c2, n2) = (c.clone(), name.to_owned());
         let got = spawn(move || {
             let release = take(&c2, &n2);

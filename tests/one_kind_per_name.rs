@@ -246,6 +246,11 @@ fn the_kinds_of_one_object_exclude_each_other_as_holders() {
     }
 }
 
+/// Waits (up to 5 s) until `queue` holds `n` waiters; false if it never does.
+fn queue_reaches(con: &mut redis::Connection, queue: &str, n: i64) -> bool {
+    support::wait_until(Duration::from_secs(5), || support::llen(con, queue) == n)
+}
+
 /// A waiter queued for a lock whose hold lapsed (no release to hand it on), while another
 /// kind took the name meanwhile: its next attempt is refused, and it leaves the queue.
 #[test]
@@ -264,11 +269,7 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
             .map(|g| g.is_some())
     });
     let mut con = server.connection();
-    let len =
-        |con: &mut redis::Connection| -> i64 { redis::cmd("LLEN").arg(&queue).query(con).unwrap() };
-    assert!(support::wait_until(Duration::from_secs(5), || len(
-        &mut con
-    ) == 1));
+    assert!(queue_reaches(&mut con, &queue, 1));
     // The hold vanishes as a lapse would (nothing tells the waiter), and a reader comes.
     redis::cmd("DEL")
         .arg(&lock_key)
@@ -288,7 +289,7 @@ fn a_waiter_whose_name_another_kind_took_is_refused_and_leaves_the_queue() {
         other => panic!("{other:?}"),
     }
     eprintln!("refused {:?} after the reader came", started.elapsed());
-    assert_eq!(len(&mut con), 0, "still queued");
+    assert_eq!(support::llen(&mut con, &queue), 0, "still queued");
     reader.unlock().unwrap();
     drop(guard);
 }
@@ -324,17 +325,10 @@ fn a_cancel_that_finds_it_free_looks_at_the_name<K: redmutex::Kind>(
             (got.map(|g| g.is_some()), held)
         });
         let mut con = server.connection();
-        let len = |con: &mut redis::Connection| -> i64 {
-            redis::cmd("LLEN").arg(&queue).query(con).unwrap()
-        };
-        assert!(support::wait_until(Duration::from_secs(5), || len(
-            &mut con
-        ) == 1));
+        assert!(queue_reaches(&mut con, &queue, 1));
         let cancelling =
             std::thread::spawn(move || side(&second).try_lock_for(DEADLINE).map(|g| g.is_some()));
-        assert!(support::wait_until(Duration::from_secs(5), || len(
-            &mut con
-        ) == 2));
+        assert!(queue_reaches(&mut con, &queue, 2));
         // The hold vanishes as a lapse would (nothing tells the waiters), and another kind
         // takes the name.
         redis::cmd("DEL")
@@ -360,7 +354,7 @@ fn a_cancel_that_finds_it_free_looks_at_the_name<K: redmutex::Kind>(
             Err(Error::WrongKind { in_use: used, .. }) => assert_eq!(used, in_use),
             other => panic!("{other:?}"),
         }
-        assert_eq!(len(&mut con), 0, "still queued");
+        assert_eq!(support::llen(&mut con, &queue), 0, "still queued");
         release_other();
         drop(guard);
     }

@@ -46,6 +46,15 @@ fn not_ready(lost: &Receiver<LostLease>) -> bool {
     matches!(lost.try_recv(), Err(TryRecvError::Empty))
 }
 
+/// Asserts the acquisition was refused with `Error::Cancelled`.
+#[track_caller]
+fn assert_cancelled<T: std::fmt::Debug>(outcome: &Result<T, Error>) {
+    assert!(
+        matches!(outcome, Err(Error::Cancelled { .. })),
+        "{outcome:?}"
+    );
+}
+
 fn assert_send_sync_static<T: Send + Sync + 'static>() {}
 
 #[test]
@@ -317,10 +326,7 @@ fn a_blocked_owned_acquisition_is_cancelled() {
     let outcome = waiter.join().unwrap();
     let took = cancelled.elapsed();
     println!("cancelled call returned {took:?} after cancel()");
-    assert!(
-        matches!(outcome, Err(Error::Cancelled { .. })),
-        "{outcome:?}"
-    );
+    assert_cancelled(&outcome);
     assert!(
         took < Duration::from_millis(200),
         "returned {took:?} after cancel"
@@ -332,10 +338,7 @@ fn a_blocked_owned_acquisition_is_cancelled() {
             .wait_until(Instant::now() + SETUP)
             .cancellable(&token),
     );
-    assert!(
-        matches!(outcome, Err(Error::Cancelled { .. })),
-        "{outcome:?}"
-    );
+    assert_cancelled(&outcome);
     held.unlock().unwrap();
     assert!(
         lock.owned().try_lock().unwrap().is_some(),

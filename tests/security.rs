@@ -131,6 +131,14 @@ fn a_user_confined_to_the_prefix_can_do_everything() {
     assert_eq!(sem.available_permits().expect("available"), 3);
 }
 
+/// `e`'s message, asserted to contain both `one` and `other`.
+#[track_caller]
+fn says_both(e: &Error, one: &str, other: &str) -> String {
+    let text = e.to_string();
+    assert!(text.contains(one) && text.contains(other), "{text}");
+    text
+}
+
 #[test]
 fn a_user_without_the_rule_gets_a_clear_permission_error() {
     let server = RedisServer::new();
@@ -142,11 +150,7 @@ fn a_user_without_the_rule_gets_a_clear_permission_error() {
     let client = Client::open(url_for(&server, "elsewhere", "s3cret-pw")).unwrap();
     match client.lock("acl").try_lock() {
         Err(e @ Error::NoPermission { .. }) => {
-            let text = e.to_string();
-            assert!(
-                text.contains("elsewhere") && text.contains("permission"),
-                "{text}"
-            );
+            let text = says_both(&e, "elsewhere", "permission");
             assert!(!text.contains("s3cret-pw"));
         }
         other => panic!("expected a permission error, got {other:?}"),
@@ -235,11 +239,7 @@ fn a_server_password_is_used_and_required() {
     let without = Client::open(server.url()).unwrap();
     match without.lock("auth").try_lock() {
         Err(e @ Error::Auth { .. }) => {
-            let text = e.to_string();
-            assert!(
-                text.contains("authentication failed") && text.contains("requires a password"),
-                "{text}"
-            );
+            says_both(&e, "authentication failed", "requires a password");
         }
         other => panic!("expected an authentication error, got {other:?}"),
     }

@@ -57,6 +57,14 @@ impl Witness {
             .clone()
     }
 
+    /// Stays inside a moment (so others may overlap), then leaves the section counted by
+    /// `count`.
+    fn leave(&self, count: &AtomicI64) {
+        thread::yield_now();
+        count.fetch_sub(1, Ordering::SeqCst);
+        self.sections.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A section held alone (a lock, a write): nobody else may be inside.
     fn exclusive(&self, name: &str) {
         let inside = self.inside(name);
@@ -65,9 +73,7 @@ impl Witness {
         {
             self.overlaps.fetch_add(1, Ordering::SeqCst);
         }
-        thread::yield_now();
-        inside.exclusive.fetch_sub(1, Ordering::SeqCst);
-        self.sections.fetch_add(1, Ordering::Relaxed);
+        self.leave(&inside.exclusive);
     }
 
     /// A shared section (a read, the upgradeable side): no writer may be inside.
@@ -77,9 +83,7 @@ impl Witness {
         if inside.exclusive.load(Ordering::SeqCst) != 0 {
             self.overlaps.fetch_add(1, Ordering::SeqCst);
         }
-        thread::yield_now();
-        inside.readers.fetch_sub(1, Ordering::SeqCst);
-        self.sections.fetch_add(1, Ordering::Relaxed);
+        self.leave(&inside.readers);
     }
 
     /// A permit's section: never more than the semaphore has.
@@ -88,9 +92,7 @@ impl Witness {
         if inside.permits.fetch_add(1, Ordering::SeqCst) >= PERMITS {
             self.overlaps.fetch_add(1, Ordering::SeqCst);
         }
-        thread::yield_now();
-        inside.permits.fetch_sub(1, Ordering::SeqCst);
-        self.sections.fetch_add(1, Ordering::Relaxed);
+        self.leave(&inside.permits);
     }
 
     /// Counts `e`; one a dropped connection does not explain is kept, to fail the test.

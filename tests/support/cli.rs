@@ -1,8 +1,17 @@
 //! The `redmutex` command run as a process, for the tests of the command (feature `cli`).
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
+use super::clients::Clients;
 use super::RedisServer;
+
+/// The clients a test of the command makes beside it, its keys under `prefix`.
+pub const fn clients(prefix: &'static str) -> Clients {
+    Clients::new(prefix)
+        .watchdog(Duration::from_secs(5))
+        .command(Duration::from_secs(1))
+}
 
 /// The built `redmutex` binary. (Cargo names it to the tests only; the examples and
 /// benches that share this module are built without it.)

@@ -26,3 +26,10 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let out = f();
     (out, start.elapsed())
 }
+
+/// Asserts that a call which took `took` returned in less than `bound`; `message` is the
+/// failure's text (it names the call and its time).
+#[track_caller]
+pub fn assert_under(took: Duration, bound: Duration, message: std::fmt::Arguments) {
+    assert!(took < bound, "{message}");
+}
