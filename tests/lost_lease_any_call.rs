@@ -894,3 +894,131 @@ fn a_first_hold_stays_within_its_deadline_while_its_subscription_is_slow() {
     println!("told {after:?} after the subscription was let through");
     assert!(is_lease_lost(&guard.unlock()));
 }
+
+/// Finding 1 of the model (docs/protocol.md): a `force_unlock` whose notice reaches the
+/// holder's client before the reply of the acquisition it frees. The reply (it carries
+/// `:1`, the grant) is held back by the proxy after the script ran; meanwhile another
+/// client force-unlocks the name and its notice comes on the holder's pub/sub connection
+/// first, while the acquiring thread has not registered the hold. The guard the call then
+/// returns must be told at once (not at the renewal, 10 s after the grant), the hook hears
+/// of it once, and giving it back says `LeaseLost`; a later hold of the name is not lost.
+/// Every kind, on the FCALL and the EVALSHA paths.
+#[test]
+fn a_force_unlock_notice_before_the_acquires_reply_is_told_at_once() {
+    const REPLY_DELAY: Duration = Duration::from_millis(1500);
+    let server = RedisServer::new();
+    let mut figures = Vec::new();
+    for functions in [true, false] {
+        if functions && !support::server_kind().has_functions() {
+            continue;
+        }
+        let path = if functions { "fcall" } else { "evalsha" };
+        macro_rules! case {
+            ($kind:literal, $name:literal, |$c:ident| $guard:expr) => {{
+                let prefix = format!("told:early:{path}:{}:", $kind);
+                let proxy = support::FaultProxy::new(server.port());
+                // Room for the held-back reply: the command timeout is well above its delay.
+                let (client, heard) = CLIENTS
+                    .command(Duration::from_secs(5))
+                    .prefix(&prefix)
+                    .functions(functions)
+                    .heard_at(&proxy.url());
+                let other = Clients::DEFAULT
+                    .prefix(&prefix)
+                    .functions(functions)
+                    .at(&server);
+                // The client's own channel subscribed first: the notice can reach it.
+                client.lock("warm").lock().unwrap().unlock().unwrap();
+                await_listening(&server, &prefix, &client);
+                // From here the only chunk carrying `:1\r\n` is the grant's reply (the
+                // notice's payload ends with the lock's key, a letter).
+                proxy.delay_replies_containing(":1\r\n", REPLY_DELAY);
+                let started = Instant::now();
+                // Another thread frees the name once the acquire script ran (a
+                // force_unlock before it finds nothing and changes nothing).
+                let forcing = std::thread::spawn({
+                    let path = path.to_owned();
+                    move || loop {
+                        if !other.force_unlock($name).unwrap().is_empty() {
+                            return Instant::now();
+                        }
+                        assert!(
+                            started.elapsed() < REPLY_DELAY,
+                            "{path} {}: the acquire script did not run",
+                            $kind
+                        );
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                });
+                let $c = &client;
+                let guard = $guard;
+                let returned = Instant::now();
+                let forced = forcing.join().unwrap();
+                proxy.delay_replies_containing(":1\r\n", Duration::ZERO);
+                // The race this test is about: the force_unlock was over (its notice on
+                // its way) before the held-back reply reached the client.
+                assert!(
+                    forced < returned && returned >= started + REPLY_DELAY,
+                    "{path} {}: the reply was not held back past the force_unlock \
+                     ({:?} / {:?})",
+                    $kind,
+                    forced - started,
+                    returned - started
+                );
+                let Some(after) = told_after(&guard.lost(), returned) else {
+                    panic!(
+                        "{path} {}: a force_unlock told before the acquire's reply was not \
+                         told within {TOLD_WITHIN:?} of the call returning",
+                        $kind
+                    );
+                };
+                figures.push(after);
+                println!("{path} {}: lost() {after:?} after the call returned", $kind);
+                assert!(guard.is_lease_lost(), "{path} {}", $kind);
+                assert_eq!(
+                    heard.told(1),
+                    [($name.to_owned(), $kind, LossReason::Deleted)],
+                    "{path} {}: the hook, once",
+                    $kind
+                );
+                let said = guard.give();
+                assert!(is_lease_lost(&said), "{path} {}: {said:?}", $kind);
+                // A later hold is a new hold (a token of its own): not lost.
+                let again = $guard;
+                assert!(
+                    not_ready(&again.lost()) && !again.is_lease_lost(),
+                    "{path} {}: a later hold is told the earlier one's loss",
+                    $kind
+                );
+                again.give().unwrap();
+            }};
+        }
+        case!("Lock", "a", |c| c.lock("a").lock().unwrap());
+        case!("FencedLock", "b", |c| c.fenced_lock("b").lock().unwrap());
+        case!("FairLock", "c", |c| c.fair_lock("c").lock().unwrap());
+        case!("ReadLock", "d", |c| c
+            .read_write_lock("d")
+            .read_lock()
+            .lock()
+            .unwrap());
+        case!("WriteLock", "e", |c| c
+            .read_write_lock("e")
+            .write_lock()
+            .lock()
+            .unwrap());
+        case!("UpgradeableLock", "f", |c| c
+            .read_write_lock("f")
+            .upgradeable_lock()
+            .lock()
+            .unwrap());
+        case!("Semaphore", "g", |c| c.semaphore("g", 3).acquire().unwrap());
+        case!("Lock", "h", |c| c.lock("h").owned().lock().unwrap());
+    }
+    figures.sort();
+    println!(
+        "notice before the reply -> lost(): median {:?}, max {:?} over {} cases",
+        figures[figures.len() / 2],
+        figures[figures.len() - 1],
+        figures.len()
+    );
+}

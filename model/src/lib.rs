@@ -48,17 +48,22 @@ pub enum Mutant {
     UnconfirmedEpochGrant,
     /// `force_unlock` does not tell the holder's client on its control channel.
     ForceUnlockNotTold,
+    /// Finding 1 (docs/protocol.md): a `force_unlock` notice that reaches the client
+    /// before its hold is registered is dropped (`force_unlocked` finds no hold), as it
+    /// was before the fix.
+    ForceUnlockNoticeDropped,
 }
 
 impl Mutant {
     /// Every mutant, in the order `REDMUTEX_MODEL_MUTANT=list` prints them.
-    pub const ALL: [Mutant; 6] = [
+    pub const ALL: [Mutant; 7] = [
         Mutant::LateGrant,
         Mutant::GrantPastValidity,
         Mutant::ReleaseWithoutOwnerCheck,
         Mutant::HandoffToExpiredEntry,
         Mutant::UnconfirmedEpochGrant,
         Mutant::ForceUnlockNotTold,
+        Mutant::ForceUnlockNoticeDropped,
     ];
 
     /// The name `REDMUTEX_MODEL_MUTANT` takes.
@@ -70,6 +75,7 @@ impl Mutant {
             Mutant::HandoffToExpiredEntry => "handoff_to_expired_entry",
             Mutant::UnconfirmedEpochGrant => "unconfirmed_epoch_grant",
             Mutant::ForceUnlockNotTold => "force_unlock_not_told",
+            Mutant::ForceUnlockNoticeDropped => "force_unlock_notice_dropped",
         }
     }
 
@@ -115,9 +121,9 @@ pub struct Config {
     pub sync_replicas: bool,
     /// The replica's clock may be ahead of the primary's by one tick.
     pub skewed_replica: bool,
-    /// Finding 1 (docs/protocol.md): a `force_unlock` notice that reaches the client
-    /// before its acquisition's reply is dropped today; `false` exempts such a holder from
-    /// "told", `true` checks it (and fails).
+    /// Finding 1 (docs/protocol.md): a `force_unlock` notice that reached the client before
+    /// its hold was registered was dropped before the fix; `false` exempts such a holder
+    /// from "told" (the property as it was checked then), `true` (the default) checks it.
     pub strict_told: bool,
     /// The mutant switched on, if any.
     pub mutant: Option<Mutant>,
@@ -143,7 +149,7 @@ impl Config {
             failovers: 0,
             sync_replicas: false,
             skewed_replica: false,
-            strict_told: false,
+            strict_told: true,
             mutant: None,
         }
     }
@@ -354,7 +360,7 @@ pub struct State {
     /// Holders whose hold a failover without `sync_replicas` lost (documented).
     pub rolled_back: Vec<Holder>,
     /// Holders whose `force_unlock` notice reached their client before their guard
-    /// existed (dropped there: finding 1).
+    /// existed: kept there for the hold's registration, which is then lost (finding 1).
     pub unheard: Vec<Holder>,
     /// A handoff went to a waiter whose entry had lapsed.
     pub lapsed_handoff: bool,
@@ -773,7 +779,7 @@ impl ProtocolModel {
                             _ => Client::Holding {
                                 count,
                                 valid: sent + lease,
-                                lost: false,
+                                lost: self.forced_before(s, h),
                                 renewing: None,
                                 fence,
                             },
@@ -825,7 +831,7 @@ impl ProtocolModel {
                         s.clients[c] = Client::Holding {
                             count: 1,
                             valid: sent + WATCHDOG,
-                            lost: false,
+                            lost: self.forced_before(s, h),
                             renewing: None,
                             fence,
                         };
@@ -949,7 +955,7 @@ impl ProtocolModel {
                         s.clients[c] = Client::Holding {
                             count: 1,
                             valid: start + window,
-                            lost: false,
+                            lost: self.forced_before(s, h),
                             renewing: None,
                             fence,
                         };
@@ -994,7 +1000,8 @@ impl ProtocolModel {
                             fence,
                         };
                     }
-                    // losses.rs's force_unlocked finds no hold of that token yet: dropped.
+                    // found.rs's force_unlocked finds no hold of that token yet: kept for
+                    // its registration (dropped there with the mutant).
                     _ => {
                         s.unheard.push(h);
                         s.unheard.sort();
@@ -1003,6 +1010,12 @@ impl ProtocolModel {
             }
             Msg::Request(..) => {}
         }
+    }
+
+    /// Whether a `force_unlock` notice for `h` came before its hold's registration (the
+    /// hold table's `forced_before`): the hold is then lost from the start.
+    fn forced_before(&self, s: &State, h: Holder) -> bool {
+        !self.mutant(Mutant::ForceUnlockNoticeDropped) && s.unheard.contains(&h)
     }
 
     fn attempt(&self, s: &mut State, c: usize, first: u8, expected: u8, queue: bool) {

@@ -12,7 +12,7 @@ use crate::runtime::connection::executor::Executor;
 use crate::runtime::connection::target::Target;
 use crate::runtime::holds::loss::{Loss, LossSource, Notifier};
 use crate::runtime::holds::watchdog::{self, Watchdog};
-use crate::runtime::holds::HoldTable;
+use crate::runtime::holds::{lease, HoldTable};
 use crate::runtime::keys::LockKeys;
 use crate::runtime::subscriber::{ForceUnlocked, Subscriber};
 
@@ -92,7 +92,11 @@ impl watchdog::Owner for Inner {
 
 impl ForceUnlocked for Inner {
     fn force_unlocked(&self, key: &[u8], token: u64) {
-        self.holds.force_unlocked(key, token);
+        // A notice that finds no hold is kept for a grant still on its way: its reply comes
+        // within the command timeout (twice: a WAIT of sync_replicas may follow it), a
+        // handed-over hold is taken within its pickup window.
+        let keep = 2 * self.exec.config.command_timeout + lease::PICKUP;
+        self.holds.force_unlocked(key, token, keep);
     }
 
     fn unheard(self: Arc<Self>) {

@@ -17,7 +17,7 @@ mod tests;
 mod waits;
 pub(crate) mod watchdog;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use self::lease::Lease;
-use crate::runtime::holds::loss::{Hook, Loss, Notifier, Timed};
+use crate::runtime::holds::loss::{Hook, Loss, LossReason, Notifier, Timed};
 use crate::runtime::keys::LockKeys;
 
 use self::hold::{live_levels, remove_hold, Hold, HoldKey, Holds};
@@ -110,7 +110,23 @@ pub(crate) struct HoldTable {
     pub(super) alarm: Alarm,
     // The threads that mark holds lost when their time is up, and that call the hook.
     pub(crate) notifier: Notifier,
+    // `force_unlock` notices that found no hold of their token on a side, kept a while for
+    // a grant of it still on its way (`force_unlocked`), oldest first. Locked after `holds`.
+    pub(super) forced: Mutex<VecDeque<Forced>>,
 }
+
+/// A `force_unlock` notice kept for a hold not registered yet: the side's hold key, the
+/// holder token, and until when it is kept.
+pub(super) struct Forced {
+    pub(super) hold: Vec<u8>,
+    pub(super) token: u64,
+    pub(super) until: Instant,
+}
+
+/// At most this many notices are kept (the oldest go first): a notice of a hold not yet
+/// registered is needed only for a moment, and only races make one, so a flood of them
+/// (every side of each name freed without a race makes some) must not grow the table.
+pub(super) const FORCED_KEPT: usize = 1024;
 
 /// What an acquisition tells the table besides its lease.
 pub(crate) struct Acquisition {
@@ -139,6 +155,7 @@ impl HoldTable {
             in_doubt: Mutex::new(Vec::new()),
             kicks: Mutex::new(HashMap::new()),
             alarm: Alarm::default(),
+            forced: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -192,6 +209,11 @@ impl HoldTable {
         if count == 1 {
             // Redis shows no earlier level of ours: a new hold.
             hold.restart(acq.generation, fresh);
+        }
+        if self.forced_before(key, token) {
+            // Freed by a force_unlock after its grant, whose notice came before this
+            // registration (see `force_unlocked`): lost from the start.
+            hold.lost.mark(LossReason::Deleted);
         }
         let extend = hold.add_level(level, (lease, lease_ms), (sent, handoff), acq.max_hold);
         if extend.is_some() {

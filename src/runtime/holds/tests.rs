@@ -246,3 +246,47 @@ fn a_check_round_takes_fixed_holds_too_without_extending_them() {
     assert!(check.iter().all(|w| !w.extension));
     table.renewed(&check);
 }
+
+/// A `force_unlock` notice that finds no hold of its token is kept for the registration
+/// of a grant still on its way, which is then lost at once; it touches no hold under
+/// another token, is taken by the one registration, is dropped when its time is over, and
+/// the table keeps at most `FORCED_KEPT` of them. A notice that finds the hold marks that
+/// hold, not a new one the same thread registers after it (a re-entry the server granted
+/// as a new hold, its force_unlock having run before).
+#[test]
+fn a_force_unlock_notice_before_the_registration_marks_the_hold_lost() {
+    let table = HoldTable::new(None);
+    let now = Instant::now();
+    let keys = keys_of("n");
+    let keep = Duration::from_secs(60);
+    let lease = (Lease::Watchdog, 30_000);
+    table.force_unlocked(keys.key(), 7, keep);
+    let other = table.acquired(&keys, 8, "c:8", 1, lease, (now, false), &ACQ);
+    assert!(!other.lost.is_lost(), "another token's hold is not touched");
+    let forced = table.acquired(&keys, 7, "c:7", 1, lease, (now, false), &ACQ);
+    assert!(forced.lost.is_lost(), "registered after its notice: lost");
+    // Taken by that registration: nothing is left for the side of a plain lock.
+    assert!(!table.forced_before(keys.hold(), 7));
+
+    // A notice that found its hold is not kept for that side.
+    let held = table.acquired(&keys, 9, "c:9", 1, lease, (now, false), &ACQ);
+    table.force_unlocked(keys.key(), 9, keep);
+    assert!(held.lost.is_lost());
+    let again = table.acquired(&keys, 9, "c:9", 1, lease, (now, false), &ACQ);
+    assert!(
+        !again.lost.is_lost(),
+        "a new hold granted after the force_unlock"
+    );
+
+    // Over its time: dropped.
+    table.force_unlocked(keys.key(), 10, Duration::ZERO);
+    assert!(!table.forced_before(keys.hold(), 10));
+
+    // Bounded: the oldest go first.
+    for token in 100..100 + FORCED_KEPT as u64 {
+        table.force_unlocked(keys.key(), token, keep);
+    }
+    assert_eq!(table.forced.lock().len(), FORCED_KEPT);
+    assert!(!table.forced_before(keys.hold(), 100));
+    assert!(table.forced_before(keys.hold(), 99 + FORCED_KEPT as u64));
+}

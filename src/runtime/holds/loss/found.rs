@@ -2,11 +2,11 @@
 //! renewal confirmed), by the server, by a `force_unlock`, and the loss thread's timers.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Loss, LossReason, LossSource, Timed, Watcher};
 use crate::runtime::holds::hold::Hold;
-use crate::runtime::holds::HoldTable;
+use crate::runtime::holds::{Forced, HoldTable, FORCED_KEPT};
 use crate::runtime::keys::LockKeys;
 
 impl HoldTable {
@@ -173,19 +173,62 @@ impl HoldTable {
     /// A `force_unlock` freed the holder `token` of `key` (whichever side of a read-write
     /// lock it held): its holds are marked lost (`Deleted`) now, so that their guards and
     /// the hook are told at once. They stay in the table until released: a release still
-    /// goes to Redis and says `LeaseLost`, and a hold this thread took again after the
-    /// force_unlock, before its message came, is then at worst reported lost too early
-    /// rather than left held without renewals.
-    pub(crate) fn force_unlocked(&self, key: &[u8], token: u64) {
+    /// goes to Redis and says `LeaseLost`.
+    ///
+    /// A side with no hold of `token` here may be one whose grant is still on its way to
+    /// the acquiring thread (the notice and the reply travel on two connections, in either
+    /// order; a handoff's message may wait for its thread): the notice is kept for it, for
+    /// `keep`, and the hold's registration marks it lost at once (see
+    /// [`forced_before`](HoldTable::forced_before)). Tokens are per hold, so no later hold
+    /// can take it for its own.
+    pub(crate) fn force_unlocked(&self, key: &[u8], token: u64, keep: Duration) {
         let holds = self.holds.lock();
+        let mut unheld = Vec::new();
         for mark in LockKeys::HOLD_MARKS {
             let name = [&[mark][..], key].concat();
-            let Some(hold) = holds.get(&name[..]).and_then(|h| h.get(&token)) else {
-                continue;
-            };
-            // (Said once, at WARN, by the mark: a hold lost already was said.)
-            hold.lost.mark(LossReason::Deleted);
+            match holds.get(&name[..]).and_then(|h| h.get(&token)) {
+                // (Said once, at WARN, by the mark: a hold lost already was said.)
+                Some(hold) => hold.lost.mark(LossReason::Deleted),
+                None => unheld.push(name),
+            }
         }
+        // Kept while the table is still locked: a registration checks for it under the
+        // same lock, so it comes either before this look (and is marked above) or after
+        // the notice is kept.
+        let until = Instant::now() + keep;
+        let mut forced = self.forced.lock();
+        for hold in unheld {
+            if forced.len() == FORCED_KEPT {
+                forced.pop_front();
+            }
+            forced.push_back(Forced { hold, token, until });
+        }
+        drop(forced);
+        drop(holds);
+    }
+
+    /// Whether a `force_unlock` notice for the hold `token` of `key` came before the hold
+    /// was registered (see [`force_unlocked`](HoldTable::force_unlocked)); takes it. Called
+    /// with the table locked.
+    pub(in crate::runtime::holds) fn forced_before(&self, key: &[u8], token: u64) -> bool {
+        let mut forced = self.forced.lock();
+        if forced.is_empty() {
+            return false;
+        }
+        let now = Instant::now();
+        // (Kept in the order they came, each for the client's one time: the oldest end
+        // first.)
+        while forced.front().is_some_and(|f| f.until <= now) {
+            forced.pop_front();
+        }
+        let Some(at) = forced
+            .iter()
+            .position(|f| f.token == token && f.hold[..] == *key && f.until > now)
+        else {
+            return false;
+        };
+        forced.remove(at);
+        true
     }
 
     /// The watchdog stops for good (every `Client` is gone): holds that relied on it will
