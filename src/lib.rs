@@ -84,6 +84,10 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+#[cfg(feature = "conformance")]
+#[doc(hidden)]
+#[path = "conformance.rs"]
+pub mod __conformance;
 mod error;
 mod name;
 mod primitives;

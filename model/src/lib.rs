@@ -10,6 +10,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod conformance;
+
 use std::fmt::Write as _;
 
 use stateright::{Checker, HasDiscoveries, Model, Property};
@@ -487,6 +489,21 @@ impl ProtocolModel {
         }
     }
 
+    /// renew.lua's queue part: `h`'s entry, if the waiters hash still has it, lives
+    /// `ENTRY_TTL` from now, whether or not it had lapsed (nothing dropped it, so no
+    /// message went past it: the conformance test found the script reviving one); false
+    /// when it is gone.
+    fn refresh_entry(s: &mut State, h: Holder) -> bool {
+        let now = s.now;
+        match s.primary.queue.iter_mut().find(|e| e.holder == h) {
+            Some(e) => {
+                e.expiry = now + ENTRY_TTL;
+                true
+            }
+            None => false,
+        }
+    }
+
     fn remove(s: &mut State, h: Holder) -> bool {
         let before = s.primary.queue.len();
         s.primary.queue.retain(|e| e.holder != h);
@@ -525,6 +542,13 @@ impl ProtocolModel {
             if grant && !sure {
                 grant = s.primary.hold.is_some();
             }
+            // queue.lua draws a fenced waiter's token before it publishes the grant, so
+            // one nobody hears burns a token (harmless: tokens only need to grow).
+            let fence = if grant && e.fenced {
+                Self::draw_fence(s)
+            } else {
+                0
+            };
             let heard = Self::listening(s, e.holder.0);
             if heard && !grant {
                 Self::send(s, Msg::Wake(e.holder, e.ticket));
@@ -532,7 +556,6 @@ impl ProtocolModel {
             }
             s.primary.queue.remove(0);
             if heard {
-                let fence = if e.fenced { Self::draw_fence(s) } else { 0 };
                 Self::send(s, Msg::Grant(e.holder, e.ticket, fence, s.now + s.offset));
                 if e.expiry <= s.now {
                     s.lapsed_handoff = true;
@@ -551,7 +574,6 @@ impl ProtocolModel {
     }
 
     fn serve(&self, s: &mut State, h: Holder, op: Op) {
-        let c = h.0 as usize;
         let reply = match op {
             Op::Acquire {
                 expected,
@@ -576,22 +598,32 @@ impl ProtocolModel {
                     .filter(|x| x.holder == h)
                     .map(|x| x.count);
                 Self::remove(s, h);
-                if held.is_some() {
-                    // held > expected (0): a level nobody knows of, given back.
-                    s.primary.hold = None;
+                match held {
+                    // More than one level beyond the expected (0): cancel.lua leaves them
+                    // (a give-up never frees a hold it did not take).
+                    Some(n) if n > 1 => return self.reply(s, h, Reply::Done),
+                    // One level nobody knows of: given back.
+                    Some(_) => s.primary.hold = None,
+                    None => {}
                 }
                 if s.primary.hold.is_none() {
-                    self.hand_on(s, false, None, true, true);
+                    // cancel.lua names no holder (`mine` nil): a starved or fair head is
+                    // granted only where the script sees the name held (Q.hand_on's
+                    // `sure`), so with the lock free it is woken to try (conformance).
+                    self.hand_on(s, false, None, true, false);
                 }
                 Reply::Done
             }
         };
+        self.reply(s, h, reply);
+    }
+
+    fn reply(&self, s: &mut State, h: Holder, reply: Reply) {
         // sync_replicas: a grant's reply (an acquisition, a confirmation) waits for the
         // replica to have it.
         if self.cfg.sync_replicas && matches!(reply, Reply::Granted(..) | Reply::Renewed) {
             s.replica = s.primary.clone();
         }
-        let _ = c;
         Self::send(s, Msg::Reply(h, reply));
     }
 
@@ -705,7 +737,12 @@ impl ProtocolModel {
         }
         s.primary.hold = None;
         if hold.marked {
+            // release.lua tells waiters of the releaser's own client in its reply
+            // (queue.lua's `told`), not by pub/sub: they are heard whatever that client's
+            // subscriber does (found by the conformance test).
+            let deaf = std::mem::replace(&mut s.deaf[h.0 as usize], false);
             self.hand_on(s, false, None, true, true);
+            s.deaf[h.0 as usize] = deaf;
         }
         Reply::Done
     }
@@ -1426,18 +1463,9 @@ impl Model for ProtocolModel {
             Action::Refresh(c) => {
                 let i = c as usize;
                 let h = self.holder(&s, c);
-                let now = s.now;
-                match s
-                    .primary
-                    .queue
-                    .iter_mut()
-                    .find(|e| e.holder == h && e.expiry > now)
-                {
-                    Some(e) => e.expiry = now + ENTRY_TTL,
-                    None => {
-                        if let Client::Waiting { first, .. } = s.clients[i] {
-                            self.attempt(&mut s, i, first, 0, true);
-                        }
+                if !Self::refresh_entry(&mut s, h) {
+                    if let Client::Waiting { first, .. } = s.clients[i] {
+                        self.attempt(&mut s, i, first, 0, true);
                     }
                 }
             }
