@@ -21,7 +21,9 @@
 -- Returns {lost, gone}: the indices i (1-based) of holds that are gone (that lease was
 -- lost: expired, force-unlocked, or Redis lost its data; they are left untouched, so a
 -- renewal can never resurrect or extend a hold someone else now has), and the indices j
--- of waiters no longer queued (dropped as dead, or lapsed): they must ask again.
+-- of waiters no longer queued (dropped, as dead or lapsed): they must ask again. An entry
+-- that lapsed but is still queued is kept alive instead: nothing has passed over it (a
+-- grant or wake-up that reaches a lapsed entry drops it first), so it loses no turn.
 -- A renewal only raises a hold's expiry: a nested level with a longer fixed lease keeps it.
 -- A queue's keys live at least as long as its longest-lived entry, at most twice as long
 -- (queue.lua's Q.outlive).
