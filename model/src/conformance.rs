@@ -57,6 +57,9 @@ impl Server {
             lapsed_handoff: false,
             granted_any: false,
             overflow: false,
+            shortened: Vec::new(),
+            out_of_order: false,
+            free_since: None,
         };
         Server { model, state }
     }

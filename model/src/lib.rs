@@ -127,6 +127,16 @@ pub struct Config {
     /// its hold was registered was dropped before the fix; `false` exempts such a holder
     /// from "told" (the property as it was checked then), `true` (the default) checks it.
     pub strict_told: bool,
+    /// Finding 2 (docs/protocol.md): with `sync_replicas`, a watchdog renewal is not
+    /// WAITed, so a failover may shorten a hold its client counts from the renewal;
+    /// `false` exempts such a holder from exclusion, `true` checks it (and fails).
+    pub strict_renewal: bool,
+    /// Weak fairness for the liveness properties: time does not pass while a message is
+    /// in flight or a waiter's timer or entry refresh is due (every process takes its
+    /// due step within the tick).
+    pub urgent: bool,
+    /// Faults happen only before this real time (liveness: none from some point on).
+    pub calm: Tick,
     /// The mutant switched on, if any.
     pub mutant: Option<Mutant>,
 }
@@ -152,6 +162,9 @@ impl Config {
             sync_replicas: false,
             skewed_replica: false,
             strict_told: true,
+            strict_renewal: false,
+            urgent: false,
+            calm: Tick::MAX,
             mutant: None,
         }
     }
@@ -366,6 +379,14 @@ pub struct State {
     pub unheard: Vec<Holder>,
     /// A handoff went to a waiter whose entry had lapsed.
     pub lapsed_handoff: bool,
+    /// Holders whose hold a failover kept but shortened: the lease end their last
+    /// renewal (not WAITed, even with `sync_replicas`) wrote had not reached the replica.
+    pub shortened: Vec<Holder>,
+    /// A call was granted while a live `FairLock` waiter stood ahead of it in the queue.
+    pub out_of_order: bool,
+    /// Since when (real time) the lock is free while some call waits for it (only kept
+    /// with `urgent`, for the liveness property).
+    pub free_since: Option<Tick>,
     /// Some call was granted (for the liveness check).
     pub granted_any: bool,
     /// A call made more attempts than the bound: the path is cut there.
@@ -619,9 +640,17 @@ impl ProtocolModel {
     }
 
     fn reply(&self, s: &mut State, h: Holder, reply: Reply) {
-        // sync_replicas: a grant's reply (an acquisition, a confirmation) waits for the
-        // replica to have it.
-        if self.cfg.sync_replicas && matches!(reply, Reply::Granted(..) | Reply::Renewed) {
+        // sync_replicas: a grant's reply (an acquisition, a pick-up's confirmation:
+        // settle.rs) waits for the replica to have it; a watchdog renewal does not WAIT
+        // (the library's renewal path has no await_replicas).
+        let c = h.0 as usize;
+        let confirming = matches!(s.clients[c], Client::Confirming { .. }) && s.gens[c] == h.1;
+        let waited = match reply {
+            Reply::Granted(..) => true,
+            Reply::Renewed => confirming,
+            _ => false,
+        };
+        if self.cfg.sync_replicas && waited {
             s.replica = s.primary.clone();
         }
         Self::send(s, Msg::Reply(h, reply));
@@ -657,6 +686,7 @@ impl ProtocolModel {
         }
         let taken = s.primary.hold.clone();
         let listed = !s.primary.queue.is_empty();
+        let passes = self.passes_fair_waiter(s, h);
         if taken.is_none() {
             let mut mine = true;
             if listed {
@@ -679,6 +709,7 @@ impl ProtocolModel {
                 }
             }
             if mine {
+                s.out_of_order |= passes;
                 let fence = if fenced { Self::draw_fence(s) } else { 0 };
                 s.primary.hold = Some(Hold {
                     holder: h,
@@ -714,6 +745,56 @@ impl ProtocolModel {
             return Reply::Queued(end, s.now + s.offset);
         }
         Reply::Refused(end)
+    }
+
+    /// Whether granting `h` now would pass a live `FairLock` waiter queued ahead of it
+    /// (a live waiter: its entry has not lapsed and its call is still waiting, listening).
+    fn passes_fair_waiter(&self, s: &State, h: Holder) -> bool {
+        let pos = s
+            .primary
+            .queue
+            .iter()
+            .position(|e| e.holder == h)
+            .unwrap_or(s.primary.queue.len());
+        s.primary.queue[..pos]
+            .iter()
+            .any(|e| e.fair && e.expiry > s.now && Self::waits(s, e.holder))
+    }
+
+    /// Whether holder `h`'s call is waiting for the lock (not given up, not crashed, its
+    /// pub/sub connection up).
+    fn waits(s: &State, h: Holder) -> bool {
+        let c = h.0 as usize;
+        s.gens[c] == h.1
+            && !s.deaf[c]
+            && matches!(
+                s.clients[c],
+                Client::Waiting { .. } | Client::Acquiring { expected: 0, .. }
+            )
+    }
+
+    /// Work due before time may pass (`urgent`): a message in flight, a call whose
+    /// request or reply was lost (its repeat), a waiter whose timer fired or whose entry
+    /// would lapse at the next tick.
+    fn due(&self, s: &State) -> bool {
+        !s.net.is_empty()
+            || (0..s.clients.len()).any(|i| {
+                let h = (i as u8, s.gens[i]);
+                if self.outstanding(s, i).is_some() && !Self::has_msg(s, h) {
+                    return true;
+                }
+                match s.clients[i] {
+                    Client::Waiting { until, .. } if !Self::has_msg(s, h) => {
+                        s.now >= until
+                            || s.primary
+                                .queue
+                                .iter()
+                                .find(|e| e.holder == h)
+                                .is_none_or(|e| e.expiry <= s.now + 1)
+                    }
+                    _ => false,
+                }
+            })
     }
 
     fn release(&self, s: &mut State, h: Holder, expected: u8) -> Reply {
@@ -1246,6 +1327,9 @@ impl Model for ProtocolModel {
                 rolled_back: Vec::new(),
                 unheard: Vec::new(),
                 lapsed_handoff: false,
+                shortened: Vec::new(),
+                out_of_order: false,
+                free_since: None,
                 granted_any: false,
                 overflow: false,
             })
@@ -1254,9 +1338,10 @@ impl Model for ProtocolModel {
 
     fn actions(&self, s: &State, out: &mut Vec<Action>) {
         let cfg = &self.cfg;
-        if s.now < cfg.horizon {
+        if s.now < cfg.horizon && !(cfg.urgent && self.due(s)) {
             out.push(Action::Tick);
         }
+        let faults = s.now < cfg.calm;
         for c in 0..cfg.clients {
             let i = c as usize;
             let h = self.holder(s, c);
@@ -1307,13 +1392,18 @@ impl Model for ProtocolModel {
             if matches!(s.clients[i], Client::Releasing { .. })
                 && Self::has_msg(s, h)
                 && s.used[1] < cfg.losses
+                && faults
             {
                 out.push(Action::Abandon(c));
             }
-            if s.used[0] < cfg.crashes && !matches!(s.clients[i], Client::Crashed | Client::Idle) {
+            if faults
+                && s.used[0] < cfg.crashes
+                && !matches!(s.clients[i], Client::Crashed | Client::Idle)
+            {
                 out.push(Action::Crash(c));
             }
-            if s.used[2] < cfg.reconnects
+            if faults
+                && s.used[2] < cfg.reconnects
                 && !s.deaf[i]
                 && matches!(s.clients[i], Client::Waiting { .. })
             {
@@ -1327,15 +1417,28 @@ impl Model for ProtocolModel {
             if i > 0 && s.net[i - 1] == *m {
                 continue;
             }
+            // A grant or wake-up that reaches a caller in the middle of an attempt that
+            // queues waits in its subscription (wait.rs reads it once the reply is in).
+            let buffered = match m {
+                Msg::Grant(h, ..) | Msg::Wake(h, _) => {
+                    s.gens[h.0 as usize] == h.1
+                        && matches!(
+                            s.clients[h.0 as usize],
+                            Client::Acquiring { queue: true, .. }
+                        )
+                }
+                _ => false,
+            };
             match m {
                 Msg::Request(..) => out.push(Action::Serve(i)),
+                _ if buffered => {}
                 _ => out.push(Action::Deliver(i)),
             }
-            if s.used[1] < cfg.losses {
+            if faults && s.used[1] < cfg.losses {
                 out.push(Action::Lose(i));
             }
         }
-        if s.used[3] < cfg.force_unlocks && s.primary.hold.is_some() {
+        if faults && s.used[3] < cfg.force_unlocks && s.primary.hold.is_some() {
             out.push(Action::ForceUnlock);
         }
         // The check a releaser makes after a handoff (or a forced unlock): modelled at any
@@ -1353,7 +1456,7 @@ impl Model for ProtocolModel {
             if s.replica != s.primary {
                 out.push(Action::Replicate);
             }
-            if s.used[4] < cfg.failovers {
+            if faults && s.used[4] < cfg.failovers {
                 out.push(Action::Failover);
             }
         }
@@ -1534,8 +1637,21 @@ impl Model for ProtocolModel {
             }
             Action::Failover => {
                 if let Some(h) = &s.primary.hold {
-                    if s.replica.hold.as_ref().map(|x| x.holder) != Some(h.holder) {
-                        s.rolled_back.push(h.holder);
+                    match &s.replica.hold {
+                        Some(r) if r.holder == h.holder => {
+                            if r.end < h.end {
+                                s.shortened.push(h.holder);
+                                s.shortened.sort();
+                            }
+                        }
+                        // With sync_replicas every grant a client believes (acquisition,
+                        // confirmation) WAITed: a believed hold the replica lacks is one
+                        // whose end there was older (a renewal not WAITed) and has passed.
+                        _ if self.cfg.sync_replicas => {
+                            s.shortened.push(h.holder);
+                            s.shortened.sort();
+                        }
+                        _ => s.rolled_back.push(h.holder),
                     }
                 }
                 s.primary = s.replica.clone();
@@ -1550,6 +1666,21 @@ impl Model for ProtocolModel {
                     .retain(|m| !matches!(m, Msg::Request(..) | Msg::Reply(..)));
             }
         }
+        if self.cfg.urgent {
+            let waiting = (0..s.clients.len()).any(|i| {
+                matches!(
+                    s.clients[i],
+                    Client::Waiting { .. }
+                        | Client::Acquiring { expected: 0, .. }
+                        | Client::Confirming { .. }
+                )
+            });
+            s.free_since = if s.primary.hold.is_none() && waiting {
+                Some(s.free_since.unwrap_or(s.now))
+            } else {
+                None
+            };
+        }
         // Tickets bound every path (a re-entry draws one too).
         let cap = 1 + ATTEMPTS * self.cfg.calls + 2;
         (!s.overflow && s.tickets.iter().all(|&t| t <= cap)).then_some(s)
@@ -1563,9 +1694,30 @@ impl Model for ProtocolModel {
                     let g = s.gens[c];
                     s.forced.contains(&(c as u8, g))
                         || (!m.cfg.sync_replicas && s.rolled_back.contains(&(c as u8, g)))
+                        || ((!m.cfg.sync_replicas || !m.cfg.strict_renewal)
+                            && s.shortened.contains(&(c as u8, g)))
                 };
                 (0..n).filter(|&c| m.believes(s, c) && !exempt(c)).count() <= 1
             }),
+            Property::always(
+                "a believer's hold is on the primary until its validity ends",
+                |m: &ProtocolModel, s: &State| {
+                    (0..s.clients.len()).all(|c| {
+                        let h = (c as u8, s.gens[c]);
+                        let exempt = s.forced.contains(&h)
+                            || s.rolled_back.contains(&h)
+                            || s.shortened.contains(&h)
+                            || s.unheard.contains(&h);
+                        !m.believes(s, c)
+                            || exempt
+                            || s.primary.hold.as_ref().is_some_and(|x| {
+                                x.holder == h
+                                    && matches!(s.clients[c],
+                                        Client::Holding { valid, .. } if valid <= x.end)
+                            })
+                    })
+                },
+            ),
             Property::always(
                 "told: a force-unlocked holder is told",
                 |m: &ProtocolModel, s: &State| {
@@ -1582,6 +1734,20 @@ impl Model for ProtocolModel {
             Property::always(
                 "handoffs go to live entries",
                 |_: &ProtocolModel, s: &State| !s.lapsed_handoff,
+            ),
+            Property::always(
+                "a FairLock's live waiters are granted in queue order",
+                |_: &ProtocolModel, s: &State| !s.out_of_order,
+            ),
+            Property::always(
+                "nobody waits on a lock nobody holds for longer than a lease",
+                |_: &ProtocolModel, s: &State| s.free_since.is_none_or(|t| s.now - t <= WATCHDOG),
+            ),
+            Property::always(
+                "a waiter of a lock that became free after the faults is granted at once",
+                |m: &ProtocolModel, s: &State| {
+                    s.free_since.is_none_or(|t| t < m.cfg.calm || t == s.now)
+                },
             ),
             Property::eventually("some call is granted", |_: &ProtocolModel, s: &State| {
                 s.granted_any
@@ -1647,13 +1813,52 @@ pub fn configurations() -> Vec<Config> {
             sync_replicas: true,
             ..Config::base("failover with sync_replicas")
         },
+        // Focused: a grant heard after a failover to a replica whose clock is ahead needs
+        // two ticks (the starvation bound, then the pickup window's end), which three
+        // clients cannot afford; two reach it (a waiter queued on the old primary, the
+        // holder's release hands over on the new one, the grant heard as the pickup
+        // window ends: "a believer's hold is on the server" breaks).
         Config {
-            horizon: 0,
+            clients: 2,
+            horizon: 2,
             failovers: 1,
             skewed_replica: true,
-            ..Config::base("failover to a server whose clock is ahead")
+            ..Config::base("failover to a server whose clock is ahead, 2 clients")
         },
     ];
+    // Liveness (weak fairness: `urgent`; no faults from `calm` on). The horizon reaches
+    // past a lease after the last fault, so that a lost wake-up's wait is seen whole.
+    v.push(Config {
+        horizon: 3,
+        urgent: true,
+        ..Config::base("liveness: plain, no faults")
+    });
+    v.push(Config {
+        horizon: 3,
+        urgent: true,
+        fair: true,
+        cancel: true,
+        ..Config::base("liveness: fair, cancel, no faults")
+    });
+    v.push(Config {
+        clients: 2,
+        horizon: 4,
+        urgent: true,
+        fair: true,
+        losses: 1,
+        crashes: 1,
+        calm: 1,
+        ..Config::base("liveness: fair, 2 clients, a lost message or a crash before t=1")
+    });
+    // Finding 2's shape (docs/protocol.md): a renewal, then a failover, then the hold's
+    // old end passes: three ticks.
+    v.push(Config {
+        clients: 2,
+        horizon: 3,
+        failovers: 1,
+        sync_replicas: true,
+        ..Config::base("failover with sync_replicas after a renewal, 2 clients")
+    });
     if let Ok(h) = std::env::var("REDMUTEX_MODEL_HORIZON") {
         let h: Tick = h
             .parse()

@@ -66,11 +66,6 @@ fn every_mutant_is_caught() {
         return; // the run above is the one asked for
     }
     for m in Mutant::ALL {
-        if m == Mutant::UnconfirmedEpochGrant && std::env::var("REDMUTEX_MODEL_BIG").is_err() {
-            // Needs a tick after a failover to a skewed replica: beyond the default budget
-            // (docs/protocol.md); REDMUTEX_MODEL_BIG=1 checks it.
-            continue;
-        }
         let cfg = configurations()
             .into_iter()
             .find(|c| c.name.contains(catcher(m)))
@@ -127,4 +122,26 @@ fn finding_force_unlock_notice_before_the_guard() {
         exempt.check().is_ok(),
         "the exemption covered finding 1 alone"
     );
+}
+
+/// Finding 2 (docs/protocol.md): with `sync_replicas`, a watchdog renewal is not WAITed
+/// while the guard's validity counts from it; a failover then shortens the hold to the
+/// end the replica had, and another client is granted while the first still believes.
+/// Kept as a check that the model still shows it, until the library is fixed.
+#[test]
+fn finding_sync_replicas_renewal_rolled_back() {
+    let cfg = configurations()
+        .into_iter()
+        .find(|c| c.name.contains("after a renewal"))
+        .unwrap();
+    let trace = (ProtocolModel {
+        cfg: Config {
+            strict_renewal: true,
+            ..cfg
+        },
+    })
+    .check()
+    .expect_err("finding 2 no longer shows");
+    println!("finding 2:\n{trace}");
+    assert!(trace.contains("exclusion in real time"));
 }
