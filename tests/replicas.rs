@@ -166,3 +166,50 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
         unlocked.expect("waiter unlock");
     }
 }
+
+/// Issue 40, the protocol model's finding 2: with `sync_replicas`, the watchdog's renewals
+/// were not WAITed for, yet the guard counted its validity from each one. A failover to a
+/// replica that missed the renewals ends the hold at the earlier expiry the replica has,
+/// while the guard still believes it holds (another client may then be granted). A renewal
+/// now counts toward the guard's validity only once the replicas have it: with the replica
+/// gone, the guard is told its hold is lost when the last replicated lease ends.
+#[test]
+fn a_renewal_the_replicas_miss_does_not_extend_the_guard() {
+    const WATCHDOG: Duration = Duration::from_secs(3);
+    // Shorter than the renewal period (a third of the lease), so the WAIT of a renewal
+    // ends long before the next one is due.
+    const WAIT: Duration = Duration::from_millis(300);
+    let primary = support::primary();
+    let mut replica = support::synced_replica(&primary);
+    let c = build(
+        CLIENTS
+            .watchdog(WATCHDOG)
+            .command(Duration::from_secs(2))
+            .builder_at(&primary)
+            .sync_replicas(1, WAIT),
+    );
+    let sent = Instant::now();
+    let guard = c.lock("renewed").lock().expect("lock with a replica up");
+    let lost = guard.lost();
+    replica.kill();
+    // The renewals still reach the primary (it keeps extending the key); none reach a
+    // replica, so the last lease a failover would keep is the acquisition's.
+    let told = lost
+        .recv_timeout(WATCHDOG * 3)
+        .expect("the guard was never told that its renewals reach no replica");
+    let at = sent.elapsed();
+    assert_eq!(
+        told.reason(),
+        redmutex::LossReason::RenewalFailed,
+        "{told:?}"
+    );
+    assert!(
+        at >= WATCHDOG - Duration::from_millis(100),
+        "told after {at:?}, before the replicated lease ({WATCHDOG:?}) ended"
+    );
+    assert!(
+        at < WATCHDOG + Duration::from_secs(2),
+        "told after {at:?}, long after the replicated lease ({WATCHDOG:?}) ended"
+    );
+    assert!(guard.is_lease_lost());
+}

@@ -54,11 +54,14 @@ pub enum Mutant {
     /// before its hold is registered is dropped (`force_unlocked` finds no hold), as it
     /// was before the fix.
     ForceUnlockNoticeDropped,
+    /// Finding 2 (docs/protocol.md): with `sync_replicas`, a watchdog renewal is not
+    /// WAITed for, yet extends the guard's validity, as before the fix.
+    RenewalNotReplicated,
 }
 
 impl Mutant {
     /// Every mutant, in the order `REDMUTEX_MODEL_MUTANT=list` prints them.
-    pub const ALL: [Mutant; 7] = [
+    pub const ALL: [Mutant; 8] = [
         Mutant::LateGrant,
         Mutant::GrantPastValidity,
         Mutant::ReleaseWithoutOwnerCheck,
@@ -66,6 +69,7 @@ impl Mutant {
         Mutant::UnconfirmedEpochGrant,
         Mutant::ForceUnlockNotTold,
         Mutant::ForceUnlockNoticeDropped,
+        Mutant::RenewalNotReplicated,
     ];
 
     /// The name `REDMUTEX_MODEL_MUTANT` takes.
@@ -78,6 +82,7 @@ impl Mutant {
             Mutant::UnconfirmedEpochGrant => "unconfirmed_epoch_grant",
             Mutant::ForceUnlockNotTold => "force_unlock_not_told",
             Mutant::ForceUnlockNoticeDropped => "force_unlock_notice_dropped",
+            Mutant::RenewalNotReplicated => "renewal_not_replicated",
         }
     }
 
@@ -641,13 +646,15 @@ impl ProtocolModel {
 
     fn reply(&self, s: &mut State, h: Holder, reply: Reply) {
         // sync_replicas: a grant's reply (an acquisition, a pick-up's confirmation:
-        // settle.rs) waits for the replica to have it; a watchdog renewal does not WAIT
-        // (the library's renewal path has no await_replicas).
+        // settle.rs) and a watchdog renewal's (holds/watchdog.rs `renew_batch`, since
+        // finding 2's fix) wait for the replica to have it: the validity a reply raises is
+        // then one a failover keeps. (The renewal's WAIT falling short leaves the validity
+        // as it was; here the replica always answers.)
         let c = h.0 as usize;
         let confirming = matches!(s.clients[c], Client::Confirming { .. }) && s.gens[c] == h.1;
         let waited = match reply {
             Reply::Granted(..) => true,
-            Reply::Renewed => confirming,
+            Reply::Renewed => confirming || !self.mutant(Mutant::RenewalNotReplicated),
             _ => false,
         };
         if self.cfg.sync_replicas && waited {
@@ -1857,6 +1864,7 @@ pub fn configurations() -> Vec<Config> {
         horizon: 3,
         failovers: 1,
         sync_replicas: true,
+        strict_renewal: true,
         ..Config::base("failover with sync_replicas after a renewal, 2 clients")
     });
     if let Ok(h) = std::env::var("REDMUTEX_MODEL_HORIZON") {

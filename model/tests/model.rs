@@ -57,6 +57,7 @@ fn catcher(m: Mutant) -> &'static str {
         Mutant::ReleaseWithoutOwnerCheck => "lost message",
         Mutant::UnconfirmedEpochGrant => "clock is ahead",
         Mutant::ForceUnlockNotTold | Mutant::ForceUnlockNoticeDropped => "force_unlock",
+        Mutant::RenewalNotReplicated => "after a renewal",
     }
 }
 
@@ -124,24 +125,29 @@ fn finding_force_unlock_notice_before_the_guard() {
     );
 }
 
-/// Finding 2 (docs/protocol.md): with `sync_replicas`, a watchdog renewal is not WAITed
-/// while the guard's validity counts from it; a failover then shortens the hold to the
-/// end the replica had, and another client is granted while the first still believes.
-/// Kept as a check that the model still shows it, until the library is fixed.
+/// Finding 2 (docs/protocol.md): with `sync_replicas`, a watchdog renewal was not WAITed
+/// while the guard's validity counted from it; a failover then shortened the hold to the
+/// end the replica had, and another client was granted while the first still believed.
+/// Fixed (a renewal raises the validity only once WAITed); the old behaviour is the
+/// mutant `renewal_not_replicated`, which the strict configuration must catch.
 #[test]
 fn finding_sync_replicas_renewal_rolled_back() {
     let cfg = configurations()
         .into_iter()
         .find(|c| c.name.contains("after a renewal"))
         .unwrap();
+    assert!(
+        cfg.strict_renewal,
+        "the configuration checks finding 2 strictly"
+    );
     let trace = (ProtocolModel {
         cfg: Config {
-            strict_renewal: true,
+            mutant: Some(Mutant::RenewalNotReplicated),
             ..cfg
         },
     })
     .check()
-    .expect_err("finding 2 no longer shows");
+    .expect_err("finding 2 no longer shows with the mutant");
     println!("finding 2:\n{trace}");
     assert!(trace.contains("exclusion in real time"));
 }

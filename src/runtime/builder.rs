@@ -358,7 +358,12 @@ impl ClientBuilder {
     /// at least `min_replicas` replicas have the write, for at most `timeout`. When fewer
     /// confirm, an acquisition is rolled back and fails with [`Error::NotReplicated`]
     /// (never a half-taken lock); a release fails with it too, though the lock is free on
-    /// the primary. `timeout` must be shorter than the command timeout. Defaults to off.
+    /// the primary. The watchdog waits the same way after each renewal, and a renewal the
+    /// replicas did not confirm does not extend the guard's validity: a hold whose renewals
+    /// reach no replica is told lost ([`LossReason::RenewalFailed`](crate::LossReason))
+    /// when the last lease the replicas have ends. `timeout` must be shorter than the
+    /// command timeout, and should be well under a third of the watchdog timeout (the
+    /// renewal period). Defaults to off.
     ///
     /// This narrows, but does not close, the window in which a failover loses a lock:
     /// replication stays asynchronous, and a replica that confirmed may still not be the

@@ -497,9 +497,19 @@ fn renew_batch(
     let sent = Instant::now();
     let table = &inner.holds();
     let renew = |con: &mut _| {
-        inner
+        let reply = inner
             .executor()
-            .eval::<(Vec<usize>, Vec<usize>)>(con, &call)
+            .eval::<(Vec<usize>, Vec<usize>)>(con, &call)?;
+        // With `sync_replicas`, a renewal extends the guards' validity only once the
+        // replicas have it: a failover to a replica without it would end the holds at the
+        // earlier expiry the replica has (the protocol model's finding 2). A WAIT that
+        // fails or falls short leaves the validity as it was, so a hold whose renewals
+        // reach no replica is told lost when its last replicated lease ends.
+        let replicated = match batch.first() {
+            Some(w) => matches!(inner.executor().await_replicas(con, w.keys.key()), Ok(None)),
+            None => true,
+        };
+        Ok((reply, replicated))
     };
     let result = match meanwhile {
         Some(meanwhile) => inner.executor().run_minding(Some(until), meanwhile, renew),
@@ -507,7 +517,7 @@ fn renew_batch(
         None => inner.executor().run_urgent(Some(until), renew),
     };
     match result {
-        Ok((lost, gone)) => {
+        Ok(((lost, gone), replicated)) => {
             // Those lost are forgotten below; the others are extended.
             table.extended(batch, true);
             let lost_at: Vec<usize> = lost.iter().filter_map(|i| i.checked_sub(1)).collect();
@@ -516,7 +526,9 @@ fn renew_batch(
                 .filter(|i| batch[*i].lease_ms > 0 && !lost_at.contains(i))
                 .count();
             telemetry::renewed(renewed);
-            table.confirmed(batch, sent, &lost_at);
+            if replicated {
+                table.confirmed(batch, sent, &lost_at);
+            }
             for i in lost {
                 let Some(w) = i.checked_sub(1).and_then(|i| batch.get(i)) else {
                     continue;

@@ -36,8 +36,11 @@ pub enum LossReason {
     /// talks to now.
     ServerLost,
     /// No renewal reached the server for as long as the lease lasts (Redis frozen,
-    /// unreachable or cut off), or a hold handed over by a release could not be confirmed
-    /// within its pickup window: the key may have expired there.
+    /// unreachable or cut off), or, with
+    /// [`sync_replicas`](crate::ClientBuilder::sync_replicas), none reached the replicas
+    /// (a failover would keep only the last lease they have), or a hold handed over by a
+    /// release could not be confirmed within its pickup window: the key may have expired
+    /// there.
     RenewalFailed,
     /// The hold reached its [`max_hold`](crate::ClientBuilder::max_hold): the watchdog
     /// stopped renewing it, and its lease ran out.
