@@ -21,7 +21,6 @@ const MAX_METADATA: usize = 1024;
 ///
 /// ```no_run
 /// use std::time::Duration;
-///
 /// let client = redmutex::Client::builder()
 ///     .url("redis://127.0.0.1:6379/")
 ///     .key_prefix("billing:locks:")
@@ -354,20 +353,16 @@ impl ClientBuilder {
         self
     }
 
-    /// After every acquire and release script, waits (`WAIT`, on the same connection) until
-    /// at least `min_replicas` replicas have the write, for at most `timeout`. When fewer
-    /// confirm, an acquisition is rolled back and fails with [`Error::NotReplicated`]
-    /// (never a half-taken lock); a release fails with it too, though the lock is free on
-    /// the primary. The watchdog waits the same way after each renewal, and a renewal the
-    /// replicas did not confirm does not extend the guard's validity: a hold whose renewals
-    /// reach no replica is told lost ([`LossReason::RenewalFailed`](crate::LossReason))
-    /// when the last lease the replicas have ends. `timeout` must be shorter than the
-    /// command timeout, and should be well under a third of the watchdog timeout (the
-    /// renewal period). Defaults to off.
-    ///
-    /// This narrows, but does not close, the window in which a failover loses a lock:
-    /// replication stays asynchronous, and a replica that confirmed may still not be the
-    /// one promoted. See [`guide::topologies`](crate::guide::topologies).
+    /// After every acquire, release and renewal script, waits (`WAIT`, on its connection)
+    /// until `min_replicas` replicas have the write, for at most `timeout`. When fewer
+    /// confirm, an acquisition is rolled back and fails with [`Error::NotReplicated`] (never
+    /// a half-taken lock), a release fails with it (the lock is free on the primary), and a
+    /// renewal does not extend the guard's validity (told lost, `RenewalFailed`, when the
+    /// lease the replicas have ends). `timeout` must be shorter than the command timeout
+    /// (and than a third of the watchdog timeout). Defaults to off. This narrows, but does
+    /// not close, the window in which a failover loses a lock: replication stays
+    /// asynchronous, and a replica that confirmed may still not be the one promoted. See
+    /// [`guide::topologies`](crate::guide::topologies).
     ///
     /// ```no_run
     /// # use std::time::Duration;
