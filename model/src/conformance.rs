@@ -7,7 +7,7 @@
 //! ([`Server::age_entry`]).
 
 use crate::STARVE;
-use crate::{Client, Config, Holder, Msg, Op, ProtocolModel, Records, Reply, State, Tick};
+use crate::{Config, Holder, Msg, Op, ProtocolModel, Records, Reply, State, Tick};
 
 /// The instant every step runs at: far enough from 0 that "waited past the starvation
 /// bound" is a time before it.
@@ -41,25 +41,7 @@ impl Server {
         let n = clients as usize;
         let state = State {
             now: NOW,
-            primary: Records::default(),
-            replica: Records::default(),
-            offset: 0,
-            epoch: 0,
-            clients: vec![Client::Idle; n],
-            gens: vec![0; n],
-            tickets: vec![1; n],
-            deaf: vec![false; n],
-            net: Vec::new(),
-            used: [0; 5],
-            forced: Vec::new(),
-            rolled_back: Vec::new(),
-            unheard: Vec::new(),
-            lapsed_handoff: false,
-            granted_any: false,
-            overflow: false,
-            shortened: Vec::new(),
-            out_of_order: false,
-            free_since: None,
+            ..State::initial(n)
         };
         Server { model, state }
     }

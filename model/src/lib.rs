@@ -398,6 +398,34 @@ pub struct State {
     pub overflow: bool,
 }
 
+impl State {
+    /// No holds, queues or messages: `n` idle clients at time 0.
+    pub fn initial(n: usize) -> State {
+        State {
+            now: 0,
+            primary: Records::default(),
+            replica: Records::default(),
+            offset: 0,
+            epoch: 0,
+            clients: vec![Client::Idle; n],
+            gens: vec![0; n],
+            tickets: vec![1; n],
+            deaf: vec![false; n],
+            net: Vec::new(),
+            used: [0; 5],
+            forced: Vec::new(),
+            rolled_back: Vec::new(),
+            unheard: Vec::new(),
+            lapsed_handoff: false,
+            shortened: Vec::new(),
+            out_of_order: false,
+            free_since: None,
+            granted_any: false,
+            overflow: false,
+        }
+    }
+}
+
 /// Attempts one call may make (the bound that keeps the state space finite).
 pub const ATTEMPTS: u8 = 4;
 
@@ -1316,31 +1344,7 @@ impl Model for ProtocolModel {
     fn init_states(&self) -> Vec<State> {
         let n = self.cfg.clients as usize;
         let offsets: &[Tick] = &[0];
-        offsets
-            .iter()
-            .map(|_| State {
-                now: 0,
-                primary: Records::default(),
-                replica: Records::default(),
-                offset: 0,
-                epoch: 0,
-                clients: vec![Client::Idle; n],
-                gens: vec![0; n],
-                tickets: vec![1; n],
-                deaf: vec![false; n],
-                net: Vec::new(),
-                used: [0; 5],
-                forced: Vec::new(),
-                rolled_back: Vec::new(),
-                unheard: Vec::new(),
-                lapsed_handoff: false,
-                shortened: Vec::new(),
-                out_of_order: false,
-                free_since: None,
-                granted_any: false,
-                overflow: false,
-            })
-            .collect()
+        offsets.iter().map(|_| State::initial(n)).collect()
     }
 
     fn actions(&self, s: &State, out: &mut Vec<Action>) {
