@@ -7,7 +7,8 @@
 //! - [`setup`]: connections, clients, settings; [`clock`]: one clock for all processes;
 //! - [`stats`]: fairness, percentiles; [`tables`]: the printed tables and number formats;
 //! - [`server_cost`]: what a run cost the server; [`handoff_floor`]: the raw handoff floor;
-//! - the baseline locks: [`naive_lock`], [`hash_floor`], [`script_floor`], [`queue_floor`].
+//! - the baseline locks: [`naive_lock`], [`hash_floor`], [`script_floor`], [`queue_floor`];
+//!   the Redisson peers: [`redisson_lock`], [`redisson_fair_lock`].
 
 #![allow(dead_code)]
 
@@ -17,6 +18,8 @@ mod handoff_floor;
 mod hash_floor;
 mod naive_lock;
 mod queue_floor;
+mod redisson_fair_lock;
+mod redisson_lock;
 mod script_floor;
 mod server_cost;
 mod setup;
@@ -34,6 +37,10 @@ pub use hash_floor::*;
 pub use naive_lock::*;
 #[allow(unused_imports)]
 pub use queue_floor::*;
+#[allow(unused_imports)]
+pub use redisson_fair_lock::*;
+#[allow(unused_imports)]
+pub use redisson_lock::*;
 #[allow(unused_imports)]
 pub use script_floor::*;
 #[allow(unused_imports)]

@@ -12,6 +12,11 @@ pub enum FloorShape {
     /// The naive lock's string (`SET NX PX`, compare-and-delete), but both calls scripted:
     /// what running every operation as a script costs, without the hash.
     Set,
+    /// [`FloorShape::Hash`] with the one-name-one-kind check `Lock`'s acquire makes today
+    /// on the uncontended path (lua/acquire_fast.lua): one EXISTS over the lock, its queue
+    /// and the name's three other kinds' keys, with as many KEYS declared (7) as it
+    /// declares. What that check costs, beside hashfloor.
+    Kind,
 }
 
 impl FloorShape {
@@ -19,6 +24,7 @@ impl FloorShape {
         match self {
             FloorShape::Hash => "hashfloor",
             FloorShape::Set => "setfloor",
+            FloorShape::Kind => "kindfloor",
         }
     }
 }
@@ -29,9 +35,27 @@ impl FloorShape {
 /// HINCRBY + PEXPIRE; held by another: 0 (the caller polls). Hash give: HGET, then DEL
 /// on the last level (2 commands), else HINCRBY -1 + PEXPIRE. No queue, so no look for
 /// waiters on release, no wake-up, no fencing, no metadata: a floor, not a lock to use.
-const FLOOR_BODIES: [(&str, &str); 4] = [
+const FLOOR_BODIES: [(&str, &str); 6] = [
     ("hashfloor_take", concat!(hash_take!(), "return 0\n")),
     ("hashfloor_give", concat!(hash_leave!(), "return 1\n")),
+    (
+        "kindfloor_take",
+        r#"
+local a, b, c = keys[5], keys[6], keys[7]
+if redis.call('EXISTS', keys[1], keys[3], a, a, b, b, c, c) == 0 then
+    redis.call('HSET', keys[1], args[1], 1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 1
+end
+if redis.call('HEXISTS', keys[1], args[1]) == 1 then
+    redis.call('HINCRBY', keys[1], args[1], 1)
+    redis.call('PEXPIRE', keys[1], args[2])
+    return 1
+end
+return 0
+"#,
+    ),
+    ("kindfloor_give", concat!(hash_leave!(), "return 1\n")),
     (
         "setfloor_take",
         r#"
@@ -114,17 +138,27 @@ impl ScriptFloor {
         holder: &str,
         lease_ms: u64,
     ) -> i64 {
+        // The kind floor's take declares Lock's acquire's 7 keys (the lock, its fencing
+        // counter, queue and waiters, the name's 3 other kinds); its give, the lock only.
+        let mut keys = vec![key.to_owned()];
+        if self.shape == FloorShape::Kind && op == "take" {
+            keys.extend(["f", "q", "w", "rw", "sem", "latch"].map(|k| format!("{key}:{k}")));
+        }
         if self.fcall {
             redis::cmd("FCALL")
                 .arg(format!("{}_{op}", self.shape.prefix()))
-                .arg(1)
-                .arg(key)
+                .arg(keys.len())
+                .arg(&keys)
                 .arg(holder)
                 .arg(lease_ms)
                 .query(con)
         } else {
             let script = if op == "take" { &self.take } else { &self.give };
-            script.key(key).arg(holder).arg(lease_ms).invoke(con)
+            let mut call = script.prepare_invoke();
+            for k in &keys {
+                call.key(k);
+            }
+            call.arg(holder).arg(lease_ms).invoke(con)
         }
         .unwrap_or_else(|e| panic!("{} {op}: {e}", self.shape.prefix()))
     }
