@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-# Issue 29 item 1 helper (branch i29-fast): the harness behind its per-cut figures. Drop it
-# before merging if a Python file has no place in benches/.
+# The harness behind issue 29's and issue 41's per-cut figures (docs/benchmarks.md): it puts
+# the scripts together from src/runtime/scripting/manifest.rs as the client does.
 """Redis CPU per uncontended lock/unlock pair of redmutex's Lock scripts (read from a
-worktree's lua/ and src/runtime/scripts.rs), of the hashfloor and of the naive lock,
+worktree's lua/ and src/runtime/scripting/manifest.rs), of the hashfloor and of the naive lock,
 measured server-side: INFO cpu (user+sys) and commandstats deltas over N pairs over 1,000
 names, on a private redis-server. Modes: --pipe (batches of pairs, the per-request
 overhead amortised: the scripts' own cost stands out) or one request at a time.
 
 usage: script_cpu.py WORKTREE [--server BIN] [--evalsha] [--n N] [--batch B] [--reps R]
-       [--kinds lock,hashfloor,naive,x_argv,x_argv4,x_exists8,x_exists15,x_lindex]
+       [--kinds lock,hashfloor,naive,x_argv,x_argv4,x_exists8,x_exists15,x_lindex]  (x_: FCALL only)
        [--argv old|short|lean]  (old: a first attempt sends ARGV[5..7], before i29-fast;
        lean: ARGV[3..4] and the release's ARGV[2..3] left out at their defaults, i29-lean)
-WORKTREE: a directory with lua/ and src/runtime/scripts.rs (git archive <rev> lua
-src/runtime/scripts.rs | tar -x -C DIR compares revisions).
+WORKTREE: a directory with lua/ and src/runtime/scripting/manifest.rs (git archive <rev>
+lua src/runtime/scripting/manifest.rs | tar -x -C DIR compares revisions).
 """
 import argparse, hashlib, os, random, re, socket, subprocess, sys, time
 
@@ -68,21 +68,82 @@ class Con:
                 raise r
         return out
 
+def manifest(wt):
+    """The library's groups and the parts' texts, read from manifest.rs: (texts, shared,
+    groups), a group being (rule part names, [function]) and a function a dict of name,
+    allow_oom, oom_marker, levels, fast (a part name or None) and body (a part name)."""
+    src = open(os.path.join(wt, 'src/runtime/scripting/manifest.rs')).read()
+    src = re.sub(r'//[^\n]*', '', src)
+    texts = {name: open(os.path.join(wt, 'lua', f)).read()
+             for name, f in re.findall(r'(\w+) = "([\w.]+)";', src)}
+    names = lambda t: [x.strip() for x in t.split(',') if x.strip()]
+    shared = names(re.search(r'pub const SHARED: &\[Part\] = &\[([^\]]*)\]', src).group(1))
+    lib = src[src.index('pub const LIBRARY'):]
+    groups = []
+    for g in re.finditer(r'Group \{\s*rules: &\[([^\]]*)\],\s*functions: &\[(.*?)\],\s*\},', lib, re.S):
+        functions = []
+        # One entry per call of `function(` or `release(`, with what wraps it.
+        entries, depth, cur = [], 0, ''
+        for ch in g.group(2):
+            if ch == ',' and depth == 0:
+                entries.append(cur)
+                cur = ''
+                continue
+            depth += ch in '({'
+            depth -= ch in ')}'
+            cur += ch
+        entries.append(cur)
+        for e in (e.strip() for e in entries):
+            if not e:
+                continue
+            m = re.search(r'(function|release)\("(\w+)",\s*(?:(true|false),\s*)?(\w+)\)', e)
+            is_release = m.group(1) == 'release'
+            allow_oom = is_release or m.group(3) == 'true'
+            fast = re.search(r'fast: Some\((\w+)\)', e)
+            functions.append(dict(
+                name=m.group(2), allow_oom=allow_oom,
+                oom_marker=allow_oom and not e.startswith('unmarked('),
+                levels=is_release, fast=fast and fast.group(1), body=m.group(4)))
+        groups.append((names(g.group(1)), functions))
+    if not groups:
+        raise SystemExit('no LIBRARY groups found in manifest.rs')
+    return texts, shared, groups
+
 def library_body(wt):
-    src = open(os.path.join(wt, 'src/runtime/scripts.rs')).read()
-    m = re.search(r'const LIBRARY_BODY: &str = concat!\((.*?)\n\);', src, re.S)
-    body = []
-    lua = lambda f: open(os.path.join(wt, 'lua', f)).read()
-    for tok in re.finditer(r'function!\(\s*"(\w+)",\s*"([^"]*)",\s*((?:"[\w.]+"(?:,\s*)?)+)\s*\)|lua!\("([\w.]+)"\)|"((?:[^"\\]|\\.)*)"', m.group(1)):
-        if tok.group(1):
-            flags = tok.group(2).replace("\\'", "'")
-            files = re.findall(r'"([\w.]+)"', tok.group(3))
-            body.append("\nregister('%s', %s, function()\n%s\nend)\n" % (tok.group(1), flags, ''.join(lua(f) for f in files)))
-        elif tok.group(4):
-            body.append(lua(tok.group(4)))
-        else:
-            body.append(tok.group(5).encode().decode('unicode_escape'))
+    """The library's text after its name line and the constants, as scripts.rs's
+    library_body puts it together."""
+    texts, shared, groups = manifest(wt)
+    body = ["local KEYS, ARGV\n", "local setmetatable\n",
+            "local function register(name, flags, body)\n",
+            "    redis.register_function{function_name = LIB .. '_' .. name, flags = flags,\n",
+            "        callback = function(keys, args) KEYS, ARGV = keys, args return body() end}\n",
+            "end\n"]
+    body += [texts[p] for p in shared]
+    for rules, functions in groups:
+        body.append("do\n")
+        body += [texts[r] for r in rules]
+        for f in functions:
+            flags = "{'allow-oom'}" if f['allow_oom'] else "{}"
+            body.append("\nregister('%s', %s, function()\n" % (f['name'], flags))
+            if f['fast']:
+                body.append(texts[f['fast']])
+            body.append(texts[f['body']])
+            body.append("\nend)\n")
+        body.append("end\n")
     return ''.join(body)
+
+def script_text(wt, name):
+    """The function `name` as a script of its own (EVALSHA), as manifest.rs's
+    script_parts orders it, without the constants line."""
+    texts, _, groups = manifest(wt)
+    for rules, functions in groups:
+        for f in functions:
+            if f['name'] == name:
+                parts = (['ALLOW_OOM'] if f['oom_marker'] else []) + \
+                    (['LEVELS'] if f['levels'] else []) + \
+                    ([f['fast']] if f['fast'] else []) + rules + [f['body']]
+                return ''.join(texts[p] for p in parts)
+    raise SystemExit('no function %s in manifest.rs' % name)
 
 CONSTANTS = 'local PICKUP, STARVE = 1000, 2\n'
 
@@ -162,14 +223,11 @@ def run(a, c):
                  "if tonumber(n) > 1 then redis.call('HINCRBY', keys[1], args[1], -1) redis.call('PEXPIRE', keys[1], args[2]) return 0 end\n"
                  "redis.call('DEL', keys[1]) return 1 end)\n")
         c.call('FUNCTION', 'LOAD', 'REPLACE', floor)
-    src = open(os.path.join(wt, 'src/runtime/scripts.rs')).read()
-    # The scripts as scripts.rs's `script!` puts them together (EVALSHA).
+    # The scripts as the client sends them with EVALSHA (scripts.rs: the constants first).
     def bundled(name):
-        m = re.search(r'static %s: Bundled =\s*script!\((allow_oom )?"\w+": ((?:"[\w.]+"(?:,\s*)?)+)\)' % name, src)
-        files = (['allow_oom.lua'] if m.group(1) else []) + re.findall(r'"([\w.]+)"', m.group(2))
-        return CONSTANTS + ''.join(lua(f) for f in files)
-    acq_text = bundled('ACQUIRE')
-    rel_text = bundled('RELEASE')
+        return CONSTANTS + script_text(wt, name)
+    acq_text = bundled('acquire')
+    rel_text = bundled('release')
     take_text = ("if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], ARGV[1], 1) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\n"
                  "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end\nreturn 0")
     give_text = ("local n = redis.call('HGET', KEYS[1], ARGV[1]) if not n then return -1 end\n"
@@ -260,6 +318,9 @@ def run(a, c):
               'x_exists8': exp_pair('exp_take8', 'exp_give', 7),
               # + the release's LINDEX
               'x_lindex': exp_pair('exp_take15', 'exp_give_lindex', 7)}
+    bad = [k for k in a.kinds.split(',') if k.startswith('x_') and not fcall]
+    if bad:
+        raise SystemExit('%s: the x_ kinds are functions of their own, FCALL only (Redis 7.0+, no --evalsha)' % ','.join(bad))
     rng = random.Random(7)
     names = [rng.randrange(1000) for _ in range(a.n)]
     # Check the replies of one pair of each kind once.
