@@ -175,16 +175,19 @@ fn a_hold_taken_by_handoff_is_extended_and_replicated_before_lock_returns() {
 /// gone, the guard is told its hold is lost when the last replicated lease ends.
 #[test]
 fn a_renewal_the_replicas_miss_does_not_extend_the_guard() {
-    const WATCHDOG: Duration = Duration::from_secs(3);
-    // Shorter than the renewal period (a third of the lease), so the WAIT of a renewal
-    // ends long before the next one is due.
-    const WAIT: Duration = Duration::from_millis(300);
+    // A lease long enough for a WAIT that a loaded machine's replica answers in time
+    // (a 300 ms WAIT, with a 3 s lease, timed out on the acquisition once in CI and half
+    // the time with both cores busy; the other tests here WAIT 3 s).
+    const WATCHDOG: Duration = Duration::from_secs(9);
+    // Shorter than the renewal period (a third of the lease, 3 s), so the WAIT of a
+    // renewal ends before the next one is due.
+    const WAIT: Duration = Duration::from_millis(2500);
     let primary = support::primary();
     let mut replica = support::synced_replica(&primary);
     let c = build(
         CLIENTS
             .watchdog(WATCHDOG)
-            .command(Duration::from_secs(2))
+            .command(WAIT + Duration::from_secs(2))
             .builder_at(&primary)
             .sync_replicas(1, WAIT),
     );

@@ -31,5 +31,15 @@ pub fn synced_replica(primary: &RedisServer) -> RedisServer {
         }),
         "the replica never synced"
     );
+    // Its data is not enough for WAIT: the primary counts a replica that has just loaded
+    // its sync only from its first REPLCONF ACK (sent once a second), so a short WAIT
+    // before then times out. Wait for the primary to count it.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let acked: i64 = redis::cmd("WAIT").arg(1).arg(200).query(&mut p).unwrap();
+            acked >= 1
+        }),
+        "the primary never counted the replica's acknowledgements"
+    );
     replica
 }
